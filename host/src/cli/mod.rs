@@ -1,0 +1,49 @@
+//! The `kiln` command line: argument parsing and the subcommands.
+
+mod run;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// kiln: run ComfyUI workflows whose nodes are sandboxed WebAssembly components.
+#[derive(Debug, Parser)]
+#[command(name = "kiln", version, about)]
+pub struct Cli {
+    /// Config file (TOML); `KILN_*` environment variables override it.
+    #[arg(long, global = true, env = "KILN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Extra plugin directory (repeatable).
+    #[arg(long = "plugins", global = true)]
+    pub plugins: Vec<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// A kiln subcommand.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a workflow (API format) on the embedded engine and print its output files.
+    Run(run::RunArgs),
+    /// Print the node definitions as ComfyUI `object_info` JSON.
+    Nodes,
+}
+
+/// Runs the CLI; returns the process exit code.
+pub async fn main(cli: Cli) -> anyhow::Result<i32> {
+    let mut config = crate::config::Config::load(cli.config.as_deref())?;
+    config.plugin_dirs.extend(cli.plugins.iter().cloned());
+    match cli.command {
+        Command::Run(args) => run::run(config, args).await,
+        Command::Nodes => {
+            let (_, registry) = run::load(&config).await?;
+            let files = crate::files::NamedInputs::new();
+            let mut all = serde_json::Map::new();
+            for def in registry.definitions() {
+                all.insert(def.class_type.clone(), crate::object_info::node_info(def, &files));
+            }
+            println!("{}", serde_json::to_string_pretty(&all)?);
+            Ok(0)
+        }
+    }
+}

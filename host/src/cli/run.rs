@@ -1,0 +1,165 @@
+//! `kiln run`: validate and run one workflow, with a progress bar on a
+//! terminal and plain lines otherwise.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::executor::{Event, Executor, RunContext, RunStatus};
+use crate::files::{DirOutputs, NamedInputs};
+use crate::plugins::{NodeRegistry, PluginRuntime};
+use crate::workflow::{ValidationError, Workflow, validate};
+
+/// Arguments of `kiln run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The workflow, in ComfyUI API format.
+    pub workflow: PathBuf,
+    /// Makes the file at PATH available to LoadImage-style nodes as NAME (repeatable).
+    #[arg(long = "input", value_name = "NAME=PATH", value_parser = parse_input)]
+    pub inputs: Vec<(String, PathBuf)>,
+    /// Where outputs go (previews go to DIR/temp).
+    #[arg(long, default_value = "output", value_name = "DIR")]
+    pub out: PathBuf,
+    /// Plain progress lines even on a terminal.
+    #[arg(long)]
+    pub no_progress_bar: bool,
+}
+
+fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = s.split_once('=').ok_or("expected NAME=PATH")?;
+    if name.is_empty() || path.is_empty() {
+        return Err("expected NAME=PATH".into());
+    }
+    Ok((name.to_string(), PathBuf::from(path)))
+}
+
+/// Builds the plugin runtime and loads every plugin.
+pub async fn load(config: &Config) -> anyhow::Result<(Arc<PluginRuntime>, Arc<NodeRegistry>)> {
+    let runtime = Arc::new(PluginRuntime::new(config.runtime()).map_err(|e| anyhow::anyhow!("{e:#}"))?);
+    let registry = NodeRegistry::load_all(&runtime, &config.plugin_dirs).await?;
+    Ok((runtime, Arc::new(registry)))
+}
+
+/// Exit code for validation errors.
+const EXIT_INVALID: i32 = 2;
+/// Exit code for an interrupted run.
+const EXIT_INTERRUPTED: i32 = 130;
+
+pub async fn run(config: Config, args: RunArgs) -> anyhow::Result<i32> {
+    let text = std::fs::read_to_string(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?;
+    let mut json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", args.workflow.display()))?;
+    // Accept a `/prompt` request body too.
+    if let Some(prompt) = json.get("prompt").filter(|p| p.is_object()) {
+        json = prompt.clone();
+    }
+    let workflow = match Workflow::from_json(&json) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(EXIT_INVALID);
+        }
+    };
+    let mut inputs = NamedInputs::new();
+    for (name, path) in &args.inputs {
+        anyhow::ensure!(path.is_file(), "--input {name}: {} is not a file", path.display());
+        inputs.insert(name.clone(), path.clone());
+    }
+    let (runtime, registry) = load(&config).await?;
+    let (plan, issues) = match validate(&workflow, &registry, &inputs) {
+        Ok(r) => r,
+        Err(e) => {
+            print_validation(&e);
+            return Ok(EXIT_INVALID);
+        }
+    };
+    if !issues.is_empty() {
+        print_validation(&ValidationError::OutputsFailed(issues));
+        return Ok(EXIT_INVALID);
+    }
+
+    let executor = Executor::new(runtime, registry, config.result_cache_mb << 20, config.max_concurrency as usize);
+    let outputs = Arc::new(DirOutputs::new(&args.out, args.out.join("temp")));
+    let cancel = CancellationToken::new();
+    let ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            ctrl_c.cancel();
+        }
+    });
+    let bar = (!args.no_progress_bar && std::io::stderr().is_terminal()).then(|| {
+        let bar = ProgressBar::new(1000);
+        bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {percent:>3}% {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        bar
+    });
+    let events = {
+        let bar = bar.clone();
+        Arc::new(move |event: Event| report(&bar, &event))
+    };
+    let ctx = RunContext {
+        job_id: uuid::Uuid::new_v4().to_string(),
+        prompt: Arc::new(json),
+        extra_pnginfo: None,
+        inputs: Arc::new(inputs),
+        outputs,
+        events,
+        cancel,
+    };
+    let outcome = executor.run(&plan, ctx).await;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    if !outcome.log.is_empty() {
+        eprint!("{}", outcome.log);
+    }
+    match outcome.status {
+        RunStatus::Succeeded => {
+            for (_, files) in &outcome.outputs {
+                for f in files {
+                    println!("{}", f.path.display());
+                }
+            }
+            Ok(0)
+        }
+        RunStatus::Failed { node, class_type, failure } => {
+            eprintln!("error: node {node} ({class_type}) failed [{}]: {}", serde_json::to_value(failure.kind)?.as_str().unwrap_or("failed"), failure.message);
+            Ok(1)
+        }
+        RunStatus::Interrupted => {
+            eprintln!("interrupted");
+            Ok(EXIT_INTERRUPTED)
+        }
+    }
+}
+
+fn report(bar: &Option<ProgressBar>, event: &Event) {
+    match (bar, event) {
+        (Some(bar), Event::Executing { node, class_type }) => bar.set_message(format!("{node} {class_type}")),
+        (Some(bar), Event::Progress { overall, .. }) => bar.set_position((overall * 1000.0) as u64),
+        (Some(_), _) => {}
+        (None, Event::Cached { nodes }) => eprintln!("cached: {}", nodes.join(", ")),
+        (None, Event::Executing { node, class_type }) => eprintln!("executing {node} ({class_type})"),
+        (None, Event::Executed { node, elapsed_ms, .. }) => eprintln!("done {node} in {elapsed_ms:.1} ms"),
+        (None, _) => {}
+    }
+}
+
+/// Prints validation errors, one line per node input.
+pub fn print_validation(e: &ValidationError) {
+    match e {
+        ValidationError::OutputsFailed(issues) => {
+            eprintln!("error: the workflow is invalid:");
+            for i in issues {
+                let class = i.class_type.as_deref().unwrap_or("?");
+                let input = i.input.as_deref().map(|n| format!(", input `{n}`")).unwrap_or_default();
+                eprintln!("  node {} ({class}){input}: {} [{}]", i.node_id, i.message, i.kind.comfy_type());
+            }
+        }
+        other => eprintln!("error: the workflow is invalid: {other}"),
+    }
+}

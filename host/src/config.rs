@@ -1,0 +1,163 @@
+//! The one typed configuration of kiln.
+//!
+//! Sources, later ones winning: built-in defaults, a TOML file (`--config`),
+//! `KILN_*` environment variables, command-line flags. Every field documents
+//! its default and what it trades off.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plugins::{OperatorLimits, RuntimeConfig};
+
+/// kiln's settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Extra plugin directories, each holding plugins (subdirectories with a
+    /// `kiln-plugin.toml`) or being one. Default: none (bundled plugins only).
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Where compiled components are cached. Default: `$XDG_CACHE_HOME/kiln`
+    /// or `~/.cache/kiln`. A warm cache turns seconds of compilation at start
+    /// into milliseconds.
+    pub cache_dir: Option<PathBuf>,
+    /// Node calls that may run at once (also sizes the instance pool).
+    /// Default: the number of CPUs.
+    pub max_concurrency: u32,
+    /// Linear memory a node gets when its manifest does not say. Default 512.
+    pub node_memory_mb: u64,
+    /// Most linear memory any node may get, whatever its manifest asks.
+    /// Default 4096 (the wasm32 maximum).
+    pub max_node_memory_mb: u64,
+    /// Wall-clock time a node gets when its manifest does not say. Default 60 s.
+    pub node_timeout_ms: u64,
+    /// Most time any node may get. Default 600 s.
+    pub max_node_timeout_ms: u64,
+    /// Bytes of tensors one node call may create on the host. Default 4096 MiB.
+    pub node_tensor_budget_mb: u64,
+    /// Bytes of files one node call may save. Default 1024 MiB.
+    pub node_file_budget_mb: u64,
+    /// Captured stdout + stderr per node call. Default 64 KiB.
+    pub node_log_kb: u64,
+    /// Memory for cached node results reused across runs. Default 1024 MiB;
+    /// 0 disables the cache.
+    pub result_cache_mb: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            plugin_dirs: Vec::new(),
+            cache_dir: None,
+            max_concurrency: std::thread::available_parallelism().map_or(2, |n| n.get() as u32),
+            node_memory_mb: 512,
+            max_node_memory_mb: 4096,
+            node_timeout_ms: 60_000,
+            max_node_timeout_ms: 600_000,
+            node_tensor_budget_mb: 4096,
+            node_file_budget_mb: 1024,
+            node_log_kb: 64,
+            result_cache_mb: 1024,
+        }
+    }
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config: {0}")]
+    Parse(#[from] toml::de::Error),
+    #[error("invalid value for {var}: {value:?}")]
+    Env { var: String, value: String },
+}
+
+impl Config {
+    /// Defaults, then `file`, then `KILN_*` environment variables.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut table = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+                toml::from_str::<toml::Table>(&text)?
+            }
+            None => toml::Table::new(),
+        };
+        apply_env(&mut table, std::env::vars())?;
+        Ok(Config::deserialize(toml::Value::Table(table))?)
+    }
+
+    /// The compiled-component cache directory in effect.
+    pub fn artifact_dir(&self) -> Option<PathBuf> {
+        self.cache_dir.clone().or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .map(|d| d.join("kiln"))
+        })
+    }
+
+    /// The plugin runtime's slice of the configuration.
+    pub fn runtime(&self) -> RuntimeConfig {
+        let mb = |v: u64| v.saturating_mul(1 << 20);
+        RuntimeConfig {
+            max_concurrency: self.max_concurrency.max(1),
+            limits: OperatorLimits {
+                default_memory_bytes: mb(self.node_memory_mb).min(mb(self.max_node_memory_mb)),
+                max_memory_bytes: mb(self.max_node_memory_mb).min(4 << 30),
+                default_timeout: Duration::from_millis(self.node_timeout_ms.min(self.max_node_timeout_ms)),
+                max_timeout: Duration::from_millis(self.max_node_timeout_ms),
+            },
+            tensor_budget_bytes: mb(self.node_tensor_budget_mb),
+            file_budget_bytes: mb(self.node_file_budget_mb),
+            log_bytes: (self.node_log_kb as usize).saturating_mul(1024),
+            artifact_dir: self.artifact_dir(),
+        }
+    }
+}
+
+/// Overlays `KILN_<FIELD>` variables on `table` (lists are `:`-separated).
+fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String)>) -> Result<(), ConfigError> {
+    let fields = ["plugin_dirs", "cache_dir", "max_concurrency", "node_memory_mb", "max_node_memory_mb", "node_timeout_ms", "max_node_timeout_ms", "node_tensor_budget_mb", "node_file_budget_mb", "node_log_kb", "result_cache_mb"];
+    for (var, value) in vars {
+        let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };
+        if !fields.contains(&field.as_str()) {
+            continue;
+        }
+        let parsed = match field.as_str() {
+            "plugin_dirs" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
+            "cache_dir" => toml::Value::String(value),
+            _ => toml::Value::Integer(value.parse().map_err(|_| ConfigError::Env { var: var.clone(), value: value.clone() })?),
+        };
+        table.insert(field, parsed);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_env_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kiln.toml");
+        std::fs::write(&path, "node_timeout_ms = 5000\nresult_cache_mb = 7\n").unwrap();
+        let mut table = toml::from_str::<toml::Table>(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        apply_env(&mut table, [("KILN_NODE_TIMEOUT_MS".to_string(), "250".to_string()), ("KILN_PLUGIN_DIRS".into(), "/a:/b".into())].into_iter()).unwrap();
+        let config = Config::deserialize(toml::Value::Table(table)).unwrap();
+        assert_eq!(config.node_timeout_ms, 250);
+        assert_eq!(config.result_cache_mb, 7);
+        assert_eq!(config.plugin_dirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(config.node_memory_mb, Config::default().node_memory_mb);
+        assert_eq!(config.runtime().limits.default_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn rejects_unknown_fields_and_bad_env() {
+        assert!(toml::from_str::<Config>("surprise = 1").is_err());
+        let mut table = toml::Table::new();
+        assert!(apply_env(&mut table, [("KILN_NODE_LOG_KB".to_string(), "lots".to_string())].into_iter()).is_err());
+    }
+}

@@ -1,0 +1,35 @@
+//! Execution events: the one source every API surface maps to its wire format.
+
+use crate::files::SavedFile;
+use crate::plugins::NodeFailure;
+use crate::tensor::Tensor;
+
+/// Something that happened while running a job, in order.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The run began.
+    Started { job_id: String },
+    /// These nodes are served from the result cache and will not run.
+    Cached { nodes: Vec<String> },
+    /// A node began running.
+    Executing { node: String, class_type: String },
+    /// Progress of a node and of the whole run (`overall` in 0..=1, weighted
+    /// by node count and by the steps nodes report).
+    Progress { node: String, step: u64, steps: u64, overall: f64 },
+    /// An intermediate image from a node.
+    Preview { node: String, image: Tensor },
+    /// A node finished and saved files (output nodes; also sent for cached
+    /// output nodes, with their earlier files).
+    Output { node: String, class_type: String, files: Vec<SavedFile>, cached: bool },
+    /// A node finished running.
+    Executed { node: String, class_type: String, elapsed_ms: f64 },
+    /// The whole run finished.
+    Succeeded { job_id: String },
+    /// A node failed; the run stopped.
+    Failed { job_id: String, node: String, class_type: String, failure: NodeFailure },
+    /// The run was cancelled; `node` was running when it stopped.
+    Interrupted { job_id: String, node: Option<String> },
+}
+
+/// Receives events as they happen. Must not block.
+pub type EventSink = std::sync::Arc<dyn Fn(Event) + Send + Sync>;

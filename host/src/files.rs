@@ -1,0 +1,266 @@
+//! Input and output files of a job, as nodes see them.
+//!
+//! Nodes name inputs (`LoadImage`'s `image`) and never see host paths;
+//! [`InputFiles`] resolves those names. Saved files go through
+//! [`OutputFiles`], which applies ComfyUI's naming
+//! (`<prefix>_<counter:05>_.<ext>`, subfolders from the prefix) and refuses
+//! paths that would leave the output directory.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// Which area a saved file belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    /// A job output.
+    Output,
+    /// A temporary preview.
+    Temp,
+}
+
+/// A file a node saved, as ComfyUI reports it (`filename`, `subfolder`, `type`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SavedFile {
+    pub filename: String,
+    pub subfolder: String,
+    #[serde(rename = "type")]
+    pub kind: FileKind,
+    /// Size in bytes.
+    #[serde(skip)]
+    pub size: u64,
+    /// Where it was written.
+    #[serde(skip)]
+    pub path: PathBuf,
+}
+
+/// Why a file operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("no input file named `{0}`")]
+    NotFound(String),
+    #[error("invalid file name `{0}`")]
+    InvalidName(String),
+    #[error("saving outside the output folder is not allowed: `{0}`")]
+    OutsideOutputDir(String),
+    #[error("input `{name}` is {size} bytes, over the limit of {limit}")]
+    TooLarge { name: String, size: u64, limit: u64 },
+    #[error("file i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Input files a job's nodes may read, by name.
+pub trait InputFiles: Send + Sync {
+    /// The bytes of the file called `name`.
+    fn read(&self, name: &str) -> Result<Vec<u8>, FileError>;
+    /// Whether a file called `name` exists.
+    fn contains(&self, name: &str) -> bool;
+    /// A content hash of `name`, so cached results are invalidated when a file
+    /// under the same name changes.
+    fn content_hash(&self, name: &str) -> Option<blake3::Hash>;
+    /// Names of the image files, sorted (the choices of image combos).
+    fn image_names(&self) -> Vec<String>;
+}
+
+/// Where a job's nodes save files.
+pub trait OutputFiles: Send + Sync {
+    /// Stores `data` under a fresh ComfyUI-style name derived from `prefix`.
+    fn save(&self, kind: FileKind, prefix: &str, extension: &str, data: &[u8]) -> Result<SavedFile, FileError>;
+}
+
+/// Largest input file a node may read.
+pub const MAX_INPUT_BYTES: u64 = 512 << 20;
+
+/// Input files given as explicit `name → path` pairs (the CLI's `--input`).
+#[derive(Default)]
+pub struct NamedInputs {
+    files: BTreeMap<String, PathBuf>,
+}
+
+impl NamedInputs {
+    /// No inputs.
+    pub fn new() -> NamedInputs {
+        NamedInputs::default()
+    }
+    /// Makes `path` readable under `name`.
+    pub fn insert(&mut self, name: impl Into<String>, path: impl Into<PathBuf>) {
+        self.files.insert(name.into(), path.into());
+    }
+    /// Every image file directly inside `dir`, under its file name.
+    pub fn from_dir(dir: &Path) -> Result<NamedInputs, FileError> {
+        let mut inputs = NamedInputs::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file()
+                && let Some(name) = entry.file_name().to_str()
+            {
+                inputs.insert(name, entry.path());
+            }
+        }
+        Ok(inputs)
+    }
+}
+
+/// Whether a file name looks like an image ComfyUI would list.
+pub fn is_image_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    [".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"].iter().any(|ext| lower.ends_with(ext))
+}
+
+impl InputFiles for NamedInputs {
+    fn read(&self, name: &str) -> Result<Vec<u8>, FileError> {
+        let path = self.files.get(name).ok_or_else(|| FileError::NotFound(name.to_string()))?;
+        let size = std::fs::metadata(path)?.len();
+        if size > MAX_INPUT_BYTES {
+            return Err(FileError::TooLarge { name: name.to_string(), size, limit: MAX_INPUT_BYTES });
+        }
+        Ok(std::fs::read(path)?)
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.files.get(name).is_some_and(|p| p.is_file())
+    }
+    fn content_hash(&self, name: &str) -> Option<blake3::Hash> {
+        let path = self.files.get(name)?;
+        let mut hasher = blake3::Hasher::new();
+        hasher.update_reader(std::fs::File::open(path).ok()?).ok()?;
+        Some(hasher.finalize())
+    }
+    fn image_names(&self) -> Vec<String> {
+        self.files.keys().filter(|n| is_image_name(n)).cloned().collect()
+    }
+}
+
+/// Saves files under an output and a temp directory with ComfyUI's naming.
+pub struct DirOutputs {
+    output_dir: PathBuf,
+    temp_dir: PathBuf,
+    /// Serializes counter allocation so concurrent nodes never pick one name.
+    lock: Mutex<()>,
+}
+
+impl DirOutputs {
+    /// Outputs under `output_dir`, previews under `temp_dir`.
+    pub fn new(output_dir: impl Into<PathBuf>, temp_dir: impl Into<PathBuf>) -> DirOutputs {
+        DirOutputs { output_dir: output_dir.into(), temp_dir: temp_dir.into(), lock: Mutex::new(()) }
+    }
+    /// The output directory.
+    pub fn output_dir(&self) -> &Path {
+        &self.output_dir
+    }
+}
+
+/// Splits a ComfyUI filename prefix into a checked subfolder and a base name.
+pub fn split_prefix(prefix: &str) -> Result<(PathBuf, String), FileError> {
+    let normalized = prefix.replace('\\', "/");
+    let (sub, base) = match normalized.rsplit_once('/') {
+        Some((sub, base)) => (sub.to_string(), base.to_string()),
+        None => (String::new(), normalized.clone()),
+    };
+    if base.is_empty() || base.contains('\0') || base == "." || base == ".." {
+        return Err(FileError::InvalidName(prefix.to_string()));
+    }
+    let sub_path = PathBuf::from(&sub);
+    for comp in sub_path.components() {
+        match comp {
+            Component::Normal(_) => {}
+            Component::CurDir => {}
+            _ => return Err(FileError::OutsideOutputDir(prefix.to_string())),
+        }
+    }
+    Ok((sub_path, base))
+}
+
+/// The next free counter for `base` in `dir`: one more than the largest
+/// `<base>_<digits>_...` present.
+fn next_counter(dir: &Path, base: &str) -> Result<u64, FileError> {
+    let mut max = 0u64;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(1),
+        Err(e) => return Err(e.into()),
+    };
+    for entry in entries {
+        let name = entry?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix(base).and_then(|r| r.strip_prefix('_')) else { continue };
+        let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        if !digits.is_empty()
+            && rest[digits.len()..].starts_with('_')
+            && let Ok(n) = digits.parse::<u64>()
+        {
+            max = max.max(n);
+        }
+    }
+    Ok(max + 1)
+}
+
+impl OutputFiles for DirOutputs {
+    fn save(&self, kind: FileKind, prefix: &str, extension: &str, data: &[u8]) -> Result<SavedFile, FileError> {
+        let (sub, base) = split_prefix(prefix)?;
+        let root = match kind {
+            FileKind::Output => &self.output_dir,
+            FileKind::Temp => &self.temp_dir,
+        };
+        let dir = root.join(&sub);
+        let _guard = self.lock.lock();
+        std::fs::create_dir_all(&dir)?;
+        let counter = next_counter(&dir, &base)?;
+        let filename = format!("{base}_{counter:05}_.{extension}");
+        let path = dir.join(&filename);
+        // Write beside, then rename: a reader never sees a half-written file.
+        let tmp = dir.join(format!(".{filename}.partial"));
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(data)?;
+            f.sync_data()?;
+        }
+        std::fs::rename(&tmp, &path)?;
+        let subfolder = sub.to_string_lossy().replace('\\', "/");
+        Ok(SavedFile { filename, subfolder, kind, size: data.len() as u64, path })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comfy_naming_counts_up_per_prefix_and_subfolder() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = DirOutputs::new(dir.path().join("out"), dir.path().join("temp"));
+        let a = out.save(FileKind::Output, "ComfyUI", "png", b"1").unwrap();
+        let b = out.save(FileKind::Output, "ComfyUI", "png", b"2").unwrap();
+        let c = out.save(FileKind::Output, "shots/run", "png", b"3").unwrap();
+        let t = out.save(FileKind::Temp, "ComfyUI", "png", b"4").unwrap();
+        assert_eq!((a.filename.as_str(), a.subfolder.as_str()), ("ComfyUI_00001_.png", ""));
+        assert_eq!(b.filename, "ComfyUI_00002_.png");
+        assert_eq!((c.filename.as_str(), c.subfolder.as_str()), ("run_00001_.png", "shots"));
+        assert_eq!(t.filename, "ComfyUI_00001_.png");
+        assert_eq!(std::fs::read(dir.path().join("out/shots/run_00001_.png")).unwrap(), b"3");
+        assert!(dir.path().join("temp/ComfyUI_00001_.png").is_file());
+    }
+
+    #[test]
+    fn refuses_paths_outside_the_output_dir() {
+        for prefix in ["../evil", "/abs/x", "a/../../b", "sub/", ".."] {
+            assert!(split_prefix(prefix).is_err(), "{prefix}");
+        }
+        assert!(split_prefix("a/./b").is_ok());
+    }
+
+    #[test]
+    fn named_inputs_resolve_only_registered_names() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.png"), b"x").unwrap();
+        std::fs::write(dir.path().join("notes.txt"), b"y").unwrap();
+        let inputs = NamedInputs::from_dir(dir.path()).unwrap();
+        assert_eq!(inputs.read("a.png").unwrap(), b"x");
+        assert!(matches!(inputs.read("../a.png"), Err(FileError::NotFound(_))));
+        assert_eq!(inputs.image_names(), vec!["a.png".to_string()]);
+        assert!(inputs.content_hash("a.png").is_some());
+    }
+}

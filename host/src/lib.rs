@@ -1,0 +1,29 @@
+//! # kiln
+//!
+//! kiln executes ComfyUI API-format workflows whose node classes are sandboxed
+//! WebAssembly components.
+//!
+//! Following one workflow through the crate:
+//! 1. [`workflow`] parses the API format and validates it against the node
+//!    definitions in the [`plugins::NodeRegistry`] — every error names the node,
+//!    its class and the input.
+//! 2. [`executor`] plans the run (only ancestors of output nodes, in
+//!    dependency order), serves unchanged nodes from its result cache, and
+//!    calls each remaining node through [`plugins::PluginRuntime`], publishing
+//!    [`executor::Event`]s from one place.
+//! 3. [`plugins`] instantiates the node's component in a fresh store with a
+//!    memory ceiling and a deadline; host imports hand it [`tensor::Tensor`]s,
+//!    input files and an output sink ([`files`]).
+//!
+//! [`config`] is the one typed configuration; [`cli`] is the `kiln` binary's
+//! front end; [`object_info`] renders node definitions in ComfyUI's format.
+
+pub mod cli;
+pub mod config;
+pub mod executor;
+pub mod files;
+pub mod object_info;
+pub mod plugins;
+pub mod tensor;
+pub mod value;
+pub mod workflow;

@@ -1,0 +1,120 @@
+//! Rendering node definitions as ComfyUI `object_info` entries.
+
+use serde_json::{Map, Value as Json, json};
+
+use crate::files::InputFiles;
+use crate::plugins::NodeDef;
+use crate::plugins::node::{ComboSource, InputKind, InputSpec};
+use crate::plugins::registry::hidden_name;
+
+/// The `object_info` entry of `def`. Image-upload combos list `files`' images.
+pub fn node_info(def: &NodeDef, files: &dyn InputFiles) -> Json {
+    let section = |inputs: &[InputSpec]| -> (Map<String, Json>, Vec<Json>) {
+        let mut map = Map::new();
+        let mut order = Vec::new();
+        for input in inputs {
+            map.insert(input.name.clone(), input_spec(input, files));
+            order.push(Json::String(input.name.clone()));
+        }
+        (map, order)
+    };
+    let (required, required_order) = section(&def.required);
+    let mut input = Map::new();
+    let mut input_order = Map::new();
+    input.insert("required".into(), Json::Object(required));
+    input_order.insert("required".into(), Json::Array(required_order));
+    if !def.optional.is_empty() {
+        let (optional, optional_order) = section(&def.optional);
+        input.insert("optional".into(), Json::Object(optional));
+        input_order.insert("optional".into(), Json::Array(optional_order));
+    }
+    if !def.hidden.is_empty() {
+        let mut hidden = Map::new();
+        for h in &def.hidden {
+            let kind = match hidden_name(*h) {
+                "prompt" => "PROMPT",
+                "extra_pnginfo" => "EXTRA_PNGINFO",
+                _ => "UNIQUE_ID",
+            };
+            hidden.insert(hidden_name(*h).into(), Json::String(kind.into()));
+        }
+        input_order.insert("hidden".into(), def.hidden.iter().map(|h| Json::String(hidden_name(*h).into())).collect());
+        input.insert("hidden".into(), Json::Object(hidden));
+    }
+    json!({
+        "input": input,
+        "input_order": input_order,
+        "is_input_list": false,
+        "output": def.outputs.iter().map(|o| o.type_name.clone()).collect::<Vec<_>>(),
+        "output_is_list": def.outputs.iter().map(|o| o.is_list).collect::<Vec<_>>(),
+        "output_name": def.outputs.iter().map(|o| o.name.clone()).collect::<Vec<_>>(),
+        "output_tooltips": def.outputs.iter().map(|o| o.tooltip.clone()).collect::<Vec<_>>(),
+        "name": def.class_type,
+        "display_name": def.display_name.clone().unwrap_or_else(|| def.class_type.clone()),
+        "description": def.description,
+        "python_module": "kiln",
+        "category": def.category,
+        "output_node": def.output_node,
+        "deprecated": def.deprecated,
+        "experimental": def.experimental,
+        "api_node": false,
+        "search_aliases": def.search_aliases,
+    })
+}
+
+fn input_spec(input: &InputSpec, files: &dyn InputFiles) -> Json {
+    let mut opts = Map::new();
+    let mut put = |k: &str, v: Option<Json>| {
+        if let Some(v) = v {
+            opts.insert(k.into(), v);
+        }
+    };
+    let type_name: Json = match &input.kind {
+        InputKind::Int(s) => {
+            put("default", s.default.map(Json::from));
+            put("min", s.min.map(Json::from));
+            put("max", s.max.map(Json::from));
+            put("step", s.step.map(Json::from));
+            put("display", s.display.clone().map(Json::from));
+            put("control_after_generate", s.control_after_generate.then_some(Json::Bool(true)));
+            "INT".into()
+        }
+        InputKind::Float(s) => {
+            put("default", s.default.map(Json::from));
+            put("min", s.min.map(Json::from));
+            put("max", s.max.map(Json::from));
+            put("step", s.step.map(Json::from));
+            put("round", s.round.map(Json::from));
+            put("display", s.display.clone().map(Json::from));
+            "FLOAT".into()
+        }
+        InputKind::String(s) => {
+            put("default", s.default.clone().map(Json::from));
+            put("multiline", Some(Json::Bool(s.multiline)));
+            put("placeholder", s.placeholder.clone().map(Json::from));
+            "STRING".into()
+        }
+        InputKind::Boolean(s) => {
+            put("default", s.default.map(Json::from));
+            put("label_on", s.label_on.clone().map(Json::from));
+            put("label_off", s.label_off.clone().map(Json::from));
+            "BOOLEAN".into()
+        }
+        InputKind::Combo(c) => {
+            put("default", c.default.clone().map(Json::from));
+            let choices = match c.source {
+                ComboSource::Fixed => c.choices.clone(),
+                ComboSource::InputImages => {
+                    put("image_upload", Some(Json::Bool(true)));
+                    files.image_names()
+                }
+            };
+            Json::Array(choices.into_iter().map(Json::String).collect())
+        }
+        InputKind::Link(t) => t.clone().into(),
+    };
+    if let Some(t) = &input.tooltip {
+        opts.insert("tooltip".into(), Json::String(t.clone()));
+    }
+    if opts.is_empty() { json!([type_name]) } else { json!([type_name, opts]) }
+}

@@ -1,0 +1,20 @@
+//! Host-side bindings generated from `wit/kiln-plugin.wit`.
+//!
+//! Imports are synchronous (they copy memory or record a fact; none waits), and
+//! `trappable` so a host-side refusal can end the guest. Exports are async so a
+//! running node yields to tokio at every epoch tick and can be cancelled.
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "kiln:plugin/plugin",
+    imports: { default: trappable },
+    exports: { default: async },
+    with: {
+        "kiln:plugin/tensors.tensor": crate::tensor::Tensor,
+        "kiln:plugin/gpu.kernel": super::imports::Kernel,
+    },
+});
+
+pub use exports::kiln::plugin::node as node;
+pub use self::kiln::plugin::host::{FileKind, SavedFile};
+pub use self::kiln::plugin::tensors::TensorError as WitTensorError;

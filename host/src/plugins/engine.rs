@@ -1,0 +1,70 @@
+//! The one wasmtime `Engine` of the process: its configuration, the pooling
+//! allocator (with an on-demand fallback) and the epoch ticker that bounds
+//! guest CPU time.
+
+use std::time::Duration;
+
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+/// How often the epoch advances: the granularity of timeouts and cancellation.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// How instances get their memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    /// Pre-reserved slots, copy-on-write memory images: microsecond instantiation.
+    Pooling,
+    /// mmap per instance; used when the pool's address space cannot be reserved.
+    OnDemand,
+}
+
+/// Sizes the engine for `max_instances` live instances whose memories are at
+/// most `max_memory_bytes` each.
+pub fn build_engine(max_instances: u32, max_memory_bytes: u64) -> wasmtime::Result<(Engine, Allocator)> {
+    let mut pool = PoolingAllocationConfig::default();
+    // A Rust wasm32-wasip2 component instantiates a handful of core modules
+    // (the program plus wit-component's shims), so core instances and tables
+    // are sized as a multiple of component instances.
+    pool.total_component_instances(max_instances)
+        .total_core_instances(max_instances * 8)
+        .total_memories(max_instances * 2)
+        .total_tables(max_instances * 8)
+        .total_stacks(max_instances)
+        .max_memory_size(max_memory_bytes as usize)
+        .table_elements(100_000)
+        .linear_memory_keep_resident(1 << 20);
+    let pooled = Engine::new(&base_config().allocation_strategy(InstanceAllocationStrategy::Pooling(pool)));
+    match pooled {
+        Ok(engine) => Ok((engine, Allocator::Pooling)),
+        Err(e) => {
+            tracing::warn!(error = %e, "pooling allocator unavailable, falling back to on-demand allocation");
+            Ok((Engine::new(&base_config())?, Allocator::OnDemand))
+        }
+    }
+}
+
+fn base_config() -> Config {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .memory_init_cow(true)
+        .max_wasm_stack(1 << 20)
+        .async_stack_size(2 << 20);
+    config
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] until the engine is dropped.
+pub fn spawn_epoch_ticker(engine: &Engine) -> std::io::Result<()> {
+    let weak = engine.weak();
+    std::thread::Builder::new().name("kiln-epoch".into()).spawn(move || {
+        loop {
+            std::thread::sleep(EPOCH_TICK);
+            match weak.upgrade() {
+                Some(engine) => engine.increment_epoch(),
+                None => break,
+            }
+        }
+    })?;
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! The host side of the plugin imports: tensors, host services and the GPU
+//! placeholder. Every function checks what the guest passes; refusals are
+//! returned to the guest as errors, and budget overruns are also recorded so
+//! the node fails with `invalid_output` even if the guest ignores the error.
+
+use wasmtime::component::Resource;
+
+use super::bindings::kiln::plugin::{gpu, host, tensors};
+use super::state::{NodeSignal, NodeState};
+use crate::files::FileKind;
+use crate::tensor::{Tensor, TensorError};
+
+/// A compiled GPU kernel (placeholder until the GPU milestone: never created).
+pub struct Kernel {
+    id: String,
+}
+
+fn tensor_error(e: TensorError) -> tensors::TensorError {
+    match e {
+        TensorError::BadShape(_) => tensors::TensorError::BadShape(e.to_string()),
+        TensorError::LengthMismatch { .. } => tensors::TensorError::LengthMismatch(e.to_string()),
+    }
+}
+
+impl tensors::Host for NodeState {
+    fn create(&mut self, shape: Vec<u32>, data: Vec<f32>) -> wasmtime::Result<Result<Resource<Tensor>, tensors::TensorError>> {
+        let bytes = data.len() as u64 * 4;
+        if self.tensor_bytes.saturating_add(bytes) > self.limits.tensor_bytes {
+            let msg = format!(
+                "creating a {} MiB tensor would exceed the node's tensor budget of {} MiB",
+                bytes >> 20,
+                self.limits.tensor_bytes >> 20
+            );
+            self.over_budget = Some(msg.clone());
+            return Ok(Err(tensors::TensorError::BudgetExceeded(msg)));
+        }
+        let tensor = match Tensor::new(shape, data) {
+            Ok(t) => t,
+            Err(e) => return Ok(Err(tensor_error(e))),
+        };
+        self.tensor_bytes += bytes;
+        Ok(Ok(self.table.push(tensor)?))
+    }
+}
+
+impl tensors::HostTensor for NodeState {
+    fn shape(&mut self, this: Resource<Tensor>) -> wasmtime::Result<Vec<u32>> {
+        Ok(self.table.get(&this)?.shape().to_vec())
+    }
+    fn read(&mut self, this: Resource<Tensor>) -> wasmtime::Result<Vec<f32>> {
+        Ok(self.table.get(&this)?.data().to_vec())
+    }
+    fn read_range(&mut self, this: Resource<Tensor>, offset: u64, len: u32) -> wasmtime::Result<Result<Vec<f32>, tensors::TensorError>> {
+        let data = self.table.get(&this)?.data();
+        let range = usize::try_from(offset)
+            .ok()
+            .and_then(|start| start.checked_add(len as usize).map(|end| start..end))
+            .filter(|r| r.end <= data.len());
+        Ok(match range {
+            Some(r) => Ok(data[r].to_vec()),
+            None => Err(tensors::TensorError::OutOfRange(format!("{len} elements at {offset} of {}", data.len()))),
+        })
+    }
+    fn drop(&mut self, this: Resource<Tensor>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+/// File extensions a node may save under.
+fn valid_extension(ext: &str) -> bool {
+    !ext.is_empty() && ext.len() <= 8 && ext.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+impl host::Host for NodeState {
+    fn progress(&mut self, step: u64, steps: u64) -> wasmtime::Result<()> {
+        if let Some(io) = &self.io
+            && steps > 0
+        {
+            (io.signals)(NodeSignal::Progress { step: step.min(steps), steps });
+        }
+        Ok(())
+    }
+
+    fn preview(&mut self, image: Resource<Tensor>) -> wasmtime::Result<()> {
+        let tensor = self.table.get(&image)?.clone();
+        if let Some(io) = &self.io {
+            (io.signals)(NodeSignal::Preview(tensor));
+        }
+        Ok(())
+    }
+
+    fn read_input(&mut self, name: String) -> wasmtime::Result<Result<Vec<u8>, String>> {
+        let Some(io) = &self.io else { return Ok(Err("no input files in this context".into())) };
+        Ok(io.inputs.read(&name).map_err(|e| e.to_string()))
+    }
+
+    fn save_file(&mut self, kind: host::FileKind, prefix: String, extension: String, data: Vec<u8>) -> wasmtime::Result<Result<host::SavedFile, String>> {
+        let Some(io) = &self.io else { return Ok(Err("no output files in this context".into())) };
+        if !valid_extension(&extension) {
+            return Ok(Err(format!("invalid file extension `{extension}`")));
+        }
+        let written: u64 = self.saved.iter().map(|f| f.size).sum();
+        if written.saturating_add(data.len() as u64) > self.limits.file_bytes {
+            let msg = format!("saving {} bytes would exceed the node's file budget of {} MiB", data.len(), self.limits.file_bytes >> 20);
+            self.over_budget = Some(msg.clone());
+            return Ok(Err(msg));
+        }
+        let kind = match kind {
+            host::FileKind::Output => FileKind::Output,
+            host::FileKind::Temp => FileKind::Temp,
+        };
+        match io.outputs.save(kind, &prefix, &extension, &data) {
+            Ok(saved) => {
+                let reply = host::SavedFile {
+                    filename: saved.filename.clone(),
+                    subfolder: saved.subfolder.clone(),
+                    kind: match saved.kind {
+                        FileKind::Output => host::FileKind::Output,
+                        FileKind::Temp => host::FileKind::Temp,
+                    },
+                };
+                self.saved.push(saved);
+                Ok(Ok(reply))
+            }
+            Err(e) => Ok(Err(e.to_string())),
+        }
+    }
+}
+
+impl gpu::Host for NodeState {
+    fn available(&mut self) -> wasmtime::Result<bool> {
+        Ok(false)
+    }
+    fn compile(&mut self, _wgsl: String, _entry_point: String) -> wasmtime::Result<Result<Resource<Kernel>, gpu::GpuError>> {
+        Ok(Err(gpu::GpuError::Unavailable))
+    }
+    fn allocate(&mut self, _shape: Vec<u32>) -> wasmtime::Result<Result<Resource<Tensor>, gpu::GpuError>> {
+        Ok(Err(gpu::GpuError::Unavailable))
+    }
+    fn dispatch(
+        &mut self,
+        _kernel: Resource<Kernel>,
+        _bindings: Vec<gpu::Binding>,
+        _uniforms: Vec<u8>,
+        _workgroups: (u32, u32, u32),
+    ) -> wasmtime::Result<Result<(), gpu::GpuError>> {
+        Ok(Err(gpu::GpuError::Unavailable))
+    }
+}
+
+impl gpu::HostKernel for NodeState {
+    fn id(&mut self, this: Resource<Kernel>) -> wasmtime::Result<String> {
+        Ok(self.table.get(&this)?.id.clone())
+    }
+    fn drop(&mut self, this: Resource<Kernel>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! Plugin manifests (`kiln-plugin.toml`): who a plugin is and what it may use.
+//!
+//! Policy is data: the manifest asks, the operator's limits cap, and
+//! [`Manifest::effective_limits`] is the one place the two meet. Nothing the
+//! manifest says can widen what the operator allows.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// A plugin's manifest.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Unique plugin name.
+    pub name: String,
+    /// The plugin's version.
+    pub version: String,
+    /// File name of the component, relative to the manifest.
+    pub component: String,
+    /// Resource ceilings the plugin asks for.
+    #[serde(default)]
+    pub limits: RequestedLimits,
+    /// Capabilities the plugin asks for.
+    #[serde(default)]
+    pub capabilities: Capabilities,
+}
+
+/// What a plugin asks for; absent values take the operator's defaults.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestedLimits {
+    /// Linear memory per node call, MiB.
+    pub memory_mb: Option<u64>,
+    /// Wall-clock time per node call, ms.
+    pub timeout_ms: Option<u64>,
+}
+
+/// Capabilities beyond pure computation. None is granted yet except what the
+/// GPU milestone and the partner proxy will implement; a plugin asking for one
+/// the host cannot grant is refused at load.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Capabilities {
+    /// GPU kernels.
+    #[serde(default)]
+    pub gpu: bool,
+    /// Hosts the plugin may call over HTTPS.
+    #[serde(default)]
+    pub outbound_hosts: Vec<String>,
+    /// Secrets the plugin may receive from a job's `extra_data`.
+    #[serde(default)]
+    pub secrets: Vec<String>,
+}
+
+/// The operator's ceilings and defaults for node calls.
+#[derive(Debug, Clone, Copy)]
+pub struct OperatorLimits {
+    pub default_memory_bytes: u64,
+    pub max_memory_bytes: u64,
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+}
+
+/// The limits a plugin's node calls actually run under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EffectiveLimits {
+    pub memory_bytes: u64,
+    pub timeout: Duration,
+}
+
+/// Why a manifest was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest is not valid TOML for kiln-plugin.toml: {0}")]
+    Parse(#[from] toml::de::Error),
+    #[error("manifest field `{field}` is invalid: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error("plugin asks for capability `{0}`, which this host does not grant")]
+    CapabilityNotGranted(String),
+}
+
+impl Manifest {
+    /// Parses and checks a manifest.
+    pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        let manifest: Manifest = toml::from_str(text)?;
+        let name_ok = !manifest.name.is_empty()
+            && manifest.name.len() <= 64
+            && manifest.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !name_ok {
+            return Err(ManifestError::Invalid { field: "name", reason: "1-64 of [A-Za-z0-9_-]".into() });
+        }
+        let component_ok = !manifest.component.is_empty()
+            && !manifest.component.contains(['/', '\\'])
+            && manifest.component != ".."
+            && manifest.component.ends_with(".wasm");
+        if !component_ok {
+            return Err(ManifestError::Invalid { field: "component", reason: "a .wasm file name beside the manifest".into() });
+        }
+        if manifest.capabilities.gpu {
+            return Err(ManifestError::CapabilityNotGranted("gpu".into()));
+        }
+        if let Some(host) = manifest.capabilities.outbound_hosts.first() {
+            return Err(ManifestError::CapabilityNotGranted(format!("outbound_hosts: {host}")));
+        }
+        if let Some(secret) = manifest.capabilities.secrets.first() {
+            return Err(ManifestError::CapabilityNotGranted(format!("secrets: {secret}")));
+        }
+        Ok(manifest)
+    }
+
+    /// The manifest's requests, capped by the operator.
+    pub fn effective_limits(&self, op: &OperatorLimits) -> EffectiveLimits {
+        let memory = self.limits.memory_mb.map(|mb| mb.saturating_mul(1 << 20)).unwrap_or(op.default_memory_bytes);
+        let timeout = self.limits.timeout_ms.map(Duration::from_millis).unwrap_or(op.default_timeout);
+        EffectiveLimits { memory_bytes: memory.min(op.max_memory_bytes), timeout: timeout.min(op.max_timeout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OP: OperatorLimits = OperatorLimits {
+        default_memory_bytes: 256 << 20,
+        max_memory_bytes: 1 << 30,
+        default_timeout: Duration::from_secs(30),
+        max_timeout: Duration::from_secs(60),
+    };
+
+    #[test]
+    fn operator_caps_requests() {
+        let m = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[limits]\nmemory_mb=8192\ntimeout_ms=5").unwrap();
+        assert_eq!(m.effective_limits(&OP), EffectiveLimits { memory_bytes: 1 << 30, timeout: Duration::from_millis(5) });
+        let d = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'").unwrap();
+        assert_eq!(d.effective_limits(&OP), EffectiveLimits { memory_bytes: 256 << 20, timeout: Duration::from_secs(30) });
+    }
+
+    #[test]
+    fn refuses_bad_names_paths_and_ungranted_capabilities() {
+        assert!(Manifest::parse("name='a b'\nversion='1'\ncomponent='a.wasm'").is_err());
+        assert!(Manifest::parse("name='a'\nversion='1'\ncomponent='../a.wasm'").is_err());
+        assert!(Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\nsurprise=1").is_err());
+        assert!(matches!(
+            Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\noutbound_hosts=['x.com']"),
+            Err(ManifestError::CapabilityNotGranted(_))
+        ));
+    }
+}

@@ -1,0 +1,28 @@
+//! Node plugins: sandboxed WebAssembly components and everything needed to
+//! load them and call their nodes safely.
+//!
+//! - [`manifest`]: what a plugin asks for; the capability policy.
+//! - [`engine`]: the one wasmtime engine, its allocator and epoch ticker.
+//! - [`artifacts`]: the on-disk cache of compiled components.
+//! - [`runtime`]: loading plugins and calling nodes under limits.
+//! - [`registry`]: which plugin provides each node class.
+//! - `state`, `imports`, `log_pipe`: a node store's data and the host side of
+//!   the imports.
+//! - [`bundled`]: the plugins shipped inside the binary.
+
+pub mod artifacts;
+pub mod bindings;
+pub mod bundled;
+pub mod engine;
+mod imports;
+mod log_pipe;
+pub mod manifest;
+pub mod registry;
+pub mod runtime;
+pub mod state;
+
+pub use bindings::node;
+pub use manifest::{Manifest, OperatorLimits};
+pub use registry::{NodeRegistry, RegistryError};
+pub use runtime::{FailureKind, NodeDef, NodeFailure, NodeOutput, Plugin, PluginRuntime, RuntimeConfig};
+pub use state::{NodeIo, NodeSignal};

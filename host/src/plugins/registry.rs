@@ -1,0 +1,171 @@
+//! The node registry: which plugin provides each node class.
+//!
+//! Built once at start-up from the bundled plugins and the plugin
+//! directories; `object_info` and validation read node definitions from here.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::bindings::node;
+use super::manifest::Manifest;
+use super::runtime::{LoadError, NodeDef, Plugin, PluginRuntime};
+
+/// Every loaded node class, by class name.
+#[derive(Default)]
+pub struct NodeRegistry {
+    plugins: Vec<Arc<Plugin>>,
+    classes: HashMap<String, (usize, usize)>,
+    order: Vec<String>,
+}
+
+/// Why the registry refused a plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("node class `{class}` of plugin `{plugin}` is already provided by plugin `{existing}`")]
+    DuplicateClass { class: String, plugin: String, existing: String },
+    #[error("cannot read plugin directory {path}: {source}")]
+    Dir { path: PathBuf, source: std::io::Error },
+}
+
+impl NodeRegistry {
+    /// An empty registry.
+    pub fn new() -> NodeRegistry {
+        NodeRegistry::default()
+    }
+
+    /// Adds a loaded plugin; refuses it whole if any class name is taken.
+    pub fn add(&mut self, plugin: Plugin) -> Result<(), RegistryError> {
+        for def in &plugin.definitions {
+            if let Some(&(p, _)) = self.classes.get(&def.class_type) {
+                return Err(RegistryError::DuplicateClass {
+                    class: def.class_type.clone(),
+                    plugin: plugin.manifest.name.clone(),
+                    existing: self.plugins[p].manifest.name.clone(),
+                });
+            }
+        }
+        let index = self.plugins.len();
+        for (d, def) in plugin.definitions.iter().enumerate() {
+            self.classes.insert(def.class_type.clone(), (index, d));
+            self.order.push(def.class_type.clone());
+        }
+        tracing::info!(plugin = %plugin.manifest.name, version = %plugin.manifest.version, nodes = plugin.definitions.len(), cached = plugin.from_cache, "plugin loaded");
+        self.plugins.push(Arc::new(plugin));
+        Ok(())
+    }
+
+    /// The plugin and definition of `class_type`.
+    pub fn get(&self, class_type: &str) -> Option<(&Arc<Plugin>, &NodeDef)> {
+        let &(p, d) = self.classes.get(class_type)?;
+        let plugin = &self.plugins[p];
+        Some((plugin, &plugin.definitions[d]))
+    }
+
+    /// All definitions in load order.
+    pub fn definitions(&self) -> impl Iterator<Item = &NodeDef> {
+        self.order.iter().filter_map(|c| self.get(c).map(|(_, d)| d))
+    }
+
+    /// The loaded plugins.
+    pub fn plugins(&self) -> &[Arc<Plugin>] {
+        &self.plugins
+    }
+
+    /// Loads the plugin whose manifest is `dir/kiln-plugin.toml`.
+    pub async fn load_dir(&mut self, runtime: &PluginRuntime, dir: &Path) -> Result<(), RegistryError> {
+        let manifest_path = dir.join("kiln-plugin.toml");
+        let plugin_name = dir.display().to_string();
+        let io_err = |path: &Path, source| LoadError::Io { plugin: plugin_name.clone(), path: path.to_path_buf(), source };
+        let text = std::fs::read_to_string(&manifest_path).map_err(|e| io_err(&manifest_path, e))?;
+        let manifest = Manifest::parse(&text).map_err(|source| LoadError::Manifest { plugin: plugin_name.clone(), source })?;
+        let wasm_path = dir.join(&manifest.component);
+        let wasm = std::fs::read(&wasm_path).map_err(|e| io_err(&wasm_path, e))?;
+        let plugin = runtime.load(manifest, &wasm).await?;
+        self.add(plugin)
+    }
+
+    /// Loads every plugin under `root`: `root` itself if it holds a manifest,
+    /// else each subdirectory that does, in name order.
+    pub async fn load_plugin_root(&mut self, runtime: &PluginRuntime, root: &Path) -> Result<(), RegistryError> {
+        if root.join("kiln-plugin.toml").is_file() {
+            return self.load_dir(runtime, root).await;
+        }
+        let dir_err = |source| RegistryError::Dir { path: root.to_path_buf(), source };
+        let mut dirs = Vec::new();
+        for entry in std::fs::read_dir(root).map_err(dir_err)? {
+            let path = entry.map_err(dir_err)?.path();
+            if path.join("kiln-plugin.toml").is_file() {
+                dirs.push(path);
+            }
+        }
+        dirs.sort();
+        for dir in dirs {
+            self.load_dir(runtime, &dir).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks what a plugin says about its nodes before anything relies on it.
+pub(crate) fn check_definitions(defs: &[NodeDef]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for def in defs {
+        let name_ok = !def.class_type.is_empty()
+            && def.class_type.len() <= 128
+            && def.class_type.chars().all(|c| c.is_alphanumeric() || "_-. +()".contains(c));
+        if !name_ok {
+            return Err(format!("class name {:?} is empty, too long or has odd characters", def.class_type));
+        }
+        if !seen.insert(def.class_type.as_str()) {
+            return Err(format!("class `{}` is defined twice", def.class_type));
+        }
+        let mut inputs = std::collections::HashSet::new();
+        for input in def.required.iter().chain(&def.optional) {
+            if input.name.is_empty() || !inputs.insert(input.name.as_str()) {
+                return Err(format!("class `{}` has an empty or repeated input name `{}`", def.class_type, input.name));
+            }
+            if let node::InputKind::Combo(c) = &input.kind
+                && c.source == node::ComboSource::Fixed
+                && c.choices.is_empty()
+            {
+                return Err(format!("class `{}` input `{}` is a combo with no choices", def.class_type, input.name));
+            }
+        }
+        let hidden_names = def.hidden.iter().map(|h| hidden_name(*h));
+        for name in hidden_names {
+            if !inputs.insert(name) {
+                return Err(format!("class `{}` has a visible input named like hidden input `{name}`", def.class_type));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The ComfyUI name of a hidden input.
+pub fn hidden_name(h: node::HiddenInput) -> &'static str {
+    match h {
+        node::HiddenInput::Prompt => "prompt",
+        node::HiddenInput::ExtraPnginfo => "extra_pnginfo",
+        node::HiddenInput::UniqueId => "unique_id",
+    }
+}
+
+impl NodeRegistry {
+    /// Loads the bundled plugins, then every plugin under `plugin_dirs`.
+    pub async fn load_all(runtime: &PluginRuntime, plugin_dirs: &[PathBuf]) -> Result<NodeRegistry, RegistryError> {
+        let mut registry = NodeRegistry::new();
+        for bundled in super::bundled::BUNDLED {
+            let manifest = Manifest::parse(bundled.manifest)
+                .map_err(|source| LoadError::Manifest { plugin: "bundled".into(), source })?;
+            let plugin = runtime.load(manifest, bundled.wasm).await?;
+            registry.add(plugin)?;
+        }
+        for dir in plugin_dirs {
+            registry.load_plugin_root(runtime, dir).await?;
+        }
+        Ok(registry)
+    }
+}

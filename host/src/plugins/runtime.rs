@@ -1,0 +1,372 @@
+//! Loading plugins and calling their nodes under limits.
+//!
+//! One `Engine` and one `Linker` serve every plugin; each plugin keeps an
+//! `InstancePre` (imports resolved once), and every node call gets a fresh
+//! `Store`: nothing survives between calls or tenants, and a trap only poisons
+//! a store that is about to be dropped.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use wasmtime::component::{HasSelf, Linker, Resource};
+use wasmtime::{Engine, Store, Trap};
+
+use super::artifacts::ArtifactCache;
+use super::bindings::{Plugin as PluginWorld, PluginPre, node};
+use super::engine::{Allocator, build_engine, spawn_epoch_ticker};
+use super::manifest::{EffectiveLimits, Manifest, OperatorLimits};
+use super::state::{NodeIo, NodeState, StoreLimits};
+use crate::files::SavedFile;
+use crate::tensor::Tensor;
+use crate::value::Value;
+
+pub use node::NodeDef;
+
+/// Settings of the plugin runtime (a slice of the service config).
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Node calls that may run at once (sizes the instance pool).
+    pub max_concurrency: u32,
+    /// Defaults and ceilings for memory and time per node call.
+    pub limits: OperatorLimits,
+    /// Ceiling on the bytes of tensors one node call creates.
+    pub tensor_budget_bytes: u64,
+    /// Ceiling on the bytes of files one node call saves.
+    pub file_budget_bytes: u64,
+    /// Ceiling on the captured log of one node call.
+    pub log_bytes: usize,
+    /// Where compiled components are cached (`None`: compile on every load).
+    pub artifact_dir: Option<PathBuf>,
+}
+
+/// How a node call failed. Each kind maps to its own error code on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The node ran past its wall-clock limit.
+    Timeout,
+    /// The node wanted more memory than its ceiling.
+    OutOfMemory,
+    /// The guest trapped or panicked.
+    Crashed,
+    /// The node returned outputs that do not match its definition, or
+    /// exceeded its output budget.
+    InvalidOutput,
+    /// The node reported an error about its inputs or its work.
+    Failed,
+    /// The call was cancelled.
+    Interrupted,
+}
+
+/// A failed node call.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct NodeFailure {
+    pub kind: FailureKind,
+    pub message: String,
+    /// What the plugin printed before failing.
+    pub log: String,
+}
+
+/// A successful node call.
+#[derive(Debug, Clone)]
+pub struct NodeOutput {
+    /// One value per declared output.
+    pub values: Vec<Value>,
+    /// Files the node saved.
+    pub saved: Vec<SavedFile>,
+    /// What the plugin printed.
+    pub log: String,
+}
+
+/// Why a plugin could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("plugin `{plugin}`: {source}")]
+    Manifest { plugin: String, source: super::manifest::ManifestError },
+    #[error("plugin `{plugin}`: cannot read {path}: {source}")]
+    Io { plugin: String, path: PathBuf, source: std::io::Error },
+    #[error("plugin `{plugin}` is not a valid component: {message}")]
+    Compile { plugin: String, message: String },
+    #[error("plugin `{plugin}` imports `{import}`, which kiln does not provide")]
+    ForbiddenImport { plugin: String, import: String },
+    #[error("plugin `{plugin}` failed to describe its nodes: {failure}")]
+    Definitions { plugin: String, failure: NodeFailure },
+    #[error("plugin `{plugin}` defines an invalid node: {reason}")]
+    InvalidDefinition { plugin: String, reason: String },
+}
+
+/// A loaded plugin: its manifest, node definitions and pre-linked component.
+pub struct Plugin {
+    pub manifest: Manifest,
+    /// blake3 of the component bytes.
+    pub component_hash: blake3::Hash,
+    pub definitions: Vec<NodeDef>,
+    pub limits: EffectiveLimits,
+    /// Whether the compiled component came from the on-disk cache.
+    pub from_cache: bool,
+    pre: PluginPre<NodeState>,
+}
+
+/// The plugin runtime: engine, linker, instance permits and artifact cache.
+pub struct PluginRuntime {
+    engine: Engine,
+    linker: Linker<NodeState>,
+    permits: Arc<Semaphore>,
+    config: RuntimeConfig,
+    artifacts: ArtifactCache,
+    allocator: Allocator,
+}
+
+/// Imports a plugin may have: the kiln contract and the WASI p2 runtime
+/// (whose filesystem, sockets and environment are empty or denied).
+const ALLOWED_IMPORTS: &[&str] =
+    &["kiln:plugin/", "wasi:cli/", "wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "wasi:sockets/"];
+
+/// Limits for a plugin's `definitions` call at load.
+const DEFINITIONS_LIMITS: EffectiveLimits = EffectiveLimits { memory_bytes: 64 << 20, timeout: Duration::from_secs(10) };
+
+impl PluginRuntime {
+    /// Builds the engine, linker and epoch ticker.
+    pub fn new(config: RuntimeConfig) -> Result<PluginRuntime, wasmtime::Error> {
+        // One extra slot so loading a plugin never waits behind running nodes.
+        let slots = config.max_concurrency.max(1) + 1;
+        let (engine, allocator) = build_engine(slots, config.limits.max_memory_bytes)?;
+        spawn_epoch_ticker(&engine).map_err(wasmtime::Error::from)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        PluginWorld::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        let artifacts = ArtifactCache::new(config.artifact_dir.clone());
+        tracing::debug!(?allocator, slots, "plugin runtime ready");
+        Ok(PluginRuntime { engine, linker, permits: Arc::new(Semaphore::new(slots as usize)), config, artifacts, allocator })
+    }
+
+    /// The allocator in use.
+    pub fn allocator(&self) -> Allocator {
+        self.allocator
+    }
+
+    /// Compiles (or loads from cache), links and describes a plugin.
+    pub async fn load(&self, manifest: Manifest, wasm: &[u8]) -> Result<Plugin, LoadError> {
+        let plugin = manifest.name.clone();
+        let component_hash = blake3::hash(wasm);
+        let engine = self.engine.clone();
+        let (component, from_cache) = self
+            .artifacts
+            .load(&engine, wasm)
+            .map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
+        for (name, _) in component.component_type().imports(&self.engine) {
+            if !ALLOWED_IMPORTS.iter().any(|p| name.starts_with(p)) {
+                return Err(LoadError::ForbiddenImport { plugin, import: name.to_string() });
+            }
+        }
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .and_then(PluginPre::new)
+            .map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
+        let limits = manifest.effective_limits(&self.config.limits);
+        let definitions = self
+            .call(&pre, DEFINITIONS_LIMITS, None, &CancellationToken::new(), |world, store| {
+                Box::pin(async move { world.kiln_plugin_node().call_definitions(store).await })
+            })
+            .await
+            .map_err(|failure| LoadError::Definitions { plugin: plugin.clone(), failure })?
+            .0;
+        super::registry::check_definitions(&definitions).map_err(|reason| LoadError::InvalidDefinition { plugin, reason })?;
+        Ok(Plugin { manifest, component_hash, definitions, limits, from_cache, pre })
+    }
+
+    /// Runs node `class_type` of `plugin` with `inputs`.
+    ///
+    /// The call gets a fresh store with the plugin's memory ceiling, yields to
+    /// tokio at every epoch tick, fails with `timeout` past the plugin's time
+    /// limit and with `interrupted` as soon as `cancel` fires.
+    pub async fn execute(
+        &self,
+        plugin: &Plugin,
+        class_type: &str,
+        inputs: &[(String, Value)],
+        io: NodeIo,
+        cancel: &CancellationToken,
+    ) -> Result<NodeOutput, NodeFailure> {
+        let def = plugin
+            .definitions
+            .iter()
+            .find(|d| d.class_type == class_type)
+            .ok_or_else(|| failure(FailureKind::Failed, format!("plugin has no node class `{class_type}`"), String::new()))?;
+        let class = class_type.to_string();
+        let inputs = inputs.to_vec();
+        let (result, mut store) = self
+            .call(&plugin.pre, plugin.limits, Some(io), cancel, move |world, store| {
+                Box::pin(async move {
+                    let wit_inputs = inputs
+                        .into_iter()
+                        .map(|(name, value)| Ok(node::Input { name, value: to_wit(value, store.data_mut())? }))
+                        .collect::<wasmtime::Result<Vec<_>>>()?;
+                    world.kiln_plugin_node().call_execute(store, &class, &wit_inputs).await
+                })
+            })
+            .await?;
+        let state = store.data_mut();
+        let log = state.log.contents();
+        let values = match result {
+            Err(node::NodeError::InvalidInput(m)) => return Err(failure(FailureKind::Failed, format!("invalid input: {m}"), log)),
+            Err(node::NodeError::Failed(m)) => {
+                let kind = if state.over_budget.is_some() { FailureKind::InvalidOutput } else { FailureKind::Failed };
+                let message = state.over_budget.clone().map_or(m.clone(), |b| format!("{b} ({m})"));
+                return Err(failure(kind, message, log));
+            }
+            Ok(values) => values,
+        };
+        if let Some(budget) = state.over_budget.take() {
+            return Err(failure(FailureKind::InvalidOutput, budget, log));
+        }
+        let values = from_wit(values, state).map_err(|m| failure(FailureKind::InvalidOutput, m, log.clone()))?;
+        check_outputs(def, &values).map_err(|m| failure(FailureKind::InvalidOutput, m, log.clone()))?;
+        Ok(NodeOutput { values, saved: std::mem::take(&mut state.saved), log })
+    }
+
+    /// Instantiates `pre` in a fresh store and runs `f` under the limits.
+    async fn call<R: Send + 'static>(
+        &self,
+        pre: &PluginPre<NodeState>,
+        limits: EffectiveLimits,
+        io: Option<NodeIo>,
+        cancel: &CancellationToken,
+        f: impl for<'a> FnOnce(
+            PluginWorld,
+            &'a mut Store<NodeState>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>>
+        + Send,
+    ) -> Result<(R, Store<NodeState>), NodeFailure> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| failure(FailureKind::Crashed, "plugin runtime is shutting down".into(), String::new()))?;
+        let store_limits = StoreLimits {
+            memory_bytes: limits.memory_bytes,
+            tensor_bytes: self.config.tensor_budget_bytes,
+            file_bytes: self.config.file_budget_bytes,
+            log_bytes: self.config.log_bytes,
+        };
+        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io));
+        store.limiter(|s| &mut s.memory);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_async_yield_and_update(1);
+
+        let outcome = {
+            let run = async {
+                let world = pre.instantiate_async(&mut store).await?;
+                f(world, &mut store).await
+            };
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => Outcome::Cancelled,
+                r = tokio::time::timeout(limits.timeout, run) => match r {
+                    Ok(Ok(v)) => Outcome::Done(v),
+                    Ok(Err(e)) => Outcome::Trapped(e),
+                    Err(_) => Outcome::TimedOut,
+                },
+            }
+        };
+        let log = store.data().log.contents();
+        match outcome {
+            Outcome::Done(v) => Ok((v, store)),
+            Outcome::Cancelled => Err(failure(FailureKind::Interrupted, "interrupted".into(), log)),
+            Outcome::TimedOut => Err(failure(FailureKind::Timeout, format!("node exceeded its time limit of {:?}", limits.timeout), log)),
+            Outcome::Trapped(e) => Err(classify_trap(&e, store.data(), limits, log)),
+        }
+    }
+}
+
+enum Outcome<R> {
+    Done(R),
+    Cancelled,
+    TimedOut,
+    Trapped(wasmtime::Error),
+}
+
+fn failure(kind: FailureKind, message: String, log: String) -> NodeFailure {
+    NodeFailure { kind, message, log }
+}
+
+/// Turns a trap into a failure kind, using what the store recorded.
+fn classify_trap(e: &wasmtime::Error, state: &NodeState, limits: EffectiveLimits, log: String) -> NodeFailure {
+    if state.memory.denied {
+        return failure(FailureKind::OutOfMemory, format!("node exceeded its memory limit of {} MiB", limits.memory_bytes >> 20), log);
+    }
+    if let Some(budget) = &state.over_budget {
+        return failure(FailureKind::InvalidOutput, budget.clone(), log);
+    }
+    let message = match e.downcast_ref::<Trap>() {
+        Some(Trap::StackOverflow) => "stack overflow".to_string(),
+        // Rust and C guests keep their stack in linear memory; overflowing it
+        // runs below address 0 and faults as an out-of-bounds access.
+        Some(Trap::MemoryOutOfBounds) => "out-of-bounds memory access (e.g. the plugin's stack overflowed)".to_string(),
+        Some(Trap::UnreachableCodeReached) => match log.lines().rev().find(|l| l.contains("panicked")) {
+            Some(line) => format!("plugin panicked: {}", line.trim()),
+            None => "plugin aborted (unreachable code reached)".to_string(),
+        },
+        Some(trap) => format!("plugin trapped: {trap}"),
+        None => format!("plugin failed: {e:#}"),
+    };
+    failure(FailureKind::Crashed, message, log)
+}
+
+fn to_wit(value: Value, state: &mut NodeState) -> wasmtime::Result<node::Value> {
+    Ok(match value {
+        Value::Int(v) => node::Value::Int(v),
+        Value::Float(v) => node::Value::Float(v),
+        Value::Bool(v) => node::Value::Boolean(v),
+        Value::String(v) => node::Value::String(v),
+        Value::Tensor(t) => node::Value::Tensor(state.table.push(t)?),
+    })
+}
+
+fn from_wit(values: Vec<node::Value>, state: &mut NodeState) -> Result<Vec<Value>, String> {
+    values
+        .into_iter()
+        .map(|v| {
+            Ok(match v {
+                node::Value::Int(v) => Value::Int(v),
+                node::Value::Float(v) => Value::Float(v),
+                node::Value::Boolean(v) => Value::Bool(v),
+                node::Value::String(v) => Value::String(v),
+                node::Value::Tensor(r) => Value::Tensor(take_tensor(r, state)?),
+            })
+        })
+        .collect()
+}
+
+fn take_tensor(r: Resource<Tensor>, state: &mut NodeState) -> Result<Tensor, String> {
+    state.table.delete(r).map_err(|e| format!("returned an invalid tensor handle: {e}"))
+}
+
+/// Checks returned values against the node's declared outputs.
+fn check_outputs(def: &NodeDef, values: &[Value]) -> Result<(), String> {
+    if values.len() != def.outputs.len() {
+        return Err(format!("returned {} values for {} declared outputs", values.len(), def.outputs.len()));
+    }
+    for (i, (out, value)) in def.outputs.iter().zip(values).enumerate() {
+        let ok = match (out.type_name.as_str(), value) {
+            ("INT", Value::Int(_)) | ("FLOAT", Value::Float(_)) | ("BOOLEAN", Value::Bool(_)) | ("STRING", Value::String(_)) => true,
+            ("IMAGE", Value::Tensor(t)) => t.shape().len() == 4 && (1..=4).contains(&t.shape()[3]),
+            ("MASK", Value::Tensor(t)) => t.shape().len() == 3,
+            ("INT" | "FLOAT" | "BOOLEAN" | "STRING" | "IMAGE" | "MASK", _) => false,
+            _ => true,
+        };
+        if !ok {
+            let got = match value {
+                Value::Tensor(t) => format!("a tensor of shape {:?}", t.shape()),
+                other => other.kind_name().to_string(),
+            };
+            return Err(format!("output {i} (`{}`) must be {} but is {got}", out.name, out.type_name));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! What a node's `Store` holds: its WASI context, resource table, limits and
+//! the job-level services it may reach.
+
+use std::sync::Arc;
+
+use wasmtime::ResourceLimiter;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::log_pipe::LogPipe;
+use crate::files::{InputFiles, OutputFiles, SavedFile};
+use crate::tensor::Tensor;
+
+/// Something a running node tells the host besides its result.
+#[derive(Debug, Clone)]
+pub enum NodeSignal {
+    /// `step` of `steps` done.
+    Progress { step: u64, steps: u64 },
+    /// An intermediate image to show watching clients.
+    Preview(Tensor),
+}
+
+/// The job-level services one node call may use.
+#[derive(Clone)]
+pub struct NodeIo {
+    /// Uploaded inputs, by name.
+    pub inputs: Arc<dyn InputFiles>,
+    /// Where saved files go.
+    pub outputs: Arc<dyn OutputFiles>,
+    /// Receives progress and previews as they happen.
+    pub signals: Arc<dyn Fn(NodeSignal) + Send + Sync>,
+}
+
+/// Limits applied to one store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Ceiling on the sum of the instance's linear memories.
+    pub memory_bytes: u64,
+    /// Ceiling on the bytes of tensors the node creates on the host.
+    pub tensor_bytes: u64,
+    /// Ceiling on the bytes of files the node saves.
+    pub file_bytes: u64,
+    /// Ceiling on captured stdout + stderr.
+    pub log_bytes: usize,
+}
+
+/// Tracks linear-memory growth across all of an instance's memories and
+/// records whether a grow was refused (so the trap that usually follows can be
+/// reported as "out of memory" rather than a crash).
+pub struct MemoryLimiter {
+    limit: u64,
+    used: u64,
+    pub(crate) denied: bool,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let grow = desired.saturating_sub(current) as u64;
+        if self.used.saturating_add(grow) > self.limit {
+            self.denied = true;
+            return Ok(false);
+        }
+        self.used += grow;
+        Ok(true)
+    }
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+/// The data of one node call's `Store`.
+pub struct NodeState {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) memory: MemoryLimiter,
+    pub(crate) limits: StoreLimits,
+    pub(crate) tensor_bytes: u64,
+    /// Set when the node asked for more host memory (tensors, files) than allowed.
+    pub(crate) over_budget: Option<String>,
+    pub(crate) io: Option<NodeIo>,
+    pub(crate) saved: Vec<SavedFile>,
+    pub(crate) log: LogPipe,
+}
+
+impl NodeState {
+    /// A fresh state: no filesystem, network, environment or arguments; stdout
+    /// and stderr go to a bounded log.
+    pub fn new(limits: StoreLimits, io: Option<NodeIo>) -> NodeState {
+        let log = LogPipe::new(limits.log_bytes);
+        let wasi = WasiCtx::builder().stdout(log.clone()).stderr(log.clone()).build();
+        NodeState {
+            wasi,
+            table: ResourceTable::new(),
+            memory: MemoryLimiter { limit: limits.memory_bytes, used: 0, denied: false },
+            limits,
+            tensor_bytes: 0,
+            over_budget: None,
+            io,
+            saved: Vec::new(),
+            log,
+        }
+    }
+}
+
+impl WasiView for NodeState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}

@@ -1,0 +1,117 @@
+//! Host-owned tensors: the pixels that flow between nodes.
+//!
+//! A [`Tensor`] is an immutable, reference-counted f32 array with a shape.
+//! Nodes receive handles to tensors, never copies, unless a plugin chooses to
+//! read one into its own memory; fan-out and the result cache share the same
+//! allocation.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Most dimensions a tensor may have.
+pub const MAX_RANK: usize = 8;
+
+/// An immutable f32 tensor in row-major order.
+#[derive(Clone)]
+pub struct Tensor(Arc<TensorData>);
+
+struct TensorData {
+    shape: Box<[u32]>,
+    data: Box<[f32]>,
+}
+
+/// Why a tensor could not be built.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum TensorError {
+    /// Rank 0, rank above [`MAX_RANK`], or a zero-sized dimension.
+    #[error("bad shape {0:?}: a tensor has 1 to {MAX_RANK} non-zero dimensions")]
+    BadShape(Vec<u32>),
+    /// `data` does not match the element count of the shape.
+    #[error("shape {shape:?} holds {expected} elements, got {actual}")]
+    LengthMismatch { shape: Vec<u32>, expected: u64, actual: u64 },
+}
+
+impl Tensor {
+    /// Builds a tensor, checking that `data` fills `shape` exactly.
+    pub fn new(shape: Vec<u32>, data: Vec<f32>) -> Result<Tensor, TensorError> {
+        let expected = element_count(&shape)?;
+        if expected != data.len() as u64 {
+            return Err(TensorError::LengthMismatch { shape, expected, actual: data.len() as u64 });
+        }
+        Ok(Tensor(Arc::new(TensorData { shape: shape.into_boxed_slice(), data: data.into_boxed_slice() })))
+    }
+    /// Dimensions, outermost first.
+    pub fn shape(&self) -> &[u32] {
+        &self.0.shape
+    }
+    /// All elements.
+    pub fn data(&self) -> &[f32] {
+        &self.0.data
+    }
+    /// Size of the elements in bytes.
+    pub fn byte_len(&self) -> u64 {
+        self.0.data.len() as u64 * 4
+    }
+    /// Whether two handles share one allocation.
+    pub fn ptr_eq(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+    /// A content hash (shape and bits), for cache keys of tensors that did not
+    /// come from another node.
+    pub fn content_hash(&self) -> blake3::Hash {
+        let mut h = blake3::Hasher::new();
+        h.update(&(self.0.shape.len() as u64).to_le_bytes());
+        for d in self.shape() {
+            h.update(&d.to_le_bytes());
+        }
+        for chunk in self.0.data.chunks(4096) {
+            for v in chunk {
+                h.update(&v.to_bits().to_le_bytes());
+            }
+        }
+        h.finalize()
+    }
+}
+
+/// Number of elements `shape` holds, or why it is not a valid shape.
+pub fn element_count(shape: &[u32]) -> Result<u64, TensorError> {
+    if shape.is_empty() || shape.len() > MAX_RANK || shape.contains(&0) {
+        return Err(TensorError::BadShape(shape.to_vec()));
+    }
+    shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+        .ok_or_else(|| TensorError::BadShape(shape.to_vec()))
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor{:?}", self.shape())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_shapes_and_lengths() {
+        assert_eq!(Tensor::new(vec![], vec![]).unwrap_err(), TensorError::BadShape(vec![]));
+        assert_eq!(Tensor::new(vec![2, 0], vec![]).unwrap_err(), TensorError::BadShape(vec![2, 0]));
+        assert!(matches!(Tensor::new(vec![2, 2], vec![0.0; 3]), Err(TensorError::LengthMismatch { expected: 4, actual: 3, .. })));
+        assert!(element_count(&[u32::MAX, u32::MAX, u32::MAX]).is_err());
+        let t = Tensor::new(vec![1, 2], vec![0.5, 1.0]).unwrap();
+        assert_eq!(t.shape(), &[1, 2]);
+        assert_eq!(t.byte_len(), 8);
+        assert!(t.ptr_eq(&t.clone()));
+    }
+
+    #[test]
+    fn content_hash_depends_on_shape_and_values() {
+        let a = Tensor::new(vec![1, 2], vec![0.5, 1.0]).unwrap();
+        let b = Tensor::new(vec![2, 1], vec![0.5, 1.0]).unwrap();
+        let c = Tensor::new(vec![1, 2], vec![0.5, 1.0]).unwrap();
+        assert_ne!(a.content_hash(), b.content_hash());
+        assert_eq!(a.content_hash(), c.content_hash());
+    }
+}

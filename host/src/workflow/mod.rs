@@ -1,0 +1,10 @@
+//! ComfyUI API-format workflows: parsing ([`parse`]) and validation against
+//! node definitions ([`validate`]), producing a [`Plan`] the executor runs.
+
+pub mod parse;
+pub mod plan;
+pub mod validate;
+
+pub use parse::{InputValue, ParseError, Workflow, WorkflowNode};
+pub use plan::{Plan, PlannedInput, PlannedNode};
+pub use validate::{Issue, IssueKind, ValidationError, validate};

@@ -1,0 +1,142 @@
+//! Parsing the API format: `{node_id: {"class_type": ..., "inputs": {...}}}`,
+//! where an input is a constant or a link `[node_id, output_index]`.
+
+use serde_json::{Map, Value as Json};
+
+/// A parsed workflow, nodes in document order.
+#[derive(Debug, Clone)]
+pub struct Workflow {
+    pub nodes: Vec<WorkflowNode>,
+}
+
+/// One node of a workflow.
+#[derive(Debug, Clone)]
+pub struct WorkflowNode {
+    pub id: String,
+    /// `None` when the node has no `class_type`.
+    pub class_type: Option<String>,
+    /// Inputs in document order.
+    pub inputs: Vec<(String, InputValue)>,
+}
+
+/// An input as written in the workflow.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputValue {
+    /// `[node_id, output_index]`.
+    Link { node: String, output: u32 },
+    /// A list that is not a well-formed link.
+    BadLink(Json),
+    /// A constant (with `{"__value__": x}` unwrapped).
+    Const(Json),
+}
+
+/// Why a document is not an API-format workflow at all.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ParseError {
+    #[error("the workflow is not valid JSON: {0}")]
+    Json(String),
+    #[error("this is a UI-format workflow (with `nodes` and `links`); export it in API format")]
+    UiFormat,
+    #[error("a workflow must be a JSON object of node id to node")]
+    NotAnObject,
+    #[error("node `{0}` must be an object with `class_type` and `inputs`")]
+    BadNode(String),
+    #[error("the workflow has no nodes")]
+    Empty,
+}
+
+impl Workflow {
+    /// Parses workflow JSON text.
+    pub fn from_json_str(text: &str) -> Result<Workflow, ParseError> {
+        let json: Json = serde_json::from_str(text).map_err(|e| ParseError::Json(e.to_string()))?;
+        Workflow::from_json(&json)
+    }
+
+    /// Parses an already-decoded workflow.
+    pub fn from_json(json: &Json) -> Result<Workflow, ParseError> {
+        let map = json.as_object().ok_or(ParseError::NotAnObject)?;
+        if is_ui_format(map) {
+            return Err(ParseError::UiFormat);
+        }
+        if map.is_empty() {
+            return Err(ParseError::Empty);
+        }
+        let nodes = map.iter().map(|(id, node)| parse_node(id, node)).collect::<Result<_, _>>()?;
+        Ok(Workflow { nodes })
+    }
+
+    /// The node with id `id`.
+    pub fn node(&self, id: &str) -> Option<&WorkflowNode> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+}
+
+/// Whether a JSON object is a UI-format (graph editor) workflow.
+pub fn is_ui_format(map: &Map<String, Json>) -> bool {
+    map.get("nodes").is_some_and(Json::is_array) && map.contains_key("links")
+}
+
+fn parse_node(id: &str, node: &Json) -> Result<WorkflowNode, ParseError> {
+    let obj = node.as_object().ok_or_else(|| ParseError::BadNode(id.to_string()))?;
+    let class_type = match obj.get("class_type") {
+        None | Some(Json::Null) => None,
+        Some(Json::String(s)) => Some(s.clone()),
+        Some(_) => return Err(ParseError::BadNode(id.to_string())),
+    };
+    let inputs = match obj.get("inputs") {
+        None | Some(Json::Null) => Vec::new(),
+        Some(Json::Object(inputs)) => inputs.iter().map(|(k, v)| (k.clone(), parse_input(v))).collect(),
+        Some(_) => return Err(ParseError::BadNode(id.to_string())),
+    };
+    Ok(WorkflowNode { id: id.to_string(), class_type, inputs })
+}
+
+fn parse_input(value: &Json) -> InputValue {
+    match value {
+        Json::Array(items) => {
+            let node = match items.first() {
+                Some(Json::String(s)) => Some(s.clone()),
+                Some(Json::Number(n)) if n.is_u64() => Some(n.to_string()),
+                _ => None,
+            };
+            let output = items.get(1).and_then(Json::as_u64).and_then(|o| u32::try_from(o).ok());
+            match (items.len(), node, output) {
+                (2, Some(node), Some(output)) => InputValue::Link { node, output },
+                _ => InputValue::BadLink(value.clone()),
+            }
+        }
+        Json::Object(o) if o.len() == 1 && o.contains_key("__value__") => InputValue::Const(o["__value__"].clone()),
+        other => InputValue::Const(other.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parses_links_constants_and_wrapped_values() {
+        let wf = Workflow::from_json(&json!({
+            "1": {"class_type": "A", "inputs": {"x": 3, "img": ["2", 0], "n": [5, 1], "v": {"__value__": [1, 2]}, "bad": ["2"]}},
+            "2": {"class_type": "B"}
+        }))
+        .unwrap();
+        let n1 = wf.node("1").unwrap();
+        assert_eq!(n1.inputs[0].1, InputValue::Const(json!(3)));
+        assert_eq!(n1.inputs[1].1, InputValue::Link { node: "2".into(), output: 0 });
+        assert_eq!(n1.inputs[2].1, InputValue::Link { node: "5".into(), output: 1 });
+        assert_eq!(n1.inputs[3].1, InputValue::Const(json!([1, 2])));
+        assert!(matches!(n1.inputs[4].1, InputValue::BadLink(_)));
+        assert!(wf.node("2").unwrap().inputs.is_empty());
+    }
+
+    #[test]
+    fn rejects_ui_format_and_non_objects() {
+        assert_eq!(Workflow::from_json(&json!({"nodes": [], "links": []})).unwrap_err(), ParseError::UiFormat);
+        assert_eq!(Workflow::from_json(&json!([1])).unwrap_err(), ParseError::NotAnObject);
+        assert_eq!(Workflow::from_json(&json!({})).unwrap_err(), ParseError::Empty);
+        assert_eq!(Workflow::from_json(&json!({"1": 5})).unwrap_err(), ParseError::BadNode("1".into()));
+        assert!(matches!(Workflow::from_json_str("{"), Err(ParseError::Json(_))));
+    }
+}

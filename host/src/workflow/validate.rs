@@ -1,0 +1,422 @@
+//! Synchronous, complete validation of a workflow against node definitions.
+//!
+//! Follows ComfyUI's rules: every class must exist; output nodes and their
+//! ancestors are checked along links (depth first, cycles detected on the
+//! current path); an output whose ancestry has an error is dropped. Each
+//! [`Issue`] names the node, its class and the input, with the data both
+//! wire formats need (the Jobs API's `invalid_workflow` details and
+//! ComfyUI's `node_errors`).
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use super::parse::{InputValue, Workflow, WorkflowNode};
+use super::plan::{Plan, PlannedInput, PlannedNode};
+use crate::files::InputFiles;
+use crate::plugins::NodeRegistry;
+use crate::plugins::node::{ComboSource, InputKind, InputSpec, NodeDef};
+use crate::value::Value;
+
+/// What is wrong with one node input (or node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IssueKind {
+    MissingClassType,
+    UnknownClass,
+    RequiredInputMissing,
+    BadLinkedInput,
+    LinkToMissingNode,
+    LinkOutputOutOfRange,
+    ReturnTypeMismatch,
+    InvalidInputType,
+    ValueBelowMin,
+    ValueAboveMax,
+    ValueNotInList,
+    InputFileMissing,
+    DependencyCycle,
+}
+
+impl IssueKind {
+    /// ComfyUI's error `type` for this kind.
+    pub fn comfy_type(self) -> &'static str {
+        match self {
+            IssueKind::MissingClassType | IssueKind::UnknownClass => "missing_node_type",
+            IssueKind::RequiredInputMissing => "required_input_missing",
+            IssueKind::BadLinkedInput => "bad_linked_input",
+            IssueKind::LinkToMissingNode | IssueKind::LinkOutputOutOfRange => "exception_during_inner_validation",
+            IssueKind::ReturnTypeMismatch => "return_type_mismatch",
+            IssueKind::InvalidInputType => "invalid_input_type",
+            IssueKind::ValueBelowMin => "value_smaller_than_min",
+            IssueKind::ValueAboveMax => "value_bigger_than_max",
+            IssueKind::ValueNotInList => "value_not_in_list",
+            IssueKind::InputFileMissing => "custom_validation_failed",
+            IssueKind::DependencyCycle => "dependency_cycle",
+        }
+    }
+}
+
+/// One validation error.
+#[derive(Debug, Clone, Serialize)]
+pub struct Issue {
+    pub node_id: String,
+    pub class_type: Option<String>,
+    pub kind: IssueKind,
+    /// The input the error is about, if any.
+    pub input: Option<String>,
+    /// A sentence for people.
+    pub message: String,
+    /// The offending constant, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub received: Option<Json>,
+    /// For link errors: the link as written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub linked: Option<(String, u32)>,
+    /// For type mismatches: the type the link carries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub received_type: Option<String>,
+    /// Output nodes this error made unusable.
+    pub dependent_outputs: Vec<String>,
+}
+
+/// Why a workflow cannot run at all.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ValidationError {
+    /// A node has no class or an unknown class (the whole workflow is refused).
+    #[error("{}", .0.message)]
+    Node(Issue),
+    /// No node is an output node.
+    #[error("the workflow has no output node")]
+    NoOutputs,
+    /// Every output node failed validation.
+    #[error("{} validation error(s); no output node can run", .0.len())]
+    OutputsFailed(Vec<Issue>),
+}
+
+/// Validates `workflow`. On success the plan holds every output that
+/// validated, and `issues` lists the errors of the outputs that were dropped
+/// (callers that need all-or-nothing treat a non-empty list as failure).
+pub fn validate(workflow: &Workflow, registry: &NodeRegistry, files: &dyn InputFiles) -> Result<(Plan, Vec<Issue>), ValidationError> {
+    let mut defs: HashMap<&str, &NodeDef> = HashMap::new();
+    for node in &workflow.nodes {
+        let Some(class) = &node.class_type else {
+            return Err(ValidationError::Node(issue(node, IssueKind::MissingClassType, None, format!("node {} has no class_type", node.id))));
+        };
+        let Some((_, def)) = registry.get(class) else {
+            return Err(ValidationError::Node(issue(node, IssueKind::UnknownClass, None, format!("node {} uses unknown node class `{class}`", node.id))));
+        };
+        defs.insert(node.id.as_str(), def);
+    }
+    let outputs: Vec<&WorkflowNode> = workflow.nodes.iter().filter(|n| defs[n.id.as_str()].output_node).collect();
+    if outputs.is_empty() {
+        return Err(ValidationError::NoOutputs);
+    }
+    let mut v = Validator { workflow, defs, files, state: HashMap::new(), planned: HashMap::new(), order: Vec::new(), issues: Vec::new(), stack: Vec::new() };
+    let mut good = Vec::new();
+    for out in &outputs {
+        let before = v.issues.len();
+        if v.visit(&out.id) {
+            good.push(out.id.clone());
+        } else {
+            for issue in &mut v.issues[before..] {
+                issue.dependent_outputs.push(out.id.clone());
+            }
+            // Errors found while validating an earlier output also block this one.
+            let ancestry = v.ancestors(std::slice::from_ref(&out.id));
+            for issue in &mut v.issues[..before] {
+                if ancestry.contains(&issue.node_id) && !issue.dependent_outputs.contains(&out.id) {
+                    issue.dependent_outputs.push(out.id.clone());
+                }
+            }
+        }
+    }
+    if good.is_empty() {
+        return Err(ValidationError::OutputsFailed(v.issues));
+    }
+    let keep = v.ancestors(&good);
+    let nodes = v.order.iter().filter(|id| keep.contains(id.as_str())).filter_map(|id| v.planned.remove(id)).collect();
+    Ok((Plan { nodes, outputs: good }, v.issues))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum State {
+    Visiting,
+    Valid,
+    Invalid,
+}
+
+struct Validator<'a> {
+    workflow: &'a Workflow,
+    defs: HashMap<&'a str, &'a NodeDef>,
+    files: &'a dyn InputFiles,
+    state: HashMap<String, State>,
+    planned: HashMap<String, PlannedNode>,
+    order: Vec<String>,
+    issues: Vec<Issue>,
+    stack: Vec<String>,
+}
+
+fn issue(node: &WorkflowNode, kind: IssueKind, input: Option<&str>, message: String) -> Issue {
+    Issue {
+        node_id: node.id.clone(),
+        class_type: node.class_type.clone(),
+        kind,
+        input: input.map(str::to_string),
+        message,
+        received: None,
+        linked: None,
+        received_type: None,
+        dependent_outputs: Vec::new(),
+    }
+}
+
+impl<'a> Validator<'a> {
+    /// Validates node `id` and its ancestors; true if all are valid.
+    fn visit(&mut self, id: &str) -> bool {
+        match self.state.get(id) {
+            Some(State::Valid) => return true,
+            Some(State::Invalid) => return false,
+            Some(State::Visiting) => return false,
+            None => {}
+        }
+        let Some(node) = self.workflow.node(id) else { return false };
+        let def = self.defs[id];
+        self.state.insert(id.to_string(), State::Visiting);
+        self.stack.push(id.to_string());
+        let mut valid = true;
+        let mut inputs = Vec::new();
+        let given: HashMap<&str, &InputValue> = node.inputs.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        for (spec, required) in def.required.iter().map(|s| (s, true)).chain(def.optional.iter().map(|s| (s, false))) {
+            match given.get(spec.name.as_str()) {
+                None if required => {
+                    self.issues.push(issue(node, IssueKind::RequiredInputMissing, Some(&spec.name), format!("required input `{}` is missing", spec.name)));
+                    valid = false;
+                }
+                None => {}
+                Some(value) => match self.check_input(node, spec, value) {
+                    Some(planned) => inputs.push((spec.name.clone(), planned)),
+                    None => valid = false,
+                },
+            }
+        }
+        for hidden in &def.hidden {
+            inputs.push((crate::plugins::registry::hidden_name(*hidden).to_string(), PlannedInput::Hidden(*hidden)));
+        }
+        self.stack.pop();
+        self.state.insert(id.to_string(), if valid { State::Valid } else { State::Invalid });
+        if valid {
+            self.planned.insert(id.to_string(), PlannedNode { id: id.to_string(), class_type: def.class_type.clone(), inputs });
+            self.order.push(id.to_string());
+        }
+        valid
+    }
+
+    fn check_input(&mut self, node: &WorkflowNode, spec: &InputSpec, value: &InputValue) -> Option<PlannedInput> {
+        let name = spec.name.as_str();
+        match value {
+            InputValue::BadLink(json) => {
+                let mut i = issue(node, IssueKind::BadLinkedInput, Some(name), format!("input `{name}` is a list but not a link [node_id, output_index]"));
+                i.received = Some(json.clone());
+                self.issues.push(i);
+                None
+            }
+            InputValue::Link { node: from, output } => self.check_link(node, spec, from, *output),
+            InputValue::Const(json) => match convert(&spec.kind, json) {
+                Err(kind) => {
+                    let expected = kind_label(&spec.kind);
+                    let mut i = issue(node, kind, Some(name), format!("input `{name}`: {json} is not a valid {expected}"));
+                    i.received = Some(json.clone());
+                    self.issues.push(i);
+                    None
+                }
+                Ok(v) => self.check_range(node, spec, v, json),
+            },
+        }
+    }
+
+    fn check_link(&mut self, node: &WorkflowNode, spec: &InputSpec, from: &str, output: u32) -> Option<PlannedInput> {
+        let name = spec.name.as_str();
+        let linked = Some((from.to_string(), output));
+        let Some(&from_def) = self.defs.get(from) else {
+            let mut i = issue(node, IssueKind::LinkToMissingNode, Some(name), format!("input `{name}` links to node {from}, which does not exist"));
+            i.linked = linked;
+            self.issues.push(i);
+            return None;
+        };
+        let Some(out) = from_def.outputs.get(output as usize) else {
+            let mut i = issue(
+                node,
+                IssueKind::LinkOutputOutOfRange,
+                Some(name),
+                format!("input `{name}` links to output {output} of node {from} ({}), which has {} output(s)", from_def.class_type, from_def.outputs.len()),
+            );
+            i.linked = linked;
+            self.issues.push(i);
+            return None;
+        };
+        let expected = input_type(&spec.kind);
+        if !types_match(&out.type_name, &expected) {
+            let mut i = issue(
+                node,
+                IssueKind::ReturnTypeMismatch,
+                Some(name),
+                format!("input `{name}` expects {expected} but node {from} output {output} is {}", out.type_name),
+            );
+            i.linked = linked;
+            i.received_type = Some(out.type_name.clone());
+            self.issues.push(i);
+            return None;
+        }
+        if self.stack.iter().any(|s| s == from) {
+            let mut i = issue(node, IssueKind::DependencyCycle, Some(name), format!("input `{name}` links to node {from}, which depends on node {}", node.id));
+            i.linked = linked;
+            self.issues.push(i);
+            return None;
+        }
+        self.visit(from).then(|| PlannedInput::Link { node: from.to_string(), output })
+    }
+
+    fn check_range(&mut self, node: &WorkflowNode, spec: &InputSpec, value: Value, json: &Json) -> Option<PlannedInput> {
+        let name = spec.name.as_str();
+        let fail = |kind, message: String| {
+            let mut i = issue(node, kind, Some(name), message);
+            i.received = Some(json.clone());
+            i
+        };
+        let problem = match (&spec.kind, &value) {
+            (InputKind::Int(s), Value::Int(v)) => match (s.min, s.max) {
+                (Some(min), _) if *v < min => Some(fail(IssueKind::ValueBelowMin, format!("input `{name}`: value {v} smaller than min of {min}"))),
+                (_, Some(max)) if *v > max => Some(fail(IssueKind::ValueAboveMax, format!("input `{name}`: value {v} bigger than max of {max}"))),
+                _ => None,
+            },
+            (InputKind::Float(s), Value::Float(v)) => match (s.min, s.max) {
+                (Some(min), _) if *v < min => Some(fail(IssueKind::ValueBelowMin, format!("input `{name}`: value {v} smaller than min of {min}"))),
+                (_, Some(max)) if *v > max => Some(fail(IssueKind::ValueAboveMax, format!("input `{name}`: value {v} bigger than max of {max}"))),
+                _ => None,
+            },
+            (InputKind::Combo(c), Value::String(v)) => match c.source {
+                ComboSource::Fixed if !c.choices.contains(v) => {
+                    Some(fail(IssueKind::ValueNotInList, format!("input `{name}`: value `{v}` not in list {:?}", c.choices)))
+                }
+                ComboSource::InputImages if !self.files.contains(v) => {
+                    Some(fail(IssueKind::InputFileMissing, format!("input `{name}`: invalid image file: {v}")))
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        match problem {
+            Some(i) => {
+                self.issues.push(i);
+                None
+            }
+            None => Some(PlannedInput::Const(value)),
+        }
+    }
+
+    /// Every node reachable upstream from `roots` (inclusive).
+    fn ancestors(&self, roots: &[String]) -> HashSet<String> {
+        let mut seen = HashSet::new();
+        let mut stack: Vec<String> = roots.to_vec();
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id.clone()) {
+                continue;
+            }
+            if let Some(node) = self.workflow.node(&id) {
+                for (_, v) in &node.inputs {
+                    if let InputValue::Link { node: from, .. } = v {
+                        stack.push(from.clone());
+                    }
+                }
+            }
+        }
+        seen
+    }
+}
+
+/// The link type an input accepts.
+fn input_type(kind: &InputKind) -> String {
+    match kind {
+        InputKind::Int(_) => "INT".into(),
+        InputKind::Float(_) => "FLOAT".into(),
+        InputKind::String(_) => "STRING".into(),
+        InputKind::Boolean(_) => "BOOLEAN".into(),
+        InputKind::Combo(_) => "COMBO".into(),
+        InputKind::Link(t) => t.clone(),
+    }
+}
+
+fn kind_label(kind: &InputKind) -> String {
+    input_type(kind)
+}
+
+/// ComfyUI's link type rule: equal, either side `*`, or comma-separated
+/// unions that intersect.
+pub fn types_match(received: &str, expected: &str) -> bool {
+    if received == expected || received == "*" || expected == "*" {
+        return true;
+    }
+    let r: HashSet<&str> = received.split(',').map(str::trim).collect();
+    expected.split(',').map(str::trim).any(|t| r.contains(t))
+}
+
+/// Converts a constant to the input's type the way ComfyUI does (Python's
+/// `int()`, `float()`, `str()`, `bool()`).
+fn convert(kind: &InputKind, json: &Json) -> Result<Value, IssueKind> {
+    match kind {
+        InputKind::Int(_) => match json {
+            Json::Number(n) => n
+                .as_i64()
+                .or_else(|| n.as_f64().filter(|f| f.is_finite() && f.abs() < 9.2e18).map(|f| f.trunc() as i64))
+                .map(Value::Int)
+                .ok_or(IssueKind::InvalidInputType),
+            Json::Bool(b) => Ok(Value::Int(*b as i64)),
+            Json::String(s) => s.trim().parse::<i64>().map(Value::Int).map_err(|_| IssueKind::InvalidInputType),
+            _ => Err(IssueKind::InvalidInputType),
+        },
+        InputKind::Float(_) => match json {
+            Json::Number(n) => n.as_f64().map(Value::Float).ok_or(IssueKind::InvalidInputType),
+            Json::Bool(b) => Ok(Value::Float(*b as i64 as f64)),
+            Json::String(s) => s.trim().parse::<f64>().ok().filter(|f| f.is_finite()).map(Value::Float).ok_or(IssueKind::InvalidInputType),
+            _ => Err(IssueKind::InvalidInputType),
+        },
+        InputKind::String(_) | InputKind::Combo(_) => match json {
+            Json::String(s) => Ok(Value::String(s.clone())),
+            Json::Number(n) => Ok(Value::String(n.to_string())),
+            Json::Bool(b) => Ok(Value::String(if *b { "True" } else { "False" }.into())),
+            _ => Err(IssueKind::InvalidInputType),
+        },
+        InputKind::Boolean(_) => match json {
+            Json::Bool(b) => Ok(Value::Bool(*b)),
+            Json::Number(n) => Ok(Value::Bool(n.as_f64().is_some_and(|f| f != 0.0))),
+            Json::String(s) => Ok(Value::Bool(!s.is_empty())),
+            Json::Null => Ok(Value::Bool(false)),
+            _ => Err(IssueKind::InvalidInputType),
+        },
+        // A constant where a link is required.
+        InputKind::Link(_) => Err(IssueKind::BadLinkedInput),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_types_follow_comfy_rules() {
+        assert!(types_match("IMAGE", "IMAGE"));
+        assert!(types_match("*", "MASK"));
+        assert!(types_match("IMAGE,MASK", "MASK"));
+        assert!(!types_match("IMAGE", "INT"));
+    }
+
+    #[test]
+    fn constants_convert_like_python() {
+        let int = InputKind::Int(crate::plugins::node::IntSpec { default: None, min: None, max: None, step: None, display: None, control_after_generate: false });
+        assert!(matches!(convert(&int, &serde_json::json!(3.9)), Ok(Value::Int(3))));
+        assert!(matches!(convert(&int, &serde_json::json!("12")), Ok(Value::Int(12))));
+        assert_eq!(convert(&int, &serde_json::json!("abc")).unwrap_err(), IssueKind::InvalidInputType);
+        assert_eq!(convert(&InputKind::Link("IMAGE".into()), &serde_json::json!(1)).unwrap_err(), IssueKind::BadLinkedInput);
+    }
+}

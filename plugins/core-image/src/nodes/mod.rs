@@ -1,0 +1,3 @@
+//! Pixel nodes, grouped by family.
+
+pub mod basic;

@@ -1,0 +1,28 @@
+//! Services the host offers a running node: progress, previews, input and
+//! output files, GPU kernels.
+
+use crate::bindings::kiln::plugin::host as wit;
+pub use crate::bindings::kiln::plugin::gpu;
+use crate::io::Tensor;
+
+pub use wit::{FileKind, SavedFile};
+
+/// Reports that `step` of `steps` units of this node's work are done.
+pub fn progress(step: u64, steps: u64) {
+    wit::progress(step, steps)
+}
+
+/// Shows an intermediate image to watching clients.
+pub fn preview(image: &Tensor) {
+    wit::preview(image)
+}
+
+/// Reads the uploaded input file called `name`.
+pub fn read_input(name: &str) -> Result<Vec<u8>, String> {
+    wit::read_input(name)
+}
+
+/// Stores a file; the host names it `<prefix>_<counter:05>_.<extension>`.
+pub fn save_file(kind: FileKind, prefix: &str, extension: &str, data: &[u8]) -> Result<SavedFile, String> {
+    wit::save_file(kind, prefix, extension, data)
+}

@@ -1,0 +1,91 @@
+//! # kiln-sdk: node plugins for kiln
+//!
+//! A kiln plugin is a WebAssembly component (target `wasm32-wasip2`) that
+//! provides one or more node classes. This crate hides the component bindings:
+//! you describe each node with [`NodeDef`] and write a plain Rust function
+//! over [`Inputs`] that returns [`Outputs`].
+//!
+//! ```ignore
+//! use kiln_sdk::prelude::*;
+//!
+//! pub const INVERT: NodeClass = NodeClass {
+//!     class_type: "MyInvert",
+//!     define: || NodeDef::new("image").display_name("My Invert")
+//!         .required("image", Kind::link("IMAGE"))
+//!         .output("IMAGE", "IMAGE"),
+//!     run: |inputs| {
+//!         let mut image = inputs.image("image")?;
+//!         image.data.iter_mut().for_each(|v| *v = 1.0 - *v);
+//!         Ok(vec![Output::Image(image)])
+//!     },
+//! };
+//!
+//! kiln_sdk::export_plugin!(INVERT);
+//! ```
+//!
+//! Build with `cargo build --release --target wasm32-wasip2` and put the
+//! `.wasm` with a `kiln-plugin.toml` manifest into a plugin directory.
+//!
+//! What a node can reach is only what the host imports provide: host-owned
+//! tensors ([`Tensor`]), progress and previews, uploaded input files and saved
+//! output files ([`host`]). No filesystem, network or environment.
+
+#![warn(missing_docs)]
+
+mod def;
+mod dispatch;
+pub mod host;
+mod image;
+mod io;
+
+#[doc(hidden)]
+pub mod bindings {
+    //! Generated component bindings; use the SDK types instead.
+    #![allow(missing_docs)]
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "kiln:plugin/plugin",
+        pub_export_macro: true,
+        export_macro_name: "__export_kiln_plugin",
+        default_bindings_module: "kiln_sdk::bindings",
+    });
+}
+
+pub use def::{Hidden, Kind, NodeDef};
+#[doc(hidden)]
+pub use dispatch::{definitions, execute};
+pub use dispatch::NodeClass;
+pub use image::{Image, Mask};
+pub use io::{Error, Inputs, Output, Outputs, Result, Tensor};
+
+/// Everything a node plugin usually needs.
+pub mod prelude {
+    pub use crate::host;
+    pub use crate::{Error, Hidden, Image, Inputs, Kind, Mask, NodeClass, NodeDef, Output, Outputs, Result};
+}
+
+/// Exports the listed [`NodeClass`] constants as this component's nodes.
+///
+/// Call it once, at the crate root of a `cdylib` plugin crate.
+#[macro_export]
+macro_rules! export_plugin {
+    ($($node:expr),+ $(,)?) => {
+        struct __KilnPlugin;
+        const __KILN_NODES: &[$crate::NodeClass] = &[$($node),+];
+        impl $crate::bindings::exports::kiln::plugin::node::Guest for __KilnPlugin {
+            fn definitions() -> ::std::vec::Vec<$crate::bindings::exports::kiln::plugin::node::NodeDef> {
+                $crate::definitions(__KILN_NODES)
+            }
+            fn execute(
+                class_type: ::std::string::String,
+                inputs: ::std::vec::Vec<$crate::bindings::exports::kiln::plugin::node::Input>,
+            ) -> ::std::result::Result<
+                ::std::vec::Vec<$crate::bindings::exports::kiln::plugin::node::Value>,
+                $crate::bindings::exports::kiln::plugin::node::NodeError,
+            > {
+                $crate::execute(__KILN_NODES, &class_type, inputs)
+            }
+        }
+        $crate::bindings::__export_kiln_plugin!(__KilnPlugin);
+    };
+}

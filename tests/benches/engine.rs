@@ -1,0 +1,128 @@
+//! Engine benchmark: per-node overhead on the 200-node ImageInvert chain and
+//! the time of the heavy chain (2048² LoadImage → ImageScaleBy 1.5 →
+//! ImageBlur(8, 4) → ImageSharpen(2, 1, 1) → SaveImage).
+//!
+//! Run with `cargo bench -p kiln-tests --bench engine`; figures go to
+//! BENCHMARKS.md. The result cache is disabled so every node really runs.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kiln::config::Config;
+use kiln::executor::{Executor, RunContext, RunStatus};
+use kiln::files::{DirOutputs, NamedInputs};
+use kiln::plugins::{NodeRegistry, PluginRuntime};
+use kiln::workflow::{Workflow, validate};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+fn chain(n: usize, size: u32) -> Value {
+    let mut wf = serde_json::Map::new();
+    wf.insert("0".into(), json!({"class_type": "EmptyImage", "inputs": {"width": size, "height": size, "batch_size": 1, "color": 0x336699}}));
+    for i in 1..=n {
+        wf.insert(i.to_string(), json!({"class_type": "ImageInvert", "inputs": {"image": [(i - 1).to_string(), 0]}}));
+    }
+    wf.insert("out".into(), json!({"class_type": "PreviewImage", "inputs": {"images": [n.to_string(), 0]}}));
+    Value::Object(wf)
+}
+
+async fn run(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInputs>, out: &Path) -> Duration {
+    let parsed = Workflow::from_json(workflow).expect("workflow parses");
+    let start = Instant::now();
+    let (plan, issues) = validate(&parsed, executor.registry(), inputs.as_ref()).expect("workflow validates");
+    assert!(issues.is_empty(), "{issues:?}");
+    let ctx = RunContext {
+        job_id: "bench".into(),
+        prompt: Arc::new(workflow.clone()),
+        extra_pnginfo: None,
+        inputs: inputs.clone(),
+        outputs: Arc::new(DirOutputs::new(out, out.join("temp"))),
+        events: Arc::new(|_| {}),
+        cancel: CancellationToken::new(),
+    };
+    let outcome = executor.run(&plan, ctx).await;
+    let elapsed = start.elapsed();
+    assert!(matches!(outcome.status, RunStatus::Succeeded), "{:?}", outcome.status);
+    elapsed
+}
+
+fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    (ms(samples[0]), ms(samples[samples.len() / 2]), ms(samples[samples.len() - 1]))
+}
+
+/// A deterministic 2048² RGB test picture: gradients plus hash noise, so the
+/// PNG codec has real work to do.
+fn write_heavy_input(path: &Path) {
+    let (w, h) = (2048u32, 2048u32);
+    let mut px = Vec::with_capacity((w * h * 3) as usize);
+    for y in 0..h {
+        for x in 0..w {
+            let noise = ((x.wrapping_mul(73856093) ^ y.wrapping_mul(19349663)) >> 7) as u8 & 31;
+            px.extend_from_slice(&[((x * 255 / w) as u8).wrapping_add(noise), ((y * 255 / h) as u8).wrapping_add(noise), (((x + y) * 127 / w) as u8) ^ noise]);
+        }
+    }
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path).expect("create input")), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    enc.write_header().and_then(|mut wr| wr.write_image_data(&px)).expect("encode input");
+}
+
+fn main() {
+    let rt = tokio::runtime::Runtime::new().expect("tokio");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config { cache_dir: Some(dir.path().join("artifacts")), ..Config::default() };
+        let started = Instant::now();
+        let runtime = Arc::new(PluginRuntime::new(config.runtime()).expect("runtime"));
+        let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("plugins"));
+        println!("cold start (compile bundled plugins): {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
+        let started = Instant::now();
+        let registry_warm = NodeRegistry::load_all(&runtime, &[]).await.expect("plugins");
+        println!("warm start (load compiled plugins from the cache): {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
+        drop(registry_warm);
+        println!("allocator: {:?}", runtime.allocator());
+        // Cache disabled: every node runs every time.
+        let executor = Executor::new(runtime.clone(), registry.clone(), 0, config.max_concurrency as usize);
+        let no_inputs = Arc::new(NamedInputs::new());
+        let out = dir.path().join("out");
+
+        for size in [8u32, 64] {
+            let wf = chain(200, size);
+            let _ = run(&executor, &wf, &no_inputs, &out).await;
+            let samples: Vec<Duration> = repeat(&executor, &wf, &no_inputs, &out, 10).await;
+            let (min, p50, max) = stats(samples);
+            println!(
+                "200-node ImageInvert chain, {size}x{size}: run min {min:.1} / median {p50:.1} / max {max:.1} ms; per node (202 nodes) median {:.1} µs",
+                p50 * 1e3 / 202.0
+            );
+        }
+
+        let input = dir.path().join("heavy.png");
+        write_heavy_input(&input);
+        let mut named = NamedInputs::new();
+        named.insert("heavy.png", &input);
+        let named = Arc::new(named);
+        let heavy = json!({
+            "1": {"class_type": "LoadImage", "inputs": {"image": "heavy.png"}},
+            "2": {"class_type": "ImageScaleBy", "inputs": {"image": ["1", 0], "upscale_method": "bilinear", "scale_by": 1.5}},
+            "3": {"class_type": "ImageBlur", "inputs": {"image": ["2", 0], "blur_radius": 8, "sigma": 4.0}},
+            "4": {"class_type": "ImageSharpen", "inputs": {"image": ["3", 0], "sharpen_radius": 2, "sigma": 1.0, "alpha": 1.0}},
+            "5": {"class_type": "SaveImage", "inputs": {"images": ["4", 0], "filename_prefix": "heavy"}}
+        });
+        let _ = run(&executor, &heavy, &named, &out).await;
+        let samples = repeat(&executor, &heavy, &named, &out, 5).await;
+        let (min, p50, max) = stats(samples);
+        println!("heavy chain (2048² → 3072², blur 8/4, sharpen 2/1/1, PNG): min {min:.0} / median {p50:.0} / max {max:.0} ms; reference 3970 ms → {:.1}× faster", 3970.0 / p50);
+    });
+}
+
+async fn repeat(executor: &Executor, wf: &Value, inputs: &Arc<NamedInputs>, out: &Path, n: usize) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        samples.push(run(executor, wf, inputs, out).await);
+    }
+    samples
+}

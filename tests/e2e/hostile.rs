@@ -1,0 +1,132 @@
+//! Hostile plugins are contained: each misbehaviour fails its node with the
+//! right failure kind, the node is named, and the host keeps serving.
+
+use kiln::executor::{Event, RunStatus};
+use kiln::plugins::FailureKind;
+use serde_json::json;
+
+use crate::support::{RunOpts, env, run_workflow};
+
+async fn run_hostile(class: &str) -> (RunStatus, String) {
+    let out = tempfile::tempdir().unwrap();
+    let ran = run_workflow(json!({"7": {"class_type": class, "inputs": {"trigger": 1}}}), RunOpts::new(out.path())).await;
+    let failed_event = ran.events.iter().any(|e| matches!(e, Event::Failed { node, .. } if node == "7"));
+    if matches!(ran.outcome.status, RunStatus::Failed { .. }) {
+        assert!(failed_event, "a failure is also published as an event");
+    }
+    (ran.outcome.status, ran.outcome.log)
+}
+
+fn expect_failure(status: RunStatus, kind: FailureKind, class: &str) -> String {
+    match status {
+        RunStatus::Failed { node, class_type, failure } => {
+            assert_eq!((node.as_str(), class_type.as_str()), ("7", class), "the failure names the node and its class");
+            assert_eq!(failure.kind, kind, "{class}: {}", failure.message);
+            failure.message
+        }
+        other => panic!("{class} should fail with {kind:?}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn infinite_loop_times_out() {
+    let (status, _) = run_hostile("HostileInfiniteLoop").await;
+    let message = expect_failure(status, FailureKind::Timeout, "HostileInfiniteLoop");
+    assert!(message.contains("time limit"), "{message}");
+}
+
+#[tokio::test]
+async fn guest_blocked_in_a_host_call_times_out() {
+    let (status, _) = run_hostile("HostileSleeper").await;
+    expect_failure(status, FailureKind::Timeout, "HostileSleeper");
+}
+
+#[tokio::test]
+async fn memory_bomb_is_out_of_memory() {
+    let (status, _) = run_hostile("HostileMemoryBomb").await;
+    let message = expect_failure(status, FailureKind::OutOfMemory, "HostileMemoryBomb");
+    assert!(message.contains("64 MiB"), "names the plugin's ceiling: {message}");
+}
+
+#[tokio::test]
+async fn deep_recursion_is_a_contained_stack_overflow() {
+    let (status, _) = run_hostile("HostileDeepRecursion").await;
+    let message = expect_failure(status, FailureKind::Crashed, "HostileDeepRecursion");
+    // Native stack overflow, or (Rust guests) the shadow stack in linear memory running out.
+    assert!(message.contains("stack overflow") || message.contains("stack overflowed"), "{message}");
+}
+
+#[tokio::test]
+async fn panic_is_a_crash_with_the_panic_message() {
+    let (status, log) = run_hostile("HostilePanic").await;
+    let message = expect_failure(status, FailureKind::Crashed, "HostilePanic");
+    assert!(message.contains("hostile node panicked on purpose"), "{message}");
+    assert!(log.contains("[7 HostilePanic]"), "the panic output is in the job log: {log}");
+}
+
+#[tokio::test]
+async fn oversized_output_is_invalid_output() {
+    let (status, _) = run_hostile("HostileOversizedOutput").await;
+    let message = expect_failure(status, FailureKind::InvalidOutput, "HostileOversizedOutput");
+    assert!(message.contains("tensor budget"), "{message}");
+}
+
+#[tokio::test]
+async fn wrong_output_type_is_invalid_output() {
+    let (status, _) = run_hostile("HostileWrongOutput").await;
+    let message = expect_failure(status, FailureKind::InvalidOutput, "HostileWrongOutput");
+    assert!(message.contains("must be IMAGE"), "{message}");
+}
+
+#[tokio::test]
+async fn chatty_plugin_succeeds_with_a_bounded_log() {
+    let (status, log) = run_hostile("HostileChatty").await;
+    assert!(matches!(status, RunStatus::Succeeded), "{status:?}");
+    assert!(log.contains("line 0 of noise"), "keeps the start of the log");
+    assert!(log.contains("log truncated"), "says it dropped the rest");
+    assert!(log.len() < 64 * 1024, "bounded: {} bytes", log.len());
+}
+
+#[tokio::test]
+async fn plugin_sees_no_files_environment_or_network() {
+    let out = tempfile::tempdir().unwrap();
+    // Something a plugin must never see, set on the host.
+    // SAFETY: tests in this binary do not read this variable concurrently.
+    unsafe { std::env::set_var("KILN_TEST_SECRET", "hunter2") };
+    let ran = run_workflow(json!({"7": {"class_type": "HostileSnoop", "inputs": {"trigger": 1}}}), RunOpts::new(out.path())).await;
+    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
+    let env = env().await;
+    // Re-run the node directly to read its report.
+    let (plugin, _) = env.registry.get("HostileSnoop").unwrap();
+    let io = kiln::plugins::NodeIo {
+        inputs: std::sync::Arc::new(kiln::files::NamedInputs::new()),
+        outputs: std::sync::Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),
+        signals: std::sync::Arc::new(|_| {}),
+    };
+    let output = env
+        .runtime
+        .execute(plugin, "HostileSnoop", &[("trigger".into(), kiln::value::Value::Int(1))], io, &Default::default())
+        .await
+        .unwrap();
+    match &output.values[0] {
+        kiln::value::Value::String(report) => assert_eq!(report, "", "the plugin reached: {report}"),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn host_keeps_working_after_hostile_nodes() {
+    let _ = run_hostile("HostilePanic").await;
+    let _ = run_hostile("HostileMemoryBomb").await;
+    let out = tempfile::tempdir().unwrap();
+    let ran = run_workflow(
+        json!({
+            "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 255}},
+            "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "after"}}
+        }),
+        RunOpts::new(out.path()),
+    )
+    .await;
+    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
+    assert!(out.path().join("after_00001_.png").is_file());
+}

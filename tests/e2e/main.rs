@@ -1,0 +1,13 @@
+//! End-to-end suites for kiln's engine: real plugins compiled to WebAssembly,
+//! real files on disk, the real executor. One binary, one module per concern.
+
+mod support;
+
+mod cache;
+mod cancel;
+mod files;
+mod hostile;
+mod object_info;
+mod parity;
+mod plugin_dir;
+mod validation;

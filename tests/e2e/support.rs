@@ -1,0 +1,127 @@
+//! Shared set-up: one plugin runtime and registry for the whole binary
+//! (bundled plugins plus the hostile test plugin), and helpers to run
+//! workflows and collect their events.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kiln::config::Config;
+use kiln::executor::{Event, Executor, RunContext, RunOutcome};
+use kiln::files::{DirOutputs, NamedInputs};
+use kiln::plugins::{NodeRegistry, PluginRuntime};
+use kiln::workflow::{Workflow, validate};
+use std::sync::Mutex;
+
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+pub const HOSTILE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_hostile_guests.wasm"));
+pub const HOSTILE_MANIFEST: &str = include_str!("../guests/hostile/kiln-plugin.toml");
+pub const EXAMPLE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_custom_node_example.wasm"));
+pub const EXAMPLE_MANIFEST: &str = include_str!("../../examples/custom-node/kiln-plugin.toml");
+
+/// The configuration the suites run under: small budgets so hostile nodes hit
+/// them quickly, and a compiled-component cache shared across test runs.
+pub fn test_config() -> Config {
+    Config {
+        cache_dir: Some(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts")),
+        max_concurrency: 4,
+        node_tensor_budget_mb: 256,
+        node_log_kb: 16,
+        ..Config::default()
+    }
+}
+
+pub struct Env {
+    pub runtime: Arc<PluginRuntime>,
+    pub registry: Arc<NodeRegistry>,
+    pub executor: Executor,
+    _plugin_dir: tempfile::TempDir,
+}
+
+static ENV: OnceCell<Env> = OnceCell::const_new();
+
+/// Writes a plugin (manifest + component) into `dir`.
+pub fn install_plugin(dir: &Path, manifest: &str, wasm: &[u8]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let component = manifest.lines().find_map(|l| l.strip_prefix("component = ")).unwrap().trim_matches('"');
+    std::fs::write(dir.join("kiln-plugin.toml"), manifest).unwrap();
+    std::fs::write(dir.join(component), wasm).unwrap();
+}
+
+pub async fn env() -> &'static Env {
+    ENV.get_or_init(|| async {
+        let config = test_config();
+        let runtime = Arc::new(PluginRuntime::new(config.runtime()).expect("runtime"));
+        let plugin_dir = tempfile::tempdir().unwrap();
+        install_plugin(&plugin_dir.path().join("hostile"), HOSTILE_MANIFEST, HOSTILE_WASM);
+        let registry = Arc::new(NodeRegistry::load_all(&runtime, &[plugin_dir.path().to_path_buf()]).await.expect("plugins load"));
+        let executor = Executor::new(runtime.clone(), registry.clone(), 512 << 20, 4);
+        Env { runtime, registry, executor, _plugin_dir: plugin_dir }
+    })
+    .await
+}
+
+/// A finished run and everything it reported.
+pub struct Ran {
+    pub outcome: RunOutcome,
+    pub events: Vec<Event>,
+}
+
+/// Options for [`run_workflow`].
+pub struct RunOpts<'a> {
+    pub inputs: NamedInputs,
+    pub out: &'a Path,
+    pub cancel: CancellationToken,
+}
+
+impl<'a> RunOpts<'a> {
+    pub fn new(out: &'a Path) -> RunOpts<'a> {
+        RunOpts { inputs: NamedInputs::new(), out, cancel: CancellationToken::new() }
+    }
+}
+
+/// Validates (all-or-nothing) and runs `workflow` on `executor`.
+pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: RunOpts<'_>) -> Ran {
+    let parsed = Workflow::from_json(&workflow).expect("parses");
+    let (plan, issues) = validate(&parsed, executor.registry(), &opts.inputs).expect("validates");
+    assert!(issues.is_empty(), "validation issues: {issues:?}");
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let ctx = RunContext {
+        job_id: "test".into(),
+        prompt: Arc::new(workflow),
+        extra_pnginfo: None,
+        inputs: Arc::new(opts.inputs),
+        outputs: Arc::new(DirOutputs::new(opts.out, opts.out.join("temp"))),
+        events: Arc::new(move |e| sink.lock().unwrap().push(e)),
+        cancel: opts.cancel,
+    };
+    let outcome = executor.run(&plan, ctx).await;
+    let events = std::mem::take(&mut *events.lock().unwrap());
+    Ran { outcome, events }
+}
+
+pub async fn run_workflow(workflow: serde_json::Value, opts: RunOpts<'_>) -> Ran {
+    run_with(&env().await.executor, workflow, opts).await
+}
+
+/// Encodes an 8-bit PNG (RGB or RGBA) for tests.
+pub fn write_png(path: &Path, width: u32, height: u32, channels: usize, pixels: &[u8]) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), width, height);
+    enc.set_color(if channels == 4 { png::ColorType::Rgba } else { png::ColorType::Rgb });
+    enc.set_depth(png::BitDepth::Eight);
+    enc.write_header().unwrap().write_image_data(pixels).unwrap();
+}
+
+/// Decodes an 8-bit PNG: (width, height, channels, pixels, text chunks).
+pub fn read_png(path: &Path) -> (u32, u32, usize, Vec<u8>, Vec<(String, String)>) {
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    buf.truncate(info.buffer_size());
+    let text = reader.info().uncompressed_latin1_text.iter().map(|t| (t.keyword.clone(), t.text.clone())).collect();
+    (info.width, info.height, info.color_type.samples(), buf, text)
+}

@@ -1,0 +1,129 @@
+//! Hostile nodes. Each misbehaves in one way a third-party plugin could; the
+//! host suite checks that each is contained with the right failure kind and
+//! that the host keeps working afterwards.
+
+use std::hint::black_box;
+
+use kiln_sdk::prelude::*;
+
+fn sink(name: &str) -> NodeDef {
+    NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output(name, "INT").output_node()
+}
+
+/// Spins forever: must hit the timeout, or be interrupted by cancellation.
+pub const INFINITE_LOOP: NodeClass = NodeClass {
+    class_type: "HostileInfiniteLoop",
+    define: || sink("never"),
+    run: |inputs| {
+        let mut x = inputs.int("trigger")? as u64;
+        loop {
+            x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    },
+};
+
+/// Allocates until it dies: must report out of memory.
+pub const MEMORY_BOMB: NodeClass = NodeClass {
+    class_type: "HostileMemoryBomb",
+    define: || sink("never"),
+    run: |_| {
+        let mut hoard: Vec<Vec<u8>> = Vec::new();
+        loop {
+            hoard.push(black_box(vec![1u8; 16 << 20]));
+            black_box(&hoard);
+        }
+    },
+};
+
+fn recurse(depth: u64, pad: [u64; 16]) -> u64 {
+    let local = black_box([depth; 16]);
+    if black_box(depth) == u64::MAX { pad[0] } else { recurse(depth + 1, local) + local[3] }
+}
+
+/// Recurses without bound: must be a contained stack overflow.
+pub const DEEP_RECURSION: NodeClass = NodeClass {
+    class_type: "HostileDeepRecursion",
+    define: || sink("never"),
+    run: |inputs| Ok(vec![Output::Int(recurse(inputs.int("trigger")? as u64, [0; 16]) as i64)]),
+};
+
+/// Panics: must be reported as a crash with the panic message.
+pub const PANIC: NodeClass = NodeClass {
+    class_type: "HostilePanic",
+    define: || sink("never"),
+    run: |inputs| {
+        if black_box(inputs.int("trigger")?) >= 0 {
+            panic!("hostile node panicked on purpose");
+        }
+        Ok(vec![Output::Int(0)])
+    },
+};
+
+/// Creates host tensors far beyond the node's budget (ignoring the errors):
+/// must fail with invalid output, without the host allocating them.
+pub const OVERSIZED_OUTPUT: NodeClass = NodeClass {
+    class_type: "HostileOversizedOutput",
+    define: || NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("IMAGE", "IMAGE").output_node(),
+    run: |_| {
+        let chunk = vec![0.5f32; 4 << 20]; // 16 MiB
+        let mut kept = Vec::new();
+        for _ in 0..64 {
+            // 1 GiB in total; the test's budget is far smaller.
+            if let Ok(t) = kiln_sdk::bindings::kiln::plugin::tensors::create(&[1, 1024, 1024, 4], &chunk) {
+                kept.push(t);
+            }
+        }
+        Ok(vec![Output::Tensor(kept.pop().ok_or("budget refused every tensor")?)])
+    },
+};
+
+/// Returns a value of the wrong type for its declared output.
+pub const WRONG_OUTPUT: NodeClass = NodeClass {
+    class_type: "HostileWrongOutput",
+    define: || NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("IMAGE", "IMAGE").output_node(),
+    run: |_| Ok(vec![Output::String("not an image".into())]),
+};
+
+/// Prints far more than the log keeps: must still succeed, log truncated.
+pub const CHATTY: NodeClass = NodeClass {
+    class_type: "HostileChatty",
+    define: || sink("done"),
+    run: |_| {
+        for i in 0..20_000 {
+            println!("line {i} of noise from a chatty plugin");
+        }
+        Ok(vec![Output::Int(1)])
+    },
+};
+
+/// Tries to reach the host: files, environment, network. Reports what it saw.
+pub const SNOOP: NodeClass = NodeClass {
+    class_type: "HostileSnoop",
+    define: || NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("report", "STRING").output_node(),
+    run: |_| {
+        let mut seen = Vec::new();
+        for path in ["/etc/passwd", "/proc/self/environ", ".", "/"] {
+            if std::fs::read(path).is_ok() || std::fs::read_dir(path).is_ok() {
+                seen.push(format!("read {path}"));
+            }
+        }
+        if std::env::vars().next().is_some() {
+            seen.push("environment".into());
+        }
+        if std::net::TcpStream::connect("127.0.0.1:1").is_ok() || std::net::UdpSocket::bind("127.0.0.1:0").is_ok() {
+            seen.push("network".into());
+        }
+        Ok(vec![Output::String(seen.join(";"))])
+    },
+};
+
+/// Sleeps on the host clock forever (a guest blocked in a host call).
+pub const SLEEPER: NodeClass = NodeClass {
+    class_type: "HostileSleeper",
+    define: || sink("never"),
+    run: |_| loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    },
+};
+
+kiln_sdk::export_plugin!(INFINITE_LOOP, MEMORY_BOMB, DEEP_RECURSION, PANIC, OVERSIZED_OUTPUT, WRONG_OUTPUT, CHATTY, SNOOP, SLEEPER);
