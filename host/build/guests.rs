@@ -21,15 +21,14 @@ pub fn build_guests(packages: &[(&str, &str)]) {
     };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(&root)
-        .args(["build", "--target", "wasm32-wasip2", "--profile", "guest"])
-        .arg("--target-dir")
-        .arg(&target_dir);
+    cmd.current_dir(&root).args(["build", "--target", "wasm32-wasip2", "--profile", "guest"]).arg("--target-dir").arg(&target_dir);
     for (package, _) in packages {
         cmd.args(["-p", package]);
     }
     // The outer build's settings are for the host, not for the guests.
-    for var in ["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "CARGO_BUILD_RUSTFLAGS"] {
+    for var in
+        ["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "CARGO_BUILD_RUSTFLAGS"]
+    {
         cmd.env_remove(var);
     }
     // 128-bit SIMD: Cranelift compiles it to SSE/AVX, and the pixel loops auto-vectorize.

@@ -119,7 +119,19 @@ impl Config {
 
 /// Overlays `KILN_<FIELD>` variables on `table` (lists are `:`-separated).
 fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String)>) -> Result<(), ConfigError> {
-    let fields = ["plugin_dirs", "cache_dir", "max_concurrency", "node_memory_mb", "max_node_memory_mb", "node_timeout_ms", "max_node_timeout_ms", "node_tensor_budget_mb", "node_file_budget_mb", "node_log_kb", "result_cache_mb"];
+    let fields = [
+        "plugin_dirs",
+        "cache_dir",
+        "max_concurrency",
+        "node_memory_mb",
+        "max_node_memory_mb",
+        "node_timeout_ms",
+        "max_node_timeout_ms",
+        "node_tensor_budget_mb",
+        "node_file_budget_mb",
+        "node_log_kb",
+        "result_cache_mb",
+    ];
     for (var, value) in vars {
         let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };
         if !fields.contains(&field.as_str()) {

@@ -90,7 +90,7 @@ fn input_spec(input: &InputSpec, files: &dyn InputFiles) -> Json {
         }
         InputKind::String(s) => {
             put("default", s.default.clone().map(Json::from));
-            put("multiline", Some(Json::Bool(s.multiline)));
+            put("multiline", s.multiline.map(Json::Bool));
             put("placeholder", s.placeholder.clone().map(Json::from));
             "STRING".into()
         }

@@ -78,10 +78,7 @@ pub fn element_count(shape: &[u32]) -> Result<u64, TensorError> {
     if shape.is_empty() || shape.len() > MAX_RANK || shape.contains(&0) {
         return Err(TensorError::BadShape(shape.to_vec()));
     }
-    shape
-        .iter()
-        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
-        .ok_or_else(|| TensorError::BadShape(shape.to_vec()))
+    shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64)).ok_or_else(|| TensorError::BadShape(shape.to_vec()))
 }
 
 impl fmt::Debug for Tensor {

@@ -18,33 +18,15 @@ impl Kind {
     }
     /// An INT widget with no options yet.
     pub fn int() -> Kind {
-        Kind {
-            kind: wit::InputKind::Int(wit::IntSpec {
-                default: None,
-                min: None,
-                max: None,
-                step: None,
-                display: None,
-                control_after_generate: false,
-            }),
-        }
+        Kind { kind: wit::InputKind::Int(wit::IntSpec { default: None, min: None, max: None, step: None, display: None, control_after_generate: false }) }
     }
     /// A FLOAT widget with no options yet.
     pub fn float() -> Kind {
-        Kind {
-            kind: wit::InputKind::Float(wit::FloatSpec {
-                default: None,
-                min: None,
-                max: None,
-                step: None,
-                round: None,
-                display: None,
-            }),
-        }
+        Kind { kind: wit::InputKind::Float(wit::FloatSpec { default: None, min: None, max: None, step: None, round: None, display: None }) }
     }
     /// A STRING widget (single line unless [`Kind::multiline`]).
     pub fn string() -> Kind {
-        Kind { kind: wit::InputKind::String(wit::StringSpec { default: None, multiline: false, placeholder: None }) }
+        Kind { kind: wit::InputKind::String(wit::StringSpec { default: None, multiline: None, placeholder: None }) }
     }
     /// A BOOLEAN widget.
     pub fn boolean() -> Kind {
@@ -62,13 +44,7 @@ impl Kind {
     }
     /// A combo over the image files uploaded to the host, with an upload button.
     pub fn input_image() -> Kind {
-        Kind {
-            kind: wit::InputKind::Combo(wit::ComboSpec {
-                choices: Vec::new(),
-                default: None,
-                source: wit::ComboSource::InputImages,
-            }),
-        }
+        Kind { kind: wit::InputKind::Combo(wit::ComboSpec { choices: Vec::new(), default: None, source: wit::ComboSource::InputImages }) }
     }
 
     /// Sets the default of an INT (`i64`), FLOAT (`f64`), STRING (`&str`),
@@ -149,7 +125,14 @@ impl Kind {
     /// Makes a STRING widget multi-line.
     pub fn multiline(mut self) -> Kind {
         if let wit::InputKind::String(s) = &mut self.kind {
-            s.multiline = true;
+            s.multiline = Some(true);
+        }
+        self
+    }
+    /// States explicitly that a STRING widget is single-line.
+    pub fn single_line(mut self) -> Kind {
+        if let wit::InputKind::String(s) = &mut self.kind {
+            s.multiline = Some(false);
         }
         self
     }
@@ -251,12 +234,7 @@ impl NodeDef {
     }
     /// Adds an output socket named `name` of link type `type_name`.
     pub fn output(mut self, name: &str, type_name: &str) -> NodeDef {
-        self.def.outputs.push(wit::OutputSpec {
-            name: name.to_string(),
-            type_name: type_name.to_string(),
-            is_list: false,
-            tooltip: None,
-        });
+        self.def.outputs.push(wit::OutputSpec { name: name.to_string(), type_name: type_name.to_string(), is_list: false, tooltip: None });
         self
     }
     /// Marks the node as an output (sink) node: workflows run towards these.

@@ -1,8 +1,8 @@
 //! Services the host offers a running node: progress, previews, input and
 //! output files, GPU kernels.
 
-use crate::bindings::kiln::plugin::host as wit;
 pub use crate::bindings::kiln::plugin::gpu;
+use crate::bindings::kiln::plugin::host as wit;
 use crate::io::Tensor;
 
 pub use wit::{FileKind, SavedFile};

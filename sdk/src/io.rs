@@ -82,10 +82,7 @@ pub enum Output {
 pub type Outputs = Vec<Output>;
 
 fn dims(shape: &[usize]) -> Result<Vec<u32>> {
-    shape
-        .iter()
-        .map(|&d| u32::try_from(d).map_err(|_| Error::failed(format!("dimension {d} too large"))))
-        .collect()
+    shape.iter().map(|&d| u32::try_from(d).map_err(|_| Error::failed(format!("dimension {d} too large")))).collect()
 }
 
 impl Output {
@@ -183,11 +180,7 @@ impl Inputs {
     }
     /// Takes a tensor input's handle out, to pass it through as an output without copying.
     pub fn take_tensor(&mut self, name: &str) -> Result<Tensor> {
-        let slot = self
-            .values
-            .iter_mut()
-            .find(|(n, _)| n == name)
-            .ok_or_else(|| Error::invalid(format!("missing input `{name}`")))?;
+        let slot = self.values.iter_mut().find(|(n, _)| n == name).ok_or_else(|| Error::invalid(format!("missing input `{name}`")))?;
         match slot.1.take() {
             Some(wit::Value::Tensor(t)) => Ok(t),
             Some(other) => {

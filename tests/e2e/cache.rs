@@ -59,10 +59,20 @@ async fn the_node_id_is_not_part_of_the_key() {
     let executor = Executor::new(env.runtime.clone(), env.registry.clone(), 64 << 20, 2);
     let out = tempfile::tempdir().unwrap();
     let empty = json!({"class_type": "EmptyImage", "inputs": {"width": 4, "height": 4, "batch_size": 1, "color": 0}});
-    let first = run_with(&executor, json!({"1": empty, "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "a"}}}), RunOpts::new(out.path())).await;
+    let first = run_with(
+        &executor,
+        json!({"1": empty, "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "a"}}}),
+        RunOpts::new(out.path()),
+    )
+    .await;
     assert_eq!(first.outcome.executed, vec!["1", "2"]);
     // The same nodes under other ids are the same computation.
-    let second = run_with(&executor, json!({"70": empty, "80": {"class_type": "SaveImage", "inputs": {"images": ["70", 0], "filename_prefix": "a"}}}), RunOpts::new(out.path())).await;
+    let second = run_with(
+        &executor,
+        json!({"70": empty, "80": {"class_type": "SaveImage", "inputs": {"images": ["70", 0], "filename_prefix": "a"}}}),
+        RunOpts::new(out.path()),
+    )
+    .await;
     assert!(matches!(second.outcome.status, RunStatus::Succeeded));
     assert_eq!(second.outcome.cached, vec!["70", "80"]);
     assert!(second.outcome.executed.is_empty());

@@ -103,11 +103,7 @@ async fn plugin_sees_no_files_environment_or_network() {
         outputs: std::sync::Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),
         signals: std::sync::Arc::new(|_| {}),
     };
-    let output = env
-        .runtime
-        .execute(plugin, "HostileSnoop", &[("trigger".into(), kiln::value::Value::Int(1))], io, &Default::default())
-        .await
-        .unwrap();
+    let output = env.runtime.execute(plugin, "HostileSnoop", &[("trigger".into(), kiln::value::Value::Int(1))], io, &Default::default()).await.unwrap();
     match &output.values[0] {
         kiln::value::Value::String(report) => assert_eq!(report, "", "the plugin reached: {report}"),
         other => panic!("unexpected {other:?}"),

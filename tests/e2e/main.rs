@@ -5,6 +5,8 @@ mod support;
 
 mod cache;
 mod cancel;
+mod events;
+mod examples;
 mod files;
 mod hostile;
 mod object_info;

@@ -9,13 +9,45 @@ use serde_json::{Map, Value};
 use crate::support::env;
 
 const CORE: &[&str] = &[
-    "LoadImage", "LoadImageMask", "SaveImage", "PreviewImage", "EmptyImage", "ImageScale", "ImageScaleBy",
-    "ImageScaleToTotalPixels", "ImageInvert", "ImageBatch", "ImagePadForOutpaint", "ImageCrop", "ImageBlend",
-    "ImageBlur", "ImageSharpen", "ImageQuantize", "ImageCompositeMasked", "ImageToMask", "ImageColorToMask",
-    "MaskToImage", "SolidMask", "InvertMask", "CropMask", "MaskComposite", "FeatherMask", "GrowMask",
-    "ThresholdMask", "RepeatImageBatch", "ImageFromBatch", "ImageRotate", "ImageFlip", "SplitImageWithAlpha",
-    "JoinImageWithAlpha", "GetImageSize", "PrimitiveInt", "PrimitiveFloat", "PrimitiveString",
-    "PrimitiveStringMultiline", "PrimitiveBoolean",
+    "LoadImage",
+    "LoadImageMask",
+    "SaveImage",
+    "PreviewImage",
+    "EmptyImage",
+    "ImageScale",
+    "ImageScaleBy",
+    "ImageScaleToTotalPixels",
+    "ImageInvert",
+    "ImageBatch",
+    "ImagePadForOutpaint",
+    "ImageCrop",
+    "ImageBlend",
+    "ImageBlur",
+    "ImageSharpen",
+    "ImageQuantize",
+    "ImageCompositeMasked",
+    "ImageToMask",
+    "ImageColorToMask",
+    "MaskToImage",
+    "SolidMask",
+    "InvertMask",
+    "CropMask",
+    "MaskComposite",
+    "FeatherMask",
+    "GrowMask",
+    "ThresholdMask",
+    "RepeatImageBatch",
+    "ImageFromBatch",
+    "ImageRotate",
+    "ImageFlip",
+    "SplitImageWithAlpha",
+    "JoinImageWithAlpha",
+    "GetImageSize",
+    "PrimitiveInt",
+    "PrimitiveFloat",
+    "PrimitiveString",
+    "PrimitiveStringMultiline",
+    "PrimitiveBoolean",
 ];
 
 /// An input spec reduced to what must match: type (combos: their options),
@@ -72,7 +104,8 @@ fn normalize(entry: &Value) -> Value {
 #[tokio::test]
 async fn core_nodes_match_the_reference_object_info() {
     let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/reference/comfyui/object_info.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/reference/comfyui/object_info.json")).unwrap())
+            .unwrap();
     let registry = &env().await.registry;
     let files = NamedInputs::new();
     let mut mismatches = Vec::new();

@@ -94,22 +94,17 @@ pub async fn run(config: Config, args: RunArgs) -> anyhow::Result<i32> {
     });
     let bar = (!args.no_progress_bar && std::io::stderr().is_terminal()).then(|| {
         let bar = ProgressBar::new(1000);
-        bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {percent:>3}% {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {percent:>3}% {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
         bar
     });
     let events = {
         let bar = bar.clone();
         Arc::new(move |event: Event| report(&bar, &event))
     };
-    let ctx = RunContext {
-        job_id: uuid::Uuid::new_v4().to_string(),
-        prompt: Arc::new(json),
-        extra_pnginfo: None,
-        inputs: Arc::new(inputs),
-        outputs,
-        events,
-        cancel,
-    };
+    let ctx =
+        RunContext { job_id: uuid::Uuid::new_v4().to_string(), prompt: Arc::new(json), extra_pnginfo: None, inputs: Arc::new(inputs), outputs, events, cancel };
     let outcome = executor.run(&plan, ctx).await;
     if let Some(bar) = &bar {
         bar.finish_and_clear();

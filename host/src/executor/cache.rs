@@ -44,9 +44,7 @@ struct Inner {
 impl ResultCache {
     /// A cache holding at most `limit_bytes` of results (0 disables caching).
     pub fn new(limit_bytes: u64) -> ResultCache {
-        ResultCache {
-            inner: Mutex::new(Inner { lru: LruCache::unbounded(), bytes: 0, limit: limit_bytes }),
-        }
+        ResultCache { inner: Mutex::new(Inner { lru: LruCache::unbounded(), bytes: 0, limit: limit_bytes }) }
     }
 
     /// The result for `key`, marking it recently used.

@@ -163,6 +163,7 @@ impl Executor {
         let run_cancel = ctx.cancel.child_token();
 
         'run: loop {
+            let mut inline = None;
             while tasks.len() < self.concurrency
                 && let Some(id) = ready.pop()
             {
@@ -185,16 +186,27 @@ impl Executor {
                 let (runtime, plugin, class, node_id, cancel) =
                     (self.runtime.clone(), plugin.clone(), node.class_type.clone(), node.id.clone(), run_cancel.clone());
                 let span = tracing::info_span!("node", node_id = %node_id, class_type = %class);
-                tasks.spawn(
-                    async move {
-                        let started = Instant::now();
-                        let result = runtime.execute(&plugin, &class, &inputs, io, &cancel).await;
-                        (node_id, result, started.elapsed().as_secs_f64() * 1e3)
-                    }
-                    .instrument(span),
-                );
+                let call = async move {
+                    let started = Instant::now();
+                    let result = runtime.execute(&plugin, &class, &inputs, io, &cancel).await;
+                    (node_id, result, started.elapsed().as_secs_f64() * 1e3)
+                }
+                .instrument(span);
+                // A lone runnable node (a chain) runs in this task: handing it
+                // to another worker thread and back costs more than most nodes.
+                if tasks.is_empty() && ready.is_empty() {
+                    inline = Some(call);
+                    break;
+                }
+                tasks.spawn(call);
             }
-            let Some(joined) = tasks.join_next().await else { break };
+            let joined = match inline {
+                Some(call) => Ok(call.await),
+                None => match tasks.join_next().await {
+                    Some(joined) => joined,
+                    None => break,
+                },
+            };
             let (id, result, elapsed_ms) = match joined {
                 Ok(r) => r,
                 Err(e) => {
@@ -257,12 +269,9 @@ impl Executor {
         }
         match &status {
             RunStatus::Succeeded => emit(Event::Succeeded { job_id: ctx.job_id.clone() }),
-            RunStatus::Failed { node, class_type, failure } => emit(Event::Failed {
-                job_id: ctx.job_id.clone(),
-                node: node.clone(),
-                class_type: class_type.clone(),
-                failure: failure.clone(),
-            }),
+            RunStatus::Failed { node, class_type, failure } => {
+                emit(Event::Failed { job_id: ctx.job_id.clone(), node: node.clone(), class_type: class_type.clone(), failure: failure.clone() })
+            }
             RunStatus::Interrupted => {
                 let node = progress.lock().running.keys().next().cloned();
                 emit(Event::Interrupted { job_id: ctx.job_id.clone(), node })
@@ -303,7 +312,12 @@ impl Executor {
         keys
     }
 
-    fn resolve_inputs(&self, node: &crate::workflow::PlannedNode, results: &HashMap<String, Arc<CachedResult>>, ctx: &RunContext) -> Result<Vec<(String, Value)>, String> {
+    fn resolve_inputs(
+        &self,
+        node: &crate::workflow::PlannedNode,
+        results: &HashMap<String, Arc<CachedResult>>,
+        ctx: &RunContext,
+    ) -> Result<Vec<(String, Value)>, String> {
         node.inputs
             .iter()
             .map(|(name, input)| {
@@ -347,10 +361,7 @@ impl Executor {
 
 /// Whether input `name` of `def` names an uploaded file.
 fn is_file_input(def: &crate::plugins::NodeDef, name: &str) -> bool {
-    def.required
-        .iter()
-        .chain(&def.optional)
-        .any(|i| i.name == name && matches!(&i.kind, InputKind::Combo(c) if c.source == ComboSource::InputImages))
+    def.required.iter().chain(&def.optional).any(|i| i.name == name && matches!(&i.kind, InputKind::Combo(c) if c.source == ComboSource::InputImages))
 }
 
 fn append_log(log: &mut String, node: &str, class_type: &str, text: &str) {

@@ -15,6 +15,6 @@ wasmtime::component::bindgen!({
     },
 });
 
-pub use exports::kiln::plugin::node as node;
 pub use self::kiln::plugin::host::{FileKind, SavedFile};
 pub use self::kiln::plugin::tensors::TensorError as WitTensorError;
+pub use exports::kiln::plugin::node;

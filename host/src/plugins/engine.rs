@@ -32,7 +32,13 @@ pub fn build_engine(max_instances: u32, max_memory_bytes: u64) -> wasmtime::Resu
         .total_stacks(max_instances)
         .max_memory_size(max_memory_bytes as usize)
         .table_elements(100_000)
-        .linear_memory_keep_resident(1 << 20);
+        // Measured on the 200-node chain (BENCHMARKS.md): keeping linear
+        // memory resident costs a memset of that size on every drop (slower
+        // than the page faults it saves), while keeping tables and async
+        // stacks resident and batching decommits saves syscalls per store.
+        .table_keep_resident(1 << 16)
+        .async_stack_keep_resident(1 << 16)
+        .decommit_batch_size(16);
     let pooled = Engine::new(&base_config().allocation_strategy(InstanceAllocationStrategy::Pooling(pool)));
     match pooled {
         Ok(engine) => Ok((engine, Allocator::Pooling)),
@@ -45,12 +51,7 @@ pub fn build_engine(max_instances: u32, max_memory_bytes: u64) -> wasmtime::Resu
 
 fn base_config() -> Config {
     let mut config = Config::new();
-    config
-        .wasm_component_model(true)
-        .epoch_interruption(true)
-        .memory_init_cow(true)
-        .max_wasm_stack(1 << 20)
-        .async_stack_size(2 << 20);
+    config.wasm_component_model(true).epoch_interruption(true).memory_init_cow(true).max_wasm_stack(1 << 20).async_stack_size(2 << 20);
     config
 }
 

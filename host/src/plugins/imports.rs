@@ -26,11 +26,7 @@ impl tensors::Host for NodeState {
     fn create(&mut self, shape: Vec<u32>, data: Vec<f32>) -> wasmtime::Result<Result<Resource<Tensor>, tensors::TensorError>> {
         let bytes = data.len() as u64 * 4;
         if self.tensor_bytes.saturating_add(bytes) > self.limits.tensor_bytes {
-            let msg = format!(
-                "creating a {} MiB tensor would exceed the node's tensor budget of {} MiB",
-                bytes >> 20,
-                self.limits.tensor_bytes >> 20
-            );
+            let msg = format!("creating a {} MiB tensor would exceed the node's tensor budget of {} MiB", bytes >> 20, self.limits.tensor_bytes >> 20);
             self.over_budget = Some(msg.clone());
             return Ok(Err(tensors::TensorError::BudgetExceeded(msg)));
         }
@@ -52,10 +48,7 @@ impl tensors::HostTensor for NodeState {
     }
     fn read_range(&mut self, this: Resource<Tensor>, offset: u64, len: u32) -> wasmtime::Result<Result<Vec<f32>, tensors::TensorError>> {
         let data = self.table.get(&this)?.data();
-        let range = usize::try_from(offset)
-            .ok()
-            .and_then(|start| start.checked_add(len as usize).map(|end| start..end))
-            .filter(|r| r.end <= data.len());
+        let range = usize::try_from(offset).ok().and_then(|start| start.checked_add(len as usize).map(|end| start..end)).filter(|r| r.end <= data.len());
         Ok(match range {
             Some(r) => Ok(data[r].to_vec()),
             None => Err(tensors::TensorError::OutOfRange(format!("{len} elements at {offset} of {}", data.len()))),

@@ -84,16 +84,13 @@ impl Manifest {
     /// Parses and checks a manifest.
     pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
         let manifest: Manifest = toml::from_str(text)?;
-        let name_ok = !manifest.name.is_empty()
-            && manifest.name.len() <= 64
-            && manifest.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        let name_ok =
+            !manifest.name.is_empty() && manifest.name.len() <= 64 && manifest.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !name_ok {
             return Err(ManifestError::Invalid { field: "name", reason: "1-64 of [A-Za-z0-9_-]".into() });
         }
-        let component_ok = !manifest.component.is_empty()
-            && !manifest.component.contains(['/', '\\'])
-            && manifest.component != ".."
-            && manifest.component.ends_with(".wasm");
+        let component_ok =
+            !manifest.component.is_empty() && !manifest.component.contains(['/', '\\']) && manifest.component != ".." && manifest.component.ends_with(".wasm");
         if !component_ok {
             return Err(ManifestError::Invalid { field: "component", reason: "a .wasm file name beside the manifest".into() });
         }

@@ -113,9 +113,7 @@ impl NodeRegistry {
 pub(crate) fn check_definitions(defs: &[NodeDef]) -> Result<(), String> {
     let mut seen = std::collections::HashSet::new();
     for def in defs {
-        let name_ok = !def.class_type.is_empty()
-            && def.class_type.len() <= 128
-            && def.class_type.chars().all(|c| c.is_alphanumeric() || "_-. +()".contains(c));
+        let name_ok = !def.class_type.is_empty() && def.class_type.len() <= 128 && def.class_type.chars().all(|c| c.is_alphanumeric() || "_-. +()".contains(c));
         if !name_ok {
             return Err(format!("class name {:?} is empty, too long or has odd characters", def.class_type));
         }
@@ -158,8 +156,7 @@ impl NodeRegistry {
     pub async fn load_all(runtime: &PluginRuntime, plugin_dirs: &[PathBuf]) -> Result<NodeRegistry, RegistryError> {
         let mut registry = NodeRegistry::new();
         for bundled in super::bundled::BUNDLED {
-            let manifest = Manifest::parse(bundled.manifest)
-                .map_err(|source| LoadError::Manifest { plugin: "bundled".into(), source })?;
+            let manifest = Manifest::parse(bundled.manifest).map_err(|source| LoadError::Manifest { plugin: "bundled".into(), source })?;
             let plugin = runtime.load(manifest, bundled.wasm).await?;
             registry.add(plugin)?;
         }

@@ -123,8 +123,7 @@ pub struct PluginRuntime {
 
 /// Imports a plugin may have: the kiln contract and the WASI p2 runtime
 /// (whose filesystem, sockets and environment are empty or denied).
-const ALLOWED_IMPORTS: &[&str] =
-    &["kiln:plugin/", "wasi:cli/", "wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "wasi:sockets/"];
+const ALLOWED_IMPORTS: &[&str] = &["kiln:plugin/", "wasi:cli/", "wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "wasi:sockets/"];
 
 /// Limits for a plugin's `definitions` call at load.
 const DEFINITIONS_LIMITS: EffectiveLimits = EffectiveLimits { memory_bytes: 64 << 20, timeout: Duration::from_secs(10) };
@@ -154,10 +153,8 @@ impl PluginRuntime {
         let plugin = manifest.name.clone();
         let component_hash = blake3::hash(wasm);
         let engine = self.engine.clone();
-        let (component, from_cache) = self
-            .artifacts
-            .load(&engine, wasm)
-            .map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
+        let (component, from_cache) =
+            self.artifacts.load(&engine, wasm).map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
         for (name, _) in component.component_type().imports(&self.engine) {
             if !ALLOWED_IMPORTS.iter().any(|p| name.starts_with(p)) {
                 return Err(LoadError::ForbiddenImport { plugin, import: name.to_string() });
@@ -237,17 +234,10 @@ impl PluginRuntime {
         limits: EffectiveLimits,
         io: Option<NodeIo>,
         cancel: &CancellationToken,
-        f: impl for<'a> FnOnce(
-            PluginWorld,
-            &'a mut Store<NodeState>,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>>
+        f: impl for<'a> FnOnce(PluginWorld, &'a mut Store<NodeState>) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>>
         + Send,
     ) -> Result<(R, Store<NodeState>), NodeFailure> {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| failure(FailureKind::Crashed, "plugin runtime is shutting down".into(), String::new()))?;
+        let _permit = self.permits.acquire().await.map_err(|_| failure(FailureKind::Crashed, "plugin runtime is shutting down".into(), String::new()))?;
         let store_limits = StoreLimits {
             memory_bytes: limits.memory_bytes,
             tensor_bytes: self.config.tensor_budget_bytes,

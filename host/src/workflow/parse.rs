@@ -7,6 +7,7 @@ use serde_json::{Map, Value as Json};
 #[derive(Debug, Clone)]
 pub struct Workflow {
     pub nodes: Vec<WorkflowNode>,
+    index: std::collections::HashMap<String, usize>,
 }
 
 /// One node of a workflow.
@@ -61,13 +62,14 @@ impl Workflow {
         if map.is_empty() {
             return Err(ParseError::Empty);
         }
-        let nodes = map.iter().map(|(id, node)| parse_node(id, node)).collect::<Result<_, _>>()?;
-        Ok(Workflow { nodes })
+        let nodes: Vec<WorkflowNode> = map.iter().map(|(id, node)| parse_node(id, node)).collect::<Result<_, _>>()?;
+        let index = nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
+        Ok(Workflow { nodes, index })
     }
 
     /// The node with id `id`.
     pub fn node(&self, id: &str) -> Option<&WorkflowNode> {
-        self.nodes.iter().find(|n| n.id == id)
+        self.index.get(id).map(|&i| &self.nodes[i])
     }
 }
 

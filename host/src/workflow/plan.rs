@@ -1,5 +1,7 @@
 //! A validated workflow, reduced to what will run.
 
+use std::collections::HashMap;
+
 use crate::plugins::node::HiddenInput;
 use crate::value::Value;
 
@@ -29,11 +31,18 @@ pub struct Plan {
     pub nodes: Vec<PlannedNode>,
     /// Output node ids that validated.
     pub outputs: Vec<String>,
+    index: HashMap<String, usize>,
 }
 
 impl Plan {
+    /// A plan of `nodes` (dependencies first) serving `outputs`.
+    pub fn new(nodes: Vec<PlannedNode>, outputs: Vec<String>) -> Plan {
+        let index = nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
+        Plan { nodes, outputs, index }
+    }
+
     /// The planned node `id`.
     pub fn node(&self, id: &str) -> Option<&PlannedNode> {
-        self.nodes.iter().find(|n| n.id == id)
+        self.index.get(id).map(|&i| &self.nodes[i])
     }
 }

@@ -136,7 +136,7 @@ pub fn validate(workflow: &Workflow, registry: &NodeRegistry, files: &dyn InputF
     }
     let keep = v.ancestors(&good);
     let nodes = v.order.iter().filter(|id| keep.contains(id.as_str())).filter_map(|id| v.planned.remove(id)).collect();
-    Ok((Plan { nodes, outputs: good }, v.issues))
+    Ok((Plan::new(nodes, good), v.issues))
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -413,7 +413,8 @@ mod tests {
 
     #[test]
     fn constants_convert_like_python() {
-        let int = InputKind::Int(crate::plugins::node::IntSpec { default: None, min: None, max: None, step: None, display: None, control_after_generate: false });
+        let int =
+            InputKind::Int(crate::plugins::node::IntSpec { default: None, min: None, max: None, step: None, display: None, control_after_generate: false });
         assert!(matches!(convert(&int, &serde_json::json!(3.9)), Ok(Value::Int(3))));
         assert!(matches!(convert(&int, &serde_json::json!("12")), Ok(Value::Int(12))));
         assert_eq!(convert(&int, &serde_json::json!("abc")).unwrap_err(), IssueKind::InvalidInputType);

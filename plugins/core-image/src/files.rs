@@ -46,10 +46,7 @@ pub const LOAD_IMAGE_MASK: NodeClass = NodeClass {
                 None => vec![0.0; h * w],
             },
             channel => {
-                let c = ["red", "green", "blue"]
-                    .iter()
-                    .position(|n| *n == channel)
-                    .ok_or_else(|| Error::invalid(format!("unknown channel `{channel}`")))?;
+                let c = ["red", "green", "blue"].iter().position(|n| *n == channel).ok_or_else(|| Error::invalid(format!("unknown channel `{channel}`")))?;
                 decoded.rgb.data.chunks_exact(3).map(|px| px[c]).collect()
             }
         };
@@ -112,9 +109,7 @@ struct Decoded {
 fn decode(name: &str) -> Result<Decoded> {
     use image::ImageDecoder;
     let bytes = host::read_input(name).map_err(Error::invalid)?;
-    let reader = image::ImageReader::new(std::io::Cursor::new(&bytes[..]))
-        .with_guessed_format()
-        .map_err(|e| Error::invalid(format!("{name}: {e}")))?;
+    let reader = image::ImageReader::new(std::io::Cursor::new(&bytes[..])).with_guessed_format().map_err(|e| Error::invalid(format!("{name}: {e}")))?;
     let mut decoder = reader.into_decoder().map_err(|e| Error::invalid(format!("cannot decode {name}: {e}")))?;
     let orientation = decoder.orientation().unwrap_or(image::metadata::Orientation::NoTransforms);
     let mut img = image::DynamicImage::from_decoder(decoder).map_err(|e| Error::invalid(format!("cannot decode {name}: {e}")))?;

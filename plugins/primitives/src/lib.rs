@@ -10,10 +10,7 @@ const I64_LIMIT: i64 = 9_223_372_036_854_775_807;
 pub const PRIMITIVE_INT: NodeClass = NodeClass {
     class_type: "PrimitiveInt",
     define: || {
-        NodeDef::new(CATEGORY)
-            .display_name("Int")
-            .required("value", Kind::int().int_range(-I64_LIMIT, I64_LIMIT).control_after_generate())
-            .output("INT", "INT")
+        NodeDef::new(CATEGORY).display_name("Int").required("value", Kind::int().int_range(-I64_LIMIT, I64_LIMIT).control_after_generate()).output("INT", "INT")
     },
     run: |inputs| Ok(vec![Output::Int(inputs.int("value")?)]),
 };
@@ -33,19 +30,14 @@ pub const PRIMITIVE_FLOAT: NodeClass = NodeClass {
 /// `PrimitiveString`: a single-line STRING value (deprecated in ComfyUI).
 pub const PRIMITIVE_STRING: NodeClass = NodeClass {
     class_type: "PrimitiveString",
-    define: || NodeDef::new(CATEGORY).display_name("String").required("value", Kind::string()).output("STRING", "STRING"),
+    define: || NodeDef::new(CATEGORY).display_name("String").required("value", Kind::string().single_line()).output("STRING", "STRING"),
     run: |inputs| Ok(vec![Output::String(inputs.string("value")?.to_string())]),
 };
 
 /// `PrimitiveStringMultiline`: a multi-line STRING value.
 pub const PRIMITIVE_STRING_MULTILINE: NodeClass = NodeClass {
     class_type: "PrimitiveStringMultiline",
-    define: || {
-        NodeDef::new(CATEGORY)
-            .display_name("String (Multiline)")
-            .required("value", Kind::string().multiline())
-            .output("STRING", "STRING")
-    },
+    define: || NodeDef::new(CATEGORY).display_name("String (Multiline)").required("value", Kind::string().multiline()).output("STRING", "STRING"),
     run: |inputs| Ok(vec![Output::String(inputs.string("value")?.to_string())]),
 };
 

@@ -31,9 +31,7 @@ pub const EMPTY_IMAGE: NodeClass = NodeClass {
             .output("IMAGE", "IMAGE")
     },
     run: |inputs| {
-        let dim = |name: &str| -> Result<usize> {
-            usize::try_from(inputs.int(name)?).map_err(|_| Error::invalid(format!("`{name}` must not be negative")))
-        };
+        let dim = |name: &str| -> Result<usize> { usize::try_from(inputs.int(name)?).map_err(|_| Error::invalid(format!("`{name}` must not be negative"))) };
         Ok(vec![Output::Image(empty_image(dim("width")?, dim("height")?, dim("batch_size")?, inputs.int("color")?))])
     },
 };

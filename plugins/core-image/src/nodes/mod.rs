@@ -1,3 +1,4 @@
 //! Pixel nodes, grouped by family.
 
 pub mod basic;
+pub mod mask;
