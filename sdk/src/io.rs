@@ -122,6 +122,10 @@ impl Inputs {
             other => Err(Error::invalid(format!("input `{name}` is {}, not INT", kind_name(other)))),
         }
     }
+    /// A non-negative INT input as a size or position.
+    pub fn usize(&self, name: &str) -> Result<usize> {
+        usize::try_from(self.int(name)?).map_err(|_| Error::invalid(format!("`{name}` must not be negative")))
+    }
     /// A FLOAT input (an INT is widened).
     pub fn float(&self, name: &str) -> Result<f64> {
         match self.get(name)? {

@@ -92,14 +92,14 @@ fn main() {
         // Breakdown: one node call straight through the plugin runtime.
         for (class, inputs) in [
             ("PrimitiveInt", vec![("value".to_string(), kiln::value::Value::Int(7))]),
-            ("ImageInvert", vec![("image".to_string(), kiln::value::Value::Tensor(kiln::tensor::Tensor::new(vec![1, 8, 8, 3], vec![0.5; 192]).expect("tensor")))]),
+            (
+                "ImageInvert",
+                vec![("image".to_string(), kiln::value::Value::Tensor(kiln::tensor::Tensor::new(vec![1, 8, 8, 3], vec![0.5; 192]).expect("tensor")))],
+            ),
         ] {
             let (plugin, _) = registry.get(class).expect("class");
-            let io = || kiln::plugins::NodeIo {
-                inputs: no_inputs.clone(),
-                outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))),
-                signals: Arc::new(|_| {}),
-            };
+            let io =
+                || kiln::plugins::NodeIo { inputs: no_inputs.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}) };
             let cancel = CancellationToken::new();
             for _ in 0..200 {
                 runtime.execute(plugin, class, &inputs, io(), &cancel).await.expect("node runs");

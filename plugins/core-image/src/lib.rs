@@ -12,6 +12,7 @@
 
 pub mod files;
 pub mod nodes;
+pub mod ops;
 
 kiln_sdk::export_plugin!(
     files::LOAD_IMAGE,
@@ -30,4 +31,22 @@ kiln_sdk::export_plugin!(
     nodes::mask::FEATHER_MASK,
     nodes::mask::GROW_MASK,
     nodes::mask::THRESHOLD_MASK,
+    nodes::composite::IMAGE_COMPOSITE_MASKED,
+    nodes::composite::SPLIT_IMAGE_WITH_ALPHA,
+    nodes::composite::JOIN_IMAGE_WITH_ALPHA,
+    nodes::scale::IMAGE_SCALE,
+    nodes::scale::IMAGE_SCALE_BY,
+    nodes::scale::IMAGE_SCALE_TO_TOTAL_PIXELS,
+    nodes::filters::IMAGE_BLUR,
+    nodes::filters::IMAGE_SHARPEN,
+    nodes::filters::IMAGE_BLEND,
+    nodes::filters::IMAGE_QUANTIZE,
+    nodes::transform::IMAGE_CROP,
+    nodes::transform::IMAGE_ROTATE,
+    nodes::transform::IMAGE_FLIP,
+    nodes::transform::IMAGE_PAD_FOR_OUTPAINT,
+    nodes::batch::IMAGE_BATCH,
+    nodes::batch::REPEAT_IMAGE_BATCH,
+    nodes::batch::IMAGE_FROM_BATCH,
+    nodes::batch::GET_IMAGE_SIZE,
 );

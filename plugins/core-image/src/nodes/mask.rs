@@ -5,10 +5,6 @@ use kiln_sdk::prelude::*;
 
 const CHANNELS: [&str; 4] = ["red", "green", "blue", "alpha"];
 
-fn coord(inputs: &Inputs, name: &str) -> Result<usize> {
-    usize::try_from(inputs.int(name)?).map_err(|_| Error::invalid(format!("`{name}` must not be negative")))
-}
-
 /// `ImageToMask`: one channel of an image.
 pub const IMAGE_TO_MASK: NodeClass = NodeClass {
     class_type: "ImageToMask",
@@ -54,11 +50,7 @@ pub fn image_color_to_mask(image: &Image, color: i64) -> Result<Mask> {
         return Err(Error::invalid("ImageColorToMask needs an RGB image"));
     }
     let q = |v: f32| (v.clamp(0.0, 1.0) * 255.0).round_ties_even() as i64;
-    let data = image
-        .data
-        .chunks_exact(image.channels)
-        .map(|px| if (q(px[0]) << 16) + (q(px[1]) << 8) + q(px[2]) == color { 1.0 } else { 0.0 })
-        .collect();
+    let data = image.data.chunks_exact(image.channels).map(|px| if (q(px[0]) << 16) + (q(px[1]) << 8) + q(px[2]) == color { 1.0 } else { 0.0 }).collect();
     Ok(Mask { batch: image.batch, height: image.height, width: image.width, data })
 }
 
@@ -86,7 +78,7 @@ pub const SOLID_MASK: NodeClass = NodeClass {
             .output("MASK", "MASK")
     },
     run: |inputs| {
-        let (w, h) = (coord(inputs, "width")?, coord(inputs, "height")?);
+        let (w, h) = (inputs.usize("width")?, inputs.usize("height")?);
         Ok(vec![Output::Mask(Mask::filled(1, h, w, inputs.float("value")? as f32))])
     },
 };
@@ -116,7 +108,7 @@ pub const CROP_MASK: NodeClass = NodeClass {
     },
     run: |inputs| {
         let mask = inputs.mask("mask")?;
-        let r = [coord(inputs, "x")?, coord(inputs, "y")?, coord(inputs, "width")?, coord(inputs, "height")?];
+        let r = [inputs.usize("x")?, inputs.usize("y")?, inputs.usize("width")?, inputs.usize("height")?];
         Ok(vec![Output::Mask(crop_mask(&mask, r[0], r[1], r[2], r[3])?)])
     },
 };
@@ -151,7 +143,7 @@ pub const MASK_COMPOSITE: NodeClass = NodeClass {
     },
     run: |inputs| {
         let (dst, src) = (inputs.mask("destination")?, inputs.mask("source")?);
-        Ok(vec![Output::Mask(mask_composite(&dst, &src, coord(inputs, "x")?, coord(inputs, "y")?, inputs.string("operation")?)?)])
+        Ok(vec![Output::Mask(mask_composite(&dst, &src, inputs.usize("x")?, inputs.usize("y")?, inputs.string("operation")?)?)])
     },
 };
 
@@ -202,7 +194,7 @@ pub const FEATHER_MASK: NodeClass = NodeClass {
     },
     run: |inputs| {
         let mut mask = inputs.mask("mask")?;
-        let s = [coord(inputs, "left")?, coord(inputs, "top")?, coord(inputs, "right")?, coord(inputs, "bottom")?];
+        let s = [inputs.usize("left")?, inputs.usize("top")?, inputs.usize("right")?, inputs.usize("bottom")?];
         feather_mask(&mut mask, s[0], s[1], s[2], s[3]);
         Ok(vec![Output::Mask(mask)])
     },

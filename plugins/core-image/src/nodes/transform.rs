@@ -1,0 +1,212 @@
+//! Geometry nodes: ImageCrop, ImageRotate, ImageFlip, ImagePadForOutpaint.
+
+use kiln_sdk::prelude::*;
+
+/// `ImageCrop`: `width × height` at (x, y); x and y clamp inside the image and
+/// the region is cut at the border.
+pub const IMAGE_CROP: NodeClass = NodeClass {
+    class_type: "ImageCrop",
+    define: || {
+        NodeDef::new("image/transform")
+            .display_name("Image Crop")
+            .required("image", Kind::link("IMAGE"))
+            .required("width", Kind::int().default(512).min(1.0).max(16384.0).step(1.0))
+            .required("height", Kind::int().default(512).min(1.0).max(16384.0).step(1.0))
+            .required("x", Kind::int().default(0).min(0.0).max(16384.0).step(1.0))
+            .required("y", Kind::int().default(0).min(0.0).max(16384.0).step(1.0))
+            .output("IMAGE", "IMAGE")
+    },
+    run: |inputs| {
+        let image = inputs.image("image")?;
+        let r = [inputs.usize("x")?, inputs.usize("y")?, inputs.usize("width")?, inputs.usize("height")?];
+        Ok(vec![Output::Image(crop(&image, r[0], r[1], r[2], r[3]))])
+    },
+};
+
+/// ComfyUI's crop: `x = min(x, W−1)`, `y = min(y, H−1)`, then a slice.
+pub fn crop(image: &Image, x: usize, y: usize, width: usize, height: usize) -> Image {
+    let (x, y) = (x.min(image.width - 1), y.min(image.height - 1));
+    let (w, h) = (width.min(image.width - x).max(1), height.min(image.height - y).max(1));
+    let c = image.channels;
+    let mut data = Vec::with_capacity(image.batch * h * w * c);
+    for b in 0..image.batch {
+        for row in y..y + h {
+            let s = image.index(b, row, x, 0);
+            data.extend_from_slice(&image.data[s..s + w * c]);
+        }
+    }
+    Image { batch: image.batch, height: h, width: w, channels: c, data }
+}
+
+/// `ImageRotate`: by multiples of 90° (clockwise on screen).
+pub const IMAGE_ROTATE: NodeClass = NodeClass {
+    class_type: "ImageRotate",
+    define: || {
+        NodeDef::new("image/transform")
+            .required("image", Kind::link("IMAGE"))
+            .required("rotation", Kind::combo(&["none", "90 degrees", "180 degrees", "270 degrees"]))
+            .output("IMAGE", "IMAGE")
+    },
+    run: |inputs| {
+        let turns = match inputs.string("rotation")? {
+            "none" => 0,
+            "90 degrees" => 1,
+            "180 degrees" => 2,
+            "270 degrees" => 3,
+            other => return Err(Error::invalid(format!("unknown rotation `{other}`"))),
+        };
+        if turns == 0 {
+            return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
+        }
+        let mut image = inputs.image("image")?;
+        for _ in 0..turns {
+            image = rotate_90(&image);
+        }
+        Ok(vec![Output::Image(image)])
+    },
+};
+
+/// One clockwise quarter turn: `new[y][x] = old[H−1−x][y]` (torch `rot90`
+/// with dims `[2, 1]`).
+pub fn rotate_90(image: &Image) -> Image {
+    let (h, w, c) = (image.height, image.width, image.channels);
+    let mut data = Vec::with_capacity(image.data.len());
+    for b in 0..image.batch {
+        for y in 0..w {
+            for x in 0..h {
+                let s = image.index(b, h - 1 - x, y, 0);
+                data.extend_from_slice(&image.data[s..s + c]);
+            }
+        }
+    }
+    Image { batch: image.batch, height: w, width: h, channels: c, data }
+}
+
+/// `ImageFlip`: rows ("x-axis: vertically") or columns ("y-axis: horizontally").
+pub const IMAGE_FLIP: NodeClass = NodeClass {
+    class_type: "ImageFlip",
+    define: || {
+        NodeDef::new("image/transform")
+            .required("image", Kind::link("IMAGE"))
+            .required("flip_method", Kind::combo(&["x-axis: vertically", "y-axis: horizontally"]))
+            .output("IMAGE", "IMAGE")
+    },
+    run: |inputs| {
+        let image = inputs.image("image")?;
+        let vertical = match inputs.string("flip_method")? {
+            "x-axis: vertically" => true,
+            "y-axis: horizontally" => false,
+            other => return Err(Error::invalid(format!("unknown flip method `{other}`"))),
+        };
+        Ok(vec![Output::Image(flip(&image, vertical))])
+    },
+};
+
+/// Flips rows (`vertical`) or columns.
+pub fn flip(image: &Image, vertical: bool) -> Image {
+    let (h, w, c) = (image.height, image.width, image.channels);
+    let mut data = Vec::with_capacity(image.data.len());
+    for b in 0..image.batch {
+        for y in 0..h {
+            let sy = if vertical { h - 1 - y } else { y };
+            for x in 0..w {
+                let sx = if vertical { x } else { w - 1 - x };
+                let s = image.index(b, sy, sx, 0);
+                data.extend_from_slice(&image.data[s..s + c]);
+            }
+        }
+    }
+    Image { data, ..image.clone() }
+}
+
+/// `ImagePadForOutpaint`: a grey border, and a mask of the border with a
+/// feathered band inside the original image.
+pub const IMAGE_PAD_FOR_OUTPAINT: NodeClass = NodeClass {
+    class_type: "ImagePadForOutpaint",
+    define: || {
+        let side = || Kind::int().default(0).min(0.0).max(16384.0).step(8.0);
+        NodeDef::new("image")
+            .display_name("Pad Image for Outpainting")
+            .required("image", Kind::link("IMAGE"))
+            .required("left", side())
+            .required("top", side())
+            .required("right", side())
+            .required("bottom", side())
+            .required("feathering", Kind::int().default(40).min(0.0).max(16384.0).step(1.0))
+            .output("IMAGE", "IMAGE")
+            .output("MASK", "MASK")
+    },
+    run: |inputs| {
+        let image = inputs.image("image")?;
+        let s = [inputs.usize("left")?, inputs.usize("top")?, inputs.usize("right")?, inputs.usize("bottom")?];
+        let (padded, mask) = pad_for_outpaint(&image, s[0], s[1], s[2], s[3], inputs.usize("feathering")?);
+        Ok(vec![Output::Image(padded), Output::Mask(mask)])
+    },
+};
+
+/// The padded image (0.5 grey, every channel) and its `[1, H', W']` mask.
+pub fn pad_for_outpaint(image: &Image, left: usize, top: usize, right: usize, bottom: usize, feathering: usize) -> (Image, Mask) {
+    let (h, w, c) = (image.height, image.width, image.channels);
+    let (nh, nw) = (h + top + bottom, w + left + right);
+    let mut out = Image::filled(image.batch, nh, nw, c, 0.5);
+    for b in 0..image.batch {
+        for y in 0..h {
+            let s = image.index(b, y, 0, 0);
+            let d = out.index(b, y + top, left, 0);
+            out.data[d..d + w * c].copy_from_slice(&image.data[s..s + w * c]);
+        }
+    }
+    let mut mask = Mask::filled(1, nh, nw, 1.0);
+    let feather = feathering > 0 && feathering * 2 < h && feathering * 2 < w;
+    for i in 0..h {
+        for j in 0..w {
+            let mut v = 0.0;
+            if feather {
+                let dt = if top != 0 { i } else { h };
+                let db = if bottom != 0 { h - i } else { h };
+                let dl = if left != 0 { j } else { w };
+                let dr = if right != 0 { w - j } else { w };
+                let d = dt.min(db).min(dl).min(dr);
+                if d < feathering {
+                    let r = (feathering - d) as f32 / feathering as f32;
+                    v = r * r;
+                }
+            }
+            let k = mask.index(0, i + top, j + left);
+            mask.data[k] = v;
+        }
+    }
+    (out, mask)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbered(h: usize, w: usize) -> Image {
+        Image::from_vec(1, h, w, 1, (0..h * w).map(|i| i as f32).collect()).unwrap()
+    }
+
+    #[test]
+    fn quarter_turn_is_clockwise() {
+        // [[0,1,2],[3,4,5]] turned clockwise is [[3,0],[4,1],[5,2]].
+        let r = rotate_90(&numbered(2, 3));
+        assert_eq!((r.height, r.width), (3, 2));
+        assert_eq!(r.data, vec![3., 0., 4., 1., 5., 2.]);
+    }
+
+    #[test]
+    fn flips_and_crops() {
+        assert_eq!(flip(&numbered(2, 2), true).data, vec![2., 3., 0., 1.]);
+        assert_eq!(flip(&numbered(2, 2), false).data, vec![1., 0., 3., 2.]);
+        assert_eq!(crop(&numbered(3, 3), 5, 1, 2, 9).data, vec![5., 8.]);
+    }
+
+    #[test]
+    fn outpaint_mask_is_one_on_the_border() {
+        let (img, mask) = pad_for_outpaint(&Image::filled(1, 2, 2, 3, 0.0), 1, 0, 0, 1, 0);
+        assert_eq!((img.height, img.width), (3, 3));
+        assert_eq!(mask.data, vec![1., 0., 0., 1., 0., 0., 1., 1., 1.]);
+        assert_eq!(img.get(0, 0, 0, 0), 0.5);
+    }
+}
