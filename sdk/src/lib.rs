@@ -5,7 +5,7 @@
 //! you describe each node with [`NodeDef`] and write a plain Rust function
 //! over [`Inputs`] that returns [`Outputs`].
 //!
-//! ```ignore
+//! ```text
 //! use kiln_sdk::prelude::*;
 //!
 //! pub const INVERT: NodeClass = NodeClass {

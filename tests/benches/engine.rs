@@ -28,6 +28,13 @@ fn chain(n: usize, size: u32) -> Value {
 }
 
 async fn run(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInputs>, out: &Path) -> Duration {
+    run_timed(executor, workflow, inputs, out).await.0
+}
+
+/// Runs once; returns the wall time and each node's own time.
+async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInputs>, out: &Path) -> (Duration, Vec<(String, f64)>) {
+    let nodes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = nodes.clone();
     let parsed = Workflow::from_json(workflow).expect("workflow parses");
     let start = Instant::now();
     let (plan, issues) = validate(&parsed, executor.registry(), inputs.as_ref()).expect("workflow validates");
@@ -38,13 +45,18 @@ async fn run(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInputs>, o
         extra_pnginfo: None,
         inputs: inputs.clone(),
         outputs: Arc::new(DirOutputs::new(out, out.join("temp"))),
-        events: Arc::new(|_| {}),
+        events: Arc::new(move |e| {
+            if let kiln::executor::Event::Executed { class_type, elapsed_ms, .. } = e {
+                sink.lock().expect("events").push((class_type, elapsed_ms));
+            }
+        }),
         cancel: CancellationToken::new(),
     };
     let outcome = executor.run(&plan, ctx).await;
     let elapsed = start.elapsed();
     assert!(matches!(outcome.status, RunStatus::Succeeded), "{:?}", outcome.status);
-    elapsed
+    let nodes = std::mem::take(&mut *nodes.lock().expect("events"));
+    (elapsed, nodes)
 }
 
 fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
@@ -137,6 +149,20 @@ fn main() {
         });
         let _ = run(&executor, &heavy, &named, &out).await;
         let samples = repeat(&executor, &heavy, &named, &out, 5).await;
+        let probe = json!({
+            "1": {"class_type": "LoadImage", "inputs": {"image": "heavy.png"}},
+            "2": {"class_type": "ImageScaleBy", "inputs": {"image": ["1", 0], "upscale_method": "nearest-exact", "scale_by": 1.5}},
+            "3": {"class_type": "ImageInvert", "inputs": {"image": ["2", 0]}},
+            "4": {"class_type": "ImageBlur", "inputs": {"image": ["3", 0], "blur_radius": 1, "sigma": 1.0}},
+            "5": {"class_type": "GetImageSize", "inputs": {"image": ["4", 0]}},
+            "6": {"class_type": "PreviewImage", "inputs": {"images": ["4", 0]}}
+        });
+        let (_, per_node) = run_timed(&executor, &probe, &named, &out).await;
+        let breakdown: Vec<String> = per_node.iter().map(|(class, ms)| format!("{class} {ms:.0} ms")).collect();
+        println!("3072² data-movement probe per node: {}", breakdown.join(", "));
+        let (_, per_node) = run_timed(&executor, &heavy, &named, &out).await;
+        let breakdown: Vec<String> = per_node.iter().map(|(class, ms)| format!("{class} {ms:.0} ms")).collect();
+        println!("heavy chain per node: {}", breakdown.join(", "));
         let (min, p50, max) = stats(samples);
         println!(
             "heavy chain (2048² → 3072², blur 8/4, sharpen 2/1/1, PNG): min {min:.0} / median {p50:.0} / max {max:.0} ms; reference 3970 ms → {:.1}× faster",

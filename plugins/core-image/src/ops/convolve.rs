@@ -53,7 +53,9 @@ pub fn convolve_separable(img: &Image, k: &[f32]) -> Image {
         // Horizontal: pad each row by reflection, then sum shifted copies.
         for y in 0..h {
             let row = &frame[y * row_len..(y + 1) * row_len];
-            for p in 0..w + 2 * r {
+            // The row in the middle in one copy; only the 2r reflected pixels one by one.
+            padded[r * c..r * c + row_len].copy_from_slice(row);
+            for p in (0..r).chain(w + r..w + 2 * r) {
                 let s = reflect(p as isize - r as isize, w);
                 padded[p * c..(p + 1) * c].copy_from_slice(&row[s * c..(s + 1) * c]);
             }

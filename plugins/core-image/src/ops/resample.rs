@@ -157,22 +157,14 @@ fn resize_plane_hv(src: &[f32], h: usize, w: usize, c: usize, oh: usize, ow: usi
     } else {
         let tx = taps(w, ow, method);
         tmp = vec![0.0f32; h * ow * c];
-        for y in 0..h {
-            let row = &src[y * w * c..(y + 1) * w * c];
-            let out_row = &mut tmp[y * ow * c..(y + 1) * ow * c];
-            for x in 0..ow {
-                let (idx, wt) = tx.of(x);
-                let px = &mut out_row[x * c..(x + 1) * c];
-                for (&i, &wk) in idx.iter().zip(wt) {
-                    let s = &row[i * c..(i + 1) * c];
-                    for ch in 0..c {
-                        px[ch] += wk * s[ch];
-                    }
-                }
-                if quantize {
-                    px.iter_mut().for_each(|v| *v = q(*v));
-                }
-            }
+        match c {
+            1 => horizontal::<1>(src, &mut tmp, w, ow, &tx),
+            3 => horizontal::<3>(src, &mut tmp, w, ow, &tx),
+            4 => horizontal::<4>(src, &mut tmp, w, ow, &tx),
+            _ => horizontal_any(src, &mut tmp, w, ow, c, &tx),
+        }
+        if quantize {
+            tmp.iter_mut().for_each(|v| *v = q(*v));
         }
         &tmp
     };
@@ -196,6 +188,39 @@ fn resize_plane_hv(src: &[f32], h: usize, w: usize, c: usize, oh: usize, ow: usi
         }
         if quantize {
             dst.iter_mut().for_each(|v| *v = q(*v));
+        }
+    }
+}
+
+/// The horizontal pass for `C` channels: whole pixels as arrays, so the
+/// channel loop unrolls and bounds are checked once per tap.
+fn horizontal<const C: usize>(src: &[f32], dst: &mut [f32], w: usize, ow: usize, tx: &Taps) {
+    for (row, out_row) in src.chunks_exact(w * C).zip(dst.chunks_exact_mut(ow * C)) {
+        let (pixels, _) = row.as_chunks::<C>();
+        let (out_pixels, _) = out_row.as_chunks_mut::<C>();
+        for (x, out) in out_pixels.iter_mut().enumerate() {
+            let (idx, wt) = tx.of(x);
+            let mut acc = [0.0f32; C];
+            for (&i, &wk) in idx.iter().zip(wt) {
+                let p = &pixels[i];
+                for ch in 0..C {
+                    acc[ch] += wk * p[ch];
+                }
+            }
+            *out = acc;
+        }
+    }
+}
+
+fn horizontal_any(src: &[f32], dst: &mut [f32], w: usize, ow: usize, c: usize, tx: &Taps) {
+    for (row, out_row) in src.chunks_exact(w * c).zip(dst.chunks_exact_mut(ow * c)) {
+        for x in 0..ow {
+            let (idx, wt) = tx.of(x);
+            for (&i, &wk) in idx.iter().zip(wt) {
+                for ch in 0..c {
+                    out_row[x * c + ch] += wk * row[i * c + ch];
+                }
+            }
         }
     }
 }
