@@ -22,6 +22,7 @@ pub mod cli;
 pub mod config;
 pub mod executor;
 pub mod files;
+pub mod memory;
 pub mod object_info;
 pub mod plugins;
 pub mod tensor;

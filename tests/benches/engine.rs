@@ -83,6 +83,9 @@ fn write_heavy_input(path: &Path) {
 }
 
 fn main() {
+    if std::env::var_os("KILN_BENCH_DEFAULT_MALLOC").is_none() {
+        kiln::memory::tune_allocator();
+    }
     let rt = tokio::runtime::Runtime::new().expect("tokio");
     rt.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -60,29 +60,46 @@ pub fn convolve_separable(img: &Image, k: &[f32]) -> Image {
                 padded[p * c..(p + 1) * c].copy_from_slice(&row[s * c..(s + 1) * c]);
             }
             let dst = &mut tmp[y * row_len..(y + 1) * row_len];
-            dst.fill(0.0);
-            for (j, &kj) in k.iter().enumerate() {
-                let src = &padded[j * c..j * c + row_len];
-                for (d, &v) in dst.iter_mut().zip(src) {
-                    *d += kj * v;
-                }
-            }
+            weighted_sum(dst, k, |j| &padded[j * c..j * c + row_len]);
         }
         // Vertical: each output row is a weighted sum of whole rows.
         let start = out.len();
         out.resize(start + h * row_len, 0.0);
         for y in 0..h {
             let dst = &mut out[start + y * row_len..start + (y + 1) * row_len];
-            for (j, &kj) in k.iter().enumerate() {
-                let s = reflect(y as isize + j as isize - r as isize, h);
-                let src = &tmp[s * row_len..(s + 1) * row_len];
-                for (d, &v) in dst.iter_mut().zip(src) {
-                    *d += kj * v;
-                }
-            }
+            let rows: Vec<&[f32]> = (0..k.len())
+                .map(|j| {
+                    let s = reflect(y as isize + j as isize - r as isize, h);
+                    &tmp[s * row_len..(s + 1) * row_len]
+                })
+                .collect();
+            weighted_sum(dst, k, |j| rows[j]);
         }
     }
     Image { data: out, ..img.clone() }
+}
+
+/// `dst[i] = Σ_j k[j]·src(j)[i]`, eight outputs at a time kept in registers
+/// so each output is stored once rather than once per tap.
+fn weighted_sum<'a>(dst: &mut [f32], k: &[f32], src: impl Fn(usize) -> &'a [f32]) {
+    const B: usize = 8;
+    let n = dst.len();
+    let blocks = n / B * B;
+    let srcs: Vec<&[f32]> = (0..k.len()).map(|j| &src(j)[..n]).collect();
+    for (bi, out) in dst[..blocks].chunks_exact_mut(B).enumerate() {
+        let i = bi * B;
+        let mut acc = [0.0f32; B];
+        for (s, &kj) in srcs.iter().zip(k) {
+            let v: &[f32; B] = s[i..i + B].try_into().unwrap_or(&[0.0; B]);
+            for l in 0..B {
+                acc[l] += kj * v[l];
+            }
+        }
+        out.copy_from_slice(&acc);
+    }
+    for i in blocks..n {
+        dst[i] = srcs.iter().zip(k).map(|(s, &kj)| kj * s[i]).sum();
+    }
 }
 
 #[cfg(test)]
