@@ -116,3 +116,34 @@ async fn save_refuses_to_leave_the_output_dir() {
     assert!(matches!(ran.outcome.status, RunStatus::Failed { .. }), "{:?}", ran.outcome.status);
     assert!(!out.path().join("escape_00001_.png").exists());
 }
+
+#[tokio::test]
+async fn load_image_mask_channels_and_preview_goes_to_temp() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.png");
+    // 2×1 RGBA: red 200, green 100, blue 50, alpha 255 / 0.
+    write_png(&input, 2, 1, 4, &[200, 100, 50, 255, 10, 20, 30, 0]);
+    let out = dir.path().join("out");
+    let mut opts = RunOpts::new(&out);
+    opts.inputs.insert("in.png", &input);
+    let ran = run_workflow(
+        json!({
+            "1": {"class_type": "LoadImageMask", "inputs": {"image": "in.png", "channel": "red"}},
+            "2": {"class_type": "MaskToImage", "inputs": {"mask": ["1", 0]}},
+            "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "red"}},
+            "4": {"class_type": "LoadImageMask", "inputs": {"image": "in.png", "channel": "alpha"}},
+            "5": {"class_type": "MaskToImage", "inputs": {"mask": ["4", 0]}},
+            "6": {"class_type": "PreviewImage", "inputs": {"images": ["5", 0]}}
+        }),
+        opts,
+    )
+    .await;
+    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
+    let (_, _, _, red, _) = read_png(&out.join("red_00001_.png"));
+    assert_eq!((red[0], red[3]), (200, 10), "red channel, not inverted");
+    let preview = &ran.outcome.outputs.iter().find(|(n, _)| n == "6").unwrap().1[0];
+    assert_eq!(preview.kind, kiln::files::FileKind::Temp);
+    assert!(preview.filename.starts_with("ComfyUI_temp"), "{}", preview.filename);
+    let (_, _, _, alpha, _) = read_png(&out.join("temp").join(&preview.filename));
+    assert_eq!((alpha[0], alpha[3]), (0, 255), "alpha mask is 1 − alpha");
+}

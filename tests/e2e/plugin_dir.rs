@@ -69,3 +69,28 @@ async fn refuses_duplicate_classes_missing_components_and_ungranted_capabilities
     let err = NodeRegistry::load_all(&env.runtime, &[garbage.path().to_path_buf()]).await.err().expect("invalid component");
     assert!(err.to_string().contains("not a valid component"), "{err}");
 }
+
+#[tokio::test]
+async fn compiled_components_are_cached_and_tampered_artifacts_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = kiln::config::Config { cache_dir: Some(dir.path().join("artifacts")), max_concurrency: 1, ..crate::support::test_config() };
+    let runtime = kiln::plugins::PluginRuntime::new(config.runtime()).unwrap();
+    let manifest = || kiln::plugins::Manifest::parse(EXAMPLE_MANIFEST).unwrap();
+    let cold = runtime.load(manifest(), EXAMPLE_WASM).await.unwrap();
+    assert!(!cold.from_cache, "first load compiles");
+    let warm = runtime.load(manifest(), EXAMPLE_WASM).await.unwrap();
+    assert!(warm.from_cache, "second load deserializes the cached artifact");
+
+    // Flip a byte of every artifact: the checksum no longer matches, so the
+    // host recompiles instead of deserializing bytes it did not produce.
+    for entry in std::fs::read_dir(dir.path().join("artifacts")).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let recompiled = runtime.load(manifest(), EXAMPLE_WASM).await.unwrap();
+    assert!(!recompiled.from_cache, "a tampered artifact is not loaded");
+    assert_eq!(recompiled.definitions.len(), 1);
+}
