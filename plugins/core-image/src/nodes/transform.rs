@@ -2,6 +2,8 @@
 
 use kiln_sdk::prelude::*;
 
+use crate::ops::resample::crop_image;
+
 /// `ImageCrop`: `width × height` at (x, y); x and y clamp inside the image and
 /// the region is cut at the border.
 pub const IMAGE_CROP: NodeClass = NodeClass {
@@ -27,15 +29,7 @@ pub const IMAGE_CROP: NodeClass = NodeClass {
 pub fn crop(image: &Image, x: usize, y: usize, width: usize, height: usize) -> Image {
     let (x, y) = (x.min(image.width - 1), y.min(image.height - 1));
     let (w, h) = (width.min(image.width - x).max(1), height.min(image.height - y).max(1));
-    let c = image.channels;
-    let mut data = Vec::with_capacity(image.batch * h * w * c);
-    for b in 0..image.batch {
-        for row in y..y + h {
-            let s = image.index(b, row, x, 0);
-            data.extend_from_slice(&image.data[s..s + w * c]);
-        }
-    }
-    Image { batch: image.batch, height: h, width: w, channels: c, data }
+    crop_image(image, x, y, w, h)
 }
 
 /// `ImageRotate`: by multiples of 90° (clockwise on screen).

@@ -241,7 +241,8 @@ pub fn center_crop(w: usize, h: usize, tw: usize, th: usize) -> (usize, usize, u
     (x.min(w - 1), y.min(h - 1), cw, ch)
 }
 
-fn crop_image(img: &Image, x: usize, y: usize, cw: usize, ch: usize) -> Image {
+/// The `cw × ch` region at (x, y) of every image; the region must lie inside.
+pub fn crop_image(img: &Image, x: usize, y: usize, cw: usize, ch: usize) -> Image {
     let c = img.channels;
     let mut data = Vec::with_capacity(img.batch * ch * cw * c);
     for b in 0..img.batch {
