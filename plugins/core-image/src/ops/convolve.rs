@@ -80,25 +80,38 @@ pub fn convolve_separable(img: &Image, k: &[f32]) -> Image {
 }
 
 /// `dst[i] = Σ_j k[j]·src(j)[i]`, eight outputs at a time kept in registers
-/// so each output is stored once rather than once per tap.
+/// so each output is stored once rather than once per tap. The kernel is
+/// symmetric, so taps `j` and `n−1−j` share one multiply.
 fn weighted_sum<'a>(dst: &mut [f32], k: &[f32], src: impl Fn(usize) -> &'a [f32]) {
     const B: usize = 8;
     let n = dst.len();
+    let taps = k.len();
+    let half = taps / 2;
     let blocks = n / B * B;
-    let srcs: Vec<&[f32]> = (0..k.len()).map(|j| &src(j)[..n]).collect();
+    let srcs: Vec<&[f32]> = (0..taps).map(|j| &src(j)[..n]).collect();
+    let block = |s: &[f32], i: usize| -> [f32; B] {
+        let mut v = [0.0; B];
+        v.copy_from_slice(&s[i..i + B]);
+        v
+    };
     for (bi, out) in dst[..blocks].chunks_exact_mut(B).enumerate() {
         let i = bi * B;
-        let mut acc = [0.0f32; B];
-        for (s, &kj) in srcs.iter().zip(k) {
-            let v: &[f32; B] = s[i..i + B].try_into().unwrap_or(&[0.0; B]);
+        let centre = block(srcs[half], i);
+        let mut acc: [f32; B] = std::array::from_fn(|l| k[half] * centre[l]);
+        for j in 0..half {
+            let (a, b) = (block(srcs[j], i), block(srcs[taps - 1 - j], i));
             for l in 0..B {
-                acc[l] += kj * v[l];
+                acc[l] += k[j] * (a[l] + b[l]);
             }
         }
         out.copy_from_slice(&acc);
     }
     for i in blocks..n {
-        dst[i] = srcs.iter().zip(k).map(|(s, &kj)| kj * s[i]).sum();
+        let mut acc = k[half] * srcs[half][i];
+        for j in 0..half {
+            acc += k[j] * (srcs[j][i] + srcs[taps - 1 - j][i]);
+        }
+        dst[i] = acc;
     }
 }
 
