@@ -7,16 +7,20 @@ outputs ComfyUI computes for them, re-derived here from ComfyUI's formulas
 (``/work/shared/spec/compat-protocol.md`` sections 5.4, 6.1b, 6.2; edge details
 checked against ComfyUI's public node source) and written independently of it.
 
-Dependencies: numpy and Pillow (Pillow is what ComfyUI itself uses for lanczos
-resizing and ImageQuantize). Optional cross-checks, used when importable (they
-never change the output): scipy (GrowMask against
-``scipy.ndimage.grey_dilation``/``grey_erosion``, which ComfyUI calls), OpenCV
-(bilinear/bicubic against ``cv2.resize`` INTER_LINEAR/INTER_CUBIC, which share
-torch's mapping; blur/sharpen against ``cv2.filter2D`` with BORDER_REFLECT_101)
-and torch (every resampling/convolution/rotation helper).
+Dependencies: numpy, Pillow (what ComfyUI itself uses for lanczos resizing and
+ImageQuantize) and torch (``F.interpolate``, ``F.pad(mode="reflect")`` +
+``conv2d``, ``rot90`` -- the calls ComfyUI makes). Install them into a venv
+outside the repository, e.g.
+``python3 -m venv /work/venv-parity && /work/venv-parity/bin/pip install numpy
+pillow torch`` (PyTorch's CPU-only wheel
+index gives a much smaller install where it is reachable). Optional cross-checks, used when importable: scipy
+(GrowMask against ``scipy.ndimage.grey_dilation``/``grey_erosion``, which
+ComfyUI calls) and OpenCV (bilinear/bicubic against ``cv2.resize``, blur and
+sharpen against ``cv2.filter2D`` with BORDER_REFLECT_101).
 
-torch was NOT available when these fixtures were produced (the PyTorch wheel
-index was unreachable), so torch's semantics are re-implemented in numpy:
+Every torch call is also re-derived in numpy from the formulas below; the two
+must agree to 1e-5 (asserted), and the numpy version stands in when torch is
+not installed (the fixtures then differ at most in the 6th decimal):
 
 * ``interpolate(mode="nearest-exact")``: ``src = min(floor((dst + 0.5) * scale),
   in - 1)`` with ``scale = float32(in) / out`` and the product done in float32
@@ -53,9 +57,11 @@ import sys
 import numpy as np
 from PIL import Image
 
-try:  # optional cross-checks only
-    import torch  # noqa: F401
+try:  # computes interpolate / conv2d / rot90 when installed (numpy stands in otherwise)
+    import torch
     import torch.nn.functional as TF
+
+    torch.set_num_threads(1)  # deterministic reductions
 except Exception:  # pragma: no cover
     torch = None
 try:
@@ -97,6 +103,19 @@ def image(seed, b, h, w, c=3, levels=None):
     else:
         q = rng.choice(np.asarray(levels), size=(b, h, w, c))
     return q.astype(F32) / F32(255)
+
+
+def smooth_image(seed, b, h, w):
+    """Gradients plus a little noise, quantized to 8 bits: many close colours, like a photo."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w] / max(h, w)
+    out = []
+    for _ in range(b):
+        ph = rng.random(3) * 6
+        img = np.stack([np.sin(3 * x + ph[0]), np.cos(4 * y + 2 * x + ph[1]), np.sin(2 * x * y + ph[2])], -1) * 0.5 + 0.5
+        img = img + rng.normal(0, 0.04, img.shape)
+        out.append(np.clip(np.round(img * 255), 0, 255))
+    return (np.stack(out) / 255).astype(F32)
 
 
 def palette_image(seed, b, h, w, colors):
@@ -184,8 +203,8 @@ def _area_matrix(in_size, out_size):
     return m
 
 
-def interpolate(x, oh, ow, mode):
-    """torch.nn.functional.interpolate(x [B,C,H,W], size=(oh, ow), mode) in numpy."""
+def interpolate_numpy(x, oh, ow, mode):
+    """torch.nn.functional.interpolate(x [B,C,H,W], size=(oh, ow), mode) re-derived in numpy."""
     x = np.asarray(x, dtype=F32)
     ih, iw = x.shape[-2], x.shape[-1]
     if mode == "nearest-exact":
@@ -205,18 +224,29 @@ def interpolate(x, oh, ow, mode):
         out = np.einsum("oh,...hw,pw->...op", mh, x.astype(np.float64), mw)
     else:
         raise ValueError(mode)
-    out = np.asarray(out, dtype=F32)
+    return np.asarray(out, dtype=F32)
+
+
+def interpolate(x, oh, ow, mode):
+    """torch.nn.functional.interpolate(x [B,C,H,W], size=(oh, ow), mode), as ComfyUI calls it
+    (antialias off; align_corners=False for bilinear/bicubic; "area" is adaptive average pooling).
+
+    torch computes the result when it is installed; the numpy re-derivation must agree with it
+    (and with OpenCV for bilinear/bicubic), and stands in for it when torch is missing."""
+    x = np.asarray(x, dtype=F32)
+    ours = interpolate_numpy(x, oh, ow, mode)
     if cv2 is not None and mode in ("bilinear", "bicubic"):
         flag = cv2.INTER_LINEAR if mode == "bilinear" else cv2.INTER_CUBIC
         for idx in np.ndindex(*x.shape[:-2]):
             ref = cv2.resize(np.ascontiguousarray(x[idx]), (ow, oh), interpolation=flag)
-            assert np.abs(ref - out[idx]).max() < 1e-5, ("opencv mismatch", mode, x.shape, oh, ow)
+            assert np.abs(ref - ours[idx]).max() < 1e-5, ("opencv mismatch", mode, x.shape, oh, ow)
         CHECKS["opencv"] += 1
-    if torch is not None:
-        ref = TF.interpolate(torch.from_numpy(np.ascontiguousarray(x)), size=(oh, ow), mode=mode).numpy()
-        assert np.abs(ref - out).max() < 1e-5, ("torch mismatch", mode, x.shape, oh, ow)
-        CHECKS["torch"] += 1
-    return out
+    if torch is None:
+        return ours
+    out = TF.interpolate(torch.from_numpy(np.ascontiguousarray(x)), size=(oh, ow), mode=mode).numpy()
+    assert np.abs(out - ours).max() < 1e-5, ("torch/numpy mismatch", mode, x.shape, oh, ow)
+    CHECKS["torch"] += 1
+    return np.asarray(out, dtype=F32)
 
 
 def to_u8_trunc(x):
@@ -286,29 +316,32 @@ def gaussian_kernel(size, sigma):
 
 
 def conv_reflect(img_bhwc, kernel, r):
-    """Depthwise: F.pad(reflect, r) then conv2d(kernel) and crop back to the input size."""
+    """Depthwise: F.pad(reflect, r) then conv2d(kernel) per channel, as ComfyUI's blur and sharpen
+    do. torch computes it when installed; the numpy (float64) sum must agree with it, and with
+    OpenCV's filter2D (BORDER_REFLECT_101 is torch's "reflect")."""
     x = nchw(img_bhwc).astype(np.float64)
     p = np.pad(x, ((0, 0), (0, 0), (r, r), (r, r)), mode="reflect")
     h, w = x.shape[2], x.shape[3]
-    out = np.zeros_like(x)
+    ours = np.zeros_like(x)
     k = kernel.astype(np.float64)
     for dy in range(2 * r + 1):
         for dx in range(2 * r + 1):
-            out += k[dy, dx] * p[:, :, dy:dy + h, dx:dx + w]
-    out = out.astype(F32)
-    if cv2 is not None:  # BORDER_REFLECT_101 is torch/numpy "reflect"
+            ours += k[dy, dx] * p[:, :, dy:dy + h, dx:dx + w]
+    ours = ours.astype(F32)
+    if cv2 is not None:
         xs = nchw(img_bhwc)
         for idx in np.ndindex(*xs.shape[:2]):
             ref = cv2.filter2D(np.ascontiguousarray(xs[idx]), -1, kernel, borderType=cv2.BORDER_REFLECT_101)
-            assert np.abs(ref - out[idx]).max() < 1e-5, "opencv filter2D mismatch"
+            assert np.abs(ref - ours[idx]).max() < 1e-5, "opencv filter2D mismatch"
         CHECKS["opencv"] += 1
-    if torch is not None:
-        c = x.shape[1]
-        tk = torch.from_numpy(np.ascontiguousarray(kernel)).repeat(c, 1, 1).unsqueeze(1)
-        ti = TF.pad(torch.from_numpy(np.ascontiguousarray(nchw(img_bhwc))), (r, r, r, r), "reflect")
-        ref = TF.conv2d(ti, tk, padding=r, groups=c)[:, :, r:-r, r:-r].numpy()
-        assert np.abs(ref - out).max() < 1e-5
-        CHECKS["torch"] += 1
+    if torch is None:
+        return nhwc(ours)
+    c = x.shape[1]
+    tk = torch.from_numpy(np.ascontiguousarray(kernel, dtype=F32)).repeat(c, 1, 1).unsqueeze(1)
+    ti = TF.pad(torch.from_numpy(np.ascontiguousarray(nchw(img_bhwc))), (r, r, r, r), "reflect")
+    out = TF.conv2d(ti, tk, groups=c).numpy()
+    assert out.shape == ours.shape and np.abs(out - ours).max() < 1e-5, "torch/numpy conv mismatch"
+    CHECKS["torch"] += 1
     return nhwc(out)
 
 
@@ -628,11 +661,12 @@ def n_from_batch(image, batch_index, length):
 
 def n_rotate(image, rotation):
     k = {"none": 0, "90 degrees": 1, "180 degrees": 2, "270 degrees": 3}[rotation]
-    out = np.rot90(image, k=k, axes=(2, 1))
-    if torch is not None:
-        ref = torch.rot90(torch.from_numpy(np.ascontiguousarray(image)), k=k, dims=[2, 1]).numpy()
-        assert np.array_equal(ref, out)
-        CHECKS["torch"] += 1
+    ours = np.rot90(image, k=k, axes=(2, 1))
+    if torch is None:
+        return [ours]
+    out = torch.rot90(torch.from_numpy(np.ascontiguousarray(image)), k=k, dims=[2, 1]).numpy()
+    assert np.array_equal(out, ours)
+    CHECKS["torch"] += 1
     return [out]
 
 
@@ -741,6 +775,10 @@ def build_cases():
     case("ImageScale", "rgba_bilinear", dict(image=I(117, 1, 6, 8, 4), upscale_method="bilinear", width=9, height=7, crop="disabled"), R)
     case("ImageScale", "rgba_bicubic_batch2", dict(image=I(118, 2, 5, 7, 4), upscale_method="bicubic", width=4, height=8, crop="disabled"), R)
     case("ImageScale", "lanczos_rgba_opaque", dict(image=np.concatenate([I(119, 1, 6, 8), np.ones((1, 6, 8, 1), F32)], -1), upscale_method="lanczos", width=10, height=5, crop="disabled"), R)
+    case("ImageScale", "lanczos_down_both_16x12_to_5x4", dict(image=I(121, 1, 12, 16), upscale_method="lanczos", width=5, height=4, crop="disabled"), R)
+    case("ImageScale", "lanczos_width_down_height_up", dict(image=I(122, 1, 6, 12), upscale_method="lanczos", width=7, height=9, crop="disabled"), R)
+    case("ImageScale", "area_down_non_integer_rgba_batch2", dict(image=I(123, 2, 11, 13, 4), upscale_method="area", width=4, height=5, crop="disabled"), R)
+    case("ImageScale", "bicubic_down_3x_clamps_taps", dict(image=I(124, 1, 12, 15), upscale_method="bicubic", width=5, height=4, crop="disabled"), R)
     case("ImageScale", "lanczos_rgba_premultiplied_by_pil", dict(image=I(120, 1, 6, 8, 4), upscale_method="lanczos", width=10, height=5, crop="disabled"), R)
 
     # ImageScaleBy
@@ -801,6 +839,9 @@ def build_cases():
     case("ImageBlend", "resize_bicubic_center_crop", dict(image1=I(192, 1, 6, 8), image2=I(193, 1, 9, 9), blend_factor=0.5, blend_mode="normal"), R)
     case("ImageBlend", "overlay_rgba_batch2", dict(image1=I(194, 2, 4, 6, 4), image2=I(195, 2, 4, 6, 4), blend_factor=0.5, blend_mode="overlay"))
     case("ImageBlend", "rgba_image2_truncated_to_rgb", dict(image1=I(196, 1, 4, 6), image2=I(197, 1, 4, 6, 4), blend_factor=0.4, blend_mode="screen"))
+    # torch broadcasting: a batch of one pairs with every image of the other input
+    case("ImageBlend", "image1_batch1_image2_batch2_broadcasts", dict(image1=I(198, 1, 4, 5), image2=I(199, 2, 4, 5), blend_factor=0.7, blend_mode="multiply"))
+    case("ImageBlend", "image1_batch2_image2_batch1_rgb_gets_alpha", dict(image1=I(185, 2, 4, 5, 4), image2=I(186, 1, 4, 5), blend_factor=0.3, blend_mode="soft_light"))
 
     # ImageBlur
     case("ImageBlur", "r1_sigma1", dict(image=I(200, 1, 6, 8), blur_radius=1, sigma=1.0), R)
@@ -825,6 +866,15 @@ def build_cases():
     case("ImageQuantize", "two_colors_bayer2", dict(image=palette_image(223, 1, 6, 8, bw), colors=2, dither="bayer-2"))
     case("ImageQuantize", "two_colors_bayer4", dict(image=palette_image(224, 1, 6, 8, bw), colors=2, dither="bayer-4"))
     case("ImageQuantize", "one_color", dict(image=palette_image(225, 1, 4, 5, [(77, 88, 99)]), colors=1, dither="floyd-steinberg"))
+    # general images: Pillow's median-cut palette (heap order, luminance-weighted axis, means
+    # rounded half up), its 4x4x4 cached lookup and its Floyd-Steinberg buffers
+    smooth = smooth_image(226, 1, 12, 16)
+    case("ImageQuantize", "general_smooth_8_none", dict(image=smooth, colors=8, dither="none"))
+    case("ImageQuantize", "general_smooth_6_floyd_steinberg", dict(image=smooth, colors=6, dither="floyd-steinberg"))
+    case("ImageQuantize", "general_smooth_5_bayer4", dict(image=smooth, colors=5, dither="bayer-4"))
+    case("ImageQuantize", "general_noise_16_none_batch2", dict(image=I(227, 2, 9, 11), colors=16, dither="none"))
+    case("ImageQuantize", "general_noise_3_floyd_steinberg_one_column", dict(image=I(228, 1, 10, 1), colors=3, dither="floyd-steinberg"))
+    case("ImageQuantize", "general_levels_ties_4_floyd_steinberg", dict(image=I(229, 1, 8, 9, levels=[0, 60, 61, 200, 255]), colors=4, dither="floyd-steinberg"))
 
     # ImageCompositeMasked
     d, s = I(230, 1, 6, 8), I(231, 1, 3, 4)
@@ -836,6 +886,8 @@ def build_cases():
     case("ImageCompositeMasked", "x_beyond_destination_noop", dict(destination=d, source=s, x=50, y=0, resize_source=False))
     case("ImageCompositeMasked", "dest_batch2_source_batch1", dict(destination=I(236, 2, 5, 6), source=I(237, 1, 2, 3), x=1, y=2, resize_source=False))
     case("ImageCompositeMasked", "rgba_dest_rgb_source_gets_alpha1", dict(destination=I(238, 1, 5, 6, 4), source=I(239, 1, 3, 3), x=2, y=1, resize_source=False, mask=mask(240, 1, 3, 3)))
+    # the mask is repeated to the destination's batch, not to the source's
+    case("ImageCompositeMasked", "dest_batch3_source_batch2_mask_batch3", dict(destination=I(243, 3, 4, 5), source=I(244, 2, 3, 3), x=1, y=1, resize_source=False, mask=mask(245, 3, 3, 3)))
     case("ImageCompositeMasked", "rgb_dest_rgba_source_truncated", dict(destination=I(241, 1, 5, 6), source=I(242, 1, 3, 3, 4), x=0, y=2, resize_source=False))
 
     # ImageToMask
@@ -973,7 +1025,7 @@ def build_cases():
 
 
 def sanity(cls, name, inputs, outputs):
-    if cls == "ImageQuantize" and not inputs["dither"].startswith("bayer"):
+    if cls == "ImageQuantize" and not name.startswith("general_") and not inputs["dither"].startswith("bayer"):
         assert np.array_equal(outputs[0], inputs["image"]), f"{name}: palette not exact"
     if cls == "ImageScale" and name == "nearest_exact_f32_index_14_to_23":
         # float32 index math: output column 11 reads source column 6 (exact math says 7)

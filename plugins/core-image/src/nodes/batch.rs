@@ -2,6 +2,7 @@
 
 use kiln_sdk::prelude::*;
 
+use super::check_nonempty;
 use super::filters::match_channels;
 use crate::ops::resample::{Method, resize_image};
 
@@ -17,11 +18,13 @@ pub const IMAGE_BATCH: NodeClass = NodeClass {
             .output("IMAGE", "IMAGE")
             .deprecated()
     },
-    run: |inputs| Ok(vec![Output::Image(image_batch(inputs.image("image1")?, inputs.image("image2")?))]),
+    run: |inputs| Ok(vec![Output::Image(image_batch(inputs.image("image1")?, inputs.image("image2")?)?)]),
 };
 
 /// The two batches concatenated (see [`IMAGE_BATCH`]).
-pub fn image_batch(i1: Image, i2: Image) -> Image {
+pub fn image_batch(i1: Image, i2: Image) -> Result<Image> {
+    check_nonempty(&i1)?;
+    check_nonempty(&i2)?;
     let channels = i1.channels.max(i2.channels);
     let mut i1 = match_channels(i1, channels);
     let mut i2 = match_channels(i2, channels);
@@ -30,7 +33,7 @@ pub fn image_batch(i1: Image, i2: Image) -> Image {
     }
     i1.data.append(&mut i2.data);
     i1.batch += i2.batch;
-    i1
+    Ok(i1)
 }
 
 /// `RepeatImageBatch`: the batch tiled `amount` times.
@@ -42,13 +45,16 @@ pub const REPEAT_IMAGE_BATCH: NodeClass = NodeClass {
             .required("amount", Kind::int().default(1).min(1.0).max(4096.0))
             .output("IMAGE", "IMAGE")
     },
-    run: |inputs| {
-        let image = inputs.image("image")?;
-        let amount = inputs.usize("amount")?.max(1);
-        let data = image.data.repeat(amount);
-        Ok(vec![Output::Image(Image { batch: image.batch * amount, data, ..image })])
-    },
+    run: |inputs| Ok(vec![Output::Image(repeat_image_batch(&inputs.image("image")?, inputs.usize("amount")?)?)]),
 };
+
+/// The batch repeated `amount` times (`image.repeat((amount, 1, 1, 1))`);
+/// an amount below 1 counts as 1.
+pub fn repeat_image_batch(image: &Image, amount: usize) -> Result<Image> {
+    check_nonempty(image)?;
+    let amount = amount.clamp(1, 4096);
+    Ok(Image { batch: image.batch * amount, data: image.data.repeat(amount), ..image.clone() })
+}
 
 /// `ImageFromBatch`: `length` images from `batch_index`, both clamped.
 pub const IMAGE_FROM_BATCH: NodeClass = NodeClass {
@@ -60,15 +66,24 @@ pub const IMAGE_FROM_BATCH: NodeClass = NodeClass {
             .required("length", Kind::int().default(1).min(1.0).max(4096.0))
             .output("IMAGE", "IMAGE")
     },
-    run: |inputs| {
-        let image = inputs.image("image")?;
-        let index = inputs.usize("batch_index")?.min(image.batch - 1);
-        let length = inputs.usize("length")?.min(image.batch - index).max(1);
-        let frame = image.height * image.width * image.channels;
-        let data = image.data[index * frame..(index + length) * frame].to_vec();
-        Ok(vec![Output::Image(Image { batch: length, data, ..image })])
-    },
+    run: |inputs| Ok(vec![Output::Image(image_from_batch(inputs.image("image")?, inputs.int("batch_index")?, inputs.usize("length")?)?)]),
 };
+
+/// `length` images from `batch_index`: a negative index counts from the end
+/// (as ComfyUI 0.27 does; the reference definition's minimum is 0), the index
+/// is clamped to the batch and the length to what is left (at least one).
+pub fn image_from_batch(image: Image, batch_index: i64, length: usize) -> Result<Image> {
+    check_nonempty(&image)?;
+    let n = image.batch as i64;
+    let index = if batch_index < 0 { batch_index + n } else { batch_index }.clamp(0, n - 1) as usize;
+    let length = length.clamp(1, image.batch - index);
+    let frame = image.height * image.width * image.channels;
+    if index == 0 && length == image.batch {
+        return Ok(image);
+    }
+    let data = image.data[index * frame..(index + length) * frame].to_vec();
+    Ok(Image { batch: length, data, ..image })
+}
 
 /// `GetImageSize`: width, height and batch size.
 pub const GET_IMAGE_SIZE: NodeClass = NodeClass {
@@ -84,10 +99,18 @@ pub const GET_IMAGE_SIZE: NodeClass = NodeClass {
             .output("batch_size", "INT")
     },
     run: |inputs| {
+        // Only the shape is needed: read it from the host handle, no pixel copy.
         let shape = inputs.tensor("image")?.shape();
-        match shape[..] {
-            [b, h, w, _] => Ok(vec![Output::Int(w as i64), Output::Int(h as i64), Output::Int(b as i64)]),
-            _ => Err(Error::invalid(format!("`image` has shape {shape:?}, not [B,H,W,C]"))),
-        }
+        let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+        let [w, h, b] = image_size(&shape)?;
+        Ok(vec![Output::Int(w), Output::Int(h), Output::Int(b)])
     },
 };
+
+/// `[width, height, batch_size]` of an IMAGE of shape `[B, H, W, C]`.
+pub fn image_size(shape: &[usize]) -> Result<[i64; 3]> {
+    match *shape {
+        [b, h, w, _] => Ok([w as i64, h as i64, b as i64]),
+        _ => Err(Error::invalid(format!("`image` has shape {shape:?}, not [B,H,W,C]"))),
+    }
+}

@@ -4,6 +4,7 @@
 use kiln_sdk::prelude::*;
 
 use super::filters::match_channels;
+use super::{check_mask_nonempty, check_nonempty};
 use crate::ops::resample::{Method, resize_image, resize_mask};
 
 /// `ImageCompositeMasked`: `source` over `destination` at (x, y) through `mask`.
@@ -23,19 +24,27 @@ pub const IMAGE_COMPOSITE_MASKED: NodeClass = NodeClass {
         let (dst, src) = (inputs.image("destination")?, inputs.image("source")?);
         let mask = inputs.opt_mask("mask")?;
         let (x, y) = (inputs.usize("x")?, inputs.usize("y")?);
-        Ok(vec![Output::Image(composite_masked(dst, src, x, y, inputs.boolean("resize_source")?, mask.as_ref()))])
+        Ok(vec![Output::Image(composite_masked(dst, src, x, y, inputs.boolean("resize_source")?, mask.as_ref())?)])
     },
 };
 
-/// Index `i` of a batch repeated (or cut) to another batch size.
+/// Index `i` of a batch repeated (or cut) to another batch size, as
+/// `comfy.utils.repeat_to_batch_size` tiles it.
 fn batch_index(i: usize, batch: usize) -> usize {
     i % batch
 }
 
 /// `dst[y.., x..] = mask·src + (1 − mask)·dst` on the visible region. The
-/// source (optionally resized to the destination) and the mask (resized to
-/// the source, bilinear) are repeated to the destination's batch.
-pub fn composite_masked(mut dst: Image, src: Image, x: usize, y: usize, resize_source: bool, mask: Option<&Mask>) -> Image {
+/// source takes the destination's channel count (cut, or alpha 1 added), is
+/// optionally resized to the destination (bilinear) and repeated to its
+/// batch; the mask (default all ones) is resized to the source (bilinear)
+/// and repeated to the destination's batch.
+pub fn composite_masked(mut dst: Image, src: Image, x: usize, y: usize, resize_source: bool, mask: Option<&Mask>) -> Result<Image> {
+    check_nonempty(&dst)?;
+    check_nonempty(&src)?;
+    if let Some(m) = mask {
+        check_mask_nonempty(m)?;
+    }
     let mut src = match_channels(src, dst.channels);
     if resize_source && (src.width, src.height) != (dst.width, dst.height) {
         src = resize_image(&src, dst.width, dst.height, Method::Bilinear, false);
@@ -43,20 +52,32 @@ pub fn composite_masked(mut dst: Image, src: Image, x: usize, y: usize, resize_s
     let mask = mask.map(|m| if (m.width, m.height) == (src.width, src.height) { m.clone() } else { resize_mask(m, src.width, src.height, Method::Bilinear) });
     let visible_w = src.width.min(dst.width.saturating_sub(x));
     let visible_h = src.height.min(dst.height.saturating_sub(y));
+    if visible_w == 0 || visible_h == 0 {
+        return Ok(dst);
+    }
     let c = dst.channels;
     for b in 0..dst.batch {
         let sb = batch_index(b, src.batch);
         for row in 0..visible_h {
-            for col in 0..visible_w {
-                let m = mask.as_ref().map_or(1.0, |m| m.get(batch_index(sb, m.batch), row, col));
-                let (di, si) = (dst.index(b, y + row, x + col, 0), src.index(sb, row, col, 0));
-                for k in 0..c {
-                    dst.data[di + k] = m * src.data[si + k] + (1.0 - m) * dst.data[di + k];
+            let d0 = dst.index(b, y + row, x, 0);
+            let s0 = src.index(sb, row, 0, 0);
+            let d = &mut dst.data[d0..d0 + visible_w * c];
+            let s = &src.data[s0..s0 + visible_w * c];
+            match &mask {
+                None => d.copy_from_slice(s),
+                Some(m) => {
+                    let m0 = m.index(batch_index(b, m.batch), row, 0);
+                    let mrow = &m.data[m0..m0 + visible_w];
+                    for ((dp, sp), &mv) in d.chunks_exact_mut(c).zip(s.chunks_exact(c)).zip(mrow) {
+                        for (dv, &sv) in dp.iter_mut().zip(sp) {
+                            *dv = mv * sv + (1.0 - mv) * *dv;
+                        }
+                    }
                 }
             }
         }
     }
-    dst
+    Ok(dst)
 }
 
 /// `SplitImageWithAlpha`: RGB and `1 − alpha` (all zeros without alpha).
@@ -108,6 +129,8 @@ pub fn join_alpha(image: &Image, alpha: &Mask) -> Result<Image> {
     if image.channels < 3 {
         return Err(Error::invalid("JoinImageWithAlpha needs an RGB image"));
     }
+    check_nonempty(image)?;
+    check_mask_nonempty(alpha)?;
     let alpha = if (alpha.width, alpha.height) == (image.width, image.height) {
         alpha.clone()
     } else {
@@ -136,7 +159,7 @@ mod tests {
         let dst = Image::filled(1, 2, 3, 3, 0.0);
         let src = Image::filled(1, 2, 2, 3, 1.0);
         let mask = Mask::from_vec(1, 2, 2, vec![1.0, 0.5, 0.0, 1.0]).unwrap();
-        let out = composite_masked(dst, src, 2, 0, false, Some(&mask));
+        let out = composite_masked(dst, src, 2, 0, false, Some(&mask)).unwrap();
         let red: Vec<f32> = out.data.chunks(3).map(|p| p[0]).collect();
         assert_eq!(red, vec![0.0, 0.0, 1.0, 0.0, 0.0, 0.0]);
     }

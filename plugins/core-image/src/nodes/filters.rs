@@ -2,7 +2,8 @@
 
 use kiln_sdk::prelude::*;
 
-use crate::ops::convolve::{convolve_separable, gaussian_1d};
+use super::check_nonempty;
+use crate::ops::convolve::{Epilogue, convolve_separable_in_place, gaussian_1d};
 use crate::ops::resample::{Method, resize_image};
 
 fn check_radius(image: &Image, radius: usize) -> Result<()> {
@@ -30,11 +31,21 @@ pub const IMAGE_BLUR: NodeClass = NodeClass {
         if radius == 0 {
             return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
         }
-        let image = inputs.image("image")?;
-        check_radius(&image, radius)?;
-        Ok(vec![Output::Image(convolve_separable(&image, &gaussian_1d(radius, inputs.float("sigma")? as f32)))])
+        Ok(vec![Output::Image(blur(inputs.image("image")?, radius, inputs.float("sigma")?)?)])
     },
 };
+
+/// ImageBlur's computation: the image convolved with the normalized
+/// `(2r+1)²` Gaussian over [-1, 1]², reflect-padded; radius 0 is the identity.
+pub fn blur(mut image: Image, radius: usize, sigma: f64) -> Result<Image> {
+    if radius == 0 {
+        return Ok(image);
+    }
+    check_nonempty(&image)?;
+    check_radius(&image, radius)?;
+    convolve_separable_in_place(&mut image, &gaussian_1d(radius, sigma as f32), Epilogue::Plain);
+    Ok(image)
+}
 
 /// `ImageSharpen`: unsharp masking, `clamp((1+s)·x − s·blur(x))` with `s = 10·alpha`.
 pub const IMAGE_SHARPEN: NodeClass = NodeClass {
@@ -52,21 +63,25 @@ pub const IMAGE_SHARPEN: NodeClass = NodeClass {
         if radius == 0 {
             return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
         }
-        let image = inputs.image("image")?;
-        check_radius(&image, radius)?;
-        let s = (inputs.float("alpha")? * 10.0) as f32;
-        let blurred = convolve_separable(&image, &gaussian_1d(radius, inputs.float("sigma")? as f32));
-        Ok(vec![Output::Image(sharpen(image, &blurred, s))])
+        let (sigma, alpha) = (inputs.float("sigma")?, inputs.float("alpha")?);
+        Ok(vec![Output::Image(sharpen(inputs.image("image")?, radius, sigma, alpha)?)])
     },
 };
 
-/// ComfyUI's kernel is `−s·G` with the centre raised so it sums to 1, i.e.
-/// `−s·G + (1+s)·δ` (G sums to 1): the image times `1+s` minus `s` times its blur.
-pub fn sharpen(mut image: Image, blurred: &Image, s: f32) -> Image {
-    for (v, &b) in image.data.iter_mut().zip(&blurred.data) {
-        *v = ((1.0 + s) * *v - s * b).clamp(0.0, 1.0);
+/// ImageSharpen's computation. ComfyUI's kernel is `K = −s·G` (s = 10·alpha,
+/// G the normalized Gaussian) with the centre tap raised by `1 − ΣK = 1 + s`
+/// so that K sums to 1, i.e. `K = (1+s)·δ − s·G`. Convolution is linear, so
+/// `K∗x = (1+s)·x − s·(G∗x)`: one separable blur plus a per-pixel blend,
+/// fused into the blur's last pass, then clamped to 0..1.
+pub fn sharpen(mut image: Image, radius: usize, sigma: f64, alpha: f64) -> Result<Image> {
+    if radius == 0 {
+        return Ok(image);
     }
-    image
+    check_nonempty(&image)?;
+    check_radius(&image, radius)?;
+    let s = (alpha * 10.0) as f32;
+    convolve_separable_in_place(&mut image, &gaussian_1d(radius, sigma as f32), Epilogue::Sharpen(s));
+    Ok(image)
 }
 
 const BLEND_MODES: [&str; 6] = ["normal", "multiply", "screen", "overlay", "soft_light", "difference"];
@@ -100,37 +115,47 @@ pub fn match_channels(img: Image, channels: usize) -> Image {
     Image { channels, data, ..img }
 }
 
-/// `clamp(i1·(1−f) + mode(i1, i2)·f)`; `i2` is resized (bicubic, centre crop)
-/// to `i1` and repeated over `i1`'s batch.
-pub fn blend(mut i1: Image, i2: Image, factor: f32, mode: &str) -> Result<Image> {
-    let g = |x: f32| if x <= 0.25 { ((16.0 * x - 12.0) * x + 4.0) * x } else { x.sqrt() };
-    let f: fn(f32, f32) -> f32 = match mode {
+/// `clamp(i1·(1−f) + mode(i1, i2)·f)`; `i2` takes `i1`'s channel count
+/// (cut, or alpha 1 added) and is resized (bicubic, centre crop) to `i1`.
+/// Batches broadcast as torch's element-wise ops do: equal sizes pair up, a
+/// batch of one pairs with every image of the other, anything else fails.
+pub fn blend(i1: Image, i2: Image, factor: f32, mode: &str) -> Result<Image> {
+    type Mode = fn(f32, f32) -> f32;
+    let f: Mode = match mode {
         "normal" => |_, b| b,
         "multiply" => |a, b| a * b,
         "screen" => |a, b| 1.0 - (1.0 - a) * (1.0 - b),
         "overlay" => |a, b| if a <= 0.5 { 2.0 * a * b } else { 1.0 - 2.0 * (1.0 - a) * (1.0 - b) },
-        "soft_light" => |_, _| 0.0,
+        "soft_light" => |a, b| {
+            let g = if a <= 0.25 { ((16.0 * a - 12.0) * a + 4.0) * a } else { a.sqrt() };
+            if b <= 0.5 { a - (1.0 - 2.0 * b) * a * (1.0 - a) } else { a + (2.0 * b - 1.0) * (g - a) }
+        },
         "difference" => |a, b| a - b,
         other => return Err(Error::invalid(format!("unknown blend mode `{other}`"))),
+    };
+    check_nonempty(&i1)?;
+    check_nonempty(&i2)?;
+    let batch = match (i1.batch, i2.batch) {
+        (a, b) if a == b || b == 1 => a,
+        (1, b) => b,
+        (a, b) => return Err(Error::invalid(format!("ImageBlend: batch sizes {a} and {b} cannot be broadcast together"))),
     };
     let mut i2 = match_channels(i2, i1.channels);
     if (i2.width, i2.height) != (i1.width, i1.height) {
         i2 = resize_image(&i2, i1.width, i1.height, Method::Bicubic, true);
     }
     let frame = i1.height * i1.width * i1.channels;
-    for b in 0..i1.batch {
-        let b2 = b % i2.batch;
-        let (x1, x2) = (&mut i1.data[b * frame..(b + 1) * frame], &i2.data[b2 * frame..(b2 + 1) * frame]);
-        for (a, &bv) in x1.iter_mut().zip(x2) {
-            let blended = if mode == "soft_light" {
-                if bv <= 0.5 { *a - (1.0 - 2.0 * bv) * *a * (1.0 - *a) } else { *a + (2.0 * bv - 1.0) * (g(*a) - *a) }
-            } else {
-                f(*a, bv)
-            };
-            *a = (*a * (1.0 - factor) + blended * factor).clamp(0.0, 1.0);
+    // Blend into whichever input already has the output's batch size.
+    let (mut out, other, out_is_first) = if i1.batch == batch { (i1, i2, true) } else { (i2, i1, false) };
+    for b in 0..batch {
+        let ob = if other.batch == 1 { 0 } else { b };
+        let (x, y) = (&mut out.data[b * frame..(b + 1) * frame], &other.data[ob * frame..(ob + 1) * frame]);
+        for (o, &v) in x.iter_mut().zip(y) {
+            let (a, bv) = if out_is_first { (*o, v) } else { (v, *o) };
+            *o = (a * (1.0 - factor) + f(a, bv) * factor).clamp(0.0, 1.0);
         }
     }
-    Ok(i1)
+    Ok(out)
 }
 
 const DITHERS: [&str; 6] = ["none", "floyd-steinberg", "bayer-2", "bayer-4", "bayer-8", "bayer-16"];
@@ -163,6 +188,7 @@ pub fn quantize(image: &Image, colors: usize, dither: &str) -> Result<Image> {
     if image.channels < 3 {
         return Err(Error::invalid("ImageQuantize needs an RGB image"));
     }
+    check_nonempty(image)?;
     let (w, pixels) = (image.width, image.width * image.height);
     let mut data = Vec::with_capacity(image.batch * pixels * 3);
     for b in 0..image.batch {

@@ -16,12 +16,15 @@ pub const IMAGE_TO_MASK: NodeClass = NodeClass {
             .output("MASK", "MASK")
     },
     run: |inputs| {
-        let image = inputs.image("image")?;
-        let channel = inputs.string("channel")?;
-        let c = CHANNELS.iter().position(|n| *n == channel).ok_or_else(|| Error::invalid(format!("unknown channel `{channel}`")))?;
-        Ok(vec![Output::Mask(image_to_mask(&image, c)?)])
+        let c = channel_index(inputs.string("channel")?)?;
+        Ok(vec![Output::Mask(image_to_mask(&inputs.image("image")?, c)?)])
     },
 };
+
+/// The index of a `channel` combo value (`red` 0 … `alpha` 3).
+pub fn channel_index(channel: &str) -> Result<usize> {
+    CHANNELS.iter().position(|n| *n == channel).ok_or_else(|| Error::invalid(format!("unknown channel `{channel}`")))
+}
 
 /// Channel `c` of every pixel.
 pub fn image_to_mask(image: &Image, c: usize) -> Result<Mask> {
@@ -79,20 +82,30 @@ pub const SOLID_MASK: NodeClass = NodeClass {
     },
     run: |inputs| {
         let (w, h) = (inputs.usize("width")?, inputs.usize("height")?);
-        Ok(vec![Output::Mask(Mask::filled(1, h, w, inputs.float("value")? as f32))])
+        Ok(vec![Output::Mask(solid_mask(inputs.float("value")?, w, h)?)])
     },
 };
+
+/// A `[1, height, width]` mask filled with `value`.
+pub fn solid_mask(value: f64, width: usize, height: usize) -> Result<Mask> {
+    if width == 0 || height == 0 || width > 16384 || height > 16384 {
+        return Err(Error::invalid(format!("SolidMask size {width}×{height} is outside 1..=16384")));
+    }
+    Ok(Mask::filled(1, height, width, value as f32))
+}
 
 /// `InvertMask`: `1 − m`.
 pub const INVERT_MASK: NodeClass = NodeClass {
     class_type: "InvertMask",
     define: || NodeDef::new("mask").required("mask", Kind::link("MASK")).output("MASK", "MASK"),
-    run: |inputs| {
-        let mut mask = inputs.mask("mask")?;
-        mask.data.iter_mut().for_each(|v| *v = 1.0 - *v);
-        Ok(vec![Output::Mask(mask)])
-    },
+    run: |inputs| Ok(vec![Output::Mask(invert_mask(inputs.mask("mask")?))]),
 };
+
+/// `1 − m`, in place.
+pub fn invert_mask(mut mask: Mask) -> Mask {
+    mask.data.iter_mut().for_each(|v| *v = 1.0 - *v);
+    mask
+}
 
 /// `CropMask`: the `width × height` region at (x, y), cut at the border.
 pub const CROP_MASK: NodeClass = NodeClass {
@@ -295,13 +308,16 @@ pub const THRESHOLD_MASK: NodeClass = NodeClass {
             .required("value", Kind::float().default(0.5).min(0.0).max(1.0).step(0.01))
             .output("MASK", "MASK")
     },
-    run: |inputs| {
-        let mut mask = inputs.mask("mask")?;
-        let t = inputs.float("value")? as f32;
-        mask.data.iter_mut().for_each(|v| *v = if *v > t { 1.0 } else { 0.0 });
-        Ok(vec![Output::Mask(mask)])
-    },
+    run: |inputs| Ok(vec![Output::Mask(threshold_mask(inputs.mask("mask")?, inputs.float("value")?))]),
 };
+
+/// 1 where `m > value`, else 0; the comparison is in f32, as torch compares
+/// a float32 tensor with a Python float.
+pub fn threshold_mask(mut mask: Mask, value: f64) -> Mask {
+    let t = value as f32;
+    mask.data.iter_mut().for_each(|v| *v = if *v > t { 1.0 } else { 0.0 });
+    mask
+}
 
 #[cfg(test)]
 mod tests {

@@ -2,6 +2,7 @@
 
 use kiln_sdk::prelude::*;
 
+use super::check_nonempty;
 use crate::ops::resample::crop_image;
 
 /// `ImageCrop`: `width × height` at (x, y); x and y clamp inside the image and
@@ -21,15 +22,17 @@ pub const IMAGE_CROP: NodeClass = NodeClass {
     run: |inputs| {
         let image = inputs.image("image")?;
         let r = [inputs.usize("x")?, inputs.usize("y")?, inputs.usize("width")?, inputs.usize("height")?];
-        Ok(vec![Output::Image(crop(&image, r[0], r[1], r[2], r[3]))])
+        Ok(vec![Output::Image(crop(&image, r[0], r[1], r[2], r[3])?)])
     },
 };
 
-/// ComfyUI's crop: `x = min(x, W−1)`, `y = min(y, H−1)`, then a slice.
-pub fn crop(image: &Image, x: usize, y: usize, width: usize, height: usize) -> Image {
+/// ComfyUI's crop: `x = min(x, W−1)`, `y = min(y, H−1)`, then a slice that
+/// may be smaller at the border (at least one pixel).
+pub fn crop(image: &Image, x: usize, y: usize, width: usize, height: usize) -> Result<Image> {
+    check_nonempty(image)?;
     let (x, y) = (x.min(image.width - 1), y.min(image.height - 1));
     let (w, h) = (width.min(image.width - x).max(1), height.min(image.height - y).max(1));
-    crop_image(image, x, y, w, h)
+    Ok(crop_image(image, x, y, w, h))
 }
 
 /// `ImageRotate`: by multiples of 90° (clockwise on screen).
@@ -42,23 +45,35 @@ pub const IMAGE_ROTATE: NodeClass = NodeClass {
             .output("IMAGE", "IMAGE")
     },
     run: |inputs| {
-        let turns = match inputs.string("rotation")? {
-            "none" => 0,
-            "90 degrees" => 1,
-            "180 degrees" => 2,
-            "270 degrees" => 3,
-            other => return Err(Error::invalid(format!("unknown rotation `{other}`"))),
-        };
+        let turns = rotation_turns(inputs.string("rotation")?)?;
         if turns == 0 {
+            // Unchanged: hand the host's tensor back without copying it.
             return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
         }
-        let mut image = inputs.image("image")?;
-        for _ in 0..turns {
-            image = rotate_90(&image);
-        }
-        Ok(vec![Output::Image(image)])
+        Ok(vec![Output::Image(rotate(inputs.image("image")?, turns))])
     },
 };
+
+/// Clockwise quarter turns for a `rotation` combo value.
+pub fn rotation_turns(rotation: &str) -> Result<usize> {
+    Ok(match rotation {
+        "none" => 0,
+        "90 degrees" => 1,
+        "180 degrees" => 2,
+        "270 degrees" => 3,
+        other => return Err(Error::invalid(format!("unknown rotation `{other}`"))),
+    })
+}
+
+/// The image turned clockwise `turns` quarter turns.
+pub fn rotate(image: Image, turns: usize) -> Image {
+    match turns % 4 {
+        0 => image,
+        // Half a turn is both flips: one pass instead of two quarter turns.
+        2 => flip(&flip(&image, true), false),
+        t => (0..t).fold(image, |img, _| rotate_90(&img)),
+    }
+}
 
 /// One clockwise quarter turn: `new[y][x] = old[H−1−x][y]` (torch `rot90`
 /// with dims `[2, 1]`).
@@ -86,27 +101,35 @@ pub const IMAGE_FLIP: NodeClass = NodeClass {
             .output("IMAGE", "IMAGE")
     },
     run: |inputs| {
-        let image = inputs.image("image")?;
-        let vertical = match inputs.string("flip_method")? {
-            "x-axis: vertically" => true,
-            "y-axis: horizontally" => false,
-            other => return Err(Error::invalid(format!("unknown flip method `{other}`"))),
-        };
-        Ok(vec![Output::Image(flip(&image, vertical))])
+        let vertical = flip_is_vertical(inputs.string("flip_method")?)?;
+        Ok(vec![Output::Image(flip(&inputs.image("image")?, vertical))])
     },
 };
 
-/// Flips rows (`vertical`) or columns.
+/// Whether a `flip_method` combo value flips rows (`x-axis: vertically`)
+/// rather than columns (`y-axis: horizontally`).
+pub fn flip_is_vertical(method: &str) -> Result<bool> {
+    match method {
+        "x-axis: vertically" => Ok(true),
+        "y-axis: horizontally" => Ok(false),
+        other => Err(Error::invalid(format!("unknown flip method `{other}`"))),
+    }
+}
+
+/// Flips rows (`vertical`: whole rows copied in reverse order) or columns.
 pub fn flip(image: &Image, vertical: bool) -> Image {
-    let (h, w, c) = (image.height, image.width, image.channels);
+    let (h, c) = (image.height, image.channels);
+    let row = image.width * c;
+    if h == 0 || row == 0 {
+        return image.clone();
+    }
     let mut data = Vec::with_capacity(image.data.len());
-    for b in 0..image.batch {
-        for y in 0..h {
-            let sy = if vertical { h - 1 - y } else { y };
-            for x in 0..w {
-                let sx = if vertical { x } else { w - 1 - x };
-                let s = image.index(b, sy, sx, 0);
-                data.extend_from_slice(&image.data[s..s + c]);
+    for frame in image.data.chunks_exact(h * row) {
+        if vertical {
+            frame.chunks_exact(row).rev().for_each(|r| data.extend_from_slice(r));
+        } else {
+            for r in frame.chunks_exact(row) {
+                r.chunks_exact(c).rev().for_each(|px| data.extend_from_slice(px));
             }
         }
     }
@@ -193,7 +216,7 @@ mod tests {
     fn flips_and_crops() {
         assert_eq!(flip(&numbered(2, 2), true).data, vec![2., 3., 0., 1.]);
         assert_eq!(flip(&numbered(2, 2), false).data, vec![1., 0., 3., 2.]);
-        assert_eq!(crop(&numbered(3, 3), 5, 1, 2, 9).data, vec![5., 8.]);
+        assert_eq!(crop(&numbered(3, 3), 5, 1, 2, 9).unwrap().data, vec![5., 8.]);
     }
 
     #[test]

@@ -35,31 +35,38 @@ impl Method {
 /// The ComfyUI upscale method names, in widget order.
 pub const METHODS: [&str; 5] = ["nearest-exact", "bilinear", "area", "bicubic", "lanczos"];
 
-/// For each output position, `len` taps starting at `start` in `index`/`weight`.
+/// For each output position, `n` taps (source index, weight) at
+/// `o·n .. (o+1)·n` of `index`/`weight`. A fixed stride (positions with fewer
+/// taps are padded with zero weights on a valid index) keeps the inner loops
+/// free of per-position bounds.
 struct Taps {
-    start: Vec<usize>,
+    n: usize,
     index: Vec<usize>,
     weight: Vec<f32>,
 }
 
 impl Taps {
     fn build(out_len: usize, mut taps_for: impl FnMut(usize, &mut Vec<(usize, f32)>)) -> Taps {
-        let mut t = Taps { start: Vec::with_capacity(out_len + 1), index: Vec::new(), weight: Vec::new() };
-        let mut buf = Vec::new();
+        let mut per: Vec<Vec<(usize, f32)>> = Vec::with_capacity(out_len);
         for o in 0..out_len {
-            t.start.push(t.index.len());
-            buf.clear();
+            let mut buf = Vec::new();
             taps_for(o, &mut buf);
-            for &(i, w) in &buf {
+            per.push(buf);
+        }
+        let n = per.iter().map(Vec::len).max().unwrap_or(1).max(1);
+        let mut t = Taps { n, index: Vec::with_capacity(out_len * n), weight: Vec::with_capacity(out_len * n) };
+        for buf in per {
+            let pad = buf.last().map_or(0, |&(i, _)| i);
+            for k in 0..n {
+                let (i, w) = buf.get(k).copied().unwrap_or((pad, 0.0));
                 t.index.push(i);
                 t.weight.push(w);
             }
         }
-        t.start.push(t.index.len());
         t
     }
     fn of(&self, o: usize) -> (&[usize], &[f32]) {
-        let r = self.start[o]..self.start[o + 1];
+        let r = o * self.n..(o + 1) * self.n;
         (&self.index[r.clone()], &self.weight[r])
     }
 }
@@ -131,95 +138,160 @@ fn taps(n_in: usize, n_out: usize, method: Method) -> Taps {
     }
 }
 
-/// Resizes one `h × w × c` plane (interleaved) to `oh × ow × c`.
-fn resize_plane(src: &[f32], h: usize, w: usize, c: usize, oh: usize, ow: usize, method: Method, out: &mut Vec<f32>) {
-    // Pillow (lanczos) reduces vertically first when the width grows and the
-    // height shrinks; the 8-bit rounding between passes makes order visible.
-    if method == Method::Lanczos && ow > w && oh < h {
-        let mut tall = Vec::with_capacity(oh * w * c);
-        resize_plane_hv(src, h, w, c, oh, w, method, &mut tall);
-        resize_plane_hv(&tall, oh, w, c, oh, ow, method, out);
-        return;
-    }
-    resize_plane_hv(src, h, w, c, oh, ow, method, out)
-}
-
-/// [`resize_plane`] with the horizontal pass first.
+/// Resizes one `h × w × c` plane (interleaved) to `oh × ow × c`, appending
+/// it to `out`.
+///
+/// Both passes stream row by row, so besides the output only a few rows are
+/// allocated (no full-size intermediate image, which inside the sandbox
+/// would cost as much in page faults as the arithmetic):
+/// * horizontal first: each output row blends horizontally resized source
+///   rows, kept in a small cache (taps move monotonically down the image, so
+///   every source row is resized once);
+/// * vertical first: each output row is the vertical blend of source rows,
+///   then resized horizontally.
+///
+/// For the linear methods both orders give the same values (up to float
+/// rounding), so the cheaper one is taken. Lanczos goes through Pillow, which
+/// rounds to 8 bits after each pass, so its order is Pillow's: horizontal
+/// first, except vertical first when the width grows and the height shrinks.
 #[allow(clippy::too_many_arguments)]
-fn resize_plane_hv(src: &[f32], h: usize, w: usize, c: usize, oh: usize, ow: usize, method: Method, out: &mut Vec<f32>) {
+fn resize_plane(src: &[f32], h: usize, w: usize, c: usize, oh: usize, ow: usize, method: Method, out: &mut Vec<f32>) {
     let quantize = method == Method::Lanczos;
-    let q = |v: f32| (v * 255.0 + 0.5).floor().clamp(0.0, 255.0) / 255.0;
-    // Horizontal pass: h rows of ow pixels.
-    let mut tmp;
-    // Pillow and torch both skip a pass whose size does not change.
-    let horiz: &[f32] = if ow == w {
-        src
-    } else {
-        let tx = taps(w, ow, method);
-        tmp = vec![0.0f32; h * ow * c];
-        match c {
-            1 => horizontal::<1>(src, &mut tmp, w, ow, &tx),
-            3 => horizontal::<3>(src, &mut tmp, w, ow, &tx),
-            4 => horizontal::<4>(src, &mut tmp, w, ow, &tx),
-            _ => horizontal_any(src, &mut tmp, w, ow, c, &tx),
-        }
-        if quantize {
-            tmp.iter_mut().for_each(|v| *v = q(*v));
-        }
-        &tmp
+    // Pillow and torch both skip a pass whose size does not change (for
+    // lanczos that also skips a rounding).
+    let tx = (ow != w).then(|| taps(w, ow, method));
+    let ty = (oh != h).then(|| taps(h, oh, method));
+    let vertical_first = match (&tx, &ty) {
+        (Some(tx), Some(ty)) if method == Method::Lanczos => ow > w && oh < h && tx.n > 0 && ty.n > 0,
+        // Cost in multiply-adds: horizontal-first resizes h rows and blends at
+        // the output width; vertical-first blends at the input width and
+        // resizes oh rows.
+        (Some(tx), Some(ty)) => oh * w * ty.n + oh * ow * tx.n < h * ow * tx.n + oh * ow * ty.n,
+        _ => false,
     };
-    // Vertical pass: each output row blends whole source rows.
-    let row_len = ow * c;
-    let start = out.len();
-    if oh == h {
-        out.extend_from_slice(horiz);
-        return;
-    }
-    out.resize(start + oh * row_len, 0.0);
-    let ty = taps(h, oh, method);
-    for y in 0..oh {
-        let (idx, wt) = ty.of(y);
-        let dst = &mut out[start + y * row_len..start + (y + 1) * row_len];
-        for (&i, &wk) in idx.iter().zip(wt) {
-            let s = &horiz[i * row_len..(i + 1) * row_len];
-            for (d, &v) in dst.iter_mut().zip(s) {
-                *d += wk * v;
+    let (row_in, row_out) = (w * c, ow * c);
+    // Each output row is built in a small buffer and appended: the output's
+    // fresh pages are written once, not zero-filled first.
+    out.reserve(oh * row_out);
+    let mut d = vec![0.0f32; row_out];
+    match (&tx, &ty) {
+        (None, None) => out.extend_from_slice(&src[..h * row_in]),
+        (Some(tx), None) => {
+            for s in src.chunks_exact(row_in) {
+                horizontal(s, &mut d, c, tx);
+                if quantize {
+                    quantize_8bit(&mut d);
+                }
+                out.extend_from_slice(&d);
             }
         }
-        if quantize {
-            dst.iter_mut().for_each(|v| *v = q(*v));
+        (None, Some(ty)) => {
+            for y in 0..oh {
+                vertical(&mut d, ty, y, |i| &src[i * row_in..(i + 1) * row_in]);
+                if quantize {
+                    quantize_8bit(&mut d);
+                }
+                out.extend_from_slice(&d);
+            }
         }
+        (Some(tx), Some(ty)) if vertical_first => {
+            let mut tall = vec![0.0f32; row_in];
+            for y in 0..oh {
+                vertical(&mut tall, ty, y, |i| &src[i * row_in..(i + 1) * row_in]);
+                if quantize {
+                    quantize_8bit(&mut tall);
+                }
+                horizontal(&tall, &mut d, c, tx);
+                if quantize {
+                    quantize_8bit(&mut d);
+                }
+                out.extend_from_slice(&d);
+            }
+        }
+        (Some(tx), Some(ty)) => {
+            // Cache slot `i % n` holds horizontally resized source row i: one
+            // output's taps are a run of at most n consecutive rows, so they
+            // never collide.
+            let slots = ty.n;
+            let mut cache = vec![0.0f32; slots * row_out];
+            let mut tag = vec![usize::MAX; slots];
+            for y in 0..oh {
+                for &i in ty.of(y).0 {
+                    let slot = i % slots;
+                    if tag[slot] != i {
+                        let row = &mut cache[slot * row_out..(slot + 1) * row_out];
+                        horizontal(&src[i * row_in..(i + 1) * row_in], row, c, tx);
+                        if quantize {
+                            quantize_8bit(row);
+                        }
+                        tag[slot] = i;
+                    }
+                }
+                vertical(&mut d, ty, y, |i| &cache[(i % slots) * row_out..(i % slots + 1) * row_out]);
+                if quantize {
+                    quantize_8bit(&mut d);
+                }
+                out.extend_from_slice(&d);
+            }
+        }
+    }
+}
+
+/// Pillow's 8-bit rounding of an intermediate value: `clip(round(255·v))`.
+fn quantize_8bit(row: &mut [f32]) {
+    row.iter_mut().for_each(|v| *v = (*v * 255.0 + 0.5).floor().clamp(0.0, 255.0) / 255.0);
+}
+
+/// Output row `y` of a vertical pass: `dst = Σ_k w_k · row(i_k)`, whole rows
+/// at a time (a contiguous multiply-add LLVM vectorizes).
+fn vertical<'a>(dst: &mut [f32], ty: &Taps, y: usize, row: impl Fn(usize) -> &'a [f32]) {
+    let (idx, wt) = ty.of(y);
+    let n = dst.len();
+    let (first, w0) = (row(idx[0]), wt[0]);
+    dst.iter_mut().zip(&first[..n]).for_each(|(d, &v)| *d = w0 * v);
+    for (&i, &wk) in idx.iter().zip(wt).skip(1) {
+        if wk == 0.0 {
+            continue;
+        }
+        dst.iter_mut().zip(&row(i)[..n]).for_each(|(d, &v)| *d += wk * v);
+    }
+}
+
+/// One row of a horizontal pass, specialized on the channel count.
+fn horizontal(src: &[f32], dst: &mut [f32], c: usize, tx: &Taps) {
+    match c {
+        1 => horizontal_c::<1>(src, dst, tx),
+        3 => horizontal_c::<3>(src, dst, tx),
+        4 => horizontal_c::<4>(src, dst, tx),
+        _ => horizontal_any(src, dst, c, tx),
     }
 }
 
 /// The horizontal pass for `C` channels: whole pixels as arrays, so the
 /// channel loop unrolls and bounds are checked once per tap.
-fn horizontal<const C: usize>(src: &[f32], dst: &mut [f32], w: usize, ow: usize, tx: &Taps) {
-    for (row, out_row) in src.chunks_exact(w * C).zip(dst.chunks_exact_mut(ow * C)) {
-        let (pixels, _) = row.as_chunks::<C>();
-        let (out_pixels, _) = out_row.as_chunks_mut::<C>();
-        for (x, out) in out_pixels.iter_mut().enumerate() {
-            let (idx, wt) = tx.of(x);
-            let mut acc = [0.0f32; C];
-            for (&i, &wk) in idx.iter().zip(wt) {
-                let p = &pixels[i];
-                for ch in 0..C {
-                    acc[ch] += wk * p[ch];
-                }
+fn horizontal_c<const C: usize>(src: &[f32], dst: &mut [f32], tx: &Taps) {
+    let (pixels, _) = src.as_chunks::<C>();
+    let (out_pixels, _) = dst.as_chunks_mut::<C>();
+    let taps = tx.index.chunks_exact(tx.n).zip(tx.weight.chunks_exact(tx.n));
+    for (out, (idx, wt)) in out_pixels.iter_mut().zip(taps) {
+        let mut acc = [0.0f32; C];
+        for (&i, &wk) in idx.iter().zip(wt) {
+            let p = &pixels[i];
+            for ch in 0..C {
+                acc[ch] += wk * p[ch];
             }
-            *out = acc;
         }
+        *out = acc;
     }
 }
 
-fn horizontal_any(src: &[f32], dst: &mut [f32], w: usize, ow: usize, c: usize, tx: &Taps) {
-    for (row, out_row) in src.chunks_exact(w * c).zip(dst.chunks_exact_mut(ow * c)) {
-        for x in 0..ow {
-            let (idx, wt) = tx.of(x);
-            for (&i, &wk) in idx.iter().zip(wt) {
-                for ch in 0..c {
-                    out_row[x * c + ch] += wk * row[i * c + ch];
-                }
+fn horizontal_any(src: &[f32], dst: &mut [f32], c: usize, tx: &Taps) {
+    let taps = tx.index.chunks_exact(tx.n).zip(tx.weight.chunks_exact(tx.n));
+    for (out, (idx, wt)) in dst.chunks_exact_mut(c).zip(taps) {
+        out.fill(0.0);
+        for (&i, &wk) in idx.iter().zip(wt) {
+            for (o, &v) in out.iter_mut().zip(&src[i * c..(i + 1) * c]) {
+                *o += wk * v;
             }
         }
     }
