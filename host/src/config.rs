@@ -43,6 +43,45 @@ pub struct Config {
     /// Memory for cached node results reused across runs. Default 1024 MiB;
     /// 0 disables the cache.
     pub result_cache_mb: u64,
+
+    // --- `kiln serve` ---
+    /// Address the server listens on. Default `127.0.0.1` (loopback only).
+    pub host: String,
+    /// Port the server listens on. Default 8188 (ComfyUI's).
+    pub port: u16,
+    /// Where jobs, assets and blobs are kept. Default `./kiln-data`.
+    pub data_dir: PathBuf,
+    /// When set, every `/api/v2` route except health needs
+    /// `Authorization: Bearer <token>`. Default: none (open, self-hosted).
+    pub token: Option<String>,
+    /// Path prefix the APIs are mounted under (e.g. `/deployment/x`); links
+    /// in responses include it. Default: none.
+    pub mount_prefix: String,
+    /// Jobs that may wait in the queue; beyond it submission gets 429
+    /// `queue_full`. Default 1000.
+    pub max_queued_jobs: usize,
+    /// Jobs executing at once. Default: the number of CPUs.
+    pub max_running_jobs: usize,
+    /// How long a job and its outputs are kept after creation. Default 86400 s.
+    pub job_retention_s: u64,
+    /// How often the retention sweeper runs. Default 60 s.
+    pub sweep_interval_s: u64,
+    /// Largest asset upload. Default 100 MiB.
+    pub max_upload_mb: u64,
+    /// Event streams (SSE) open at once; beyond it 429 `too_many_streams`.
+    /// Default 10000.
+    pub max_event_streams: usize,
+    /// Answer `GET /assets/{id}/content` with a 302 to a signed, expiring URL
+    /// instead of the bytes. Default false.
+    pub download_redirect: bool,
+    /// Lifetime of signed download URLs. Default 3600 s.
+    pub signed_url_ttl_s: u64,
+    /// Silence after which an event stream sends a keepalive comment.
+    /// Default 15 s (clients give up after 45 s).
+    pub sse_keepalive_s: u64,
+    /// Build absolute URLs from `X-Forwarded-Proto`/`X-Forwarded-Host`
+    /// (only behind a trusted proxy). Default false.
+    pub trust_forwarded_headers: bool,
 }
 
 impl Default for Config {
@@ -59,6 +98,21 @@ impl Default for Config {
             node_file_budget_mb: 1024,
             node_log_kb: 64,
             result_cache_mb: 1024,
+            host: "127.0.0.1".into(),
+            port: 8188,
+            data_dir: PathBuf::from("kiln-data"),
+            token: None,
+            mount_prefix: String::new(),
+            max_queued_jobs: 1000,
+            max_running_jobs: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            job_retention_s: 86_400,
+            sweep_interval_s: 60,
+            max_upload_mb: 100,
+            max_event_streams: 10_000,
+            download_redirect: false,
+            signed_url_ttl_s: 3600,
+            sse_keepalive_s: 15,
+            trust_forwarded_headers: false,
         }
     }
 }
@@ -131,6 +185,21 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "node_file_budget_mb",
         "node_log_kb",
         "result_cache_mb",
+        "host",
+        "port",
+        "data_dir",
+        "token",
+        "mount_prefix",
+        "max_queued_jobs",
+        "max_running_jobs",
+        "job_retention_s",
+        "sweep_interval_s",
+        "max_upload_mb",
+        "max_event_streams",
+        "download_redirect",
+        "signed_url_ttl_s",
+        "sse_keepalive_s",
+        "trust_forwarded_headers",
     ];
     for (var, value) in vars {
         let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };
@@ -139,7 +208,12 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         }
         let parsed = match field.as_str() {
             "plugin_dirs" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
-            "cache_dir" => toml::Value::String(value),
+            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" => toml::Value::String(value),
+            "download_redirect" | "trust_forwarded_headers" => match value.as_str() {
+                "1" | "true" => toml::Value::Boolean(true),
+                "0" | "false" => toml::Value::Boolean(false),
+                _ => return Err(ConfigError::Env { var: var.clone(), value: value.clone() }),
+            },
             _ => toml::Value::Integer(value.parse().map_err(|_| ConfigError::Env { var: var.clone(), value: value.clone() })?),
         };
         table.insert(field, parsed);

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 /// Which area a saved file belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FileKind {
     /// A job output.
@@ -36,6 +36,9 @@ pub struct SavedFile {
     /// Where it was written.
     #[serde(skip)]
     pub path: PathBuf,
+    /// The content hash, when the sink computed one (the blob store does).
+    #[serde(skip)]
+    pub hash: Option<blake3::Hash>,
 }
 
 /// Why a file operation failed.
@@ -220,7 +223,7 @@ impl OutputFiles for DirOutputs {
         }
         std::fs::rename(&tmp, &path)?;
         let subfolder = sub.to_string_lossy().replace('\\', "/");
-        Ok(SavedFile { filename, subfolder, kind, size: data.len() as u64, path })
+        Ok(SavedFile { filename, subfolder, kind, size: data.len() as u64, path, hash: None })
     }
 }
 

@@ -15,9 +15,14 @@
 //!    memory ceiling and a deadline; host imports hand it [`tensor::Tensor`]s,
 //!    input files and an output sink ([`files`]).
 //!
+//! 4. [`service`] runs jobs for the HTTP [`api`]: durable records in the
+//!    [`store`], a bounded queue, workers, idempotency, assets, retention;
+//!    [`server`] wires them into `kiln serve`.
+//!
 //! [`config`] is the one typed configuration; [`cli`] is the `kiln` binary's
 //! front end; [`object_info`] renders node definitions in ComfyUI's format.
 
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod executor;
@@ -25,6 +30,9 @@ pub mod files;
 pub mod memory;
 pub mod object_info;
 pub mod plugins;
+pub mod server;
+pub mod service;
+pub mod store;
 pub mod tensor;
 pub mod value;
 pub mod workflow;

@@ -13,3 +13,4 @@ mod object_info;
 mod parity;
 mod plugin_dir;
 mod validation;
+mod api;

@@ -1,6 +1,7 @@
 //! The `kiln` command line: argument parsing and the subcommands.
 
 mod run;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -27,6 +28,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Print the node definitions as ComfyUI `object_info` JSON.
     Nodes,
+    /// Serve the Jobs API (`/api/v2`) until interrupted.
+    Serve(serve::ServeArgs),
 }
 
 /// Runs the CLI; returns the process exit code.
@@ -35,6 +38,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
     config.plugin_dirs.extend(cli.plugins.iter().cloned());
     match cli.command {
         Command::Run(args) => run::run(config, args).await,
+        Command::Serve(args) => serve::serve(config, args).await,
         Command::Nodes => {
             let (_, registry) = run::load(&config).await?;
             let files = crate::files::NamedInputs::new();

@@ -1,0 +1,186 @@
+//! Service benchmarks against a real `kiln serve` process on loopback.
+//!
+//! Run: `cargo bench -p kiln --bench service` (builds the release binary).
+//! Prints: idle RSS of the server; submit→succeeded latency of a 64×64
+//! LoadImage → SaveImage job (p50/p95, one client, client- and server-side);
+//! jobs/s with 8 concurrent clients; `GET /api/v2/jobs/{id}` requests/s with
+//! 64 concurrent connections. The result cache is off (`KILN_RESULT_CACHE_MB=0`)
+//! so every job really executes both nodes. Record results in BENCHMARKS.md.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+struct Server {
+    child: Child,
+    base: String,
+    _data: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start() -> Server {
+    let data = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--port", "0", "--data-dir"])
+        .arg(data.path())
+        .env("KILN_RESULT_CACHE_MB", "0")
+        .env("KILN_MAX_QUEUED_JOBS", "100000")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("kiln serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let base = line.trim().strip_prefix("kiln listening on ").expect("listening line").to_string();
+    Server { child, base, _data: data }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+fn png64() -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut enc = png::Encoder::new(&mut out, 64, 64);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let pixels: Vec<u8> = (0..64 * 64 * 3).map(|i| (i * 7 % 251) as u8).collect();
+    enc.write_header().unwrap().write_image_data(&pixels).unwrap();
+    drop(enc);
+    out
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn micros(ts: &str) -> f64 {
+    // RFC 3339 with +00:00: seconds of the day are enough for differences.
+    let t = &ts[11..26];
+    let (h, m, s): (f64, f64, f64) = (t[0..2].parse().unwrap(), t[3..5].parse().unwrap(), t[6..].parse().unwrap());
+    (h * 3600.0 + m * 60.0 + s) * 1e6
+}
+
+/// Submits one job and follows its event stream to the terminal status.
+async fn run_one(http: &reqwest::Client, base: &str, workflow: &Value) -> (f64, Value) {
+    let t0 = Instant::now();
+    let job: Value = http.post(format!("{base}/api/v2/jobs")).json(&json!({ "workflow": workflow })).send().await.unwrap().json().await.unwrap();
+    let events = job["urls"]["events"].as_str().expect("job urls");
+    let origin = base.split("/api").next().unwrap();
+    let mut stream = http.get(format!("{origin}{events}")).send().await.unwrap().bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk.unwrap());
+        let text = String::from_utf8_lossy(&buf);
+        if text.contains("\"status\":\"succeeded\"") || text.contains("\"status\":\"failed\"") {
+            break;
+        }
+    }
+    let elapsed = t0.elapsed().as_secs_f64() * 1e3;
+    let done: Value = http.get(format!("{origin}{}", job["urls"]["self"].as_str().unwrap())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(done["status"], "succeeded", "{done}");
+    (elapsed, done)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = start();
+    let base = server.base.clone();
+    let pid = server.child.id();
+    std::thread::sleep(Duration::from_secs(2));
+    println!("idle RSS after start: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
+
+    rt.block_on(async {
+        let http = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
+        let form = reqwest::multipart::Form::new()
+            .text("file_path", "in.png")
+            .part("file", reqwest::multipart::Part::bytes(png64()).file_name("in.png"));
+        let asset: Value = http.post(format!("{base}/api/v2/assets")).multipart(form).send().await.unwrap().json().await.unwrap();
+        let workflow = json!({
+            "1": { "class_type": "LoadImage", "inputs": { "image": { "__type": "core/ASSET", "info": { "id": asset["id"] } } } },
+            "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "bench" } },
+        });
+        // Warm up (compiles nothing: components come from the artifact cache).
+        for _ in 0..20 {
+            run_one(&http, &base, &workflow).await;
+        }
+
+        // 1. Latency, one client.
+        let n = 300;
+        let (mut client_ms, mut server_ms) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let (ms, done) = run_one(&http, &base, &workflow).await;
+            client_ms.push(ms);
+            server_ms.push((micros(done["completed_at"].as_str().unwrap()) - micros(done["created_at"].as_str().unwrap())) / 1e3);
+        }
+        client_ms.sort_by(f64::total_cmp);
+        server_ms.sort_by(f64::total_cmp);
+        println!(
+            "submit→succeeded, 64² LoadImage→SaveImage, {n} jobs: client p50 {:.2} ms p95 {:.2} ms; server (created→completed) p50 {:.2} ms p95 {:.2} ms",
+            percentile(&client_ms, 0.5),
+            percentile(&client_ms, 0.95),
+            percentile(&server_ms, 0.5),
+            percentile(&server_ms, 0.95)
+        );
+
+        // 2. Throughput, 8 clients, 5 s.
+        let done = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let t0 = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (http, base, wf, done, stop) = (http.clone(), base.clone(), workflow.clone(), done.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    run_one(&http, &base, &wf).await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        println!("throughput, 8 concurrent clients: {:.0} jobs/s ({} jobs in {secs:.1} s)", done.load(Ordering::Relaxed) as f64 / secs, done.load(Ordering::Relaxed));
+
+        // 3. GET /api/v2/jobs/{id}, 64 connections, 5 s.
+        let (_, job) = run_one(&http, &base, &workflow).await;
+        let url = format!("{base}/api/v2/jobs/{}", job["id"].as_str().unwrap());
+        let count = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let t0 = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let (http, url, count, stop) = (http.clone(), url.clone(), count.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let r = http.get(&url).send().await.unwrap();
+                    assert_eq!(r.status(), 200);
+                    r.bytes().await.unwrap();
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        println!("GET /api/v2/jobs/{{id}}, 64 connections: {:.0} req/s", count.load(Ordering::Relaxed) as f64 / secs);
+    });
+    println!("RSS after the load: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
+}

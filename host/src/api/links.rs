@@ -1,0 +1,47 @@
+//! Where a response's links point: the request origin (scheme and host,
+//! from forwarded headers only when configured to trust them) and the mount
+//! prefix. Job links are host-relative; asset URLs are absolute.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use std::sync::Arc;
+
+use super::AppState;
+
+/// Link context of one request.
+#[derive(Debug, Clone)]
+pub struct Links {
+    /// `scheme://host[:port]`.
+    pub origin: String,
+    /// Mount prefix, e.g. `/deployment/x` (empty by default).
+    pub prefix: String,
+}
+
+impl Links {
+    /// The host-relative base of the Jobs API.
+    pub fn v2(&self) -> String {
+        format!("{}/api/v2", self.prefix)
+    }
+    /// An absolute URL of a host-relative path.
+    pub fn absolute(&self, path: &str) -> String {
+        format!("{}{}", self.origin, path)
+    }
+}
+
+impl FromRequestParts<Arc<AppState>> for Links {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Links, Self::Rejection> {
+        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).map(|s| s.split(',').next().unwrap_or("").trim().to_string());
+        let trust = state.config.trust_forwarded_headers;
+        let scheme = trust.then(|| header("x-forwarded-proto")).flatten().filter(|s| s == "http" || s == "https").unwrap_or_else(|| "http".into());
+        let host = trust
+            .then(|| header("x-forwarded-host"))
+            .flatten()
+            .or_else(|| header("host"))
+            .or_else(|| parts.uri.authority().map(|a| a.to_string()))
+            .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_alphanumeric() || "-.:[]_".contains(c)))
+            .unwrap_or_else(|| state.local_authority.clone());
+        Ok(Links { origin: format!("{scheme}://{host}"), prefix: state.config.mount_prefix.clone() })
+    }
+}

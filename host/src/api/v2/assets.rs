@@ -1,0 +1,154 @@
+//! Asset handlers: multipart upload, by-hash probe, from-hash, get, delete,
+//! content (direct with ranges, or a 302 to a signed URL), signed content.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::multipart::{Field, MultipartRejection};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Multipart, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value as Json_;
+
+use super::jobs::json_object;
+use super::{check_id, wire};
+use crate::api::error::ApiError;
+use crate::api::{AppState, Links, content};
+use crate::service::{NewAsset, ServiceError, UploadMeta};
+use crate::store::{BlobUpload, now_micros, parse_blob_name};
+
+fn created(asset: NewAsset, links: &Links) -> (StatusCode, Json<Json_>) {
+    let status = if asset.created_new { StatusCode::CREATED } else { StatusCode::OK };
+    (status, Json(wire::asset(&asset.asset, links, Some(asset.created_new))))
+}
+
+fn multipart_error(e: axum::extract::multipart::MultipartError, limit: u64) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(limit) } else { ApiError::invalid_request(format!("Bad multipart body: {}", e.body_text())) }
+}
+
+async fn text_field(field: Field<'_>, limit: u64) -> Result<String, ApiError> {
+    let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
+    if text.len() > 4096 {
+        return Err(ApiError::invalid_request("A text field of the upload is too long."));
+    }
+    Ok(text)
+}
+
+/// Streams the `file` part into a new blob, off the reactor.
+async fn receive_file(state: &AppState, mut field: Field<'_>, limit: u64) -> Result<BlobUpload, ApiError> {
+    let mut upload = state.service.begin_upload()?;
+    while let Some(chunk) = field.chunk().await.map_err(|e| multipart_error(e, limit))? {
+        // Chunks are ≤ 64 KiB and land in the page cache; the fsync happens
+        // once, in `commit_upload`, off the reactor.
+        upload.write(&chunk).map_err(ServiceError::from)?;
+    }
+    Ok(upload)
+}
+
+pub async fn upload(State(state): State<Arc<AppState>>, links: Links, multipart: Result<Multipart, MultipartRejection>) -> Result<impl IntoResponse, ApiError> {
+    let limit = state.service.options().max_upload_bytes;
+    let mut multipart = multipart.map_err(|e| ApiError::invalid_request(format!("Expected a multipart/form-data upload: {}", e.body_text())))?;
+    let mut meta = UploadMeta::default();
+    let mut file: Option<BlobUpload> = None;
+    while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, limit))? {
+        match field.name().unwrap_or("") {
+            "file" => {
+                if file.is_some() {
+                    return Err(ApiError::invalid_request("Only one `file` part is allowed."));
+                }
+                if meta.file_path.is_none() {
+                    meta.file_path = field.file_name().map(str::to_string);
+                }
+                file = Some(receive_file(&state, field, limit).await?);
+            }
+            "content_type" => meta.content_type = Some(text_field(field, limit).await?),
+            "file_path" => meta.file_path = Some(text_field(field, limit).await?),
+            "expected_hash" => meta.expected_hash = Some(text_field(field, limit).await?),
+            _ => {
+                // tags, expires_in and unknown parts: read and ignore.
+                text_field(field, limit).await?;
+            }
+        }
+    }
+    let file = file.ok_or_else(|| ApiError::invalid_request("The upload has no `file` part."))?;
+    let file_path = meta.file_path.clone().filter(|p| !p.is_empty()).ok_or_else(|| ApiError::invalid_request("The upload has no `file_path`."))?;
+    if file_path.starts_with('/') || file_path.split(['/', '\\']).any(|s| s == "..") || file_path.contains('\0') {
+        return Err(ApiError::invalid_request("`file_path` must be a relative path without `..`."));
+    }
+    let service = state.service.clone();
+    let owner = state.owner().to_string();
+    let asset = tokio::task::spawn_blocking(move || service.commit_upload(&owner, file, meta)).await.map_err(|e| ApiError::internal(&e))??;
+    Ok(created(asset, &links))
+}
+
+pub async fn head_by_hash(State(state): State<Arc<AppState>>, Path(hash): Path<String>) -> Response {
+    let known = parse_blob_name(&hash).is_some() && state.service.has_blob(state.owner(), &hash).unwrap_or(false);
+    if known { StatusCode::OK.into_response() } else { StatusCode::NOT_FOUND.into_response() }
+}
+
+pub async fn from_hash(State(state): State<Arc<AppState>>, links: Links, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
+    let body = json_object(body)?;
+    let hash = body.get("hash").and_then(Json_::as_str).ok_or_else(|| ApiError::invalid_request("`hash` (blake3:<hex>) is required."))?;
+    if parse_blob_name(hash).is_none() {
+        return Err(ApiError::invalid_request("`hash` must be blake3:<64 hex digits>."));
+    }
+    let file_path = match body.get("file_path") {
+        None | Some(Json_::Null) => None,
+        Some(Json_::String(s)) => Some(s.clone()),
+        Some(_) => return Err(ApiError::invalid_request("`file_path` must be a string.")),
+    };
+    let service = state.service.clone();
+    let (owner, hash) = (state.owner().to_string(), hash.to_string());
+    let asset = tokio::task::spawn_blocking(move || service.asset_from_hash(&owner, &hash, file_path)).await.map_err(|e| ApiError::internal(&e))??;
+    Ok(created(asset, &links))
+}
+
+pub async fn get_asset(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
+    check_id(&id)?;
+    Ok(Json(wire::asset(&state.service.asset(state.owner(), &id)?, &links, None)))
+}
+
+pub async fn delete_asset(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    check_id(&id)?;
+    let service = state.service.clone();
+    let owner = state.owner().to_string();
+    tokio::task::spawn_blocking(move || service.delete_asset(&owner, &id)).await.map_err(|e| ApiError::internal(&e))??;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn content(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+    check_id(&id)?;
+    let asset = state.service.asset(state.owner(), &id)?;
+    if state.config.download_redirect {
+        let expires = now_micros() / 1_000_000 + state.config.signed_url_ttl_s as i64;
+        let sig = state.signer.sign(&asset.id, expires);
+        let location = links.absolute(&format!("{}/signed/assets/{}?expires={expires}&sig={sig}", links.v2(), asset.id));
+        return Ok((StatusCode::FOUND, [(header::LOCATION, location)]).into_response());
+    }
+    let path = state.service.asset_file(&asset)?;
+    content::serve(&path, &asset.content_type, &asset.hash, &headers).await
+}
+
+#[derive(serde::Deserialize)]
+pub struct Signature {
+    expires: i64,
+    sig: String,
+}
+
+pub async fn signed_content(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    query: Result<Query<Signature>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let forbidden = || ApiError::new(StatusCode::FORBIDDEN, "forbidden", "The download link is invalid or has expired.");
+    let Query(sig) = query.map_err(|_| forbidden())?;
+    if !state.signer.verify(&id, sig.expires, &sig.sig, now_micros() / 1_000_000) {
+        return Err(forbidden());
+    }
+    let asset = state.service.asset(state.owner(), &id)?;
+    let path = state.service.asset_file(&asset)?;
+    content::serve(&path, &asset.content_type, &asset.hash, &headers).await
+}

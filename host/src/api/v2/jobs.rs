@@ -1,0 +1,186 @@
+//! Job handlers: submit, get, list, workflow, cancel, health.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::{Map, Value as Json_, json};
+
+use super::{check_id, wire};
+use crate::api::error::ApiError;
+use crate::api::{AppState, Links};
+use crate::service::{ExtraData, ListQuery, Submission};
+use crate::store::JobStatus;
+
+pub async fn health(State(state): State<Arc<AppState>>) -> Json<Json_> {
+    Json(json!({ "status": "healthy", "version": env!("CARGO_PKG_VERSION"), "nodes": state.service.registry().definitions().count() }))
+}
+
+/// Maps a body-read failure (too large, broken stream) to the envelope.
+pub(super) fn body_error(e: BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::payload_too_large(super::MAX_JSON_BYTES as u64)
+    } else {
+        ApiError::invalid_request(format!("Cannot read the request body: {}", e.body_text()))
+    }
+}
+
+/// Parses a JSON object body.
+pub(super) fn json_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Json_>, ApiError> {
+    let bytes = body.map_err(body_error)?;
+    match serde_json::from_slice::<Json_>(&bytes) {
+        Ok(Json_::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::invalid_request("The request body must be a JSON object.")),
+        Err(e) => Err(ApiError::invalid_request(format!("The request body is not valid JSON: {e}"))),
+    }
+}
+
+/// `metadata`: at most 16 labels; keys 1–40 of `[A-Za-z0-9_.-]`; string
+/// values of at most 256 bytes without control characters.
+fn check_metadata(value: &Json_) -> Result<Map<String, Json_>, ApiError> {
+    let bad = |m: &str| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "metadata_invalid", m.to_string());
+    let map = value.as_object().ok_or_else(|| bad("`metadata` must be an object of string labels."))?;
+    if map.len() > 16 {
+        return Err(bad("`metadata` has more than 16 labels."));
+    }
+    for (k, v) in map {
+        if k.is_empty() || k.len() > 40 || !k.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
+            return Err(bad(&format!("metadata key {k:?} must be 1-40 characters of A-Z a-z 0-9 _ . -")));
+        }
+        let Some(s) = v.as_str() else { return Err(bad(&format!("metadata value of {k:?} must be a string."))) };
+        if s.len() > 256 || s.chars().any(char::is_control) {
+            return Err(bad(&format!("metadata value of {k:?} must be at most 256 bytes without control characters.")));
+        }
+    }
+    Ok(map.clone())
+}
+
+fn check_extra_data(value: &Json_) -> Result<ExtraData, ApiError> {
+    let map = value.as_object().ok_or_else(|| ApiError::invalid_request("`extra_data` must be an object."))?;
+    let mut extra = ExtraData::default();
+    for (k, v) in map {
+        match (k.as_str(), v) {
+            ("api_key_svc_org", Json_::String(s)) => extra.api_key_svc_org = Some(s.clone()),
+            ("api_key_svc_org", _) => return Err(ApiError::invalid_request("`extra_data.api_key_svc_org` must be a string.")),
+            (other, _) => return Err(ApiError::invalid_request(format!("`extra_data` accepts only `api_key_svc_org`, not {other:?}."))),
+        }
+    }
+    Ok(extra)
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
+    let key = value.to_str().map_err(|_| ApiError::invalid_request("Idempotency-Key must be printable ASCII."))?;
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(ApiError::invalid_request("Idempotency-Key must be 1-255 printable ASCII characters."));
+    }
+    Ok(Some(key.to_string()))
+}
+
+pub async fn submit(
+    State(state): State<Arc<AppState>>,
+    links: Links,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Json_>), ApiError> {
+    let mut body = json_object(body)?;
+    if body.contains_key("webhook_url") || body.contains_key("inputs") {
+        return Err(ApiError::invalid_workflow("'webhook_url' and 'inputs' are reserved and not accepted."));
+    }
+    let workflow = match body.remove("workflow") {
+        Some(w @ Json_::Object(_)) => w,
+        _ => return Err(ApiError::invalid_workflow("Missing 'workflow' (API-format graph).")),
+    };
+    if let Some(map) = workflow.as_object()
+        && crate::workflow::is_ui_format(map)
+    {
+        return Err(crate::service::ServiceError::WorkflowFormatUi.into());
+    }
+    let metadata = body.get("metadata").filter(|m| !m.is_null()).map(check_metadata).transpose()?;
+    let extra = body.get("extra_data").filter(|m| !m.is_null()).map(check_extra_data).transpose()?.unwrap_or_default();
+    let key = idempotency_key(&headers)?;
+    let service = state.service.clone();
+    let owner = state.owner().to_string();
+    let submission = Submission { workflow, extra, idempotency_key: key, metadata, owner, surface: "v2" };
+    // Validation and the durable write block; keep them off the reactor.
+    let (record, position) = tokio::task::spawn_blocking(move || service.submit(submission)).await.map_err(|e| ApiError::internal(&e))??;
+    Ok((StatusCode::CREATED, Json(wire::job(&record, position, &links, false))))
+}
+
+pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
+    check_id(&id)?;
+    let (record, position) = state.service.get(state.owner(), &id)?;
+    Ok(Json(wire::job(&record, position, &links, true)))
+}
+
+pub async fn workflow(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
+    check_id(&id)?;
+    let workflow = state.service.workflow(state.owner(), &id)?;
+    Ok(Json(json!({ "workflow": workflow, "format": "api" })))
+}
+
+pub async fn cancel(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
+    check_id(&id)?;
+    let service = state.service.clone();
+    let owner = state.owner().to_string();
+    let (record, position) = tokio::task::spawn_blocking(move || service.cancel(&owner, &id)).await.map_err(|e| ApiError::internal(&e))??;
+    Ok(Json(wire::job(&record, position, &links, false)))
+}
+
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    links: Links,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Json<Json_>, ApiError> {
+    let Query(pairs) = query.map_err(|e| ApiError::invalid_request(e.body_text()))?;
+    let mut q = ListQuery { limit: 50, ..ListQuery::default() };
+    for (k, v) in pairs {
+        match k.as_str() {
+            "limit" => {
+                q.limit = v.parse().ok().filter(|n| (1..=100).contains(n)).ok_or_else(|| ApiError::invalid_request("`limit` must be an integer from 1 to 100."))?
+            }
+            "cursor" if v.is_empty() => {}
+            "cursor" => {
+                let bytes = hex_decode(&v).ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "The cursor was not issued by this server."))?;
+                q.cursor = Some(bytes);
+            }
+            "status" => {
+                for s in v.split(',').filter(|s| !s.is_empty()) {
+                    q.statuses.push(JobStatus::parse(s).ok_or_else(|| ApiError::invalid_request(format!("Unknown status {s:?}.")))?);
+                }
+            }
+            key if key.starts_with("metadata[") && key.ends_with(']') => {
+                if q.metadata.len() == 3 {
+                    return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_metadata_filter", "At most 3 metadata filters."));
+                }
+                q.metadata.push((key["metadata[".len()..key.len() - 1].to_string(), v));
+            }
+            _ => {}
+        }
+    }
+    let service = state.service.clone();
+    let owner = state.owner().to_string();
+    let (jobs, next) = tokio::task::spawn_blocking(move || service.list(&owner, &q)).await.map_err(|e| ApiError::internal(&e))??;
+    let items: Vec<Json_> = jobs
+        .iter()
+        .map(|j| {
+            let position = (j.status == JobStatus::Queued).then(|| state.service.queue_position(&j.id)).flatten();
+            wire::job(j, position, &links, false)
+        })
+        .collect();
+    let mut page = json!({ "jobs": items });
+    if let Some(next) = next {
+        page["next_cursor"] = Json_::String(next.iter().map(|b| format!("{b:02x}")).collect());
+    }
+    Ok(Json(page))
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || s.len() > 512 {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}

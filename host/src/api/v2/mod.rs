@@ -1,0 +1,44 @@
+//! The Jobs API (`/api/v2`): routes and their handlers.
+
+mod assets;
+mod events;
+mod jobs;
+pub mod wire;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::response::IntoResponse;
+use axum::routing::{get, head, post};
+
+use super::AppState;
+use super::error::ApiError;
+
+/// Largest JSON request body (a workflow). Uploads have their own limit.
+pub const MAX_JSON_BYTES: usize = 32 << 20;
+
+pub fn routes(state: Arc<AppState>) -> Router {
+    let upload_limit = (state.service.options().max_upload_bytes as usize).saturating_add(1 << 20);
+    Router::new()
+        .route("/health", get(jobs::health))
+        .route("/jobs", post(jobs::submit).get(jobs::list))
+        .route("/jobs/{id}", get(jobs::get_job))
+        .route("/jobs/{id}/workflow", get(jobs::workflow))
+        .route("/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/jobs/{id}/events", get(events::stream))
+        .route("/assets", post(assets::upload).layer(DefaultBodyLimit::max(upload_limit)))
+        .route("/assets/by-hash/{hash}", head(assets::head_by_hash))
+        .route("/assets/from-hash", post(assets::from_hash))
+        .route("/assets/{id}", get(assets::get_asset).delete(assets::delete_asset))
+        .route("/assets/{id}/content", get(assets::content))
+        .route("/signed/assets/{id}", get(assets::signed_content))
+        .layer(DefaultBodyLimit::max(MAX_JSON_BYTES))
+        .method_not_allowed_fallback(|| async { ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed.").into_response() })
+        .with_state(state)
+}
+
+/// Job and asset ids are UUIDs; anything else cannot exist.
+fn check_id(id: &str) -> Result<(), ApiError> {
+    uuid::Uuid::parse_str(id).map(|_| ()).map_err(|_| ApiError::not_found())
+}

@@ -1,0 +1,61 @@
+//! `kiln serve`: the HTTP service on the embedded defaults.
+
+use std::path::PathBuf;
+
+use crate::config::Config;
+use crate::server::Server;
+
+/// Arguments of `kiln serve` (each also a config field / `KILN_*` variable).
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on [default: 127.0.0.1].
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port to listen on (0 picks a free one) [default: 8188].
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Where jobs, assets and blobs are kept [default: ./kiln-data].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Require `Authorization: Bearer TOKEN` on the Jobs API.
+    #[arg(long, env = "KILN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
+    if let Some(h) = args.host {
+        config.host = h;
+    }
+    if let Some(p) = args.port {
+        config.port = p;
+    }
+    if let Some(d) = args.data_dir {
+        config.data_dir = d;
+    }
+    if args.token.is_some() {
+        config.token = args.token;
+    }
+    let server = Server::start(config).await?;
+    println!("kiln listening on {}", server.url());
+    tracing::info!(addr = %server.addr, "listening");
+    shutdown_signal().await;
+    eprintln!("shutting down");
+    server.shutdown().await?;
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}

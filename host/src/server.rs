@@ -1,0 +1,63 @@
+//! `kiln serve` as a library: load plugins, open the job service on the
+//! data directory, bind the listener and serve the APIs until shut down.
+//! The binary and the end-to-end tests start servers the same way.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::api::{self, AppState};
+use crate::config::Config;
+use crate::executor::Executor;
+use crate::plugins::{NodeRegistry, PluginRuntime};
+use crate::service::{Service, ServiceOptions};
+
+/// A running server.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub state: Arc<AppState>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    /// Starts a server with already-loaded plugins.
+    pub async fn start_with(config: Config, options: ServiceOptions, runtime: Arc<PluginRuntime>, registry: Arc<NodeRegistry>) -> anyhow::Result<Server> {
+        let executor = Arc::new(Executor::new(runtime.clone(), registry.clone(), config.result_cache_mb << 20, config.max_concurrency as usize));
+        let service = Service::start(options, &config.data_dir, runtime, registry, executor)
+            .await
+            .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
+        let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
+        let addr = listener.local_addr()?;
+        let signer = api::signing::Signer::load_or_create(&config.data_dir).context("signing key")?;
+        let state = AppState::new(service, config, signer, addr);
+        let closing = state.closing.clone();
+        let router = api::router(state.clone());
+        let task = tokio::spawn(api::serve(listener, router, async move { closing.cancelled().await }));
+        Ok(Server { addr, state, task })
+    }
+
+    /// Loads the configured plugins and starts a server.
+    pub async fn start(config: Config) -> anyhow::Result<Server> {
+        let runtime = Arc::new(PluginRuntime::new(config.runtime()).map_err(|e| anyhow::anyhow!("{e:#}"))?);
+        let registry = Arc::new(NodeRegistry::load_all(&runtime, &config.plugin_dirs).await?);
+        let options = ServiceOptions::from_config(&config);
+        Server::start_with(config, options, runtime, registry).await
+    }
+
+    /// The base URL, e.g. `http://127.0.0.1:8188`.
+    pub fn url(&self) -> String {
+        format!("http://{}{}", self.addr, self.state.config.mount_prefix.trim_end_matches('/'))
+    }
+
+    /// Graceful shutdown: stop accepting, end event streams, let requests
+    /// finish, then stop the workers (running jobs re-run at the next start).
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.state.closing.cancel();
+        self.task.await??;
+        self.state.service.shutdown().await;
+        Ok(())
+    }
+}

@@ -1,0 +1,134 @@
+//! Asset records over blobs: uploads (deduplicated by hash), minting from a
+//! known hash, lookups, deletion. A blob outlives its records until the
+//! sweeper collects it; deleting a record never removes bytes another
+//! record shares.
+
+use super::{Service, ServiceError};
+use crate::store::{AssetRecord, BlobUpload, blob_name, now_micros, parse_blob_name};
+
+/// The text fields of an upload.
+#[derive(Debug, Default, Clone)]
+pub struct UploadMeta {
+    pub content_type: Option<String>,
+    pub file_path: Option<String>,
+    pub expected_hash: Option<String>,
+}
+
+/// An asset record and whether this call created it from new bytes.
+pub struct NewAsset {
+    pub asset: AssetRecord,
+    pub created_new: bool,
+}
+
+impl Service {
+    fn visible(&self, owner: &str, asset: &AssetRecord) -> bool {
+        asset.owner == owner
+            && asset.expires_at.is_none_or(|e| e > now_micros())
+            && parse_blob_name(&asset.hash).is_some_and(|h| self.blobs.contains(&h))
+    }
+
+    /// Assets over `hash` the caller may mint from.
+    fn owned_with_hash(&self, owner: &str, hash: &str) -> Result<Vec<AssetRecord>, ServiceError> {
+        Ok(self.meta.assets_with_hash(hash)?.into_iter().filter(|a| self.visible(owner, a)).collect())
+    }
+
+    /// Starts receiving an upload's bytes.
+    pub fn begin_upload(&self) -> Result<BlobUpload, ServiceError> {
+        Ok(self.blobs.begin(self.opts.max_upload_bytes)?)
+    }
+
+    /// Finishes an upload: checks `expected_hash`, stores the blob, and
+    /// returns the caller's existing upload of the same bytes or a new record.
+    pub fn commit_upload(&self, owner: &str, upload: BlobUpload, meta: UploadMeta) -> Result<NewAsset, ServiceError> {
+        let (digest, _) = upload.digest();
+        let actual = blob_name(&digest);
+        if let Some(expected) = &meta.expected_hash
+            && !expected.eq_ignore_ascii_case(&actual)
+        {
+            return Err(ServiceError::HashMismatch { expected: expected.clone(), actual });
+        }
+        let (hash, size) = upload.finish()?;
+        let name = blob_name(&hash);
+        let known = self.owned_with_hash(owner, &name)?;
+        if let Some(existing) = known.iter().find(|a| a.job_id.is_none()) {
+            return Ok(NewAsset { asset: existing.clone(), created_new: false });
+        }
+        let asset = AssetRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            owner: owner.to_string(),
+            hash: name,
+            size_bytes: size,
+            content_type: meta.content_type.filter(|c| !c.is_empty()).unwrap_or_else(|| "application/octet-stream".into()),
+            file_path: meta.file_path,
+            created_at: now_micros(),
+            expires_at: None,
+            job_id: None,
+            node_id: None,
+        };
+        self.meta.put_asset(&asset)?;
+        self.meta.flush()?;
+        Ok(NewAsset { asset, created_new: known.is_empty() })
+    }
+
+    /// Whether the caller may mint an asset from `hash`.
+    pub fn has_blob(&self, owner: &str, hash: &str) -> Result<bool, ServiceError> {
+        Ok(!self.owned_with_hash(owner, &hash.to_ascii_lowercase())?.is_empty())
+    }
+
+    /// Mints an asset over a blob the caller already has (200 when an
+    /// identical upload record exists, else a new record).
+    pub fn asset_from_hash(&self, owner: &str, hash: &str, file_path: Option<String>) -> Result<NewAsset, ServiceError> {
+        let hash = hash.to_ascii_lowercase();
+        let known = self.owned_with_hash(owner, &hash)?;
+        let Some(first) = known.first() else { return Err(ServiceError::BlobNotFound(hash)) };
+        if let Some(same) = known.iter().find(|a| a.job_id.is_none() && (file_path.is_none() || a.file_path == file_path)) {
+            return Ok(NewAsset { asset: same.clone(), created_new: false });
+        }
+        let asset = AssetRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            owner: owner.to_string(),
+            hash: hash.clone(),
+            size_bytes: first.size_bytes,
+            content_type: first.content_type.clone(),
+            file_path: file_path.or_else(|| first.file_path.clone()),
+            created_at: now_micros(),
+            expires_at: None,
+            job_id: None,
+            node_id: None,
+        };
+        self.meta.put_asset(&asset)?;
+        self.meta.flush()?;
+        Ok(NewAsset { asset, created_new: true })
+    }
+
+    /// An asset the caller owns.
+    pub fn asset(&self, owner: &str, id: &str) -> Result<AssetRecord, ServiceError> {
+        match self.meta.get_asset(id)? {
+            Some(a) if self.visible(owner, &a) => Ok(a),
+            _ => Err(ServiceError::NotFound),
+        }
+    }
+
+    /// The local file holding an asset's bytes.
+    pub fn asset_file(&self, asset: &AssetRecord) -> Result<std::path::PathBuf, ServiceError> {
+        parse_blob_name(&asset.hash).and_then(|h| self.blobs.path(&h)).ok_or(ServiceError::NotFound)
+    }
+
+    /// Deletes an asset record. Outputs of a job that is still retained are
+    /// refused with [`ServiceError::AssetInUse`].
+    pub fn delete_asset(&self, owner: &str, id: &str) -> Result<(), ServiceError> {
+        let asset = self.asset(owner, id)?;
+        if let Some(job_id) = &asset.job_id {
+            let retained = match self.live_job(job_id) {
+                Some(_) => true,
+                None => self.meta.get_job(job_id)?.is_some_and(|j| j.expires_at > now_micros()),
+            };
+            if retained {
+                return Err(ServiceError::AssetInUse);
+            }
+        }
+        self.meta.delete_asset(&asset)?;
+        self.meta.flush()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,40 @@
+//! What the job service refuses, as types. The API edge maps each variant
+//! to its wire code and status (`api::error`).
+
+use crate::store::StoreError;
+
+/// A refused or failed service operation.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Malformed request (400 `invalid_request`).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The workflow cannot run (422 `invalid_workflow`); `details` per node.
+    #[error("{message}")]
+    InvalidWorkflow { message: String, details: Option<serde_json::Value> },
+    /// A UI-format workflow (422 `workflow_format_ui`).
+    #[error("this is a UI-format workflow (with `nodes` and `links`); submit the API format")]
+    WorkflowFormatUi,
+    /// `core/ASSET` references that are malformed, unknown or not the caller's.
+    #[error("asset reference(s) not found: {}", .0.join(", "))]
+    MissingAsset(Vec<String>),
+    #[error("this Idempotency-Key was already used; poll or list your jobs instead of resubmitting")]
+    IdempotencyKeyReuse,
+    #[error("the queue is full; retry after {retry_after_s} s")]
+    QueueFull { retry_after_s: u64 },
+    #[error("not found")]
+    NotFound,
+    #[error("the uploaded bytes hash to {actual}, not the expected {expected}")]
+    HashMismatch { expected: String, actual: String },
+    #[error("no blob with hash {0}")]
+    BlobNotFound(String),
+    #[error("the asset is an output of a retained job and cannot be deleted")]
+    AssetInUse,
+    #[error("the upload exceeds {limit_bytes} bytes")]
+    PayloadTooLarge { limit_bytes: u64 },
+    #[error("too many event streams are open; retry later")]
+    TooManyStreams,
+    /// Anything unexpected (500 `upstream_error`, never detailed on the wire).
+    #[error("storage failure: {0}")]
+    Store(#[from] StoreError),
+}

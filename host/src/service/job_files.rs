@@ -1,0 +1,104 @@
+//! A job's files as its nodes see them: inputs are blobs named by the asset
+//! references the workflow made; outputs are written straight into the blob
+//! store under ComfyUI-style names counted per job.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::files::{FileError, FileKind, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, is_image_name, split_prefix};
+use crate::store::{BlobStore, JobInput, parse_blob_name};
+
+/// Input files of one job: name → blob.
+pub struct JobInputs {
+    files: Vec<(String, blake3::Hash)>,
+    blobs: Arc<dyn BlobStore>,
+}
+
+impl JobInputs {
+    pub fn new(inputs: &[JobInput], blobs: Arc<dyn BlobStore>) -> JobInputs {
+        let files = inputs.iter().filter_map(|i| Some((i.name.clone(), parse_blob_name(&i.hash)?))).collect();
+        JobInputs { files, blobs }
+    }
+
+    fn hash(&self, name: &str) -> Option<&blake3::Hash> {
+        self.files.iter().find(|(n, _)| n == name).map(|(_, h)| h)
+    }
+}
+
+impl InputFiles for JobInputs {
+    fn read(&self, name: &str) -> Result<Vec<u8>, FileError> {
+        let hash = self.hash(name).ok_or_else(|| FileError::NotFound(name.to_string()))?;
+        let path = self.blobs.path(hash).ok_or_else(|| FileError::NotFound(name.to_string()))?;
+        let size = std::fs::metadata(&path)?.len();
+        if size > MAX_INPUT_BYTES {
+            return Err(FileError::TooLarge { name: name.to_string(), size, limit: MAX_INPUT_BYTES });
+        }
+        Ok(std::fs::read(path)?)
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.hash(name).is_some_and(|h| self.blobs.contains(h))
+    }
+    fn content_hash(&self, name: &str) -> Option<blake3::Hash> {
+        self.hash(name).copied()
+    }
+    fn image_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.files.iter().map(|(n, _)| n.clone()).filter(|n| is_image_name(n)).collect();
+        names.sort();
+        names
+    }
+}
+
+/// Output files of one job, stored as blobs.
+pub struct JobOutputs {
+    blobs: Arc<dyn BlobStore>,
+    counters: Mutex<HashMap<(FileKind, String, String), u64>>,
+}
+
+impl JobOutputs {
+    pub fn new(blobs: Arc<dyn BlobStore>) -> JobOutputs {
+        JobOutputs { blobs, counters: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl OutputFiles for JobOutputs {
+    fn save(&self, kind: FileKind, prefix: &str, extension: &str, data: &[u8]) -> Result<SavedFile, FileError> {
+        let (sub, base) = split_prefix(prefix)?;
+        if extension.is_empty() || !extension.chars().all(|c| c.is_ascii_alphanumeric()) {
+            return Err(FileError::InvalidName(format!("{prefix}.{extension}")));
+        }
+        let subfolder = sub.to_string_lossy().replace('\\', "/");
+        let counter = {
+            let mut counters = self.counters.lock();
+            let c = counters.entry((kind, subfolder.clone(), base.clone())).or_insert(0);
+            *c += 1;
+            *c
+        };
+        let hash = self.blobs.put(data).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
+        let path = self.blobs.path(&hash).unwrap_or_default();
+        Ok(SavedFile { filename: format!("{base}_{counter:05}_.{extension}"), subfolder, kind, size: data.len() as u64, path, hash: Some(hash) })
+    }
+}
+
+/// The media type of a file name, and the Output `type` it belongs to.
+pub fn media_type(name: &str) -> (&'static str, &'static str) {
+    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
+    match ext.as_str() {
+        "png" => ("image/png", "image"),
+        "jpg" | "jpeg" => ("image/jpeg", "image"),
+        "webp" => ("image/webp", "image"),
+        "gif" => ("image/gif", "image"),
+        "bmp" => ("image/bmp", "image"),
+        "tif" | "tiff" => ("image/tiff", "image"),
+        "mp4" => ("video/mp4", "video"),
+        "webm" => ("video/webm", "video"),
+        "wav" => ("audio/wav", "audio"),
+        "flac" => ("audio/flac", "audio"),
+        "mp3" => ("audio/mpeg", "audio"),
+        "txt" => ("text/plain", "text"),
+        "json" => ("application/json", "file"),
+        "latent" => ("application/octet-stream", "latent"),
+        _ => ("application/octet-stream", "file"),
+    }
+}

@@ -1,0 +1,75 @@
+//! The in-memory side of jobs that have not finished: the current record,
+//! the cancellation token of its run and the broadcast channel its event
+//! streams subscribe to.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{JobRecord, OutputRecord, ProgressSnapshot};
+
+/// Something an event stream relays.
+#[derive(Debug, Clone)]
+pub enum JobEvent {
+    /// A status transition (or a queue-position change); the whole record.
+    Status(Arc<JobRecord>),
+    /// A progress snapshot (throttled).
+    Progress(ProgressSnapshot),
+    /// An output was committed.
+    Output(OutputRecord),
+    /// An intermediate image.
+    Preview { node_id: String, content_type: String, data: Arc<Vec<u8>> },
+}
+
+/// Per-request data that is handed to the job's plugins and never stored.
+#[derive(Debug, Clone, Default)]
+pub struct ExtraData {
+    pub api_key_svc_org: Option<String>,
+}
+
+/// A job that is queued or running.
+pub struct LiveJob {
+    pub record: Mutex<JobRecord>,
+    pub cancel: CancellationToken,
+    pub events: broadcast::Sender<JobEvent>,
+    pub extra: ExtraData,
+    /// Retention expired it while it ran: it ends `expired`, not `canceled`.
+    pub expire_on_stop: std::sync::atomic::AtomicBool,
+    /// When the last progress frame went out (throttling).
+    pub last_progress: Mutex<Option<Instant>>,
+    /// The latest preview, replayed to new streams.
+    pub last_preview: Mutex<Option<JobEvent>>,
+}
+
+impl LiveJob {
+    pub fn new(record: JobRecord, extra: ExtraData) -> LiveJob {
+        LiveJob {
+            record: Mutex::new(record),
+            cancel: CancellationToken::new(),
+            events: broadcast::channel(256).0,
+            extra,
+            expire_on_stop: Default::default(),
+            last_progress: Mutex::new(None),
+            last_preview: Mutex::new(None),
+        }
+    }
+
+    /// A copy of the current record.
+    pub fn snapshot(&self) -> JobRecord {
+        self.record.lock().clone()
+    }
+
+    /// Sends an event to the open streams (none open is fine).
+    pub fn publish(&self, event: JobEvent) {
+        let _ = self.events.send(event);
+    }
+
+    /// Publishes the record as a status event.
+    pub fn publish_status(&self) {
+        let rec = Arc::new(self.snapshot());
+        self.publish(JobEvent::Status(rec));
+    }
+}

@@ -1,0 +1,411 @@
+//! The job service: the business logic both API surfaces drive.
+//!
+//! It owns the lifecycle of jobs (submit → queue → run → terminal →
+//! expired), idempotency claims, asset records and the live event channels.
+//! The metadata store is the source of truth; [`LiveJob`]s are the in-memory
+//! view of jobs that have not finished, and their events are a live view of
+//! the records. API layers only translate requests and responses.
+
+mod assets;
+mod error;
+pub mod job_files;
+mod live;
+mod retention;
+pub mod submit;
+mod worker;
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
+
+pub use assets::{NewAsset, UploadMeta};
+pub use error::ServiceError;
+pub use live::{ExtraData, JobEvent, LiveJob};
+
+use crate::config::Config;
+use crate::executor::Executor;
+use crate::plugins::{NodeRegistry, PluginRuntime};
+use crate::store::{BlobStore, DiskBlobs, IdempotencyClaim, JobRecord, JobStatus, MetaStore, Micros, SledMeta, now_micros};
+
+/// Idempotency keys are single-use for this long.
+pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The service's limits and policies (from [`Config`]).
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    pub max_queued_jobs: usize,
+    pub max_running_jobs: usize,
+    pub retention: Duration,
+    pub sweep_interval: Duration,
+    pub max_upload_bytes: u64,
+    pub max_event_streams: usize,
+    /// Blobs younger than this are never garbage-collected (an upload or an
+    /// output may be about to reference them).
+    pub blob_grace: Duration,
+    pub owner: String,
+}
+
+impl ServiceOptions {
+    pub fn from_config(config: &Config) -> ServiceOptions {
+        ServiceOptions {
+            max_queued_jobs: config.max_queued_jobs,
+            max_running_jobs: config.max_running_jobs.max(1),
+            retention: Duration::from_secs(config.job_retention_s.max(1)),
+            sweep_interval: Duration::from_secs(config.sweep_interval_s.max(1)),
+            max_upload_bytes: config.max_upload_mb.saturating_mul(1 << 20),
+            max_event_streams: config.max_event_streams,
+            blob_grace: Duration::from_secs(300),
+            owner: "local".into(),
+        }
+    }
+}
+
+/// A job submission, already parsed from the wire.
+pub struct Submission {
+    /// The API-format graph, verbatim (asset references unresolved).
+    pub workflow: serde_json::Value,
+    pub extra: ExtraData,
+    pub idempotency_key: Option<String>,
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    pub owner: String,
+    /// `v2` or `compat`.
+    pub surface: &'static str,
+}
+
+/// Filters of a job listing.
+#[derive(Default)]
+pub struct ListQuery {
+    pub cursor: Option<Vec<u8>>,
+    pub limit: usize,
+    pub statuses: Vec<JobStatus>,
+    pub metadata: Vec<(String, String)>,
+}
+
+/// An open event stream: the snapshot to send first, then live events.
+pub struct EventStream {
+    pub snapshot: JobRecord,
+    pub queue_position: Option<usize>,
+    pub progress: Option<crate::store::ProgressSnapshot>,
+    pub preview: Option<JobEvent>,
+    /// `None` when the job had already finished.
+    pub events: Option<broadcast::Receiver<JobEvent>>,
+    pub guard: StreamGuard,
+}
+
+/// Counts an open stream until dropped.
+pub struct StreamGuard(Arc<AtomicUsize>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The job service.
+pub struct Service {
+    opts: ServiceOptions,
+    meta: Arc<dyn MetaStore>,
+    blobs: Arc<dyn BlobStore>,
+    executor: Arc<Executor>,
+    registry: Arc<NodeRegistry>,
+    live: RwLock<HashMap<String, Arc<LiveJob>>>,
+    queue: Mutex<VecDeque<String>>,
+    queued: AtomicUsize,
+    queue_notify: Notify,
+    seq: AtomicU64,
+    streams: Arc<AtomicUsize>,
+    shutdown: CancellationToken,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Jobs execute on their own threads, so nodes that compute (even ones
+    /// that only yield at epoch ticks) never starve the HTTP reactor.
+    exec: Mutex<Option<tokio::runtime::Runtime>>,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Some(rt) = self.exec.get_mut().take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Service {
+    /// Opens the stores under `data_dir`, recovers jobs interrupted by a crash
+    /// or restart, and starts the workers and the retention sweeper.
+    pub async fn start(
+        opts: ServiceOptions,
+        data_dir: &Path,
+        runtime: Arc<PluginRuntime>,
+        registry: Arc<NodeRegistry>,
+        executor: Arc<Executor>,
+    ) -> Result<Arc<Service>, ServiceError> {
+        std::fs::create_dir_all(data_dir).map_err(crate::store::StoreError::from)?;
+        let meta: Arc<dyn MetaStore> = Arc::new(SledMeta::open(&data_dir.join("meta"))?);
+        let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(data_dir.join("blobs"))?);
+        let _ = runtime;
+        let exec = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(opts.max_running_jobs.max(1))
+            .thread_name("kiln-exec")
+            .enable_all()
+            .build()
+            .map_err(crate::store::StoreError::from)?;
+        let service = Arc::new(Service {
+            opts,
+            meta,
+            blobs,
+            executor,
+            registry,
+            live: RwLock::new(HashMap::new()),
+            queue: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
+            queue_notify: Notify::new(),
+            seq: AtomicU64::new(1),
+            streams: Arc::new(AtomicUsize::new(0)),
+            shutdown: CancellationToken::new(),
+            tasks: Mutex::new(Vec::new()),
+            exec: Mutex::new(None),
+        });
+        service.recover()?;
+        let mut tasks = Vec::new();
+        for _ in 0..service.opts.max_running_jobs {
+            tasks.push(exec.spawn(service.clone().worker_loop()));
+        }
+        *service.exec.lock() = Some(exec);
+        tasks.push(tokio::spawn(service.clone().sweeper_loop()));
+        *service.tasks.lock() = tasks;
+        Ok(service)
+    }
+
+    /// Stops taking work: running jobs are interrupted and left `running` in
+    /// the store, so the next start runs them again (see `recover`).
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        let tasks = std::mem::take(&mut *self.tasks.lock());
+        for t in tasks {
+            let _ = t.await;
+        }
+        if let Some(rt) = self.exec.lock().take() {
+            rt.shutdown_background();
+        }
+        let _ = self.meta.flush();
+    }
+
+    pub fn options(&self) -> &ServiceOptions {
+        &self.opts
+    }
+
+    pub fn registry(&self) -> &Arc<NodeRegistry> {
+        &self.registry
+    }
+
+    pub fn blobs(&self) -> &Arc<dyn BlobStore> {
+        &self.blobs
+    }
+
+    fn live_job(&self, id: &str) -> Option<Arc<LiveJob>> {
+        self.live.read().get(id).cloned()
+    }
+
+    /// Validates and records a job; it is durable and queued when this returns.
+    pub fn submit(&self, sub: Submission) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        let now = now_micros();
+        // A key that is already claimed is refused before anything else is
+        // looked at (the claim itself happens atomically with the record).
+        if let Some(key) = &sub.idempotency_key
+            && self.meta.get_claim(key)?.is_some_and(|c| c.expires_at > now)
+        {
+            return Err(ServiceError::IdempotencyKeyReuse);
+        }
+        if let Some(map) = sub.workflow.as_object()
+            && crate::workflow::is_ui_format(map)
+        {
+            return Err(ServiceError::WorkflowFormatUi);
+        }
+        let resolved = submit::resolve_assets(&sub.workflow, self.meta.as_ref(), &sub.owner, now)?;
+        let inputs = job_files::JobInputs::new(&resolved.inputs, self.blobs.clone());
+        submit::check(&resolved.workflow, &self.registry, &inputs)?;
+
+        // Reserve a queue slot; a full queue releases everything (no claim).
+        if self.queued.fetch_add(1, Ordering::SeqCst) >= self.opts.max_queued_jobs {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            let per_job = (self.opts.max_queued_jobs / self.opts.max_running_jobs.max(1)).max(1);
+            return Err(ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) });
+        }
+        let id = uuid::Uuid::new_v4().to_string();
+        let record = JobRecord {
+            id: id.clone(),
+            owner: sub.owner.clone(),
+            status: JobStatus::Queued,
+            created_at: now,
+            started_at: None,
+            completed_at: None,
+            updated_at: now,
+            expires_at: now + self.opts.retention.as_micros() as Micros,
+            seq: self.seq.fetch_add(1, Ordering::SeqCst),
+            attempts: 0,
+            inputs: resolved.inputs,
+            outputs: Vec::new(),
+            error: None,
+            progress: None,
+            logs: None,
+            queue_ms: None,
+            execution_ms: None,
+            metadata: sub.metadata,
+            surface: sub.surface.to_string(),
+        };
+        let claim = sub.idempotency_key.as_ref().map(|key| IdempotencyClaim {
+            key: key.clone(),
+            owner: sub.owner.clone(),
+            job_id: Some(id.clone()),
+            claimed_at: now,
+            expires_at: now + IDEMPOTENCY_TTL.as_micros() as Micros,
+        });
+        if let Err(e) = self.meta.submit(&record, &resolved.workflow, claim.as_ref()) {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(match e {
+                crate::store::StoreError::KeyClaimed => ServiceError::IdempotencyKeyReuse,
+                // Outcome unknown (the write may have landed): the key, if
+                // any, stays claimed.
+                other => other.into(),
+            });
+        }
+        tracing::info!(job_id = %id, "job queued");
+        self.live.write().insert(id.clone(), Arc::new(LiveJob::new(record.clone(), sub.extra)));
+        let position = {
+            let mut q = self.queue.lock();
+            q.push_back(id);
+            q.len()
+        };
+        self.queue_notify.notify_one();
+        Ok((record, Some(position)))
+    }
+
+    /// 1-based position of a queued job.
+    pub fn queue_position(&self, id: &str) -> Option<usize> {
+        self.queue.lock().iter().position(|q| q == id).map(|p| p + 1)
+    }
+
+    /// The current record of a job the caller owns.
+    pub fn get(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        let record = match self.live_job(id) {
+            Some(live) => live.snapshot(),
+            None => self.meta.get_job(id)?.ok_or(ServiceError::NotFound)?,
+        };
+        if record.owner != owner {
+            return Err(ServiceError::NotFound);
+        }
+        let position = if record.status == JobStatus::Queued { self.queue_position(id) } else { None };
+        Ok((record, position))
+    }
+
+    /// The executed (resolved) workflow of a job.
+    pub fn workflow(&self, owner: &str, id: &str) -> Result<serde_json::Value, ServiceError> {
+        self.get(owner, id)?;
+        self.meta.get_workflow(id)?.ok_or(ServiceError::NotFound)
+    }
+
+    /// Cancels a job: a queued one at once, a running one by interrupting its
+    /// node (`canceling` until it has stopped); a finished one is unchanged.
+    pub fn cancel(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        let Some(live) = self.live_job(id) else { return self.get(owner, id) };
+        let mut rec = live.record.lock();
+        if rec.owner != owner {
+            return Err(ServiceError::NotFound);
+        }
+        match rec.status {
+            JobStatus::Queued => {
+                let removed = {
+                    let mut q = self.queue.lock();
+                    let before = q.len();
+                    q.retain(|q| q != id);
+                    before != q.len()
+                };
+                if removed {
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
+                }
+                let now = now_micros();
+                rec.status = JobStatus::Canceled;
+                rec.completed_at = Some(now);
+                rec.updated_at = now;
+                let snapshot = rec.clone();
+                drop(rec);
+                self.meta.put_job(&snapshot)?;
+                self.meta.dequeue(&snapshot)?;
+                self.meta.flush()?;
+                live.publish_status();
+                self.live.write().remove(id);
+                self.publish_queue_positions();
+                Ok((snapshot, None))
+            }
+            JobStatus::Running => {
+                rec.status = JobStatus::Canceling;
+                rec.updated_at = now_micros();
+                let snapshot = rec.clone();
+                drop(rec);
+                self.meta.put_job(&snapshot)?;
+                live.publish_status();
+                live.cancel.cancel();
+                Ok((snapshot, None))
+            }
+            _ => Ok((rec.clone(), None)),
+        }
+    }
+
+    /// Jobs newest first.
+    pub fn list(&self, owner: &str, q: &ListQuery) -> Result<(Vec<JobRecord>, Option<Vec<u8>>), ServiceError> {
+        let keep = |job: &JobRecord| {
+            job.owner == owner
+                && (q.statuses.is_empty() || q.statuses.contains(&self.live_job(&job.id).map_or(job.status, |l| l.record.lock().status)))
+                && q.metadata.iter().all(|(k, v)| job.metadata.as_ref().and_then(|m| m.get(k)).and_then(|x| x.as_str()) == Some(v.as_str()))
+        };
+        let page = self.meta.list_jobs(q.cursor.as_deref(), q.limit, &keep)?;
+        let jobs = page.jobs.into_iter().map(|j| self.live_job(&j.id).map_or(j, |l| l.snapshot())).collect();
+        Ok((jobs, page.next))
+    }
+
+    /// Opens an event stream on a job (bounded by `max_event_streams`).
+    pub fn open_stream(&self, owner: &str, id: &str) -> Result<EventStream, ServiceError> {
+        if self.streams.fetch_add(1, Ordering::SeqCst) >= self.opts.max_event_streams {
+            self.streams.fetch_sub(1, Ordering::SeqCst);
+            return Err(ServiceError::TooManyStreams);
+        }
+        let guard = StreamGuard(self.streams.clone());
+        if let Some(live) = self.live_job(id) {
+            // Subscribe before the snapshot so nothing falls between them.
+            let events = live.events.subscribe();
+            let snapshot = live.snapshot();
+            if snapshot.owner != owner {
+                return Err(ServiceError::NotFound);
+            }
+            let queue_position = if snapshot.status == JobStatus::Queued { self.queue_position(id) } else { None };
+            let progress = if snapshot.status == JobStatus::Running { snapshot.progress.clone() } else { None };
+            let preview = live.last_preview.lock().clone();
+            return Ok(EventStream { snapshot, queue_position, progress, preview, events: Some(events), guard });
+        }
+        let (snapshot, _) = self.get(owner, id)?;
+        Ok(EventStream { snapshot, queue_position: None, progress: None, preview: None, events: None, guard })
+    }
+
+    /// Open event streams.
+    pub fn open_streams(&self) -> usize {
+        self.streams.load(Ordering::Relaxed)
+    }
+
+    /// Tells streams of queued jobs their new positions.
+    fn publish_queue_positions(&self) {
+        let live = self.live.read();
+        for id in self.queue.lock().iter() {
+            if let Some(job) = live.get(id)
+                && job.events.receiver_count() > 0
+            {
+                job.publish_status();
+            }
+        }
+    }
+}

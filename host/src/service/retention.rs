@@ -1,0 +1,161 @@
+//! Recovery after a crash or restart, and the retention sweeper.
+//!
+//! Recovery policy: queued jobs are queued again in their original order. A
+//! job that was running is run again from the start (its partial outputs
+//! are dropped) — once: if it was already on its second attempt it fails
+//! with `interrupted`, so a job that crashes the server cannot loop forever.
+//! A job that was `canceling` ends `canceled`.
+//!
+//! Retention: at `expires_at` a job becomes `expired`, its output assets are
+//! deleted (a running job is stopped first), and the expired record stays
+//! readable for one more retention period before it is purged. Blobs no
+//! asset refers to are collected; claims past their 24 h are dropped.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use super::{ExtraData, LiveJob, Service, ServiceError};
+use crate::store::{JobErrorRecord, JobRecord, JobStatus, Micros, blob_name, now_micros};
+
+/// A running job is re-run after a restart at most this many times in all.
+pub const MAX_ATTEMPTS: u32 = 2;
+
+impl Service {
+    /// Brings the store to a consistent state after a start.
+    pub(super) fn recover(&self) -> Result<(), ServiceError> {
+        let now = now_micros();
+        let mut jobs = self.meta.all_jobs()?;
+        jobs.sort_by_key(|j| j.seq);
+        let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0);
+        self.seq.store(max_seq + 1, Ordering::SeqCst);
+        for mut job in jobs {
+            match job.status {
+                JobStatus::Queued => {}
+                JobStatus::Canceling => {
+                    job.status = JobStatus::Canceled;
+                    job.completed_at = Some(now);
+                    job.updated_at = now;
+                    self.meta.put_job(&job)?;
+                    continue;
+                }
+                JobStatus::Running => {
+                    self.drop_outputs(&mut job)?;
+                    job.progress = None;
+                    job.updated_at = now;
+                    if job.attempts >= MAX_ATTEMPTS {
+                        job.status = JobStatus::Failed;
+                        job.completed_at = Some(now);
+                        job.error = Some(JobErrorRecord {
+                            code: "interrupted".into(),
+                            message: format!("the server stopped while this job was running (attempt {}); it is not retried again", job.attempts),
+                            node_id: None,
+                            class_type: None,
+                            traceback: None,
+                        });
+                        tracing::warn!(job_id = %job.id, "job interrupted by a restart for the last time: failed");
+                        self.meta.put_job(&job)?;
+                        continue;
+                    }
+                    tracing::warn!(job_id = %job.id, "job interrupted by a restart: running it again");
+                    job.status = JobStatus::Queued;
+                    job.started_at = None;
+                    self.meta.put_job(&job)?;
+                    self.meta.enqueue(&job)?;
+                }
+                _ => continue,
+            }
+            self.queued.fetch_add(1, Ordering::SeqCst);
+            self.queue.lock().push_back(job.id.clone());
+            self.live.write().insert(job.id.clone(), Arc::new(LiveJob::new(job, ExtraData::default())));
+        }
+        self.meta.flush()?;
+        Ok(())
+    }
+
+    /// Deletes a job's output assets and forgets them on the record.
+    fn drop_outputs(&self, job: &mut JobRecord) -> Result<(), ServiceError> {
+        for out in job.outputs.drain(..) {
+            if let Some(asset) = self.meta.get_asset(&out.asset_id)? {
+                self.meta.delete_asset(&asset)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn sweeper_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.opts.sweep_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let this = self.clone();
+            match tokio::task::spawn_blocking(move || this.sweep(now_micros())).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "retention sweep failed"),
+                Err(e) => tracing::error!(error = %e, "retention sweep panicked"),
+            }
+        }
+    }
+
+    /// One retention pass as of `now`.
+    pub fn sweep(&self, now: Micros) -> Result<(), ServiceError> {
+        let grace = self.opts.retention.as_micros() as Micros;
+        for mut job in self.meta.all_jobs()? {
+            if job.expires_at > now {
+                continue;
+            }
+            if let Some(live) = self.live_job(&job.id) {
+                let status = live.record.lock().status;
+                if status == JobStatus::Queued {
+                    self.cancel(&job.owner, &job.id)?;
+                    job = self.meta.get_job(&job.id)?.unwrap_or(job);
+                } else {
+                    // Running: stop it; the worker records it as expired.
+                    live.expire_on_stop.store(true, Ordering::SeqCst);
+                    live.cancel.cancel();
+                    continue;
+                }
+            }
+            if job.status != JobStatus::Expired || !job.outputs.is_empty() {
+                self.drop_outputs(&mut job)?;
+                job.status = JobStatus::Expired;
+                job.progress = None;
+                job.completed_at.get_or_insert(now);
+                job.updated_at = now;
+                self.meta.put_job(&job)?;
+                tracing::info!(job_id = %job.id, "job expired");
+            } else if job.expires_at + grace <= now {
+                self.meta.delete_job(&job)?;
+            }
+        }
+        self.meta.purge_claims(now)?;
+        self.collect_blobs()?;
+        self.meta.flush()?;
+        Ok(())
+    }
+
+    /// Deletes blobs that no asset and no live job refers to.
+    fn collect_blobs(&self) -> Result<(), ServiceError> {
+        let in_use: HashSet<String> =
+            self.live.read().values().flat_map(|l| l.record.lock().inputs.iter().map(|i| i.hash.clone()).collect::<Vec<_>>()).collect();
+        let mut deleted = false;
+        for (hash, written) in self.blobs.list()? {
+            let name = blob_name(&hash);
+            let young = SystemTime::now().duration_since(written).map_or(true, |age| age < self.opts.blob_grace);
+            if young || in_use.contains(&name) || !self.meta.assets_with_hash(&name)?.is_empty() {
+                continue;
+            }
+            self.blobs.delete(&hash)?;
+            deleted = true;
+        }
+        if deleted {
+            // Cached results may name files that are gone.
+            self.executor.cache().clear();
+        }
+        Ok(())
+    }
+}

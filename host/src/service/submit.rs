@@ -1,0 +1,125 @@
+//! Turning a submission into a runnable job: `core/ASSET` references are
+//! resolved (recursively, anywhere in the graph) to input names, and the
+//! resolved graph is validated against the node registry. Everything here is
+//! synchronous and side-effect free; `Service::submit` records the result.
+
+use serde_json::{Map, Value as Json};
+
+use super::ServiceError;
+use super::job_files::JobInputs;
+use crate::plugins::NodeRegistry;
+use crate::store::{AssetRecord, JobInput, MetaStore, Micros};
+use crate::workflow::{Issue, ParseError, Plan, ValidationError, Workflow, validate};
+
+/// The marker of an asset reference inside a workflow.
+pub const ASSET_TYPE: &str = "core/ASSET";
+
+/// A workflow whose asset references are resolved.
+pub struct Resolved {
+    pub workflow: Json,
+    pub inputs: Vec<JobInput>,
+}
+
+/// Replaces every `{"__type": "core/ASSET", "info": {...}}` in `workflow`
+/// by the name its asset is readable under. References that are malformed,
+/// unknown, expired or not owned by `owner` are collected into
+/// [`ServiceError::MissingAsset`].
+pub fn resolve_assets(workflow: &Json, meta: &dyn MetaStore, owner: &str, now: Micros) -> Result<Resolved, ServiceError> {
+    let mut inputs: Vec<JobInput> = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
+    let mut out = workflow.clone();
+    walk(&mut out, &mut |value| {
+        let info = value.get("info").and_then(Json::as_object);
+        let Some(info) = info else {
+            missing.push("(reference without info)".into());
+            return Ok(());
+        };
+        let id = info.get("id").and_then(Json::as_str);
+        let hash = info.get("hash").and_then(Json::as_str);
+        let usable = |a: &AssetRecord| a.owner == owner && a.expires_at.is_none_or(|e| e > now);
+        let mut asset = match id {
+            Some(id) => meta.get_asset(id)?.filter(usable),
+            None => None,
+        };
+        if asset.is_none()
+            && let Some(hash) = hash
+        {
+            asset = meta.assets_with_hash(&hash.to_ascii_lowercase())?.into_iter().find(|a| usable(a));
+        }
+        let Some(asset) = asset else {
+            missing.push(id.or(hash).unwrap_or("(reference without id)").to_string());
+            return Ok(());
+        };
+        let name = input_name(&asset, &inputs);
+        if !inputs.iter().any(|i| i.name == name) {
+            inputs.push(JobInput { name: name.clone(), hash: asset.hash.clone() });
+        }
+        *value = Json::String(name);
+        Ok(())
+    })?;
+    if !missing.is_empty() {
+        return Err(ServiceError::MissingAsset(missing));
+    }
+    Ok(Resolved { workflow: out, inputs })
+}
+
+/// Calls `f` on every asset reference in `value`, depth first.
+fn walk(value: &mut Json, f: &mut dyn FnMut(&mut Json) -> Result<(), ServiceError>) -> Result<(), ServiceError> {
+    match value {
+        Json::Object(map) if map.get("__type").and_then(Json::as_str) == Some(ASSET_TYPE) => f(value),
+        Json::Object(map) => map.values_mut().try_for_each(|v| walk(v, f)),
+        Json::Array(items) => items.iter_mut().try_for_each(|v| walk(v, f)),
+        _ => Ok(()),
+    }
+}
+
+/// The name an asset is read under: its file name, made unique in the job.
+fn input_name(asset: &AssetRecord, taken: &[JobInput]) -> String {
+    let base = asset
+        .file_path
+        .as_deref()
+        .and_then(|p| p.rsplit(['/', '\\']).next())
+        .filter(|n| !n.is_empty() && *n != "." && *n != ".." && !n.contains('\0'))
+        .unwrap_or("input.bin")
+        .to_string();
+    match taken.iter().find(|i| i.name == base) {
+        Some(i) if i.hash != asset.hash => format!("{}-{base}", asset.id),
+        _ => base,
+    }
+}
+
+/// Validates a resolved workflow; any error refuses the whole job.
+pub fn check(workflow: &Json, registry: &NodeRegistry, inputs: &JobInputs) -> Result<(Workflow, Plan), ServiceError> {
+    let parsed = Workflow::from_json(workflow).map_err(|e| match e {
+        ParseError::UiFormat => ServiceError::WorkflowFormatUi,
+        other => ServiceError::InvalidWorkflow { message: other.to_string(), details: None },
+    })?;
+    match validate(&parsed, registry, inputs) {
+        Ok((plan, issues)) if issues.is_empty() => Ok((parsed, plan)),
+        Ok((_, issues)) | Err(ValidationError::OutputsFailed(issues)) => Err(invalid(&issues)),
+        Err(ValidationError::Node(issue)) => Err(invalid(std::slice::from_ref(&issue))),
+        Err(e @ ValidationError::NoOutputs) => Err(ServiceError::InvalidWorkflow { message: e.to_string(), details: None }),
+    }
+}
+
+/// `invalid_workflow` with `details.node_errors`: node id → `[{field, reason, message}]`.
+fn invalid(issues: &[Issue]) -> ServiceError {
+    let mut nodes: Map<String, Json> = Map::new();
+    for issue in issues {
+        let entry = serde_json::json!({
+            "field": issue.input,
+            "reason": issue.kind,
+            "message": issue.message,
+            "class_type": issue.class_type,
+        });
+        match nodes.entry(issue.node_id.clone()).or_insert_with(|| Json::Array(Vec::new())) {
+            Json::Array(list) => list.push(entry),
+            _ => unreachable!("node_errors entries are arrays"),
+        }
+    }
+    let message = match issues {
+        [one] => one.message.clone(),
+        many => format!("{} validation errors", many.len()),
+    };
+    ServiceError::InvalidWorkflow { message, details: Some(serde_json::json!({ "node_errors": nodes })) }
+}

@@ -1,0 +1,297 @@
+//! Job workers: take the next queued job, run it through the executor, and
+//! turn executor events into record updates and stream events.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::job_files::{JobInputs, JobOutputs, media_type};
+use super::{JobEvent, LiveJob, Service, submit};
+use crate::executor::{Event, RunContext, RunOutcome, RunStatus};
+use crate::plugins::FailureKind;
+use crate::store::{AssetRecord, JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros, OutputRecord, ProgressSnapshot, blob_name, now_micros};
+
+/// Progress frames per job go out at most this often.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
+/// The job log keeps this much of its tail.
+const LOG_LIMIT: usize = 1 << 20;
+
+/// The JobError code of a node failure.
+pub fn failure_code(kind: FailureKind) -> &'static str {
+    match kind {
+        FailureKind::Timeout => "node_timeout",
+        FailureKind::OutOfMemory => "node_out_of_memory",
+        FailureKind::Crashed => "node_crashed",
+        FailureKind::InvalidOutput => "node_invalid_output",
+        FailureKind::Failed => "node_execution_error",
+        FailureKind::Interrupted => "interrupted",
+    }
+}
+
+impl Service {
+    pub(super) async fn worker_loop(self: Arc<Self>) {
+        loop {
+            let next = tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                id = self.next_job() => id,
+            };
+            let Some(live) = self.live_job(&next) else { continue };
+            tokio::select! {
+                _ = self.shutdown.cancelled() => {
+                    // Leave the job `running` in the store: the next start re-runs it.
+                    live.cancel.cancel();
+                    return;
+                }
+                () = self.run_job(live.clone()) => {}
+            }
+        }
+    }
+
+    async fn next_job(&self) -> String {
+        loop {
+            let notified = self.queue_notify.notified();
+            if let Some(id) = self.queue.lock().pop_front() {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                return id;
+            }
+            notified.await;
+        }
+    }
+
+    async fn run_job(&self, live: Arc<LiveJob>) {
+        let now = now_micros();
+        let snapshot = {
+            let mut rec = live.record.lock();
+            if rec.status != JobStatus::Queued {
+                return; // canceled while it waited
+            }
+            rec.status = JobStatus::Running;
+            rec.started_at = Some(now);
+            rec.updated_at = now;
+            rec.queue_ms = Some((now - rec.created_at) / 1000);
+            rec.attempts += 1;
+            rec.clone()
+        };
+        let span = tracing::info_span!("job", job_id = %snapshot.id);
+        let _enter = span.enter();
+        tracing::info!(attempt = snapshot.attempts, "job running");
+        if let Err(e) = self.meta.put_job(&snapshot).and_then(|()| self.meta.dequeue(&snapshot)) {
+            tracing::error!(error = %e, "cannot record the running job");
+        }
+        live.publish_status();
+        self.publish_queue_positions();
+        drop(_enter);
+
+        let outcome = match self.prepare(&snapshot) {
+            Ok((workflow, plan)) => {
+                let total = plan.nodes.len() as u64;
+                live.record.lock().progress = Some(ProgressSnapshot {
+                    value: 0.0,
+                    nodes_done: 0,
+                    nodes_total: total,
+                    current_node: None,
+                    current_node_class: None,
+                    step: None,
+                    steps: None,
+                    message: None,
+                });
+                let ctx = RunContext {
+                    job_id: snapshot.id.clone(),
+                    prompt: Arc::new(workflow),
+                    extra_pnginfo: None,
+                    inputs: Arc::new(JobInputs::new(&snapshot.inputs, self.blobs.clone())),
+                    outputs: Arc::new(JobOutputs::new(self.blobs.clone())),
+                    events: self.sink(live.clone()),
+                    cancel: live.cancel.clone(),
+                };
+                Ok(self.executor.run(&plan, ctx).await)
+            }
+            Err(e) => Err(e),
+        };
+        self.finish(&live, outcome);
+    }
+
+    /// Loads and re-validates the job's workflow (plugins may have changed
+    /// since it was submitted, e.g. across a restart).
+    fn prepare(&self, job: &JobRecord) -> Result<(serde_json::Value, crate::workflow::Plan), JobErrorRecord> {
+        let error = |code: &str, message: String| JobErrorRecord { code: code.into(), message, node_id: None, class_type: None, traceback: None };
+        let workflow = match self.meta.get_workflow(&job.id) {
+            Ok(Some(w)) => w,
+            Ok(None) => return Err(error("internal_error", "the job's workflow is missing from the store".into())),
+            Err(e) => return Err(error("internal_error", format!("cannot read the job's workflow: {e}"))),
+        };
+        let inputs = JobInputs::new(&job.inputs, self.blobs.clone());
+        match submit::check(&workflow, &self.registry, &inputs) {
+            Ok((_, plan)) => Ok((workflow, plan)),
+            Err(e) => Err(error("invalid_workflow", e.to_string())),
+        }
+    }
+
+    /// The executor's event sink for one job.
+    fn sink(&self, live: Arc<LiveJob>) -> crate::executor::EventSink {
+        let meta = self.meta.clone();
+        Arc::new(move |event: Event| {
+            let now = now_micros();
+            match event {
+                Event::Cached { nodes } => update_progress(&live, |p| p.nodes_done += nodes.len() as u64, false),
+                Event::Executing { node, class_type } => update_progress(
+                    &live,
+                    |p| {
+                        p.current_node = Some(node);
+                        p.current_node_class = Some(class_type);
+                        (p.step, p.steps, p.message) = (None, None, None);
+                    },
+                    false,
+                ),
+                Event::Progress { node, step, steps, .. } => update_progress(
+                    &live,
+                    |p| {
+                        p.message = Some(format!("{} {step}/{steps}", p.current_node_class.as_deref().unwrap_or(&node)));
+                        (p.step, p.steps) = (Some(step), Some(steps));
+                    },
+                    false,
+                ),
+                Event::Executed { .. } => update_progress(
+                    &live,
+                    |p| {
+                        p.nodes_done += 1;
+                        (p.step, p.steps) = (None, None);
+                    },
+                    false,
+                ),
+                Event::Output { node, files, .. } => {
+                    let (job_id, owner, expires_at) = {
+                        let rec = live.record.lock();
+                        (rec.id.clone(), rec.owner.clone(), rec.expires_at)
+                    };
+                    for file in files {
+                        let Some(hash) = file.hash else { continue };
+                        let name = file.filename.clone();
+                        let (content_type, kind) = media_type(&name);
+                        let file_path = if file.subfolder.is_empty() { name.clone() } else { format!("{}/{}", file.subfolder, name) };
+                        let asset = AssetRecord {
+                            id: uuid::Uuid::new_v4().to_string(),
+                            owner: owner.clone(),
+                            hash: blob_name(&hash),
+                            size_bytes: file.size,
+                            content_type: content_type.into(),
+                            file_path: Some(file_path),
+                            created_at: now,
+                            expires_at: Some(expires_at),
+                            job_id: Some(job_id.clone()),
+                            node_id: Some(node.clone()),
+                        };
+                        if let Err(e) = meta.put_asset(&asset) {
+                            tracing::error!(error = %e, "cannot record an output asset");
+                            continue;
+                        }
+                        let output = OutputRecord {
+                            node_id: node.clone(),
+                            name,
+                            kind: kind.into(),
+                            content_type: content_type.into(),
+                            size_bytes: file.size,
+                            asset_id: asset.id,
+                            hash: asset.hash,
+                        };
+                        let snapshot = {
+                            let mut rec = live.record.lock();
+                            rec.outputs.push(output.clone());
+                            rec.updated_at = now;
+                            rec.clone()
+                        };
+                        if let Err(e) = meta.put_job(&snapshot) {
+                            tracing::error!(error = %e, "cannot record an output");
+                        }
+                        live.publish(JobEvent::Output(output));
+                    }
+                }
+                Event::Preview { .. } | Event::Started { .. } | Event::Succeeded { .. } | Event::Failed { .. } | Event::Interrupted { .. } => {}
+            }
+        })
+    }
+
+    /// Records how the run ended and retires the live job.
+    fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, JobErrorRecord>) {
+        let now = now_micros();
+        let snapshot = {
+            let mut rec = live.record.lock();
+            match outcome {
+                Ok(outcome) => {
+                    match outcome.status {
+                        RunStatus::Succeeded => {
+                            rec.status = JobStatus::Succeeded;
+                            if let Some(p) = rec.progress.as_mut() {
+                                (p.value, p.nodes_done, p.step, p.steps) = (1.0, p.nodes_total, None, None);
+                            }
+                        }
+                        RunStatus::Failed { node, class_type, failure } => {
+                            rec.status = JobStatus::Failed;
+                            rec.error = Some(JobErrorRecord {
+                                code: failure_code(failure.kind).into(),
+                                message: failure.message,
+                                node_id: Some(node),
+                                class_type: Some(class_type),
+                                traceback: None,
+                            });
+                        }
+                        RunStatus::Interrupted => {
+                            rec.status = if live.expire_on_stop.load(Ordering::SeqCst) { JobStatus::Expired } else { JobStatus::Canceled };
+                        }
+                    }
+                    rec.logs = Some(log_record(outcome.log, now));
+                }
+                Err(error) => {
+                    rec.status = JobStatus::Failed;
+                    rec.error = Some(error);
+                }
+            }
+            rec.completed_at = Some(now);
+            rec.updated_at = now;
+            rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
+            rec.clone()
+        };
+        tracing::info!(job_id = %snapshot.id, status = snapshot.status.as_str(), "job finished");
+        if let Err(e) = self.meta.put_job(&snapshot).and_then(|()| self.meta.flush()) {
+            tracing::error!(job_id = %snapshot.id, error = %e, "cannot record the finished job");
+        }
+        live.publish_status();
+        self.live.write().remove(&snapshot.id);
+    }
+}
+
+/// The job log: the tail of the plugins' output when it is long.
+fn log_record(mut text: String, now: Micros) -> JobLogRecord {
+    let truncated = text.len() > LOG_LIMIT;
+    if truncated {
+        let mut cut = text.len() - LOG_LIMIT;
+        while !text.is_char_boundary(cut) {
+            cut += 1;
+        }
+        text.drain(..cut);
+    }
+    JobLogRecord { text, truncated, captured_at: now }
+}
+
+/// Applies `f` to the job's progress, recomputes `value`, and sends a frame
+/// unless one went out less than [`PROGRESS_INTERVAL`] ago.
+fn update_progress(live: &LiveJob, f: impl FnOnce(&mut ProgressSnapshot), force: bool) {
+    let snapshot = {
+        let mut rec = live.record.lock();
+        let Some(p) = rec.progress.as_mut() else { return };
+        f(p);
+        let partial = match (p.step, p.steps) {
+            (Some(s), Some(n)) if n > 0 => (s as f64 / n as f64).min(1.0),
+            _ => 0.0,
+        };
+        let total = p.nodes_total.max(1) as f64;
+        p.value = ((p.nodes_done as f64 + partial) / total).clamp(0.0, 1.0);
+        p.clone()
+    };
+    let mut last = live.last_progress.lock();
+    if force || last.is_none_or(|t| t.elapsed() >= PROGRESS_INTERVAL) {
+        *last = Some(Instant::now());
+        drop(last);
+        live.publish(JobEvent::Progress(snapshot));
+    }
+}

@@ -1,0 +1,197 @@
+//! The embedded blob store: one file per blob under
+//! `<dir>/<first two hex digits>/<hex>`, written to a temp file, fsynced,
+//! renamed into place and the directory fsynced, so a crash leaves either
+//! the whole blob or nothing.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{BlobStore, StoreError};
+
+/// Blobs in a directory.
+pub struct DiskBlobs {
+    dir: PathBuf,
+    tmp: PathBuf,
+}
+
+impl DiskBlobs {
+    /// Opens (creating) the store in `dir`; clears leftovers of interrupted writes.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<DiskBlobs, StoreError> {
+        let dir = dir.into();
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp)?;
+        for entry in std::fs::read_dir(&tmp)? {
+            let _ = std::fs::remove_file(entry?.path());
+        }
+        Ok(DiskBlobs { dir, tmp })
+    }
+
+    fn final_path(&self, hash: &blake3::Hash) -> PathBuf {
+        let hex = hash.to_hex();
+        self.dir.join(&hex[..2]).join(hex.as_str())
+    }
+
+    fn temp_file(&self) -> Result<(PathBuf, File), StoreError> {
+        let path = self.tmp.join(uuid::Uuid::new_v4().simple().to_string());
+        let file = File::options().write(true).create_new(true).open(&path)?;
+        Ok((path, file))
+    }
+}
+
+/// Sets a blob's modification time to now.
+fn touch(path: &Path) {
+    if let Ok(f) = File::options().append(true).open(path) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
+}
+
+/// Moves a complete, synced temp file to its content address.
+fn commit(tmp: &Path, dest: &Path) -> Result<(), StoreError> {
+    let parent = dest.parent().ok_or_else(|| StoreError::Corrupt(dest.display().to_string()))?;
+    std::fs::create_dir_all(parent)?;
+    if dest.exists() {
+        // Same content already stored: keep the old file, but mark it fresh
+        // so a garbage-collection pass does not take it from its new owner.
+        let _ = std::fs::remove_file(tmp);
+        touch(dest);
+        return Ok(());
+    }
+    std::fs::rename(tmp, dest)?;
+    File::open(parent)?.sync_all()?;
+    Ok(())
+}
+
+impl BlobStore for DiskBlobs {
+    fn put(&self, data: &[u8]) -> Result<blake3::Hash, StoreError> {
+        let hash = blake3::hash(data);
+        let dest = self.final_path(&hash);
+        if dest.exists() {
+            touch(&dest);
+            return Ok(hash);
+        }
+        let (tmp, mut file) = self.temp_file()?;
+        let written = file.write_all(data).and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+        commit(&tmp, &dest)?;
+        Ok(hash)
+    }
+
+    fn begin(&self, limit: u64) -> Result<BlobUpload, StoreError> {
+        let (path, file) = self.temp_file()?;
+        Ok(BlobUpload { path: Some(path), file, hasher: blake3::Hasher::new(), size: 0, limit, root: self.dir.clone() })
+    }
+
+    fn contains(&self, hash: &blake3::Hash) -> bool {
+        self.final_path(hash).is_file()
+    }
+
+    fn path(&self, hash: &blake3::Hash) -> Option<PathBuf> {
+        let p = self.final_path(hash);
+        p.is_file().then_some(p)
+    }
+
+    fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError> {
+        match std::fs::remove_file(self.final_path(hash)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn list(&self) -> Result<Vec<(blake3::Hash, std::time::SystemTime)>, StoreError> {
+        let mut out = Vec::new();
+        for shard in std::fs::read_dir(&self.dir)? {
+            let shard = shard?;
+            if shard.file_name() == "tmp" || !shard.file_type()?.is_dir() {
+                continue;
+            }
+            for entry in std::fs::read_dir(shard.path())? {
+                let entry = entry?;
+                if let Some(hash) = entry.file_name().to_str().and_then(|n| blake3::Hash::from_hex(n).ok()) {
+                    out.push((hash, entry.metadata()?.modified()?));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A blob being streamed in; hashed as it arrives. Dropped without
+/// [`BlobUpload::finish`], it leaves nothing behind.
+pub struct BlobUpload {
+    path: Option<PathBuf>,
+    file: File,
+    hasher: blake3::Hasher,
+    size: u64,
+    limit: u64,
+    root: PathBuf,
+}
+
+impl BlobUpload {
+    /// Appends a chunk.
+    pub fn write(&mut self, chunk: &[u8]) -> Result<(), StoreError> {
+        self.size += chunk.len() as u64;
+        if self.size > self.limit {
+            return Err(StoreError::TooLarge { limit: self.limit });
+        }
+        self.hasher.update(chunk);
+        self.file.write_all(chunk)?;
+        Ok(())
+    }
+
+    /// The hash and size of what was written so far.
+    pub fn digest(&self) -> (blake3::Hash, u64) {
+        (self.hasher.finalize(), self.size)
+    }
+
+    /// Makes the blob durable under its hash.
+    pub fn finish(mut self) -> Result<(blake3::Hash, u64), StoreError> {
+        self.file.sync_data()?;
+        let hash = self.hasher.finalize();
+        let hex = hash.to_hex();
+        let dest = self.root.join(&hex[..2]).join(hex.as_str());
+        if let Some(tmp) = self.path.take() {
+            commit(&tmp, &dest)?;
+        }
+        Ok((hash, self.size))
+    }
+}
+
+impl Drop for BlobUpload {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_stream_dedup_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = DiskBlobs::open(dir.path()).unwrap();
+        let h = blobs.put(b"hello").unwrap();
+        assert_eq!(h, blake3::hash(b"hello"));
+        assert_eq!(std::fs::read(blobs.path(&h).unwrap()).unwrap(), b"hello");
+        let mut up = blobs.begin(100).unwrap();
+        up.write(b"hel").unwrap();
+        up.write(b"lo").unwrap();
+        assert_eq!(up.finish().unwrap(), (h, 5));
+        assert_eq!(blobs.list().unwrap().into_iter().map(|(h, _)| h).collect::<Vec<_>>(), vec![h]);
+        // Aborted and oversize uploads leave no temp files.
+        let mut up = blobs.begin(4).unwrap();
+        assert!(matches!(up.write(b"12345"), Err(StoreError::TooLarge { limit: 4 })));
+        drop(up);
+        drop(blobs.begin(10).unwrap());
+        assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+        blobs.delete(&h).unwrap();
+        assert!(!blobs.contains(&h));
+        blobs.delete(&h).unwrap();
+    }
+}

@@ -1,0 +1,100 @@
+//! Durable state: job, asset and idempotency records ([`MetaStore`]) and the
+//! content-addressed blobs behind assets ([`BlobStore`]).
+//!
+//! Both are traits so a distributed backend can replace the embedded ones
+//! ([`SledMeta`], [`DiskBlobs`]) without touching the job service.
+
+mod blobs;
+pub mod records;
+mod sled_meta;
+
+use std::path::PathBuf;
+
+pub use blobs::{BlobUpload, DiskBlobs};
+pub use records::*;
+pub use sled_meta::SledMeta;
+
+/// A storage failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("metadata store: {0}")]
+    Backend(String),
+    #[error("corrupt record under {0}")]
+    Corrupt(String),
+    #[error("the Idempotency-Key is already claimed")]
+    KeyClaimed,
+    #[error("upload exceeds {limit} bytes")]
+    TooLarge { limit: u64 },
+}
+
+/// A blob's name: `blake3:<64 lowercase hex>`.
+pub fn blob_name(hash: &blake3::Hash) -> String {
+    format!("blake3:{}", hash.to_hex())
+}
+
+/// Parses `blake3:<hex>` (hex in either case).
+pub fn parse_blob_name(name: &str) -> Option<blake3::Hash> {
+    let hex = name.strip_prefix("blake3:")?;
+    blake3::Hash::from_hex(hex).ok()
+}
+
+/// A page of jobs, newest first.
+pub struct JobPage {
+    pub jobs: Vec<JobRecord>,
+    /// Where the next page starts, if there is one.
+    pub next: Option<Vec<u8>>,
+}
+
+/// Job, asset, idempotency and queue records.
+pub trait MetaStore: Send + Sync {
+    /// Atomically: claims `claim` (if any; fails with [`StoreError::KeyClaimed`]
+    /// when a live claim holds the key), records the job and its workflow,
+    /// and appends it to the queue. Durable when it returns.
+    fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError>;
+    /// Writes a job record (not flushed; see [`MetaStore::flush`]).
+    fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;
+    fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
+    /// Removes a job, its workflow and its queue entry.
+    fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError>;
+    fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError>;
+    /// Jobs newest first, starting after `cursor`, keeping those `keep` accepts.
+    fn list_jobs(&self, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError>;
+    /// Every job (recovery and retention sweeps).
+    fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
+    /// The queue, in run order.
+    fn queued(&self) -> Result<Vec<String>, StoreError>;
+    /// Takes a job off the queue.
+    fn dequeue(&self, job: &JobRecord) -> Result<(), StoreError>;
+    /// Puts a job (back) on the queue at its `seq`.
+    fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError>;
+
+    fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
+    fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
+    fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
+    /// Assets over blob `hash`.
+    fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError>;
+
+    /// The live claim on `key`, if any.
+    fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError>;
+    /// Drops claims that expired before `now`; returns how many.
+    fn purge_claims(&self, now: Micros) -> Result<usize, StoreError>;
+
+    /// Makes every write so far durable.
+    fn flush(&self) -> Result<(), StoreError>;
+}
+
+/// Content-addressed blobs.
+pub trait BlobStore: Send + Sync {
+    /// Stores `data`; returns its hash. Atomic and durable when it returns.
+    fn put(&self, data: &[u8]) -> Result<blake3::Hash, StoreError>;
+    /// Starts a streamed upload of at most `limit` bytes.
+    fn begin(&self, limit: u64) -> Result<BlobUpload, StoreError>;
+    fn contains(&self, hash: &blake3::Hash) -> bool;
+    /// A local file holding the blob (for streaming and range reads).
+    fn path(&self, hash: &blake3::Hash) -> Option<PathBuf>;
+    fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError>;
+    /// Every blob present, with when it was last written.
+    fn list(&self) -> Result<Vec<(blake3::Hash, std::time::SystemTime)>, StoreError>;
+}

@@ -1,0 +1,173 @@
+//! The records kiln persists: jobs, assets, idempotency claims and queue
+//! entries. They are plain data (serde JSON in the metadata store), shaped
+//! for the store rather than the wire; `api::v2::wire` renders them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+/// Microseconds since the Unix epoch (UTC).
+pub type Micros = i64;
+
+/// Now, in [`Micros`].
+pub fn now_micros() -> Micros {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
+/// A job's status (the Jobs API state machine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    Queued,
+    Running,
+    Succeeded,
+    Canceling,
+    Canceled,
+    Failed,
+    Expired,
+}
+
+impl JobStatus {
+    /// Whether no further transition (other than expiry) can happen.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobStatus::Succeeded | JobStatus::Canceled | JobStatus::Failed | JobStatus::Expired)
+    }
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Running => "running",
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Canceling => "canceling",
+            JobStatus::Canceled => "canceled",
+            JobStatus::Failed => "failed",
+            JobStatus::Expired => "expired",
+        }
+    }
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Option<JobStatus> {
+        [
+            JobStatus::Queued,
+            JobStatus::Running,
+            JobStatus::Succeeded,
+            JobStatus::Canceling,
+            JobStatus::Canceled,
+            JobStatus::Failed,
+            JobStatus::Expired,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+}
+
+/// A progress snapshot (complete; re-syncs a client on its own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProgressSnapshot {
+    pub value: f64,
+    pub nodes_done: u64,
+    pub nodes_total: u64,
+    pub current_node: Option<String>,
+    pub current_node_class: Option<String>,
+    pub step: Option<u64>,
+    pub steps: Option<u64>,
+    pub message: Option<String>,
+}
+
+/// Why a job failed (`job.error`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobErrorRecord {
+    pub code: String,
+    pub message: String,
+    pub node_id: Option<String>,
+    pub class_type: Option<String>,
+    pub traceback: Option<String>,
+}
+
+/// The captured plugin output of a finished job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobLogRecord {
+    pub text: String,
+    pub truncated: bool,
+    pub captured_at: Micros,
+}
+
+/// One committed output of a job (an asset).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputRecord {
+    pub node_id: String,
+    pub name: String,
+    /// `image`, `video`, `audio`, `text`, `file` or `latent`.
+    pub kind: String,
+    pub content_type: String,
+    pub size_bytes: u64,
+    pub asset_id: String,
+    /// `blake3:<hex>`.
+    pub hash: String,
+}
+
+/// An input file of a job: the name nodes see and the blob behind it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobInput {
+    pub name: String,
+    pub hash: String,
+}
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: String,
+    /// The caller that submitted it (assets it references must be theirs).
+    pub owner: String,
+    pub status: JobStatus,
+    pub created_at: Micros,
+    pub started_at: Option<Micros>,
+    pub completed_at: Option<Micros>,
+    pub updated_at: Micros,
+    pub expires_at: Micros,
+    /// Position in the queue order (smaller runs first).
+    pub seq: u64,
+    /// How many times execution began (a restart during a run re-queues once).
+    pub attempts: u32,
+    pub inputs: Vec<JobInput>,
+    pub outputs: Vec<OutputRecord>,
+    pub error: Option<JobErrorRecord>,
+    pub progress: Option<ProgressSnapshot>,
+    pub logs: Option<JobLogRecord>,
+    pub queue_ms: Option<i64>,
+    pub execution_ms: Option<i64>,
+    /// Label map given at submission (`metadata`).
+    #[serde(default)]
+    pub metadata: Option<serde_json::Map<String, Json>>,
+    /// Which API surface submitted it (`v2` or `compat`).
+    #[serde(default)]
+    pub surface: String,
+}
+
+/// An asset: a UUID-named record over a content-addressed blob.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssetRecord {
+    pub id: String,
+    pub owner: String,
+    /// `blake3:<hex>`.
+    pub hash: String,
+    pub size_bytes: u64,
+    pub content_type: String,
+    pub file_path: Option<String>,
+    pub created_at: Micros,
+    /// Retention deadline of the record (outputs: their job's); `None` never expires.
+    pub expires_at: Option<Micros>,
+    /// The job that produced it (outputs only).
+    pub job_id: Option<String>,
+    /// The node that produced it (outputs only).
+    #[serde(default)]
+    pub node_id: Option<String>,
+}
+
+/// An Idempotency-Key claim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdempotencyClaim {
+    pub key: String,
+    pub owner: String,
+    pub job_id: Option<String>,
+    pub claimed_at: Micros,
+    pub expires_at: Micros,
+}

@@ -1,0 +1,299 @@
+//! The embedded metadata store on sled.
+//!
+//! Trees: `jobs` (id → JSON), `workflows` (id → JSON), `jobs_by_time`
+//! (created µs big-endian ‖ id → id, for newest-first listing), `queue`
+//! (seq big-endian → id), `assets` (id → JSON), `asset_hashes`
+//! (hash ‖ 0 ‖ id → empty, for dedup and blob reference counts) and
+//! `claims` (Idempotency-Key → JSON).
+
+use std::path::Path;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+
+use super::{AssetRecord, IdempotencyClaim, JobPage, JobRecord, MetaStore, Micros, StoreError};
+
+/// sled-backed [`MetaStore`].
+pub struct SledMeta {
+    db: sled::Db,
+    jobs: sled::Tree,
+    workflows: sled::Tree,
+    by_time: sled::Tree,
+    queue: sled::Tree,
+    assets: sled::Tree,
+    hashes: sled::Tree,
+    claims: sled::Tree,
+}
+
+fn backend(e: sled::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(v).map_err(|e| StoreError::Backend(e.to_string()))
+}
+
+fn decode<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|_| StoreError::Corrupt(String::from_utf8_lossy(key).into_owned()))
+}
+
+fn time_key(job: &JobRecord) -> Vec<u8> {
+    let mut k = job.created_at.to_be_bytes().to_vec();
+    k.extend_from_slice(job.id.as_bytes());
+    k
+}
+
+fn hash_key(hash: &str, id: &str) -> Vec<u8> {
+    let mut k = hash.as_bytes().to_vec();
+    k.push(0);
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+impl SledMeta {
+    /// Opens (creating) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<SledMeta, StoreError> {
+        let db = sled::Config::new().path(dir).flush_every_ms(Some(200)).open().map_err(backend)?;
+        let tree = |name: &str| db.open_tree(name).map_err(backend);
+        Ok(SledMeta {
+            jobs: tree("jobs")?,
+            workflows: tree("workflows")?,
+            by_time: tree("jobs_by_time")?,
+            queue: tree("queue")?,
+            assets: tree("assets")?,
+            hashes: tree("asset_hashes")?,
+            claims: tree("claims")?,
+            db,
+        })
+    }
+}
+
+impl MetaStore for SledMeta {
+    fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
+        let job_bytes = encode(job)?;
+        let wf_bytes = encode(workflow)?;
+        let claim_bytes = claim.map(encode).transpose()?;
+        let result = (&self.jobs, &self.workflows, &self.by_time, &self.queue, &self.claims).transaction(|(jobs, wfs, by_time, queue, claims)| {
+            if let (Some(claim), Some(bytes)) = (claim, &claim_bytes) {
+                if let Some(existing) = claims.get(claim.key.as_bytes())? {
+                    let live = serde_json::from_slice::<IdempotencyClaim>(&existing).map_or(true, |c| c.expires_at > claim.claimed_at);
+                    if live {
+                        return Err(ConflictableTransactionError::Abort(()));
+                    }
+                }
+                claims.insert(claim.key.as_bytes(), bytes.as_slice())?;
+            }
+            jobs.insert(job.id.as_bytes(), job_bytes.as_slice())?;
+            wfs.insert(job.id.as_bytes(), wf_bytes.as_slice())?;
+            by_time.insert(time_key(job), job.id.as_bytes())?;
+            queue.insert(&job.seq.to_be_bytes(), job.id.as_bytes())?;
+            Ok(())
+        });
+        match result {
+            Ok(()) => self.flush(),
+            Err(TransactionError::Abort(())) => Err(StoreError::KeyClaimed),
+            Err(TransactionError::Storage(e)) => Err(backend(e)),
+        }
+    }
+
+    fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.jobs.insert(job.id.as_bytes(), encode(job)?).map_err(backend)?;
+        Ok(())
+    }
+
+    fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        self.jobs.get(id.as_bytes()).map_err(backend)?.map(|b| decode(id.as_bytes(), &b)).transpose()
+    }
+
+    fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.jobs.remove(job.id.as_bytes()).map_err(backend)?;
+        self.workflows.remove(job.id.as_bytes()).map_err(backend)?;
+        self.by_time.remove(time_key(job)).map_err(backend)?;
+        self.queue.remove(job.seq.to_be_bytes()).map_err(backend)?;
+        Ok(())
+    }
+
+    fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        self.workflows.get(id.as_bytes()).map_err(backend)?.map(|b| decode(id.as_bytes(), &b)).transpose()
+    }
+
+    fn list_jobs(&self, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError> {
+        let iter = match cursor {
+            Some(c) => self.by_time.range(..c.to_vec()),
+            None => self.by_time.iter(),
+        };
+        let mut jobs = Vec::new();
+        let mut next = None;
+        for item in iter.rev() {
+            let (_, id) = item.map_err(backend)?;
+            let Some(job) = self.get_job(&String::from_utf8_lossy(&id))? else { continue };
+            if !keep(&job) {
+                continue;
+            }
+            if jobs.len() == limit {
+                next = Some(time_key(&jobs[limit - 1]));
+                break;
+            }
+            jobs.push(job);
+        }
+        Ok(JobPage { jobs, next })
+    }
+
+    fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        self.jobs
+            .iter()
+            .map(|item| {
+                let (k, v) = item.map_err(backend)?;
+                decode(&k, &v)
+            })
+            .collect()
+    }
+
+    fn queued(&self) -> Result<Vec<String>, StoreError> {
+        self.queue.iter().values().map(|v| v.map(|id| String::from_utf8_lossy(&id).into_owned()).map_err(backend)).collect()
+    }
+
+    fn dequeue(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.queue.remove(job.seq.to_be_bytes()).map_err(backend)?;
+        Ok(())
+    }
+
+    fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.queue.insert(job.seq.to_be_bytes(), job.id.as_bytes()).map_err(backend)?;
+        Ok(())
+    }
+
+    fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        self.assets.insert(asset.id.as_bytes(), encode(asset)?).map_err(backend)?;
+        self.hashes.insert(hash_key(&asset.hash, &asset.id), &[][..]).map_err(backend)?;
+        Ok(())
+    }
+
+    fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+        self.assets.get(id.as_bytes()).map_err(backend)?.map(|b| decode(id.as_bytes(), &b)).transpose()
+    }
+
+    fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        self.assets.remove(asset.id.as_bytes()).map_err(backend)?;
+        self.hashes.remove(hash_key(&asset.hash, &asset.id)).map_err(backend)?;
+        Ok(())
+    }
+
+    fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        let mut prefix = hash.as_bytes().to_vec();
+        prefix.push(0);
+        let mut out = Vec::new();
+        for item in self.hashes.scan_prefix(&prefix) {
+            let (key, _) = item.map_err(backend)?;
+            let id = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+            if let Some(asset) = self.get_asset(&id)? {
+                out.push(asset);
+            }
+        }
+        Ok(out)
+    }
+
+    fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
+        self.claims.get(key.as_bytes()).map_err(backend)?.map(|b| decode(key.as_bytes(), &b)).transpose()
+    }
+
+    fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
+        let mut purged = 0;
+        for item in self.claims.iter() {
+            let (k, v) = item.map_err(backend)?;
+            let expired = serde_json::from_slice::<IdempotencyClaim>(&v).map_or(true, |c| c.expires_at <= now);
+            if expired {
+                self.claims.remove(k).map_err(backend)?;
+                purged += 1;
+            }
+        }
+        Ok(purged)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map_err(backend)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::JobStatus;
+
+    fn job(id: &str, created: Micros, seq: u64) -> JobRecord {
+        JobRecord {
+            id: id.into(),
+            owner: "local".into(),
+            status: JobStatus::Queued,
+            created_at: created,
+            started_at: None,
+            completed_at: None,
+            updated_at: created,
+            expires_at: created + 1_000,
+            seq,
+            attempts: 0,
+            inputs: vec![],
+            outputs: vec![],
+            error: None,
+            progress: None,
+            logs: None,
+            queue_ms: None,
+            execution_ms: None,
+            metadata: None,
+            surface: "v2".into(),
+        }
+    }
+
+    #[test]
+    fn submit_claims_once_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let meta = SledMeta::open(dir.path()).unwrap();
+            let claim = IdempotencyClaim { key: "k".into(), owner: "local".into(), job_id: Some("a".into()), claimed_at: 10, expires_at: 100 };
+            meta.submit(&job("a", 10, 1), &serde_json::json!({"1": {}}), Some(&claim)).unwrap();
+            let again = IdempotencyClaim { job_id: Some("b".into()), claimed_at: 20, ..claim.clone() };
+            assert!(matches!(meta.submit(&job("b", 20, 2), &serde_json::json!({}), Some(&again)), Err(StoreError::KeyClaimed)));
+            assert!(meta.get_job("b").unwrap().is_none(), "a refused claim records nothing");
+            // An expired claim no longer holds the key.
+            let later = IdempotencyClaim { job_id: Some("c".into()), claimed_at: 100, expires_at: 200, ..claim };
+            meta.submit(&job("c", 30, 3), &serde_json::json!({}), Some(&later)).unwrap();
+        }
+        let meta = SledMeta::open(dir.path()).unwrap();
+        assert_eq!(meta.queued().unwrap(), vec!["a".to_string(), "c".to_string()]);
+        assert_eq!(meta.get_claim("k").unwrap().unwrap().job_id.as_deref(), Some("c"));
+        assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"1": {}})));
+        let page = meta.list_jobs(None, 1, &|_| true).unwrap();
+        assert_eq!(page.jobs[0].id, "c");
+        let page = meta.list_jobs(page.next.as_deref(), 5, &|_| true).unwrap();
+        assert_eq!(page.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec!["a"]);
+        assert!(page.next.is_none());
+        assert_eq!(meta.purge_claims(1_000).unwrap(), 1);
+    }
+
+    #[test]
+    fn assets_indexed_by_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SledMeta::open(dir.path()).unwrap();
+        let a = AssetRecord {
+            id: "x".into(),
+            owner: "local".into(),
+            hash: "blake3:aa".into(),
+            size_bytes: 1,
+            content_type: "image/png".into(),
+            file_path: None,
+            created_at: 0,
+            expires_at: None,
+            job_id: None,
+            node_id: None,
+        };
+        meta.put_asset(&a).unwrap();
+        meta.put_asset(&AssetRecord { id: "y".into(), ..a.clone() }).unwrap();
+        assert_eq!(meta.assets_with_hash("blake3:aa").unwrap().len(), 2);
+        meta.delete_asset(&a).unwrap();
+        assert_eq!(meta.assets_with_hash("blake3:aa").unwrap().len(), 1);
+        assert!(meta.get_asset("x").unwrap().is_none());
+    }
+}

@@ -1,0 +1,171 @@
+//! Assets: upload with dedup and hash checks, by-hash/from-hash, get,
+//! content with ranges and signed redirects, delete, outputs as inputs.
+
+use serde_json::{Value, json};
+
+use super::{load_save, png_bytes, start, start_default};
+
+fn blake(bytes: &[u8]) -> String {
+    format!("blake3:{}", blake3::hash(bytes).to_hex())
+}
+
+#[tokio::test]
+async fn upload_dedup_hash_checks_and_by_hash() {
+    let s = start_default().await;
+    let bytes = png_bytes(5, 5, 1);
+    let hash = blake(&bytes);
+    let head = |h: String| {
+        let (http, url) = (s.http.clone(), s.url(&format!("/assets/by-hash/{h}")));
+        async move {
+            let r = http.head(url).send().await.unwrap();
+            (r.status().as_u16(), r.bytes().await.unwrap().len())
+        }
+    };
+    assert_eq!(head(hash.clone()).await, (404, 0));
+    // A wrong expected hash mints nothing.
+    let (status, err) = s.upload("p.png", bytes.clone(), Some(&blake(b"other"))).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (409, Some("hash_mismatch")));
+    assert_eq!(head(hash.clone()).await.0, 404);
+
+    let (status, a) = s.upload("p.png", bytes.clone(), Some(&hash.to_uppercase().replace("BLAKE3", "blake3"))).await;
+    assert_eq!(status, 201, "{a}");
+    assert_eq!((a["created_new"].as_bool(), a["hash"].as_str(), a["size_bytes"].as_u64()), (Some(true), Some(hash.as_str()), Some(bytes.len() as u64)));
+    assert_eq!(a["file_path"], "p.png");
+    assert!(a["url"].as_str().unwrap().starts_with("http://") && a["created_at"].as_str().unwrap().ends_with("+00:00"));
+    let (status, again) = s.upload("p.png", bytes.clone(), Some(&hash)).await;
+    assert_eq!((status, again["created_new"].as_bool(), &again["id"]), (200, Some(false), &a["id"]));
+    assert_eq!(head(hash.clone()).await, (200, 0));
+
+    // from-hash: known → an asset over the same blob; unknown → blob_not_found.
+    let r = s.http.post(s.url("/assets/from-hash")).json(&json!({ "hash": hash, "file_path": "copy.png" })).send().await.unwrap();
+    assert!([200, 201].contains(&r.status().as_u16()));
+    let minted: Value = r.json().await.unwrap();
+    assert_eq!(minted["hash"], hash);
+    let r = s.http.post(s.url("/assets/from-hash")).json(&json!({ "hash": blake(b"never"), "file_path": "x" })).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "blob_not_found");
+
+    // Malformed uploads.
+    let form = reqwest::multipart::Form::new().text("file_path", "a.png");
+    let r = s.http.post(s.url("/assets")).multipart(form).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.json::<Value>().await.unwrap()["error"]["code"].as_str().map(String::from)), (400, Some("invalid_request".into())));
+    let form = reqwest::multipart::Form::new().part("file", reqwest::multipart::Part::bytes(vec![1, 2]));
+    let r = s.http.post(s.url("/assets")).multipart(form).send().await.unwrap();
+    assert_eq!(r.status(), 400, "no file_path");
+    let r = s.http.post(s.url("/assets")).body("x").send().await.unwrap();
+    assert_eq!(r.status(), 400, "not multipart");
+}
+
+#[tokio::test]
+async fn oversize_uploads_are_413() {
+    let s = start(|_, o| o.max_upload_bytes = 1000).await;
+    let (status, err) = s.upload("big.bin", vec![7u8; 5000], None).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (413, Some("payload_too_large")), "{err}");
+    assert_eq!(s.upload("ok.bin", vec![7u8; 900], None).await.0, 201);
+}
+
+#[tokio::test]
+async fn get_content_ranges_and_delete() {
+    let s = start_default().await;
+    let bytes = png_bytes(9, 9, 4);
+    let (_, a) = s.upload("r.png", bytes.clone(), None).await;
+    let id = a["id"].as_str().unwrap();
+    let (status, got) = s.get(&format!("/assets/{id}")).await;
+    assert_eq!(status, 200);
+    assert!(got.get("created_new").is_none());
+    assert_eq!(got["hash"], a["hash"]);
+    let content = s.url(&format!("/assets/{id}/content"));
+    let full = s.http.get(&content).send().await.unwrap();
+    assert_eq!(full.status(), 200);
+    assert_eq!(full.headers()["content-type"], "image/png");
+    assert_eq!(full.headers()["accept-ranges"], "bytes");
+    assert_eq!(full.bytes().await.unwrap().as_ref(), bytes.as_slice());
+    let part = s.http.get(&content).header("range", "bytes=0-3").send().await.unwrap();
+    assert_eq!(part.status(), 206);
+    assert_eq!(part.headers()["content-range"].to_str().unwrap(), format!("bytes 0-3/{}", bytes.len()));
+    assert_eq!(part.bytes().await.unwrap().as_ref(), &bytes[..4]);
+    let tail = s.http.get(&content).header("range", "bytes=10-").send().await.unwrap();
+    assert_eq!(tail.status(), 206);
+    assert_eq!(tail.bytes().await.unwrap().as_ref(), &bytes[10..]);
+    let past = s.http.get(&content).header("range", format!("bytes={}-{}", bytes.len() + 5, bytes.len() + 9)).send().await.unwrap();
+    assert_eq!(past.status(), 416);
+    assert_eq!(past.headers()["content-range"].to_str().unwrap(), format!("bytes */{}", bytes.len()));
+
+    let del = s.http.delete(s.url(&format!("/assets/{id}"))).send().await.unwrap();
+    assert_eq!(del.status(), 204);
+    assert!(del.bytes().await.unwrap().is_empty());
+    assert_eq!(s.http.delete(s.url(&format!("/assets/{id}"))).send().await.unwrap().status(), 404);
+    assert_eq!(s.get(&format!("/assets/{id}")).await.0, 404);
+    assert_eq!(s.http.get(&content).send().await.unwrap().status(), 404);
+    let r = s.http.head(s.url(&format!("/assets/by-hash/{}", a["hash"].as_str().unwrap()))).send().await.unwrap();
+    assert_eq!(r.status(), 404, "no asset left to mint from");
+    assert_eq!(s.get(&format!("/assets/{}", uuid::Uuid::new_v4())).await.1["error"]["code"], "not_found");
+}
+
+#[tokio::test]
+async fn outputs_are_assets_and_feed_later_jobs() {
+    let s = start_default().await;
+    let (_, a) = s.upload("in.png", png_bytes(6, 5, 2), None).await;
+    let first = s.submit(load_save(&a)).await;
+    let done = s.wait(first["id"].as_str().unwrap()).await;
+    let out = &done["outputs"][0];
+    let oid = out["id"].as_str().unwrap();
+    let (status, asset) = s.get(&format!("/assets/{oid}")).await;
+    assert_eq!(status, 200);
+    assert_eq!((&asset["job_id"], &asset["hash"], &asset["size_bytes"]), (&done["id"], &out["hash"], &out["size_bytes"]));
+    // An output of a retained job cannot be deleted.
+    let r = s.http.delete(s.url(&format!("/assets/{oid}"))).send().await.unwrap();
+    assert_eq!(r.status(), 409);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "asset_in_use");
+    // The output, referenced by id inside a nested structure, is the next job's input.
+    let wf = json!({
+        "1": { "class_type": "LoadImage", "inputs": { "image": { "__type": "core/ASSET", "info": { "id": oid } } } },
+        "2": { "class_type": "ImageInvert", "inputs": { "image": ["1", 0] } },
+        "3": { "class_type": "SaveImage", "inputs": { "images": ["2", 0], "filename_prefix": "second" } },
+    });
+    let second = s.submit(wf).await;
+    let done2 = s.wait(second["id"].as_str().unwrap()).await;
+    assert_eq!(done2["status"], "succeeded", "{done2}");
+    assert_ne!(done2["outputs"][0]["hash"], out["hash"]);
+}
+
+#[tokio::test]
+async fn signed_redirects_carry_their_own_authorization() {
+    let s = start(|c, _| {
+        c.token = Some("tok".into());
+        c.download_redirect = true;
+        c.signed_url_ttl_s = 60;
+    })
+    .await;
+    let bytes = png_bytes(3, 3, 5);
+    let form = reqwest::multipart::Form::new()
+        .text("file_path", "s.png")
+        .part("file", reqwest::multipart::Part::bytes(bytes.clone()).file_name("s.png"));
+    let a: Value = s.http.post(s.url("/assets")).bearer_auth("tok").multipart(form).send().await.unwrap().json().await.unwrap();
+    let no_redirects = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let r = no_redirects.get(s.url(&format!("/assets/{}/content", a["id"].as_str().unwrap()))).bearer_auth("tok").send().await.unwrap();
+    assert_eq!(r.status(), 302);
+    let location = r.headers()["location"].to_str().unwrap().to_string();
+    assert!(location.starts_with("http://127.0.0.1:") && location.contains("sig="), "{location}");
+    // No credentials needed, ranges work, and the bytes are the upload's.
+    let got = s.http.get(&location).send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.bytes().await.unwrap().as_ref(), bytes.as_slice());
+    let part = s.http.get(&location).header("range", "bytes=1-2").send().await.unwrap();
+    assert_eq!(part.status(), 206);
+    // Tampering or expiry voids the link.
+    let tampered = location.replace("sig=", "sig=0");
+    assert_eq!(s.http.get(&tampered).send().await.unwrap().status(), 403);
+    let expires: i64 = location.split("expires=").nth(1).unwrap().split('&').next().unwrap().parse().unwrap();
+    let moved = location.replace(&format!("expires={expires}"), &format!("expires={}", expires + 100));
+    assert_eq!(s.http.get(&moved).send().await.unwrap().status(), 403);
+    let sig = location.split("sig=").nth(1).unwrap();
+    let id = a["id"].as_str().unwrap();
+    let stale = s.server.state.signer.sign(id, 1);
+    assert_ne!(stale, sig);
+    let old = s.http.get(s.url(&format!("/signed/assets/{id}?expires=1&sig={stale}"))).send().await.unwrap();
+    assert_eq!(old.status(), 403, "an expired signature is refused");
+    // The SDK's download path follows the redirect.
+    let followed = s.http.get(s.url(&format!("/assets/{id}/content"))).bearer_auth("tok").send().await.unwrap();
+    assert_eq!(followed.bytes().await.unwrap().as_ref(), bytes.as_slice());
+}

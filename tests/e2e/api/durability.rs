@@ -1,0 +1,83 @@
+//! Restart recovery and retention.
+
+use serde_json::json;
+
+use super::{load_save, png_bytes, spinner, start, start_in, trivial};
+
+#[tokio::test]
+async fn a_restart_loses_nothing_and_reruns_the_interrupted_job_once() {
+    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let (_, asset) = s.upload("keep.png", png_bytes(4, 4, 8), None).await;
+    let (status, running, _) = s.post_job(&json!({ "workflow": spinner(21) }), Some("key-restart")).await;
+    assert_eq!(status, 201);
+    let rid = running["id"].as_str().unwrap().to_string();
+    s.wait_for(&rid, "running").await;
+    let queued = s.submit(load_save(&asset)).await;
+    let qid = queued["id"].as_str().unwrap().to_string();
+    let data = s.shutdown().await;
+
+    let s = start_in(data, |_, o| o.max_running_jobs = 1).await;
+    // The claim, the asset and both jobs survived.
+    assert_eq!(s.post_job(&json!({ "workflow": trivial(1) }), Some("key-restart")).await.0, 422);
+    assert_eq!(s.get(&format!("/assets/{}", asset["id"].as_str().unwrap())).await.0, 200);
+    // The interrupted job ran again (its second attempt hits the node's limit);
+    // the queued one ran after it.
+    let again = s.wait(&rid).await;
+    assert_eq!(again["status"], "failed", "{again}");
+    assert_eq!(again["error"]["code"], "node_timeout");
+    let done = s.wait(&qid).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["outputs"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_job_interrupted_twice_fails_instead_of_looping() {
+    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let job = s.submit(spinner(22)).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    s.wait_for(&id, "running").await;
+    let s = start_in(s.shutdown().await, |_, o| o.max_running_jobs = 1).await;
+    s.wait_for(&id, "running").await;
+    let s = start_in(s.shutdown().await, |_, o| o.max_running_jobs = 1).await;
+    let done = s.job(&id).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "interrupted");
+}
+
+#[tokio::test]
+async fn retention_expires_jobs_and_their_outputs() {
+    let s = start(|_, o| o.blob_grace = std::time::Duration::ZERO).await;
+    let (_, asset) = s.upload("in.png", png_bytes(4, 4, 6), None).await;
+    let job = s.submit(load_save(&asset)).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let done = s.wait(&id).await;
+    let out = done["outputs"][0].clone();
+    let expires = kiln::store::now_micros() + 24 * 3600 * 1_000_000 + 1_000_000;
+    let blobs_dir = s.data.path().join("blobs");
+    let count_blobs = || walk_files(&blobs_dir).len();
+    assert_eq!(count_blobs(), 2, "input + output");
+
+    s.server.state.service.sweep(expires).unwrap();
+    let expired = s.job(&id).await;
+    assert_eq!(expired["status"], "expired", "{expired}");
+    assert_eq!(expired["outputs"].as_array().unwrap().len(), 0);
+    assert_eq!(s.get(&format!("/assets/{}", out["id"].as_str().unwrap())).await.0, 404);
+    assert_eq!(s.get(&format!("/assets/{}", asset["id"].as_str().unwrap())).await.0, 200, "uploads are not job outputs");
+    assert_eq!(count_blobs(), 1, "the output blob was collected");
+    // One retention period later the record itself is gone.
+    s.server.state.service.sweep(expires + 24 * 3600 * 1_000_000).unwrap();
+    assert_eq!(s.get(&format!("/jobs/{id}")).await.0, 404);
+}
+
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

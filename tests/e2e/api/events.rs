@@ -1,0 +1,174 @@
+//! The SSE event stream.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use super::{TestServer, spinner, start, start_default, trivial};
+
+/// One SSE frame: an event with JSON data, or a comment.
+#[derive(Debug)]
+enum Frame {
+    Event { name: String, data: Value, has_id: bool },
+    Comment(String),
+}
+
+/// Reads frames until the server ends the stream (or `limit` passes).
+async fn read_stream(s: &TestServer, url: &str, limit: Duration) -> (Vec<Frame>, bool, reqwest::header::HeaderMap) {
+    let resp = s.http.get(url).header("accept", "text/event-stream").send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let headers = resp.headers().clone();
+    let mut body = resp.bytes_stream();
+    let mut buf = String::new();
+    let mut frames = Vec::new();
+    let deadline = Instant::now() + limit;
+    let ended = loop {
+        let chunk = match tokio::time::timeout_at(deadline.into(), body.next()).await {
+            Err(_) => break false,
+            Ok(None) => break true,
+            Ok(Some(c)) => c.unwrap(),
+        };
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let (mut name, mut data, mut has_id, mut comment) = (String::new(), String::new(), false, None);
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    name = v.trim().into();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim_start());
+                } else if line.starts_with("id:") {
+                    has_id = true;
+                } else if let Some(c) = line.strip_prefix(':') {
+                    comment = Some(c.trim().to_string());
+                }
+            }
+            match comment {
+                Some(c) if name.is_empty() => frames.push(Frame::Comment(c)),
+                _ => frames.push(Frame::Event { name, data: serde_json::from_str(&data).unwrap(), has_id }),
+            }
+        }
+    };
+    (frames, ended, headers)
+}
+
+fn events(frames: &[Frame]) -> Vec<(&str, &Value)> {
+    frames
+        .iter()
+        .filter_map(|f| match f {
+            Frame::Event { name, data, has_id } => {
+                assert!(!has_id, "no id: lines");
+                Some((name.as_str(), data))
+            }
+            Frame::Comment(_) => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn live_stream_sends_status_outputs_then_terminal_status_and_ends() {
+    let s = start(|_, o| o.max_running_jobs = 1).await;
+    // Hold the worker so the stream opens on a queued job.
+    let blocker = s.submit(spinner(7)).await;
+    s.wait_for(blocker["id"].as_str().unwrap(), "running").await;
+    let job = s.submit(trivial(11)).await;
+    let url = format!("{}{}", s.server.url().split("/api").next().unwrap(), job["urls"]["events"].as_str().unwrap());
+    let (frames, ended, headers) = {
+        let canceller = {
+            let (http, url) = (s.http.clone(), s.url(&format!("/jobs/{}/cancel", blocker["id"].as_str().unwrap())));
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                http.post(url).send().await.unwrap();
+            })
+        };
+        let r = read_stream(&s, &url, Duration::from_secs(20)).await;
+        canceller.await.unwrap();
+        r
+    };
+    assert!(ended, "the stream ends after the terminal status");
+    assert_eq!(headers["content-type"], "text/event-stream");
+    let evs = events(&frames);
+    assert_eq!(evs[0].0, "status", "{frames:?}");
+    assert_eq!(evs[0].1["status"], "queued");
+    assert_eq!(evs[0].1["queue_position"], 1);
+    assert!(evs[0].1.get("logs").is_none());
+    let (last_name, last) = evs.last().unwrap();
+    assert_eq!((*last_name, last["status"].as_str()), ("status", Some("succeeded")), "{frames:?}");
+    let outputs: Vec<usize> = evs.iter().enumerate().filter(|(_, e)| e.0 == "output").map(|(i, _)| i).collect();
+    assert_eq!(outputs.len(), 1, "{frames:?}");
+    assert!(outputs[0] < evs.len() - 1, "outputs come before the terminal status");
+    let out = evs[outputs[0]].1;
+    assert!(out["url"].as_str().unwrap().starts_with("http://") && out["hash"].as_str().unwrap().starts_with("blake3:"));
+    assert!(evs.iter().any(|e| e.0 == "status" && e.1["status"] == "running"));
+    for (name, data) in &evs {
+        if *name == "progress" {
+            let v = data["value"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&v) && data["nodes_done"].is_u64() && data["nodes_total"].is_u64(), "{data}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_finished_job_streams_outputs_and_status_then_closes() {
+    let s = start_default().await;
+    let job = s.submit(trivial(12)).await;
+    let id = job["id"].as_str().unwrap();
+    s.wait(id).await;
+    let (frames, ended, headers) = read_stream(&s, &s.url(&format!("/jobs/{id}/events")), Duration::from_secs(5)).await;
+    assert!(ended);
+    assert_eq!(headers["cache-control"], "no-cache");
+    let evs = events(&frames);
+    assert_eq!(evs.iter().map(|e| e.0).collect::<Vec<_>>(), vec!["output", "status"]);
+    assert_eq!(evs[1].1["status"], "succeeded");
+}
+
+#[tokio::test]
+async fn keepalives_flow_while_a_job_is_quiet() {
+    let s = start(|c, o| {
+        c.sse_keepalive_s = 1;
+        o.max_running_jobs = 1;
+    })
+    .await;
+    let job = s.submit(spinner(8)).await;
+    let (frames, ended, _) = read_stream(&s, &s.url(&format!("/jobs/{}/events", job["id"].as_str().unwrap())), Duration::from_millis(3500)).await;
+    let comments = frames.iter().filter(|f| matches!(f, Frame::Comment(c) if c == "keepalive")).count();
+    assert!(comments >= 1, "{frames:?}");
+    // The spinner ends by its own 2 s limit: failed, with the stream closed.
+    if ended {
+        let evs = events(&frames);
+        assert_eq!(evs.last().unwrap().1["status"], "failed");
+        assert_eq!(evs.last().unwrap().1["error"]["code"], "node_timeout");
+    }
+}
+
+#[tokio::test]
+async fn too_many_streams_is_429_while_polling_still_works() {
+    let s = start(|_, o| {
+        o.max_event_streams = 1;
+        o.max_running_jobs = 1;
+    })
+    .await;
+    let job = s.submit(spinner(9)).await;
+    let id = job["id"].as_str().unwrap();
+    let url = s.url(&format!("/jobs/{id}/events"));
+    let first = s.http.get(&url).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let second = s.http.get(&url).send().await.unwrap();
+    assert_eq!(second.status(), 429);
+    assert!(second.headers()["retry-after"].to_str().unwrap().parse::<u64>().is_ok());
+    assert_eq!(second.json::<Value>().await.unwrap()["error"]["code"], "too_many_streams");
+    assert_eq!(s.get(&format!("/jobs/{id}")).await.0, 200);
+    drop(first);
+    // The slot frees when the client goes away.
+    let mut freed = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if s.server.state.service.open_streams() == 0 {
+            freed = true;
+            break;
+        }
+    }
+    assert!(freed);
+    assert_eq!(s.http.get(&url).send().await.unwrap().status(), 200);
+}

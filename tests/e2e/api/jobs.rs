@@ -1,0 +1,268 @@
+//! Submitting, polling, failing, cancelling, listing jobs.
+
+use serde_json::{Value, json};
+
+use super::{assert_job_shape, load_save, png_bytes, spinner, start, start_default, trivial};
+
+#[tokio::test]
+async fn submit_poll_and_download_outputs() {
+    let s = start_default().await;
+    let input = png_bytes(16, 12, 3);
+    let (_, asset) = s.upload("photo.png", input, None).await;
+    let (status, job, _) = s.post_job(&json!({ "workflow": load_save(&asset) }), None).await;
+    assert_eq!(status, 201, "{job}");
+    assert_job_shape(&job);
+    assert_eq!(job["status"], "queued");
+    assert!(job.get("logs").is_none(), "no logs on submit");
+    assert!(job["started_at"].is_null() && job["error"].is_null() && job["progress"].is_null());
+
+    let done = s.wait(job["id"].as_str().unwrap()).await;
+    assert_job_shape(&done);
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert!(done["started_at"].as_str().unwrap().ends_with("+00:00") && done["completed_at"].as_str().unwrap().ends_with("+00:00"));
+    assert!(done["metrics"]["queue_ms"].is_i64() && done["metrics"]["execution_ms"].is_i64(), "{done}");
+    assert_eq!(done["progress"]["value"], 1.0);
+    assert!(done.get("logs").is_some(), "GET carries the captured log: {done}");
+    let outputs = done["outputs"].as_array().unwrap();
+    assert_eq!(outputs.len(), 1, "{done}");
+    let out = &outputs[0];
+    assert_eq!((out["node_id"].as_str(), out["type"].as_str(), out["content_type"].as_str()), (Some("2"), Some("image"), Some("image/png")));
+    assert_eq!(out["name"], "kiln_00001_.png");
+    assert_eq!(out["job_id"], done["id"]);
+    let url = out["url"].as_str().unwrap();
+    assert!(url.starts_with("http://127.0.0.1:"), "absolute url: {url}");
+    let bytes = s.http.get(url).send().await.unwrap().bytes().await.unwrap();
+    assert_eq!(bytes.len() as u64, out["size_bytes"].as_u64().unwrap());
+    assert_eq!(out["hash"].as_str().unwrap(), format!("blake3:{}", blake3::hash(&bytes).to_hex()));
+    // The output is an image of the input's size.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("o.png"), &bytes).unwrap();
+    let (w, h, ..) = crate::support::read_png(&dir.path().join("o.png"));
+    assert_eq!((w, h), (16, 12));
+}
+
+#[tokio::test]
+async fn malformed_submissions_get_the_documented_errors() {
+    let s = start_default().await;
+    let cases: Vec<(Value, u16, &str)> = vec![
+        (json!({ "workflow": { "nodes": [], "links": [] } }), 422, "workflow_format_ui"),
+        (json!({}), 422, "invalid_workflow"),
+        (json!({ "workflow": [1, 2] }), 422, "invalid_workflow"),
+        (json!({ "workflow": trivial(1), "webhook_url": "http://x" }), 422, "invalid_workflow"),
+        (json!({ "workflow": trivial(1), "inputs": {} }), 422, "invalid_workflow"),
+        (json!({ "workflow": trivial(1), "extra_data": { "foo": 1 } }), 400, "invalid_request"),
+        (json!({ "workflow": trivial(1), "extra_data": { "api_key_svc_org": 5 } }), 400, "invalid_request"),
+        (json!({ "workflow": trivial(1), "metadata": { "bad key": "v" } }), 422, "metadata_invalid"),
+        (json!({ "workflow": { "1": { "class_type": "NoSuchNode", "inputs": {} } } }), 422, "invalid_workflow"),
+        (json!({ "workflow": { "1": { "class_type": "EmptyImage", "inputs": { "width": 0, "height": 8, "batch_size": 1, "color": 0 } },
+                               "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "x" } } } }), 422, "invalid_workflow"),
+        (json!({ "workflow": { "1": { "class_type": "LoadImage", "inputs": { "image": { "__type": "core/ASSET" } } } } }), 422, "missing_asset"),
+    ];
+    for (body, status, code) in cases {
+        let (got, err, _) = s.post_job(&body, None).await;
+        assert_eq!((got, err["error"]["code"].as_str()), (status, Some(code)), "{body} → {err}");
+        assert!(err["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert!(err["error"].as_object().unwrap().contains_key("details"));
+    }
+    // Per-node details name the node and the field.
+    let bad = json!({ "workflow": { "1": { "class_type": "EmptyImage", "inputs": { "width": 0, "height": 8, "batch_size": 1, "color": 0 } },
+                                     "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "x" } } } });
+    let (_, err, _) = s.post_job(&bad, None).await;
+    assert_eq!(err["error"]["details"]["node_errors"]["1"][0]["field"], "width", "{err}");
+    // Not JSON, and too large.
+    let resp = s.http.post(s.url("/jobs")).header("content-type", "application/json").body("{nope").send().await.unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.json::<Value>().await.unwrap()["error"]["code"], "invalid_request");
+    let resp = s.http.post(s.url("/jobs")).body(vec![b' '; 33 << 20]).send().await.unwrap();
+    assert_eq!(resp.status(), 413);
+    assert_eq!(resp.json::<Value>().await.unwrap()["error"]["code"], "payload_too_large");
+    // Nothing above created a job.
+    assert_eq!(s.get("/jobs").await.1["jobs"].as_array().unwrap().len(), 0);
+    // Unknown routes and ids answer in the envelope.
+    assert_eq!(s.get("/nope").await.1["error"]["code"], "not_found");
+    assert_eq!(s.get("/jobs/not-a-uuid").await, (404, json!({"error": {"code": "not_found", "message": "Not found.", "details": null}})));
+    assert_eq!(s.get(&format!("/jobs/{}", uuid::Uuid::new_v4())).await.0, 404);
+    assert_eq!(s.get(&format!("/jobs/{}/workflow", uuid::Uuid::new_v4())).await.0, 404);
+}
+
+#[tokio::test]
+async fn extra_data_is_accepted_and_never_echoed() {
+    let s = start_default().await;
+    let (status, job, _) = s.post_job(&json!({ "workflow": trivial(2), "extra_data": { "api_key_svc_org": "secret-key" } }), None).await;
+    assert_eq!(status, 201, "{job}");
+    let id = job["id"].as_str().unwrap();
+    s.wait(id).await;
+    for body in [job.to_string(), s.job(id).await.to_string(), s.get(&format!("/jobs/{id}/workflow")).await.1.to_string(), s.get("/jobs").await.1.to_string()] {
+        assert!(!body.contains("secret-key") && !body.contains("extra_data"), "{body}");
+    }
+    // Nor is it on disk.
+    let mut stored = Vec::new();
+    for entry in walk(s.data.path()) {
+        stored.extend(std::fs::read(entry).unwrap());
+    }
+    assert!(!stored.windows(10).any(|w| w == b"secret-key"), "extra_data must never be persisted");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
+    }
+    out
+}
+
+#[tokio::test]
+async fn workflow_returns_the_executed_graph() {
+    let s = start_default().await;
+    let (_, asset) = s.upload("a.png", png_bytes(4, 4, 1), None).await;
+    let job = s.submit(load_save(&asset)).await;
+    let (status, body) = s.get(&format!("/jobs/{}/workflow", job["id"].as_str().unwrap())).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["format"], "api");
+    assert_eq!(body["workflow"]["1"]["inputs"]["image"], "a.png", "asset references are resolved: {body}");
+    assert_eq!(body["workflow"]["2"]["class_type"], "SaveImage");
+}
+
+#[tokio::test]
+async fn node_failures_are_job_errors_not_http_errors() {
+    let s = start_default().await;
+    let job = s.submit(json!({ "7": { "class_type": "HostilePanic", "inputs": { "trigger": 1 } } })).await;
+    let done = s.wait(job["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "failed");
+    let e = &done["error"];
+    assert_eq!((e["code"].as_str(), e["node_id"].as_str(), e["class_type"].as_str()), (Some("node_crashed"), Some("7"), Some("HostilePanic")), "{done}");
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
+    // The server carries on.
+    let ok = s.submit(trivial(3)).await;
+    assert_eq!(s.wait(ok["id"].as_str().unwrap()).await["status"], "succeeded");
+}
+
+#[tokio::test]
+async fn the_job_log_is_on_get_only() {
+    let s = start_default().await;
+    let job = s.submit(json!({ "1": { "class_type": "HostileChatty", "inputs": { "trigger": 1 } } })).await;
+    let id = job["id"].as_str().unwrap();
+    let done = s.wait(id).await;
+    let logs = &done["logs"];
+    assert!(logs["text"].as_str().is_some_and(|t| !t.is_empty()), "{done}");
+    assert!(logs["truncated"].is_boolean() && logs["captured_at"].as_str().unwrap().ends_with("+00:00"));
+    let cancel = s.http.post(s.url(&format!("/jobs/{id}/cancel"))).send().await.unwrap().json::<Value>().await.unwrap();
+    assert!(cancel.get("logs").is_none());
+    assert!(s.get("/jobs").await.1["jobs"][0].get("logs").is_none());
+}
+
+#[tokio::test]
+async fn cancel_queued_running_finished_and_unknown() {
+    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let running = s.submit(spinner(1)).await;
+    let rid = running["id"].as_str().unwrap();
+    s.wait_for(rid, "running").await;
+    let queued = s.submit(trivial(4)).await;
+    let qid = queued["id"].as_str().unwrap();
+    assert_eq!(s.job(qid).await["queue_position"], 1);
+
+    let cancel = |id: String| {
+        let http = s.http.clone();
+        let url = s.url(&format!("/jobs/{id}/cancel"));
+        async move {
+            let resp = http.post(url).send().await.unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, body) = cancel(qid.into()).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("canceled")), "{body}");
+    let (status, body) = cancel(rid.into()).await;
+    assert_eq!(status, 200);
+    assert!(["canceling", "canceled"].contains(&body["status"].as_str().unwrap()), "{body}");
+    // The node really stops: long before its 2 s limit, and not as a timeout.
+    let started = std::time::Instant::now();
+    let done = s.wait(rid).await;
+    assert_eq!(done["status"], "canceled", "{done}");
+    assert!(started.elapsed() < std::time::Duration::from_millis(1500), "cancel took {:?}", started.elapsed());
+    // Finished jobs are unchanged; unknown ids are 404.
+    assert_eq!(cancel(rid.into()).await.1["status"], "canceled");
+    assert_eq!(cancel(uuid::Uuid::new_v4().to_string()).await.0, 404);
+    let ok = s.submit(trivial(5)).await;
+    let ok_id = ok["id"].as_str().unwrap().to_string();
+    s.wait(&ok_id).await;
+    assert_eq!(cancel(ok_id).await.1["status"], "succeeded");
+}
+
+#[tokio::test]
+async fn list_is_newest_first_with_cursor_paging_and_filters() {
+    let s = start_default().await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let (status, job, _) = s.post_job(&json!({ "workflow": trivial(i), "metadata": { "batch": if i % 2 == 0 { "even" } else { "odd" } } }), None).await;
+        assert_eq!(status, 201);
+        ids.push(job["id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        s.wait(id).await;
+    }
+    let mut seen = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let (status, page) = s.get(&format!("/jobs?limit=2&cursor={cursor}")).await;
+        assert_eq!(status, 200, "{page}");
+        for item in page["jobs"].as_array().unwrap() {
+            assert!(item["id"].is_string() && item["status"].is_string() && item["create_time"].is_string() && item["update_time"].is_string());
+            seen.push(item["id"].as_str().unwrap().to_string());
+        }
+        match page.get("next_cursor").and_then(Value::as_str) {
+            Some(c) => cursor = c.to_string(),
+            None => break,
+        }
+    }
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first, "every job once, newest first");
+    let (_, odd) = s.get("/jobs?metadata%5Bbatch%5D=odd").await;
+    assert_eq!(odd["jobs"].as_array().unwrap().len(), 2);
+    let (_, done) = s.get("/jobs?status=succeeded,failed").await;
+    assert_eq!(done["jobs"].as_array().unwrap().len(), 5);
+    assert_eq!(s.get("/jobs?status=queued").await.1["jobs"].as_array().unwrap().len(), 0);
+    assert_eq!(s.get("/jobs?limit=101").await.0, 400);
+    assert_eq!(s.get("/jobs?status=bogus").await.0, 400);
+    assert_eq!(s.get("/jobs?cursor=zz").await.1["error"]["code"], "invalid_cursor");
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_429_with_retry_after() {
+    let s = start(|_, o| {
+        o.max_running_jobs = 1;
+        o.max_queued_jobs = 1;
+    })
+    .await;
+    let running = s.submit(spinner(2)).await;
+    s.wait_for(running["id"].as_str().unwrap(), "running").await;
+    let queued = s.submit(trivial(1)).await;
+    let (status, err, headers) = s.post_job(&json!({ "workflow": trivial(2) }), Some("key-q")).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (429, Some("queue_full")), "{err}");
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().expect("integer Retry-After");
+    assert!(retry >= 1);
+    // The key was released: once there is room, the same key goes through.
+    s.http.post(s.url(&format!("/jobs/{}/cancel", queued["id"].as_str().unwrap()))).send().await.unwrap();
+    let (status, job, _) = s.post_job(&json!({ "workflow": trivial(2) }), Some("key-q")).await;
+    assert_eq!(status, 201, "{job}");
+}
+
+#[tokio::test]
+async fn links_carry_the_mount_prefix() {
+    let s = start(|c, _| c.mount_prefix = "/deployment/x".into()).await;
+    assert!(s.base.ends_with("/deployment/x/api/v2"));
+    let job = s.submit(trivial(1)).await;
+    let id = job["id"].as_str().unwrap();
+    assert_eq!(job["urls"]["self"], format!("/deployment/x/api/v2/jobs/{id}"));
+    assert_eq!(job["urls"]["events"], format!("/deployment/x/api/v2/jobs/{id}/events"));
+    let done = s.wait(id).await;
+    let url = done["outputs"][0]["url"].as_str().unwrap();
+    assert!(url.contains("/deployment/x/api/v2/assets/"), "{url}");
+    assert_eq!(s.http.get(url).send().await.unwrap().status(), 200);
+    // Links resolve against the request origin.
+    let origin = s.base.split("/deployment").next().unwrap().to_string();
+    let polled = s.http.get(format!("{origin}{}", job["urls"]["self"].as_str().unwrap())).send().await.unwrap();
+    assert_eq!(polled.status(), 200);
+    // Without the prefix there is nothing.
+    assert_eq!(s.http.get(format!("{origin}/api/v2/jobs/{id}")).send().await.unwrap().status(), 404);
+}
