@@ -56,8 +56,9 @@ fn png64() -> Vec<u8> {
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
     let pixels: Vec<u8> = (0..64 * 64 * 3).map(|i| (i * 7 % 251) as u8).collect();
-    enc.write_header().unwrap().write_image_data(&pixels).unwrap();
-    drop(enc);
+    let mut writer = enc.write_header().unwrap();
+    writer.write_image_data(&pixels).unwrap();
+    writer.finish().unwrap();
     out
 }
 
@@ -103,9 +104,7 @@ fn main() {
 
     rt.block_on(async {
         let http = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
-        let form = reqwest::multipart::Form::new()
-            .text("file_path", "in.png")
-            .part("file", reqwest::multipart::Part::bytes(png64()).file_name("in.png"));
+        let form = reqwest::multipart::Form::new().text("file_path", "in.png").part("file", reqwest::multipart::Part::bytes(png64()).file_name("in.png"));
         let asset: Value = http.post(format!("{base}/api/v2/assets")).multipart(form).send().await.unwrap().json().await.unwrap();
         let workflow = json!({
             "1": { "class_type": "LoadImage", "inputs": { "image": { "__type": "core/ASSET", "info": { "id": asset["id"] } } } },
@@ -154,7 +153,11 @@ fn main() {
             t.await.unwrap();
         }
         let secs = t0.elapsed().as_secs_f64();
-        println!("throughput, 8 concurrent clients: {:.0} jobs/s ({} jobs in {secs:.1} s)", done.load(Ordering::Relaxed) as f64 / secs, done.load(Ordering::Relaxed));
+        println!(
+            "throughput, 8 concurrent clients: {:.0} jobs/s ({} jobs in {secs:.1} s)",
+            done.load(Ordering::Relaxed) as f64 / secs,
+            done.load(Ordering::Relaxed)
+        );
 
         // 3. GET /api/v2/jobs/{id}, 64 connections, 5 s.
         let (_, job) = run_one(&http, &base, &workflow).await;

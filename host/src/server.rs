@@ -24,7 +24,7 @@ impl Server {
     /// Starts a server with already-loaded plugins.
     pub async fn start_with(config: Config, options: ServiceOptions, runtime: Arc<PluginRuntime>, registry: Arc<NodeRegistry>) -> anyhow::Result<Server> {
         let executor = Arc::new(Executor::new(runtime.clone(), registry.clone(), config.result_cache_mb << 20, config.max_concurrency as usize));
-        let service = Service::start(options, &config.data_dir, runtime, registry, executor)
+        let service = Service::start(options, &config.data_dir, registry, executor)
             .await
             .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
         let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))

@@ -50,9 +50,9 @@ fn heavy(color: i64) -> Value {
 fn png() -> Vec<u8> {
     // 1×1 RGB PNG.
     vec![
-        0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0, 0, 0, 0x0D, 0x49, 0x48, 0x44, 0x52, 0, 0, 0, 1, 0, 0, 0, 1, 8, 2, 0, 0, 0, 0x90, 0x77, 0x53, 0xDE, 0, 0, 0,
-        0x0C, 0x49, 0x44, 0x41, 0x54, 0x08, 0xD7, 0x63, 0xF8, 0xCF, 0xC0, 0x00, 0x00, 0x03, 0x01, 0x01, 0x00, 0x18, 0xDD, 0x8D, 0xB0, 0, 0, 0, 0, 0x49, 0x45, 0x4E, 0x44,
-        0xAE, 0x42, 0x60, 0x82,
+        0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0, 0, 0, 0x0D, 0x49, 0x48, 0x44, 0x52, 0, 0, 0, 1, 0, 0, 0, 1, 8, 2, 0, 0, 0, 0x90, 0x77, 0x53, 0xDE,
+        0, 0, 0, 0x0C, 0x49, 0x44, 0x41, 0x54, 0x08, 0xD7, 0x63, 0xF8, 0xCF, 0xC0, 0x00, 0x00, 0x03, 0x01, 0x01, 0x00, 0x18, 0xDD, 0x8D, 0xB0, 0, 0, 0, 0,
+        0x49, 0x45, 0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
     ]
 }
 
@@ -90,13 +90,19 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_asset_or_claim() {
                         .text("file_path", format!("r{round}-{i}.png"))
                         .part("file", reqwest::multipart::Part::bytes([png(), vec![round as u8, (i % 256) as u8]].concat()).file_name("x.png"));
                     match http.post(format!("{base}/api/v2/assets")).multipart(form).send().await {
-                        Ok(r) if r.status().is_success() => uploaded.push(r.json::<Value>().await.map(|a| a["id"].as_str().unwrap_or("").to_string()).unwrap_or_default()),
+                        Ok(r) if r.status().is_success() => {
+                            uploaded.push(r.json::<Value>().await.map(|a| a["id"].as_str().unwrap_or("").to_string()).unwrap_or_default())
+                        }
                         _ => break,
                     }
                     let key = format!("key-{round}-{i}");
-                    let body = if i % 4 == 0 { json!({ "workflow": heavy(i) }) } else { json!({ "workflow": {
+                    let body = if i % 4 == 0 {
+                        json!({ "workflow": heavy(i) })
+                    } else {
+                        json!({ "workflow": {
                         "1": { "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": i } },
-                        "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "s" } } } }) };
+                        "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "s" } } } })
+                    };
                     match http.post(format!("{base}/api/v2/jobs")).header("Idempotency-Key", &key).json(&body).send().await {
                         Ok(r) if r.status() == 201 => match r.json::<Value>().await {
                             Ok(job) => acked.push((job["id"].as_str().unwrap().to_string(), key)),

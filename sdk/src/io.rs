@@ -85,6 +85,14 @@ fn dims(shape: &[usize]) -> Result<Vec<u32>> {
     shape.iter().map(|&d| u32::try_from(d).map_err(|_| Error::failed(format!("dimension {d} too large")))).collect()
 }
 
+impl crate::Image {
+    /// Hands the pixels to the host as a tensor (for [`crate::host::preview`]
+    /// or to return as [`Output::Tensor`] without a second copy).
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        Ok(tensors::create(&dims(&self.shape())?, &self.data)?)
+    }
+}
+
 impl Output {
     pub(crate) fn into_wit(self) -> Result<wit::Value> {
         Ok(match self {

@@ -51,6 +51,7 @@ async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInpu
             }
         }),
         cancel: CancellationToken::new(),
+        api_key_svc_org: None,
     };
     let outcome = executor.run(&plan, ctx).await;
     let elapsed = start.elapsed();

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod api;
 mod cache;
 mod cancel;
 mod events;
@@ -13,4 +14,3 @@ mod object_info;
 mod parity;
 mod plugin_dir;
 mod validation;
-mod api;

@@ -96,6 +96,7 @@ pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: Ru
         outputs: Arc::new(DirOutputs::new(opts.out, opts.out.join("temp"))),
         events: Arc::new(move |e| sink.lock().unwrap().push(e)),
         cancel: opts.cancel,
+        api_key_svc_org: None,
     };
     let outcome = executor.run(&plan, ctx).await;
     let events = std::mem::take(&mut *events.lock().unwrap());

@@ -1,5 +1,6 @@
 //! An example third-party plugin: one node, `ExamplePosterize`, that reduces
-//! each channel to `levels` evenly spaced values.
+//! each channel to `levels` evenly spaced values, reporting progress per
+//! image and showing its result as a preview.
 //!
 //! Build it with `cargo build -p kiln-custom-node-example --release --target
 //! wasm32-wasip2`, put `kiln_custom_node_example.wasm` beside
@@ -21,10 +22,17 @@ pub const POSTERIZE: NodeClass = NodeClass {
     run: |inputs| {
         let mut image = inputs.image("image")?;
         let steps = (inputs.int("levels")? - 1) as f32;
-        for v in &mut image.data {
-            *v = (v.clamp(0.0, 1.0) * steps).round() / steps;
+        let frame = image.height * image.width * image.channels;
+        let batch = image.batch;
+        for (b, pixels) in image.data.chunks_mut(frame.max(1)).enumerate() {
+            for v in pixels {
+                *v = (v.clamp(0.0, 1.0) * steps).round() / steps;
+            }
+            kiln_sdk::host::progress(b as u64 + 1, batch as u64);
         }
-        Ok(vec![Output::Image(image)])
+        let result = image.to_tensor()?;
+        kiln_sdk::host::preview(&result);
+        Ok(vec![Output::Tensor(result)])
     },
 };
 

@@ -19,15 +19,16 @@ pub async fn serve(path: &Path, content_type: &str, etag: &str, request: &Header
     let mut file = tokio::fs::File::open(path).await.map_err(|e| ApiError::internal(&e))?;
     let len = file.metadata().await.map_err(|e| ApiError::internal(&e))?.len();
     let range = match request.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        // Nothing to slice in an empty body: serve it whole.
+        _ if len == 0 => None,
         None => None,
         Some(text) => match http_range_header::parse_range_header(text).and_then(|r| r.validate(len)) {
             Ok(ranges) if ranges.len() == 1 => Some(ranges[0].clone()),
             Ok(_) => None,
-            Err(RangeUnsatisfiableError::RangeReversed | RangeUnsatisfiableError::ZeroSuffix)
-                if text.trim_start().starts_with("bytes=") =>
-            {
-                let mut r = ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable", format!("The range is outside the {len} bytes of the content."))
-                    .into_response();
+            Err(RangeUnsatisfiableError::RangeReversed | RangeUnsatisfiableError::ZeroSuffix) if text.trim_start().starts_with("bytes=") => {
+                let mut r =
+                    ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable", format!("The range is outside the {len} bytes of the content."))
+                        .into_response();
                 r.headers_mut().insert(header::CONTENT_RANGE, header_value(&format!("bytes */{len}")));
                 return Ok(r);
             }

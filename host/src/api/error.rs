@@ -66,9 +66,7 @@ impl From<ServiceError> for ApiError {
                 }
             }
             ServiceError::WorkflowFormatUi => ApiError::new(S::UNPROCESSABLE_ENTITY, "workflow_format_ui", message),
-            ServiceError::MissingAsset(ids) => {
-                ApiError::new(S::UNPROCESSABLE_ENTITY, "missing_asset", message).with_details(json!({ "missing_ids": ids }))
-            }
+            ServiceError::MissingAsset(ids) => ApiError::new(S::UNPROCESSABLE_ENTITY, "missing_asset", message).with_details(json!({ "missing_ids": ids })),
             ServiceError::IdempotencyKeyReuse => ApiError::new(S::UNPROCESSABLE_ENTITY, "idempotency_key_reuse", message),
             ServiceError::QueueFull { retry_after_s } => ApiError::new(S::TOO_MANY_REQUESTS, "queue_full", message).retry_after(retry_after_s),
             ServiceError::NotFound => ApiError::not_found(),

@@ -37,7 +37,8 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(service: Arc<Service>, config: Config, signer: signing::Signer, local: SocketAddr) -> Arc<AppState> {
+    pub fn new(service: Arc<Service>, mut config: Config, signer: signing::Signer, local: SocketAddr) -> Arc<AppState> {
+        config.mount_prefix = normalize_prefix(&config.mount_prefix);
         let token_hash = config.token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
         Arc::new(AppState { service, config, token_hash, signer, local_authority: local.to_string(), closing: Default::default() })
     }
@@ -48,13 +49,23 @@ impl AppState {
     }
 }
 
+/// `deployment/x/` → `/deployment/x`; empty stays empty.
+fn normalize_prefix(prefix: &str) -> String {
+    let trimmed = prefix.trim().trim_matches('/');
+    if trimmed.is_empty() { String::new() } else { format!("/{trimmed}") }
+}
+
 /// The whole HTTP surface, mounted under the configured prefix.
 pub fn router(state: Arc<AppState>) -> Router {
     let v2 = v2::routes(state.clone()).layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_token));
     let api = Router::new().nest("/api/v2", v2);
-    let prefix = state.config.mount_prefix.trim_end_matches('/').to_string();
+    let prefix = state.config.mount_prefix.clone();
     let app = if prefix.is_empty() { api } else { Router::new().nest(&prefix, api) };
-    app.fallback(|| async { error::ApiError::not_found().into_response() }).layer(axum::middleware::from_fn(request_id))
+    app.fallback(|| async { error::ApiError::not_found().into_response() })
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
+            error::ApiError::internal(&"a request handler panicked").into_response()
+        }))
+        .layer(axum::middleware::from_fn(request_id))
 }
 
 /// Tags every response with `X-Comfy-Request-Id`.

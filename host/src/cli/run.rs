@@ -103,8 +103,16 @@ pub async fn run(config: Config, args: RunArgs) -> anyhow::Result<i32> {
         let bar = bar.clone();
         Arc::new(move |event: Event| report(&bar, &event))
     };
-    let ctx =
-        RunContext { job_id: uuid::Uuid::new_v4().to_string(), prompt: Arc::new(json), extra_pnginfo: None, inputs: Arc::new(inputs), outputs, events, cancel };
+    let ctx = RunContext {
+        job_id: uuid::Uuid::new_v4().to_string(),
+        prompt: Arc::new(json),
+        extra_pnginfo: None,
+        inputs: Arc::new(inputs),
+        outputs,
+        events,
+        cancel,
+        api_key_svc_org: None,
+    };
     let outcome = executor.run(&plan, ctx).await;
     if let Some(bar) = &bar {
         bar.finish_and_clear();

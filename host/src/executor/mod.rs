@@ -39,6 +39,10 @@ pub struct RunContext {
     pub outputs: Arc<dyn OutputFiles>,
     pub events: EventSink,
     pub cancel: CancellationToken,
+    /// The partner key of the request (`extra_data.api_key_svc_org`); held
+    /// for the run only, never stored. Not yet handed to plugins: that needs
+    /// the `secrets` capability, which manifests cannot be granted yet.
+    pub api_key_svc_org: Option<String>,
 }
 
 /// How a run ended.
@@ -200,10 +204,10 @@ impl Executor {
                 }
                 tasks.spawn(call);
             }
-            let joined = match inline {
-                Some(call) => Ok(call.await),
+            let joined: Result<_, String> = match inline {
+                Some(call) => futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(call)).await.map_err(|_| "node call panicked".to_string()),
                 None => match tasks.join_next().await {
-                    Some(joined) => joined,
+                    Some(joined) => joined.map_err(|e| e.to_string()),
                     None => break,
                 },
             };

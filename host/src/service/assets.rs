@@ -22,9 +22,7 @@ pub struct NewAsset {
 
 impl Service {
     fn visible(&self, owner: &str, asset: &AssetRecord) -> bool {
-        asset.owner == owner
-            && asset.expires_at.is_none_or(|e| e > now_micros())
-            && parse_blob_name(&asset.hash).is_some_and(|h| self.blobs.contains(&h))
+        asset.owner == owner && asset.expires_at.is_none_or(|e| e > now_micros()) && parse_blob_name(&asset.hash).is_some_and(|h| self.blobs.contains(&h))
     }
 
     /// Assets over `hash` the caller may mint from.
@@ -47,6 +45,7 @@ impl Service {
         {
             return Err(ServiceError::HashMismatch { expected: expected.clone(), actual });
         }
+        let _gate = self.blob_gate.read();
         let (hash, size) = upload.finish()?;
         let name = blob_name(&hash);
         let known = self.owned_with_hash(owner, &name)?;
@@ -79,6 +78,7 @@ impl Service {
     /// identical upload record exists, else a new record).
     pub fn asset_from_hash(&self, owner: &str, hash: &str, file_path: Option<String>) -> Result<NewAsset, ServiceError> {
         let hash = hash.to_ascii_lowercase();
+        let _gate = self.blob_gate.read();
         let known = self.owned_with_hash(owner, &hash)?;
         let Some(first) = known.first() else { return Err(ServiceError::BlobNotFound(hash)) };
         if let Some(same) = known.iter().find(|a| a.job_id.is_none() && (file_path.is_none() || a.file_path == file_path)) {

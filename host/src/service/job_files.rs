@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::files::{FileError, FileKind, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, is_image_name, split_prefix};
-use crate::store::{BlobStore, JobInput, parse_blob_name};
+use crate::store::{BlobStore, JobInput, blob_name, parse_blob_name};
 
 /// Input files of one job: name → blob.
 pub struct JobInputs {
@@ -54,11 +54,13 @@ impl InputFiles for JobInputs {
 pub struct JobOutputs {
     blobs: Arc<dyn BlobStore>,
     counters: Mutex<HashMap<(FileKind, String, String), u64>>,
+    /// Blobs written and not yet named by an asset record.
+    pending: Arc<Mutex<Vec<String>>>,
 }
 
 impl JobOutputs {
-    pub fn new(blobs: Arc<dyn BlobStore>) -> JobOutputs {
-        JobOutputs { blobs, counters: Mutex::new(HashMap::new()) }
+    pub fn new(blobs: Arc<dyn BlobStore>, pending: Arc<Mutex<Vec<String>>>) -> JobOutputs {
+        JobOutputs { blobs, counters: Mutex::new(HashMap::new()), pending }
     }
 }
 
@@ -75,7 +77,10 @@ impl OutputFiles for JobOutputs {
             *c += 1;
             *c
         };
-        let hash = self.blobs.put(data).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
+        // Registered before the write so a collection pass never sees it unnamed.
+        let hash = blake3::hash(data);
+        self.pending.lock().push(blob_name(&hash));
+        self.blobs.put(data).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
         let path = self.blobs.path(&hash).unwrap_or_default();
         Ok(SavedFile { filename: format!("{base}_{counter:05}_.{extension}"), subfolder, kind, size: data.len() as u64, path, hash: Some(hash) })
     }

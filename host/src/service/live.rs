@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{JobRecord, OutputRecord, ProgressSnapshot};
+use crate::store::{JobRecord, MetaStore, OutputRecord, ProgressSnapshot, StoreError};
 
 /// Something an event stream relays.
 #[derive(Debug, Clone)]
@@ -42,6 +42,9 @@ pub struct LiveJob {
     pub last_progress: Mutex<Option<Instant>>,
     /// The latest preview, replayed to new streams.
     pub last_preview: Mutex<Option<JobEvent>>,
+    /// Blobs this job's nodes wrote that no asset record names yet (kept
+    /// from garbage collection).
+    pub pending_blobs: Arc<Mutex<Vec<String>>>,
 }
 
 impl LiveJob {
@@ -54,7 +57,17 @@ impl LiveJob {
             expire_on_stop: Default::default(),
             last_progress: Mutex::new(None),
             last_preview: Mutex::new(None),
+            pending_blobs: Arc::default(),
         }
+    }
+
+    /// Changes the record and writes it to `meta` while holding the lock, so
+    /// store writes of one job can never land out of order.
+    pub fn update(&self, meta: &dyn MetaStore, f: impl FnOnce(&mut JobRecord)) -> Result<JobRecord, StoreError> {
+        let mut rec = self.record.lock();
+        f(&mut rec);
+        meta.put_job(&rec)?;
+        Ok(rec.clone())
     }
 
     /// A copy of the current record.

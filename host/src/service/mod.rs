@@ -10,6 +10,7 @@ mod assets;
 mod error;
 pub mod job_files;
 mod live;
+mod preview;
 mod retention;
 pub mod submit;
 mod worker;
@@ -30,7 +31,7 @@ pub use live::{ExtraData, JobEvent, LiveJob};
 
 use crate::config::Config;
 use crate::executor::Executor;
-use crate::plugins::{NodeRegistry, PluginRuntime};
+use crate::plugins::NodeRegistry;
 use crate::store::{BlobStore, DiskBlobs, IdempotencyClaim, JobRecord, JobStatus, MetaStore, Micros, SledMeta, now_micros};
 
 /// Idempotency keys are single-use for this long.
@@ -122,6 +123,9 @@ pub struct Service {
     streams: Arc<AtomicUsize>,
     shutdown: CancellationToken,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Held shared by whoever is between writing a blob and recording it,
+    /// exclusively by garbage collection while it checks and deletes one.
+    blob_gate: RwLock<()>,
     /// Jobs execute on their own threads, so nodes that compute (even ones
     /// that only yield at epoch ticks) never starve the HTTP reactor.
     exec: Mutex<Option<tokio::runtime::Runtime>>,
@@ -138,17 +142,10 @@ impl Drop for Service {
 impl Service {
     /// Opens the stores under `data_dir`, recovers jobs interrupted by a crash
     /// or restart, and starts the workers and the retention sweeper.
-    pub async fn start(
-        opts: ServiceOptions,
-        data_dir: &Path,
-        runtime: Arc<PluginRuntime>,
-        registry: Arc<NodeRegistry>,
-        executor: Arc<Executor>,
-    ) -> Result<Arc<Service>, ServiceError> {
+    pub async fn start(opts: ServiceOptions, data_dir: &Path, registry: Arc<NodeRegistry>, executor: Arc<Executor>) -> Result<Arc<Service>, ServiceError> {
         std::fs::create_dir_all(data_dir).map_err(crate::store::StoreError::from)?;
         let meta: Arc<dyn MetaStore> = Arc::new(SledMeta::open(&data_dir.join("meta"))?);
         let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(data_dir.join("blobs"))?);
-        let _ = runtime;
         let exec = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(opts.max_running_jobs.max(1))
             .thread_name("kiln-exec")
@@ -170,6 +167,7 @@ impl Service {
             shutdown: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
             exec: Mutex::new(None),
+            blob_gate: RwLock::new(()),
         });
         service.recover()?;
         let mut tasks = Vec::new();
@@ -266,15 +264,20 @@ impl Service {
             claimed_at: now,
             expires_at: now + IDEMPOTENCY_TTL.as_micros() as Micros,
         });
-        if let Err(e) = self.meta.submit(&record, &resolved.workflow, claim.as_ref()) {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(match e {
-                crate::store::StoreError::KeyClaimed => ServiceError::IdempotencyKeyReuse,
-                // Outcome unknown (the write may have landed): the key, if
-                // any, stays claimed.
-                other => other.into(),
-            });
-        }
+        let not_durable = match self.meta.submit(&record, &resolved.workflow, claim.as_ref()) {
+            Ok(()) => None,
+            Err(crate::store::StoreError::KeyClaimed) => {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                return Err(ServiceError::IdempotencyKeyReuse);
+            }
+            // Committed but not flushed: the job exists, so it runs; the
+            // caller hears 500 (outcome unknown) and the key stays claimed.
+            Err(e @ crate::store::StoreError::NotDurable(_)) => Some(e),
+            Err(e) => {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                return Err(e.into());
+            }
+        };
         tracing::info!(job_id = %id, "job queued");
         self.live.write().insert(id.clone(), Arc::new(LiveJob::new(record.clone(), sub.extra)));
         let position = {
@@ -283,7 +286,10 @@ impl Service {
             q.len()
         };
         self.queue_notify.notify_one();
-        Ok((record, Some(position)))
+        match not_durable {
+            Some(e) => Err(e.into()),
+            None => Ok((record, Some(position))),
+        }
     }
 
     /// 1-based position of a queued job.
@@ -314,47 +320,61 @@ impl Service {
     /// node (`canceling` until it has stopped); a finished one is unchanged.
     pub fn cancel(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
         let Some(live) = self.live_job(id) else { return self.get(owner, id) };
-        let mut rec = live.record.lock();
-        if rec.owner != owner {
+        let current = live.snapshot();
+        if current.owner != owner {
             return Err(ServiceError::NotFound);
         }
-        match rec.status {
-            JobStatus::Queued => {
-                let removed = {
-                    let mut q = self.queue.lock();
-                    let before = q.len();
-                    q.retain(|q| q != id);
-                    before != q.len()
-                };
-                if removed {
-                    self.queued.fetch_sub(1, Ordering::SeqCst);
-                }
-                let now = now_micros();
-                rec.status = JobStatus::Canceled;
-                rec.completed_at = Some(now);
-                rec.updated_at = now;
-                let snapshot = rec.clone();
-                drop(rec);
-                self.meta.put_job(&snapshot)?;
-                self.meta.dequeue(&snapshot)?;
+        match current.status {
+            JobStatus::Queued => self.stop_queued(&live, JobStatus::Canceled).map(|r| (r, None)),
+            JobStatus::Running => {
+                let rec = live.update(self.meta.as_ref(), |rec| {
+                    if rec.status == JobStatus::Running {
+                        rec.status = JobStatus::Canceling;
+                        rec.updated_at = now_micros();
+                    }
+                })?;
                 self.meta.flush()?;
                 live.publish_status();
-                self.live.write().remove(id);
-                self.publish_queue_positions();
-                Ok((snapshot, None))
-            }
-            JobStatus::Running => {
-                rec.status = JobStatus::Canceling;
-                rec.updated_at = now_micros();
-                let snapshot = rec.clone();
-                drop(rec);
-                self.meta.put_job(&snapshot)?;
-                live.publish_status();
                 live.cancel.cancel();
-                Ok((snapshot, None))
+                Ok((rec, None))
             }
-            _ => Ok((rec.clone(), None)),
+            _ => Ok((current, None)),
         }
+    }
+
+    /// Ends a job that has not started with `status` (canceled or expired).
+    /// A worker that took it meanwhile sees the status and skips it.
+    fn stop_queued(&self, live: &Arc<LiveJob>, status: JobStatus) -> Result<JobRecord, ServiceError> {
+        let id = live.record.lock().id.clone();
+        let removed = {
+            let mut q = self.queue.lock();
+            let before = q.len();
+            q.retain(|q| *q != id);
+            before != q.len()
+        };
+        if removed {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        let mut stopped = false;
+        let rec = live.update(self.meta.as_ref(), |rec| {
+            if rec.status == JobStatus::Queued {
+                let now = now_micros();
+                rec.status = status;
+                rec.completed_at = Some(now);
+                rec.updated_at = now;
+                stopped = true;
+            }
+        })?;
+        if !stopped {
+            // A worker started it first: cancel it as a running job.
+            return if status == JobStatus::Canceled { self.cancel(&rec.owner, &id).map(|(r, _)| r) } else { Ok(rec) };
+        }
+        self.meta.dequeue(&rec)?;
+        self.meta.flush()?;
+        live.publish_status();
+        self.live.write().remove(&id);
+        self.publish_queue_positions();
+        Ok(rec)
     }
 
     /// Jobs newest first.
@@ -397,15 +417,16 @@ impl Service {
         self.streams.load(Ordering::Relaxed)
     }
 
-    /// Tells streams of queued jobs their new positions.
+    /// Tells streams of queued jobs their new positions. (Locks are released
+    /// before publishing, which takes each job's record lock.)
     fn publish_queue_positions(&self) {
-        let live = self.live.read();
-        for id in self.queue.lock().iter() {
-            if let Some(job) = live.get(id)
-                && job.events.receiver_count() > 0
-            {
-                job.publish_status();
-            }
+        let watched: Vec<Arc<LiveJob>> = {
+            let live = self.live.read();
+            let queue = self.queue.lock();
+            queue.iter().filter_map(|id| live.get(id)).filter(|job| job.events.receiver_count() > 0).cloned().collect()
+        };
+        for job in watched {
+            job.publish_status();
         }
     }
 }

@@ -11,7 +11,6 @@
 //! readable for one more retention period before it is purged. Blobs no
 //! asset refers to are collected; claims past their 24 h are dropped.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
@@ -104,15 +103,14 @@ impl Service {
     /// One retention pass as of `now`.
     pub fn sweep(&self, now: Micros) -> Result<(), ServiceError> {
         let grace = self.opts.retention.as_micros() as Micros;
-        for mut job in self.meta.all_jobs()? {
-            if job.expires_at > now {
+        for listed in self.meta.all_jobs()? {
+            if listed.expires_at > now {
                 continue;
             }
-            if let Some(live) = self.live_job(&job.id) {
+            if let Some(live) = self.live_job(&listed.id) {
                 let status = live.record.lock().status;
                 if status == JobStatus::Queued {
-                    self.cancel(&job.owner, &job.id)?;
-                    job = self.meta.get_job(&job.id)?.unwrap_or(job);
+                    self.stop_queued(&live, JobStatus::Expired)?;
                 } else {
                     // Running: stop it; the worker records it as expired.
                     live.expire_on_stop.store(true, Ordering::SeqCst);
@@ -120,6 +118,8 @@ impl Service {
                     continue;
                 }
             }
+            // Re-read: the listing may predate the job's last write.
+            let Some(mut job) = self.meta.get_job(&listed.id)? else { continue };
             if job.status != JobStatus::Expired || !job.outputs.is_empty() {
                 self.drop_outputs(&mut job)?;
                 job.status = JobStatus::Expired;
@@ -140,13 +140,20 @@ impl Service {
 
     /// Deletes blobs that no asset and no live job refers to.
     fn collect_blobs(&self) -> Result<(), ServiceError> {
-        let in_use: HashSet<String> =
-            self.live.read().values().flat_map(|l| l.record.lock().inputs.iter().map(|i| i.hash.clone()).collect::<Vec<_>>()).collect();
         let mut deleted = false;
-        for (hash, written) in self.blobs.list()? {
+        for (hash, _) in self.blobs.list()? {
             let name = blob_name(&hash);
-            let young = SystemTime::now().duration_since(written).map_or(true, |age| age < self.opts.blob_grace);
-            if young || in_use.contains(&name) || !self.meta.assets_with_hash(&name)?.is_empty() {
+            // Checked per blob, right before deleting: the inputs and the
+            // not-yet-recorded outputs of live jobs, records, and the age of
+            // the file (an upload may be between its blob and its record).
+            let _gate = self.blob_gate.write();
+            let in_use = self.live.read().values().any(|l| l.pending_blobs.lock().contains(&name) || l.record.lock().inputs.iter().any(|i| i.hash == name));
+            if in_use || !self.meta.assets_with_hash(&name)?.is_empty() {
+                continue;
+            }
+            let young =
+                self.blobs.list_one(&hash).is_none_or(|written| SystemTime::now().duration_since(written).map_or(true, |age| age < self.opts.blob_grace));
+            if young {
                 continue;
             }
             self.blobs.delete(&hash)?;

@@ -34,20 +34,15 @@ pub fn resolve_assets(workflow: &Json, meta: &dyn MetaStore, owner: &str, now: M
             missing.push("(reference without info)".into());
             return Ok(());
         };
-        let id = info.get("id").and_then(Json::as_str);
-        let hash = info.get("hash").and_then(Json::as_str);
-        let usable = |a: &AssetRecord| a.owner == owner && a.expires_at.is_none_or(|e| e > now);
-        let mut asset = match id {
-            Some(id) => meta.get_asset(id)?.filter(usable),
-            None => None,
+        // `info.id` must name an asset the caller owns; `hash` and
+        // `file_path` are hints and never stand in for it.
+        let Some(id) = info.get("id").and_then(Json::as_str) else {
+            missing.push("(reference without id)".into());
+            return Ok(());
         };
-        if asset.is_none()
-            && let Some(hash) = hash
-        {
-            asset = meta.assets_with_hash(&hash.to_ascii_lowercase())?.into_iter().find(|a| usable(a));
-        }
-        let Some(asset) = asset else {
-            missing.push(id.or(hash).unwrap_or("(reference without id)").to_string());
+        let usable = |a: &AssetRecord| a.owner == owner && a.expires_at.is_none_or(|e| e > now);
+        let Some(asset) = meta.get_asset(id)?.filter(usable) else {
+            missing.push(id.to_string());
             return Ok(());
         };
         let name = input_name(&asset, &inputs);

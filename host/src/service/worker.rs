@@ -49,7 +49,11 @@ impl Service {
 
     async fn next_job(&self) -> String {
         loop {
+            // Registered before the queue is checked, so a push in between
+            // still wakes this worker.
             let notified = self.queue_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             if let Some(id) = self.queue.lock().pop_front() {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 return id;
@@ -60,27 +64,33 @@ impl Service {
 
     async fn run_job(&self, live: Arc<LiveJob>) {
         let now = now_micros();
-        let snapshot = {
-            let mut rec = live.record.lock();
-            if rec.status != JobStatus::Queued {
-                return; // canceled while it waited
+        let mut started = false;
+        let written = live.update(self.meta.as_ref(), |rec| {
+            if rec.status == JobStatus::Queued {
+                rec.status = JobStatus::Running;
+                rec.started_at = Some(now);
+                rec.updated_at = now;
+                rec.queue_ms = Some((now - rec.created_at) / 1000);
+                rec.attempts += 1;
+                started = true;
             }
-            rec.status = JobStatus::Running;
-            rec.started_at = Some(now);
-            rec.updated_at = now;
-            rec.queue_ms = Some((now - rec.created_at) / 1000);
-            rec.attempts += 1;
-            rec.clone()
+        });
+        let snapshot = match written {
+            Ok(s) if started => s,
+            Ok(_) => return, // canceled or expired while it waited
+            Err(e) => {
+                tracing::error!(error = %e, "cannot record the running job");
+                live.snapshot()
+            }
         };
-        let span = tracing::info_span!("job", job_id = %snapshot.id);
-        let _enter = span.enter();
-        tracing::info!(attempt = snapshot.attempts, "job running");
-        if let Err(e) = self.meta.put_job(&snapshot).and_then(|()| self.meta.dequeue(&snapshot)) {
-            tracing::error!(error = %e, "cannot record the running job");
+        tracing::info!(job_id = %snapshot.id, attempt = snapshot.attempts, "job running");
+        // The attempt count is flushed before the run: a job that brings the
+        // server down cannot be retried forever.
+        if let Err(e) = self.meta.dequeue(&snapshot).and_then(|()| self.meta.flush()) {
+            tracing::error!(job_id = %snapshot.id, error = %e, "cannot record the running job");
         }
         live.publish_status();
         self.publish_queue_positions();
-        drop(_enter);
 
         let outcome = match self.prepare(&snapshot) {
             Ok((workflow, plan)) => {
@@ -100,11 +110,19 @@ impl Service {
                     prompt: Arc::new(workflow),
                     extra_pnginfo: None,
                     inputs: Arc::new(JobInputs::new(&snapshot.inputs, self.blobs.clone())),
-                    outputs: Arc::new(JobOutputs::new(self.blobs.clone())),
+                    outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone())),
                     events: self.sink(live.clone()),
                     cancel: live.cancel.clone(),
+                    api_key_svc_org: live.extra.api_key_svc_org.clone(),
                 };
-                Ok(self.executor.run(&plan, ctx).await)
+                let run = std::panic::AssertUnwindSafe(self.executor.run(&plan, ctx));
+                futures_util::FutureExt::catch_unwind(run).await.map_err(|_| JobErrorRecord {
+                    code: "internal_error".into(),
+                    message: "the job's execution failed unexpectedly".into(),
+                    node_id: None,
+                    class_type: None,
+                    traceback: None,
+                })
             }
             Err(e) => Err(e),
         };
@@ -194,19 +212,26 @@ impl Service {
                             asset_id: asset.id,
                             hash: asset.hash,
                         };
-                        let snapshot = {
-                            let mut rec = live.record.lock();
+                        let written = live.update(meta.as_ref(), |rec| {
                             rec.outputs.push(output.clone());
                             rec.updated_at = now;
-                            rec.clone()
-                        };
-                        if let Err(e) = meta.put_job(&snapshot) {
+                        });
+                        if let Err(e) = written {
                             tracing::error!(error = %e, "cannot record an output");
                         }
                         live.publish(JobEvent::Output(output));
                     }
                 }
-                Event::Preview { .. } | Event::Started { .. } | Event::Succeeded { .. } | Event::Failed { .. } | Event::Interrupted { .. } => {}
+                Event::Preview { node, image } => {
+                    // Encoding is cheap next to the node that asked for it
+                    // (≤ 512 px, fast compression), and previews are rare.
+                    if let Some(png) = super::preview::encode(&image) {
+                        let event = JobEvent::Preview { node_id: node, content_type: "image/png".into(), data: Arc::new(png) };
+                        *live.last_preview.lock() = Some(event.clone());
+                        live.publish(event);
+                    }
+                }
+                Event::Started { .. } | Event::Succeeded { .. } | Event::Failed { .. } | Event::Interrupted { .. } => {}
             }
         })
     }
@@ -214,8 +239,9 @@ impl Service {
     /// Records how the run ended and retires the live job.
     fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, JobErrorRecord>) {
         let now = now_micros();
-        let snapshot = {
-            let mut rec = live.record.lock();
+        let expired = live.expire_on_stop.load(Ordering::SeqCst);
+        let written = live.update(self.meta.as_ref(), |rec| {
+            let canceling = rec.status == JobStatus::Canceling;
             match outcome {
                 Ok(outcome) => {
                     match outcome.status {
@@ -235,9 +261,7 @@ impl Service {
                                 traceback: None,
                             });
                         }
-                        RunStatus::Interrupted => {
-                            rec.status = if live.expire_on_stop.load(Ordering::SeqCst) { JobStatus::Expired } else { JobStatus::Canceled };
-                        }
+                        RunStatus::Interrupted => rec.status = JobStatus::Canceled,
                     }
                     rec.logs = Some(log_record(outcome.log, now));
                 }
@@ -246,15 +270,27 @@ impl Service {
                     rec.error = Some(error);
                 }
             }
+            // A cancel request wins over however the run ended (canceling →
+            // canceled is the only way out), and retention over both.
+            if canceling {
+                rec.status = JobStatus::Canceled;
+                rec.error = None;
+            }
+            if expired {
+                rec.status = JobStatus::Expired;
+            }
             rec.completed_at = Some(now);
             rec.updated_at = now;
             rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
-            rec.clone()
+        });
+        let snapshot = match written.and_then(|s| self.meta.flush().map(|()| s)) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot record the finished job");
+                live.snapshot()
+            }
         };
         tracing::info!(job_id = %snapshot.id, status = snapshot.status.as_str(), "job finished");
-        if let Err(e) = self.meta.put_job(&snapshot).and_then(|()| self.meta.flush()) {
-            tracing::error!(job_id = %snapshot.id, error = %e, "cannot record the finished job");
-        }
         live.publish_status();
         self.live.write().remove(&snapshot.id);
     }

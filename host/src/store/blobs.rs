@@ -49,7 +49,13 @@ fn touch(path: &Path) {
 /// Moves a complete, synced temp file to its content address.
 fn commit(tmp: &Path, dest: &Path) -> Result<(), StoreError> {
     let parent = dest.parent().ok_or_else(|| StoreError::Corrupt(dest.display().to_string()))?;
-    std::fs::create_dir_all(parent)?;
+    if !parent.is_dir() {
+        std::fs::create_dir_all(parent)?;
+        // The new shard's entry in the root must be durable too.
+        if let Some(root) = parent.parent() {
+            File::open(root)?.sync_all()?;
+        }
+    }
     if dest.exists() {
         // Same content already stored: keep the old file, but mark it fresh
         // so a garbage-collection pass does not take it from its new owner.
@@ -92,6 +98,10 @@ impl BlobStore for DiskBlobs {
     fn path(&self, hash: &blake3::Hash) -> Option<PathBuf> {
         let p = self.final_path(hash);
         p.is_file().then_some(p)
+    }
+
+    fn list_one(&self, hash: &blake3::Hash) -> Option<std::time::SystemTime> {
+        std::fs::metadata(self.final_path(hash)).and_then(|m| m.modified()).ok()
     }
 
     fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError> {

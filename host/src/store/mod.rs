@@ -27,6 +27,10 @@ pub enum StoreError {
     KeyClaimed,
     #[error("upload exceeds {limit} bytes")]
     TooLarge { limit: u64 },
+    /// The write is committed but could not be made durable: the outcome
+    /// after a crash is unknown.
+    #[error("committed but not flushed: {0}")]
+    NotDurable(String),
 }
 
 /// A blob's name: `blake3:<64 lowercase hex>`.
@@ -95,6 +99,8 @@ pub trait BlobStore: Send + Sync {
     /// A local file holding the blob (for streaming and range reads).
     fn path(&self, hash: &blake3::Hash) -> Option<PathBuf>;
     fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError>;
+    /// When a blob was last written, if it exists.
+    fn list_one(&self, hash: &blake3::Hash) -> Option<std::time::SystemTime>;
     /// Every blob present, with when it was last written.
     fn list(&self) -> Result<Vec<(blake3::Hash, std::time::SystemTime)>, StoreError>;
 }

@@ -45,17 +45,9 @@ impl JobStatus {
     }
     /// Parses a wire name.
     pub fn parse(s: &str) -> Option<JobStatus> {
-        [
-            JobStatus::Queued,
-            JobStatus::Running,
-            JobStatus::Succeeded,
-            JobStatus::Canceling,
-            JobStatus::Canceled,
-            JobStatus::Failed,
-            JobStatus::Expired,
-        ]
-        .into_iter()
-        .find(|st| st.as_str() == s)
+        [JobStatus::Queued, JobStatus::Running, JobStatus::Succeeded, JobStatus::Canceling, JobStatus::Canceled, JobStatus::Failed, JobStatus::Expired]
+            .into_iter()
+            .find(|st| st.as_str() == s)
     }
 }
 

@@ -55,7 +55,24 @@ fn hash_key(hash: &str, id: &str) -> Vec<u8> {
 impl SledMeta {
     /// Opens (creating) the store in `dir`.
     pub fn open(dir: &Path) -> Result<SledMeta, StoreError> {
-        let db = sled::Config::new().path(dir).flush_every_ms(Some(200)).open().map_err(backend)?;
+        // sled's background flusher lets go of the directory's lock a moment
+        // after the previous handle is dropped (an in-process restart); a
+        // lock held longer means another kiln uses this data directory.
+        let config = sled::Config::new().path(dir).flush_every_ms(Some(200)).cache_capacity(16 << 20);
+        let mut attempt = 0;
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock && attempt < 100 => {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return Err(StoreError::Backend(format!("{} is in use by another process", dir.display())));
+                }
+                Err(e) => return Err(backend(e)),
+            }
+        };
         let tree = |name: &str| db.open_tree(name).map_err(backend);
         Ok(SledMeta {
             jobs: tree("jobs")?,
@@ -92,7 +109,7 @@ impl MetaStore for SledMeta {
             Ok(())
         });
         match result {
-            Ok(()) => self.flush(),
+            Ok(()) => self.flush().map_err(|e| StoreError::NotDurable(e.to_string())),
             Err(TransactionError::Abort(())) => Err(StoreError::KeyClaimed),
             Err(TransactionError::Storage(e)) => Err(backend(e)),
         }

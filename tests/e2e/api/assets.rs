@@ -138,9 +138,7 @@ async fn signed_redirects_carry_their_own_authorization() {
     })
     .await;
     let bytes = png_bytes(3, 3, 5);
-    let form = reqwest::multipart::Form::new()
-        .text("file_path", "s.png")
-        .part("file", reqwest::multipart::Part::bytes(bytes.clone()).file_name("s.png"));
+    let form = reqwest::multipart::Form::new().text("file_path", "s.png").part("file", reqwest::multipart::Part::bytes(bytes.clone()).file_name("s.png"));
     let a: Value = s.http.post(s.url("/assets")).bearer_auth("tok").multipart(form).send().await.unwrap().json().await.unwrap();
     let no_redirects = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let r = no_redirects.get(s.url(&format!("/assets/{}/content", a["id"].as_str().unwrap()))).bearer_auth("tok").send().await.unwrap();

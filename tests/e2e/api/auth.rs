@@ -18,7 +18,11 @@ async fn a_configured_token_guards_every_route_but_health() {
             }
             r
         };
-        for (auth, message) in [(None, "Missing or malformed Authorization header."), (Some("Bearer wrong"), "Invalid token."), (Some("Basic s3cret"), "Missing or malformed Authorization header.")] {
+        for (auth, message) in [
+            (None, "Missing or malformed Authorization header."),
+            (Some("Bearer wrong"), "Invalid token."),
+            (Some("Basic s3cret"), "Missing or malformed Authorization header."),
+        ] {
             let resp = req(auth).send().await.unwrap();
             assert_eq!(resp.status(), 401, "{method} {path} {auth:?}");
             let body: Value = resp.json().await.unwrap();

@@ -172,3 +172,46 @@ async fn too_many_streams_is_429_while_polling_still_works() {
     assert!(freed);
     assert_eq!(s.http.get(&url).send().await.unwrap().status(), 200);
 }
+
+#[tokio::test]
+async fn previews_from_plugins_reach_the_stream() {
+    use base64::Engine;
+    // A registry with the example plugin, which reports progress and a preview.
+    let env = crate::support::env().await;
+    let dir = tempfile::tempdir().unwrap();
+    crate::support::install_plugin(&dir.path().join("example"), crate::support::EXAMPLE_MANIFEST, crate::support::EXAMPLE_WASM);
+    crate::support::install_plugin(&dir.path().join("hostile"), crate::support::HOSTILE_MANIFEST, crate::support::HOSTILE_WASM);
+    let registry = std::sync::Arc::new(kiln::plugins::NodeRegistry::load_all(&env.runtime, &[dir.path().to_path_buf()]).await.unwrap());
+    let data = tempfile::tempdir().unwrap();
+    let config = super::config(data.path());
+    let mut options = kiln::service::ServiceOptions::from_config(&config);
+    options.max_running_jobs = 1;
+    let server = kiln::server::Server::start_with(config, options, env.runtime.clone(), registry).await.unwrap();
+    let s = TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data };
+
+    let blocker = s.submit(spinner(31)).await;
+    s.wait_for(blocker["id"].as_str().unwrap(), "running").await;
+    let job = s
+        .submit(serde_json::json!({
+            "1": { "class_type": "EmptyImage", "inputs": { "width": 40, "height": 20, "batch_size": 3, "color": 0x336699 } },
+            "2": { "class_type": "ExamplePosterize", "inputs": { "image": ["1", 0], "levels": 3 } },
+            "3": { "class_type": "SaveImage", "inputs": { "images": ["2", 0], "filename_prefix": "poster" } },
+        }))
+        .await;
+    let canceller = {
+        let (http, url) = (s.http.clone(), s.url(&format!("/jobs/{}/cancel", blocker["id"].as_str().unwrap())));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            http.post(url).send().await.unwrap();
+        })
+    };
+    let (frames, ended, _) = read_stream(&s, &s.url(&format!("/jobs/{}/events", job["id"].as_str().unwrap())), Duration::from_secs(20)).await;
+    canceller.await.unwrap();
+    assert!(ended);
+    let evs = events(&frames);
+    let preview = evs.iter().find(|e| e.0 == "preview").unwrap_or_else(|| panic!("a preview frame: {frames:?}")).1;
+    assert_eq!((preview["node_id"].as_str(), preview["content_type"].as_str()), (Some("2"), Some("image/png")));
+    let png = base64::engine::general_purpose::STANDARD.decode(preview["data_base64"].as_str().unwrap()).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(evs.last().unwrap().1["status"], "succeeded");
+}

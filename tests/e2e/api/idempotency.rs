@@ -51,6 +51,11 @@ async fn definite_failures_release_the_key() {
     assert_eq!((status, err["error"]["code"].as_str()), (422, Some("missing_asset")), "{err}");
     assert!(err["error"]["details"]["missing_ids"].as_array().is_some_and(|l| l.len() == 1));
     let (_, asset) = s.upload("a.png", png_bytes(4, 4, 9), None).await;
+    // The id is authoritative: a known hash does not rescue an unknown id.
+    let stale = json!({ "__type": "core/ASSET", "info": { "id": uuid::Uuid::new_v4().to_string(), "hash": asset["hash"] } });
+    let wf = json!({ "1": { "class_type": "LoadImage", "inputs": { "image": stale } },
+                     "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "m" } } });
+    assert_eq!(s.post_job(&json!({ "workflow": wf }), Some("key-a")).await.1["error"]["code"], "missing_asset");
     assert_eq!(s.post_job(&json!({ "workflow": load_save(&asset) }), Some("key-a")).await.0, 201);
 }
 

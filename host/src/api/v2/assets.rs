@@ -25,7 +25,11 @@ fn created(asset: NewAsset, links: &Links) -> (StatusCode, Json<Json_>) {
 }
 
 fn multipart_error(e: axum::extract::multipart::MultipartError, limit: u64) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(limit) } else { ApiError::invalid_request(format!("Bad multipart body: {}", e.body_text())) }
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::payload_too_large(limit)
+    } else {
+        ApiError::invalid_request(format!("Bad multipart body: {}", e.body_text()))
+    }
 }
 
 async fn text_field(field: Field<'_>, limit: u64) -> Result<String, ApiError> {

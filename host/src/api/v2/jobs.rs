@@ -140,11 +140,13 @@ pub async fn list(
     for (k, v) in pairs {
         match k.as_str() {
             "limit" => {
-                q.limit = v.parse().ok().filter(|n| (1..=100).contains(n)).ok_or_else(|| ApiError::invalid_request("`limit` must be an integer from 1 to 100."))?
+                q.limit =
+                    v.parse().ok().filter(|n| (1..=100).contains(n)).ok_or_else(|| ApiError::invalid_request("`limit` must be an integer from 1 to 100."))?
             }
             "cursor" if v.is_empty() => {}
             "cursor" => {
-                let bytes = hex_decode(&v).ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "The cursor was not issued by this server."))?;
+                let bytes =
+                    hex_decode(&v).ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "The cursor was not issued by this server."))?;
                 q.cursor = Some(bytes);
             }
             "status" => {

@@ -34,7 +34,9 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/assets/{id}/content", get(assets::content))
         .route("/signed/assets/{id}", get(assets::signed_content))
         .layer(DefaultBodyLimit::max(MAX_JSON_BYTES))
-        .method_not_allowed_fallback(|| async { ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed.").into_response() })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed.").into_response()
+        })
         .with_state(state)
 }
 
