@@ -4,7 +4,8 @@
 //! Prints: idle RSS of the server; submit→succeeded latency of a 64×64
 //! LoadImage → SaveImage job (p50/p95, one client, client- and server-side);
 //! jobs/s with 8 concurrent clients; `GET /api/v2/jobs/{id}` requests/s with
-//! 64 concurrent connections. The result cache is off (`KILN_RESULT_CACHE_MB=0`)
+//! 64 concurrent connections (reqwest in this process, and `wrk` if it is
+//! installed: `apt-get install wrk`). The result cache is off (`KILN_RESULT_CACHE_MB=0`)
 //! so every job really executes both nodes. Record results in BENCHMARKS.md.
 
 use std::io::{BufRead, BufReader};
@@ -96,11 +97,17 @@ async fn run_one(http: &reqwest::Client, base: &str, workflow: &Value) -> (f64, 
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    // The first start compiles the bundled components into the artifact
+    // cache; every later start deserializes them.
+    let first = start();
+    std::thread::sleep(Duration::from_secs(2));
+    println!("idle RSS after a first start (components compiled): {:.1} MiB", rss_kib(first.child.id()) as f64 / 1024.0);
+    drop(first);
     let server = start();
     let base = server.base.clone();
     let pid = server.child.id();
     std::thread::sleep(Duration::from_secs(2));
-    println!("idle RSS after start: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
+    println!("idle RSS after a warm start: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
 
     rt.block_on(async {
         let http = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
@@ -183,7 +190,19 @@ fn main() {
             t.await.unwrap();
         }
         let secs = t0.elapsed().as_secs_f64();
-        println!("GET /api/v2/jobs/{{id}}, 64 connections: {:.0} req/s", count.load(Ordering::Relaxed) as f64 / secs);
+        println!("GET /api/v2/jobs/{{id}}, 64 connections, in-process reqwest client: {:.0} req/s", count.load(Ordering::Relaxed) as f64 / secs);
+        // The same with wrk (a C load generator, one thread), when installed:
+        // it leaves more of the CPU to the server than reqwest does.
+        match Command::new("wrk").args(["-t1", "-c64", "-d5s", &url]).output() {
+            Ok(out) if out.status.success() => {
+                let text = String::from_utf8_lossy(&out.stdout);
+                let rate = text.lines().find_map(|l| l.strip_prefix("Requests/sec:")).map(str::trim).unwrap_or("?");
+                println!("GET /api/v2/jobs/{{id}}, 64 connections, wrk -t1: {rate} req/s");
+            }
+            _ => println!("GET /api/v2/jobs/{{id}} with wrk: skipped (wrk not installed)"),
+        }
     });
-    println!("RSS after the load: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
+    println!("RSS right after the load: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
+    std::thread::sleep(Duration::from_secs(8));
+    println!("RSS after 8 s idle: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
 }

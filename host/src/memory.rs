@@ -21,3 +21,14 @@ pub fn tune_allocator() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, RETAIN_BYTES);
     }
 }
+
+/// Returns freed heap memory to the kernel (the other half of the policy:
+/// the server calls it once it has been idle for a while). A no-op outside
+/// glibc.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages; it is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

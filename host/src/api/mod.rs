@@ -68,9 +68,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn(request_id))
 }
 
+/// A request id: a random per-process prefix and a counter (unique without
+/// a trip to the kernel's RNG on every request).
+fn next_request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = PREFIX.get_or_init(|| uuid::Uuid::new_v4().simple().to_string()[..12].to_string());
+    format!("{prefix}-{:x}", COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
 /// Tags every response with `X-Comfy-Request-Id`.
 async fn request_id(request: Request, next: Next) -> Response {
-    let id = uuid::Uuid::new_v4().simple().to_string();
+    let id = next_request_id();
     let span = tracing::debug_span!("request", request_id = %id, method = %request.method(), path = %request.uri().path());
     let mut response = tracing::Instrument::instrument(next.run(request), span).await;
     if let Ok(v) = HeaderValue::from_str(&id) {
@@ -82,5 +92,10 @@ async fn request_id(request: Request, next: Next) -> Response {
 /// Serves `router` on `listener` until `shutdown` resolves, then lets
 /// in-flight requests finish.
 pub async fn serve(listener: tokio::net::TcpListener, router: Router, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Small writes (SSE frames, JSON replies) must not wait for Nagle.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router).with_graceful_shutdown(shutdown).await
 }

@@ -123,6 +123,8 @@ pub struct Service {
     streams: Arc<AtomicUsize>,
     shutdown: CancellationToken,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Recently read finished jobs (their records change only at expiry).
+    finished: Mutex<lru::LruCache<String, Arc<JobRecord>>>,
     /// Held shared by whoever is between writing a blob and recording it,
     /// exclusively by garbage collection while it checks and deletes one.
     blob_gate: RwLock<()>,
@@ -168,6 +170,7 @@ impl Service {
             tasks: Mutex::new(Vec::new()),
             exec: Mutex::new(None),
             blob_gate: RwLock::new(()),
+            finished: Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
         });
         service.recover()?;
         let mut tasks = Vec::new();
@@ -299,15 +302,38 @@ impl Service {
 
     /// The current record of a job the caller owns.
     pub fn get(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        self.get_shared(owner, id).map(|(r, p)| ((*r).clone(), p))
+    }
+
+    /// [`Service::get`] without copying: finished records are served from an
+    /// in-memory cache (they only change again at expiry).
+    pub fn get_shared(&self, owner: &str, id: &str) -> Result<(Arc<JobRecord>, Option<usize>), ServiceError> {
         let record = match self.live_job(id) {
-            Some(live) => live.snapshot(),
-            None => self.meta.get_job(id)?.ok_or(ServiceError::NotFound)?,
+            Some(live) => Arc::new(live.snapshot()),
+            None => {
+                let cached = self.finished.lock().get(id).cloned();
+                match cached {
+                    Some(r) => r,
+                    None => {
+                        let r = Arc::new(self.meta.get_job(id)?.ok_or(ServiceError::NotFound)?);
+                        if r.status.is_terminal() && self.live_job(id).is_none() {
+                            self.finished.lock().put(id.to_string(), r.clone());
+                        }
+                        r
+                    }
+                }
+            }
         };
         if record.owner != owner {
             return Err(ServiceError::NotFound);
         }
         let position = if record.status == JobStatus::Queued { self.queue_position(id) } else { None };
         Ok((record, position))
+    }
+
+    /// Drops a record from the finished-jobs cache (after a store write).
+    fn forget_finished(&self, id: &str) {
+        self.finished.lock().pop(id);
     }
 
     /// The executed (resolved) workflow of a job.

@@ -86,9 +86,22 @@ impl Service {
     pub(super) async fn sweeper_loop(self: Arc<Self>) {
         let mut tick = tokio::time::interval(self.opts.sweep_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Freed tensor memory is kept for reuse while jobs run (see
+        // `memory`); once the server has been idle for a few seconds it goes
+        // back to the kernel.
+        let mut idle_check = tokio::time::interval(std::time::Duration::from_secs(3));
+        let mut busy_since_trim = false;
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
+                _ = idle_check.tick() => {
+                    let idle = self.live.read().is_empty();
+                    if idle && busy_since_trim {
+                        tokio::task::spawn_blocking(crate::memory::release_free_memory);
+                    }
+                    busy_since_trim = !idle;
+                    continue;
+                }
                 _ = tick.tick() => {}
             }
             let this = self.clone();
@@ -127,9 +140,11 @@ impl Service {
                 job.completed_at.get_or_insert(now);
                 job.updated_at = now;
                 self.meta.put_job(&job)?;
+                self.forget_finished(&job.id);
                 tracing::info!(job_id = %job.id, "job expired");
             } else if job.expires_at + grace <= now {
                 self.meta.delete_job(&job)?;
+                self.forget_finished(&job.id);
             }
         }
         self.meta.purge_claims(now)?;

@@ -19,9 +19,9 @@ use crate::api::{AppState, Links, content};
 use crate::service::{NewAsset, ServiceError, UploadMeta};
 use crate::store::{BlobUpload, now_micros, parse_blob_name};
 
-fn created(asset: NewAsset, links: &Links) -> (StatusCode, Json<Json_>) {
+fn created(asset: NewAsset, links: &Links) -> Response {
     let status = if asset.created_new { StatusCode::CREATED } else { StatusCode::OK };
-    (status, Json(wire::asset(&asset.asset, links, Some(asset.created_new))))
+    (status, Json(wire::asset(&asset.asset, links, Some(asset.created_new)))).into_response()
 }
 
 fn multipart_error(e: axum::extract::multipart::MultipartError, limit: u64) -> ApiError {
@@ -109,9 +109,9 @@ pub async fn from_hash(State(state): State<Arc<AppState>>, links: Links, body: R
     Ok(created(asset, &links))
 }
 
-pub async fn get_asset(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
+pub async fn get_asset(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Response, ApiError> {
     check_id(&id)?;
-    Ok(Json(wire::asset(&state.service.asset(state.owner(), &id)?, &links, None)))
+    Ok(Json(wire::asset(&state.service.asset(state.owner(), &id)?, &links, None)).into_response())
 }
 
 pub async fn delete_asset(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {

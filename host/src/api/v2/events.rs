@@ -20,8 +20,8 @@ use crate::api::{AppState, Links};
 use crate::service::JobEvent;
 use crate::store::JobRecord;
 
-fn frame(name: &str, data: &serde_json::Value) -> Event {
-    Event::default().event(name).data(data.to_string())
+fn frame(name: &str, data: &impl serde::Serialize) -> Event {
+    Event::default().event(name).data(serde_json::to_string(data).unwrap_or_else(|_| "{}".into()))
 }
 
 fn status_frame(state: &AppState, rec: &JobRecord, links: &Links) -> Event {

@@ -7,6 +7,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json_, json};
 
 use super::{check_id, wire};
@@ -80,12 +81,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_string()))
 }
 
-pub async fn submit(
-    State(state): State<Arc<AppState>>,
-    links: Links,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<Json_>), ApiError> {
+pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let mut body = json_object(body)?;
     if body.contains_key("webhook_url") || body.contains_key("inputs") {
         return Err(ApiError::invalid_workflow("'webhook_url' and 'inputs' are reserved and not accepted."));
@@ -107,13 +103,13 @@ pub async fn submit(
     let submission = Submission { workflow, extra, idempotency_key: key, metadata, owner, surface: "v2" };
     // Validation and the durable write block; keep them off the reactor.
     let (record, position) = tokio::task::spawn_blocking(move || service.submit(submission)).await.map_err(|e| ApiError::internal(&e))??;
-    Ok((StatusCode::CREATED, Json(wire::job(&record, position, &links, false))))
+    Ok((StatusCode::CREATED, Json(wire::job(&record, position, &links, false))).into_response())
 }
 
-pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
+pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let (record, position) = state.service.get(state.owner(), &id)?;
-    Ok(Json(wire::job(&record, position, &links, true)))
+    let (record, position) = state.service.get_shared(state.owner(), &id)?;
+    Ok(Json(wire::job(&record, position, &links, true)).into_response())
 }
 
 pub async fn workflow(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
@@ -122,19 +118,15 @@ pub async fn workflow(State(state): State<Arc<AppState>>, Path(id): Path<String>
     Ok(Json(json!({ "workflow": workflow, "format": "api" })))
 }
 
-pub async fn cancel(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
+pub async fn cancel(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Response, ApiError> {
     check_id(&id)?;
     let service = state.service.clone();
     let owner = state.owner().to_string();
     let (record, position) = tokio::task::spawn_blocking(move || service.cancel(&owner, &id)).await.map_err(|e| ApiError::internal(&e))??;
-    Ok(Json(wire::job(&record, position, &links, false)))
+    Ok(Json(wire::job(&record, position, &links, false)).into_response())
 }
 
-pub async fn list(
-    State(state): State<Arc<AppState>>,
-    links: Links,
-    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
-) -> Result<Json<Json_>, ApiError> {
+pub async fn list(State(state): State<Arc<AppState>>, links: Links, query: Result<Query<Vec<(String, String)>>, QueryRejection>) -> Result<Response, ApiError> {
     let Query(pairs) = query.map_err(|e| ApiError::invalid_request(e.body_text()))?;
     let mut q = ListQuery { limit: 50, ..ListQuery::default() };
     for (k, v) in pairs {
@@ -166,18 +158,21 @@ pub async fn list(
     let service = state.service.clone();
     let owner = state.owner().to_string();
     let (jobs, next) = tokio::task::spawn_blocking(move || service.list(&owner, &q)).await.map_err(|e| ApiError::internal(&e))??;
-    let items: Vec<Json_> = jobs
+    let items: Vec<wire::JobView> = jobs
         .iter()
         .map(|j| {
             let position = (j.status == JobStatus::Queued).then(|| state.service.queue_position(&j.id)).flatten();
             wire::job(j, position, &links, false)
         })
         .collect();
-    let mut page = json!({ "jobs": items });
-    if let Some(next) = next {
-        page["next_cursor"] = Json_::String(next.iter().map(|b| format!("{b:02x}")).collect());
+    #[derive(serde::Serialize)]
+    struct Page<'a> {
+        jobs: Vec<wire::JobView<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        next_cursor: Option<String>,
     }
-    Ok(Json(page))
+    let next_cursor = next.map(|n| n.iter().map(|b| format!("{b:02x}")).collect());
+    Ok(Json(Page { jobs: items, next_cursor }).into_response())
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {

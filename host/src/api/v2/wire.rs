@@ -1,12 +1,15 @@
 //! Rendering records as the Jobs API's JSON. Every required-but-nullable
 //! key is written, as `null` when unknown; timestamps are RFC 3339 with an
 //! explicit `+00:00`; asset URLs are absolute, job links host-relative.
+//! Views borrow the records and serialize straight to bytes (no
+//! intermediate `serde_json::Value`): `GET /jobs/{id}` is the hot path.
 
 use chrono::{DateTime, SecondsFormat};
-use serde_json::{Value as Json, json};
+use serde::Serialize;
+use serde_json::{Map, Value as Json};
 
 use crate::api::Links;
-use crate::store::{AssetRecord, JobRecord, Micros, OutputRecord, now_micros};
+use crate::store::{AssetRecord, JobErrorRecord, JobRecord, Micros, OutputRecord, ProgressSnapshot, now_micros};
 
 /// Download URLs of uploads are advertised for this long.
 const UPLOAD_URL_TTL_US: Micros = 24 * 3600 * 1_000_000;
@@ -16,73 +19,137 @@ pub fn timestamp(us: Micros) -> String {
     DateTime::from_timestamp_micros(us).unwrap_or_default().to_rfc3339_opts(SecondsFormat::Micros, false)
 }
 
-fn opt_ts(us: Option<Micros>) -> Json {
-    us.map_or(Json::Null, |t| Json::String(timestamp(t)))
-}
-
 /// An Output object.
-pub fn output(o: &OutputRecord, job: &JobRecord, links: &Links) -> Json {
-    json!({
-        "node_id": o.node_id,
-        "name": o.name,
-        "type": o.kind,
-        "content_type": o.content_type,
-        "size_bytes": o.size_bytes,
-        "id": o.asset_id,
-        "hash": o.hash,
-        "url": links.absolute(&format!("{}/assets/{}/content", links.v2(), o.asset_id)),
-        "url_expires_at": timestamp(job.expires_at),
-        "job_id": job.id,
-    })
+#[derive(Serialize)]
+pub struct OutputView<'a> {
+    node_id: &'a str,
+    name: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    content_type: &'a str,
+    size_bytes: u64,
+    id: &'a str,
+    hash: &'a str,
+    url: String,
+    url_expires_at: String,
+    job_id: &'a str,
 }
 
-/// A Job object; `logs` only when asked (GET of one job).
-pub fn job(rec: &JobRecord, queue_position: Option<usize>, links: &Links, with_logs: bool) -> Json {
+pub fn output<'a>(o: &'a OutputRecord, job: &'a JobRecord, links: &Links) -> OutputView<'a> {
+    OutputView {
+        node_id: &o.node_id,
+        name: &o.name,
+        kind: &o.kind,
+        content_type: &o.content_type,
+        size_bytes: o.size_bytes,
+        id: &o.asset_id,
+        hash: &o.hash,
+        url: links.absolute(&format!("{}/assets/{}/content", links.v2(), o.asset_id)),
+        url_expires_at: timestamp(job.expires_at),
+        job_id: &job.id,
+    }
+}
+
+#[derive(Serialize)]
+struct Metrics {
+    queue_ms: Option<i64>,
+    execution_ms: Option<i64>,
+}
+
+#[derive(Serialize)]
+struct Urls {
+    #[serde(rename = "self")]
+    this: String,
+    events: String,
+    cancel: String,
+}
+
+#[derive(Serialize)]
+struct LogsView<'a> {
+    text: &'a str,
+    truncated: bool,
+    captured_at: String,
+}
+
+/// A Job object (plus `create_time`/`update_time` for list readers).
+#[derive(Serialize)]
+pub struct JobView<'a> {
+    id: &'a str,
+    status: &'static str,
+    created_at: String,
+    started_at: Option<String>,
+    completed_at: Option<String>,
+    expires_at: String,
+    queue_position: Option<usize>,
+    progress: &'a Option<ProgressSnapshot>,
+    outputs: Vec<OutputView<'a>>,
+    error: &'a Option<JobErrorRecord>,
+    metrics: Metrics,
+    urls: Urls,
+    create_time: String,
+    update_time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a Map<String, Json>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logs: Option<LogsView<'a>>,
+}
+
+/// A Job; `logs` only when asked (GET of one job).
+pub fn job<'a>(rec: &'a JobRecord, queue_position: Option<usize>, links: &Links, with_logs: bool) -> JobView<'a> {
     let base = format!("{}/jobs/{}", links.v2(), rec.id);
-    let mut v = json!({
-        "id": rec.id,
-        "status": rec.status.as_str(),
-        "created_at": timestamp(rec.created_at),
-        "started_at": opt_ts(rec.started_at),
-        "completed_at": opt_ts(rec.completed_at),
-        "expires_at": timestamp(rec.expires_at),
-        "queue_position": queue_position,
-        "progress": rec.progress,
-        "outputs": rec.outputs.iter().map(|o| output(o, rec, links)).collect::<Vec<_>>(),
-        "error": rec.error,
-        "metrics": { "queue_ms": rec.queue_ms, "execution_ms": rec.execution_ms },
-        "urls": { "self": base, "events": format!("{base}/events"), "cancel": format!("{base}/cancel") },
-        "create_time": timestamp(rec.created_at),
-        "update_time": timestamp(rec.updated_at),
-    });
-    if let Some(m) = &rec.metadata {
-        v["metadata"] = Json::Object(m.clone());
+    let created = timestamp(rec.created_at);
+    JobView {
+        id: &rec.id,
+        status: rec.status.as_str(),
+        created_at: created.clone(),
+        started_at: rec.started_at.map(timestamp),
+        completed_at: rec.completed_at.map(timestamp),
+        expires_at: timestamp(rec.expires_at),
+        queue_position,
+        progress: &rec.progress,
+        outputs: rec.outputs.iter().map(|o| output(o, rec, links)).collect(),
+        error: &rec.error,
+        metrics: Metrics { queue_ms: rec.queue_ms, execution_ms: rec.execution_ms },
+        urls: Urls { events: format!("{base}/events"), cancel: format!("{base}/cancel"), this: base },
+        create_time: created,
+        update_time: timestamp(rec.updated_at),
+        metadata: rec.metadata.as_ref(),
+        logs: rec.logs.as_ref().filter(|_| with_logs).map(|l| LogsView { text: &l.text, truncated: l.truncated, captured_at: timestamp(l.captured_at) }),
     }
-    if with_logs && let Some(logs) = &rec.logs {
-        v["logs"] = json!({ "text": logs.text, "truncated": logs.truncated, "captured_at": timestamp(logs.captured_at) });
-    }
-    v
 }
 
-/// An Asset object; `created_new` only on create responses.
-pub fn asset(a: &AssetRecord, links: &Links, created_new: Option<bool>) -> Json {
-    let url_expires = a.expires_at.unwrap_or_else(|| now_micros() + UPLOAD_URL_TTL_US);
-    let mut v = json!({
-        "id": a.id,
-        "hash": a.hash,
-        "size_bytes": a.size_bytes,
-        "content_type": a.content_type,
-        "created_at": timestamp(a.created_at),
-        "url": links.absolute(&format!("{}/assets/{}/content", links.v2(), a.id)),
-        "url_expires_at": timestamp(url_expires),
-        "file_path": a.file_path,
-        "expires_at": opt_ts(a.expires_at),
-        "job_id": a.job_id,
-    });
-    if let Some(c) = created_new {
-        v["created_new"] = Json::Bool(c);
+/// An Asset object.
+#[derive(Serialize)]
+pub struct AssetView<'a> {
+    id: &'a str,
+    hash: &'a str,
+    size_bytes: u64,
+    content_type: &'a str,
+    created_at: String,
+    url: String,
+    url_expires_at: String,
+    file_path: &'a Option<String>,
+    expires_at: Option<String>,
+    job_id: &'a Option<String>,
+    /// Only on create responses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    created_new: Option<bool>,
+}
+
+pub fn asset<'a>(a: &'a AssetRecord, links: &Links, created_new: Option<bool>) -> AssetView<'a> {
+    AssetView {
+        id: &a.id,
+        hash: &a.hash,
+        size_bytes: a.size_bytes,
+        content_type: &a.content_type,
+        created_at: timestamp(a.created_at),
+        url: links.absolute(&format!("{}/assets/{}/content", links.v2(), a.id)),
+        url_expires_at: timestamp(a.expires_at.unwrap_or_else(|| now_micros() + UPLOAD_URL_TTL_US)),
+        file_path: &a.file_path,
+        expires_at: a.expires_at.map(timestamp),
+        job_id: &a.job_id,
+        created_new,
     }
-    v
 }
 
 #[cfg(test)]
