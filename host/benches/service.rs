@@ -95,7 +95,20 @@ async fn run_one(http: &reqwest::Client, base: &str, workflow: &Value) -> (f64, 
     (elapsed, done)
 }
 
+/// Lets this process and the server it spawns hold thousands of sockets.
+fn raise_fd_limit() {
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max.min(65536);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 fn main() {
+    raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     // The first start compiles the bundled components into the artifact
     // cache; every later start deserializes them.
@@ -201,6 +214,37 @@ fn main() {
             }
             _ => println!("GET /api/v2/jobs/{{id}} with wrk: skipped (wrk not installed)"),
         }
+
+        // 4. Many concurrent event streams on one long job: memory per stream.
+        let long = json!({
+            "1": { "class_type": "EmptyImage", "inputs": { "width": 4096, "height": 4096, "batch_size": 1, "color": 7 } },
+            "2": { "class_type": "ImageBlur", "inputs": { "image": ["1", 0], "blur_radius": 31, "sigma": 9.0 } },
+            "3": { "class_type": "SaveImage", "inputs": { "images": ["2", 0], "filename_prefix": "long" } },
+        });
+        let job: Value = http.post(format!("{base}/api/v2/jobs")).json(&json!({ "workflow": long })).send().await.unwrap().json().await.unwrap();
+        let events = format!("{}{}", base.split("/api").next().unwrap(), job["urls"]["events"].as_str().unwrap());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before = rss_kib(pid);
+        let n_streams = 2000;
+        let streams = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+        let t0 = Instant::now();
+        let mut open = Vec::new();
+        for _ in 0..n_streams {
+            let r = streams.get(&events).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            open.push(r);
+        }
+        let opened_in = t0.elapsed();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = rss_kib(pid);
+        println!(
+            "{n_streams} concurrent SSE streams: opened in {:.2} s; server RSS +{:.1} MiB ({:.1} KiB per stream)",
+            opened_in.as_secs_f64(),
+            (after.saturating_sub(before)) as f64 / 1024.0,
+            (after.saturating_sub(before)) as f64 / n_streams as f64
+        );
+        http.post(format!("{}{}", base.split("/api").next().unwrap(), job["urls"]["cancel"].as_str().unwrap())).send().await.unwrap();
+        drop(open);
     });
     println!("RSS right after the load: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
     std::thread::sleep(Duration::from_secs(8));

@@ -27,6 +27,12 @@ impl Server {
         let service = Service::start(options, &config.data_dir, registry, executor)
             .await
             .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
+        Server::start_on(config, service).await
+    }
+
+    /// Serves an already started service (the signing key still lives in
+    /// `config.data_dir`).
+    pub async fn start_on(config: Config, service: Arc<Service>) -> anyhow::Result<Server> {
         let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;

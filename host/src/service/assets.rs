@@ -52,13 +52,20 @@ impl Service {
         if let Some(existing) = known.iter().find(|a| a.job_id.is_none()) {
             return Ok(NewAsset { asset: existing.clone(), created_new: false });
         }
+        let content_type = meta.content_type.filter(|c| !c.is_empty()).unwrap_or_else(|| "application/octet-stream".into());
+        let asset = self.mint(owner, name, size, content_type, meta.file_path)?;
+        Ok(NewAsset { asset, created_new: known.is_empty() })
+    }
+
+    /// Records (durably) a new upload-kind asset over a stored blob.
+    fn mint(&self, owner: &str, hash: String, size_bytes: u64, content_type: String, file_path: Option<String>) -> Result<AssetRecord, ServiceError> {
         let asset = AssetRecord {
             id: uuid::Uuid::new_v4().to_string(),
             owner: owner.to_string(),
-            hash: name,
-            size_bytes: size,
-            content_type: meta.content_type.filter(|c| !c.is_empty()).unwrap_or_else(|| "application/octet-stream".into()),
-            file_path: meta.file_path,
+            hash,
+            size_bytes,
+            content_type,
+            file_path,
             created_at: now_micros(),
             expires_at: None,
             job_id: None,
@@ -66,7 +73,7 @@ impl Service {
         };
         self.meta.put_asset(&asset)?;
         self.meta.flush()?;
-        Ok(NewAsset { asset, created_new: known.is_empty() })
+        Ok(asset)
     }
 
     /// Whether the caller may mint an asset from `hash`.
@@ -84,20 +91,7 @@ impl Service {
         if let Some(same) = known.iter().find(|a| a.job_id.is_none() && (file_path.is_none() || a.file_path == file_path)) {
             return Ok(NewAsset { asset: same.clone(), created_new: false });
         }
-        let asset = AssetRecord {
-            id: uuid::Uuid::new_v4().to_string(),
-            owner: owner.to_string(),
-            hash: hash.clone(),
-            size_bytes: first.size_bytes,
-            content_type: first.content_type.clone(),
-            file_path: file_path.or_else(|| first.file_path.clone()),
-            created_at: now_micros(),
-            expires_at: None,
-            job_id: None,
-            node_id: None,
-        };
-        self.meta.put_asset(&asset)?;
-        self.meta.flush()?;
+        let asset = self.mint(owner, hash.clone(), first.size_bytes, first.content_type.clone(), file_path.or_else(|| first.file_path.clone()))?;
         Ok(NewAsset { asset, created_new: true })
     }
 

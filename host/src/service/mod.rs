@@ -148,6 +148,17 @@ impl Service {
         std::fs::create_dir_all(data_dir).map_err(crate::store::StoreError::from)?;
         let meta: Arc<dyn MetaStore> = Arc::new(SledMeta::open(&data_dir.join("meta"))?);
         let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(data_dir.join("blobs"))?);
+        Service::start_with_stores(opts, meta, blobs, registry, executor)
+    }
+
+    /// [`Service::start`] on given stores (another backend, or a test double).
+    pub fn start_with_stores(
+        opts: ServiceOptions,
+        meta: Arc<dyn MetaStore>,
+        blobs: Arc<dyn BlobStore>,
+        registry: Arc<NodeRegistry>,
+        executor: Arc<Executor>,
+    ) -> Result<Arc<Service>, ServiceError> {
         let exec = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(opts.max_running_jobs.max(1))
             .thread_name("kiln-exec")

@@ -6,6 +6,7 @@ mod assets;
 mod auth;
 mod durability;
 mod events;
+mod failures;
 mod idempotency;
 mod jobs;
 

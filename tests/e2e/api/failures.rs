@@ -1,0 +1,102 @@
+//! Unknown outcomes: a store that commits but cannot make a write durable.
+//! The client gets a generic 500 `upstream_error`, the job still runs, and
+//! its Idempotency-Key stays claimed (rule 5).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kiln::store::{AssetRecord, IdempotencyClaim, JobPage, JobRecord, MetaStore, Micros, SledMeta, StoreError};
+use serde_json::json;
+
+use super::{TestServer, trivial};
+
+/// sled, except that a submission can be made to fail after its commit.
+struct NotDurable {
+    inner: SledMeta,
+    fail: AtomicBool,
+}
+
+impl MetaStore for NotDurable {
+    fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
+        self.inner.submit(job, workflow, claim)?;
+        if self.fail.load(Ordering::SeqCst) { Err(StoreError::NotDurable("injected: the disk did not answer".into())) } else { Ok(()) }
+    }
+    fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.inner.put_job(job)
+    }
+    fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        self.inner.get_job(id)
+    }
+    fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.inner.delete_job(job)
+    }
+    fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        self.inner.get_workflow(id)
+    }
+    fn list_jobs(&self, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError> {
+        self.inner.list_jobs(cursor, limit, keep)
+    }
+    fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        self.inner.all_jobs()
+    }
+    fn queued(&self) -> Result<Vec<String>, StoreError> {
+        self.inner.queued()
+    }
+    fn dequeue(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.inner.dequeue(job)
+    }
+    fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.inner.enqueue(job)
+    }
+    fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        self.inner.put_asset(asset)
+    }
+    fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+        self.inner.get_asset(id)
+    }
+    fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        self.inner.delete_asset(asset)
+    }
+    fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        self.inner.assets_with_hash(hash)
+    }
+    fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
+        self.inner.get_claim(key)
+    }
+    fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
+        self.inner.purge_claims(now)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_is_a_generic_500_and_keeps_the_key_claimed() {
+    let env = crate::support::env().await;
+    let data = tempfile::tempdir().unwrap();
+    let config = super::config(data.path());
+    let options = kiln::service::ServiceOptions::from_config(&config);
+    let meta = Arc::new(NotDurable { inner: SledMeta::open(&data.path().join("meta")).unwrap(), fail: AtomicBool::new(true) });
+    let blobs = Arc::new(kiln::store::DiskBlobs::open(data.path().join("blobs")).unwrap());
+    let executor = Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
+    let service = kiln::service::Service::start_with_stores(options, meta.clone(), blobs, env.registry.clone(), executor).unwrap();
+    let server = kiln::server::Server::start_on(config, service).await.unwrap();
+    let s = TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data };
+
+    let body = json!({ "workflow": trivial(77), "metadata": { "probe": "unknown" } });
+    let (status, err, _) = s.post_job(&body, Some("key-unknown")).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (500, Some("upstream_error")), "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(!message.contains("injected") && !message.contains("disk"), "no internals on the wire: {message}");
+    // The job was committed, so it exists and runs.
+    let (_, page) = s.get("/jobs?metadata%5Bprobe%5D=unknown").await;
+    let jobs = page["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{page}");
+    assert_eq!(s.wait(jobs[0]["id"].as_str().unwrap()).await["status"], "succeeded");
+    // The key stays claimed: a retry is refused rather than run twice.
+    meta.fail.store(false, Ordering::SeqCst);
+    let (status, err, _) = s.post_job(&body, Some("key-unknown")).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (422, Some("idempotency_key_reuse")));
+    assert_eq!(s.get("/jobs?metadata%5Bprobe%5D=unknown").await.1["jobs"].as_array().unwrap().len(), 1);
+}
