@@ -43,6 +43,10 @@ pub struct Config {
     /// Memory for cached node results reused across runs. Default 1024 MiB;
     /// 0 disables the cache.
     pub result_cache_mb: u64,
+    /// Finished node instances whose memory is released together. 1 (the
+    /// default) returns memory at once, which a long-running server wants;
+    /// `kiln run` uses 16, which saves ~10 µs per node call.
+    pub decommit_batch: usize,
 
     // --- `kiln serve` ---
     /// Address the server listens on. Default `127.0.0.1` (loopback only).
@@ -98,6 +102,7 @@ impl Default for Config {
             node_file_budget_mb: 1024,
             node_log_kb: 64,
             result_cache_mb: 1024,
+            decommit_batch: 1,
             host: "127.0.0.1".into(),
             port: 8188,
             data_dir: PathBuf::from("kiln-data"),
@@ -167,6 +172,7 @@ impl Config {
             file_budget_bytes: mb(self.node_file_budget_mb),
             log_bytes: (self.node_log_kb as usize).saturating_mul(1024),
             artifact_dir: self.artifact_dir(),
+            decommit_batch: self.decommit_batch,
         }
     }
 }
@@ -185,6 +191,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "node_file_budget_mb",
         "node_log_kb",
         "result_cache_mb",
+        "decommit_batch",
         "host",
         "port",
         "data_dir",

@@ -90,7 +90,10 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().expect("tokio");
     rt.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = Config { cache_dir: Some(dir.path().join("artifacts")), ..Config::default() };
+        // Decommits batched as `kiln run` does (the server releases each
+        // instance's memory at once: ~10 µs more per node, see BENCHMARKS.md).
+        let batch = std::env::var("KILN_DECOMMIT_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+        let config = Config { cache_dir: Some(dir.path().join("artifacts")), decommit_batch: batch, ..Config::default() };
         let started = Instant::now();
         let runtime = Arc::new(PluginRuntime::new(config.runtime()).expect("runtime"));
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("plugins"));

@@ -51,7 +51,13 @@ const EXIT_INVALID: i32 = 2;
 /// Exit code for an interrupted run.
 const EXIT_INTERRUPTED: i32 = 130;
 
-pub async fn run(config: Config, args: RunArgs) -> anyhow::Result<i32> {
+/// Decommit batch of a one-shot run (see `Config::decommit_batch`).
+const RUN_DECOMMIT_BATCH: usize = 16;
+
+pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
+    if config.decommit_batch == Config::default().decommit_batch {
+        config.decommit_batch = RUN_DECOMMIT_BATCH;
+    }
     let text = std::fs::read_to_string(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?;
     let mut json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", args.workflow.display()))?;
     // Accept a `/prompt` request body too.

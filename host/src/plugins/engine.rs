@@ -20,7 +20,7 @@ pub enum Allocator {
 
 /// Sizes the engine for `max_instances` live instances whose memories are at
 /// most `max_memory_bytes` each.
-pub fn build_engine(max_instances: u32, max_memory_bytes: u64) -> wasmtime::Result<(Engine, Allocator)> {
+pub fn build_engine(max_instances: u32, max_memory_bytes: u64, decommit_batch: usize) -> wasmtime::Result<(Engine, Allocator)> {
     let mut pool = PoolingAllocationConfig::default();
     // A Rust wasm32-wasip2 component instantiates a handful of core modules
     // (the program plus wit-component's shims), so core instances and tables
@@ -35,10 +35,14 @@ pub fn build_engine(max_instances: u32, max_memory_bytes: u64) -> wasmtime::Resu
         // Measured on the 200-node chain (BENCHMARKS.md): keeping linear
         // memory resident costs a memset of that size on every drop (slower
         // than the page faults it saves), while keeping tables and async
-        // stacks resident and batching decommits saves syscalls per store.
+        // stacks resident saves syscalls per store. Batching decommits saves
+        // ~10 µs per node call but keeps the memory of the last instances
+        // resident until the batch fills — after a job on large images,
+        // hundreds of MiB held by an idle server (measured: 308 vs 120 MiB).
+        // The server decommits at once; a one-shot `kiln run` batches.
         .table_keep_resident(1 << 16)
         .async_stack_keep_resident(1 << 16)
-        .decommit_batch_size(16);
+        .decommit_batch_size(decommit_batch.max(1));
     let pooled = Engine::new(&base_config().allocation_strategy(InstanceAllocationStrategy::Pooling(pool)));
     match pooled {
         Ok(engine) => Ok((engine, Allocator::Pooling)),

@@ -40,6 +40,8 @@ pub struct RuntimeConfig {
     pub log_bytes: usize,
     /// Where compiled components are cached (`None`: compile on every load).
     pub artifact_dir: Option<PathBuf>,
+    /// Instance memories released per decommit batch (see `engine`).
+    pub decommit_batch: usize,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -133,7 +135,7 @@ impl PluginRuntime {
     pub fn new(config: RuntimeConfig) -> Result<PluginRuntime, wasmtime::Error> {
         // One extra slot so loading a plugin never waits behind running nodes.
         let slots = config.max_concurrency.max(1) + 1;
-        let (engine, allocator) = build_engine(slots, config.limits.max_memory_bytes)?;
+        let (engine, allocator) = build_engine(slots, config.limits.max_memory_bytes, config.decommit_batch)?;
         spawn_epoch_ticker(&engine).map_err(wasmtime::Error::from)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;

@@ -123,6 +123,8 @@ pub struct Service {
     streams: Arc<AtomicUsize>,
     shutdown: CancellationToken,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Bumped by every submission and stream; the idle trimmer compares it.
+    activity: AtomicU64,
     /// Recently read finished jobs (their records change only at expiry).
     finished: Mutex<lru::LruCache<String, Arc<JobRecord>>>,
     /// Held shared by whoever is between writing a blob and recording it,
@@ -181,6 +183,7 @@ impl Service {
             tasks: Mutex::new(Vec::new()),
             exec: Mutex::new(None),
             blob_gate: RwLock::new(()),
+            activity: AtomicU64::new(0),
             finished: Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
         });
         service.recover()?;
@@ -243,6 +246,7 @@ impl Service {
         let inputs = job_files::JobInputs::new(&resolved.inputs, self.blobs.clone());
         submit::check(&resolved.workflow, &self.registry, &inputs)?;
 
+        self.activity.fetch_add(1, Ordering::Relaxed);
         // Reserve a queue slot; a full queue releases everything (no claim).
         if self.queued.fetch_add(1, Ordering::SeqCst) >= self.opts.max_queued_jobs {
             self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -433,6 +437,7 @@ impl Service {
             return Err(ServiceError::TooManyStreams);
         }
         let guard = StreamGuard(self.streams.clone());
+        self.activity.fetch_add(1, Ordering::Relaxed);
         if let Some(live) = self.live_job(id) {
             // Subscribe before the snapshot so nothing falls between them.
             let events = live.events.subscribe();

@@ -90,16 +90,20 @@ impl Service {
         // `memory`); once the server has been idle for a few seconds it goes
         // back to the kernel.
         let mut idle_check = tokio::time::interval(std::time::Duration::from_secs(3));
-        let mut busy_since_trim = false;
+        let (mut last_seen, mut trimmed_at) = (0, 0);
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 _ = idle_check.tick() => {
-                    let idle = self.live.read().is_empty();
-                    if idle && busy_since_trim {
+                    // Idle: no job live, no new submission or stream for a
+                    // whole interval, and something happened since the last trim.
+                    let activity = self.activity.load(Ordering::Relaxed);
+                    let quiet = activity == last_seen && self.live.read().is_empty() && self.open_streams() == 0;
+                    if quiet && activity != trimmed_at {
+                        trimmed_at = activity;
                         tokio::task::spawn_blocking(crate::memory::release_free_memory);
                     }
-                    busy_since_trim = !idle;
+                    last_seen = activity;
                     continue;
                 }
                 _ = tick.tick() => {}
