@@ -15,7 +15,7 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
-    pub details: Option<Json>,
+    pub details: Option<Box<Json>>,
     pub retry_after_s: Option<u64>,
 }
 
@@ -43,7 +43,7 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "upstream_error", "The server could not complete the request.")
     }
     pub fn with_details(mut self, details: Json) -> ApiError {
-        self.details = Some(details);
+        self.details = Some(Box::new(details));
         self
     }
     pub fn retry_after(mut self, seconds: u64) -> ApiError {

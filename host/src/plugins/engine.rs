@@ -43,7 +43,7 @@ pub fn build_engine(max_instances: u32, max_memory_bytes: u64, decommit_batch: u
         .table_keep_resident(1 << 16)
         .async_stack_keep_resident(1 << 16)
         .decommit_batch_size(decommit_batch.max(1));
-    let pooled = Engine::new(&base_config().allocation_strategy(InstanceAllocationStrategy::Pooling(pool)));
+    let pooled = Engine::new(base_config().allocation_strategy(InstanceAllocationStrategy::Pooling(pool)));
     match pooled {
         Ok(engine) => Ok((engine, Allocator::Pooling)),
         Err(e) => {

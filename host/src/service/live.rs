@@ -42,6 +42,8 @@ pub struct LiveJob {
     pub last_progress: Mutex<Option<Instant>>,
     /// The latest preview, replayed to new streams.
     pub last_preview: Mutex<Option<JobEvent>>,
+    /// When the last preview went out (throttling).
+    pub last_preview_at: Mutex<Option<Instant>>,
     /// Blobs this job's nodes wrote that no asset record names yet (kept
     /// from garbage collection).
     pub pending_blobs: Arc<Mutex<Vec<String>>>,
@@ -57,6 +59,7 @@ impl LiveJob {
             expire_on_stop: Default::default(),
             last_progress: Mutex::new(None),
             last_preview: Mutex::new(None),
+            last_preview_at: Mutex::new(None),
             pending_blobs: Arc::default(),
         }
     }

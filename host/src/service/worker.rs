@@ -13,6 +13,8 @@ use crate::store::{AssetRecord, JobErrorRecord, JobLogRecord, JobRecord, JobStat
 
 /// Progress frames per job go out at most this often.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
+/// Preview frames per job go out at most this often.
+const PREVIEW_INTERVAL: Duration = Duration::from_millis(250);
 /// The job log keeps this much of its tail.
 const LOG_LIMIT: usize = 1 << 20;
 
@@ -223,9 +225,17 @@ impl Service {
                     }
                 }
                 Event::Preview { node, image } => {
-                    // Encoding is cheap next to the node that asked for it
-                    // (≤ 512 px, fast compression), and previews are rare.
-                    if let Some(png) = super::preview::encode(&image) {
+                    // At most one preview per PREVIEW_INTERVAL is encoded
+                    // (≤ 512 px, fast compression) and sent; the rest are dropped.
+                    let due = {
+                        let mut last = live.last_preview_at.lock();
+                        let due = last.is_none_or(|t| t.elapsed() >= PREVIEW_INTERVAL);
+                        if due {
+                            *last = Some(Instant::now());
+                        }
+                        due
+                    };
+                    if due && let Some(png) = super::preview::encode(&image) {
                         let event = JobEvent::Preview { node_id: node, content_type: "image/png".into(), data: Arc::new(png) };
                         *live.last_preview.lock() = Some(event.clone());
                         live.publish(event);

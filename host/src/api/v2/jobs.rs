@@ -176,7 +176,7 @@ pub async fn list(State(state): State<Arc<AppState>>, links: Links, query: Resul
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || s.len() > 512 {
+    if !s.len().is_multiple_of(2) || s.len() > 512 {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
