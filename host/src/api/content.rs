@@ -1,6 +1,11 @@
 //! Serving a blob: whole (200), one byte range (206), or 416 when the range
 //! cannot be satisfied. Several ranges are answered with the whole body,
 //! which HTTP allows.
+//!
+//! Uploaded bytes are untrusted and the media type is the uploader's word:
+//! only inert types are served as themselves (anything else, e.g. HTML or
+//! SVG, goes out as `application/octet-stream`), never sniffed, and inside a
+//! CSP sandbox, so an asset URL cannot run script on the API's origin.
 
 use std::io::SeekFrom;
 use std::path::Path;
@@ -13,6 +18,20 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
 use super::error::ApiError;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_inert_types_pass() {
+        use super::safe_media_type as t;
+        assert_eq!(t("image/png"), "image/png");
+        assert_eq!(t("video/mp4"), "video/mp4");
+        assert_eq!(t("text/plain; charset=utf-8"), "text/plain; charset=utf-8");
+        for bad in ["text/html", "image/svg+xml", "application/xhtml+xml", "application/javascript", "TEXT/HTML", ""] {
+            assert_eq!(t(bad), "application/octet-stream", "{bad}");
+        }
+    }
+}
 
 /// Streams `path` as `content_type`, honouring a `Range` request header.
 pub async fn serve(path: &Path, content_type: &str, etag: &str, request: &HeaderMap) -> Result<Response, ApiError> {
@@ -46,7 +65,9 @@ pub async fn serve(path: &Path, content_type: &str, etag: &str, request: &Header
     let body = Body::from_stream(ReaderStream::with_capacity(file.take(count), 64 * 1024));
     let mut response = Response::builder()
         .status(status)
-        .header(header::CONTENT_TYPE, header_value(content_type))
+        .header(header::CONTENT_TYPE, header_value(safe_media_type(content_type)))
+        .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff")
+        .header(header::CONTENT_SECURITY_POLICY, "sandbox; default-src 'none'")
         .header(header::CONTENT_LENGTH, count)
         .header(header::ACCEPT_RANGES, "bytes")
         .header(header::ETAG, header_value(&format!("\"{etag}\"")))
@@ -56,6 +77,17 @@ pub async fn serve(path: &Path, content_type: &str, etag: &str, request: &Header
         response.headers_mut().insert(header::CONTENT_RANGE, header_value(&format!("bytes {}-{}/{len}", r.start(), r.end())));
     }
     Ok(response)
+}
+
+/// `content_type` if it is a type browsers do not execute, else octet-stream.
+pub fn safe_media_type(content_type: &str) -> &str {
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let inert = matches!(
+        essence.as_str(),
+        "image/png" | "image/jpeg" | "image/webp" | "image/gif" | "image/bmp" | "image/tiff" | "image/avif" | "text/plain" | "application/json"
+    ) || ((essence.starts_with("video/") || essence.starts_with("audio/"))
+        && essence.chars().all(|c| c.is_ascii_alphanumeric() || "/-+.".contains(c)));
+    if inert { content_type } else { "application/octet-stream" }
 }
 
 fn header_value(s: &str) -> HeaderValue {

@@ -167,3 +167,18 @@ async fn signed_redirects_carry_their_own_authorization() {
     let followed = s.http.get(s.url(&format!("/assets/{id}/content"))).bearer_auth("tok").send().await.unwrap();
     assert_eq!(followed.bytes().await.unwrap().as_ref(), bytes.as_slice());
 }
+
+#[tokio::test]
+async fn uploaded_markup_is_never_served_as_markup() {
+    let s = start_default().await;
+    let form = reqwest::multipart::Form::new()
+        .text("content_type", "text/html")
+        .text("file_path", "evil.html")
+        .part("file", reqwest::multipart::Part::bytes(b"<script>alert(1)</script>".to_vec()).file_name("evil.html"));
+    let a: Value = s.http.post(s.url("/assets")).multipart(form).send().await.unwrap().json().await.unwrap();
+    assert_eq!(a["content_type"], "text/html", "the record keeps what was declared");
+    let r = s.http.get(s.url(&format!("/assets/{}/content", a["id"].as_str().unwrap()))).send().await.unwrap();
+    assert_eq!(r.headers()["content-type"], "application/octet-stream");
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    assert!(r.headers()["content-security-policy"].to_str().unwrap().contains("sandbox"));
+}
