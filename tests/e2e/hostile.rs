@@ -126,3 +126,20 @@ async fn host_keeps_working_after_hostile_nodes() {
     assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
     assert!(out.path().join("after_00001_.png").is_file());
 }
+
+/// A large but legitimate output (a 4096² RGB image, 201 MB) is not mistaken
+/// for abuse: wasmtime's per-hostcall transfer cap (128 MiB by default) is
+/// raised to the node's memory ceiling.
+#[tokio::test]
+async fn a_4096_square_image_crosses_the_boundary() {
+    let out = tempfile::tempdir().unwrap();
+    let ran = crate::support::run_workflow(
+        serde_json::json!({
+            "1": { "class_type": "EmptyImage", "inputs": { "width": 4096, "height": 4096, "batch_size": 1, "color": 0x102030 } },
+            "2": { "class_type": "PreviewImage", "inputs": { "images": ["1", 0] } },
+        }),
+        crate::support::RunOpts::new(out.path()),
+    )
+    .await;
+    assert!(matches!(ran.outcome.status, kiln::executor::RunStatus::Succeeded), "{:?}", ran.outcome.status);
+}

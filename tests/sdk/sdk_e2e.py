@@ -58,10 +58,12 @@ def load_save_workflow(client):
 
 
 def heavy_workflow(client, color):
-    """Seconds of work: a large blur."""
+    """Many seconds of work (two radius-31 blurs of 4096²), so a job is
+    surely still running or queued when the test cancels it."""
     return client.workflows.from_json({
-        "1": {"class_type": "EmptyImage", "inputs": {"width": 3072, "height": 3072, "batch_size": 1, "color": color}},
-        "2": {"class_type": "ImageBlur", "inputs": {"image": ["1", 0], "blur_radius": 31, "sigma": 8.0}},
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 4096, "height": 4096, "batch_size": 1, "color": color}},
+        "4": {"class_type": "ImageBlur", "inputs": {"image": ["1", 0], "blur_radius": 31, "sigma": 9.0}},
+        "2": {"class_type": "ImageBlur", "inputs": {"image": ["4", 0], "blur_radius": 31, "sigma": 8.0}},
         "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "heavy"}},
     })
 
@@ -175,7 +177,8 @@ def cancel_and_queue_full(client):
     extra = client.submit(heavy_workflow(client, 4))
     helper.join()
     check(time.monotonic() - started >= 1.0, "submit waited for room")
-    check(queued[0].refresh().status == "canceled", "queued job canceled")
+    state = queued[0].refresh()
+    check(state.status == "canceled", f"queued job canceled: {state.status} {state.error} running={running.refresh().status} {running.refresh().error}")
     for job in [running, queued[1], extra]:
         job.cancel()
     for job in [running, queued[1], extra]:

@@ -248,6 +248,11 @@ impl PluginRuntime {
         };
         let mut store = Store::new(&self.engine, NodeState::new(store_limits, io));
         store.limiter(|s| &mut s.memory);
+        // wasmtime caps what one guest→host call may transfer (128 MiB by
+        // default), which refused a 4096² RGB image (201 MB). A guest cannot
+        // pass more than its own linear memory, and the tensor and file
+        // budgets bound what it keeps, so the node's memory ceiling is the cap.
+        store.set_hostcall_fuel(usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX));
         store.set_epoch_deadline(1);
         store.epoch_deadline_async_yield_and_update(1);
 

@@ -42,6 +42,9 @@ pub struct LiveJob {
     pub last_progress: Mutex<Option<Instant>>,
     /// The latest preview, replayed to new streams.
     pub last_preview: Mutex<Option<JobEvent>>,
+    /// The validated workflow and plan of a job submitted to this process
+    /// (taken by the worker; after a restart they are rebuilt from the store).
+    pub prepared: Mutex<Option<(serde_json::Value, crate::workflow::Plan)>>,
     /// When the last preview went out (throttling).
     pub last_preview_at: Mutex<Option<Instant>>,
     /// Blobs this job's nodes wrote that no asset record names yet (kept
@@ -60,6 +63,7 @@ impl LiveJob {
             last_progress: Mutex::new(None),
             last_preview: Mutex::new(None),
             last_preview_at: Mutex::new(None),
+            prepared: Mutex::new(None),
             pending_blobs: Arc::default(),
         }
     }

@@ -244,7 +244,7 @@ impl Service {
         }
         let resolved = submit::resolve_assets(&sub.workflow, self.meta.as_ref(), &sub.owner, now)?;
         let inputs = job_files::JobInputs::new(&resolved.inputs, self.blobs.clone());
-        submit::check(&resolved.workflow, &self.registry, &inputs)?;
+        let (_, plan) = submit::check(&resolved.workflow, &self.registry, &inputs)?;
 
         self.activity.fetch_add(1, Ordering::Relaxed);
         // Reserve a queue slot; a full queue releases everything (no claim).
@@ -297,7 +297,9 @@ impl Service {
             }
         };
         tracing::info!(job_id = %id, "job queued");
-        self.live.write().insert(id.clone(), Arc::new(LiveJob::new(record.clone(), sub.extra)));
+        let live = LiveJob::new(record.clone(), sub.extra);
+        *live.prepared.lock() = Some((resolved.workflow, plan));
+        self.live.write().insert(id.clone(), Arc::new(live));
         let position = {
             let mut q = self.queue.lock();
             q.push_back(id);

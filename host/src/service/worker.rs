@@ -94,7 +94,8 @@ impl Service {
         live.publish_status();
         self.publish_queue_positions();
 
-        let outcome = match self.prepare(&snapshot) {
+        let prepared = live.prepared.lock().take().map_or_else(|| self.prepare(&snapshot), Ok);
+        let outcome = match prepared {
             Ok((workflow, plan)) => {
                 let total = plan.nodes.len() as u64;
                 live.record.lock().progress = Some(ProgressSnapshot {
