@@ -5,7 +5,9 @@
 //! LoadImage → SaveImage job (p50/p95, one client, client- and server-side);
 //! jobs/s with 8 concurrent clients; `GET /api/v2/jobs/{id}` requests/s with
 //! 64 concurrent connections (reqwest in this process, and `wrk` if it is
-//! installed: `apt-get install wrk`). The result cache is off (`KILN_RESULT_CACHE_MB=0`)
+//! installed: `apt-get install wrk`); RSS after the load and after 8 s idle;
+//! then, on a second server, the memory of 1000 more SSE streams on a queued
+//! job. The result cache is off (`KILN_RESULT_CACHE_MB=0`)
 //! so every job really executes both nodes. Record results in BENCHMARKS.md.
 
 use std::io::{BufRead, BufReader};
@@ -31,15 +33,21 @@ impl Drop for Server {
 }
 
 fn start() -> Server {
+    start_with(&[])
+}
+
+fn start_with(env: &[(&str, &str)]) -> Server {
     let data = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--port", "0", "--data-dir"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.args(["serve", "--port", "0", "--data-dir"])
         .arg(data.path())
         .env("KILN_RESULT_CACHE_MB", "0")
         .env("KILN_MAX_QUEUED_JOBS", "100000")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("kiln serve");
+        .stdout(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("kiln serve");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let base = line.trim().strip_prefix("kiln listening on ").expect("listening line").to_string();
@@ -214,39 +222,62 @@ fn main() {
             }
             _ => println!("GET /api/v2/jobs/{{id}} with wrk: skipped (wrk not installed)"),
         }
-
-        // 4. Many concurrent event streams on one long job: memory per stream.
-        let long = json!({
-            "1": { "class_type": "EmptyImage", "inputs": { "width": 4096, "height": 4096, "batch_size": 1, "color": 7 } },
-            "2": { "class_type": "ImageBlur", "inputs": { "image": ["1", 0], "blur_radius": 31, "sigma": 9.0 } },
-            "3": { "class_type": "SaveImage", "inputs": { "images": ["2", 0], "filename_prefix": "long" } },
-        });
-        let job: Value = http.post(format!("{base}/api/v2/jobs")).json(&json!({ "workflow": long })).send().await.unwrap().json().await.unwrap();
-        let events = format!("{}{}", base.split("/api").next().unwrap(), job["urls"]["events"].as_str().unwrap());
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let before = rss_kib(pid);
-        let n_streams = 2000;
-        let streams = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
-        let t0 = Instant::now();
-        let mut open = Vec::new();
-        for _ in 0..n_streams {
-            let r = streams.get(&events).send().await.unwrap();
-            assert_eq!(r.status(), 200);
-            open.push(r);
-        }
-        let opened_in = t0.elapsed();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let after = rss_kib(pid);
-        println!(
-            "{n_streams} concurrent SSE streams: opened in {:.2} s; server RSS +{:.1} MiB ({:.1} KiB per stream)",
-            opened_in.as_secs_f64(),
-            (after.saturating_sub(before)) as f64 / 1024.0,
-            (after.saturating_sub(before)) as f64 / n_streams as f64
-        );
-        http.post(format!("{}{}", base.split("/api").next().unwrap(), job["urls"]["cancel"].as_str().unwrap())).send().await.unwrap();
-        drop(open);
     });
     println!("RSS right after the load: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
     std::thread::sleep(Duration::from_secs(8));
     println!("RSS after 8 s idle: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
+    drop(server);
+
+    // 4. Memory per event stream: a second server with one worker, kept busy
+    // by one long node (a 4096² blur: its memory is allocated when it starts
+    // and steady while it computes), and 2000 streams open on the job queued
+    // behind it.
+    let streams_server = start_with(&[("KILN_MAX_RUNNING_JOBS", "1")]);
+    let (base, pid) = (streams_server.base.clone(), streams_server.child.id());
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        let long = json!({
+            "1": { "class_type": "EmptyImage", "inputs": { "width": 4096, "height": 4096, "batch_size": 1, "color": 3 } },
+            "2": { "class_type": "ImageBlur", "inputs": { "image": ["1", 0], "blur_radius": 31, "sigma": 9.0 } },
+            "3": { "class_type": "SaveImage", "inputs": { "images": ["2", 0], "filename_prefix": "long" } },
+        });
+        let blocker: Value = http.post(format!("{base}/api/v2/jobs")).json(&json!({ "workflow": long })).send().await.unwrap().json().await.unwrap();
+        let queued: Value = http.post(format!("{base}/api/v2/jobs")).json(&json!({ "workflow": {
+            "1": { "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": 1 } },
+            "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "q" } } } })).send().await.unwrap().json().await.unwrap();
+        let origin = base.split("/api").next().unwrap().to_string();
+        let events = format!("{origin}{}", queued["urls"]["events"].as_str().unwrap());
+        // Two batches of streams, RSS read after each: the difference is
+        // the cost of the second batch alone, taken while the blocker's
+        // memory is steady (its blur computes for seconds).
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let batch = 1000;
+        let streams = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+        let mut open = Vec::new();
+        let mut rss = Vec::new();
+        let t0 = Instant::now();
+        for _ in 0..2 {
+            for _ in 0..batch {
+                let r = streams.get(&events).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+                open.push(r);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            rss.push(rss_kib(pid));
+        }
+        let opened_in = t0.elapsed();
+        let blocker_now: Value = http.get(format!("{origin}{}", blocker["urls"]["self"].as_str().unwrap())).send().await.unwrap().json().await.unwrap();
+        let node = blocker_now["progress"]["current_node"].as_str().unwrap_or("?").to_string();
+        let still_queued: Value = http.get(format!("{origin}{}", queued["urls"]["self"].as_str().unwrap())).send().await.unwrap().json().await.unwrap();
+        let per_stream = (rss[1] as f64 - rss[0] as f64) / batch as f64;
+        println!(
+            "{} concurrent SSE streams on a queued job ({}; blocker on node {node}): opened in {:.2} s; the second {batch} added {:.1} MiB RSS ({per_stream:.1} KiB per stream)",
+            2 * batch,
+            still_queued["status"].as_str().unwrap_or("?"),
+            opened_in.as_secs_f64(),
+            (rss[1] as f64 - rss[0] as f64) / 1024.0,
+        );
+        http.post(format!("{origin}{}", blocker["urls"]["cancel"].as_str().unwrap())).send().await.unwrap();
+        drop(open);
+    });
 }

@@ -20,6 +20,7 @@ fn is_public(path: &str) -> bool {
 }
 
 pub async fn require_token(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    state.service.touch();
     let Some(expected) = &state.token_hash else { return next.run(request).await };
     if request.method() == Method::OPTIONS || is_public(request.uri().path()) {
         return next.run(request).await;

@@ -34,13 +34,26 @@ pub struct AppState {
     pub local_authority: String,
     /// Cancelled when the server shuts down: open event streams end.
     pub closing: tokio_util::sync::CancellationToken,
+    /// Rendered bodies of finished jobs, by (job id, origin): polling a
+    /// finished job is the commonest request and its JSON never changes
+    /// until expiry (which hands out a new record, so the entry goes stale
+    /// by identity, not by time).
+    pub rendered: parking_lot::Mutex<lru::LruCache<(String, String), (Arc<crate::store::JobRecord>, axum::body::Bytes)>>,
 }
 
 impl AppState {
     pub fn new(service: Arc<Service>, mut config: Config, signer: signing::Signer, local: SocketAddr) -> Arc<AppState> {
         config.mount_prefix = normalize_prefix(&config.mount_prefix);
         let token_hash = config.token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
-        Arc::new(AppState { service, config, token_hash, signer, local_authority: local.to_string(), closing: Default::default() })
+        Arc::new(AppState {
+            service,
+            config,
+            token_hash,
+            signer,
+            local_authority: local.to_string(),
+            closing: Default::default(),
+            rendered: parking_lot::Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
+        })
     }
 
     /// The caller's account (one owner on a self-hosted server).

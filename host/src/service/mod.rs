@@ -456,6 +456,12 @@ impl Service {
         Ok(EventStream { snapshot, queue_position: None, progress: None, preview: None, events: None, guard })
     }
 
+    /// Notes that a request arrived (the idle memory trimmer waits for a
+    /// quiet interval).
+    pub fn touch(&self) {
+        self.activity.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Open event streams.
     pub fn open_streams(&self) -> usize {
         self.streams.load(Ordering::Relaxed)

@@ -109,7 +109,20 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
 pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Response, ApiError> {
     check_id(&id)?;
     let (record, position) = state.service.get_shared(state.owner(), &id)?;
-    Ok(Json(wire::job(&record, position, &links, true)).into_response())
+    if !record.status.is_terminal() {
+        return Ok(Json(wire::job(&record, position, &links, true)).into_response());
+    }
+    let key = (id, format!("{}{}", links.origin, links.prefix));
+    let cached = state.rendered.lock().get(&key).filter(|(r, _)| Arc::ptr_eq(r, &record)).map(|(_, body)| body.clone());
+    let body = match cached {
+        Some(body) => body,
+        None => {
+            let body = Bytes::from(serde_json::to_vec(&wire::job(&record, position, &links, true)).map_err(|e| ApiError::internal(&e))?);
+            state.rendered.lock().put(key, (record, body.clone()));
+            body
+        }
+    };
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 pub async fn workflow(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
