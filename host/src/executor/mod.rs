@@ -75,6 +75,25 @@ pub struct Executor {
     concurrency: usize,
 }
 
+/// The distinct nodes whose outputs `id` reads.
+fn upstreams(plan: &Plan, id: &str) -> Vec<String> {
+    let mut ups: Vec<String> = plan
+        .node(id)
+        .map(|n| {
+            n.inputs
+                .iter()
+                .filter_map(|(_, i)| match i {
+                    PlannedInput::Link { node, .. } => Some(node.clone()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ups.sort_unstable();
+    ups.dedup();
+    ups
+}
+
 /// Per-run progress bookkeeping (host-computed progress).
 struct Progress {
     total: usize,
@@ -157,6 +176,15 @@ impl Executor {
                 dependents.entry(up).or_default().push(id);
             }
         }
+        // How many nodes still have to read each result: a result nobody
+        // will read again is dropped from the run (the cross-run cache keeps
+        // its own bounded copy), so a long chain holds one tensor, not all.
+        let mut readers: HashMap<String, usize> = HashMap::new();
+        for id in &to_run {
+            for up in upstreams(plan, id) {
+                *readers.entry(up).or_default() += 1;
+            }
+        }
         let mut ready: Vec<&str> = to_run.iter().copied().filter(|id| waiting[id] == 0).collect();
         ready.reverse(); // pop() takes them in plan order
         let progress = Arc::new(Mutex::new(Progress { total: to_run.len(), done: 0, running: HashMap::new() }));
@@ -184,6 +212,15 @@ impl Executor {
                         break 'run;
                     }
                 };
+                for up in upstreams(plan, &node.id) {
+                    let left = readers.get_mut(&up).map(|n| {
+                        *n -= 1;
+                        *n
+                    });
+                    if left == Some(0) && !plan.outputs.contains(&up) {
+                        results.remove(&up);
+                    }
+                }
                 emit(Event::Executing { node: node.id.clone(), class_type: node.class_type.clone() });
                 progress.lock().running.insert(node.id.clone(), 0.0);
                 let io = self.node_io(&node.id, &ctx, &progress);
