@@ -177,6 +177,11 @@ pub fn split_prefix(prefix: &str) -> Result<(PathBuf, String), FileError> {
     Ok((sub_path, base))
 }
 
+/// ComfyUI's name of a saved file: `<base>_<counter:05>_.<extension>`.
+pub fn output_name(base: &str, counter: u64, extension: &str) -> String {
+    format!("{base}_{counter:05}_.{extension}")
+}
+
 /// The next free counter for `base` in `dir`: one more than the largest
 /// `<base>_<digits>_...` present.
 fn next_counter(dir: &Path, base: &str) -> Result<u64, FileError> {
@@ -212,7 +217,7 @@ impl OutputFiles for DirOutputs {
         let _guard = self.lock.lock();
         std::fs::create_dir_all(&dir)?;
         let counter = next_counter(&dir, &base)?;
-        let filename = format!("{base}_{counter:05}_.{extension}");
+        let filename = output_name(&base, counter, extension);
         let path = dir.join(&filename);
         // Write beside, then rename: a reader never sees a half-written file.
         let tmp = dir.join(format!(".{filename}.partial"));

@@ -76,14 +76,14 @@ pub struct Executor {
 }
 
 /// The distinct nodes whose outputs `id` reads.
-fn upstreams(plan: &Plan, id: &str) -> Vec<String> {
-    let mut ups: Vec<String> = plan
+fn upstreams<'p>(plan: &'p Plan, id: &str) -> Vec<&'p str> {
+    let mut ups: Vec<&str> = plan
         .node(id)
         .map(|n| {
             n.inputs
                 .iter()
                 .filter_map(|(_, i)| match i {
-                    PlannedInput::Link { node, .. } => Some(node.clone()),
+                    PlannedInput::Link { node, .. } => Some(node.as_str()),
                     _ => None,
                 })
                 .collect()
@@ -159,30 +159,19 @@ impl Executor {
         let to_run: Vec<&str> = plan.nodes.iter().filter(|n| !results.contains_key(&n.id)).map(|n| n.id.as_str()).collect();
         let mut waiting: HashMap<&str, usize> = HashMap::new();
         let mut dependents: HashMap<&str, Vec<&str>> = HashMap::new();
-        for id in &to_run {
-            let Some(node) = plan.node(id) else { continue };
-            let mut ups: Vec<&str> = node
-                .inputs
-                .iter()
-                .filter_map(|(_, i)| match i {
-                    PlannedInput::Link { node, .. } if !results.contains_key(node) => Some(node.as_str()),
-                    _ => None,
-                })
-                .collect();
-            ups.sort_unstable();
-            ups.dedup();
-            waiting.insert(id, ups.len());
-            for up in ups {
-                dependents.entry(up).or_default().push(id);
-            }
-        }
         // How many nodes still have to read each result: a result nobody
         // will read again is dropped from the run (the cross-run cache keeps
         // its own bounded copy), so a long chain holds one tensor, not all.
-        let mut readers: HashMap<String, usize> = HashMap::new();
+        let mut readers: HashMap<&str, usize> = HashMap::new();
         for id in &to_run {
-            for up in upstreams(plan, id) {
+            let ups = upstreams(plan, id);
+            for &up in &ups {
                 *readers.entry(up).or_default() += 1;
+            }
+            let pending: Vec<&str> = ups.into_iter().filter(|up| !results.contains_key(*up)).collect();
+            waiting.insert(id, pending.len());
+            for up in pending {
+                dependents.entry(up).or_default().push(id);
             }
         }
         let mut ready: Vec<&str> = to_run.iter().copied().filter(|id| waiting[id] == 0).collect();
@@ -213,12 +202,12 @@ impl Executor {
                     }
                 };
                 for up in upstreams(plan, &node.id) {
-                    let left = readers.get_mut(&up).map(|n| {
+                    let left = readers.get_mut(up).map(|n| {
                         *n -= 1;
                         *n
                     });
-                    if left == Some(0) && !plan.outputs.contains(&up) {
-                        results.remove(&up);
+                    if left == Some(0) && !plan.outputs.iter().any(|o| o == up) {
+                        results.remove(up);
                     }
                 }
                 emit(Event::Executing { node: node.id.clone(), class_type: node.class_type.clone() });

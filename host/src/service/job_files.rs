@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
-use crate::files::{FileError, FileKind, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, is_image_name, split_prefix};
+use crate::files::{FileError, FileKind, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, is_image_name, output_name, split_prefix};
 use crate::store::{BlobStore, JobInput, blob_name, parse_blob_name};
 
 /// Input files of one job: name → blob.
@@ -56,11 +56,13 @@ pub struct JobOutputs {
     counters: Mutex<HashMap<(FileKind, String, String), u64>>,
     /// Blobs written and not yet named by an asset record.
     pending: Arc<Mutex<Vec<String>>>,
+    /// The service's blob gate (see `Service::blob_gate`).
+    gate: Arc<RwLock<()>>,
 }
 
 impl JobOutputs {
-    pub fn new(blobs: Arc<dyn BlobStore>, pending: Arc<Mutex<Vec<String>>>) -> JobOutputs {
-        JobOutputs { blobs, counters: Mutex::new(HashMap::new()), pending }
+    pub fn new(blobs: Arc<dyn BlobStore>, pending: Arc<Mutex<Vec<String>>>, gate: Arc<RwLock<()>>) -> JobOutputs {
+        JobOutputs { blobs, counters: Mutex::new(HashMap::new()), pending, gate }
     }
 }
 
@@ -77,12 +79,16 @@ impl OutputFiles for JobOutputs {
             *c += 1;
             *c
         };
-        // Registered before the write so a collection pass never sees it unnamed.
-        let hash = blake3::hash(data);
-        self.pending.lock().push(blob_name(&hash));
-        self.blobs.put(data).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
+        // Written and listed as pending under the gate, so a collection pass
+        // sees it either absent or claimed, never unnamed.
+        let hash = {
+            let _gate = self.gate.read();
+            let hash = self.blobs.put(data).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
+            self.pending.lock().push(blob_name(&hash));
+            hash
+        };
         let path = self.blobs.path(&hash).unwrap_or_default();
-        Ok(SavedFile { filename: format!("{base}_{counter:05}_.{extension}"), subfolder, kind, size: data.len() as u64, path, hash: Some(hash) })
+        Ok(SavedFile { filename: output_name(&base, counter, extension), subfolder, kind, size: data.len() as u64, path, hash: Some(hash) })
     }
 }
 

@@ -46,9 +46,6 @@ pub struct ServiceOptions {
     pub sweep_interval: Duration,
     pub max_upload_bytes: u64,
     pub max_event_streams: usize,
-    /// Blobs younger than this are never garbage-collected (an upload or an
-    /// output may be about to reference them).
-    pub blob_grace: Duration,
     pub owner: String,
 }
 
@@ -61,7 +58,6 @@ impl ServiceOptions {
             sweep_interval: Duration::from_secs(config.sweep_interval_s.max(1)),
             max_upload_bytes: config.max_upload_mb.saturating_mul(1 << 20),
             max_event_streams: config.max_event_streams,
-            blob_grace: Duration::from_secs(300),
             owner: "local".into(),
         }
     }
@@ -127,9 +123,10 @@ pub struct Service {
     activity: AtomicU64,
     /// Recently read finished jobs (their records change only at expiry).
     finished: Mutex<lru::LruCache<String, Arc<JobRecord>>>,
-    /// Held shared by whoever is between writing a blob and recording it,
-    /// exclusively by garbage collection while it checks and deletes one.
-    blob_gate: RwLock<()>,
+    /// Held shared while a blob is written and claimed (recorded as an
+    /// asset, or listed among a live job's pending outputs), exclusively by
+    /// garbage collection while it checks and deletes one.
+    blob_gate: Arc<RwLock<()>>,
     /// Jobs execute on their own threads, so nodes that compute (even ones
     /// that only yield at epoch ticks) never starve the HTTP reactor.
     exec: Mutex<Option<tokio::runtime::Runtime>>,
@@ -182,7 +179,7 @@ impl Service {
             shutdown: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
             exec: Mutex::new(None),
-            blob_gate: RwLock::new(()),
+            blob_gate: Arc::default(),
             activity: AtomicU64::new(0),
             finished: Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
         });

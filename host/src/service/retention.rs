@@ -9,11 +9,11 @@
 //! Retention: at `expires_at` a job becomes `expired`, its output assets are
 //! deleted (a running job is stopped first), and the expired record stays
 //! readable for one more retention period before it is purged. Blobs no
-//! asset refers to are collected; claims past their 24 h are dropped.
+//! asset, upload in progress or running job refers to are collected; claims
+//! past their 24 h are dropped.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::SystemTime;
 
 use super::{ExtraData, LiveJob, Service, ServiceError};
 use crate::store::{JobErrorRecord, JobRecord, JobStatus, Micros, blob_name, now_micros};
@@ -160,19 +160,13 @@ impl Service {
     /// Deletes blobs that no asset and no live job refers to.
     fn collect_blobs(&self) -> Result<(), ServiceError> {
         let mut deleted = false;
-        for (hash, _) in self.blobs.list()? {
+        for hash in self.blobs.list()? {
             let name = blob_name(&hash);
-            // Checked per blob, right before deleting: the inputs and the
-            // not-yet-recorded outputs of live jobs, records, and the age of
-            // the file (an upload may be between its blob and its record).
+            // Under the gate no upload or output can be between writing this
+            // blob and claiming it: unclaimed now means garbage.
             let _gate = self.blob_gate.write();
             let in_use = self.live.read().values().any(|l| l.pending_blobs.lock().contains(&name) || l.record.lock().inputs.iter().any(|i| i.hash == name));
             if in_use || !self.meta.assets_with_hash(&name)?.is_empty() {
-                continue;
-            }
-            let young =
-                self.blobs.list_one(&hash).is_none_or(|written| SystemTime::now().duration_since(written).map_or(true, |age| age < self.opts.blob_grace));
-            if young {
                 continue;
             }
             self.blobs.delete(&hash)?;

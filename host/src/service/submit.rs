@@ -3,7 +3,7 @@
 //! resolved graph is validated against the node registry. Everything here is
 //! synchronous and side-effect free; `Service::submit` records the result.
 
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 
 use super::ServiceError;
 use super::job_files::JobInputs;
@@ -99,18 +99,14 @@ pub fn check(workflow: &Json, registry: &NodeRegistry, inputs: &JobInputs) -> Re
 
 /// `invalid_workflow` with `details.node_errors`: node id → `[{field, reason, message}]`.
 fn invalid(issues: &[Issue]) -> ServiceError {
-    let mut nodes: Map<String, Json> = Map::new();
+    let mut nodes: std::collections::BTreeMap<&str, Vec<Json>> = std::collections::BTreeMap::new();
     for issue in issues {
-        let entry = serde_json::json!({
+        nodes.entry(&issue.node_id).or_default().push(serde_json::json!({
             "field": issue.input,
             "reason": issue.kind,
             "message": issue.message,
             "class_type": issue.class_type,
-        });
-        match nodes.entry(issue.node_id.clone()).or_insert_with(|| Json::Array(Vec::new())) {
-            Json::Array(list) => list.push(entry),
-            _ => unreachable!("node_errors entries are arrays"),
-        }
+        }));
     }
     let message = match issues {
         [one] => one.message.clone(),

@@ -113,7 +113,7 @@ impl Service {
                     prompt: Arc::new(workflow),
                     extra_pnginfo: None,
                     inputs: Arc::new(JobInputs::new(&snapshot.inputs, self.blobs.clone())),
-                    outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone())),
+                    outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone(), self.blob_gate.clone())),
                     events: self.sink(live.clone()),
                     cancel: live.cancel.clone(),
                     api_key_svc_org: live.extra.api_key_svc_org.clone(),

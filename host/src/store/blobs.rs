@@ -39,13 +39,6 @@ impl DiskBlobs {
     }
 }
 
-/// Sets a blob's modification time to now.
-fn touch(path: &Path) {
-    if let Ok(f) = File::options().append(true).open(path) {
-        let _ = f.set_modified(std::time::SystemTime::now());
-    }
-}
-
 /// Moves a complete, synced temp file to its content address.
 fn commit(tmp: &Path, dest: &Path) -> Result<(), StoreError> {
     let parent = dest.parent().ok_or_else(|| StoreError::Corrupt(dest.display().to_string()))?;
@@ -57,10 +50,8 @@ fn commit(tmp: &Path, dest: &Path) -> Result<(), StoreError> {
         }
     }
     if dest.exists() {
-        // Same content already stored: keep the old file, but mark it fresh
-        // so a garbage-collection pass does not take it from its new owner.
+        // Same content already stored: keep the old file.
         let _ = std::fs::remove_file(tmp);
-        touch(dest);
         return Ok(());
     }
     std::fs::rename(tmp, dest)?;
@@ -73,7 +64,6 @@ impl BlobStore for DiskBlobs {
         let hash = blake3::hash(data);
         let dest = self.final_path(&hash);
         if dest.exists() {
-            touch(&dest);
             return Ok(hash);
         }
         let (tmp, mut file) = self.temp_file()?;
@@ -100,10 +90,6 @@ impl BlobStore for DiskBlobs {
         p.is_file().then_some(p)
     }
 
-    fn list_one(&self, hash: &blake3::Hash) -> Option<std::time::SystemTime> {
-        std::fs::metadata(self.final_path(hash)).and_then(|m| m.modified()).ok()
-    }
-
     fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError> {
         match std::fs::remove_file(self.final_path(hash)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
@@ -111,7 +97,7 @@ impl BlobStore for DiskBlobs {
         }
     }
 
-    fn list(&self) -> Result<Vec<(blake3::Hash, std::time::SystemTime)>, StoreError> {
+    fn list(&self) -> Result<Vec<blake3::Hash>, StoreError> {
         let mut out = Vec::new();
         for shard in std::fs::read_dir(&self.dir)? {
             let shard = shard?;
@@ -119,9 +105,8 @@ impl BlobStore for DiskBlobs {
                 continue;
             }
             for entry in std::fs::read_dir(shard.path())? {
-                let entry = entry?;
-                if let Some(hash) = entry.file_name().to_str().and_then(|n| blake3::Hash::from_hex(n).ok()) {
-                    out.push((hash, entry.metadata()?.modified()?));
+                if let Some(hash) = entry?.file_name().to_str().and_then(|n| blake3::Hash::from_hex(n).ok()) {
+                    out.push(hash);
                 }
             }
         }
@@ -193,7 +178,7 @@ mod tests {
         up.write(b"hel").unwrap();
         up.write(b"lo").unwrap();
         assert_eq!(up.finish().unwrap(), (h, 5));
-        assert_eq!(blobs.list().unwrap().into_iter().map(|(h, _)| h).collect::<Vec<_>>(), vec![h]);
+        assert_eq!(blobs.list().unwrap(), vec![h]);
         // Aborted and oversize uploads leave no temp files.
         let mut up = blobs.begin(4).unwrap();
         assert!(matches!(up.write(b"12345"), Err(StoreError::TooLarge { limit: 4 })));

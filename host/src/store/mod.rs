@@ -99,8 +99,6 @@ pub trait BlobStore: Send + Sync {
     /// A local file holding the blob (for streaming and range reads).
     fn path(&self, hash: &blake3::Hash) -> Option<PathBuf>;
     fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError>;
-    /// When a blob was last written, if it exists.
-    fn list_one(&self, hash: &blake3::Hash) -> Option<std::time::SystemTime>;
-    /// Every blob present, with when it was last written.
-    fn list(&self) -> Result<Vec<(blake3::Hash, std::time::SystemTime)>, StoreError>;
+    /// Every blob present.
+    fn list(&self) -> Result<Vec<blake3::Hash>, StoreError>;
 }

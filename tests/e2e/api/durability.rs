@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use super::{load_save, png_bytes, spinner, start, start_in, trivial};
+use super::{load_save, png_bytes, spinner, start, start_default, start_in, trivial};
 
 #[tokio::test]
 async fn a_restart_loses_nothing_and_reruns_the_interrupted_job_once() {
@@ -46,7 +46,7 @@ async fn a_job_interrupted_twice_fails_instead_of_looping() {
 
 #[tokio::test]
 async fn retention_expires_jobs_and_their_outputs() {
-    let s = start(|_, o| o.blob_grace = std::time::Duration::ZERO).await;
+    let s = start_default().await;
     let (_, asset) = s.upload("in.png", png_bytes(4, 4, 6), None).await;
     let job = s.submit(load_save(&asset)).await;
     let id = job["id"].as_str().unwrap().to_string();

@@ -75,13 +75,7 @@ async fn live_stream_sends_status_outputs_then_terminal_status_and_ends() {
     let job = s.submit(trivial(11)).await;
     let url = format!("{}{}", s.server.url().split("/api").next().unwrap(), job["urls"]["events"].as_str().unwrap());
     let (frames, ended, headers) = {
-        let canceller = {
-            let (http, url) = (s.http.clone(), s.url(&format!("/jobs/{}/cancel", blocker["id"].as_str().unwrap())));
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                http.post(url).send().await.unwrap();
-            })
-        };
+        let canceller = s.cancel_later(blocker["id"].as_str().unwrap(), 300);
         let r = read_stream(&s, &url, Duration::from_secs(20)).await;
         canceller.await.unwrap();
         r
@@ -198,13 +192,7 @@ async fn previews_from_plugins_reach_the_stream() {
             "3": { "class_type": "SaveImage", "inputs": { "images": ["2", 0], "filename_prefix": "poster" } },
         }))
         .await;
-    let canceller = {
-        let (http, url) = (s.http.clone(), s.url(&format!("/jobs/{}/cancel", blocker["id"].as_str().unwrap())));
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            http.post(url).send().await.unwrap();
-        })
-    };
+    let canceller = s.cancel_later(blocker["id"].as_str().unwrap(), 200);
     let (frames, ended, _) = read_stream(&s, &s.url(&format!("/jobs/{}/events", job["id"].as_str().unwrap())), Duration::from_secs(20)).await;
     canceller.await.unwrap();
     assert!(ended);

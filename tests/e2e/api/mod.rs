@@ -120,6 +120,15 @@ impl TestServer {
         (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
     }
 
+    /// Cancels job `id` after `ms` milliseconds, from another task.
+    pub fn cancel_later(&self, id: &str, ms: u64) -> tokio::task::JoinHandle<()> {
+        let (http, url) = (self.http.clone(), self.url(&format!("/jobs/{id}/cancel")));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            http.post(url).send().await.unwrap();
+        })
+    }
+
     pub async fn shutdown(self) -> tempfile::TempDir {
         self.server.shutdown().await.unwrap();
         self.data
