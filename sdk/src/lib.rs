@@ -28,7 +28,8 @@
 //!
 //! What a node can reach is only what the host imports provide: host-owned
 //! tensors ([`Tensor`]), progress and previews, uploaded input files and saved
-//! output files ([`host`]). No filesystem, network or environment.
+//! output files ([`host`]), and native pixel kernels over tensors ([`kernels`]).
+//! No filesystem, network or environment.
 
 #![warn(missing_docs)]
 
@@ -37,6 +38,7 @@ mod dispatch;
 pub mod host;
 mod image;
 mod io;
+pub mod kernels;
 
 #[doc(hidden)]
 pub mod bindings {
@@ -61,6 +63,7 @@ pub use io::{Error, Inputs, Output, Outputs, Result, Tensor};
 /// Everything a node plugin usually needs.
 pub mod prelude {
     pub use crate::host;
+    pub use crate::kernels;
     pub use crate::{Error, Hidden, Image, Inputs, Kind, Mask, NodeClass, NodeDef, Output, Outputs, Result};
 }
 

@@ -143,3 +143,59 @@ async fn a_4096_square_image_crosses_the_boundary() {
     .await;
     assert!(matches!(ran.outcome.status, kiln::executor::RunStatus::Succeeded), "{:?}", ran.outcome.status);
 }
+
+/// Host kernels validate what a plugin passes: every bad call is refused with
+/// an error the plugin sees (no trap, no panic, no allocation of the refused
+/// result), and the node goes on.
+#[tokio::test]
+async fn host_kernels_refuse_bad_arguments() {
+    let out = tempfile::tempdir().unwrap();
+    let ran = run_workflow(json!({"7": {"class_type": "HostileKernelAbuse", "inputs": {"trigger": 1}}}), RunOpts::new(out.path())).await;
+    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
+    let env = env().await;
+    let (plugin, _) = env.registry.get("HostileKernelAbuse").unwrap();
+    let io = kiln::plugins::NodeIo {
+        inputs: std::sync::Arc::new(kiln::files::NamedInputs::new()),
+        outputs: std::sync::Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),
+        signals: std::sync::Arc::new(|_| {}),
+    };
+    let output = env.runtime.execute(plugin, "HostileKernelAbuse", &[("trigger".into(), kiln::value::Value::Int(1))], io, &Default::default()).await.unwrap();
+    match &output.values[0] {
+        kiln::value::Value::String(report) => assert_eq!(report, "", "the host accepted: {report}"),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Host code is not interrupted by epochs, so a kernel polls the node's
+/// cancellation between bands: cancelling a node inside a long kernel ends it
+/// as `interrupted` long before the kernel would have finished.
+#[tokio::test]
+async fn cancel_stops_a_host_kernel() {
+    let env = env().await;
+    let (plugin, _) = env.registry.get("HostileKernelHog").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let io = || kiln::plugins::NodeIo {
+        inputs: std::sync::Arc::new(kiln::files::NamedInputs::new()),
+        outputs: std::sync::Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),
+        signals: std::sync::Arc::new(|_| {}),
+    };
+    let inputs = [("trigger".to_string(), kiln::value::Value::Int(1))];
+    // How long the kernel takes when left alone (it must succeed).
+    let started = std::time::Instant::now();
+    let whole = env.runtime.execute(plugin, "HostileKernelHog", &inputs, io(), &Default::default()).await;
+    let full = started.elapsed();
+    assert!(whole.is_ok(), "{:?}", whole.err());
+    // Cancelled a moment after it starts, from another thread (the kernel
+    // occupies this test's only runtime thread).
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let trigger = cancel.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(full / 10);
+        trigger.cancel();
+    });
+    let started = std::time::Instant::now();
+    let failure = env.runtime.execute(plugin, "HostileKernelHog", &inputs, io(), &cancel).await.err().expect("a cancelled node fails");
+    let stopped = started.elapsed();
+    assert_eq!(failure.kind, FailureKind::Interrupted, "{}", failure.message);
+    assert!(stopped < full / 2, "the kernel ran on after the cancel: {stopped:?} of {full:?}");
+}

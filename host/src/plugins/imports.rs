@@ -24,17 +24,13 @@ fn tensor_error(e: TensorError) -> tensors::TensorError {
 
 impl tensors::Host for NodeState {
     fn create(&mut self, shape: Vec<u32>, data: Vec<f32>) -> wasmtime::Result<Result<Resource<Tensor>, tensors::TensorError>> {
-        let bytes = data.len() as u64 * 4;
-        if self.tensor_bytes.saturating_add(bytes) > self.limits.tensor_bytes {
-            let msg = format!("creating a {} MiB tensor would exceed the node's tensor budget of {} MiB", bytes >> 20, self.limits.tensor_bytes >> 20);
-            self.over_budget = Some(msg.clone());
-            return Ok(Err(tensors::TensorError::BudgetExceeded(msg)));
-        }
         let tensor = match Tensor::new(shape, data) {
             Ok(t) => t,
             Err(e) => return Ok(Err(tensor_error(e))),
         };
-        self.tensor_bytes += bytes;
+        if let Err(msg) = self.charge(tensor.byte_len()) {
+            return Ok(Err(tensors::TensorError::BudgetExceeded(msg)));
+        }
         Ok(Ok(self.table.push(tensor)?))
     }
 }

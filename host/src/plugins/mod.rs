@@ -6,8 +6,8 @@
 //! - [`artifacts`]: the on-disk cache of compiled components.
 //! - [`runtime`]: loading plugins and calling nodes under limits.
 //! - [`registry`]: which plugin provides each node class.
-//! - `state`, `imports`, `log_pipe`: a node store's data and the host side of
-//!   the imports.
+//! - `state`, `imports`, `kernels`, `log_pipe`: a node store's data and the
+//!   host side of the imports (`kernels`: native pixel kernels over host tensors).
 //! - [`bundled`]: the plugins shipped inside the binary.
 
 pub mod artifacts;
@@ -15,6 +15,7 @@ pub mod bindings;
 pub mod bundled;
 pub mod engine;
 mod imports;
+mod kernels;
 mod log_pipe;
 pub mod manifest;
 pub mod registry;

@@ -18,7 +18,7 @@ use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
 use super::engine::{Allocator, build_engine, spawn_epoch_ticker};
 use super::manifest::{EffectiveLimits, Manifest, OperatorLimits};
-use super::state::{NodeIo, NodeState, StoreLimits};
+use super::state::{NodeIo, NodeState, StopState, Stopped, StoreLimits};
 use crate::files::SavedFile;
 use crate::tensor::Tensor;
 use crate::value::Value;
@@ -246,7 +246,7 @@ impl PluginRuntime {
             file_bytes: self.config.file_budget_bytes,
             log_bytes: self.config.log_bytes,
         };
-        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io));
+        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io, StopState::new(cancel.clone(), std::time::Instant::now() + limits.timeout)));
         store.limiter(|s| &mut s.memory);
         // wasmtime caps what one guest→host call may transfer (128 MiB by
         // default), which refused a 4096² RGB image (201 MB). A guest cannot
@@ -294,6 +294,11 @@ fn failure(kind: FailureKind, message: String, log: String) -> NodeFailure {
 
 /// Turns a trap into a failure kind, using what the store recorded.
 fn classify_trap(e: &wasmtime::Error, state: &NodeState, limits: EffectiveLimits, log: String) -> NodeFailure {
+    match state.stop.stopped {
+        Some(Stopped::Cancelled) => return failure(FailureKind::Interrupted, "interrupted".into(), log),
+        Some(Stopped::Deadline) => return failure(FailureKind::Timeout, format!("node exceeded its time limit of {:?}", limits.timeout), log),
+        None => {}
+    }
     if state.memory.denied {
         return failure(FailureKind::OutOfMemory, format!("node exceeded its memory limit of {} MiB", limits.memory_bytes >> 20), log);
     }

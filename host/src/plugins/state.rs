@@ -2,8 +2,10 @@
 //! the job-level services it may reach.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use wasmtime::ResourceLimiter;
+use tokio_util::sync::CancellationToken;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
@@ -68,6 +70,31 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
+/// Why host code (a kernel) gave up part-way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// The node was cancelled.
+    Cancelled,
+    /// The node's deadline passed.
+    Deadline,
+}
+
+/// What host code running on behalf of the node checks to stop early: epochs
+/// only interrupt guest code.
+pub struct StopState {
+    pub(crate) cancel: CancellationToken,
+    pub(crate) deadline: Instant,
+    /// Set when a kernel stopped; the trap it returned is reported as this.
+    pub(crate) stopped: Option<Stopped>,
+}
+
+impl StopState {
+    /// Stops on `cancel` or at `deadline`.
+    pub fn new(cancel: CancellationToken, deadline: Instant) -> StopState {
+        StopState { cancel, deadline, stopped: None }
+    }
+}
+
 /// The data of one node call's `Store`.
 pub struct NodeState {
     pub(crate) wasi: WasiCtx,
@@ -80,12 +107,13 @@ pub struct NodeState {
     pub(crate) io: Option<NodeIo>,
     pub(crate) saved: Vec<SavedFile>,
     pub(crate) log: LogPipe,
+    pub(crate) stop: StopState,
 }
 
 impl NodeState {
     /// A fresh state: no filesystem, network, environment or arguments; stdout
     /// and stderr go to a bounded log.
-    pub fn new(limits: StoreLimits, io: Option<NodeIo>) -> NodeState {
+    pub fn new(limits: StoreLimits, io: Option<NodeIo>, stop: StopState) -> NodeState {
         let log = LogPipe::new(limits.log_bytes);
         let wasi = WasiCtx::builder().stdout(log.clone()).stderr(log.clone()).build();
         NodeState {
@@ -98,7 +126,20 @@ impl NodeState {
             io,
             saved: Vec::new(),
             log,
+            stop,
         }
+    }
+
+    /// Takes `bytes` more of the node's host tensor budget, or records and
+    /// returns why not.
+    pub(crate) fn charge(&mut self, bytes: u64) -> Result<(), String> {
+        if self.tensor_bytes.saturating_add(bytes) > self.limits.tensor_bytes {
+            let msg = format!("a {} MiB tensor would exceed the node's tensor budget of {} MiB", bytes >> 20, self.limits.tensor_bytes >> 20);
+            self.over_budget = Some(msg.clone());
+            return Err(msg);
+        }
+        self.tensor_bytes += bytes;
+        Ok(())
     }
 }
 

@@ -4,6 +4,7 @@
 
 use kiln_sdk::host::{self, FileKind};
 use kiln_sdk::prelude::*;
+use kiln_sdk::{Tensor, kernels};
 
 /// `LoadImage`: decodes an uploaded image into IMAGE and MASK (1 − alpha).
 pub const LOAD_IMAGE: NodeClass = NodeClass {
@@ -18,12 +19,16 @@ pub const LOAD_IMAGE: NodeClass = NodeClass {
     },
     run: |inputs| {
         let decoded = decode(inputs.string("image")?)?;
+        let (h, w) = (decoded.height, decoded.width);
         let mask = match &decoded.alpha {
             // ComfyUI's LoadImage returns a 64×64 zero mask for images without alpha.
             None => Mask::filled(1, 64, 64, 0.0),
-            Some(alpha) => Mask { batch: 1, height: decoded.rgb.height, width: decoded.rgb.width, data: alpha.iter().map(|a| 1.0 - a).collect() },
+            Some(alpha) => Mask { batch: 1, height: h, width: w, data: alpha.iter().map(|&a| 1.0 - f32::from(a) / 255.0).collect() },
         };
-        Ok(vec![Output::Image(decoded.rgb), Output::Mask(mask)])
+        // The host turns the 8-bit pixels into the f32 IMAGE: a quarter of
+        // the bytes cross the sandbox edge.
+        let image = kernels::create_from_u8(&[1, h, w, 3], &decoded.rgb)?;
+        Ok(vec![Output::Tensor(image), Output::Mask(mask)])
     },
 };
 
@@ -39,15 +44,15 @@ pub const LOAD_IMAGE_MASK: NodeClass = NodeClass {
     },
     run: |inputs| {
         let decoded = decode(inputs.string("image")?)?;
-        let (h, w) = (decoded.rgb.height, decoded.rgb.width);
+        let (h, w) = (decoded.height, decoded.width);
         let data = match inputs.string("channel")? {
             "alpha" => match decoded.alpha {
-                Some(alpha) => alpha.iter().map(|a| 1.0 - a).collect(),
+                Some(alpha) => alpha.iter().map(|&a| 1.0 - f32::from(a) / 255.0).collect(),
                 None => vec![0.0; h * w],
             },
             channel => {
                 let c = ["red", "green", "blue"].iter().position(|n| *n == channel).ok_or_else(|| Error::invalid(format!("unknown channel `{channel}`")))?;
-                decoded.rgb.data.chunks_exact(3).map(|px| px[c]).collect()
+                decoded.rgb.chunks_exact(3).map(|px| f32::from(px[c]) / 255.0).collect()
             }
         };
         Ok(vec![Output::Mask(Mask { batch: 1, height: h, width: w, data })])
@@ -72,10 +77,9 @@ pub const SAVE_IMAGE: NodeClass = NodeClass {
             .search_aliases(&["save", "save image", "export image", "output image", "write image", "download"])
     },
     run: |inputs| {
-        let images = inputs.image("images")?;
         let prefix = inputs.string("filename_prefix")?.to_string();
         let text = png_text(inputs);
-        save_all(&images, FileKind::Output, &prefix, &text)?;
+        save_all(inputs.tensor("images")?, FileKind::Output, &prefix, &text)?;
         Ok(vec![])
     },
 };
@@ -93,17 +97,18 @@ pub const PREVIEW_IMAGE: NodeClass = NodeClass {
             .output_node()
     },
     run: |inputs| {
-        let images = inputs.image("images")?;
         let text = png_text(inputs);
-        save_all(&images, FileKind::Temp, "ComfyUI_temp", &text)?;
+        save_all(inputs.tensor("images")?, FileKind::Temp, "ComfyUI_temp", &text)?;
         Ok(vec![])
     },
 };
 
-/// A decoded image: RGB values and, when the file has alpha, the alpha plane.
+/// A decoded image: 8-bit RGB and, when the file has alpha, the alpha plane.
 struct Decoded {
-    rgb: Image,
-    alpha: Option<Vec<f32>>,
+    width: usize,
+    height: usize,
+    rgb: Vec<u8>,
+    alpha: Option<Vec<u8>>,
 }
 
 fn decode(name: &str) -> Result<Decoded> {
@@ -116,21 +121,18 @@ fn decode(name: &str) -> Result<Decoded> {
     img.apply_orientation(orientation);
     let (w, h) = (img.width() as usize, img.height() as usize);
     let has_alpha = img.color().has_alpha();
-    let to_f32 = |v: &u8| *v as f32 / 255.0;
     if has_alpha {
         let rgba = img.to_rgba8();
         let raw = rgba.as_raw();
         let mut rgb = Vec::with_capacity(w * h * 3);
         let mut alpha = Vec::with_capacity(w * h);
         for px in raw.chunks_exact(4) {
-            rgb.extend(px[..3].iter().map(to_f32));
-            alpha.push(to_f32(&px[3]));
+            rgb.extend_from_slice(&px[..3]);
+            alpha.push(px[3]);
         }
-        Ok(Decoded { rgb: Image { batch: 1, height: h, width: w, channels: 3, data: rgb }, alpha: Some(alpha) })
+        Ok(Decoded { width: w, height: h, rgb, alpha: Some(alpha) })
     } else {
-        let rgb = img.to_rgb8();
-        let data = rgb.as_raw().iter().map(to_f32).collect();
-        Ok(Decoded { rgb: Image { batch: 1, height: h, width: w, channels: 3, data }, alpha: None })
+        Ok(Decoded { width: w, height: h, rgb: img.into_rgb8().into_raw(), alpha: None })
     }
 }
 
@@ -150,27 +152,35 @@ fn png_text(inputs: &Inputs) -> Vec<(String, String)> {
     text
 }
 
-fn save_all(images: &Image, kind: FileKind, prefix: &str, text: &[(String, String)]) -> Result<()> {
-    for b in 0..images.batch {
-        let png = encode_png(images, b, text)?;
+/// Encodes and saves every image of an IMAGE tensor, reading one 8-bit
+/// frame at a time from the host.
+fn save_all(images: &Tensor, kind: FileKind, prefix: &str, text: &[(String, String)]) -> Result<()> {
+    let shape = images.shape();
+    let [batch, h, w, c] = shape[..] else { return Err(Error::invalid(format!("`images` has shape {shape:?}, not an IMAGE [B,H,W,C]"))) };
+    let (h, w, c) = (h as usize, w as usize, c as usize);
+    let frame = h * w * c;
+    for b in 0..batch as usize {
+        let pixels = kernels::read_u8(images, b * frame, frame)?;
+        let png = encode_png(&pixels, w, h, c, text)?;
         host::save_file(kind, prefix, "png", &png).map_err(Error::failed)?;
-        host::progress(b as u64 + 1, images.batch as u64);
+        host::progress(b as u64 + 1, u64::from(batch));
     }
     Ok(())
 }
 
-/// Encodes image `b` of the batch as an 8-bit PNG, quantizing by truncation
-/// (`uint8(clip(255·x, 0, 255))`) as ComfyUI does.
-pub fn encode_png(images: &Image, b: usize, text: &[(String, String)]) -> Result<Vec<u8>> {
-    let color = match images.channels {
+/// Encodes one `width × height × channels` image of 8-bit values (the host
+/// quantized them by truncation, `uint8(clip(255·x, 0, 255))`, as ComfyUI
+/// does) as a PNG with `text` chunks.
+pub fn encode_png(pixels: &[u8], width: usize, height: usize, channels: usize, text: &[(String, String)]) -> Result<Vec<u8>> {
+    let color = match channels {
         1 => png::ColorType::Grayscale,
         3 => png::ColorType::Rgb,
         4 => png::ColorType::Rgba,
         c => return Err(Error::invalid(format!("cannot save an image with {c} channels"))),
     };
-    let pixels: Vec<u8> = images.frame(b).iter().map(|v| (v * 255.0).clamp(0.0, 255.0) as u8).collect();
+    let (Ok(w), Ok(h)) = (u32::try_from(width), u32::try_from(height)) else { return Err(Error::invalid(format!("cannot encode a {width}×{height} PNG"))) };
     let mut out = Vec::with_capacity(pixels.len() / 2);
-    let mut encoder = png::Encoder::new(&mut out, images.width as u32, images.height as u32);
+    let mut encoder = png::Encoder::new(&mut out, w, h);
     encoder.set_color(color);
     encoder.set_depth(png::BitDepth::Eight);
     // fdeflate with a fixed Up filter: the adaptive filter that `Fast` picks
@@ -181,7 +191,7 @@ pub fn encode_png(images: &Image, b: usize, text: &[(String, String)]) -> Result
         encoder.add_text_chunk(key.clone(), value.clone()).map_err(|e| Error::failed(format!("png text: {e}")))?;
     }
     let mut writer = encoder.write_header().map_err(|e| Error::failed(format!("png: {e}")))?;
-    writer.write_image_data(&pixels).map_err(|e| Error::failed(format!("png: {e}")))?;
+    writer.write_image_data(pixels).map_err(|e| Error::failed(format!("png: {e}")))?;
     writer.finish().map_err(|e| Error::failed(format!("png: {e}")))?;
     Ok(out)
 }

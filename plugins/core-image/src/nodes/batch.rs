@@ -29,7 +29,7 @@ pub fn image_batch(i1: Image, i2: Image) -> Result<Image> {
     let mut i1 = match_channels(i1, channels);
     let mut i2 = match_channels(i2, channels);
     if (i2.width, i2.height) != (i1.width, i1.height) {
-        i2 = resize_image(&i2, i1.width, i1.height, Method::Bilinear, true);
+        i2 = resize_image(&i2, i1.width, i1.height, Method::Bilinear, true)?;
     }
     i1.data.append(&mut i2.data);
     i1.batch += i2.batch;

@@ -47,9 +47,12 @@ pub fn composite_masked(mut dst: Image, src: Image, x: usize, y: usize, resize_s
     }
     let mut src = match_channels(src, dst.channels);
     if resize_source && (src.width, src.height) != (dst.width, dst.height) {
-        src = resize_image(&src, dst.width, dst.height, Method::Bilinear, false);
+        src = resize_image(&src, dst.width, dst.height, Method::Bilinear, false)?;
     }
-    let mask = mask.map(|m| if (m.width, m.height) == (src.width, src.height) { m.clone() } else { resize_mask(m, src.width, src.height, Method::Bilinear) });
+    let mask = match mask {
+        Some(m) if (m.width, m.height) != (src.width, src.height) => Some(resize_mask(m, src.width, src.height, Method::Bilinear)?),
+        other => other.cloned(),
+    };
     let visible_w = src.width.min(dst.width.saturating_sub(x));
     let visible_h = src.height.min(dst.height.saturating_sub(y));
     if visible_w == 0 || visible_h == 0 {
@@ -134,7 +137,7 @@ pub fn join_alpha(image: &Image, alpha: &Mask) -> Result<Image> {
     let alpha = if (alpha.width, alpha.height) == (image.width, image.height) {
         alpha.clone()
     } else {
-        resize_mask(alpha, image.width, image.height, Method::Bilinear)
+        resize_mask(alpha, image.width, image.height, Method::Bilinear)?
     };
     let batch = image.batch.max(alpha.batch);
     let pixels = image.height * image.width;

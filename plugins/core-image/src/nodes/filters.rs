@@ -2,18 +2,28 @@
 
 use kiln_sdk::prelude::*;
 
+use kiln_kernels::Dims;
+use kiln_kernels::convolve::{Finish, gaussian_1d, separable};
+use kiln_sdk::kernels;
+
 use super::check_nonempty;
-use crate::ops::convolve::{Epilogue, convolve_separable_in_place, gaussian_1d};
 use crate::ops::resample::{Method, resize_image};
 
-fn check_radius(image: &Image, radius: usize) -> Result<()> {
-    if radius >= image.width || radius >= image.height {
-        return Err(Error::invalid(format!(
-            "radius {radius} must be smaller than the image ({}×{}): padding size should be less than the corresponding input dimension",
-            image.width, image.height
-        )));
-    }
-    Ok(())
+/// Runs the Gaussian convolution on the host over the input tensor (the
+/// pixels never enter the plugin); the host checks the radius against the
+/// image and answers with the same error as the CPU path.
+fn convolve_on_host(inputs: &Inputs, radius: usize, sigma: f64, finish: kernels::Finish) -> Result<Outputs> {
+    let out = kernels::convolve(inputs.tensor("image")?, &gaussian_1d(radius, sigma as f32), finish)?;
+    Ok(vec![Output::Tensor(out)])
+}
+
+/// The same convolution on pixels in this plugin's memory (what the parity
+/// tests run natively; the host runs this very code).
+fn convolve_here(image: Image, radius: usize, sigma: f64, finish: Finish) -> Result<Image> {
+    check_nonempty(&image)?;
+    let dims = Dims { batch: image.batch, height: image.height, width: image.width, channels: image.channels };
+    let data = separable(&image.data, dims, &gaussian_1d(radius, sigma as f32), finish, &|| false).map_err(|e| Error::invalid(e.to_string()))?;
+    Ok(Image { data, ..image })
 }
 
 /// `ImageBlur`: Gaussian blur with reflect padding.
@@ -31,20 +41,17 @@ pub const IMAGE_BLUR: NodeClass = NodeClass {
         if radius == 0 {
             return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
         }
-        Ok(vec![Output::Image(blur(inputs.image("image")?, radius, inputs.float("sigma")?)?)])
+        convolve_on_host(inputs, radius, inputs.float("sigma")?, kernels::Finish::Blur)
     },
 };
 
 /// ImageBlur's computation: the image convolved with the normalized
 /// `(2r+1)²` Gaussian over [-1, 1]², reflect-padded; radius 0 is the identity.
-pub fn blur(mut image: Image, radius: usize, sigma: f64) -> Result<Image> {
+pub fn blur(image: Image, radius: usize, sigma: f64) -> Result<Image> {
     if radius == 0 {
         return Ok(image);
     }
-    check_nonempty(&image)?;
-    check_radius(&image, radius)?;
-    convolve_separable_in_place(&mut image, &gaussian_1d(radius, sigma as f32), Epilogue::Plain);
-    Ok(image)
+    convolve_here(image, radius, sigma, Finish::Blur)
 }
 
 /// `ImageSharpen`: unsharp masking, `clamp((1+s)·x − s·blur(x))` with `s = 10·alpha`.
@@ -64,7 +71,7 @@ pub const IMAGE_SHARPEN: NodeClass = NodeClass {
             return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
         }
         let (sigma, alpha) = (inputs.float("sigma")?, inputs.float("alpha")?);
-        Ok(vec![Output::Image(sharpen(inputs.image("image")?, radius, sigma, alpha)?)])
+        convolve_on_host(inputs, radius, sigma, kernels::Finish::Sharpen((alpha * 10.0) as f32))
     },
 };
 
@@ -73,15 +80,11 @@ pub const IMAGE_SHARPEN: NodeClass = NodeClass {
 /// so that K sums to 1, i.e. `K = (1+s)·δ − s·G`. Convolution is linear, so
 /// `K∗x = (1+s)·x − s·(G∗x)`: one separable blur plus a per-pixel blend,
 /// fused into the blur's last pass, then clamped to 0..1.
-pub fn sharpen(mut image: Image, radius: usize, sigma: f64, alpha: f64) -> Result<Image> {
+pub fn sharpen(image: Image, radius: usize, sigma: f64, alpha: f64) -> Result<Image> {
     if radius == 0 {
         return Ok(image);
     }
-    check_nonempty(&image)?;
-    check_radius(&image, radius)?;
-    let s = (alpha * 10.0) as f32;
-    convolve_separable_in_place(&mut image, &gaussian_1d(radius, sigma as f32), Epilogue::Sharpen(s));
-    Ok(image)
+    convolve_here(image, radius, sigma, Finish::Sharpen((alpha * 10.0) as f32))
 }
 
 const BLEND_MODES: [&str; 6] = ["normal", "multiply", "screen", "overlay", "soft_light", "difference"];
@@ -142,7 +145,7 @@ pub fn blend(i1: Image, i2: Image, factor: f32, mode: &str) -> Result<Image> {
     };
     let mut i2 = match_channels(i2, i1.channels);
     if (i2.width, i2.height) != (i1.width, i1.height) {
-        i2 = resize_image(&i2, i1.width, i1.height, Method::Bicubic, true);
+        i2 = resize_image(&i2, i1.width, i1.height, Method::Bicubic, true)?;
     }
     let frame = i1.height * i1.width * i1.channels;
     // Blend into whichever input already has the output's batch size.

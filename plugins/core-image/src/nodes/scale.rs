@@ -2,9 +2,33 @@
 
 use kiln_sdk::prelude::*;
 
+use kiln_sdk::kernels;
+
 use super::check_nonempty;
 use crate::ops::py_round;
-use crate::ops::resample::{METHODS, Method, resize_image};
+use crate::ops::resample::{METHODS, Method, resample, resize_image};
+
+/// Width and height of an IMAGE input, from its host tensor (no copy).
+fn input_size(inputs: &Inputs) -> Result<(usize, usize)> {
+    match inputs.tensor("image")?.shape()[..] {
+        [b, h, w, c] if b > 0 && h > 0 && w > 0 && c > 0 => Ok((w as usize, h as usize)),
+        ref shape => Err(Error::invalid(format!("input `image` has shape {shape:?}, not a non-empty IMAGE [B,H,W,C]"))),
+    }
+}
+
+/// Resizes the `image` input on the host to `w × h`.
+fn resize_on_host(inputs: &Inputs, method: &str, w: usize, h: usize, crop: bool) -> Result<Outputs> {
+    let out = kernels::resize_image(inputs.tensor("image")?, w, h, resample(parse_method(method)?), crop)?;
+    Ok(vec![Output::Tensor(out)])
+}
+
+fn parse_crop(crop: &str) -> Result<bool> {
+    match crop {
+        "disabled" => Ok(false),
+        "center" => Ok(true),
+        other => Err(Error::invalid(format!("unknown crop `{other}`"))),
+    }
+}
 
 fn size(v: i64, what: &str) -> Result<usize> {
     usize::try_from(v).ok().filter(|&v| (1..=16384 * 8).contains(&v)).ok_or_else(|| Error::invalid(format!("{what} {v} is out of range")))
@@ -31,7 +55,9 @@ pub const IMAGE_SCALE: NodeClass = NodeClass {
             // Unchanged: hand the host's tensor back without copying it in and out.
             return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
         }
-        Ok(vec![Output::Image(image_scale(&inputs.image("image")?, &method, w, h, &crop)?)])
+        let (iw, ih) = input_size(inputs)?;
+        let (tw, th) = target_size(iw, ih, w, h)?;
+        resize_on_host(inputs, &method, tw, th, parse_crop(&crop)?)
     },
 };
 
@@ -45,17 +71,13 @@ pub fn parse_method(name: &str) -> Result<Method> {
 /// `"disabled"` or `"center"`.
 pub fn image_scale(image: &Image, method: &str, width: usize, height: usize, crop: &str) -> Result<Image> {
     let method = parse_method(method)?;
-    let crop = match crop {
-        "disabled" => false,
-        "center" => true,
-        other => return Err(Error::invalid(format!("unknown crop `{other}`"))),
-    };
+    let crop = parse_crop(crop)?;
     check_nonempty(image)?;
     if width == 0 && height == 0 {
         return Ok(image.clone());
     }
     let (w, h) = target_size(image.width, image.height, width, height)?;
-    Ok(resize_image(image, w, h, method, crop))
+    resize_image(image, w, h, method, crop)
 }
 
 /// ImageScale's size rule: a zero side follows the aspect ratio.
@@ -79,16 +101,24 @@ pub const IMAGE_SCALE_BY: NodeClass = NodeClass {
             .required("scale_by", Kind::float().default(1.0).min(0.01).max(8.0).step(0.01))
             .output("IMAGE", "IMAGE")
     },
-    run: |inputs| Ok(vec![Output::Image(image_scale_by(&inputs.image("image")?, inputs.string("upscale_method")?, inputs.float("scale_by")?)?)]),
+    run: |inputs| {
+        let (iw, ih) = input_size(inputs)?;
+        let (w, h) = scale_by_size(iw, ih, inputs.float("scale_by")?)?;
+        resize_on_host(inputs, inputs.string("upscale_method")?, w, h, false)
+    },
 };
 
 /// ImageScaleBy's computation: `round(W·s) × round(H·s)` (Python rounding), no crop.
 pub fn image_scale_by(image: &Image, method: &str, scale_by: f64) -> Result<Image> {
     let method = parse_method(method)?;
     check_nonempty(image)?;
-    let w = size(py_round(image.width as f64 * scale_by), "width")?;
-    let h = size(py_round(image.height as f64 * scale_by), "height")?;
-    Ok(resize_image(image, w, h, method, false))
+    let (w, h) = scale_by_size(image.width, image.height, scale_by)?;
+    resize_image(image, w, h, method, false)
+}
+
+/// ImageScaleBy's size rule.
+pub fn scale_by_size(iw: usize, ih: usize, scale_by: f64) -> Result<(usize, usize)> {
+    Ok((size(py_round(iw as f64 * scale_by), "width")?, size(py_round(ih as f64 * scale_by), "height")?))
 }
 
 /// `ImageScaleToTotalPixels`: to about `megapixels` MiP, sides multiples of `resolution_steps`.
@@ -103,9 +133,9 @@ pub const IMAGE_SCALE_TO_TOTAL_PIXELS: NodeClass = NodeClass {
             .output("IMAGE", "IMAGE")
     },
     run: |inputs| {
-        let image = inputs.image("image")?;
-        let (mp, steps) = (inputs.float("megapixels")?, inputs.usize("resolution_steps")?);
-        Ok(vec![Output::Image(image_scale_to_total_pixels(&image, inputs.string("upscale_method")?, mp, steps)?)])
+        let (iw, ih) = input_size(inputs)?;
+        let (w, h) = total_pixels_size(iw, ih, inputs.float("megapixels")?, inputs.usize("resolution_steps")?)?;
+        resize_on_host(inputs, inputs.string("upscale_method")?, w, h, false)
     },
 };
 
@@ -114,11 +144,17 @@ pub const IMAGE_SCALE_TO_TOTAL_PIXELS: NodeClass = NodeClass {
 pub fn image_scale_to_total_pixels(image: &Image, method: &str, megapixels: f64, steps: usize) -> Result<Image> {
     let method = parse_method(method)?;
     check_nonempty(image)?;
+    let (w, h) = total_pixels_size(image.width, image.height, megapixels, steps)?;
+    resize_image(image, w, h, method, false)
+}
+
+/// ImageScaleToTotalPixels' size rule.
+pub fn total_pixels_size(iw: usize, ih: usize, megapixels: f64, steps: usize) -> Result<(usize, usize)> {
     let steps = steps.max(1) as f64;
-    let s = (megapixels * 1024.0 * 1024.0 / (image.width * image.height) as f64).sqrt();
-    let w = size(py_round(image.width as f64 * s / steps) * steps as i64, "width")?;
-    let h = size(py_round(image.height as f64 * s / steps) * steps as i64, "height")?;
-    Ok(resize_image(image, w, h, method, false))
+    let s = (megapixels * 1024.0 * 1024.0 / (iw * ih) as f64).sqrt();
+    let w = size(py_round(iw as f64 * s / steps) * steps as i64, "width")?;
+    let h = size(py_round(ih as f64 * s / steps) * steps as i64, "height")?;
+    Ok((w, h))
 }
 
 #[cfg(test)]

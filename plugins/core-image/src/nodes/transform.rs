@@ -32,7 +32,7 @@ pub fn crop(image: &Image, x: usize, y: usize, width: usize, height: usize) -> R
     check_nonempty(image)?;
     let (x, y) = (x.min(image.width - 1), y.min(image.height - 1));
     let (w, h) = (width.min(image.width - x).max(1), height.min(image.height - y).max(1));
-    Ok(crop_image(image, x, y, w, h))
+    crop_image(image, x, y, w, h)
 }
 
 /// `ImageRotate`: by multiples of 90° (clockwise on screen).

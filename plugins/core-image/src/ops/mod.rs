@@ -1,10 +1,7 @@
-//! Shared pixel kernels: resampling and convolution.
+//! Pixel operations that run inside the plugin: colour quantization, and
+//! resampling of pixels a node already holds (the host's kernels, linked in).
 
-pub mod convolve;
 pub mod quantize;
 pub mod resample;
 
-/// Python's `round()`: halves go to the even neighbour.
-pub fn py_round(v: f64) -> i64 {
-    v.round_ties_even() as i64
-}
+pub use kiln_kernels::resample::py_round;

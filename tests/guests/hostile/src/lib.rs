@@ -126,4 +126,54 @@ pub const SLEEPER: NodeClass = NodeClass {
     },
 };
 
-kiln_sdk::export_plugin!(INFINITE_LOOP, MEMORY_BOMB, DEEP_RECURSION, PANIC, OVERSIZED_OUTPUT, WRONG_OUTPUT, CHATTY, SNOOP, SLEEPER);
+/// Calls every host kernel with arguments it must refuse; reports the calls
+/// that were not refused (none, if the host validates everything).
+pub const KERNEL_ABUSE: NodeClass = NodeClass {
+    class_type: "HostileKernelAbuse",
+    define: || NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("report", "STRING").output_node(),
+    run: |_| {
+        use kiln_sdk::kernels::{self, Finish, Resample};
+        let image = kernels::create_from_u8(&[1, 4, 4, 3], &[128; 48])?;
+        let mask = kernels::create_from_u8(&[1, 4, 4], &[128; 16])?;
+        let mut accepted = Vec::new();
+        let mut expect_refused = |what: &str, ok: bool| {
+            if ok {
+                accepted.push(what.to_string());
+            }
+        };
+        expect_refused("even taps", kernels::convolve(&image, &[0.5, 0.5], Finish::Blur).is_ok());
+        expect_refused("asymmetric taps", kernels::convolve(&image, &[0.1, 0.7, 0.2], Finish::Blur).is_ok());
+        expect_refused("nan taps", kernels::convolve(&image, &[f32::NAN], Finish::Blur).is_ok());
+        expect_refused("radius beyond the image", kernels::convolve(&image, &[0.1; 9], Finish::Blur).is_ok());
+        expect_refused("too many taps", kernels::convolve(&image, &vec![0.0; 257], Finish::Blur).is_ok());
+        expect_refused("convolve a mask", kernels::convolve(&mask, &[1.0], Finish::Blur).is_ok());
+        expect_refused("infinite sharpen", kernels::convolve(&image, &[1.0], Finish::Sharpen(f32::INFINITY)).is_ok());
+        expect_refused("resize to zero", kernels::resize_image(&image, 0, 4, Resample::Bilinear, false).is_ok());
+        expect_refused("resize beyond the side limit", kernels::resize_image(&image, 200_000, 4, Resample::Bilinear, false).is_ok());
+        expect_refused("resize an image as a mask", kernels::resize_mask(&image, 8, 8, Resample::Bilinear).is_ok());
+        expect_refused("read past the end", kernels::read_u8(&image, 40, 9).is_ok());
+        expect_refused("read at a huge offset", kernels::read_u8(&image, usize::MAX, 1).is_ok());
+        expect_refused("bytes not matching the shape", kernels::create_from_u8(&[1, 4, 4, 3], &[0; 47]).is_ok());
+        expect_refused("zero-sized shape", kernels::create_from_u8(&[1, 0, 4, 3], &[]).is_ok());
+        // What the host accepts still works after all that.
+        let fine = kernels::resize_image(&image, 8, 8, Resample::Bicubic, false)?;
+        expect_refused("a valid resize failed", fine.shape() != [1, 8, 8, 3]);
+        Ok(vec![Output::String(accepted.join(";"))])
+    },
+};
+
+/// One long host kernel: a 255-tap blur of a 2048×1024 RGB image (~3 G
+/// multiply-adds), for cancellation while host code runs.
+pub const KERNEL_HOG: NodeClass = NodeClass {
+    class_type: "HostileKernelHog",
+    define: || NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("IMAGE", "IMAGE").output_node(),
+    run: |_| {
+        use kiln_sdk::kernels::{self, Finish};
+        let pixels: Vec<u8> = (0..2048 * 1024 * 3).map(|i| (i % 251) as u8).collect();
+        let image = kernels::create_from_u8(&[1, 1024, 2048, 3], &pixels)?;
+        let taps = vec![1.0 / 255.0; 255];
+        Ok(vec![Output::Tensor(kernels::convolve(&image, &taps, Finish::Blur)?)])
+    },
+};
+
+kiln_sdk::export_plugin!(INFINITE_LOOP, MEMORY_BOMB, DEEP_RECURSION, PANIC, OVERSIZED_OUTPUT, WRONG_OUTPUT, CHATTY, SNOOP, SLEEPER, KERNEL_ABUSE, KERNEL_HOG);

@@ -1,0 +1,51 @@
+//! 8-bit conversions at the edges of a workflow: what an encoder needs and
+//! what a decoder produces.
+
+use crate::bands::{Stop, for_each_band};
+use crate::KernelError;
+
+/// Values per band for the element-wise conversions (they have no rows).
+const ROW: usize = 4096;
+
+/// `uint8(clip(255·v, 0, 255))`: ComfyUI's conversion before encoding
+/// (truncation, not rounding; NaN becomes 0).
+pub fn to_u8(src: &[f32], stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
+    let mut out = vec![0u8; src.len()];
+    for_each_band(&mut out, src.len(), ROW, stop, |_, first_row, band| {
+        let start = first_row * ROW;
+        for (o, &v) in band.iter_mut().zip(&src[start..]) {
+            *o = (v * 255.0).clamp(0.0, 255.0) as u8;
+        }
+    })?;
+    Ok(out)
+}
+
+/// `v / 255` for every byte: how decoded 8-bit pixels become a tensor.
+pub fn from_u8(src: &[u8], stop: Stop<'_>) -> Result<Vec<f32>, KernelError> {
+    let mut out = vec![0.0f32; src.len()];
+    for_each_band(&mut out, src.len(), ROW, stop, |_, first_row, band| {
+        let start = first_row * ROW;
+        for (o, &v) in band.iter_mut().zip(&src[start..]) {
+            *o = f32::from(v) / 255.0;
+        }
+    })?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncates_and_clamps_like_comfy() {
+        let src = [0.0, 0.999 / 255.0, 1.0 / 255.0, 0.5, 1.0, 1.7, -0.2, f32::NAN];
+        assert_eq!(to_u8(&src, &|| false).unwrap(), vec![0, 0, 1, 127, 255, 255, 0, 0]);
+    }
+
+    #[test]
+    fn round_trips_every_byte_over_many_bands() {
+        let bytes: Vec<u8> = (0..100_000u32).map(|i| (i % 256) as u8).collect();
+        let f = from_u8(&bytes, &|| false).unwrap();
+        assert_eq!(to_u8(&f, &|| false).unwrap(), bytes);
+    }
+}

@@ -1,0 +1,158 @@
+//! The host side of `kiln:plugin/kernels`: pixel kernels run natively over
+//! host tensors on behalf of a node (see the `kiln-kernels` crate).
+//!
+//! Every call checks the tensor's rank and the kernel's arguments, charges
+//! the result against the node's tensor budget before computing it, and runs
+//! with a stop check wired to the node's cancellation and deadline: host code
+//! is not interrupted by epochs, so a kernel gives up between bands instead,
+//! and the node then ends as `interrupted` or `timeout` like any guest code.
+
+use std::time::Instant;
+
+use kiln_kernels::convert;
+use kiln_kernels::convolve::{self, Finish};
+use kiln_kernels::resample::{self, Method};
+use kiln_kernels::{Dims, KernelError};
+use wasmtime::component::Resource;
+
+use super::bindings::kiln::plugin::kernels;
+use super::state::{NodeState, Stopped};
+use crate::tensor::Tensor;
+
+type KernelResult<T> = wasmtime::Result<Result<T, kernels::KernelError>>;
+
+fn invalid<T>(message: impl Into<String>) -> KernelResult<T> {
+    Ok(Err(kernels::KernelError::Invalid(message.into())))
+}
+
+/// `B×H×W×C` (rank 4) or, with `mask`, `B×H×W` (rank 3) as [`Dims`].
+fn dims_of(t: &Tensor, mask: bool) -> Result<Dims, String> {
+    let d: Vec<usize> = t.shape().iter().map(|&v| v as usize).collect();
+    match (mask, d.as_slice()) {
+        (false, &[batch, height, width, channels]) => Ok(Dims { batch, height, width, channels }),
+        (true, &[batch, height, width]) => Ok(Dims { batch, height, width, channels: 1 }),
+        _ => Err(format!("expected a {} tensor, got shape {:?}", if mask { "B×H×W mask" } else { "B×H×W×C image" }, t.shape())),
+    }
+}
+
+fn method(m: kernels::Resample) -> Method {
+    match m {
+        kernels::Resample::NearestExact => Method::NearestExact,
+        kernels::Resample::Bilinear => Method::Bilinear,
+        kernels::Resample::Area => Method::Area,
+        kernels::Resample::Bicubic => Method::Bicubic,
+        kernels::Resample::Lanczos => Method::Lanczos,
+    }
+}
+
+fn shape_of(d: Dims, mask: bool) -> Vec<u32> {
+    let mut shape = vec![d.batch as u32, d.height as u32, d.width as u32];
+    if !mask {
+        shape.push(d.channels as u32);
+    }
+    shape
+}
+
+impl NodeState {
+    /// Runs `kernel` with this node's stop check; a stop becomes a trap that
+    /// [`super::runtime`] reports as `interrupted` or `timeout`.
+    fn run_kernel<T>(&mut self, kernel: impl FnOnce(kiln_kernels::Stop<'_>) -> Result<T, KernelError>) -> wasmtime::Result<Result<T, String>> {
+        let (cancel, deadline) = (self.stop.cancel.clone(), self.stop.deadline);
+        let stop = || cancel.is_cancelled() || Instant::now() >= deadline;
+        match kernel(&stop) {
+            Ok(v) => Ok(Ok(v)),
+            Err(KernelError::Invalid(m)) => Ok(Err(m)),
+            Err(KernelError::Stopped) => {
+                let why = if cancel.is_cancelled() { Stopped::Cancelled } else { Stopped::Deadline };
+                self.stop.stopped = Some(why);
+                Err(wasmtime::Error::msg("kernel stopped"))
+            }
+        }
+    }
+
+    /// Takes a result of `values` f32s from the tensor budget before it is
+    /// computed (a refused result costs no work).
+    fn admit(&mut self, values: Option<usize>) -> Result<(), kernels::KernelError> {
+        let bytes = values.and_then(|v| (v as u64).checked_mul(4)).unwrap_or(u64::MAX);
+        self.charge(bytes).map_err(kernels::KernelError::BudgetExceeded)
+    }
+
+    /// Stores a kernel's result as a new tensor handle.
+    fn produce(&mut self, shape: Vec<u32>, data: Vec<f32>) -> KernelResult<Resource<Tensor>> {
+        match Tensor::new(shape, data) {
+            Ok(t) => Ok(Ok(self.table.push(t)?)),
+            Err(e) => invalid(e.to_string()),
+        }
+    }
+}
+
+impl kernels::Host for NodeState {
+    fn convolve(&mut self, image: Resource<Tensor>, taps: Vec<f32>, finish: kernels::Finish) -> KernelResult<Resource<Tensor>> {
+        let t = self.table.get(&image)?.clone();
+        let dims = match dims_of(&t, false) {
+            Ok(d) => d,
+            Err(m) => return invalid(m),
+        };
+        if let Err(e) = self.admit(Some(t.data().len())) {
+            return Ok(Err(e));
+        }
+        let finish = match finish {
+            kernels::Finish::Blur => Finish::Blur,
+            kernels::Finish::Sharpen(s) => Finish::Sharpen(s),
+        };
+        match self.run_kernel(|stop| convolve::separable(t.data(), dims, &taps, finish, stop))? {
+            Ok(data) => self.produce(t.shape().to_vec(), data),
+            Err(m) => invalid(m),
+        }
+    }
+
+    fn resize_image(&mut self, image: Resource<Tensor>, width: u32, height: u32, m: kernels::Resample, crop_center: bool) -> KernelResult<Resource<Tensor>> {
+        self.resize(image, width, height, method(m), Some(crop_center))
+    }
+
+    fn resize_mask(&mut self, mask: Resource<Tensor>, width: u32, height: u32, m: kernels::Resample) -> KernelResult<Resource<Tensor>> {
+        self.resize(mask, width, height, method(m), None)
+    }
+
+    fn read_u8(&mut self, t: Resource<Tensor>, offset: u64, len: u32) -> KernelResult<Vec<u8>> {
+        let t = self.table.get(&t)?.clone();
+        let data = t.data();
+        let range = usize::try_from(offset).ok().and_then(|start| start.checked_add(len as usize).map(|end| start..end)).filter(|r| r.end <= data.len());
+        let Some(range) = range else { return invalid(format!("{len} elements at {offset} of {}", data.len())) };
+        Ok(self.run_kernel(|stop| convert::to_u8(&data[range], stop))?.map_err(kernels::KernelError::Invalid))
+    }
+
+    fn create_from_u8(&mut self, shape: Vec<u32>, data: Vec<u8>) -> KernelResult<Resource<Tensor>> {
+        if let Err(e) = self.admit(Some(data.len())) {
+            return Ok(Err(e));
+        }
+        match self.run_kernel(|stop| convert::from_u8(&data, stop))? {
+            Ok(values) => self.produce(shape, values),
+            Err(m) => invalid(m),
+        }
+    }
+}
+
+impl NodeState {
+    /// Resizes an image (`crop_center` given) or a mask (`None`).
+    fn resize(&mut self, t: Resource<Tensor>, width: u32, height: u32, method: Method, crop_center: Option<bool>) -> KernelResult<Resource<Tensor>> {
+        let t = self.table.get(&t)?.clone();
+        let mask = crop_center.is_none();
+        let dims = match dims_of(&t, mask) {
+            Ok(d) => d,
+            Err(m) => return invalid(m),
+        };
+        let (width, height) = (width as usize, height as usize);
+        if let Err(e) = self.admit(Dims { width, height, ..dims }.len()) {
+            return Ok(Err(e));
+        }
+        let result = self.run_kernel(|stop| match crop_center {
+            Some(crop) => resample::resize_image(t.data(), dims, width, height, method, crop, stop),
+            None => resample::resize_mask(t.data(), dims, width, height, method, stop),
+        })?;
+        match result {
+            Ok((data, out)) => self.produce(shape_of(out, mask), data),
+            Err(m) => invalid(m),
+        }
+    }
+}
