@@ -38,6 +38,11 @@ pub fn resize_mask(mask: &Tensor, width: usize, height: usize, method: Resample)
     Ok(wit::resize_mask(mask, side(width)?, side(height)?, method)?)
 }
 
+/// `scale·v + offset` for every element (invert: `affine(t, -1.0, 1.0)`).
+pub fn affine(t: &Tensor, scale: f32, offset: f32) -> Result<Tensor> {
+    Ok(wit::affine(t, scale, offset)?)
+}
+
 /// `len` elements from `offset` as `uint8(clip(255·v, 0, 255))`: what an
 /// encoder needs, at a quarter of the bytes of [`Tensor::read`].
 pub fn read_u8(t: &Tensor, offset: usize, len: usize) -> Result<Vec<u8>> {

@@ -32,6 +32,22 @@ pub fn from_u8(src: &[u8], stop: Stop<'_>) -> Result<Vec<f32>, KernelError> {
     Ok(out)
 }
 
+/// `scale·v + offset` for every value (ImageInvert and InvertMask are
+/// `−1·v + 1`, bit for bit `1 − v`). Both must be finite.
+pub fn affine(src: &[f32], scale: f32, offset: f32, stop: Stop<'_>) -> Result<Vec<f32>, KernelError> {
+    if !scale.is_finite() || !offset.is_finite() {
+        return Err(KernelError::Invalid(format!("affine {scale}·v + {offset} is not finite")));
+    }
+    let mut out = vec![0.0f32; src.len()];
+    for_each_band(&mut out, src.len(), ROW, stop, |_, first_row, band| {
+        let start = first_row * ROW;
+        for (o, &v) in band.iter_mut().zip(&src[start..]) {
+            *o = scale * v + offset;
+        }
+    })?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,6 +56,14 @@ mod tests {
     fn truncates_and_clamps_like_comfy() {
         let src = [0.0, 0.999 / 255.0, 1.0 / 255.0, 0.5, 1.0, 1.7, -0.2, f32::NAN];
         assert_eq!(to_u8(&src, &|| false).unwrap(), vec![0, 0, 1, 127, 255, 255, 0, 0]);
+    }
+
+    #[test]
+    fn affine_inverts_exactly() {
+        let src: Vec<f32> = (0..70_000).map(|i| (i % 1000) as f32 / 999.0).collect();
+        let got = affine(&src, -1.0, 1.0, &|| false).unwrap();
+        assert!(got.iter().zip(&src).all(|(g, v)| g.to_bits() == (1.0 - v).to_bits()));
+        assert!(affine(&src, f32::NAN, 1.0, &|| false).is_err());
     }
 
     #[test]

@@ -114,6 +114,17 @@ impl kernels::Host for NodeState {
         self.resize(mask, width, height, method(m), None)
     }
 
+    fn affine(&mut self, t: Resource<Tensor>, scale: f32, offset: f32) -> KernelResult<Resource<Tensor>> {
+        let t = self.table.get(&t)?.clone();
+        if let Err(e) = self.admit(Some(t.data().len())) {
+            return Ok(Err(e));
+        }
+        match self.run_kernel(|stop| convert::affine(t.data(), scale, offset, stop))? {
+            Ok(data) => self.produce(t.shape().to_vec(), data),
+            Err(m) => invalid(m),
+        }
+    }
+
     fn read_u8(&mut self, t: Resource<Tensor>, offset: u64, len: u32) -> KernelResult<Vec<u8>> {
         let t = self.table.get(&t)?.clone();
         let data = t.data();

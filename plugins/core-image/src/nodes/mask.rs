@@ -98,7 +98,15 @@ pub fn solid_mask(value: f64, width: usize, height: usize) -> Result<Mask> {
 pub const INVERT_MASK: NodeClass = NodeClass {
     class_type: "InvertMask",
     define: || NodeDef::new("mask").required("mask", Kind::link("MASK")).output("MASK", "MASK"),
-    run: |inputs| Ok(vec![Output::Mask(invert_mask(inputs.mask("mask")?))]),
+    run: |inputs| {
+        let mask = inputs.tensor("mask")?;
+        if mask.shape().len() == 3 {
+            // On the host, bit for bit `1 − m` (see ImageInvert).
+            return Ok(vec![Output::Tensor(kiln_sdk::kernels::affine(mask, -1.0, 1.0)?)]);
+        }
+        // An [H, W] mask becomes [1, H, W] on the way in.
+        Ok(vec![Output::Mask(invert_mask(inputs.mask("mask")?))])
+    },
 };
 
 /// `1 − m`, in place.

@@ -151,6 +151,7 @@ pub const KERNEL_ABUSE: NodeClass = NodeClass {
         expect_refused("resize to zero", kernels::resize_image(&image, 0, 4, Resample::Bilinear, false).is_ok());
         expect_refused("resize beyond the side limit", kernels::resize_image(&image, 200_000, 4, Resample::Bilinear, false).is_ok());
         expect_refused("resize an image as a mask", kernels::resize_mask(&image, 8, 8, Resample::Bilinear).is_ok());
+        expect_refused("non-finite affine", kernels::affine(&image, f32::NAN, 1.0).is_ok());
         expect_refused("read past the end", kernels::read_u8(&image, 40, 9).is_ok());
         expect_refused("read at a huge offset", kernels::read_u8(&image, usize::MAX, 1).is_ok());
         expect_refused("bytes not matching the shape", kernels::create_from_u8(&[1, 4, 4, 3], &[0; 47]).is_ok());
