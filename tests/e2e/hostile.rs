@@ -17,6 +17,16 @@ async fn run_hostile(class: &str) -> (RunStatus, String) {
     (ran.outcome.status, ran.outcome.log)
 }
 
+/// Services for calling a node straight through the runtime: no inputs,
+/// outputs into `out`, signals dropped.
+fn node_io(out: &std::path::Path) -> kiln::plugins::NodeIo {
+    kiln::plugins::NodeIo {
+        inputs: std::sync::Arc::new(kiln::files::NamedInputs::new()),
+        outputs: std::sync::Arc::new(kiln::files::DirOutputs::new(out, out)),
+        signals: std::sync::Arc::new(|_| {}),
+    }
+}
+
 fn expect_failure(status: RunStatus, kind: FailureKind, class: &str) -> String {
     match status {
         RunStatus::Failed { node, class_type, failure } => {
@@ -98,11 +108,7 @@ async fn plugin_sees_no_files_environment_or_network() {
     let env = env().await;
     // Re-run the node directly to read its report.
     let (plugin, _) = env.registry.get("HostileSnoop").unwrap();
-    let io = kiln::plugins::NodeIo {
-        inputs: std::sync::Arc::new(kiln::files::NamedInputs::new()),
-        outputs: std::sync::Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),
-        signals: std::sync::Arc::new(|_| {}),
-    };
+    let io = node_io(out.path());
     let output = env.runtime.execute(plugin, "HostileSnoop", &[("trigger".into(), kiln::value::Value::Int(1))], io, &Default::default()).await.unwrap();
     match &output.values[0] {
         kiln::value::Value::String(report) => assert_eq!(report, "", "the plugin reached: {report}"),
@@ -154,11 +160,7 @@ async fn host_kernels_refuse_bad_arguments() {
     assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
     let env = env().await;
     let (plugin, _) = env.registry.get("HostileKernelAbuse").unwrap();
-    let io = kiln::plugins::NodeIo {
-        inputs: std::sync::Arc::new(kiln::files::NamedInputs::new()),
-        outputs: std::sync::Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),
-        signals: std::sync::Arc::new(|_| {}),
-    };
+    let io = node_io(out.path());
     let output = env.runtime.execute(plugin, "HostileKernelAbuse", &[("trigger".into(), kiln::value::Value::Int(1))], io, &Default::default()).await.unwrap();
     match &output.values[0] {
         kiln::value::Value::String(report) => assert_eq!(report, "", "the host accepted: {report}"),
@@ -174,11 +176,7 @@ async fn cancel_stops_a_host_kernel() {
     let env = env().await;
     let (plugin, _) = env.registry.get("HostileKernelHog").unwrap();
     let out = tempfile::tempdir().unwrap();
-    let io = || kiln::plugins::NodeIo {
-        inputs: std::sync::Arc::new(kiln::files::NamedInputs::new()),
-        outputs: std::sync::Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),
-        signals: std::sync::Arc::new(|_| {}),
-    };
+    let io = || node_io(out.path());
     let inputs = [("trigger".to_string(), kiln::value::Value::Int(1))];
     // How long the kernel takes when left alone (it must succeed).
     let started = std::time::Instant::now();

@@ -7,29 +7,26 @@ use crate::KernelError;
 /// Values per band for the element-wise conversions (they have no rows).
 const ROW: usize = 4096;
 
-/// `uint8(clip(255·v, 0, 255))`: ComfyUI's conversion before encoding
-/// (truncation, not rounding; NaN becomes 0).
-pub fn to_u8(src: &[f32], stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
-    let mut out = vec![0u8; src.len()];
+/// `f` applied to every value of `src`, in bands.
+fn map<S: Copy + Sync, T: Copy + Default + Send>(src: &[S], stop: Stop<'_>, f: impl Fn(S) -> T + Sync) -> Result<Vec<T>, KernelError> {
+    let mut out = vec![T::default(); src.len()];
     for_each_band(&mut out, src.len(), ROW, stop, |_, first_row, band| {
-        let start = first_row * ROW;
-        for (o, &v) in band.iter_mut().zip(&src[start..]) {
-            *o = (v * 255.0).clamp(0.0, 255.0) as u8;
+        for (o, &v) in band.iter_mut().zip(&src[first_row * ROW..]) {
+            *o = f(v);
         }
     })?;
     Ok(out)
 }
 
+/// `uint8(clip(255·v, 0, 255))`: ComfyUI's conversion before encoding
+/// (truncation, not rounding; NaN becomes 0).
+pub fn to_u8(src: &[f32], stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
+    map(src, stop, |v| (v * 255.0).clamp(0.0, 255.0) as u8)
+}
+
 /// `v / 255` for every byte: how decoded 8-bit pixels become a tensor.
 pub fn from_u8(src: &[u8], stop: Stop<'_>) -> Result<Vec<f32>, KernelError> {
-    let mut out = vec![0.0f32; src.len()];
-    for_each_band(&mut out, src.len(), ROW, stop, |_, first_row, band| {
-        let start = first_row * ROW;
-        for (o, &v) in band.iter_mut().zip(&src[start..]) {
-            *o = f32::from(v) / 255.0;
-        }
-    })?;
-    Ok(out)
+    map(src, stop, |v| f32::from(v) / 255.0)
 }
 
 /// `scale·v + offset` for every value (ImageInvert and InvertMask are
@@ -38,14 +35,7 @@ pub fn affine(src: &[f32], scale: f32, offset: f32, stop: Stop<'_>) -> Result<Ve
     if !scale.is_finite() || !offset.is_finite() {
         return Err(KernelError::Invalid(format!("affine {scale}·v + {offset} is not finite")));
     }
-    let mut out = vec![0.0f32; src.len()];
-    for_each_band(&mut out, src.len(), ROW, stop, |_, first_row, band| {
-        let start = first_row * ROW;
-        for (o, &v) in band.iter_mut().zip(&src[start..]) {
-            *o = scale * v + offset;
-        }
-    })?;
-    Ok(out)
+    map(src, stop, |v| scale * v + offset)
 }
 
 #[cfg(test)]
