@@ -65,7 +65,7 @@ pub enum Finish {
 /// height (torch's reflect-padding limit).
 pub fn separable(src: &[f32], dims: Dims, k: &[f32], finish: Finish, stop: Stop<'_>) -> Result<Vec<f32>, KernelError> {
     dims.check(src)?;
-    if k.len() % 2 == 0 || k.len() > MAX_TAPS {
+    if k.len().is_multiple_of(2) || k.len() > MAX_TAPS {
         return Err(KernelError::Invalid(format!("a kernel has an odd number of taps up to {MAX_TAPS}, got {}", k.len())));
     }
     // Symmetric up to float rounding (a sampled Gaussian is not bit-exact);
