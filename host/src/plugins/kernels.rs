@@ -2,7 +2,8 @@
 //! host tensors on behalf of a node (see the `kiln-kernels` crate).
 //!
 //! Every call checks the tensor's rank and the kernel's arguments, charges
-//! the result against the node's tensor budget before computing it, and runs
+//! the result against the node's tensor budget before computing it (given
+//! back if the kernel refuses), and runs
 //! with a stop check wired to the node's cancellation and deadline: host code
 //! is not interrupted by epochs, so a kernel gives up between bands instead,
 //! and the node then ends as `interrupted` or `timeout` like any guest code.
@@ -70,18 +71,28 @@ impl NodeState {
         }
     }
 
-    /// Takes a result of `values` f32s from the tensor budget before it is
-    /// computed (a refused result costs no work).
-    fn admit(&mut self, values: Option<usize>) -> Result<(), kernels::KernelError> {
+    /// Charges a result of `values` f32s to the tensor budget before any
+    /// work (a refused result costs nothing), runs `kernel`, and stores its
+    /// `(shape, data)` as a new tensor; a kernel that fails gives the charge back.
+    fn compute(
+        &mut self,
+        values: Option<usize>,
+        kernel: impl FnOnce(kiln_kernels::Stop<'_>) -> Result<(Vec<u32>, Vec<f32>), KernelError>,
+    ) -> KernelResult<Resource<Tensor>> {
         let bytes = values.and_then(|v| (v as u64).checked_mul(4)).unwrap_or(u64::MAX);
-        self.charge(bytes).map_err(kernels::KernelError::BudgetExceeded)
-    }
-
-    /// Stores a kernel's result as a new tensor handle.
-    fn produce(&mut self, shape: Vec<u32>, data: Vec<f32>) -> KernelResult<Resource<Tensor>> {
-        match Tensor::new(shape, data) {
+        if let Err(m) = self.charge(bytes) {
+            return Ok(Err(kernels::KernelError::BudgetExceeded(m)));
+        }
+        let made = match self.run_kernel(kernel)? {
+            Ok((shape, data)) => Tensor::new(shape, data).map_err(|e| e.to_string()),
+            Err(m) => Err(m),
+        };
+        match made {
             Ok(t) => Ok(Ok(self.table.push(t)?)),
-            Err(e) => invalid(e.to_string()),
+            Err(m) => {
+                self.tensor_bytes -= bytes;
+                invalid(m)
+            }
         }
     }
 }
@@ -93,17 +104,11 @@ impl kernels::Host for NodeState {
             Ok(d) => d,
             Err(m) => return invalid(m),
         };
-        if let Err(e) = self.admit(Some(t.data().len())) {
-            return Ok(Err(e));
-        }
         let finish = match finish {
             kernels::Finish::Blur => Finish::Blur,
             kernels::Finish::Sharpen(s) => Finish::Sharpen(s),
         };
-        match self.run_kernel(|stop| convolve::separable(t.data(), dims, &taps, finish, stop))? {
-            Ok(data) => self.produce(t.shape().to_vec(), data),
-            Err(m) => invalid(m),
-        }
+        self.compute(Some(t.data().len()), |stop| Ok((t.shape().to_vec(), convolve::separable(t.data(), dims, &taps, finish, stop)?)))
     }
 
     fn resize_image(&mut self, image: Resource<Tensor>, width: u32, height: u32, m: kernels::Resample, crop_center: bool) -> KernelResult<Resource<Tensor>> {
@@ -116,13 +121,7 @@ impl kernels::Host for NodeState {
 
     fn affine(&mut self, t: Resource<Tensor>, scale: f32, offset: f32) -> KernelResult<Resource<Tensor>> {
         let t = self.table.get(&t)?.clone();
-        if let Err(e) = self.admit(Some(t.data().len())) {
-            return Ok(Err(e));
-        }
-        match self.run_kernel(|stop| convert::affine(t.data(), scale, offset, stop))? {
-            Ok(data) => self.produce(t.shape().to_vec(), data),
-            Err(m) => invalid(m),
-        }
+        self.compute(Some(t.data().len()), |stop| Ok((t.shape().to_vec(), convert::affine(t.data(), scale, offset, stop)?)))
     }
 
     fn read_u8(&mut self, t: Resource<Tensor>, offset: u64, len: u32) -> KernelResult<Vec<u8>> {
@@ -134,13 +133,7 @@ impl kernels::Host for NodeState {
     }
 
     fn create_from_u8(&mut self, shape: Vec<u32>, data: Vec<u8>) -> KernelResult<Resource<Tensor>> {
-        if let Err(e) = self.admit(Some(data.len())) {
-            return Ok(Err(e));
-        }
-        match self.run_kernel(|stop| convert::from_u8(&data, stop))? {
-            Ok(values) => self.produce(shape, values),
-            Err(m) => invalid(m),
-        }
+        self.compute(Some(data.len()), |stop| Ok((shape, convert::from_u8(&data, stop)?)))
     }
 }
 
@@ -154,16 +147,16 @@ impl NodeState {
             Err(m) => return invalid(m),
         };
         let (width, height) = (width as usize, height as usize);
-        if let Err(e) = self.admit(Dims { width, height, ..dims }.len()) {
-            return Ok(Err(e));
+        // A size the kernel refuses anyway is an invalid argument, not a budget overrun.
+        if !(1..=resample::MAX_SIDE).contains(&width) || !(1..=resample::MAX_SIDE).contains(&height) {
+            return invalid(format!("cannot resize to {width}×{height}: sides are 1 to {}", resample::MAX_SIDE));
         }
-        let result = self.run_kernel(|stop| match crop_center {
-            Some(crop) => resample::resize_image(t.data(), dims, width, height, method, crop, stop),
-            None => resample::resize_mask(t.data(), dims, width, height, method, stop),
-        })?;
-        match result {
-            Ok((data, out)) => self.produce(shape_of(out, mask), data),
-            Err(m) => invalid(m),
-        }
+        self.compute(Dims { width, height, ..dims }.len(), |stop| {
+            let (data, out) = match crop_center {
+                Some(crop) => resample::resize_image(t.data(), dims, width, height, method, crop, stop)?,
+                None => resample::resize_mask(t.data(), dims, width, height, method, stop)?,
+            };
+            Ok((shape_of(out, mask), data))
+        })
     }
 }
