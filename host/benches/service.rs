@@ -9,6 +9,7 @@
 //! then, on a second server, the memory of 1000 more SSE streams on a queued
 //! job. The result cache is off (`KILN_RESULT_CACHE_MB=0`)
 //! so every job really executes both nodes. Record results in BENCHMARKS.md.
+//! `-- latency` runs only the latency figure, over 1000 jobs.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -117,6 +118,9 @@ fn raise_fd_limit() {
 
 fn main() {
     raise_fd_limit();
+    // `cargo bench -p kiln --bench service -- latency`: only the latency
+    // figure, over more jobs (for comparing builds back to back).
+    let latency_only = std::env::args().any(|a| a == "latency");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     // The first start compiles the bundled components into the artifact
     // cache; every later start deserializes them.
@@ -144,7 +148,7 @@ fn main() {
         }
 
         // 1. Latency, one client.
-        let n = 300;
+        let n = if latency_only { 1000 } else { 300 };
         let (mut client_ms, mut server_ms) = (Vec::new(), Vec::new());
         for _ in 0..n {
             let (ms, done) = run_one(&http, &base, &workflow).await;
@@ -161,6 +165,9 @@ fn main() {
             percentile(&server_ms, 0.95)
         );
 
+        if latency_only {
+            return;
+        }
         // 2. Throughput, 8 clients, 5 s.
         let done = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -223,24 +230,29 @@ fn main() {
             _ => println!("GET /api/v2/jobs/{{id}} with wrk: skipped (wrk not installed)"),
         }
     });
+    if latency_only {
+        return;
+    }
     println!("RSS right after the load: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
     std::thread::sleep(Duration::from_secs(8));
     println!("RSS after 8 s idle: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
     drop(server);
 
     // 4. Memory per event stream: a second server with one worker, kept busy
-    // by one long node (a 4096² blur: its memory is allocated when it starts
-    // and steady while it computes), and 2000 streams open on the job queued
-    // behind it.
+    // by a long job whose memory is steady while it computes (a chain of
+    // 2048² blurs: each one's buffer reuses the one freed before it), and
+    // 2000 streams open on the job queued behind it.
     let streams_server = start_with(&[("KILN_MAX_RUNNING_JOBS", "1")]);
     let (base, pid) = (streams_server.base.clone(), streams_server.child.id());
     rt.block_on(async {
         let http = reqwest::Client::new();
-        let long = json!({
-            "1": { "class_type": "EmptyImage", "inputs": { "width": 4096, "height": 4096, "batch_size": 1, "color": 3 } },
-            "2": { "class_type": "ImageBlur", "inputs": { "image": ["1", 0], "blur_radius": 31, "sigma": 9.0 } },
-            "3": { "class_type": "SaveImage", "inputs": { "images": ["2", 0], "filename_prefix": "long" } },
-        });
+        let mut long = serde_json::Map::new();
+        long.insert("0".into(), json!({ "class_type": "EmptyImage", "inputs": { "width": 2048, "height": 2048, "batch_size": 1, "color": 3 } }));
+        let blurs = 40;
+        for i in 1..=blurs {
+            long.insert(i.to_string(), json!({ "class_type": "ImageBlur", "inputs": { "image": [(i - 1).to_string(), 0], "blur_radius": 31, "sigma": 9.0 } }));
+        }
+        long.insert("out".into(), json!({ "class_type": "PreviewImage", "inputs": { "images": [blurs.to_string(), 0] } }));
         let blocker: Value = http.post(format!("{base}/api/v2/jobs")).json(&json!({ "workflow": long })).send().await.unwrap().json().await.unwrap();
         let queued: Value = http.post(format!("{base}/api/v2/jobs")).json(&json!({ "workflow": {
             "1": { "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": 1 } },
@@ -267,11 +279,11 @@ fn main() {
         }
         let opened_in = t0.elapsed();
         let blocker_now: Value = http.get(format!("{origin}{}", blocker["urls"]["self"].as_str().unwrap())).send().await.unwrap().json().await.unwrap();
-        let node = blocker_now["progress"]["current_node"].as_str().unwrap_or("?").to_string();
+        let node = format!("{} of {blurs} blurs, node {}", blocker_now["status"].as_str().unwrap_or("?"), blocker_now["progress"]["current_node"].as_str().unwrap_or("?"));
         let still_queued: Value = http.get(format!("{origin}{}", queued["urls"]["self"].as_str().unwrap())).send().await.unwrap().json().await.unwrap();
         let per_stream = (rss[1] as f64 - rss[0] as f64) / batch as f64;
         println!(
-            "{} concurrent SSE streams on a queued job ({}; blocker on node {node}): opened in {:.2} s; the second {batch} added {:.1} MiB RSS ({per_stream:.1} KiB per stream)",
+            "{} concurrent SSE streams on a queued job ({}; blocker {node}): opened in {:.2} s; the second {batch} added {:.1} MiB RSS ({per_stream:.1} KiB per stream)",
             2 * batch,
             still_queued["status"].as_str().unwrap_or("?"),
             opened_in.as_secs_f64(),

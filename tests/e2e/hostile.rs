@@ -116,6 +116,24 @@ async fn plugin_sees_no_files_environment_or_network() {
     }
 }
 
+/// Instance slots keep their pages resident between calls (reset in place
+/// instead of unmapped, see `plugins::engine`): nothing a call writes may
+/// reach the next call in the same slot.
+#[tokio::test]
+async fn no_call_sees_memory_an_earlier_call_wrote() {
+    let env = env().await;
+    let (plugin, _) = env.registry.get("HostileRemember").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    for mark in 1..=8 {
+        let inputs = [("trigger".into(), kiln::value::Value::Int(mark))];
+        let output = env.runtime.execute(plugin, "HostileRemember", &inputs, node_io(out.path()), &Default::default()).await.unwrap();
+        match output.values.as_slice() {
+            [kiln::value::Value::Int(found)] => assert_eq!(*found, 0, "call {mark} found an earlier call's mark"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn host_keeps_working_after_hostile_nodes() {
     let _ = run_hostile("HostilePanic").await;

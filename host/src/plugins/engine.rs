@@ -18,9 +18,22 @@ pub enum Allocator {
     OnDemand,
 }
 
-/// Sizes the engine for `max_instances` live instances whose memories are at
-/// most `max_memory_bytes` each.
-pub fn build_engine(max_instances: u32, max_memory_bytes: u64, decommit_batch: usize) -> wasmtime::Result<(Engine, Allocator)> {
+/// How the instance pool is sized and how it recycles memory.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolSizing {
+    /// Live component instances at once.
+    pub instances: u32,
+    /// Most linear memory of one instance.
+    pub max_memory_bytes: u64,
+    /// Instance memories released together (see `Config::decommit_batch`).
+    pub decommit_batch: usize,
+    /// Linear memory a slot keeps resident between instances, reset in place.
+    pub keep_resident_bytes: usize,
+}
+
+/// Builds the engine for `sizing`.
+pub fn build_engine(sizing: PoolSizing) -> wasmtime::Result<(Engine, Allocator)> {
+    let PoolSizing { instances: max_instances, max_memory_bytes, decommit_batch, keep_resident_bytes } = sizing;
     let mut pool = PoolingAllocationConfig::default();
     // A Rust wasm32-wasip2 component instantiates a handful of core modules
     // (the program plus wit-component's shims), so core instances and tables
@@ -43,6 +56,18 @@ pub fn build_engine(max_instances: u32, max_memory_bytes: u64, decommit_batch: u
         .table_keep_resident(1 << 16)
         .async_stack_keep_resident(1 << 16)
         .decommit_batch_size(decommit_batch.max(1));
+    // Each finished instance's memory is reset for the next one. By default
+    // that unmaps every page it touched (`madvise`), and the next instance
+    // faults each one back in: for a small node, the page faults cost as much
+    // as its work. With the kernel's PAGEMAP_SCAN (Linux ≥ 6.7) wasmtime
+    // finds the pages the instance dirtied and restores just those in place,
+    // up to `keep_resident_bytes` per slot; the rest is unmapped as before.
+    // Without PAGEMAP_SCAN keeping memory resident means a memset of the
+    // whole kept region on every drop, which measured slower than the
+    // faults, so it is only turned on with the scan (BENCHMARKS.md).
+    if keep_resident_bytes > 0 && PoolingAllocationConfig::is_pagemap_scan_available() {
+        pool.linear_memory_keep_resident(keep_resident_bytes).pagemap_scan(wasmtime::Enabled::Yes);
+    }
     let pooled = Engine::new(base_config().allocation_strategy(InstanceAllocationStrategy::Pooling(pool)));
     match pooled {
         Ok(engine) => Ok((engine, Allocator::Pooling)),

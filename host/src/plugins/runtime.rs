@@ -16,7 +16,7 @@ use wasmtime::{Engine, Store, Trap};
 
 use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
-use super::engine::{Allocator, build_engine, spawn_epoch_ticker};
+use super::engine::{Allocator, PoolSizing, build_engine, spawn_epoch_ticker};
 use super::manifest::{EffectiveLimits, Manifest, OperatorLimits};
 use super::state::{NodeIo, NodeState, StopState, Stopped, StoreLimits};
 use crate::files::SavedFile;
@@ -42,6 +42,8 @@ pub struct RuntimeConfig {
     pub artifact_dir: Option<PathBuf>,
     /// Instance memories released per decommit batch (see `engine`).
     pub decommit_batch: usize,
+    /// Linear memory an instance slot keeps resident, reset in place (see `engine`).
+    pub keep_resident_bytes: usize,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -135,7 +137,12 @@ impl PluginRuntime {
     pub fn new(config: RuntimeConfig) -> Result<PluginRuntime, wasmtime::Error> {
         // One extra slot so loading a plugin never waits behind running nodes.
         let slots = config.max_concurrency.max(1) + 1;
-        let (engine, allocator) = build_engine(slots, config.limits.max_memory_bytes, config.decommit_batch)?;
+        let (engine, allocator) = build_engine(PoolSizing {
+            instances: slots,
+            max_memory_bytes: config.limits.max_memory_bytes,
+            decommit_batch: config.decommit_batch,
+            keep_resident_bytes: config.keep_resident_bytes,
+        })?;
         spawn_epoch_ticker(&engine).map_err(wasmtime::Error::from)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;

@@ -285,7 +285,7 @@ impl Service {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 return Err(ServiceError::IdempotencyKeyReuse);
             }
-            // Committed but not flushed: the job exists, so it runs; the
+            // Committed but not durable: the job exists, so it runs; the
             // caller hears 500 (outcome unknown) and the key stays claimed.
             Err(e @ crate::store::StoreError::NotDurable(_)) => Some(e),
             Err(e) => {
@@ -302,7 +302,14 @@ impl Service {
             q.push_back(id);
             q.len()
         };
+        // The job is committed: a worker may start it while the commit is
+        // flushed, so execution overlaps the flush. Nothing it does can be
+        // seen as done before the submission is durable: its terminal record
+        // is flushed later in the same log, and a crash before this flush
+        // loses the submission and everything after it together (the caller,
+        // who got no 201, submits again). The 201 waits for the flush.
         self.queue_notify.notify_one();
+        let not_durable = not_durable.or_else(|| self.meta.flush().err().map(|e| crate::store::StoreError::NotDurable(e.to_string())));
         match not_durable {
             Some(e) => Err(e.into()),
             None => Ok((record, Some(position))),

@@ -66,31 +66,32 @@ impl Service {
 
     async fn run_job(&self, live: Arc<LiveJob>) {
         let now = now_micros();
-        let mut started = false;
-        let written = live.update(self.meta.as_ref(), |rec| {
-            if rec.status == JobStatus::Queued {
-                rec.status = JobStatus::Running;
-                rec.started_at = Some(now);
-                rec.updated_at = now;
-                rec.queue_ms = Some((now - rec.created_at) / 1000);
-                rec.attempts += 1;
-                started = true;
+        // The running record goes to the store under the record's lock (so
+        // a concurrent cancel's write cannot be overtaken) as a job start:
+        // it survives a crash of the process before the run begins, so a job
+        // that brings the server down cannot be retried forever, without a
+        // flush on every job (see `MetaStore::start_attempt`).
+        let started = {
+            let mut rec = live.record.lock();
+            if rec.status != JobStatus::Queued {
+                return; // canceled or expired while it waited
             }
-        });
-        let snapshot = match written {
-            Ok(s) if started => s,
-            Ok(_) => return, // canceled or expired while it waited
-            Err(e) => {
-                tracing::error!(error = %e, "cannot record the running job");
-                live.snapshot()
+            rec.status = JobStatus::Running;
+            rec.started_at = Some(now);
+            rec.updated_at = now;
+            rec.queue_ms = Some((now - rec.created_at) / 1000);
+            rec.attempts += 1;
+            let written = self.meta.start_attempt(&rec);
+            (rec.clone(), written)
+        };
+        let snapshot = match started {
+            (s, Ok(())) => s,
+            (s, Err(e)) => {
+                tracing::error!(job_id = %s.id, error = %e, "cannot record the running job");
+                s
             }
         };
         tracing::info!(job_id = %snapshot.id, attempt = snapshot.attempts, "job running");
-        // The attempt count is flushed before the run: a job that brings the
-        // server down cannot be retried forever.
-        if let Err(e) = self.meta.dequeue(&snapshot).and_then(|()| self.meta.flush()) {
-            tracing::error!(job_id = %snapshot.id, error = %e, "cannot record the running job");
-        }
         live.publish_status();
         self.publish_queue_positions();
 

@@ -4,6 +4,7 @@
 //! Both are traits so a distributed backend can replace the embedded ones
 //! ([`SledMeta`], [`DiskBlobs`]) without touching the job service.
 
+mod attempts;
 mod blobs;
 pub mod records;
 mod sled_meta;
@@ -55,7 +56,8 @@ pub struct JobPage {
 pub trait MetaStore: Send + Sync {
     /// Atomically: claims `claim` (if any; fails with [`StoreError::KeyClaimed`]
     /// when a live claim holds the key), records the job and its workflow,
-    /// and appends it to the queue. Durable when it returns.
+    /// and appends it to the queue. Committed (visible, and ordered before
+    /// every later write) when it returns; durable after [`MetaStore::flush`].
     fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError>;
     /// Writes a job record (not flushed; see [`MetaStore::flush`]).
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;
@@ -71,6 +73,16 @@ pub trait MetaStore: Send + Sync {
     fn queued(&self) -> Result<Vec<String>, StoreError>;
     /// Takes a job off the queue.
     fn dequeue(&self, job: &JobRecord) -> Result<(), StoreError>;
+    /// Records that an attempt of `job` (its `running` record, attempts
+    /// counted) began, and takes it off the queue. When this returns the
+    /// record survives a crash of this process, so a job that brings the
+    /// server down is not retried forever; a power loss may lose it (the job
+    /// then runs again). This default flushes; a backend may do it cheaper.
+    fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.put_job(job)?;
+        self.dequeue(job)?;
+        self.flush()
+    }
     /// Puts a job (back) on the queue at its `seq`.
     fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError>;
 

@@ -4,7 +4,9 @@
 //! (created µs big-endian ‖ id → id, for newest-first listing), `queue`
 //! (seq big-endian → id), `assets` (id → JSON), `asset_hashes`
 //! (hash ‖ 0 ‖ id → empty, for dedup and blob reference counts) and
-//! `claims` (Idempotency-Key → JSON).
+//! `claims` (Idempotency-Key → JSON). Beside them, in the same directory,
+//! the attempt journal ([`super::attempts`]) makes job starts survive a
+//! process crash without a flush; it is replayed when the store opens.
 
 use std::path::Path;
 
@@ -13,7 +15,8 @@ use serde::de::DeserializeOwned;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 
-use super::{AssetRecord, IdempotencyClaim, JobPage, JobRecord, MetaStore, Micros, StoreError};
+use super::attempts::AttemptJournal;
+use super::{AssetRecord, IdempotencyClaim, JobPage, JobRecord, JobStatus, MetaStore, Micros, StoreError};
 
 /// sled-backed [`MetaStore`].
 pub struct SledMeta {
@@ -25,7 +28,11 @@ pub struct SledMeta {
     assets: sled::Tree,
     hashes: sled::Tree,
     claims: sled::Tree,
+    attempts: AttemptJournal,
 }
+
+/// The attempt journal's file inside the store's directory.
+const JOURNAL_FILE: &str = "attempts.journal";
 
 fn backend(e: sled::Error) -> StoreError {
     StoreError::Backend(e.to_string())
@@ -74,7 +81,8 @@ impl SledMeta {
             }
         };
         let tree = |name: &str| db.open_tree(name).map_err(backend);
-        Ok(SledMeta {
+        let (attempts, started) = AttemptJournal::open(&dir.join(JOURNAL_FILE))?;
+        let meta = SledMeta {
             jobs: tree("jobs")?,
             workflows: tree("workflows")?,
             by_time: tree("jobs_by_time")?,
@@ -82,8 +90,31 @@ impl SledMeta {
             assets: tree("assets")?,
             hashes: tree("asset_hashes")?,
             claims: tree("claims")?,
+            attempts,
             db,
-        })
+        };
+        meta.replay(started)?;
+        Ok(meta)
+    }
+
+    /// Applies journaled job starts that did not reach the store before a
+    /// crash (the store's record is still queued, or running an earlier
+    /// attempt), makes them durable, and empties the journal.
+    fn replay(&self, started: Vec<JobRecord>) -> Result<(), StoreError> {
+        if started.is_empty() {
+            return Ok(());
+        }
+        for entry in started {
+            let Some(stored) = self.get_job(&entry.id)? else { continue };
+            let behind = matches!(stored.status, JobStatus::Queued | JobStatus::Running) && entry.attempts > stored.attempts;
+            if behind {
+                tracing::info!(job_id = %entry.id, attempt = entry.attempts, "job start recovered from the attempt journal");
+                self.put_job(&entry)?;
+                self.dequeue(&entry)?;
+            }
+        }
+        self.flush()?;
+        self.attempts.clear()
     }
 }
 
@@ -109,7 +140,7 @@ impl MetaStore for SledMeta {
             Ok(())
         });
         match result {
-            Ok(()) => self.flush().map_err(|e| StoreError::NotDurable(e.to_string())),
+            Ok(()) => Ok(()),
             Err(TransactionError::Abort(())) => Err(StoreError::KeyClaimed),
             Err(TransactionError::Storage(e)) => Err(backend(e)),
         }
@@ -177,6 +208,12 @@ impl MetaStore for SledMeta {
         Ok(())
     }
 
+    fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.put_job(job)?;
+        self.dequeue(job)?;
+        self.attempts.append(job, || self.flush())
+    }
+
     fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.queue.insert(job.seq.to_be_bytes(), job.id.as_bytes()).map_err(backend)?;
         Ok(())
@@ -238,7 +275,6 @@ impl MetaStore for SledMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::JobStatus;
 
     fn job(id: &str, created: Micros, seq: u64) -> JobRecord {
         JobRecord {
@@ -312,5 +348,36 @@ mod tests {
         meta.delete_asset(&a).unwrap();
         assert_eq!(meta.assets_with_hash("blake3:aa").unwrap().len(), 1);
         assert!(meta.get_asset("x").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_job_start_lost_with_the_process_comes_back_from_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let started = |j: &JobRecord, attempts| JobRecord { status: JobStatus::Running, started_at: Some(j.created_at + 1), attempts, ..j.clone() };
+        let (a, b, c) = (job("a", 10, 1), job("b", 20, 2), job("c", 30, 3));
+        {
+            let meta = SledMeta::open(dir.path()).unwrap();
+            for j in [&a, &b, &c] {
+                meta.submit(j, &serde_json::json!({}), None).unwrap();
+            }
+            // The process dies after these starts reached the journal and
+            // before sled wrote them out: only the journal has them.
+            meta.attempts.append(&started(&a, 1), || Ok(())).unwrap();
+            meta.attempts.append(&started(&b, 1), || Ok(())).unwrap();
+            // `c` finished before the crash (durable): its stale start is ignored.
+            meta.put_job(&JobRecord { status: JobStatus::Succeeded, attempts: 1, ..c.clone() }).unwrap();
+            meta.dequeue(&c).unwrap();
+            meta.attempts.append(&started(&c, 1), || Ok(())).unwrap();
+            // A start that sled did make durable replays as a no-op.
+            meta.start_attempt(&started(&b, 1)).unwrap();
+            meta.flush().unwrap();
+        }
+        let meta = SledMeta::open(dir.path()).unwrap();
+        let get = |id: &str| meta.get_job(id).unwrap().unwrap();
+        assert_eq!((get("a").status, get("a").attempts), (JobStatus::Running, 1), "recovered from the journal");
+        assert_eq!((get("b").status, get("b").attempts), (JobStatus::Running, 1));
+        assert_eq!((get("c").status, get("c").attempts), (JobStatus::Succeeded, 1), "a newer durable state wins");
+        assert!(meta.queued().unwrap().is_empty(), "started jobs are off the queue");
+        assert!(std::fs::metadata(dir.path().join(JOURNAL_FILE)).unwrap().len() == 0, "emptied once replayed");
     }
 }

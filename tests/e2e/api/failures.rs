@@ -45,6 +45,9 @@ impl MetaStore for NotDurable {
     fn dequeue(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.inner.dequeue(job)
     }
+    fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.inner.start_attempt(job)
+    }
     fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.inner.enqueue(job)
     }

@@ -177,4 +177,45 @@ pub const KERNEL_HOG: NodeClass = NodeClass {
     },
 };
 
-kiln_sdk::export_plugin!(INFINITE_LOOP, MEMORY_BOMB, DEEP_RECURSION, PANIC, OVERSIZED_OUTPUT, WRONG_OUTPUT, CHATTY, SNOOP, SLEEPER, KERNEL_ABUSE, KERNEL_HOG);
+/// A static the previous call may have written (in the module's data image).
+static mut STATIC_MARKS: [i64; 4096] = [0; 4096];
+
+/// Tags this node's marks (the allocator's own bookkeeping can leave other
+/// non-zero words in a fresh heap block).
+const MARK_TAG: i64 = 0x6b69_6c6e << 32;
+
+/// Looks for marks an earlier call left in linear memory — in a static and in
+/// a 2 MiB heap block (part of it within the pages the host keeps resident
+/// per instance slot, part beyond) — then leaves its own. Reports the first
+/// mark found: 0 when every call starts from fresh memory, as it must.
+pub const REMEMBER: NodeClass = NodeClass {
+    class_type: "HostileRemember",
+    define: || NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("found", "INT").output_node(),
+    run: |inputs| {
+        let mark = MARK_TAG | (inputs.int("trigger")? & 0xffff_ffff);
+        let words = (2 << 20) / 8;
+        let layout = std::alloc::Layout::from_size_align(words * 8, 8).map_err(|e| Error::failed(e.to_string()))?;
+        let mut found = 0;
+        // SAFETY: a wasm guest's memory is plain bytes; reading the block
+        // before writing it is the point (volatile, so it is not elided).
+        unsafe {
+            let block = std::alloc::alloc(layout).cast::<i64>();
+            if block.is_null() {
+                return Err(Error::failed("no memory"));
+            }
+            let statics = (&raw mut STATIC_MARKS).cast::<i64>();
+            for (base, len) in [(statics, 4096), (block, words)] {
+                for i in 0..len {
+                    let v = base.add(i).read_volatile();
+                    if found == 0 && (v & !0xffff_ffff) == MARK_TAG {
+                        found = v & 0xffff_ffff;
+                    }
+                    base.add(i).write_volatile(mark);
+                }
+            }
+        }
+        Ok(vec![Output::Int(found)])
+    },
+};
+
+kiln_sdk::export_plugin!(INFINITE_LOOP, MEMORY_BOMB, DEEP_RECURSION, PANIC, OVERSIZED_OUTPUT, WRONG_OUTPUT, CHATTY, SNOOP, SLEEPER, KERNEL_ABUSE, KERNEL_HOG, REMEMBER);
