@@ -215,3 +215,27 @@ async fn cancel_stops_a_host_kernel() {
     assert_eq!(failure.kind, FailureKind::Interrupted, "{}", failure.message);
     assert!(stopped < full / 2, "the kernel ran on after the cancel: {stopped:?} of {full:?}");
 }
+
+/// More node calls at once than the instance pool has slots: each waits for
+/// a slot, none fails. (A call used to give its slot's permit back before its
+/// store — and the slot — were dropped, so a waiting call could instantiate
+/// into a full pool: "maximum concurrent limit of N for component instances
+/// reached", seen as `node_crashed` with 4 jobs on a 2-CPU server.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn more_calls_than_instance_slots_wait_instead_of_failing() {
+    let config = kiln::config::Config { max_concurrency: 1, ..crate::support::test_config() };
+    let runtime = std::sync::Arc::new(kiln::plugins::PluginRuntime::new(config.runtime()).unwrap());
+    let registry = kiln::plugins::NodeRegistry::load_all(&runtime, &[]).await.unwrap();
+    let (plugin, _) = registry.get("PrimitiveInt").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let calls = (0..64).map(|i| {
+        let (runtime, plugin, io) = (runtime.clone(), plugin.clone(), node_io(out.path()));
+        tokio::spawn(async move { runtime.execute(&plugin, "PrimitiveInt", &[("value".into(), kiln::value::Value::Int(i))], io, &Default::default()).await })
+    });
+    for (i, call) in calls.collect::<Vec<_>>().into_iter().enumerate() {
+        match call.await.unwrap() {
+            Ok(output) => assert!(matches!(output.values.as_slice(), [kiln::value::Value::Int(v)] if *v == i as i64)),
+            Err(failure) => panic!("call {i} failed: {failure:?}"),
+        }
+    }
+}

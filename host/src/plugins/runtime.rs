@@ -206,7 +206,7 @@ impl PluginRuntime {
             .ok_or_else(|| failure(FailureKind::Failed, format!("plugin has no node class `{class_type}`"), String::new()))?;
         let class = class_type.to_string();
         let inputs = inputs.to_vec();
-        let (result, mut store) = self
+        let (result, mut called) = self
             .call(&plugin.pre, plugin.limits, Some(io), cancel, move |world, store| {
                 Box::pin(async move {
                     let wit_inputs = inputs
@@ -217,7 +217,7 @@ impl PluginRuntime {
                 })
             })
             .await?;
-        let state = store.data_mut();
+        let state = called.store.data_mut();
         let log = state.log.contents();
         let values = match result {
             Err(node::NodeError::InvalidInput(m)) => return Err(failure(FailureKind::Failed, format!("invalid input: {m}"), log)),
@@ -245,8 +245,10 @@ impl PluginRuntime {
         cancel: &CancellationToken,
         f: impl for<'a> FnOnce(PluginWorld, &'a mut Store<NodeState>) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>>
         + Send,
-    ) -> Result<(R, Store<NodeState>), NodeFailure> {
-        let _permit = self.permits.acquire().await.map_err(|_| failure(FailureKind::Crashed, "plugin runtime is shutting down".into(), String::new()))?;
+    ) -> Result<(R, Called), NodeFailure> {
+        // Held until the store (and with it the pool slot) is dropped: see `Called`.
+        let permit =
+            self.permits.clone().acquire_owned().await.map_err(|_| failure(FailureKind::Crashed, "plugin runtime is shutting down".into(), String::new()))?;
         let store_limits = StoreLimits {
             memory_bytes: limits.memory_bytes,
             tensor_bytes: self.config.tensor_budget_bytes,
@@ -280,12 +282,22 @@ impl PluginRuntime {
         };
         let log = store.data().log.contents();
         match outcome {
-            Outcome::Done(v) => Ok((v, store)),
+            Outcome::Done(v) => Ok((v, Called { store, _permit: permit })),
             Outcome::Cancelled => Err(failure(FailureKind::Interrupted, "interrupted".into(), log)),
             Outcome::TimedOut => Err(failure(FailureKind::Timeout, format!("node exceeded its time limit of {:?}", limits.timeout), log)),
             Outcome::Trapped(e) => Err(classify_trap(&e, store.data(), limits, log)),
         }
     }
+}
+
+/// A finished call's store with the pool permit it was instantiated under.
+/// Fields drop in order: the store (releasing its instance slot) before the
+/// permit, so no more instances are ever live than the pool has slots (a
+/// permit released first let another call instantiate into a full pool and
+/// fail with "maximum concurrent limit … reached").
+struct Called {
+    store: Store<NodeState>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 enum Outcome<R> {
