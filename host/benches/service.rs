@@ -9,7 +9,9 @@
 //! then, on a second server, the memory of 1000 more SSE streams on a queued
 //! job. The result cache is off (`KILN_RESULT_CACHE_MB=0`)
 //! so every job really executes both nodes. Record results in BENCHMARKS.md.
-//! `-- latency` runs only the latency figure, over 1000 jobs.
+//! `-- latency` runs only the latency figure, over 1000 jobs; `-- throughput`
+//! only the 8-client throughput figure, three 5 s rounds. The server inherits
+//! this process's environment, so `KILN_*` settings can be tried per run.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -58,6 +60,18 @@ fn start_with(env: &[(&str, &str)]) -> Server {
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// CPU seconds (user + system) a process has used so far.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and stime
+    // are the 12th and 13th of them, in clock ticks.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum());
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
 fn png64() -> Vec<u8> {
@@ -121,6 +135,7 @@ fn main() {
     // `cargo bench -p kiln --bench service -- latency`: only the latency
     // figure, over more jobs (for comparing builds back to back).
     let latency_only = std::env::args().any(|a| a == "latency");
+    let throughput_only = std::env::args().any(|a| a == "throughput");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     // The first start compiles the bundled components into the artifact
     // cache; every later start deserializes them.
@@ -148,7 +163,13 @@ fn main() {
         }
 
         // 1. Latency, one client.
-        let n = if latency_only { 1000 } else { 300 };
+        let n = if latency_only {
+            1000
+        } else if throughput_only {
+            0
+        } else {
+            300
+        };
         let (mut client_ms, mut server_ms) = (Vec::new(), Vec::new());
         for _ in 0..n {
             let (ms, done) = run_one(&http, &base, &workflow).await;
@@ -157,42 +178,52 @@ fn main() {
         }
         client_ms.sort_by(f64::total_cmp);
         server_ms.sort_by(f64::total_cmp);
-        println!(
-            "submit→succeeded, 64² LoadImage→SaveImage, {n} jobs: client p50 {:.2} ms p95 {:.2} ms; server (created→completed) p50 {:.2} ms p95 {:.2} ms",
-            percentile(&client_ms, 0.5),
-            percentile(&client_ms, 0.95),
-            percentile(&server_ms, 0.5),
-            percentile(&server_ms, 0.95)
-        );
+        if n > 0 {
+            println!(
+                "submit→succeeded, 64² LoadImage→SaveImage, {n} jobs: client p50 {:.2} ms p95 {:.2} ms; server (created→completed) p50 {:.2} ms p95 {:.2} ms",
+                percentile(&client_ms, 0.5),
+                percentile(&client_ms, 0.95),
+                percentile(&server_ms, 0.5),
+                percentile(&server_ms, 0.95)
+            );
+        }
 
         if latency_only {
             return;
         }
-        // 2. Throughput, 8 clients, 5 s.
-        let done = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let t0 = Instant::now();
-        let mut tasks = Vec::new();
-        for _ in 0..8 {
-            let (http, base, wf, done, stop) = (http.clone(), base.clone(), workflow.clone(), done.clone(), stop.clone());
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    run_one(&http, &base, &wf).await;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            }));
+        // 2. Throughput, 8 clients, 5 s (three rounds with `-- throughput`).
+        for _ in 0..if throughput_only { 3 } else { 1 } {
+            let done = Arc::new(AtomicU64::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let (server_cpu0, client_cpu0) = (cpu_secs(pid), cpu_secs(std::process::id()));
+            let t0 = Instant::now();
+            let mut tasks = Vec::new();
+            for _ in 0..8 {
+                let (http, base, wf, done, stop) = (http.clone(), base.clone(), workflow.clone(), done.clone(), stop.clone());
+                tasks.push(tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        run_one(&http, &base, &wf).await;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            stop.store(true, Ordering::Relaxed);
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            let jobs = done.load(Ordering::Relaxed).max(1);
+            println!(
+                "throughput, 8 concurrent clients: {:.0} jobs/s ({jobs} jobs in {secs:.1} s); CPU per job: server {:.0} µs, this client {:.0} µs",
+                jobs as f64 / secs,
+                (cpu_secs(pid) - server_cpu0) * 1e6 / jobs as f64,
+                (cpu_secs(std::process::id()) - client_cpu0) * 1e6 / jobs as f64,
+            );
         }
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            t.await.unwrap();
+        if throughput_only {
+            return;
         }
-        let secs = t0.elapsed().as_secs_f64();
-        println!(
-            "throughput, 8 concurrent clients: {:.0} jobs/s ({} jobs in {secs:.1} s)",
-            done.load(Ordering::Relaxed) as f64 / secs,
-            done.load(Ordering::Relaxed)
-        );
 
         // 3. GET /api/v2/jobs/{id}, 64 connections, 5 s.
         let (_, job) = run_one(&http, &base, &workflow).await;
@@ -230,7 +261,7 @@ fn main() {
             _ => println!("GET /api/v2/jobs/{{id}} with wrk: skipped (wrk not installed)"),
         }
     });
-    if latency_only {
+    if latency_only || throughput_only {
         return;
     }
     println!("RSS right after the load: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);

@@ -5,8 +5,8 @@
 //! a 3072² image costs a fraction of the CPU version and no copies in or out
 //! of the sandbox. Results follow ComfyUI (torch / Pillow) semantics.
 
-pub use crate::bindings::kiln::plugin::kernels::{Finish, Resample};
 use crate::bindings::kiln::plugin::kernels::{self as wit, KernelError};
+pub use crate::bindings::kiln::plugin::kernels::{Finish, Resample};
 use crate::io::{Error, Result, Tensor};
 
 impl From<KernelError> for Error {

@@ -121,6 +121,17 @@ def run_end_to_end(client):
     third = job3.outputs[0].to_bytes()
     check(third[:8] == b"\x89PNG\r\n\x1a\n" and third != body, "an output fed back in as an input")
 
+    # The SDK's low-level layer sends tags (one multipart part each, and a
+    # JSON array on from-hash); its Asset model reads kiln's answers.
+    import io
+    tagged_bytes = png(8, 8, 77)
+    tagged = client._low.post_assets(io.BytesIO(tagged_bytes), "image/png", "tagged.png", tags=["sdk", "e2e"])
+    check(tagged.hash == "blake3:" + blake3.blake3(tagged_bytes).hexdigest(), f"tagged upload: {tagged}")
+    wire_tags = client._low.raw_request("GET", f"/assets/{tagged.id}").json()["tags"]
+    check(wire_tags == ["sdk", "e2e"], f"tags kept: {wire_tags}")
+    minted = client._low.asset_from_hash(tagged.hash, file_path="tagged-copy.png", tags=["copy"])
+    check(minted.id != tagged.id and minted.expires_at is None, f"from-hash with tags: {minted}")
+
 
 def failures_and_errors(client):
     # A node failure is a JobFailed carrying the node.

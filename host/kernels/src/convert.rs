@@ -1,8 +1,8 @@
 //! 8-bit conversions at the edges of a workflow: what an encoder needs and
 //! what a decoder produces.
 
-use crate::bands::{Stop, for_each_band};
 use crate::KernelError;
+use crate::bands::{Stop, for_each_band};
 
 /// Values per band for the element-wise conversions (they have no rows).
 const ROW: usize = 4096;

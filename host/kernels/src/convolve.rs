@@ -246,8 +246,7 @@ mod tests {
     fn separable_matches_direct_2d_convolution() {
         // Radii up to the side limit (reflect at both ends), odd and even pair
         // counts, strips longer than one, several bands and frames.
-        for (batch, height, width, channels, r) in
-            [(1, 5, 6, 2, 2), (2, 9, 7, 3, 4), (1, 6, 200, 4, 5), (1, 12, 5, 1, 3), (1, 4, 4, 3, 1), (2, 120, 700, 3, 8)]
+        for (batch, height, width, channels, r) in [(1, 5, 6, 2, 2), (2, 9, 7, 3, 4), (1, 6, 200, 4, 5), (1, 12, 5, 1, 3), (1, 4, 4, 3, 1), (2, 120, 700, 3, 8)]
         {
             let d = Dims { batch, height, width, channels };
             let img = sample(d);

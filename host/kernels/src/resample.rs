@@ -360,7 +360,15 @@ fn check_target(dims: Dims, width: usize, height: usize) -> Result<Dims, KernelE
 /// center-cropping to the target aspect ratio first. Lanczos works on 8-bit
 /// values as ComfyUI does (it goes through Pillow): the source is truncated to
 /// 8 bits, RGBA is premultiplied, and each pass is rounded to 8 bits.
-pub fn resize_image(src: &[f32], dims: Dims, width: usize, height: usize, method: Method, crop_center: bool, stop: Stop<'_>) -> Result<(Vec<f32>, Dims), KernelError> {
+pub fn resize_image(
+    src: &[f32],
+    dims: Dims,
+    width: usize,
+    height: usize,
+    method: Method,
+    crop_center: bool,
+    stop: Stop<'_>,
+) -> Result<(Vec<f32>, Dims), KernelError> {
     dims.check(src)?;
     let out = check_target(dims, width, height)?;
     let cropped;

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use wasmtime::ResourceLimiter;
 use tokio_util::sync::CancellationToken;
+use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 

@@ -2,9 +2,14 @@
 //! known hash, lookups, deletion. A blob outlives its records until the
 //! sweeper collects it; deleting a record never removes bytes another
 //! record shares.
+//!
+//! Retention: an upload or mint may ask for `expires_in` seconds; without it
+//! the record never expires. Re-referencing content (an upload of known
+//! bytes, or a from-hash that returns the existing record) extends the
+//! record's retention and adds its tags, never shortens or drops them.
 
 use super::{Service, ServiceError};
-use crate::store::{AssetRecord, BlobUpload, blob_name, now_micros, parse_blob_name};
+use crate::store::{AssetRecord, BlobUpload, Micros, blob_name, now_micros, parse_blob_name};
 
 /// The text fields of an upload.
 #[derive(Debug, Default, Clone)]
@@ -12,6 +17,22 @@ pub struct UploadMeta {
     pub content_type: Option<String>,
     pub file_path: Option<String>,
     pub expected_hash: Option<String>,
+    pub labels: AssetLabels,
+}
+
+/// What a caller may ask of an asset record besides its bytes (validated
+/// at the API edge).
+#[derive(Debug, Default, Clone)]
+pub struct AssetLabels {
+    pub tags: Vec<String>,
+    /// Retention in seconds; `None`: the record never expires.
+    pub expires_in: Option<u64>,
+}
+
+impl AssetLabels {
+    fn deadline(&self, now: Micros) -> Option<Micros> {
+        self.expires_in.map(|s| now.saturating_add(s as Micros * 1_000_000))
+    }
 }
 
 /// An asset record and whether this call created it from new bytes.
@@ -50,29 +71,63 @@ impl Service {
         let name = blob_name(&hash);
         let known = self.owned_with_hash(owner, &name)?;
         if let Some(existing) = known.iter().find(|a| a.job_id.is_none()) {
-            return Ok(NewAsset { asset: existing.clone(), created_new: false });
+            let asset = self.rereference(existing.clone(), &meta.labels)?;
+            return Ok(NewAsset { asset, created_new: false });
         }
         let content_type = meta.content_type.filter(|c| !c.is_empty()).unwrap_or_else(|| "application/octet-stream".into());
-        let asset = self.mint(owner, name, size, content_type, meta.file_path)?;
+        let asset = self.mint(owner, name, size, content_type, meta.file_path, meta.labels)?;
         Ok(NewAsset { asset, created_new: known.is_empty() })
     }
 
     /// Records (durably) a new upload-kind asset over a stored blob.
-    fn mint(&self, owner: &str, hash: String, size_bytes: u64, content_type: String, file_path: Option<String>) -> Result<AssetRecord, ServiceError> {
+    fn mint(
+        &self,
+        owner: &str,
+        hash: String,
+        size_bytes: u64,
+        content_type: String,
+        file_path: Option<String>,
+        labels: AssetLabels,
+    ) -> Result<AssetRecord, ServiceError> {
+        let now = now_micros();
         let asset = AssetRecord {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: uuid::Uuid::now_v7().to_string(),
             owner: owner.to_string(),
             hash,
             size_bytes,
             content_type,
             file_path,
-            created_at: now_micros(),
-            expires_at: None,
+            created_at: now,
+            expires_at: labels.deadline(now),
             job_id: None,
             node_id: None,
+            tags: labels.tags,
         };
         self.meta.put_asset(&asset)?;
         self.meta.flush()?;
+        Ok(asset)
+    }
+
+    /// An existing upload record referenced again: its retention becomes
+    /// the later of the two (never-expiring wins) and the new tags are
+    /// added. Written (durably) only if something changed.
+    fn rereference(&self, mut asset: AssetRecord, labels: &AssetLabels) -> Result<AssetRecord, ServiceError> {
+        let expires_at = match (asset.expires_at, labels.deadline(now_micros())) {
+            (Some(old), Some(new)) => Some(old.max(new)),
+            _ => None,
+        };
+        let mut changed = expires_at != asset.expires_at;
+        asset.expires_at = expires_at;
+        for tag in &labels.tags {
+            if !asset.tags.contains(tag) {
+                asset.tags.push(tag.clone());
+                changed = true;
+            }
+        }
+        if changed {
+            self.meta.put_asset(&asset)?;
+            self.meta.flush()?;
+        }
         Ok(asset)
     }
 
@@ -83,15 +138,16 @@ impl Service {
 
     /// Mints an asset over a blob the caller already has (200 when an
     /// identical upload record exists, else a new record).
-    pub fn asset_from_hash(&self, owner: &str, hash: &str, file_path: Option<String>) -> Result<NewAsset, ServiceError> {
+    pub fn asset_from_hash(&self, owner: &str, hash: &str, file_path: Option<String>, labels: AssetLabels) -> Result<NewAsset, ServiceError> {
         let hash = hash.to_ascii_lowercase();
         let _gate = self.blob_gate.read();
         let known = self.owned_with_hash(owner, &hash)?;
         let Some(first) = known.first() else { return Err(ServiceError::BlobNotFound(hash)) };
         if let Some(same) = known.iter().find(|a| a.job_id.is_none() && (file_path.is_none() || a.file_path == file_path)) {
-            return Ok(NewAsset { asset: same.clone(), created_new: false });
+            let asset = self.rereference(same.clone(), &labels)?;
+            return Ok(NewAsset { asset, created_new: false });
         }
-        let asset = self.mint(owner, hash.clone(), first.size_bytes, first.content_type.clone(), file_path.or_else(|| first.file_path.clone()))?;
+        let asset = self.mint(owner, hash.clone(), first.size_bytes, first.content_type.clone(), file_path.or_else(|| first.file_path.clone()), labels)?;
         Ok(NewAsset { asset, created_new: true })
     }
 

@@ -25,7 +25,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
-pub use assets::{NewAsset, UploadMeta};
+pub use assets::{AssetLabels, NewAsset, UploadMeta};
 pub use error::ServiceError;
 pub use live::{ExtraData, JobEvent, LiveJob};
 
@@ -250,7 +250,7 @@ impl Service {
             let per_job = (self.opts.max_queued_jobs / self.opts.max_running_jobs.max(1)).max(1);
             return Err(ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) });
         }
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = uuid::Uuid::now_v7().to_string();
         let record = JobRecord {
             id: id.clone(),
             owner: sub.owner.clone(),

@@ -8,9 +8,10 @@
 //!
 //! Retention: at `expires_at` a job becomes `expired`, its output assets are
 //! deleted (a running job is stopped first), and the expired record stays
-//! readable for one more retention period before it is purged. Blobs no
-//! asset, upload in progress or running job refers to are collected; claims
-//! past their 24 h are dropped.
+//! readable for one more retention period before it is purged. Uploaded
+//! assets past their own `expires_at` (asked for with `expires_in`) are
+//! deleted. Blobs no asset, upload in progress or running job refers to are
+//! collected; claims past their 24 h are dropped.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -150,6 +151,10 @@ impl Service {
                 self.meta.delete_job(&job)?;
                 self.forget_finished(&job.id);
             }
+        }
+        for asset in self.meta.expired_uploads(now)? {
+            self.meta.delete_asset(&asset)?;
+            tracing::info!(asset_id = %asset.id, "asset expired");
         }
         self.meta.purge_claims(now)?;
         self.collect_blobs()?;

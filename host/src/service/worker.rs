@@ -130,7 +130,7 @@ impl Service {
             }
             Err(e) => Err(e),
         };
-        self.finish(&live, outcome);
+        self.finish(&live, outcome).await;
     }
 
     /// Loads and re-validates the job's workflow (plugins may have changed
@@ -192,7 +192,7 @@ impl Service {
                         let (content_type, kind) = media_type(&name);
                         let file_path = if file.subfolder.is_empty() { name.clone() } else { format!("{}/{}", file.subfolder, name) };
                         let asset = AssetRecord {
-                            id: uuid::Uuid::new_v4().to_string(),
+                            id: uuid::Uuid::now_v7().to_string(),
                             owner: owner.clone(),
                             hash: blob_name(&hash),
                             size_bytes: file.size,
@@ -202,6 +202,7 @@ impl Service {
                             expires_at: Some(expires_at),
                             job_id: Some(job_id.clone()),
                             node_id: Some(node.clone()),
+                            tags: Vec::new(),
                         };
                         if let Err(e) = meta.put_asset(&asset) {
                             tracing::error!(error = %e, "cannot record an output asset");
@@ -249,7 +250,7 @@ impl Service {
     }
 
     /// Records how the run ended and retires the live job.
-    fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, JobErrorRecord>) {
+    async fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, JobErrorRecord>) {
         let now = now_micros();
         let expired = live.expire_on_stop.load(Ordering::SeqCst);
         let written = live.update(self.meta.as_ref(), |rec| {
@@ -295,7 +296,14 @@ impl Service {
             rec.updated_at = now;
             rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
         });
-        let snapshot = match written.and_then(|s| self.meta.flush().map(|()| s)) {
+        // The flush waits off the async workers (sled lets concurrent
+        // flushes wait for one write of its log buffer).
+        let meta = self.meta.clone();
+        let flushed = match tokio::task::spawn_blocking(move || meta.flush()).await {
+            Ok(result) => result,
+            Err(e) => Err(crate::store::StoreError::Backend(e.to_string())),
+        };
+        let snapshot = match written.and_then(|s| flushed.map(|()| s)) {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(error = %e, "cannot record the finished job");

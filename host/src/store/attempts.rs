@@ -132,11 +132,12 @@ mod tests {
         let entry_len = serde_json::to_vec(&running("a", 1)).unwrap().len() as u64 + 1;
         let entries = COMPACT_BYTES / entry_len + 2;
         for _ in 0..entries {
-            journal.append(&running("a", 1), || {
-                flushes.set(flushes.get() + 1);
-                Ok(())
-            })
-            .unwrap();
+            journal
+                .append(&running("a", 1), || {
+                    flushes.set(flushes.get() + 1);
+                    Ok(())
+                })
+                .unwrap();
         }
         assert_eq!(flushes.get(), 1, "one compaction");
         let len = std::fs::metadata(&path).unwrap().len();

@@ -152,6 +152,9 @@ pub struct AssetRecord {
     /// The node that produced it (outputs only).
     #[serde(default)]
     pub node_id: Option<String>,
+    /// The caller's labels (uploads and mints).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
 }
 
 /// An Idempotency-Key claim.

@@ -249,6 +249,18 @@ impl MetaStore for SledMeta {
         Ok(out)
     }
 
+    fn expired_uploads(&self, now: Micros) -> Result<Vec<AssetRecord>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.assets.iter() {
+            let (key, bytes) = item.map_err(backend)?;
+            let asset: AssetRecord = decode(&key, &bytes)?;
+            if asset.job_id.is_none() && asset.expires_at.is_some_and(|e| e <= now) {
+                out.push(asset);
+            }
+        }
+        Ok(out)
+    }
+
     fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
         self.claims.get(key.as_bytes()).map_err(backend)?.map(|b| decode(key.as_bytes(), &b)).transpose()
     }
@@ -341,13 +353,22 @@ mod tests {
             expires_at: None,
             job_id: None,
             node_id: None,
+            tags: vec!["t".into()],
         };
         meta.put_asset(&a).unwrap();
         meta.put_asset(&AssetRecord { id: "y".into(), ..a.clone() }).unwrap();
         assert_eq!(meta.assets_with_hash("blake3:aa").unwrap().len(), 2);
+        assert_eq!(meta.get_asset("y").unwrap().unwrap().tags, vec!["t".to_string()]);
         meta.delete_asset(&a).unwrap();
         assert_eq!(meta.assets_with_hash("blake3:aa").unwrap().len(), 1);
         assert!(meta.get_asset("x").unwrap().is_none());
+        // Expired uploads are found by the sweep; outputs and later or
+        // never-expiring uploads are not.
+        meta.put_asset(&AssetRecord { id: "due".into(), expires_at: Some(100), ..a.clone() }).unwrap();
+        meta.put_asset(&AssetRecord { id: "later".into(), expires_at: Some(101), ..a.clone() }).unwrap();
+        meta.put_asset(&AssetRecord { id: "output".into(), expires_at: Some(50), job_id: Some("j".into()), ..a.clone() }).unwrap();
+        let due: Vec<String> = meta.expired_uploads(100).unwrap().into_iter().map(|a| a.id).collect();
+        assert_eq!(due, vec!["due".to_string()]);
     }
 
     #[test]

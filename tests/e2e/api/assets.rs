@@ -182,3 +182,88 @@ async fn uploaded_markup_is_never_served_as_markup() {
     assert_eq!(r.headers()["x-content-type-options"], "nosniff");
     assert!(r.headers()["content-security-policy"].to_str().unwrap().contains("sandbox"));
 }
+
+/// Uploads a `file` with extra text parts; returns the status and body.
+async fn upload_with(s: &super::TestServer, bytes: Vec<u8>, parts: &[(&str, &str)]) -> (u16, Value) {
+    let mut form = reqwest::multipart::Form::new().text("file_path", "t.png");
+    for (name, value) in parts {
+        form = form.text(name.to_string(), value.to_string());
+    }
+    let form = form.part("file", reqwest::multipart::Part::bytes(bytes).file_name("t.png"));
+    let r = s.http.post(s.url("/assets")).multipart(form).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn tags_and_expires_in_on_upload_and_from_hash() {
+    let s = start_default().await;
+    let micros = |ts: &Value| chrono::DateTime::parse_from_rfc3339(ts.as_str().unwrap()).unwrap().timestamp_micros();
+    let now = kiln::store::now_micros();
+
+    // Out of range, not a number, bad tags: 400 invalid_request, nothing minted.
+    let bytes = png_bytes(6, 6, 9);
+    for parts in [&[("expires_in", "59")][..], &[("expires_in", "604801")], &[("expires_in", "soon")], &[("tags", "")]] {
+        let (status, err) = upload_with(&s, bytes.clone(), parts).await;
+        assert_eq!((status, err["error"]["code"].as_str()), (400, Some("invalid_request")), "{parts:?}: {err}");
+    }
+    assert_eq!(s.http.head(s.url(&format!("/assets/by-hash/{}", blake(&bytes)))).send().await.unwrap().status(), 404);
+
+    // A one-minute upload with two tags (repeated parts).
+    let (status, a) = upload_with(&s, bytes.clone(), &[("tags", "red"), ("tags", "raw"), ("expires_in", "60")]).await;
+    assert_eq!(status, 201, "{a}");
+    assert_eq!(a["tags"], json!(["red", "raw"]));
+    let deadline = micros(&a["expires_at"]);
+    assert!((now + 60_000_000..now + 70_000_000).contains(&deadline), "expires_at {}", a["expires_at"]);
+    // Re-uploading the bytes with a longer retention and a new tag extends
+    // the same record; a shorter one never shortens it.
+    let (status, b) = upload_with(&s, bytes.clone(), &[("tags", "raw"), ("tags", "hdr"), ("expires_in", "3600")]).await;
+    assert_eq!((status, &b["id"], b["created_new"].as_bool()), (200, &a["id"], Some(false)));
+    assert_eq!(b["tags"], json!(["red", "raw", "hdr"]));
+    let extended = micros(&b["expires_at"]);
+    assert!(extended >= deadline + 3_500_000_000, "{} → {}", a["expires_at"], b["expires_at"]);
+    let (_, c) = upload_with(&s, bytes.clone(), &[("expires_in", "60")]).await;
+    assert_eq!(micros(&c["expires_at"]), extended);
+    let (_, got) = s.get(&format!("/assets/{}", a["id"].as_str().unwrap())).await;
+    assert_eq!((got["tags"].clone(), micros(&got["expires_at"])), (json!(["red", "raw", "hdr"]), extended), "persisted");
+
+    // from-hash takes the same fields, checked the same way.
+    let from_hash = |body: Value| {
+        let (http, url) = (s.http.clone(), s.url("/assets/from-hash"));
+        async move {
+            let r = http.post(url).json(&body).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let hash = blake(&bytes);
+    for bad in [
+        json!({ "hash": hash, "file_path": "m.png", "expires_in": 30 }),
+        json!({ "hash": hash, "file_path": "m.png", "tags": "x" }),
+        json!({ "hash": hash, "file_path": "m.png", "expires_in": "60" }),
+    ] {
+        let (status, err) = from_hash(bad.clone()).await;
+        assert_eq!((status, err["error"]["code"].as_str()), (400, Some("invalid_request")), "{bad}: {err}");
+    }
+    let (status, minted) = from_hash(json!({ "hash": hash, "file_path": "m.png", "tags": ["copy"], "expires_in": 120 })).await;
+    assert_eq!(status, 201, "{minted}");
+    assert_eq!(minted["tags"], json!(["copy"]));
+    assert!((now + 120_000_000..now + 130_000_000).contains(&micros(&minted["expires_at"])));
+    // Without `expires_in` a record never expires, and re-referencing an
+    // expiring one without it makes it permanent.
+    let (_, again) = from_hash(json!({ "hash": hash, "file_path": "m.png" })).await;
+    assert_eq!((&again["id"], &again["expires_at"]), (&minted["id"], &Value::Null));
+
+    // Past its deadline an upload is gone: 404 at once, deleted by the
+    // sweep, and its blob collected once nothing else holds it.
+    let other = png_bytes(7, 7, 3);
+    let (_, short) = upload_with(&s, other.clone(), &[("expires_in", "60")]).await;
+    let short_id = short["id"].as_str().unwrap().to_string();
+    assert_eq!(s.get(&format!("/assets/{short_id}")).await.0, 200);
+    let service = &s.server.state.service;
+    service.sweep(micros(&short["expires_at"])).unwrap();
+    assert_eq!(s.get(&format!("/assets/{short_id}")).await.0, 404);
+    assert_eq!(s.http.head(s.url(&format!("/assets/by-hash/{}", blake(&other)))).send().await.unwrap().status(), 404);
+    let job = s.post_job(&json!({ "workflow": load_save(&short) }), None).await;
+    assert_eq!((job.0, job.1["error"]["code"].as_str()), (422, Some("missing_asset")), "{}", job.1);
+    // The permanent asset over the first bytes survives the same sweep.
+    assert_eq!(s.get(&format!("/assets/{}", minted["id"].as_str().unwrap())).await.0, 200);
+}

@@ -63,6 +63,9 @@ impl MetaStore for NotDurable {
     fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
         self.inner.assets_with_hash(hash)
     }
+    fn expired_uploads(&self, now: kiln::store::Micros) -> Result<Vec<AssetRecord>, StoreError> {
+        self.inner.expired_uploads(now)
+    }
     fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
         self.inner.get_claim(key)
     }

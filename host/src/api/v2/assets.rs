@@ -16,7 +16,7 @@ use super::jobs::json_object;
 use super::{check_id, wire};
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links, content};
-use crate::service::{NewAsset, ServiceError, UploadMeta};
+use crate::service::{AssetLabels, NewAsset, ServiceError, UploadMeta};
 use crate::store::{BlobUpload, now_micros, parse_blob_name};
 
 fn created(asset: NewAsset, links: &Links) -> Response {
@@ -38,6 +38,34 @@ async fn text_field(field: Field<'_>, limit: u64) -> Result<String, ApiError> {
         return Err(ApiError::invalid_request("A text field of the upload is too long."));
     }
     Ok(text)
+}
+
+/// Retention a caller may ask for, in seconds (one minute to one week).
+const EXPIRES_IN: std::ops::RangeInclusive<u64> = 60..=604_800;
+/// Tags per asset, and characters per tag.
+const MAX_TAGS: usize = 64;
+const MAX_TAG_CHARS: usize = 128;
+
+fn expires_in(seconds: Option<u64>) -> Result<Option<u64>, ApiError> {
+    match seconds {
+        Some(s) if !EXPIRES_IN.contains(&s) => {
+            Err(ApiError::invalid_request(format!("`expires_in` must be {} to {} seconds.", EXPIRES_IN.start(), EXPIRES_IN.end())))
+        }
+        s => Ok(s),
+    }
+}
+
+fn add_tag(labels: &mut AssetLabels, tag: String) -> Result<(), ApiError> {
+    if tag.is_empty() || tag.chars().count() > MAX_TAG_CHARS || tag.chars().any(char::is_control) {
+        return Err(ApiError::invalid_request(format!("A tag must be 1 to {MAX_TAG_CHARS} printable characters.")));
+    }
+    if labels.tags.len() == MAX_TAGS {
+        return Err(ApiError::invalid_request(format!("At most {MAX_TAGS} tags per asset.")));
+    }
+    if !labels.tags.contains(&tag) {
+        labels.tags.push(tag);
+    }
+    Ok(())
 }
 
 /// Streams the `file` part into a new blob, off the reactor.
@@ -70,8 +98,17 @@ pub async fn upload(State(state): State<Arc<AppState>>, links: Links, multipart:
             "content_type" => meta.content_type = Some(text_field(field, limit).await?),
             "file_path" => meta.file_path = Some(text_field(field, limit).await?),
             "expected_hash" => meta.expected_hash = Some(text_field(field, limit).await?),
+            "tags" => {
+                let tag = text_field(field, limit).await?;
+                add_tag(&mut meta.labels, tag)?;
+            }
+            "expires_in" => {
+                let text = text_field(field, limit).await?;
+                let seconds = text.trim().parse::<u64>().map_err(|_| ApiError::invalid_request("`expires_in` must be a whole number of seconds."))?;
+                meta.labels.expires_in = expires_in(Some(seconds))?;
+            }
             _ => {
-                // tags, expires_in and unknown parts: read and ignore.
+                // Unknown parts: read and ignore.
                 text_field(field, limit).await?;
             }
         }
@@ -103,9 +140,24 @@ pub async fn from_hash(State(state): State<Arc<AppState>>, links: Links, body: R
         Some(Json_::String(s)) => Some(s.clone()),
         Some(_) => return Err(ApiError::invalid_request("`file_path` must be a string.")),
     };
+    let mut labels = AssetLabels::default();
+    match body.get("tags") {
+        None | Some(Json_::Null) => {}
+        Some(Json_::Array(tags)) => {
+            for tag in tags {
+                let tag = tag.as_str().ok_or_else(|| ApiError::invalid_request("`tags` must be an array of strings."))?;
+                add_tag(&mut labels, tag.to_string())?;
+            }
+        }
+        Some(_) => return Err(ApiError::invalid_request("`tags` must be an array of strings.")),
+    }
+    labels.expires_in = match body.get("expires_in") {
+        None | Some(Json_::Null) => None,
+        Some(v) => expires_in(Some(v.as_u64().ok_or_else(|| ApiError::invalid_request("`expires_in` must be a whole number of seconds."))?))?,
+    };
     let service = state.service.clone();
     let (owner, hash) = (state.owner().to_string(), hash.to_string());
-    let asset = tokio::task::spawn_blocking(move || service.asset_from_hash(&owner, &hash, file_path)).await.map_err(|e| ApiError::internal(&e))??;
+    let asset = tokio::task::spawn_blocking(move || service.asset_from_hash(&owner, &hash, file_path, labels)).await.map_err(|e| ApiError::internal(&e))??;
     Ok(created(asset, &links))
 }
 

@@ -131,6 +131,7 @@ pub struct AssetView<'a> {
     file_path: &'a Option<String>,
     expires_at: Option<String>,
     job_id: &'a Option<String>,
+    tags: &'a [String],
     /// Only on create responses.
     #[serde(skip_serializing_if = "Option::is_none")]
     created_new: Option<bool>,
@@ -148,6 +149,7 @@ pub fn asset<'a>(a: &'a AssetRecord, links: &Links, created_new: Option<bool>) -
         file_path: &a.file_path,
         expires_at: a.expires_at.map(timestamp),
         job_id: &a.job_id,
+        tags: &a.tags,
         created_new,
     }
 }

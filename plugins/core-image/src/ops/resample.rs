@@ -36,7 +36,8 @@ pub fn crop_image(img: &Image, x: usize, y: usize, cw: usize, ch: usize) -> Resu
 
 /// Resizes every image of the batch (see `kiln_kernels::resample::resize_image`).
 pub fn resize_image(img: &Image, width: usize, height: usize, method: Method, crop_center: bool) -> Result<Image> {
-    let (data, d) = kiln_kernels::resample::resize_image(&img.data, dims(img), width, height, method, crop_center, &never).map_err(|e| Error::invalid(e.to_string()))?;
+    let (data, d) =
+        kiln_kernels::resample::resize_image(&img.data, dims(img), width, height, method, crop_center, &never).map_err(|e| Error::invalid(e.to_string()))?;
     Ok(Image { batch: d.batch, height: d.height, width: d.width, channels: d.channels, data })
 }
 
