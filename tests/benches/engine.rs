@@ -69,7 +69,11 @@ fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
 /// A deterministic 2048² RGB test picture: gradients plus hash noise, so the
 /// PNG codec has real work to do.
 fn write_heavy_input(path: &Path) {
-    let (w, h) = (2048u32, 2048u32);
+    write_input(path, 2048, 2048);
+}
+
+/// A w×h RGB PNG of gradients with noise.
+fn write_input(path: &Path, w: u32, h: u32) {
     let mut px = Vec::with_capacity((w * h * 3) as usize);
     for y in 0..h {
         for x in 0..w {
@@ -107,6 +111,11 @@ fn main() {
         let executor = Executor::new(runtime.clone(), registry.clone(), 0, config.max_concurrency as usize);
         let no_inputs = Arc::new(NamedInputs::new());
         let out = dir.path().join("out");
+        let small = dir.path().join("small.png");
+        write_input(&small, 64, 64);
+        let mut named = NamedInputs::new();
+        named.insert("small.png", &small);
+        let named = Arc::new(named);
 
         // Breakdown: one node call straight through the plugin runtime.
         for (class, inputs) in [
@@ -115,10 +124,10 @@ fn main() {
                 "ImageInvert",
                 vec![("image".to_string(), kiln::value::Value::Tensor(kiln::tensor::Tensor::new(vec![1, 8, 8, 3], vec![0.5; 192]).expect("tensor")))],
             ),
+            ("LoadImage", vec![("image".to_string(), kiln::value::Value::String("small.png".into()))]),
         ] {
             let (plugin, _) = registry.get(class).expect("class");
-            let io =
-                || kiln::plugins::NodeIo { inputs: no_inputs.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}) };
+            let io = || kiln::plugins::NodeIo { inputs: named.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}) };
             let cancel = CancellationToken::new();
             for _ in 0..200 {
                 runtime.execute(plugin, class, &inputs, io(), &cancel).await.expect("node runs");
@@ -141,6 +150,39 @@ fn main() {
                 p50 * 1e3 / 202.0
             );
         }
+
+        // The service benchmark's job without the service: a 64² PNG through
+        // LoadImage → SaveImage. SaveImage writes a file here, not a blob, into
+        // a directory emptied after every run (outside the timing): ComfyUI's
+        // file naming scans the directory for the next counter.
+        let job_out = dir.path().join("job-out");
+        let job = json!({
+            "1": {"class_type": "LoadImage", "inputs": {"image": "small.png"}},
+            "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "small"}}
+        });
+        for _ in 0..50 {
+            run(&executor, &job, &named, &job_out).await;
+            let _ = std::fs::remove_dir_all(&job_out);
+        }
+        let (mut runs, mut load, mut save) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..1000 {
+            let (elapsed, nodes) = run_timed(&executor, &job, &named, &job_out).await;
+            let _ = std::fs::remove_dir_all(&job_out);
+            runs.push(elapsed);
+            for (class, ms) in nodes {
+                let d = Duration::from_secs_f64(ms / 1e3);
+                if class == "LoadImage" { load.push(d) } else { save.push(d) }
+            }
+        }
+        let (_, run_p50, _) = stats(runs);
+        let (_, load_p50, _) = stats(load);
+        let (_, save_p50, _) = stats(save);
+        println!(
+            "64² LoadImage → SaveImage (the service bench's job), 1000 runs: median run {:.0} µs (validate + both nodes); LoadImage {:.0} µs, SaveImage {:.0} µs",
+            run_p50 * 1e3,
+            load_p50 * 1e3,
+            save_p50 * 1e3
+        );
 
         let input = dir.path().join("heavy.png");
         write_heavy_input(&input);
