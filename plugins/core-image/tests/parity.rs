@@ -15,42 +15,11 @@ use kiln_core_image::nodes::{basic, batch, composite, filters, mask, scale, tran
 use kiln_sdk::{Image, Mask, Result};
 use serde_json::Value;
 
-/// Fixture classes that belong to another plugin.
-const OTHER_PLUGINS: [&str; 5] = ["PrimitiveInt", "PrimitiveFloat", "PrimitiveString", "PrimitiveStringMultiline", "PrimitiveBoolean"];
-
-/// Every class this plugin must have fixtures for.
-const COVERED: [&str; 30] = [
-    "ImageScale",
-    "ImageScaleBy",
-    "ImageScaleToTotalPixels",
-    "ImageInvert",
-    "EmptyImage",
-    "ImageBatch",
-    "ImagePadForOutpaint",
-    "ImageCrop",
-    "ImageBlend",
-    "ImageBlur",
-    "ImageSharpen",
-    "ImageQuantize",
-    "ImageCompositeMasked",
-    "ImageToMask",
-    "ImageColorToMask",
-    "MaskToImage",
-    "SolidMask",
-    "InvertMask",
-    "CropMask",
-    "MaskComposite",
-    "FeatherMask",
-    "GrowMask",
-    "ThresholdMask",
-    "RepeatImageBatch",
-    "ImageFromBatch",
-    "ImageRotate",
-    "ImageFlip",
-    "SplitImageWithAlpha",
-    "JoinImageWithAlpha",
-    "GetImageSize",
-];
+/// The bundled classes by plugin (shared with the host's object_info test).
+fn classes(group: &str) -> Vec<String> {
+    let all: Value = serde_json::from_str(include_str!("../../../tests/fixtures/core-classes.json")).expect("core-classes.json parses");
+    all[group].as_array().expect("a class list").iter().map(|c| c.as_str().expect("a class name").to_string()).collect()
+}
 
 /// A node input or output value.
 #[derive(Debug)]
@@ -216,12 +185,14 @@ fn every_fixture_case_matches_within_tolerance() {
     // class -> (cases, worst error / tolerance, worst error, its tolerance, worst case name)
     let mut worst: BTreeMap<String, (usize, f64, f64, f64, String)> = BTreeMap::new();
     let mut failures = Vec::new();
+    // Fixture classes that belong to another plugin.
+    let other_plugins = classes("primitives");
     for path in &files {
         let text = std::fs::read_to_string(path).expect("fixture readable");
         let cases: Vec<Value> = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for case in &cases {
             let class = case["class_type"].as_str().expect("class_type");
-            if OTHER_PLUGINS.contains(&class) {
+            if other_plugins.iter().any(|c| c == class) {
                 continue;
             }
             let name = case["name"].as_str().expect("name");
@@ -261,7 +232,7 @@ fn every_fixture_case_matches_within_tolerance() {
     for (class, (n, _, err, tol, case)) in &worst {
         println!("{class:<26} {n:>5} {err:>10.6} {tol:>10.6}  {case}");
     }
-    let missing: Vec<&str> = COVERED.iter().copied().filter(|c| !worst.contains_key(*c)).collect();
+    let missing: Vec<String> = classes("core_image_pixels").into_iter().filter(|c| !worst.contains_key(c.as_str())).collect();
     assert!(missing.is_empty(), "no fixture cases for {missing:?}");
     assert!(failures.is_empty(), "{} parity failures:\n{}", failures.len(), failures.join("\n"));
 }
