@@ -210,7 +210,7 @@ async fn cancel_stops_a_host_kernel() {
         trigger.cancel();
     });
     let started = std::time::Instant::now();
-    let failure = env.runtime.execute(plugin, "HostileKernelHog", &inputs, io(), &cancel).await.err().expect("a cancelled node fails");
+    let failure = env.runtime.execute(plugin, "HostileKernelHog", &inputs, io(), &cancel).await.expect_err("a cancelled node fails");
     let stopped = started.elapsed();
     assert_eq!(failure.kind, FailureKind::Interrupted, "{}", failure.message);
     assert!(stopped < full / 2, "the kernel ran on after the cancel: {stopped:?} of {full:?}");

@@ -30,10 +30,10 @@ fn normalize_input(spec: &Value) -> Value {
     };
     let mut out = Map::new();
     out.insert("type".into(), kind.clone().into());
-    if kind != "COMBO" || !opts.contains_key("image_upload") {
-        if let Some(c) = choices {
-            out.insert("choices".into(), c);
-        }
+    if (kind != "COMBO" || !opts.contains_key("image_upload"))
+        && let Some(c) = choices
+    {
+        out.insert("choices".into(), c);
     }
     for key in ["default", "min", "max", "step", "multiline", "image_upload"] {
         if let Some(v) = opts.get(key) {

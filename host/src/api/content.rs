@@ -19,20 +19,6 @@ use tokio_util::io::ReaderStream;
 
 use super::error::ApiError;
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn only_inert_types_pass() {
-        use super::safe_media_type as t;
-        assert_eq!(t("image/png"), "image/png");
-        assert_eq!(t("video/mp4"), "video/mp4");
-        assert_eq!(t("text/plain; charset=utf-8"), "text/plain; charset=utf-8");
-        for bad in ["text/html", "image/svg+xml", "application/xhtml+xml", "application/javascript", "TEXT/HTML", ""] {
-            assert_eq!(t(bad), "application/octet-stream", "{bad}");
-        }
-    }
-}
-
 /// Streams `path` as `content_type`, honouring a `Range` request header.
 pub async fn serve(path: &Path, content_type: &str, etag: &str, request: &HeaderMap) -> Result<Response, ApiError> {
     let mut file = tokio::fs::File::open(path).await.map_err(|e| ApiError::internal(&e))?;
@@ -92,4 +78,18 @@ pub fn safe_media_type(content_type: &str) -> &str {
 
 fn header_value(s: &str) -> HeaderValue {
     HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_inert_types_pass() {
+        use super::safe_media_type as t;
+        assert_eq!(t("image/png"), "image/png");
+        assert_eq!(t("video/mp4"), "video/mp4");
+        assert_eq!(t("text/plain; charset=utf-8"), "text/plain; charset=utf-8");
+        for bad in ["text/html", "image/svg+xml", "application/xhtml+xml", "application/javascript", "TEXT/HTML", ""] {
+            assert_eq!(t(bad), "application/octet-stream", "{bad}");
+        }
+    }
 }

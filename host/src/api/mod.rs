@@ -38,8 +38,12 @@ pub struct AppState {
     /// finished job is the commonest request and its JSON never changes
     /// until expiry (which hands out a new record, so the entry goes stale
     /// by identity, not by time).
-    pub rendered: parking_lot::Mutex<lru::LruCache<(String, String), (Arc<crate::store::JobRecord>, axum::body::Bytes)>>,
+    pub rendered: parking_lot::Mutex<RenderedJobs>,
 }
+
+/// Rendered job bodies by (job id, origin): the record they were rendered
+/// from (compared by identity) and the bytes.
+pub type RenderedJobs = lru::LruCache<(String, String), (Arc<crate::store::JobRecord>, axum::body::Bytes)>;
 
 impl AppState {
     pub fn new(service: Arc<Service>, mut config: Config, signer: signing::Signer, local: SocketAddr) -> Arc<AppState> {

@@ -92,7 +92,7 @@ pub fn check(workflow: &Json, registry: &NodeRegistry, inputs: &JobInputs) -> Re
     match validate(&parsed, registry, inputs) {
         Ok((plan, issues)) if issues.is_empty() => Ok((parsed, plan)),
         Ok((_, issues)) | Err(ValidationError::OutputsFailed(issues)) => Err(invalid(&issues)),
-        Err(ValidationError::Node(issue)) => Err(invalid(std::slice::from_ref(&issue))),
+        Err(ValidationError::Node(issue)) => Err(invalid(std::slice::from_ref(issue.as_ref()))),
         Err(e @ ValidationError::NoOutputs) => Err(ServiceError::InvalidWorkflow { message: e.to_string(), details: None }),
     }
 }

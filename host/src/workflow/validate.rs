@@ -85,7 +85,7 @@ pub struct Issue {
 pub enum ValidationError {
     /// A node has no class or an unknown class (the whole workflow is refused).
     #[error("{}", .0.message)]
-    Node(Issue),
+    Node(Box<Issue>),
     /// No node is an output node.
     #[error("the workflow has no output node")]
     NoOutputs,
@@ -101,10 +101,15 @@ pub fn validate(workflow: &Workflow, registry: &NodeRegistry, files: &dyn InputF
     let mut defs: HashMap<&str, &NodeDef> = HashMap::new();
     for node in &workflow.nodes {
         let Some(class) = &node.class_type else {
-            return Err(ValidationError::Node(issue(node, IssueKind::MissingClassType, None, format!("node {} has no class_type", node.id))));
+            return Err(ValidationError::Node(Box::new(issue(node, IssueKind::MissingClassType, None, format!("node {} has no class_type", node.id)))));
         };
         let Some((_, def)) = registry.get(class) else {
-            return Err(ValidationError::Node(issue(node, IssueKind::UnknownClass, None, format!("node {} uses unknown node class `{class}`", node.id))));
+            return Err(ValidationError::Node(Box::new(issue(
+                node,
+                IssueKind::UnknownClass,
+                None,
+                format!("node {} uses unknown node class `{class}`", node.id),
+            ))));
         };
         defs.insert(node.id.as_str(), def);
     }
