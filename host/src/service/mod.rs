@@ -302,14 +302,15 @@ impl Service {
             q.push_back(id);
             q.len()
         };
-        // The job is committed: a worker may start it while the commit is
-        // flushed, so execution overlaps the flush. Nothing it does can be
-        // seen as done before the submission is durable: its terminal record
-        // is flushed later in the same log, and a crash before this flush
-        // loses the submission and everything after it together (the caller,
-        // who got no 201, submits again). The 201 waits for the flush.
+        // The job is committed: a worker may start it while the submission
+        // is made durable, so execution overlaps the sync. Nothing it does
+        // can be seen as done before the submission is durable: its terminal
+        // record is logged after the submission and synced with everything
+        // before it, and a crash before this sync loses the submission and
+        // everything after it together (the caller, who got no 201, submits
+        // again). The 201 waits for the sync.
         self.queue_notify.notify_one();
-        let not_durable = not_durable.or_else(|| self.meta.flush().err().map(|e| crate::store::StoreError::NotDurable(e.to_string())));
+        let not_durable = not_durable.or_else(|| self.meta.sync_jobs().err().map(|e| crate::store::StoreError::NotDurable(e.to_string())));
         match not_durable {
             Some(e) => Err(e.into()),
             None => Ok((record, Some(position))),

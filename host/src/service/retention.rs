@@ -120,6 +120,9 @@ impl Service {
 
     /// One retention pass as of `now`.
     pub fn sweep(&self, now: Micros) -> Result<(), ServiceError> {
+        // Nothing written before the deletions below may be replayed after
+        // a crash (it could bring a deleted record back).
+        self.meta.checkpoint()?;
         let grace = self.opts.retention.as_micros() as Micros;
         for listed in self.meta.all_jobs()? {
             if listed.expires_at > now {

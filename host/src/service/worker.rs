@@ -296,10 +296,10 @@ impl Service {
             rec.updated_at = now;
             rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
         });
-        // The flush waits off the async workers (sled lets concurrent
-        // flushes wait for one write of its log buffer).
+        // Made durable (with its outputs) off the async workers.
         let meta = self.meta.clone();
-        let flushed = match tokio::task::spawn_blocking(move || meta.flush()).await {
+        let record = written.as_ref().ok().cloned();
+        let flushed = match tokio::task::spawn_blocking(move || record.map_or(Ok(()), |r| meta.finish_job(&r))).await {
             Ok(result) => result,
             Err(e) => Err(crate::store::StoreError::Backend(e.to_string())),
         };

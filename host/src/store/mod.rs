@@ -4,8 +4,8 @@
 //! Both are traits so a distributed backend can replace the embedded ones
 //! ([`SledMeta`], [`DiskBlobs`]) without touching the job service.
 
-mod attempts;
 mod blobs;
+mod commit_log;
 pub mod records;
 mod sled_meta;
 
@@ -57,7 +57,8 @@ pub trait MetaStore: Send + Sync {
     /// Atomically: claims `claim` (if any; fails with [`StoreError::KeyClaimed`]
     /// when a live claim holds the key), records the job and its workflow,
     /// and appends it to the queue. Committed (visible, and ordered before
-    /// every later write) when it returns; durable after [`MetaStore::flush`].
+    /// every later write) when it returns; durable after
+    /// [`MetaStore::sync_jobs`] or [`MetaStore::flush`].
     fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError>;
     /// Writes a job record (not flushed; see [`MetaStore::flush`]).
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;
@@ -81,6 +82,23 @@ pub trait MetaStore: Send + Sync {
     fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.put_job(job)?;
         self.dequeue(job)?;
+        self.flush()
+    }
+    /// Makes the submissions, job starts and finished jobs recorded so far
+    /// durable (a backend may do this cheaper than [`MetaStore::flush`]).
+    fn sync_jobs(&self) -> Result<(), StoreError> {
+        self.flush()
+    }
+    /// Makes a job's terminal record, already written with
+    /// [`MetaStore::put_job`], durable together with its output assets.
+    fn finish_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        let _ = job;
+        self.flush()
+    }
+    /// Makes everything durable in the store itself, so nothing written so
+    /// far is replayed from a log after a crash. Called before deletions
+    /// (a replayed older write must not bring a deleted record back).
+    fn checkpoint(&self) -> Result<(), StoreError> {
         self.flush()
     }
     /// Puts a job (back) on the queue at its `seq`.

@@ -5,17 +5,18 @@
 //! (seq big-endian → id), `assets` (id → JSON), `asset_hashes`
 //! (hash ‖ 0 ‖ id → empty, for dedup and blob reference counts) and
 //! `claims` (Idempotency-Key → JSON). Beside them, in the same directory,
-//! the attempt journal ([`super::attempts`]) makes job starts survive a
-//! process crash without a flush; it is replayed when the store opens.
+//! the commit log ([`super::commit_log`]) makes submissions, job starts and
+//! finished jobs durable without a sled flush; it is replayed when the store
+//! opens. Everything else is made durable by sled's flush.
 
 use std::path::Path;
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 
-use super::attempts::AttemptJournal;
+use super::commit_log::CommitLog;
 use super::{AssetRecord, IdempotencyClaim, JobPage, JobRecord, JobStatus, MetaStore, Micros, StoreError};
 
 /// sled-backed [`MetaStore`].
@@ -28,11 +29,31 @@ pub struct SledMeta {
     assets: sled::Tree,
     hashes: sled::Tree,
     claims: sled::Tree,
-    attempts: AttemptJournal,
+    log: CommitLog,
 }
 
-/// The attempt journal's file inside the store's directory.
-const JOURNAL_FILE: &str = "attempts.journal";
+/// The commit log's file inside the store's directory.
+const LOG_FILE: &str = "commit.log";
+/// Where earlier versions journaled job starts (unsynced); removed on open.
+const OLD_JOURNAL_FILE: &str = "attempts.journal";
+
+/// A commit log entry, as written (borrowed).
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum EntryRef<'a> {
+    Submitted { job: &'a JobRecord, workflow: &'a serde_json::Value, claim: Option<&'a IdempotencyClaim> },
+    Started { job: &'a JobRecord },
+    Finished { job: &'a JobRecord, assets: &'a [AssetRecord] },
+}
+
+/// A commit log entry, as read back.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Entry {
+    Submitted { job: JobRecord, workflow: serde_json::Value, claim: Option<IdempotencyClaim> },
+    Started { job: JobRecord },
+    Finished { job: JobRecord, assets: Vec<AssetRecord> },
+}
 
 fn backend(e: sled::Error) -> StoreError {
     StoreError::Backend(e.to_string())
@@ -81,7 +102,7 @@ impl SledMeta {
             }
         };
         let tree = |name: &str| db.open_tree(name).map_err(backend);
-        let (attempts, started) = AttemptJournal::open(&dir.join(JOURNAL_FILE))?;
+        let (log, entries) = CommitLog::open(&dir.join(LOG_FILE))?;
         let meta = SledMeta {
             jobs: tree("jobs")?,
             workflows: tree("workflows")?,
@@ -90,31 +111,66 @@ impl SledMeta {
             assets: tree("assets")?,
             hashes: tree("asset_hashes")?,
             claims: tree("claims")?,
-            attempts,
+            log,
             db,
         };
-        meta.replay(started)?;
+        meta.replay(entries)?;
+        let _ = std::fs::remove_file(dir.join(OLD_JOURNAL_FILE));
         Ok(meta)
     }
 
-    /// Applies journaled job starts that did not reach the store before a
-    /// crash (the store's record is still queued, or running an earlier
-    /// attempt), makes them durable, and empties the journal.
-    fn replay(&self, started: Vec<JobRecord>) -> Result<(), StoreError> {
-        if started.is_empty() {
-            return Ok(());
-        }
-        for entry in started {
-            let Some(stored) = self.get_job(&entry.id)? else { continue };
-            let behind = matches!(stored.status, JobStatus::Queued | JobStatus::Running) && entry.attempts > stored.attempts;
-            if behind {
-                tracing::info!(job_id = %entry.id, attempt = entry.attempts, "job start recovered from the attempt journal");
-                self.put_job(&entry)?;
-                self.dequeue(&entry)?;
+    fn append(&self, entry: &EntryRef<'_>, sync: bool) -> Result<(), StoreError> {
+        let payload = encode(entry)?;
+        self.log.append(&payload, sync, || self.db.flush().map(drop).map_err(backend))
+    }
+
+    /// Applies the commit log's entries that did not reach sled before a
+    /// crash, in order, each only where sled's record is older; then flushes
+    /// sled and starts a new log cycle. A submission is applied when the job
+    /// is missing; a start when the stored job is queued or running with
+    /// fewer attempts; a finish when the stored job has not ended.
+    fn replay(&self, entries: Vec<Vec<u8>>) -> Result<(), StoreError> {
+        for bytes in &entries {
+            let Ok(entry) = serde_json::from_slice::<Entry>(bytes) else {
+                tracing::warn!("skipping an unreadable commit log entry");
+                continue;
+            };
+            match entry {
+                Entry::Submitted { job, workflow, claim } => {
+                    if self.get_job(&job.id)?.is_none() {
+                        tracing::info!(job_id = %job.id, "submission recovered from the commit log");
+                        self.put_job(&job)?;
+                        self.workflows.insert(job.id.as_bytes(), encode(&workflow)?).map_err(backend)?;
+                        self.by_time.insert(time_key(&job), job.id.as_bytes()).map_err(backend)?;
+                        self.enqueue(&job)?;
+                        if let Some(claim) = claim {
+                            self.claims.insert(claim.key.as_bytes(), encode(&claim)?).map_err(backend)?;
+                        }
+                    }
+                }
+                Entry::Started { job } => {
+                    let Some(stored) = self.get_job(&job.id)? else { continue };
+                    let behind = matches!(stored.status, JobStatus::Queued | JobStatus::Running) && job.attempts > stored.attempts;
+                    if behind {
+                        tracing::info!(job_id = %job.id, attempt = job.attempts, "job start recovered from the commit log");
+                        self.put_job(&job)?;
+                        self.dequeue(&job)?;
+                    }
+                }
+                Entry::Finished { job, assets } => {
+                    let Some(stored) = self.get_job(&job.id)? else { continue };
+                    if !stored.status.is_terminal() {
+                        tracing::info!(job_id = %job.id, status = job.status.as_str(), "finished job recovered from the commit log");
+                        for asset in &assets {
+                            self.put_asset(asset)?;
+                        }
+                        self.put_job(&job)?;
+                        self.dequeue(&job)?;
+                    }
+                }
             }
         }
-        self.flush()?;
-        self.attempts.clear()
+        self.log.checkpoint(|| self.db.flush().map(drop).map_err(backend))
     }
 }
 
@@ -140,10 +196,13 @@ impl MetaStore for SledMeta {
             Ok(())
         });
         match result {
-            Ok(()) => Ok(()),
-            Err(TransactionError::Abort(())) => Err(StoreError::KeyClaimed),
-            Err(TransactionError::Storage(e)) => Err(backend(e)),
+            Ok(()) => {}
+            Err(TransactionError::Abort(())) => return Err(StoreError::KeyClaimed),
+            Err(TransactionError::Storage(e)) => return Err(backend(e)),
         }
+        // Logged before anything can start the job, so its start and finish
+        // follow it in the log; synced by `sync_jobs`.
+        self.append(&EntryRef::Submitted { job, workflow, claim }, false)
     }
 
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
@@ -208,10 +267,32 @@ impl MetaStore for SledMeta {
         Ok(())
     }
 
+    /// Logged without a sync: the frame is in the kernel's page cache once
+    /// written, which a crash of this process does not lose, so a job that
+    /// brings the server down is counted. A power loss can lose it (and the
+    /// job runs again, one attempt short).
     fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.put_job(job)?;
         self.dequeue(job)?;
-        self.attempts.append(job, || self.flush())
+        self.append(&EntryRef::Started { job }, false)
+    }
+
+    fn sync_jobs(&self) -> Result<(), StoreError> {
+        self.log.sync()
+    }
+
+    fn finish_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        let mut assets = Vec::with_capacity(job.outputs.len());
+        for out in &job.outputs {
+            if let Some(asset) = self.get_asset(&out.asset_id)? {
+                assets.push(asset);
+            }
+        }
+        self.append(&EntryRef::Finished { job, assets: &assets }, true)
+    }
+
+    fn checkpoint(&self) -> Result<(), StoreError> {
+        self.log.checkpoint(|| self.db.flush().map(drop).map_err(backend))
     }
 
     fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError> {
@@ -371,34 +452,73 @@ mod tests {
         assert_eq!(due, vec!["due".to_string()]);
     }
 
+    /// A crash after the commit log had entries that sled had not written
+    /// out: they come back, each only where sled's record is older.
     #[test]
-    fn a_job_start_lost_with_the_process_comes_back_from_the_journal() {
+    fn writes_sled_lost_come_back_from_the_commit_log() {
         let dir = tempfile::tempdir().unwrap();
         let started = |j: &JobRecord, attempts| JobRecord { status: JobStatus::Running, started_at: Some(j.created_at + 1), attempts, ..j.clone() };
-        let (a, b, c) = (job("a", 10, 1), job("b", 20, 2), job("c", 30, 3));
+        let (a, b, c, d) = (job("a", 10, 1), job("b", 20, 2), job("c", 30, 3), job("d", 40, 4));
+        let out = AssetRecord {
+            id: "out-b".into(),
+            owner: "local".into(),
+            hash: "blake3:bb".into(),
+            size_bytes: 3,
+            content_type: "image/png".into(),
+            file_path: Some("b.png".into()),
+            created_at: 25,
+            expires_at: Some(100),
+            job_id: Some("b".into()),
+            node_id: Some("9".into()),
+            tags: vec![],
+        };
+        let finished_b = JobRecord {
+            status: JobStatus::Succeeded,
+            attempts: 1,
+            outputs: vec![crate::store::OutputRecord {
+                node_id: "9".into(),
+                name: "b.png".into(),
+                kind: "image".into(),
+                content_type: "image/png".into(),
+                size_bytes: 3,
+                asset_id: out.id.clone(),
+                hash: out.hash.clone(),
+            }],
+            ..b.clone()
+        };
+        let claim = IdempotencyClaim { key: "k".into(), owner: "local".into(), job_id: Some("d".into()), claimed_at: 40, expires_at: 1_000 };
         {
             let meta = SledMeta::open(dir.path()).unwrap();
-            for j in [&a, &b, &c] {
-                meta.submit(j, &serde_json::json!({}), None).unwrap();
-            }
-            // The process dies after these starts reached the journal and
-            // before sled wrote them out: only the journal has them.
-            meta.attempts.append(&started(&a, 1), || Ok(())).unwrap();
-            meta.attempts.append(&started(&b, 1), || Ok(())).unwrap();
-            // `c` finished before the crash (durable): its stale start is ignored.
+            // Durable in sled: b queued, c finished.
+            meta.submit(&b, &serde_json::json!({"b": 1}), None).unwrap();
+            meta.submit(&c, &serde_json::json!({}), None).unwrap();
             meta.put_job(&JobRecord { status: JobStatus::Succeeded, attempts: 1, ..c.clone() }).unwrap();
             meta.dequeue(&c).unwrap();
-            meta.attempts.append(&started(&c, 1), || Ok(())).unwrap();
-            // A start that sled did make durable replays as a no-op.
-            meta.start_attempt(&started(&b, 1)).unwrap();
-            meta.flush().unwrap();
+            meta.checkpoint().unwrap();
+            // Only in the log (as if sled lost them in the crash): a's
+            // submission and start, b's start and finish with its output,
+            // a stale start of c, d's submission with its claim.
+            meta.append(&EntryRef::Submitted { job: &a, workflow: &serde_json::json!({"a": 1}), claim: None }, false).unwrap();
+            meta.append(&EntryRef::Started { job: &started(&a, 1) }, false).unwrap();
+            meta.append(&EntryRef::Started { job: &started(&b, 1) }, false).unwrap();
+            meta.append(&EntryRef::Finished { job: &finished_b, assets: std::slice::from_ref(&out) }, false).unwrap();
+            meta.append(&EntryRef::Started { job: &started(&c, 1) }, false).unwrap();
+            meta.append(&EntryRef::Submitted { job: &d, workflow: &serde_json::json!({"d": 1}), claim: Some(&claim) }, true).unwrap();
         }
         let meta = SledMeta::open(dir.path()).unwrap();
         let get = |id: &str| meta.get_job(id).unwrap().unwrap();
-        assert_eq!((get("a").status, get("a").attempts), (JobStatus::Running, 1), "recovered from the journal");
-        assert_eq!((get("b").status, get("b").attempts), (JobStatus::Running, 1));
+        assert_eq!((get("a").status, get("a").attempts), (JobStatus::Running, 1), "submitted and started from the log");
+        assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"a": 1})));
+        assert_eq!((get("b").status, get("b").outputs.len()), (JobStatus::Succeeded, 1), "finished from the log");
+        assert_eq!(meta.assets_with_hash("blake3:bb").unwrap().len(), 1, "with its output asset");
         assert_eq!((get("c").status, get("c").attempts), (JobStatus::Succeeded, 1), "a newer durable state wins");
-        assert!(meta.queued().unwrap().is_empty(), "started jobs are off the queue");
-        assert!(std::fs::metadata(dir.path().join(JOURNAL_FILE)).unwrap().len() == 0, "emptied once replayed");
+        assert_eq!(get("d").status, JobStatus::Queued);
+        assert_eq!(meta.get_claim("k").unwrap().and_then(|c| c.job_id).as_deref(), Some("d"), "the claim comes back with its job");
+        assert_eq!(meta.queued().unwrap(), vec!["d".to_string()], "started and finished jobs are off the queue");
+        assert_eq!(meta.list_jobs(None, 10, &|_| true).unwrap().jobs.len(), 4, "listed");
+        // Replayed once: sled has it all, the log starts a new cycle.
+        drop(meta);
+        let (_, left) = CommitLog::open(&dir.path().join(LOG_FILE)).unwrap();
+        assert!(left.is_empty());
     }
 }

@@ -1,0 +1,289 @@
+//! The commit log: a redo log of job writes (submissions, starts, terminal
+//! records) that makes them durable without a flush of the metadata store.
+//!
+//! sled's own flush hands the write to its I/O thread pool, whose `send`
+//! wakes all seven idle pool threads; twice per job that was a fifth of the
+//! server's CPU (BENCHMARKS.md, session 5). Here the calling thread writes a
+//! frame with one `pwrite` and, when it must be durable, pushes the log's
+//! unsynced prefix to the disk with `sync_file_range` — the same guarantee
+//! sled's flush gives (data on the device, no cache flush), in one thread.
+//!
+//! Frames go one after another into a file that is zero-filled ahead of the
+//! writes (1 MiB at a time, made durable with `fdatasync` when extended), so
+//! a sync never has file-size metadata to write. A frame is
+//! `magic ‖ cycle ‖ seq ‖ len ‖ checksum ‖ payload` (little-endian; the
+//! checksum is the first 8 bytes of blake3 over cycle, seq, len and
+//! payload). Reading starts at offset 0 and stops at the first frame that is
+//! torn, fails its checksum, or does not continue the first frame's cycle
+//! and sequence — which is how frames of an earlier cycle, left behind the
+//! write position by a reset, are told apart. Syncs always cover the whole
+//! unsynced prefix, so what survives a crash is a prefix of the log.
+//!
+//! The log is reset (a new random cycle id, writes start again at offset 0,
+//! whose old header is zeroed and synced first) only after a flush of the
+//! store has made every frame redundant: when the store opens, when the log
+//! is full ([`CAP`]), and when the store asks (a checkpoint), always under
+//! the log's lock so no frame can slip between the flush and the reset.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use parking_lot::Mutex;
+
+use super::StoreError;
+
+/// Most bytes of frames before the log is reset.
+pub const CAP: u64 = 16 << 20;
+/// The file is zero-filled ahead of the writes in steps of this size.
+const STEP: u64 = 1 << 20;
+const MAGIC: [u8; 4] = *b"KLG1";
+const HEADER: usize = 4 + 8 + 8 + 4 + 8;
+
+struct State {
+    /// Where the next frame goes.
+    end: u64,
+    /// Frames before this offset are durable.
+    synced: u64,
+    /// Bytes of the file that exist (zero-filled or written).
+    allocated: u64,
+    /// The next frame's sequence number.
+    seq: u64,
+    /// This cycle's id (random per reset): a sync that finishes after a
+    /// reset must not mark frames of the new cycle durable.
+    cycle: u64,
+}
+
+/// An append-only log of opaque payloads.
+pub struct CommitLog {
+    /// Written and synced by offset, so it is shared outside the lock.
+    file: File,
+    state: Mutex<State>,
+}
+
+fn checksum(cycle: u64, seq: u64, payload: &[u8]) -> [u8; 8] {
+    let mut h = blake3::Hasher::new();
+    h.update(&cycle.to_le_bytes());
+    h.update(&seq.to_le_bytes());
+    h.update(&(payload.len() as u32).to_le_bytes());
+    h.update(payload);
+    let mut out = [0; 8];
+    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    out
+}
+
+/// Pushes `[from, to)` of `file` to the device and waits for it.
+fn sync_range(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    if to <= from {
+        return Ok(());
+    }
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: a plain syscall on an open descriptor; no memory is passed.
+    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), from as libc::off64_t, (to - from) as libc::off64_t, flags) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+impl CommitLog {
+    /// Opens (creating) the log at `path` and returns it with the payloads
+    /// of its current cycle, oldest first. The caller applies them, flushes
+    /// the store, then calls [`CommitLog::reset`].
+    pub fn open(path: &Path) -> Result<(CommitLog, Vec<Vec<u8>>), StoreError> {
+        let file = File::options().read(true).write(true).create(true).truncate(false).open(path)?;
+        let allocated = file.metadata()?.len();
+        let mut payloads = Vec::new();
+        let (mut offset, mut last) = (0u64, None::<(u64, u64)>);
+        let mut header = [0u8; HEADER];
+        let field = |h: &[u8], at: usize| u64::from_le_bytes(h[at..at + 8].try_into().unwrap_or_default());
+        while offset + HEADER as u64 <= allocated {
+            if file.read_exact_at(&mut header, offset).is_err() || header[..4] != MAGIC {
+                break;
+            }
+            let (cycle, seq) = (field(&header, 4), field(&header, 12));
+            let len = u32::from_le_bytes(header[20..24].try_into().unwrap_or_default()) as u64;
+            if last.is_some_and(|(c, s)| cycle != c || seq != s + 1) || offset + HEADER as u64 + len > allocated {
+                break;
+            }
+            let mut payload = vec![0u8; len as usize];
+            if file.read_exact_at(&mut payload, offset + HEADER as u64).is_err() || checksum(cycle, seq, &payload)[..] != header[24..32] {
+                break;
+            }
+            payloads.push(payload);
+            last = Some((cycle, seq));
+            offset += HEADER as u64 + len;
+        }
+        // Until the reset the frames read stay; new ones would follow them.
+        let (cycle, seq) = last.map_or_else(|| (new_cycle(), 1), |(c, s)| (c, s + 1));
+        let state = State { end: offset, synced: offset, allocated, seq, cycle };
+        Ok((CommitLog { file, state: Mutex::new(state) }, payloads))
+    }
+
+    /// Appends `payload`; with `sync`, returns once it (and every frame
+    /// before it) is durable. When the log is full, `flush` (which must make
+    /// every earlier frame redundant) runs first and the log is reset.
+    pub fn append(&self, payload: &[u8], sync: bool, flush: impl FnOnce() -> Result<(), StoreError>) -> Result<(), StoreError> {
+        let mut frame = Vec::with_capacity(HEADER + payload.len());
+        let mut state = self.state.lock();
+        let len = u32::try_from(payload.len()).map_err(|_| StoreError::Backend("commit log entry too large".into()))?;
+        if state.end + frame.capacity() as u64 > CAP {
+            flush()?;
+            self.reset(&mut state)?;
+        }
+        let (cycle, seq) = (state.cycle, state.seq);
+        frame.extend_from_slice(&MAGIC);
+        frame.extend_from_slice(&cycle.to_le_bytes());
+        frame.extend_from_slice(&seq.to_le_bytes());
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(&checksum(cycle, seq, payload));
+        frame.extend_from_slice(payload);
+        let at = state.end;
+        let needed = at + frame.len() as u64;
+        if needed > state.allocated {
+            // Zero-fill ahead and make the new length durable once, so later
+            // syncs of this region carry no metadata.
+            let grown = needed.div_ceil(STEP) * STEP;
+            let zeros = vec![0u8; (grown - state.allocated) as usize];
+            self.file.write_all_at(&zeros, state.allocated)?;
+            self.file.sync_data()?;
+            state.allocated = grown;
+        }
+        self.file.write_all_at(&frame, at)?;
+        state.end = needed;
+        state.seq += 1;
+        if !sync {
+            return Ok(());
+        }
+        let (from, cycle) = (state.synced, state.cycle);
+        drop(state);
+        self.sync_to(from, needed, cycle)
+    }
+
+    /// Makes every frame appended so far durable.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        let (from, to, cycle) = {
+            let state = self.state.lock();
+            (state.synced, state.end, state.cycle)
+        };
+        self.sync_to(from, to, cycle)
+    }
+
+    /// Syncs `[from, to)` without the lock (concurrent syncs overlap), then
+    /// records it unless the log was reset meanwhile.
+    fn sync_to(&self, from: u64, to: u64, cycle: u64) -> Result<(), StoreError> {
+        sync_range(&self.file, from, to)?;
+        let mut state = self.state.lock();
+        if state.cycle == cycle {
+            state.synced = state.synced.max(to);
+        }
+        Ok(())
+    }
+
+    /// Runs `flush` (which must make every frame so far redundant) with
+    /// appends held off, then starts a new cycle.
+    pub fn checkpoint(&self, flush: impl FnOnce() -> Result<(), StoreError>) -> Result<(), StoreError> {
+        let mut state = self.state.lock();
+        flush()?;
+        self.reset(&mut state)
+    }
+
+    /// Starts a new cycle at offset 0. The old first header is zeroed and
+    /// synced first, so a crash before the next frame replays nothing.
+    fn reset(&self, state: &mut State) -> Result<(), StoreError> {
+        if state.allocated >= HEADER as u64 {
+            self.file.write_all_at(&[0u8; HEADER], 0)?;
+            sync_range(&self.file, 0, HEADER as u64)?;
+        }
+        state.end = 0;
+        state.synced = 0;
+        state.cycle = new_cycle();
+        state.seq = 1;
+        Ok(())
+    }
+}
+
+/// A random cycle id.
+fn new_cycle() -> u64 {
+    u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(path: &Path) -> (CommitLog, Vec<String>) {
+        let (log, payloads) = CommitLog::open(path).unwrap();
+        (log, payloads.into_iter().map(|p| String::from_utf8(p).unwrap()).collect())
+    }
+
+    #[test]
+    fn frames_come_back_in_order_until_a_torn_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("commit.log");
+        {
+            let (log, old) = open(&path);
+            assert!(old.is_empty());
+            log.append(b"one", true, || Ok(())).unwrap();
+            log.append(b"two", false, || Ok(())).unwrap();
+            log.append(b"three", true, || Ok(())).unwrap();
+        }
+        assert_eq!(open(&path).1, ["one", "two", "three"]);
+        // Tear the last frame: the ones before it survive, it does not.
+        let len = (HEADER + 3) as u64 * 2 + HEADER as u64 + 5;
+        let file = File::options().write(true).open(&path).unwrap();
+        file.write_all_at(b"X", len - 2).unwrap();
+        assert_eq!(open(&path).1, ["one", "two"]);
+        // A broken header ends the log too.
+        file.write_all_at(b"Z", 0).unwrap();
+        assert!(open(&path).1.is_empty());
+    }
+
+    #[test]
+    fn a_checkpoint_starts_a_cycle_and_old_frames_are_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("commit.log");
+        let flushes = std::cell::Cell::new(0);
+        {
+            let (log, _) = open(&path);
+            for i in 0..5 {
+                log.append(format!("old-{i}-{}", "x".repeat(40)).as_bytes(), false, || Ok(())).unwrap();
+            }
+            log.checkpoint(|| {
+                flushes.set(flushes.get() + 1);
+                Ok(())
+            })
+            .unwrap();
+            assert!(open(&path).1.is_empty(), "a checkpoint with no frame after it replays nothing");
+            // Shorter than what it overwrites: the old frames behind it must
+            // not come back (they belong to another cycle).
+            log.append(b"new", true, || Ok(())).unwrap();
+        }
+        assert_eq!(flushes.get(), 1);
+        assert_eq!(open(&path).1, ["new"]);
+        // A failed checkpoint flush keeps the cycle.
+        let (log, _) = open(&path);
+        assert!(log.checkpoint(|| Err(StoreError::Backend("disk gone".into()))).is_err());
+        log.append(b"after", true, || Ok(())).unwrap();
+        assert_eq!(open(&path).1, ["new", "after"]);
+    }
+
+    #[test]
+    fn a_full_log_flushes_and_wraps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("commit.log");
+        let flushes = std::cell::Cell::new(0);
+        let (log, _) = open(&path);
+        let entry = vec![b'e'; 64 << 10];
+        let per_cycle = CAP / (entry.len() + HEADER) as u64;
+        for _ in 0..per_cycle + 3 {
+            log.append(&entry, true, || {
+                flushes.set(flushes.get() + 1);
+                Ok(())
+            })
+            .unwrap();
+        }
+        assert_eq!(flushes.get(), 1, "one wrap");
+        drop(log);
+        assert_eq!(open(&path).1.len(), 3, "only the new cycle is replayed");
+        assert!(std::fs::metadata(&path).unwrap().len() <= CAP + STEP);
+    }
+}
