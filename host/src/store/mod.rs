@@ -58,7 +58,9 @@ pub trait MetaStore: Send + Sync {
     /// when a live claim holds the key), records the job and its workflow,
     /// and appends it to the queue. Committed (visible, and ordered before
     /// every later write) when it returns; durable after
-    /// [`MetaStore::sync_jobs`] or [`MetaStore::flush`].
+    /// [`MetaStore::sync_jobs`] or [`MetaStore::flush`]. A committed write
+    /// whose durability is already known to be in doubt returns
+    /// [`StoreError::NotDurable`].
     fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError>;
     /// Writes a job record (not flushed; see [`MetaStore::flush`]).
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;

@@ -201,8 +201,9 @@ impl MetaStore for SledMeta {
             Err(TransactionError::Storage(e)) => return Err(backend(e)),
         }
         // Logged before anything can start the job, so its start and finish
-        // follow it in the log; synced by `sync_jobs`.
-        self.append(&EntryRef::Submitted { job, workflow, claim }, false)
+        // follow it in the log; synced by `sync_jobs`. The transaction is
+        // committed either way: a failure here leaves the outcome unknown.
+        self.append(&EntryRef::Submitted { job, workflow, claim }, false).map_err(|e| StoreError::NotDurable(e.to_string()))
     }
 
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
