@@ -136,6 +136,42 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_asset_or_claim() {
     eprintln!("{} acknowledged jobs and {} assets survived three SIGKILLs", acknowledged.len(), assets.len());
 }
 
+/// A job seen `succeeded` is still `succeeded`, with the same outputs, after
+/// a SIGKILL that came right after: its terminal record was durable before
+/// it was published (sled writes its own buffers out only every 200 ms, so
+/// the last ones come back from the commit log), and it is not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_seen_succeeded_stay_succeeded_across_sigkill() {
+    let data = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let mut seen = Vec::new();
+    for round in 0..3 {
+        let kiln = spawn(data.path(), &[], &[]);
+        for i in 0..20 {
+            let body = json!({ "workflow": {
+                "1": { "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": round * 100 + i } },
+                "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "k" } } } });
+            let job: Value = http.post(format!("{}/api/v2/jobs", kiln.base)).json(&body).send().await.unwrap().json().await.unwrap();
+            let done = wait_terminal(&http, &kiln.base, job["id"].as_str().unwrap()).await;
+            assert_eq!(done["status"], "succeeded", "{done}");
+            seen.push(done);
+        }
+        drop(kiln); // SIGKILL, within milliseconds of the last completion
+    }
+    let kiln = spawn(data.path(), &[], &[]);
+    let ids = |job: &Value| job["outputs"].as_array().unwrap().iter().map(|o| o["id"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    for before in &seen {
+        let id = before["id"].as_str().unwrap();
+        let after: Value = http.get(format!("{}/api/v2/jobs/{id}", kiln.base)).send().await.unwrap().json().await.unwrap();
+        assert_eq!(after["status"], "succeeded", "{after}");
+        assert_eq!(ids(&after), ids(before), "job {id} kept its outputs (it did not run again)");
+        assert_eq!(after["completed_at"], before["completed_at"]);
+        for out in ids(before) {
+            assert_eq!(http.get(format!("{}/api/v2/assets/{out}", kiln.base)).send().await.unwrap().status(), 200, "output {out}");
+        }
+    }
+}
+
 /// The Python `comfy-sdk` 0.5.0 from PyPI, unmodified, against `kiln serve`.
 #[test]
 fn the_real_comfy_sdk_runs_end_to_end() {
