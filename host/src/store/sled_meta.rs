@@ -13,8 +13,6 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use sled::Transactional;
-use sled::transaction::{ConflictableTransactionError, TransactionError};
 
 use super::commit_log::CommitLog;
 use super::{AssetRecord, IdempotencyClaim, JobPage, JobRecord, JobStatus, MetaStore, Micros, StoreError};
@@ -124,6 +122,25 @@ impl SledMeta {
         self.log.append(&payload, sync, || self.db.flush().map(drop).map_err(backend))
     }
 
+    /// Claims `claim.key` unless a live claim holds it; returns the bytes
+    /// written.
+    fn take_claim(&self, claim: &IdempotencyClaim) -> Result<Vec<u8>, StoreError> {
+        let bytes = encode(claim)?;
+        loop {
+            let current = self.claims.get(claim.key.as_bytes()).map_err(backend)?;
+            if let Some(existing) = &current {
+                let live = serde_json::from_slice::<IdempotencyClaim>(existing).map_or(true, |c| c.expires_at > claim.claimed_at);
+                if live {
+                    return Err(StoreError::KeyClaimed);
+                }
+            }
+            // Another submission may have changed the key since the read.
+            if self.claims.compare_and_swap(claim.key.as_bytes(), current, Some(bytes.as_slice())).map_err(backend)?.is_ok() {
+                return Ok(bytes);
+            }
+        }
+    }
+
     /// Applies the commit log's entries that did not reach sled before a
     /// crash, in order, each only where sled's record is older; then flushes
     /// sled and starts a new log cycle. A submission is applied when the job
@@ -139,13 +156,14 @@ impl SledMeta {
                 Entry::Submitted { job, workflow, claim } => {
                     if self.get_job(&job.id)?.is_none() {
                         tracing::info!(job_id = %job.id, "submission recovered from the commit log");
-                        self.put_job(&job)?;
-                        self.workflows.insert(job.id.as_bytes(), encode(&workflow)?).map_err(backend)?;
-                        self.by_time.insert(time_key(&job), job.id.as_bytes()).map_err(backend)?;
-                        self.enqueue(&job)?;
+                        // The job record last, as in `submit`.
                         if let Some(claim) = claim {
                             self.claims.insert(claim.key.as_bytes(), encode(&claim)?).map_err(backend)?;
                         }
+                        self.workflows.insert(job.id.as_bytes(), encode(&workflow)?).map_err(backend)?;
+                        self.by_time.insert(time_key(&job), job.id.as_bytes()).map_err(backend)?;
+                        self.enqueue(&job)?;
+                        self.put_job(&job)?;
                     }
                 }
                 Entry::Started { job } => {
@@ -175,34 +193,43 @@ impl SledMeta {
 }
 
 impl MetaStore for SledMeta {
+    /// Without a sled transaction: sled seals and writes its log buffer
+    /// twice for every multi-tree transaction (through its I/O pool, which
+    /// wakes all its threads), and the commit log already makes the
+    /// submission atomic after a crash. The claim is taken first with a
+    /// compare-and-swap (two submissions with one key cannot both win); the
+    /// job record is written last, so — sled keeping a prefix of its writes —
+    /// a job that survives a crash has its workflow, index and queue entries,
+    /// and one that does not is re-applied whole from the log (replay applies
+    /// a submission when the job is missing).
     fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
         let job_bytes = encode(job)?;
         let wf_bytes = encode(workflow)?;
-        let claim_bytes = claim.map(encode).transpose()?;
-        let result = (&self.jobs, &self.workflows, &self.by_time, &self.queue, &self.claims).transaction(|(jobs, wfs, by_time, queue, claims)| {
-            if let (Some(claim), Some(bytes)) = (claim, &claim_bytes) {
-                if let Some(existing) = claims.get(claim.key.as_bytes())? {
-                    let live = serde_json::from_slice::<IdempotencyClaim>(&existing).map_or(true, |c| c.expires_at > claim.claimed_at);
-                    if live {
-                        return Err(ConflictableTransactionError::Abort(()));
-                    }
-                }
-                claims.insert(claim.key.as_bytes(), bytes.as_slice())?;
+        let claimed = match claim {
+            Some(claim) => Some(self.take_claim(claim)?),
+            None => None,
+        };
+        let written = (|| {
+            self.workflows.insert(job.id.as_bytes(), wf_bytes.as_slice())?;
+            self.by_time.insert(time_key(job), job.id.as_bytes())?;
+            self.queue.insert(job.seq.to_be_bytes(), job.id.as_bytes())?;
+            self.jobs.insert(job.id.as_bytes(), job_bytes.as_slice())?;
+            Ok::<(), sled::Error>(())
+        })();
+        if let Err(e) = written {
+            // Undo what can be undone, so the key is free again.
+            let _ = self.jobs.remove(job.id.as_bytes());
+            let _ = self.queue.remove(job.seq.to_be_bytes());
+            let _ = self.by_time.remove(time_key(job));
+            let _ = self.workflows.remove(job.id.as_bytes());
+            if let (Some(claim), Some(bytes)) = (claim, claimed) {
+                let _ = self.claims.compare_and_swap(claim.key.as_bytes(), Some(bytes), None::<&[u8]>);
             }
-            jobs.insert(job.id.as_bytes(), job_bytes.as_slice())?;
-            wfs.insert(job.id.as_bytes(), wf_bytes.as_slice())?;
-            by_time.insert(time_key(job), job.id.as_bytes())?;
-            queue.insert(&job.seq.to_be_bytes(), job.id.as_bytes())?;
-            Ok(())
-        });
-        match result {
-            Ok(()) => {}
-            Err(TransactionError::Abort(())) => return Err(StoreError::KeyClaimed),
-            Err(TransactionError::Storage(e)) => return Err(backend(e)),
+            return Err(backend(e));
         }
         // Logged before anything can start the job, so its start and finish
-        // follow it in the log; synced by `sync_jobs`. The transaction is
-        // committed either way: a failure here leaves the outcome unknown.
+        // follow it in the log; synced by `sync_jobs`. The writes above are
+        // done either way: a failure here leaves the outcome unknown.
         self.append(&EntryRef::Submitted { job, workflow, claim }, false).map_err(|e| StoreError::NotDurable(e.to_string()))
     }
 
