@@ -448,6 +448,29 @@ mod tests {
     }
 
     #[test]
+    fn one_of_many_concurrent_submissions_with_a_key_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = std::sync::Arc::new(SledMeta::open(dir.path()).unwrap());
+        let start = std::sync::Arc::new(std::sync::Barrier::new(16));
+        let threads: Vec<_> = (0..16)
+            .map(|i| {
+                let (meta, start) = (meta.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    let id = format!("j{i}");
+                    let claim = IdempotencyClaim { key: "same".into(), owner: "local".into(), job_id: Some(id.clone()), claimed_at: 10, expires_at: 100 };
+                    meta.submit(&job(&id, 10 + i, i as u64 + 1), &serde_json::json!({}), Some(&claim)).is_ok()
+                })
+            })
+            .collect();
+        let won: Vec<bool> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
+        let winner = format!("j{}", won.iter().position(|w| *w).unwrap());
+        assert_eq!(meta.get_claim("same").unwrap().unwrap().job_id, Some(winner.clone()));
+        assert_eq!(meta.queued().unwrap(), vec![winner], "the losers wrote nothing");
+    }
+
+    #[test]
     fn assets_indexed_by_hash() {
         let dir = tempfile::tempdir().unwrap();
         let meta = SledMeta::open(dir.path()).unwrap();
