@@ -50,6 +50,8 @@ pub struct LiveJob {
     /// Blobs this job's nodes wrote that no asset record names yet (kept
     /// from garbage collection).
     pub pending_blobs: Arc<Mutex<Vec<String>>>,
+    /// The output asset records this run wrote (logged with its terminal record).
+    pub output_assets: Mutex<Vec<crate::store::AssetRecord>>,
 }
 
 impl LiveJob {
@@ -65,6 +67,7 @@ impl LiveJob {
             last_preview_at: Mutex::new(None),
             prepared: Mutex::new(None),
             pending_blobs: Arc::default(),
+            output_assets: Mutex::new(Vec::new()),
         }
     }
 

@@ -208,6 +208,7 @@ impl Service {
                             tracing::error!(error = %e, "cannot record an output asset");
                             continue;
                         }
+                        live.output_assets.lock().push(asset.clone());
                         let output = OutputRecord {
                             node_id: node.clone(),
                             name,
@@ -298,12 +299,11 @@ impl Service {
         });
         // Made durable (with its outputs) off the async workers.
         let meta = self.meta.clone();
-        let record = written.as_ref().ok().cloned();
-        let flushed = match tokio::task::spawn_blocking(move || record.map_or(Ok(()), |r| meta.finish_job(&r))).await {
-            Ok(result) => result,
-            Err(e) => Err(crate::store::StoreError::Backend(e.to_string())),
-        };
-        let snapshot = match written.and_then(|s| flushed.map(|()| s)) {
+        let assets = std::mem::take(&mut *live.output_assets.lock());
+        let durable = tokio::task::spawn_blocking(move || written.and_then(|r| meta.finish_job(&r, &assets).map(|()| r)))
+            .await
+            .unwrap_or_else(|e| Err(crate::store::StoreError::Backend(e.to_string())));
+        let snapshot = match durable {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(error = %e, "cannot record the finished job");

@@ -92,9 +92,10 @@ pub trait MetaStore: Send + Sync {
         self.flush()
     }
     /// Makes a job's terminal record, already written with
-    /// [`MetaStore::put_job`], durable together with its output assets.
-    fn finish_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        let _ = job;
+    /// [`MetaStore::put_job`], durable together with its output assets
+    /// (written with [`MetaStore::put_asset`]).
+    fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
+        let _ = (job, assets);
         self.flush()
     }
     /// Makes everything durable in the store itself, so nothing written so

@@ -119,7 +119,18 @@ impl SledMeta {
 
     fn append(&self, entry: &EntryRef<'_>, sync: bool) -> Result<(), StoreError> {
         let payload = encode(entry)?;
-        self.log.append(&payload, sync, || self.db.flush().map(drop).map_err(backend))
+        self.log.append(&payload, sync, || MetaStore::flush(self))
+    }
+
+    /// Writes a submission's workflow, time index and queue entry, then the
+    /// job record: sled keeps a prefix of its writes, so a job record that
+    /// survives a crash has everything written before it.
+    fn write_submission(&self, job: &JobRecord, job_bytes: &[u8], wf_bytes: &[u8]) -> Result<(), sled::Error> {
+        self.workflows.insert(job.id.as_bytes(), wf_bytes)?;
+        self.by_time.insert(time_key(job), job.id.as_bytes())?;
+        self.queue.insert(job.seq.to_be_bytes(), job.id.as_bytes())?;
+        self.jobs.insert(job.id.as_bytes(), job_bytes)?;
+        Ok(())
     }
 
     /// Claims `claim.key` unless a live claim holds it; returns the bytes
@@ -156,14 +167,10 @@ impl SledMeta {
                 Entry::Submitted { job, workflow, claim } => {
                     if self.get_job(&job.id)?.is_none() {
                         tracing::info!(job_id = %job.id, "submission recovered from the commit log");
-                        // The job record last, as in `submit`.
                         if let Some(claim) = claim {
                             self.claims.insert(claim.key.as_bytes(), encode(&claim)?).map_err(backend)?;
                         }
-                        self.workflows.insert(job.id.as_bytes(), encode(&workflow)?).map_err(backend)?;
-                        self.by_time.insert(time_key(&job), job.id.as_bytes()).map_err(backend)?;
-                        self.enqueue(&job)?;
-                        self.put_job(&job)?;
+                        self.write_submission(&job, &encode(&job)?, &encode(&workflow)?).map_err(backend)?;
                     }
                 }
                 Entry::Started { job } => {
@@ -188,7 +195,7 @@ impl SledMeta {
                 }
             }
         }
-        self.log.checkpoint(|| self.db.flush().map(drop).map_err(backend))
+        self.log.checkpoint(|| MetaStore::flush(self))
     }
 }
 
@@ -209,14 +216,7 @@ impl MetaStore for SledMeta {
             Some(claim) => Some(self.take_claim(claim)?),
             None => None,
         };
-        let written = (|| {
-            self.workflows.insert(job.id.as_bytes(), wf_bytes.as_slice())?;
-            self.by_time.insert(time_key(job), job.id.as_bytes())?;
-            self.queue.insert(job.seq.to_be_bytes(), job.id.as_bytes())?;
-            self.jobs.insert(job.id.as_bytes(), job_bytes.as_slice())?;
-            Ok::<(), sled::Error>(())
-        })();
-        if let Err(e) = written {
+        if let Err(e) = self.write_submission(job, &job_bytes, &wf_bytes) {
             // Undo what can be undone, so the key is free again.
             let _ = self.jobs.remove(job.id.as_bytes());
             let _ = self.queue.remove(job.seq.to_be_bytes());
@@ -309,18 +309,12 @@ impl MetaStore for SledMeta {
         self.log.sync()
     }
 
-    fn finish_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        let mut assets = Vec::with_capacity(job.outputs.len());
-        for out in &job.outputs {
-            if let Some(asset) = self.get_asset(&out.asset_id)? {
-                assets.push(asset);
-            }
-        }
-        self.append(&EntryRef::Finished { job, assets: &assets }, true)
+    fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
+        self.append(&EntryRef::Finished { job, assets }, true)
     }
 
     fn checkpoint(&self) -> Result<(), StoreError> {
-        self.log.checkpoint(|| self.db.flush().map(drop).map_err(backend))
+        self.log.checkpoint(|| MetaStore::flush(self))
     }
 
     fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError> {
