@@ -58,14 +58,16 @@ def load_save_workflow(client):
 
 
 def heavy_workflow(client, color):
-    """Many seconds of work (two radius-31 blurs of 4096²), so a job is
-    surely still running or queued when the test cancels it."""
-    return client.workflows.from_json({
-        "1": {"class_type": "EmptyImage", "inputs": {"width": 4096, "height": 4096, "batch_size": 1, "color": color}},
-        "4": {"class_type": "ImageBlur", "inputs": {"image": ["1", 0], "blur_radius": 31, "sigma": 9.0}},
-        "2": {"class_type": "ImageBlur", "inputs": {"image": ["4", 0], "blur_radius": 31, "sigma": 8.0}},
-        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "heavy"}},
-    })
+    """Many seconds of work, so a job is surely still running or queued when
+    the test cancels it: a chain of 60 radius-31 blurs of 2048² (the blurs
+    run as host kernels, ≈ 0.1–0.2 s each here; two 4096² blurs once took
+    seconds and now can finish before the cancel). A cancel stops the chain
+    within one band of rows, so the length costs nothing when it is used."""
+    graph = {"0": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 2048, "batch_size": 1, "color": color}}}
+    for i in range(1, 61):
+        graph[str(i)] = {"class_type": "ImageBlur", "inputs": {"image": [str(i - 1), 0], "blur_radius": 31, "sigma": 9.0}}
+    graph["out"] = {"class_type": "SaveImage", "inputs": {"images": ["60", 0], "filename_prefix": "heavy"}}
+    return client.workflows.from_json(graph)
 
 
 def run_end_to_end(client):
