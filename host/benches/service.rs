@@ -11,7 +11,8 @@
 //! so every job really executes both nodes. Record results in BENCHMARKS.md.
 //! `-- latency` runs only the latency figure, over 1000 jobs; `-- throughput`
 //! only the 8-client throughput figure, three 5 s rounds. The server inherits
-//! this process's environment, so `KILN_*` settings can be tried per run.
+//! this process's environment, so `KILN_*` settings can be tried per run;
+//! `KILN_BENCH_SERVER=/path/to/kiln` runs another build (A/B comparisons).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -35,13 +36,11 @@ impl Drop for Server {
     }
 }
 
-fn start() -> Server {
-    start_with(&[])
-}
-
 fn start_with(env: &[(&str, &str)]) -> Server {
     let data = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    // KILN_BENCH_SERVER: another kiln binary, for back-to-back comparisons.
+    let server = std::env::var_os("KILN_BENCH_SERVER").unwrap_or_else(|| env!("CARGO_BIN_EXE_kiln").into());
+    let mut cmd = Command::new(server);
     cmd.args(["serve", "--port", "0", "--data-dir"])
         .arg(data.path())
         .env("KILN_RESULT_CACHE_MB", "0")
@@ -137,13 +136,15 @@ fn main() {
     let latency_only = std::env::args().any(|a| a == "latency");
     let throughput_only = std::env::args().any(|a| a == "throughput");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    // The first start compiles the bundled components into the artifact
-    // cache; every later start deserializes them.
-    let first = start();
+    // The first start compiles the bundled components into an empty
+    // artifact cache; every later start deserializes them.
+    let cache = tempfile::tempdir().unwrap();
+    let cache_env = [("KILN_CACHE_DIR", cache.path().to_str().unwrap())];
+    let first = start_with(&cache_env);
     std::thread::sleep(Duration::from_secs(2));
     println!("idle RSS after a first start (components compiled): {:.1} MiB", rss_kib(first.child.id()) as f64 / 1024.0);
     drop(first);
-    let server = start();
+    let server = start_with(&cache_env);
     let base = server.base.clone();
     let pid = server.child.id();
     std::thread::sleep(Duration::from_secs(2));

@@ -49,6 +49,9 @@ impl Server {
     pub async fn start(config: Config) -> anyhow::Result<Server> {
         let runtime = Arc::new(PluginRuntime::new(config.runtime()).map_err(|e| anyhow::anyhow!("{e:#}"))?);
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &config.plugin_dirs).await?);
+        // Compiling plugins (first start, or after a change) leaves tens of
+        // MiB of freed compiler memory that the allocator keeps (see `memory`).
+        tokio::task::spawn_blocking(crate::memory::release_free_memory).await?;
         let options = ServiceOptions::from_config(&config);
         Server::start_with(config, options, runtime, registry).await
     }

@@ -55,3 +55,10 @@ pub fn create_from_u8(shape: &[usize], data: &[u8]) -> Result<Tensor> {
     let shape = shape.iter().map(|&d| side(d)).collect::<Result<Vec<u32>>>()?;
     Ok(wit::create_from_u8(&shape, data)?)
 }
+
+/// Image `index` of an IMAGE as an 8-bit PNG with `text` as text chunks
+/// (`(keyword, text)`), encoded natively by the host: what a save node writes.
+pub fn encode_png(images: &Tensor, index: usize, text: &[(String, String)]) -> Result<Vec<u8>> {
+    let index = u32::try_from(index).map_err(|_| Error::invalid(format!("image {index} is out of range")))?;
+    Ok(wit::encode_png(images, index, text)?)
+}

@@ -1,5 +1,5 @@
-//! Loading and saving images: decoding and encoding run inside the sandbox,
-//! with ComfyUI's conventions (mask = 1 − alpha, 64×64 zero mask without
+//! Loading and saving images: decoding runs inside the sandbox, encoding in a
+//! host kernel, with ComfyUI's conventions (mask = 1 − alpha, 64×64 zero mask without
 //! alpha, truncating quantization, `prefix_00001_.png` names, workflow in the
 //! PNG text chunks).
 
@@ -23,7 +23,9 @@ async fn load_invert_save_round_trip_matches_comfy_quantization() {
         "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
         "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "shots/inv"}},
         "4": {"class_type": "MaskToImage", "inputs": {"mask": ["1", 1]}},
-        "5": {"class_type": "SaveImage", "inputs": {"images": ["4", 0], "filename_prefix": "mask"}}
+        "5": {"class_type": "SaveImage", "inputs": {"images": ["4", 0], "filename_prefix": "mask"}},
+        // Not Latin-1: the embedded workflow goes into an iTXt chunk instead of tEXt.
+        "6": {"class_type": "PrimitiveString", "inputs": {"value": "夕焼け café"}}
     });
     let ran = run_workflow(workflow.clone(), opts).await;
     assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);

@@ -116,13 +116,15 @@ pub fn write_png(path: &Path, width: u32, height: u32, channels: usize, pixels: 
     enc.write_header().unwrap().write_image_data(pixels).unwrap();
 }
 
-/// Decodes an 8-bit PNG: (width, height, channels, pixels, text chunks).
+/// Decodes an 8-bit PNG: (width, height, channels, pixels, text chunks: `tEXt` then `iTXt`).
 pub fn read_png(path: &Path) -> (u32, u32, usize, Vec<u8>, Vec<(String, String)>) {
     let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
     let mut reader = decoder.read_info().unwrap();
     let mut buf = vec![0; reader.output_buffer_size().unwrap()];
     let info = reader.next_frame(&mut buf).unwrap();
     buf.truncate(info.buffer_size());
-    let text = reader.info().uncompressed_latin1_text.iter().map(|t| (t.keyword.clone(), t.text.clone())).collect();
+    let chunks = reader.info();
+    let mut text: Vec<(String, String)> = chunks.uncompressed_latin1_text.iter().map(|t| (t.keyword.clone(), t.text.clone())).collect();
+    text.extend(chunks.utf8_text.iter().map(|t| (t.keyword.clone(), t.get_text().unwrap())));
     (info.width, info.height, info.color_type.samples(), buf, text)
 }

@@ -13,6 +13,7 @@
 //! node's deadline still bite while host code runs.
 
 mod bands;
+pub mod codec;
 pub mod convert;
 pub mod convolve;
 pub mod resample;

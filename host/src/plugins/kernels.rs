@@ -10,10 +10,10 @@
 
 use std::time::Instant;
 
-use kiln_kernels::convert;
 use kiln_kernels::convolve::{self, Finish};
 use kiln_kernels::resample::{self, Method};
 use kiln_kernels::{Dims, KernelError};
+use kiln_kernels::{codec, convert};
 use wasmtime::component::Resource;
 
 use super::bindings::kiln::plugin::kernels;
@@ -134,6 +134,15 @@ impl kernels::Host for NodeState {
 
     fn create_from_u8(&mut self, shape: Vec<u32>, data: Vec<u8>) -> KernelResult<Resource<Tensor>> {
         self.compute(Some(data.len()), |stop| Ok((shape, convert::from_u8(&data, stop)?)))
+    }
+
+    fn encode_png(&mut self, images: Resource<Tensor>, index: u32, text: Vec<(String, String)>) -> KernelResult<Vec<u8>> {
+        let t = self.table.get(&images)?.clone();
+        let dims = match dims_of(&t, false) {
+            Ok(d) => d,
+            Err(m) => return invalid(m),
+        };
+        Ok(self.run_kernel(|stop| codec::encode_png(t.data(), dims, index as usize, &text, stop))?.map_err(kernels::KernelError::Invalid))
     }
 }
 

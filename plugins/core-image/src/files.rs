@@ -1,6 +1,7 @@
 //! Nodes that cross the sandbox edge: loading uploaded images, saving and
-//! previewing results. Decoding and encoding run here, inside the sandbox, so
-//! a hostile file can at worst crash this disposable instance.
+//! previewing results. Decoding runs here, inside the sandbox, so a hostile
+//! file can at worst crash this disposable instance; encoding (of pixels the
+//! host already holds) is a host kernel.
 
 use kiln_sdk::host::{self, FileKind};
 use kiln_sdk::prelude::*;
@@ -152,46 +153,15 @@ fn png_text(inputs: &Inputs) -> Vec<(String, String)> {
     text
 }
 
-/// Encodes and saves every image of an IMAGE tensor, reading one 8-bit
-/// frame at a time from the host.
+/// Encodes (on the host: the pixels never enter this plugin) and saves
+/// every image of an IMAGE tensor.
 fn save_all(images: &Tensor, kind: FileKind, prefix: &str, text: &[(String, String)]) -> Result<()> {
     let shape = images.shape();
-    let [batch, h, w, c] = shape[..] else { return Err(Error::invalid(format!("`images` has shape {shape:?}, not an IMAGE [B,H,W,C]"))) };
-    let (h, w, c) = (h as usize, w as usize, c as usize);
-    let frame = h * w * c;
+    let [batch, _, _, _] = shape[..] else { return Err(Error::invalid(format!("`images` has shape {shape:?}, not an IMAGE [B,H,W,C]"))) };
     for b in 0..batch as usize {
-        let pixels = kernels::read_u8(images, b * frame, frame)?;
-        let png = encode_png(&pixels, w, h, c, text)?;
+        let png = kernels::encode_png(images, b, text)?;
         host::save_file(kind, prefix, "png", &png).map_err(Error::failed)?;
         host::progress(b as u64 + 1, u64::from(batch));
     }
     Ok(())
-}
-
-/// Encodes one `width × height × channels` image of 8-bit values (the host
-/// quantized them by truncation, `uint8(clip(255·x, 0, 255))`, as ComfyUI
-/// does) as a PNG with `text` chunks.
-pub fn encode_png(pixels: &[u8], width: usize, height: usize, channels: usize, text: &[(String, String)]) -> Result<Vec<u8>> {
-    let color = match channels {
-        1 => png::ColorType::Grayscale,
-        3 => png::ColorType::Rgb,
-        4 => png::ColorType::Rgba,
-        c => return Err(Error::invalid(format!("cannot save an image with {c} channels"))),
-    };
-    let (Ok(w), Ok(h)) = (u32::try_from(width), u32::try_from(height)) else { return Err(Error::invalid(format!("cannot encode a {width}×{height} PNG"))) };
-    let mut out = Vec::with_capacity(pixels.len() / 2);
-    let mut encoder = png::Encoder::new(&mut out, w, h);
-    encoder.set_color(color);
-    encoder.set_depth(png::BitDepth::Eight);
-    // fdeflate with a fixed Up filter: the adaptive filter that `Fast` picks
-    // costs more than the compression it buys on photographs.
-    encoder.set_compression(png::Compression::Fast);
-    encoder.set_filter(png::Filter::Up);
-    for (key, value) in text {
-        encoder.add_text_chunk(key.clone(), value.clone()).map_err(|e| Error::failed(format!("png text: {e}")))?;
-    }
-    let mut writer = encoder.write_header().map_err(|e| Error::failed(format!("png: {e}")))?;
-    writer.write_image_data(pixels).map_err(|e| Error::failed(format!("png: {e}")))?;
-    writer.finish().map_err(|e| Error::failed(format!("png: {e}")))?;
-    Ok(out)
 }

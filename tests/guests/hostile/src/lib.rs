@@ -156,9 +156,15 @@ pub const KERNEL_ABUSE: NodeClass = NodeClass {
         expect_refused("read at a huge offset", kernels::read_u8(&image, usize::MAX, 1).is_ok());
         expect_refused("bytes not matching the shape", kernels::create_from_u8(&[1, 4, 4, 3], &[0; 47]).is_ok());
         expect_refused("zero-sized shape", kernels::create_from_u8(&[1, 0, 4, 3], &[]).is_ok());
+        expect_refused("encode a mask", kernels::encode_png(&mask, 0, &[]).is_ok());
+        expect_refused("encode an image past the batch", kernels::encode_png(&image, 1, &[]).is_ok());
+        expect_refused("encode with an empty keyword", kernels::encode_png(&image, 0, &[(String::new(), "x".into())]).is_ok());
+        expect_refused("encode with a keyword of 80 characters", kernels::encode_png(&image, 0, &[("k".repeat(80), "x".into())]).is_ok());
         // What the host accepts still works after all that.
         let fine = kernels::resize_image(&image, 8, 8, Resample::Bicubic, false)?;
         expect_refused("a valid resize failed", fine.shape() != [1, 8, 8, 3]);
+        let png = kernels::encode_png(&image, 0, &[("prompt".into(), "{}".into())])?;
+        expect_refused("a valid encode failed", !png.starts_with(b"\x89PNG"));
         Ok(vec![Output::String(accepted.join(";"))])
     },
 };

@@ -1,0 +1,142 @@
+//! Encoding on the host: one image of a tensor as an 8-bit PNG, the way
+//! SaveImage writes it (values truncated as [`crate::convert::to_u8`],
+//! fdeflate's fast compression with the Up filter, text chunks for the
+//! workflow). Only trusted data is handled here: the pixels are numbers the
+//! host already holds and the text is copied into chunks, never parsed.
+//! Decoding untrusted files stays inside the sandbox.
+
+use std::io::Write;
+
+use crate::bands::Stop;
+use crate::convert::to_u8;
+use crate::{Dims, KernelError};
+
+/// Input bytes compressed between two stop checks.
+const BAND_BYTES: usize = 1 << 20;
+
+/// Output bytes per `IDAT` chunk.
+const CHUNK_BYTES: usize = 1 << 18;
+
+fn failed(e: impl std::fmt::Display) -> KernelError {
+    KernelError::Invalid(format!("cannot encode the PNG: {e}"))
+}
+
+/// Encodes image `index` of the `B×H×W×C` tensor `data` (C of 1, 3 or 4)
+/// as a PNG carrying `text` as `(keyword, text)` chunks. Gives up between
+/// bands of rows once `stop` says so.
+pub fn encode_png(data: &[f32], dims: Dims, index: usize, text: &[(String, String)], stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
+    dims.check(data)?;
+    let color = match dims.channels {
+        1 => png::ColorType::Grayscale,
+        3 => png::ColorType::Rgb,
+        4 => png::ColorType::Rgba,
+        c => return Err(KernelError::Invalid(format!("cannot encode an image with {c} channels as a PNG"))),
+    };
+    if index >= dims.batch {
+        return Err(KernelError::Invalid(format!("image {index} of a batch of {}", dims.batch)));
+    }
+    let (Ok(width), Ok(height)) = (u32::try_from(dims.width), u32::try_from(dims.height)) else {
+        return Err(KernelError::Invalid(format!("cannot encode a {}×{} PNG", dims.width, dims.height)));
+    };
+    let frame = dims.frame_len();
+    let pixels = to_u8(&data[index * frame..(index + 1) * frame], stop)?;
+
+    let mut out = Vec::with_capacity(pixels.len() / 2 + 1024);
+    let mut encoder = png::Encoder::new(&mut out, width, height);
+    encoder.set_color(color);
+    encoder.set_depth(png::BitDepth::Eight);
+    // fdeflate with a fixed Up filter: the adaptive filter costs more than
+    // the compression it buys on photographs.
+    encoder.set_compression(png::Compression::Fast);
+    encoder.set_filter(png::Filter::Up);
+    for (keyword, value) in text {
+        // Latin-1 text as `tEXt`, anything else as UTF-8 `iTXt` (as Pillow
+        // does for ComfyUI's workflow chunks).
+        let added = if value.chars().all(|c| u32::from(c) < 256) {
+            encoder.add_text_chunk(keyword.clone(), value.clone())
+        } else {
+            encoder.add_itxt_chunk(keyword.clone(), value.clone())
+        };
+        added.map_err(failed)?;
+    }
+    // Keywords are checked here: 1–79 Latin-1 characters.
+    let mut writer = encoder.write_header().map_err(failed)?;
+    let mut stream = writer.stream_writer_with_size(CHUNK_BYTES.min(pixels.len()).max(1)).map_err(failed)?;
+    let rows_per_band = (BAND_BYTES / dims.row_len()).max(1);
+    for band in pixels.chunks(rows_per_band * dims.row_len()) {
+        if stop() {
+            return Err(KernelError::Stopped);
+        }
+        stream.write_all(band).map_err(failed)?;
+    }
+    stream.finish().map_err(failed)?;
+    writer.finish().map_err(failed)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(png: &[u8]) -> (png::OutputInfo, Vec<u8>, Vec<(String, String)>) {
+        let mut reader = png::Decoder::new(std::io::Cursor::new(png)).read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        buf.truncate(info.buffer_size());
+        let chunks = reader.info();
+        let mut text: Vec<(String, String)> = chunks.uncompressed_latin1_text.iter().map(|t| (t.keyword.clone(), t.text.clone())).collect();
+        text.extend(chunks.utf8_text.iter().map(|t| (t.keyword.clone(), t.get_text().unwrap())));
+        (info, buf, text)
+    }
+
+    #[test]
+    fn round_trips_each_image_of_a_batch_with_its_text() {
+        // Two 300×700 RGB images, different content; several bands each.
+        let dims = Dims { batch: 2, height: 700, width: 300, channels: 3 };
+        let data: Vec<f32> = (0..dims.len().unwrap()).map(|i| ((i * 7919) % 1013) as f32 / 1012.0).collect();
+        // Latin-1 text goes into tEXt, the rest into iTXt (written after).
+        let text = vec![("prompt".to_string(), "{\"1\": \"café\"}".to_string()), ("workflow".to_string(), "{\"t\": \"夕焼け\"}".to_string())];
+        for index in 0..2 {
+            let png = encode_png(&data, dims, index, &text, &|| false).unwrap();
+            let (info, pixels, got_text) = decode(&png);
+            assert_eq!((info.width, info.height, info.color_type), (300, 700, png::ColorType::Rgb));
+            let frame = dims.frame_len();
+            assert_eq!(pixels, to_u8(&data[index * frame..(index + 1) * frame], &|| false).unwrap());
+            assert_eq!(got_text, text);
+        }
+    }
+
+    #[test]
+    fn gray_and_rgba_encode_and_bad_arguments_are_refused() {
+        for channels in [1, 4] {
+            let dims = Dims { batch: 1, height: 5, width: 3, channels };
+            let data = vec![0.25; dims.len().unwrap()];
+            let (info, pixels, _) = decode(&encode_png(&data, dims, 0, &[], &|| false).unwrap());
+            assert_eq!(info.color_type, if channels == 1 { png::ColorType::Grayscale } else { png::ColorType::Rgba });
+            assert!(pixels.iter().all(|&v| v == 63));
+        }
+        let dims = Dims { batch: 1, height: 2, width: 2, channels: 2 };
+        assert!(matches!(encode_png(&[0.0; 8], dims, 0, &[], &|| false), Err(KernelError::Invalid(_))));
+        let dims = Dims { batch: 1, height: 2, width: 2, channels: 3 };
+        assert!(matches!(encode_png(&[0.0; 12], dims, 1, &[], &|| false), Err(KernelError::Invalid(_))), "index past the batch");
+        assert!(matches!(encode_png(&[0.0; 11], dims, 0, &[], &|| false), Err(KernelError::Invalid(_))), "data of another shape");
+        let bad_keyword = [(String::new(), "x".to_string())];
+        assert!(matches!(encode_png(&[0.0; 12], dims, 0, &bad_keyword, &|| false), Err(KernelError::Invalid(_))));
+    }
+
+    #[test]
+    fn stops_between_bands() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dims = Dims { batch: 1, height: 2048, width: 1024, channels: 3 };
+        let data = vec![0.5; dims.len().unwrap()];
+        // Count the stop checks of a whole run; the last ones come between
+        // bands of the compression.
+        let calls = AtomicUsize::new(0);
+        encode_png(&data, dims, 0, &[], &|| calls.fetch_add(1, Ordering::Relaxed) == usize::MAX).unwrap();
+        let total = calls.load(Ordering::Relaxed);
+        assert!(total > 4, "{total} stop checks");
+        let left = AtomicUsize::new(total - 2);
+        let stop = || left.fetch_sub(1, Ordering::Relaxed) == 0;
+        assert_eq!(encode_png(&data, dims, 0, &[], &stop), Err(KernelError::Stopped));
+    }
+}
