@@ -3,12 +3,8 @@
 //! `Authorization: Bearer <token>` (scheme case-insensitive, token compared
 //! in constant time).
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{Method, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use super::error::ApiError;
@@ -19,11 +15,14 @@ fn is_public(path: &str) -> bool {
     path == "/health" || path.starts_with("/signed/")
 }
 
-pub async fn require_token(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    state.service.touch();
-    let Some(expected) = &state.token_hash else { return next.run(request).await };
-    if request.method() == Method::OPTIONS || is_public(request.uri().path()) {
-        return next.run(request).await;
+/// Whether `request` may proceed: always without a configured token;
+/// otherwise outside the Jobs API, for CORS preflights and public paths, or
+/// with the right bearer token.
+pub fn check(state: &AppState, request: &Request) -> Result<(), ApiError> {
+    let Some(expected) = &state.token_hash else { return Ok(()) };
+    let Some(path) = request.uri().path().strip_prefix(&*state.api_base) else { return Ok(()) };
+    if !(path.is_empty() || path.starts_with('/')) || request.method() == Method::OPTIONS || is_public(path) {
+        return Ok(());
     }
     let given = request
         .headers()
@@ -33,8 +32,8 @@ pub async fn require_token(State(state): State<Arc<AppState>>, request: Request,
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
     match given {
-        None => ApiError::unauthorized("Missing or malformed Authorization header.").into_response(),
-        Some(token) if blake3::hash(token.as_bytes()) == *expected => next.run(request).await,
-        Some(_) => ApiError::unauthorized("Invalid token.").into_response(),
+        None => Err(ApiError::unauthorized("Missing or malformed Authorization header.")),
+        Some(token) if blake3::hash(token.as_bytes()) == *expected => Ok(()),
+        Some(_) => Err(ApiError::unauthorized("Invalid token.")),
     }
 }

@@ -13,14 +13,15 @@ use super::AppState;
 pub struct Links {
     /// `scheme://host[:port]`.
     pub origin: String,
-    /// Mount prefix, e.g. `/deployment/x` (empty by default).
-    pub prefix: String,
+    /// Path of the Jobs API: mount prefix (e.g. `/deployment/x`, empty by
+    /// default) and `/api/v2`. Shared, not copied per request.
+    base: Arc<str>,
 }
 
 impl Links {
     /// The host-relative base of the Jobs API.
-    pub fn v2(&self) -> String {
-        format!("{}/api/v2", self.prefix)
+    pub fn v2(&self) -> &str {
+        &self.base
     }
     /// An absolute URL of a host-relative path.
     pub fn absolute(&self, path: &str) -> String {
@@ -32,16 +33,17 @@ impl FromRequestParts<Arc<AppState>> for Links {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Links, Self::Rejection> {
-        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).map(|s| s.split(',').next().unwrap_or("").trim().to_string());
+        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).map(|s| s.split(',').next().unwrap_or("").trim());
         let trust = state.config.trust_forwarded_headers;
-        let scheme = trust.then(|| header("x-forwarded-proto")).flatten().filter(|s| s == "http" || s == "https").unwrap_or_else(|| "http".into());
+        let scheme = trust.then(|| header("x-forwarded-proto")).flatten().filter(|s| *s == "http" || *s == "https").unwrap_or("http");
+        let valid = |h: &&str| !h.is_empty() && h.chars().all(|c| c.is_ascii_alphanumeric() || "-.:[]_".contains(c));
         let host = trust
             .then(|| header("x-forwarded-host"))
             .flatten()
             .or_else(|| header("host"))
-            .or_else(|| parts.uri.authority().map(|a| a.to_string()))
-            .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_alphanumeric() || "-.:[]_".contains(c)))
-            .unwrap_or_else(|| state.local_authority.clone());
-        Ok(Links { origin: format!("{scheme}://{host}"), prefix: state.config.mount_prefix.clone() })
+            .or_else(|| parts.uri.authority().map(|a| a.as_str()))
+            .filter(valid)
+            .unwrap_or(&state.local_authority);
+        Ok(Links { origin: format!("{scheme}://{host}"), base: state.api_base.clone() })
     }
 }

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -30,26 +30,30 @@ pub struct AppState {
     /// blake3 of the bearer token, when one is configured.
     pub token_hash: Option<blake3::Hash>,
     pub signer: signing::Signer,
+    /// Path of the Jobs API: the mount prefix and `/api/v2`.
+    pub api_base: Arc<str>,
     /// `host:port` the server listens on (links fall back to it).
     pub local_authority: String,
     /// Cancelled when the server shuts down: open event streams end.
     pub closing: tokio_util::sync::CancellationToken,
-    /// Rendered bodies of finished jobs, by (job id, origin): polling a
-    /// finished job is the commonest request and its JSON never changes
-    /// until expiry (which hands out a new record, so the entry goes stale
-    /// by identity, not by time).
+    /// Rendered bodies of finished jobs, by job id: polling a finished job
+    /// is the commonest request and its JSON never changes until expiry
+    /// (which hands out a new record, so the entry goes stale by identity,
+    /// not by time). Links in it depend on the request's origin, so that is
+    /// kept and compared too.
     pub rendered: parking_lot::Mutex<RenderedJobs>,
 }
 
-/// Rendered job bodies by (job id, origin): the record they were rendered
-/// from (compared by identity) and the bytes.
-pub type RenderedJobs = lru::LruCache<(String, String), (Arc<crate::store::JobRecord>, axum::body::Bytes)>;
+/// Rendered job bodies by job id: the record they were rendered from
+/// (compared by identity), the origin their links use, and the bytes.
+pub type RenderedJobs = lru::LruCache<String, (Arc<crate::store::JobRecord>, String, axum::body::Bytes)>;
 
 impl AppState {
     pub fn new(service: Arc<Service>, mut config: Config, signer: signing::Signer, local: SocketAddr) -> Arc<AppState> {
         config.mount_prefix = normalize_prefix(&config.mount_prefix);
         let token_hash = config.token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
         Arc::new(AppState {
+            api_base: format!("{}/api/v2", config.mount_prefix).into(),
             service,
             config,
             token_hash,
@@ -72,17 +76,15 @@ fn normalize_prefix(prefix: &str) -> String {
     if trimmed.is_empty() { String::new() } else { format!("/{trimmed}") }
 }
 
-/// The whole HTTP surface, mounted under the configured prefix.
+/// The whole HTTP surface, mounted under the configured prefix. Routes are
+/// registered with their full paths (one lookup per request, no nesting).
 pub fn router(state: Arc<AppState>) -> Router {
-    let v2 = v2::routes(state.clone()).layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_token));
-    let api = Router::new().nest("/api/v2", v2);
-    let prefix = state.config.mount_prefix.clone();
-    let app = if prefix.is_empty() { api } else { Router::new().nest(&prefix, api) };
-    app.fallback(|| async { error::ApiError::not_found().into_response() })
+    v2::routes(&state.api_base, state.clone())
+        .fallback(|| async { error::ApiError::not_found().into_response() })
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
             error::ApiError::internal(&"a request handler panicked").into_response()
         }))
-        .layer(axum::middleware::from_fn(request_id))
+        .layer(axum::middleware::from_fn_with_state(state, edge))
 }
 
 /// A request id: a random per-process prefix and a counter (unique without
@@ -95,12 +97,20 @@ fn next_request_id() -> String {
     format!("{prefix}-{:x}", COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Tags every response with `X-Comfy-Request-Id`.
-async fn request_id(request: Request, next: Next) -> Response {
+/// What every request passes through: it is counted as activity (the idle
+/// memory trimmer waits for quiet), checked for the token on the Jobs API,
+/// traced, and its response tagged with `X-Comfy-Request-Id`.
+async fn edge(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let id = next_request_id();
-    let span = tracing::debug_span!("request", request_id = %id, method = %request.method(), path = %request.uri().path());
-    let mut response = tracing::Instrument::instrument(next.run(request), span).await;
-    if let Ok(v) = HeaderValue::from_str(&id) {
+    state.service.touch();
+    let mut response = match auth::check(&state, &request) {
+        Ok(()) => {
+            let span = tracing::debug_span!("request", request_id = %id, method = %request.method(), path = %request.uri().path());
+            tracing::Instrument::instrument(next.run(request), span).await
+        }
+        Err(e) => e.into_response(),
+    };
+    if let Ok(v) = HeaderValue::try_from(id) {
         response.headers_mut().insert("x-comfy-request-id", v);
     }
     response

@@ -30,6 +30,12 @@ async fn a_configured_token_guards_every_route_but_health() {
             assert_eq!(body["error"]["message"], message);
         }
     }
+    // Paths the API does not have: refused without the token (their
+    // existence is not revealed); outside the API, a plain 404.
+    assert_eq!(h.get(s.url("/no-such-route")).send().await.unwrap().status(), 401);
+    let outside = h.get(format!("{}/no-such-route", s.server.url())).send().await.unwrap();
+    assert_eq!(outside.status(), 404);
+    assert_eq!(outside.json::<Value>().await.unwrap()["error"]["code"], "not_found");
     // HEAD: 401 with no body.
     let head = h.head(s.url(&format!("/assets/by-hash/blake3:{}", "0".repeat(64)))).send().await.unwrap();
     assert_eq!(head.status(), 401);

@@ -112,13 +112,13 @@ pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Path(id):
     if !record.status.is_terminal() {
         return Ok(Json(wire::job(&record, position, &links, true)).into_response());
     }
-    let key = (id, format!("{}{}", links.origin, links.prefix));
-    let cached = state.rendered.lock().get(&key).filter(|(r, _)| Arc::ptr_eq(r, &record)).map(|(_, body)| body.clone());
+    let cached =
+        state.rendered.lock().get(id.as_str()).filter(|(r, origin, _)| Arc::ptr_eq(r, &record) && *origin == links.origin).map(|(_, _, body)| body.clone());
     let body = match cached {
         Some(body) => body,
         None => {
             let body = Bytes::from(serde_json::to_vec(&wire::job(&record, position, &links, true)).map_err(|e| ApiError::internal(&e))?);
-            state.rendered.lock().put(key, (record, body.clone()));
+            state.rendered.lock().put(id, (record, links.origin, body.clone()));
             body
         }
     };

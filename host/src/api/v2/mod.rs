@@ -18,21 +18,23 @@ use super::error::ApiError;
 /// Largest JSON request body (a workflow). Uploads have their own limit.
 pub const MAX_JSON_BYTES: usize = 32 << 20;
 
-pub fn routes(state: Arc<AppState>) -> Router {
+/// The Jobs API's routes at `base` (the mount prefix and `/api/v2`).
+pub fn routes(base: &str, state: Arc<AppState>) -> Router {
     let upload_limit = (state.service.options().max_upload_bytes as usize).saturating_add(1 << 20);
+    let at = |path: &str| format!("{base}{path}");
     Router::new()
-        .route("/health", get(jobs::health))
-        .route("/jobs", post(jobs::submit).get(jobs::list))
-        .route("/jobs/{id}", get(jobs::get_job))
-        .route("/jobs/{id}/workflow", get(jobs::workflow))
-        .route("/jobs/{id}/cancel", post(jobs::cancel))
-        .route("/jobs/{id}/events", get(events::stream))
-        .route("/assets", post(assets::upload).layer(DefaultBodyLimit::max(upload_limit)))
-        .route("/assets/by-hash/{hash}", head(assets::head_by_hash))
-        .route("/assets/from-hash", post(assets::from_hash))
-        .route("/assets/{id}", get(assets::get_asset).delete(assets::delete_asset))
-        .route("/assets/{id}/content", get(assets::content))
-        .route("/signed/assets/{id}", get(assets::signed_content))
+        .route(&at("/health"), get(jobs::health))
+        .route(&at("/jobs"), post(jobs::submit).get(jobs::list))
+        .route(&at("/jobs/{id}"), get(jobs::get_job))
+        .route(&at("/jobs/{id}/workflow"), get(jobs::workflow))
+        .route(&at("/jobs/{id}/cancel"), post(jobs::cancel))
+        .route(&at("/jobs/{id}/events"), get(events::stream))
+        .route(&at("/assets"), post(assets::upload).layer(DefaultBodyLimit::max(upload_limit)))
+        .route(&at("/assets/by-hash/{hash}"), head(assets::head_by_hash))
+        .route(&at("/assets/from-hash"), post(assets::from_hash))
+        .route(&at("/assets/{id}"), get(assets::get_asset).delete(assets::delete_asset))
+        .route(&at("/assets/{id}/content"), get(assets::content))
+        .route(&at("/signed/assets/{id}"), get(assets::signed_content))
         .layer(DefaultBodyLimit::max(MAX_JSON_BYTES))
         .method_not_allowed_fallback(|| async {
             ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed.").into_response()
