@@ -417,7 +417,6 @@ impl Service {
             // A worker started it first: cancel it as a running job.
             return if status == JobStatus::Canceled { self.cancel(&rec.owner, &id).map(|(r, _)| r) } else { Ok(rec) };
         }
-        self.meta.dequeue(&rec)?;
         self.meta.flush()?;
         live.publish_status();
         self.live.write().remove(&id);

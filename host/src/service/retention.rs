@@ -62,7 +62,6 @@ impl Service {
                     job.status = JobStatus::Queued;
                     job.started_at = None;
                     self.meta.put_job(&job)?;
-                    self.meta.enqueue(&job)?;
                 }
                 _ => continue,
             }

@@ -52,11 +52,11 @@ pub struct JobPage {
     pub next: Option<Vec<u8>>,
 }
 
-/// Job, asset, idempotency and queue records.
+/// Job, asset and idempotency records (the queue is the queued jobs).
 pub trait MetaStore: Send + Sync {
     /// Atomically: claims `claim` (if any; fails with [`StoreError::KeyClaimed`]
-    /// when a live claim holds the key), records the job and its workflow,
-    /// and appends it to the queue. Committed (visible, and ordered before
+    /// when a live claim holds the key), records the job (queued: the queue
+    /// is the queued jobs in `seq` order) and its workflow. Committed (visible, and ordered before
     /// every later write) when it returns; durable after
     /// [`MetaStore::sync_jobs`] or [`MetaStore::flush`]. A committed write
     /// whose durability is already known to be in doubt returns
@@ -65,25 +65,20 @@ pub trait MetaStore: Send + Sync {
     /// Writes a job record (not flushed; see [`MetaStore::flush`]).
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;
     fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
-    /// Removes a job, its workflow and its queue entry.
+    /// Removes a job, its workflow and its index entry.
     fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError>;
     fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError>;
     /// Jobs newest first, starting after `cursor`, keeping those `keep` accepts.
     fn list_jobs(&self, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError>;
     /// Every job (recovery and retention sweeps).
     fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
-    /// The queue, in run order.
-    fn queued(&self) -> Result<Vec<String>, StoreError>;
-    /// Takes a job off the queue.
-    fn dequeue(&self, job: &JobRecord) -> Result<(), StoreError>;
     /// Records that an attempt of `job` (its `running` record, attempts
-    /// counted) began, and takes it off the queue. When this returns the
+    /// counted) began. When this returns the
     /// record survives a crash of this process, so a job that brings the
     /// server down is not retried forever; a power loss may lose it (the job
     /// then runs again). This default flushes; a backend may do it cheaper.
     fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.put_job(job)?;
-        self.dequeue(job)?;
         self.flush()
     }
     /// Makes the submissions, job starts and finished jobs recorded so far
@@ -104,9 +99,6 @@ pub trait MetaStore: Send + Sync {
     fn checkpoint(&self) -> Result<(), StoreError> {
         self.flush()
     }
-    /// Puts a job (back) on the queue at its `seq`.
-    fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError>;
-
     fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
     fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
     fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;

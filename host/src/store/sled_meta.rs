@@ -1,13 +1,15 @@
 //! The embedded metadata store on sled.
 //!
 //! Trees: `jobs` (id → JSON), `workflows` (id → JSON), `jobs_by_time`
-//! (created µs big-endian ‖ id → id, for newest-first listing), `queue`
-//! (seq big-endian → id), `assets` (id → JSON), `asset_hashes`
+//! (created µs big-endian ‖ id → id, for newest-first listing), `assets`
+//! (id → JSON), `asset_hashes`
 //! (hash ‖ 0 ‖ id → empty, for dedup and blob reference counts) and
 //! `claims` (Idempotency-Key → JSON). Beside them, in the same directory,
 //! the commit log ([`super::commit_log`]) makes submissions, job starts and
 //! finished jobs durable without a sled flush; it is replayed when the store
-//! opens. Everything else is made durable by sled's flush.
+//! opens. Everything else is made durable by sled's flush. There is no
+//! queue tree: the queue is the queued jobs in `seq` order, rebuilt from
+//! the job records when the service starts.
 
 use std::path::Path;
 
@@ -23,7 +25,6 @@ pub struct SledMeta {
     jobs: sled::Tree,
     workflows: sled::Tree,
     by_time: sled::Tree,
-    queue: sled::Tree,
     assets: sled::Tree,
     hashes: sled::Tree,
     claims: sled::Tree,
@@ -105,7 +106,6 @@ impl SledMeta {
             jobs: tree("jobs")?,
             workflows: tree("workflows")?,
             by_time: tree("jobs_by_time")?,
-            queue: tree("queue")?,
             assets: tree("assets")?,
             hashes: tree("asset_hashes")?,
             claims: tree("claims")?,
@@ -114,6 +114,8 @@ impl SledMeta {
         };
         meta.replay(entries)?;
         let _ = std::fs::remove_file(dir.join(OLD_JOURNAL_FILE));
+        // Written by earlier versions, never read: the queue comes from the job records.
+        let _ = meta.db.drop_tree("queue");
         Ok(meta)
     }
 
@@ -122,13 +124,12 @@ impl SledMeta {
         self.log.append(&payload, sync, || MetaStore::flush(self))
     }
 
-    /// Writes a submission's workflow, time index and queue entry, then the
+    /// Writes a submission's workflow and time index, then the
     /// job record: sled keeps a prefix of its writes, so a job record that
     /// survives a crash has everything written before it.
     fn write_submission(&self, job: &JobRecord, job_bytes: &[u8], wf_bytes: &[u8]) -> Result<(), sled::Error> {
         self.workflows.insert(job.id.as_bytes(), wf_bytes)?;
         self.by_time.insert(time_key(job), job.id.as_bytes())?;
-        self.queue.insert(job.seq.to_be_bytes(), job.id.as_bytes())?;
         self.jobs.insert(job.id.as_bytes(), job_bytes)?;
         Ok(())
     }
@@ -179,7 +180,6 @@ impl SledMeta {
                     if behind {
                         tracing::info!(job_id = %job.id, attempt = job.attempts, "job start recovered from the commit log");
                         self.put_job(&job)?;
-                        self.dequeue(&job)?;
                     }
                 }
                 Entry::Finished { job, assets } => {
@@ -190,7 +190,6 @@ impl SledMeta {
                             self.put_asset(asset)?;
                         }
                         self.put_job(&job)?;
-                        self.dequeue(&job)?;
                     }
                 }
             }
@@ -206,7 +205,7 @@ impl MetaStore for SledMeta {
     /// submission atomic after a crash. The claim is taken first with a
     /// compare-and-swap (two submissions with one key cannot both win); the
     /// job record is written last, so — sled keeping a prefix of its writes —
-    /// a job that survives a crash has its workflow, index and queue entries,
+    /// a job that survives a crash has its workflow and index entries,
     /// and one that does not is re-applied whole from the log (replay applies
     /// a submission when the job is missing).
     fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
@@ -219,7 +218,6 @@ impl MetaStore for SledMeta {
         if let Err(e) = self.write_submission(job, &job_bytes, &wf_bytes) {
             // Undo what can be undone, so the key is free again.
             let _ = self.jobs.remove(job.id.as_bytes());
-            let _ = self.queue.remove(job.seq.to_be_bytes());
             let _ = self.by_time.remove(time_key(job));
             let _ = self.workflows.remove(job.id.as_bytes());
             if let (Some(claim), Some(bytes)) = (claim, claimed) {
@@ -246,7 +244,6 @@ impl MetaStore for SledMeta {
         self.jobs.remove(job.id.as_bytes()).map_err(backend)?;
         self.workflows.remove(job.id.as_bytes()).map_err(backend)?;
         self.by_time.remove(time_key(job)).map_err(backend)?;
-        self.queue.remove(job.seq.to_be_bytes()).map_err(backend)?;
         Ok(())
     }
 
@@ -286,22 +283,12 @@ impl MetaStore for SledMeta {
             .collect()
     }
 
-    fn queued(&self) -> Result<Vec<String>, StoreError> {
-        self.queue.iter().values().map(|v| v.map(|id| String::from_utf8_lossy(&id).into_owned()).map_err(backend)).collect()
-    }
-
-    fn dequeue(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.queue.remove(job.seq.to_be_bytes()).map_err(backend)?;
-        Ok(())
-    }
-
     /// Logged without a sync: the frame is in the kernel's page cache once
     /// written, which a crash of this process does not lose, so a job that
     /// brings the server down is counted. A power loss can lose it (and the
     /// job runs again, one attempt short).
     fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.put_job(job)?;
-        self.dequeue(job)?;
         self.append(&EntryRef::Started { job }, false)
     }
 
@@ -315,11 +302,6 @@ impl MetaStore for SledMeta {
 
     fn checkpoint(&self) -> Result<(), StoreError> {
         self.log.checkpoint(|| MetaStore::flush(self))
-    }
-
-    fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.queue.insert(job.seq.to_be_bytes(), job.id.as_bytes()).map_err(backend)?;
-        Ok(())
     }
 
     fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
@@ -415,6 +397,13 @@ mod tests {
         }
     }
 
+    /// The queue as the service rebuilds it: queued jobs in `seq` order.
+    fn queued(meta: &SledMeta) -> Vec<String> {
+        let mut jobs: Vec<JobRecord> = meta.all_jobs().unwrap().into_iter().filter(|j| j.status == JobStatus::Queued).collect();
+        jobs.sort_by_key(|j| j.seq);
+        jobs.into_iter().map(|j| j.id).collect()
+    }
+
     #[test]
     fn submit_claims_once_and_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
@@ -430,7 +419,7 @@ mod tests {
             meta.submit(&job("c", 30, 3), &serde_json::json!({}), Some(&later)).unwrap();
         }
         let meta = SledMeta::open(dir.path()).unwrap();
-        assert_eq!(meta.queued().unwrap(), vec!["a".to_string(), "c".to_string()]);
+        assert_eq!(queued(&meta), vec!["a".to_string(), "c".to_string()]);
         assert_eq!(meta.get_claim("k").unwrap().unwrap().job_id.as_deref(), Some("c"));
         assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"1": {}})));
         let page = meta.list_jobs(None, 1, &|_| true).unwrap();
@@ -461,7 +450,7 @@ mod tests {
         assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
         let winner = format!("j{}", won.iter().position(|w| *w).unwrap());
         assert_eq!(meta.get_claim("same").unwrap().unwrap().job_id, Some(winner.clone()));
-        assert_eq!(meta.queued().unwrap(), vec![winner], "the losers wrote nothing");
+        assert_eq!(queued(&meta), vec![winner], "the losers wrote nothing");
     }
 
     #[test]
@@ -538,7 +527,6 @@ mod tests {
             meta.submit(&b, &serde_json::json!({"b": 1}), None).unwrap();
             meta.submit(&c, &serde_json::json!({}), None).unwrap();
             meta.put_job(&JobRecord { status: JobStatus::Succeeded, attempts: 1, ..c.clone() }).unwrap();
-            meta.dequeue(&c).unwrap();
             meta.checkpoint().unwrap();
             // Only in the log (as if sled lost them in the crash): a's
             // submission and start, b's start and finish with its output,
@@ -559,7 +547,7 @@ mod tests {
         assert_eq!((get("c").status, get("c").attempts), (JobStatus::Succeeded, 1), "a newer durable state wins");
         assert_eq!(get("d").status, JobStatus::Queued);
         assert_eq!(meta.get_claim("k").unwrap().and_then(|c| c.job_id).as_deref(), Some("d"), "the claim comes back with its job");
-        assert_eq!(meta.queued().unwrap(), vec!["d".to_string()], "started and finished jobs are off the queue");
+        assert_eq!(queued(&meta), vec!["d".to_string()], "started and finished jobs are off the queue");
         assert_eq!(meta.list_jobs(None, 10, &|_| true).unwrap().jobs.len(), 4, "listed");
         // Replayed once: sled has it all, the log starts a new cycle.
         drop(meta);

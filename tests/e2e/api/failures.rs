@@ -39,17 +39,8 @@ impl MetaStore for NotDurable {
     fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
         self.inner.all_jobs()
     }
-    fn queued(&self) -> Result<Vec<String>, StoreError> {
-        self.inner.queued()
-    }
-    fn dequeue(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.inner.dequeue(job)
-    }
     fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.inner.start_attempt(job)
-    }
-    fn enqueue(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.inner.enqueue(job)
     }
     fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
         self.inner.put_asset(asset)
