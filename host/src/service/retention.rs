@@ -73,12 +73,14 @@ impl Service {
         Ok(())
     }
 
-    /// Deletes a job's output assets and forgets them on the record.
+    /// Deletes the output assets of an interrupted run and forgets them on
+    /// the record. The stored record need not list them all (outputs reach
+    /// the store with the terminal record), so the asset records are found
+    /// by their job.
     fn drop_outputs(&self, job: &mut JobRecord) -> Result<(), ServiceError> {
-        for out in job.outputs.drain(..) {
-            if let Some(asset) = self.meta.get_asset(&out.asset_id)? {
-                self.meta.delete_asset(&asset)?;
-            }
+        job.outputs.clear();
+        for asset in self.meta.assets_where(&|a| a.job_id.as_deref() == Some(job.id.as_str()))? {
+            self.meta.delete_asset(&asset)?;
         }
         Ok(())
     }
@@ -154,7 +156,8 @@ impl Service {
                 self.forget_finished(&job.id);
             }
         }
-        for asset in self.meta.expired_uploads(now)? {
+        // Uploads (not job outputs, which go with their job) past their expiry.
+        for asset in self.meta.assets_where(&|a| a.job_id.is_none() && a.expires_at.is_some_and(|e| e <= now))? {
             self.meta.delete_asset(&asset)?;
             tracing::info!(asset_id = %asset.id, "asset expired");
         }

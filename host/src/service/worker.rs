@@ -218,12 +218,13 @@ impl Service {
                             asset_id: asset.id,
                             hash: asset.hash,
                         };
-                        let written = live.update(meta.as_ref(), |rec| {
+                        // On the live record only: it reaches the store with
+                        // the terminal record (an interrupted run's outputs
+                        // are dropped at the next start anyway).
+                        {
+                            let mut rec = live.record.lock();
                             rec.outputs.push(output.clone());
                             rec.updated_at = now;
-                        });
-                        if let Err(e) = written {
-                            tracing::error!(error = %e, "cannot record an output");
                         }
                         live.publish(JobEvent::Output(output));
                     }

@@ -104,8 +104,8 @@ pub trait MetaStore: Send + Sync {
     fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
     /// Assets over blob `hash`.
     fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError>;
-    /// Uploaded (not job output) assets whose `expires_at` is at or before `now`.
-    fn expired_uploads(&self, now: Micros) -> Result<Vec<AssetRecord>, StoreError>;
+    /// Every asset `keep` accepts: a scan, for sweeps and recovery only.
+    fn assets_where(&self, keep: &dyn Fn(&AssetRecord) -> bool) -> Result<Vec<AssetRecord>, StoreError>;
 
     /// The live claim on `key`, if any.
     fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError>;

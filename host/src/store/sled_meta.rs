@@ -86,15 +86,17 @@ impl SledMeta {
         // after the previous handle is dropped (an in-process restart); a
         // lock held longer means another kiln uses this data directory.
         let config = sled::Config::new().path(dir).flush_every_ms(Some(200)).cache_capacity(16 << 20);
+        // sled reports a held lock as an `Other` I/O error with this text.
+        let locked = |e: &std::io::Error| e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().starts_with("could not acquire lock");
         let mut attempt = 0;
         let db = loop {
             match config.open() {
                 Ok(db) => break db,
-                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock && attempt < 100 => {
+                Err(sled::Error::Io(e)) if locked(&e) && attempt < 100 => {
                     attempt += 1;
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                Err(sled::Error::Io(e)) if locked(&e) => {
                     return Err(StoreError::Backend(format!("{} is in use by another process", dir.display())));
                 }
                 Err(e) => return Err(backend(e)),
@@ -334,12 +336,12 @@ impl MetaStore for SledMeta {
         Ok(out)
     }
 
-    fn expired_uploads(&self, now: Micros) -> Result<Vec<AssetRecord>, StoreError> {
+    fn assets_where(&self, keep: &dyn Fn(&AssetRecord) -> bool) -> Result<Vec<AssetRecord>, StoreError> {
         let mut out = Vec::new();
         for item in self.assets.iter() {
             let (key, bytes) = item.map_err(backend)?;
             let asset: AssetRecord = decode(&key, &bytes)?;
-            if asset.job_id.is_none() && asset.expires_at.is_some_and(|e| e <= now) {
+            if keep(&asset) {
                 out.push(asset);
             }
         }
@@ -402,6 +404,25 @@ mod tests {
         let mut jobs: Vec<JobRecord> = meta.all_jobs().unwrap().into_iter().filter(|j| j.status == JobStatus::Queued).collect();
         jobs.sort_by_key(|j| j.seq);
         jobs.into_iter().map(|j| j.id).collect()
+    }
+
+    #[test]
+    fn open_waits_for_a_handle_being_dropped_and_names_a_held_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = SledMeta::open(dir.path()).unwrap();
+        // An in-process restart: the old handle goes away a moment later.
+        let dropper = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(first);
+        });
+        let second = SledMeta::open(dir.path()).expect("opens once the old handle is gone");
+        dropper.join().unwrap();
+        // Held for good: a clear error after the wait.
+        match SledMeta::open(dir.path()) {
+            Err(StoreError::Backend(m)) => assert!(m.contains("in use by another process"), "{m}"),
+            other => panic!("expected the directory to be in use, got {:?}", other.map(|_| ())),
+        }
+        drop(second);
     }
 
     #[test]
@@ -482,7 +503,8 @@ mod tests {
         meta.put_asset(&AssetRecord { id: "due".into(), expires_at: Some(100), ..a.clone() }).unwrap();
         meta.put_asset(&AssetRecord { id: "later".into(), expires_at: Some(101), ..a.clone() }).unwrap();
         meta.put_asset(&AssetRecord { id: "output".into(), expires_at: Some(50), job_id: Some("j".into()), ..a.clone() }).unwrap();
-        let due: Vec<String> = meta.expired_uploads(100).unwrap().into_iter().map(|a| a.id).collect();
+        let due: Vec<String> =
+            meta.assets_where(&|a| a.job_id.is_none() && a.expires_at.is_some_and(|e| e <= 100)).unwrap().into_iter().map(|a| a.id).collect();
         assert_eq!(due, vec!["due".to_string()]);
     }
 

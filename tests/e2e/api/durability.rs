@@ -31,6 +31,36 @@ async fn a_restart_loses_nothing_and_reruns_the_interrupted_job_once() {
 }
 
 #[tokio::test]
+async fn outputs_of_an_interrupted_run_are_dropped_at_restart() {
+    // An output is saved, then a branch spins until its limit; the server
+    // stops in between. The output is on the live record and its asset is
+    // readable, but the stored record does not list it (outputs reach the
+    // store with the terminal record): recovery still finds and drops it.
+    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let mut workflow = trivial(3);
+    workflow["9"] = spinner(23)["1"].clone();
+    let id = s.submit(workflow).await["id"].as_str().unwrap().to_string();
+    let mut seen = None;
+    for _ in 0..200 {
+        let job = s.job(&id).await;
+        if job["status"] == "running" && job["outputs"].as_array().is_some_and(|o| o.len() == 1) {
+            seen = Some(job["outputs"][0]["id"].as_str().unwrap().to_string());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let first = seen.expect("the output of the first run, while the job runs");
+    assert_eq!(s.get(&format!("/assets/{first}")).await.0, 200);
+    let s = start_in(s.shutdown().await, |_, o| o.max_running_jobs = 1).await;
+    assert_eq!(s.get(&format!("/assets/{first}")).await.0, 404, "the interrupted run's output is gone");
+    let done = s.wait(&id).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    let outputs = done["outputs"].as_array().unwrap();
+    assert_eq!(outputs.len(), 1, "only the second run's output: {done}");
+    assert_ne!(outputs[0]["id"], first.as_str());
+}
+
+#[tokio::test]
 async fn a_job_interrupted_twice_fails_instead_of_looping() {
     let s = start(|_, o| o.max_running_jobs = 1).await;
     let job = s.submit(spinner(22)).await;

@@ -54,8 +54,8 @@ impl MetaStore for NotDurable {
     fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
         self.inner.assets_with_hash(hash)
     }
-    fn expired_uploads(&self, now: kiln::store::Micros) -> Result<Vec<AssetRecord>, StoreError> {
-        self.inner.expired_uploads(now)
+    fn assets_where(&self, keep: &dyn Fn(&AssetRecord) -> bool) -> Result<Vec<AssetRecord>, StoreError> {
+        self.inner.assets_where(keep)
     }
     fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
         self.inner.get_claim(key)
