@@ -52,6 +52,9 @@ pub struct LiveJob {
     pub pending_blobs: Arc<Mutex<Vec<String>>>,
     /// The output asset records this run wrote (logged with its terminal record).
     pub output_assets: Mutex<Vec<crate::store::AssetRecord>>,
+    /// Set (under the record's lock) when the run has ended and its terminal
+    /// record is being made durable; the live record shows it only after that.
+    pub finishing: std::sync::atomic::AtomicBool,
 }
 
 impl LiveJob {
@@ -59,7 +62,8 @@ impl LiveJob {
         LiveJob {
             record: Mutex::new(record),
             cancel: CancellationToken::new(),
-            events: broadcast::channel(256).0,
+            // Small: a stream that falls behind re-syncs from the record.
+            events: broadcast::channel(32).0,
             extra,
             expire_on_stop: Default::default(),
             last_progress: Mutex::new(None),
@@ -68,15 +72,19 @@ impl LiveJob {
             prepared: Mutex::new(None),
             pending_blobs: Arc::default(),
             output_assets: Mutex::new(Vec::new()),
+            finishing: Default::default(),
         }
     }
 
-    /// Changes the record and writes it to `meta` while holding the lock, so
-    /// store writes of one job can never land out of order.
-    pub fn update(&self, meta: &dyn MetaStore, f: impl FnOnce(&mut JobRecord)) -> Result<JobRecord, StoreError> {
+    /// Lets `f` change the record and, when it says it did, writes it to
+    /// `meta` while holding the lock, so store writes of one job can never
+    /// land out of order. Once the job is finishing nothing changes: its
+    /// terminal record is being written (see the worker's `finish`).
+    pub fn update(&self, meta: &dyn MetaStore, f: impl FnOnce(&mut JobRecord) -> bool) -> Result<JobRecord, StoreError> {
         let mut rec = self.record.lock();
-        f(&mut rec);
-        meta.put_job(&rec)?;
+        if !self.finishing.load(std::sync::atomic::Ordering::SeqCst) && f(&mut rec) {
+            meta.put_job(&rec)?;
+        }
         Ok(rec.clone())
     }
 

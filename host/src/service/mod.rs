@@ -375,12 +375,18 @@ impl Service {
         match current.status {
             JobStatus::Queued => self.stop_queued(&live, JobStatus::Canceled).map(|r| (r, None)),
             JobStatus::Running => {
+                // (A job already finishing ends as it ran: the cancel changes nothing.)
                 let rec = live.update(self.meta.as_ref(), |rec| {
-                    if rec.status == JobStatus::Running {
+                    let running = rec.status == JobStatus::Running;
+                    if running {
                         rec.status = JobStatus::Canceling;
                         rec.updated_at = now_micros();
                     }
+                    running
                 })?;
+                if rec.status != JobStatus::Canceling {
+                    return Ok((rec, None));
+                }
                 self.meta.flush()?;
                 live.publish_status();
                 live.cancel.cancel();
@@ -412,6 +418,7 @@ impl Service {
                 rec.updated_at = now;
                 stopped = true;
             }
+            stopped
         })?;
         if !stopped {
             // A worker started it first: cancel it as a running job.

@@ -251,70 +251,86 @@ impl Service {
         })
     }
 
-    /// Records how the run ended and retires the live job.
+    /// Records how the run ended and retires the live job. The terminal
+    /// record is made durable (sled, then a synced commit-log frame with the
+    /// output assets) before anyone can see it: until then the live record
+    /// keeps its running state — a poll, a listing or an event stream never
+    /// shows a job done that a crash could undo — and, marked finishing, it
+    /// takes no other write (a cancel arriving now changes nothing). The
+    /// record's lock is not held across the write: pollers on the async
+    /// workers must never wait for the disk.
     async fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, JobErrorRecord>) {
-        let now = now_micros();
-        let expired = live.expire_on_stop.load(Ordering::SeqCst);
-        let written = live.update(self.meta.as_ref(), |rec| {
-            let canceling = rec.status == JobStatus::Canceling;
-            match outcome {
-                Ok(outcome) => {
-                    match outcome.status {
-                        RunStatus::Succeeded => {
-                            rec.status = JobStatus::Succeeded;
-                            if let Some(p) = rec.progress.as_mut() {
-                                (p.value, p.nodes_done, p.step, p.steps) = (1.0, p.nodes_total, None, None);
-                            }
-                        }
-                        RunStatus::Failed { node, class_type, failure } => {
-                            rec.status = JobStatus::Failed;
-                            rec.error = Some(JobErrorRecord {
-                                code: failure_code(failure.kind).into(),
-                                message: failure.message,
-                                node_id: Some(node),
-                                class_type: Some(class_type),
-                                traceback: None,
-                            });
-                        }
-                        RunStatus::Interrupted => rec.status = JobStatus::Canceled,
-                    }
-                    rec.logs = Some(log_record(outcome.log, now));
-                }
-                Err(error) => {
-                    rec.status = JobStatus::Failed;
-                    rec.error = Some(error);
-                }
-            }
-            // A cancel request wins over however the run ended (canceling →
-            // canceled is the only way out), and retention over both.
-            if canceling {
-                rec.status = JobStatus::Canceled;
-                rec.error = None;
-            }
-            if expired {
-                rec.status = JobStatus::Expired;
-            }
-            rec.completed_at = Some(now);
-            rec.updated_at = now;
-            rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
-        });
-        // Made durable (with its outputs) off the async workers.
-        let meta = self.meta.clone();
+        let terminal = {
+            let rec = live.record.lock();
+            live.finishing.store(true, Ordering::SeqCst);
+            let mut terminal = rec.clone();
+            end_record(&mut terminal, outcome, live.expire_on_stop.load(Ordering::SeqCst), now_micros());
+            terminal
+        };
+        let (meta, record) = (self.meta.clone(), terminal.clone());
         let assets = std::mem::take(&mut *live.output_assets.lock());
-        let durable = tokio::task::spawn_blocking(move || written.and_then(|r| meta.finish_job(&r, &assets).map(|()| r)))
+        let durable = tokio::task::spawn_blocking(move || meta.put_job(&record).and_then(|()| meta.finish_job(&record, &assets)))
             .await
             .unwrap_or_else(|e| Err(crate::store::StoreError::Backend(e.to_string())));
-        let snapshot = match durable {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot record the finished job");
-                live.snapshot()
+        match durable {
+            // Served from memory from now on (the sweeper forgets it when it expires it).
+            Ok(()) => {
+                self.finished.lock().put(terminal.id.clone(), Arc::new(terminal.clone()));
             }
-        };
+            // Ended either way: a store failure only means a restart may run it again.
+            Err(e) => tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job"),
+        }
+        *live.record.lock() = terminal.clone();
+        let snapshot = terminal;
         tracing::info!(job_id = %snapshot.id, status = snapshot.status.as_str(), "job finished");
         live.publish_status();
         self.live.write().remove(&snapshot.id);
     }
+}
+
+/// Sets the terminal state of a job record from how its run ended.
+fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, JobErrorRecord>, expired: bool, now: Micros) {
+    let canceling = rec.status == JobStatus::Canceling;
+    match outcome {
+        Ok(outcome) => {
+            match outcome.status {
+                RunStatus::Succeeded => {
+                    rec.status = JobStatus::Succeeded;
+                    if let Some(p) = rec.progress.as_mut() {
+                        (p.value, p.nodes_done, p.step, p.steps) = (1.0, p.nodes_total, None, None);
+                    }
+                }
+                RunStatus::Failed { node, class_type, failure } => {
+                    rec.status = JobStatus::Failed;
+                    rec.error = Some(JobErrorRecord {
+                        code: failure_code(failure.kind).into(),
+                        message: failure.message,
+                        node_id: Some(node),
+                        class_type: Some(class_type),
+                        traceback: None,
+                    });
+                }
+                RunStatus::Interrupted => rec.status = JobStatus::Canceled,
+            }
+            rec.logs = Some(log_record(outcome.log, now));
+        }
+        Err(error) => {
+            rec.status = JobStatus::Failed;
+            rec.error = Some(error);
+        }
+    }
+    // A cancel request wins over however the run ended (canceling →
+    // canceled is the only way out), and retention over both.
+    if canceling {
+        rec.status = JobStatus::Canceled;
+        rec.error = None;
+    }
+    if expired {
+        rec.status = JobStatus::Expired;
+    }
+    rec.completed_at = Some(now);
+    rec.updated_at = now;
+    rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
 }
 
 /// The job log: the tail of the plugins' output when it is long.

@@ -10,10 +10,12 @@ use serde_json::json;
 
 use super::{TestServer, trivial};
 
-/// sled, except that a submission can be made to fail after its commit.
+/// sled, except that a submission can be made to fail after its commit,
+/// and a job's terminal write can be held back.
 struct NotDurable {
     inner: SledMeta,
     fail: AtomicBool,
+    hold_finish: AtomicBool,
 }
 
 impl MetaStore for NotDurable {
@@ -63,23 +65,35 @@ impl MetaStore for NotDurable {
     fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
         self.inner.purge_claims(now)
     }
+    fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
+        while self.hold_finish.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        self.inner.finish_job(job, assets)
+    }
     fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush()
     }
 }
 
-#[tokio::test]
-async fn an_unknown_outcome_is_a_generic_500_and_keeps_the_key_claimed() {
+/// A server on the `NotDurable` store.
+async fn start_not_durable(fail: bool, hold_finish: bool) -> (TestServer, Arc<NotDurable>) {
     let env = crate::support::env().await;
     let data = tempfile::tempdir().unwrap();
     let config = super::config(data.path());
     let options = kiln::service::ServiceOptions::from_config(&config);
-    let meta = Arc::new(NotDurable { inner: SledMeta::open(&data.path().join("meta")).unwrap(), fail: AtomicBool::new(true) });
+    let inner = SledMeta::open(&data.path().join("meta")).unwrap();
+    let meta = Arc::new(NotDurable { inner, fail: AtomicBool::new(fail), hold_finish: AtomicBool::new(hold_finish) });
     let blobs = Arc::new(kiln::store::DiskBlobs::open(data.path().join("blobs")).unwrap());
     let executor = Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
     let service = kiln::service::Service::start_with_stores(options, meta.clone(), blobs, env.registry.clone(), executor).unwrap();
     let server = kiln::server::Server::start_on(config, service).await.unwrap();
-    let s = TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data };
+    (TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data }, meta)
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_is_a_generic_500_and_keeps_the_key_claimed() {
+    let (s, meta) = start_not_durable(true, false).await;
 
     let body = json!({ "workflow": trivial(77), "metadata": { "probe": "unknown" } });
     let (status, err, _) = s.post_job(&body, Some("key-unknown")).await;
@@ -96,4 +110,42 @@ async fn an_unknown_outcome_is_a_generic_500_and_keeps_the_key_claimed() {
     let (status, err, _) = s.post_job(&body, Some("key-unknown")).await;
     assert_eq!((status, err["error"]["code"].as_str()), (422, Some("idempotency_key_reuse")));
     assert_eq!(s.get("/jobs?metadata%5Bprobe%5D=unknown").await.1["jobs"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_finished_job_is_shown_done_only_once_that_is_durable() {
+    let (s, meta) = start_not_durable(false, true).await;
+    let id = s.submit(trivial(78)).await["id"].as_str().unwrap().to_string();
+    // The run is over (its output is on the live record) but its terminal
+    // write is held: polls, listings and a new event stream still say running.
+    let mut job = s.job(&id).await;
+    for _ in 0..500 {
+        if job["outputs"].as_array().is_some_and(|o| o.len() == 1) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        job = s.job(&id).await;
+    }
+    assert_eq!(job["outputs"].as_array().map(Vec::len), Some(1), "{job}");
+    let mut events = s.http.get(s.url(&format!("/jobs/{id}/events"))).send().await.unwrap();
+    for _ in 0..20 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert_eq!(s.job(&id).await["status"], "running");
+        let listed = s.get("/jobs").await.1;
+        assert_eq!(listed["jobs"][0]["status"], "running", "{listed}");
+    }
+    let mut seen = String::new();
+    while let Ok(Some(chunk)) = tokio::time::timeout(std::time::Duration::from_millis(100), events.chunk()).await.unwrap_or(Ok(None)) {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains("\"status\":\"running\"") && !seen.contains("succeeded"), "{seen}");
+    assert!(seen.contains("event: output"), "a stream opened after an output still gets it: {seen}");
+    // Released: durable, then shown; the stream ends with it, each output sent once.
+    meta.hold_finish.store(false, Ordering::SeqCst);
+    assert_eq!(s.wait(&id).await["status"], "succeeded");
+    while let Some(chunk) = events.chunk().await.unwrap() {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert_eq!(seen.matches("event: output").count(), 1, "{seen}");
+    assert!(seen.trim_end().ends_with("}") && seen.contains("\"status\":\"succeeded\""), "{seen}");
 }

@@ -1,5 +1,6 @@
 //! The job event stream (Server-Sent Events): a snapshot on connect
-//! (`status`, then the latest `progress` and `preview` of a running job),
+//! (`status`, the outputs so far, then the latest `progress` and `preview`
+//! of a running job),
 //! live frames after it, every `output` before the terminal `status`, and
 //! the end of the stream right after that. Keepalive comments every 15 s.
 //! A stream is a future on its connection plus one broadcast receiver, so
@@ -57,6 +58,10 @@ pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Path(id): 
             return;
         }
         yield Ok(status_frame(&state, &job, &links));
+        // Outputs the run already produced: each one is sent exactly once.
+        for o in &job.outputs {
+            yield Ok(frame("output", &wire::output(o, &job, &links)));
+        }
         if let Some(p) = &opened.progress {
             yield Ok(frame("progress", &serde_json::json!(p)));
         }
@@ -73,7 +78,9 @@ pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Path(id): 
                 Ok(event) => {
                     match &event {
                         JobEvent::Status(rec) => job = (**rec).clone(),
-                        JobEvent::Output(o) if !job.outputs.iter().any(|k| k.asset_id == o.asset_id) => job.outputs.push(o.clone()),
+                        // Already sent (it was in the snapshot).
+                        JobEvent::Output(o) if job.outputs.iter().any(|k| k.asset_id == o.asset_id) => continue,
+                        JobEvent::Output(o) => job.outputs.push(o.clone()),
                         _ => {}
                     }
                     yield Ok(event_frame(&state, &event, &links, &job));
