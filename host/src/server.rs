@@ -33,6 +33,7 @@ impl Server {
     /// Serves an already started service (the signing key still lives in
     /// `config.data_dir`).
     pub async fn start_on(config: Config, service: Arc<Service>) -> anyhow::Result<Server> {
+        api::check_mount_prefix(config.mount_prefix.trim()).map_err(anyhow::Error::msg)?;
         let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;

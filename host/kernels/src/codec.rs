@@ -17,6 +17,10 @@ const BAND_BYTES: usize = 1 << 20;
 /// Output bytes per `IDAT` chunk.
 const CHUNK_BYTES: usize = 1 << 18;
 
+/// Most text, in all chunks together, a PNG may carry (a workflow is a few
+/// MiB at most).
+pub const MAX_TEXT_BYTES: usize = 64 << 20;
+
 fn failed(e: impl std::fmt::Display) -> KernelError {
     KernelError::Invalid(format!("cannot encode the PNG: {e}"))
 }
@@ -24,8 +28,12 @@ fn failed(e: impl std::fmt::Display) -> KernelError {
 /// Encodes image `index` of the `B×H×W×C` tensor `data` (C of 1, 3 or 4)
 /// as a PNG carrying `text` as `(keyword, text)` chunks. Gives up between
 /// bands of rows once `stop` says so.
-pub fn encode_png(data: &[f32], dims: Dims, index: usize, text: &[(String, String)], stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
+pub fn encode_png(data: &[f32], dims: Dims, index: usize, text: Vec<(String, String)>, stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
     dims.check(data)?;
+    let text_bytes: usize = text.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if text_bytes > MAX_TEXT_BYTES {
+        return Err(KernelError::Invalid(format!("{text_bytes} bytes of PNG text; at most {MAX_TEXT_BYTES}")));
+    }
     let color = match dims.channels {
         1 => png::ColorType::Grayscale,
         3 => png::ColorType::Rgb,
@@ -52,11 +60,7 @@ pub fn encode_png(data: &[f32], dims: Dims, index: usize, text: &[(String, Strin
     for (keyword, value) in text {
         // Latin-1 text as `tEXt`, anything else as UTF-8 `iTXt` (as Pillow
         // does for ComfyUI's workflow chunks).
-        let added = if value.chars().all(|c| u32::from(c) < 256) {
-            encoder.add_text_chunk(keyword.clone(), value.clone())
-        } else {
-            encoder.add_itxt_chunk(keyword.clone(), value.clone())
-        };
+        let added = if value.chars().all(|c| u32::from(c) < 256) { encoder.add_text_chunk(keyword, value) } else { encoder.add_itxt_chunk(keyword, value) };
         added.map_err(failed)?;
     }
     // Keywords are checked here: 1–79 Latin-1 characters.
@@ -97,7 +101,7 @@ mod tests {
         // Latin-1 text goes into tEXt, the rest into iTXt (written after).
         let text = vec![("prompt".to_string(), "{\"1\": \"café\"}".to_string()), ("workflow".to_string(), "{\"t\": \"夕焼け\"}".to_string())];
         for index in 0..2 {
-            let png = encode_png(&data, dims, index, &text, &|| false).unwrap();
+            let png = encode_png(&data, dims, index, text.clone(), &|| false).unwrap();
             let (info, pixels, got_text) = decode(&png);
             assert_eq!((info.width, info.height, info.color_type), (300, 700, png::ColorType::Rgb));
             let frame = dims.frame_len();
@@ -111,17 +115,19 @@ mod tests {
         for channels in [1, 4] {
             let dims = Dims { batch: 1, height: 5, width: 3, channels };
             let data = vec![0.25; dims.len().unwrap()];
-            let (info, pixels, _) = decode(&encode_png(&data, dims, 0, &[], &|| false).unwrap());
+            let (info, pixels, _) = decode(&encode_png(&data, dims, 0, vec![], &|| false).unwrap());
             assert_eq!(info.color_type, if channels == 1 { png::ColorType::Grayscale } else { png::ColorType::Rgba });
             assert!(pixels.iter().all(|&v| v == 63));
         }
         let dims = Dims { batch: 1, height: 2, width: 2, channels: 2 };
-        assert!(matches!(encode_png(&[0.0; 8], dims, 0, &[], &|| false), Err(KernelError::Invalid(_))));
+        assert!(matches!(encode_png(&[0.0; 8], dims, 0, vec![], &|| false), Err(KernelError::Invalid(_))));
         let dims = Dims { batch: 1, height: 2, width: 2, channels: 3 };
-        assert!(matches!(encode_png(&[0.0; 12], dims, 1, &[], &|| false), Err(KernelError::Invalid(_))), "index past the batch");
-        assert!(matches!(encode_png(&[0.0; 11], dims, 0, &[], &|| false), Err(KernelError::Invalid(_))), "data of another shape");
-        let bad_keyword = [(String::new(), "x".to_string())];
-        assert!(matches!(encode_png(&[0.0; 12], dims, 0, &bad_keyword, &|| false), Err(KernelError::Invalid(_))));
+        assert!(matches!(encode_png(&[0.0; 12], dims, 1, vec![], &|| false), Err(KernelError::Invalid(_))), "index past the batch");
+        assert!(matches!(encode_png(&[0.0; 11], dims, 0, vec![], &|| false), Err(KernelError::Invalid(_))), "data of another shape");
+        let bad_keyword = vec![(String::new(), "x".to_string())];
+        assert!(matches!(encode_png(&[0.0; 12], dims, 0, bad_keyword, &|| false), Err(KernelError::Invalid(_))));
+        let too_much = vec![("prompt".to_string(), "x".repeat(MAX_TEXT_BYTES))];
+        assert!(matches!(encode_png(&[0.0; 12], dims, 0, too_much, &|| false), Err(KernelError::Invalid(_))));
     }
 
     #[test]
@@ -132,11 +138,11 @@ mod tests {
         // Count the stop checks of a whole run; the last ones come between
         // bands of the compression.
         let calls = AtomicUsize::new(0);
-        encode_png(&data, dims, 0, &[], &|| calls.fetch_add(1, Ordering::Relaxed) == usize::MAX).unwrap();
+        encode_png(&data, dims, 0, vec![], &|| calls.fetch_add(1, Ordering::Relaxed) == usize::MAX).unwrap();
         let total = calls.load(Ordering::Relaxed);
         assert!(total > 4, "{total} stop checks");
         let left = AtomicUsize::new(total - 2);
         let stop = || left.fetch_sub(1, Ordering::Relaxed) == 0;
-        assert_eq!(encode_png(&data, dims, 0, &[], &stop), Err(KernelError::Stopped));
+        assert_eq!(encode_png(&data, dims, 0, vec![], &stop), Err(KernelError::Stopped));
     }
 }

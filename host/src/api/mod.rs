@@ -76,6 +76,16 @@ fn normalize_prefix(prefix: &str) -> String {
     if trimmed.is_empty() { String::new() } else { format!("/{trimmed}") }
 }
 
+/// A mount prefix must be a plain path: letters, digits and `-._~/`. (It
+/// becomes part of every route pattern, where `{…}` would be a parameter
+/// and the token check would no longer recognise the API's paths.)
+pub fn check_mount_prefix(prefix: &str) -> Result<(), String> {
+    match prefix.chars().find(|c| !(c.is_ascii_alphanumeric() || "-._~/".contains(*c))) {
+        None => Ok(()),
+        Some(c) => Err(format!("mount_prefix {prefix:?} may contain only letters, digits and - . _ ~ / (found {c:?})")),
+    }
+}
+
 /// The whole HTTP surface, mounted under the configured prefix. Routes are
 /// registered with their full paths (one lookup per request, no nesting).
 pub fn router(state: Arc<AppState>) -> Router {
@@ -125,4 +135,21 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router, shutdown: 
         let _ = tcp.set_nodelay(true);
     });
     axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_prefixes_are_plain_paths() {
+        assert_eq!(normalize_prefix(" deployment/x/ "), "/deployment/x");
+        assert_eq!(normalize_prefix("/"), "");
+        for ok in ["", "/deployment/x", "a-b_c.d~e"] {
+            assert!(check_mount_prefix(ok).is_ok(), "{ok}");
+        }
+        for bad in ["/{tenant}", "/a b", "/x?y", "/%2e", "/*rest"] {
+            assert!(check_mount_prefix(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -142,7 +142,7 @@ impl kernels::Host for NodeState {
             Ok(d) => d,
             Err(m) => return invalid(m),
         };
-        Ok(self.run_kernel(|stop| codec::encode_png(t.data(), dims, index as usize, &text, stop))?.map_err(kernels::KernelError::Invalid))
+        Ok(self.run_kernel(|stop| codec::encode_png(t.data(), dims, index as usize, text, stop))?.map_err(kernels::KernelError::Invalid))
     }
 }
 

@@ -37,6 +37,10 @@ use crate::store::{BlobStore, DiskBlobs, IdempotencyClaim, JobRecord, JobStatus,
 /// Idempotency keys are single-use for this long.
 pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
 
+/// Finished records with a longer log are served from the store, not kept
+/// in memory (a log may be up to 1 MiB; the cache holds 4096 records).
+pub const MAX_CACHED_LOG_BYTES: usize = 64 << 10;
+
 /// The service's limits and policies (from [`Config`]).
 #[derive(Debug, Clone)]
 pub struct ServiceOptions {
@@ -121,8 +125,13 @@ pub struct Service {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Bumped by every submission and stream; the idle trimmer compares it.
     activity: AtomicU64,
-    /// Recently read finished jobs (their records change only at expiry).
+    /// Recently finished or read finished jobs (their records change only
+    /// at expiry); records with long logs are not kept (see
+    /// [`MAX_CACHED_LOG_BYTES`]).
     finished: Mutex<lru::LruCache<String, Arc<JobRecord>>>,
+    /// Bumped by every [`Service::forget_finished`]: a record read from the
+    /// store before a forget may be stale and is not cached.
+    finished_gen: AtomicU64,
     /// Held shared while a blob is written and claimed (recorded as an
     /// asset, or listed among a live job's pending outputs), exclusively by
     /// garbage collection while it checks and deletes one.
@@ -182,6 +191,7 @@ impl Service {
             blob_gate: Arc::default(),
             activity: AtomicU64::new(0),
             finished: Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
+            finished_gen: AtomicU64::new(0),
         });
         service.recover()?;
         let mut tasks = Vec::new();
@@ -337,9 +347,10 @@ impl Service {
                 match cached {
                     Some(r) => r,
                     None => {
+                        let generation = self.finished_gen.load(Ordering::SeqCst);
                         let r = Arc::new(self.meta.get_job(id)?.ok_or(ServiceError::NotFound)?);
                         if r.status.is_terminal() && self.live_job(id).is_none() {
-                            self.finished.lock().put(id.to_string(), r.clone());
+                            self.remember_finished(r.clone(), Some(generation));
                         }
                         r
                     }
@@ -355,7 +366,21 @@ impl Service {
 
     /// Drops a record from the finished-jobs cache (after a store write).
     fn forget_finished(&self, id: &str) {
-        self.finished.lock().pop(id);
+        let mut cache = self.finished.lock();
+        cache.pop(id);
+        self.finished_gen.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Caches a finished record, unless its log is long or (`read_at`: the
+    /// generation before it was read from the store) a forget happened since.
+    fn remember_finished(&self, record: Arc<JobRecord>, read_at: Option<u64>) {
+        if record.logs.as_ref().is_some_and(|l| l.text.len() > MAX_CACHED_LOG_BYTES) {
+            return;
+        }
+        let mut cache = self.finished.lock();
+        if read_at.is_none_or(|g| g == self.finished_gen.load(Ordering::SeqCst)) {
+            cache.put(record.id.clone(), record);
+        }
     }
 
     /// The executed (resolved) workflow of a job.

@@ -13,11 +13,12 @@
 //! deleted. Blobs no asset, upload in progress or running job refers to are
 //! collected; claims past their 24 h are dropped.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{ExtraData, LiveJob, Service, ServiceError};
-use crate::store::{JobErrorRecord, JobRecord, JobStatus, Micros, blob_name, now_micros};
+use crate::store::{AssetRecord, JobErrorRecord, JobRecord, JobStatus, Micros, blob_name, now_micros};
 
 /// A running job is re-run after a restart at most this many times in all.
 pub const MAX_ATTEMPTS: u32 = 2;
@@ -30,10 +31,22 @@ impl Service {
         jobs.sort_by_key(|j| j.seq);
         let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0);
         self.seq.store(max_seq + 1, Ordering::SeqCst);
+        // Output assets of interrupted runs that their stored record does not
+        // list (outputs reach the store with the terminal record): one scan.
+        let interrupted: HashMap<&str, &JobRecord> =
+            jobs.iter().filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Canceling)).map(|j| (j.id.as_str(), j)).collect();
+        if !interrupted.is_empty() {
+            let unlisted =
+                |a: &AssetRecord| a.job_id.as_deref().and_then(|id| interrupted.get(id)).is_some_and(|j| !j.outputs.iter().any(|o| o.asset_id == a.id));
+            for asset in self.meta.assets_where(&unlisted)? {
+                self.meta.delete_asset(&asset)?;
+            }
+        }
         for mut job in jobs {
             match job.status {
                 JobStatus::Queued => {}
                 JobStatus::Canceling => {
+                    // Keeps the outputs its record lists.
                     job.status = JobStatus::Canceled;
                     job.completed_at = Some(now);
                     job.updated_at = now;
@@ -73,14 +86,12 @@ impl Service {
         Ok(())
     }
 
-    /// Deletes the output assets of an interrupted run and forgets them on
-    /// the record. The stored record need not list them all (outputs reach
-    /// the store with the terminal record), so the asset records are found
-    /// by their job.
+    /// Deletes the output assets a job record lists and forgets them on it.
     fn drop_outputs(&self, job: &mut JobRecord) -> Result<(), ServiceError> {
-        job.outputs.clear();
-        for asset in self.meta.assets_where(&|a| a.job_id.as_deref() == Some(job.id.as_str()))? {
-            self.meta.delete_asset(&asset)?;
+        for out in job.outputs.drain(..) {
+            if let Some(asset) = self.meta.get_asset(&out.asset_id)? {
+                self.meta.delete_asset(&asset)?;
+            }
         }
         Ok(())
     }
@@ -131,9 +142,9 @@ impl Service {
             }
             if let Some(live) = self.live_job(&listed.id) {
                 let status = live.record.lock().status;
-                if status == JobStatus::Queued {
-                    self.stop_queued(&live, JobStatus::Expired)?;
-                } else {
+                // Not stopped as queued: a worker took it meanwhile.
+                let stopped = status == JobStatus::Queued && self.stop_queued(&live, JobStatus::Expired)?.status == JobStatus::Expired;
+                if !stopped {
                     // Running: stop it; the worker records it as expired.
                     live.expire_on_stop.store(true, Ordering::SeqCst);
                     live.cancel.cancel();

@@ -257,8 +257,9 @@ impl Service {
     /// keeps its running state — a poll, a listing or an event stream never
     /// shows a job done that a crash could undo — and, marked finishing, it
     /// takes no other write (a cancel arriving now changes nothing). The
-    /// record's lock is not held across the write: pollers on the async
-    /// workers must never wait for the disk.
+    /// record's lock is not held across this write, so a poll does not wait
+    /// for it. (A job start still appends its log frame under the lock;
+    /// that append syncs only when the log grows or wraps.)
     async fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, JobErrorRecord>) {
         let terminal = {
             let rec = live.record.lock();
@@ -272,14 +273,13 @@ impl Service {
         let durable = tokio::task::spawn_blocking(move || meta.put_job(&record).and_then(|()| meta.finish_job(&record, &assets)))
             .await
             .unwrap_or_else(|e| Err(crate::store::StoreError::Backend(e.to_string())));
-        match durable {
-            // Served from memory from now on (the sweeper forgets it when it expires it).
-            Ok(()) => {
-                self.finished.lock().put(terminal.id.clone(), Arc::new(terminal.clone()));
-            }
+        if let Err(e) = &durable {
             // Ended either way: a store failure only means a restart may run it again.
-            Err(e) => tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job"),
+            tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job");
         }
+        // Served from memory from now on (the sweeper forgets it when it
+        // expires it; a live job is never expired under it).
+        self.remember_finished(Arc::new(terminal.clone()), None);
         *live.record.lock() = terminal.clone();
         let snapshot = terminal;
         tracing::info!(job_id = %snapshot.id, status = snapshot.status.as_str(), "job finished");

@@ -6,6 +6,7 @@
 //! A stream is a future on its connection plus one broadcast receiver, so
 //! thousands of them are cheap.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,8 +59,11 @@ pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Path(id): 
             return;
         }
         yield Ok(status_frame(&state, &job, &links));
-        // Outputs the run already produced: each one is sent exactly once.
+        // Outputs the run already produced. Each output goes out exactly
+        // once, whatever order its event and status snapshots arrive in.
+        let mut sent: HashSet<String> = HashSet::new();
         for o in &job.outputs {
+            sent.insert(o.asset_id.clone());
             yield Ok(frame("output", &wire::output(o, &job, &links)));
         }
         if let Some(p) = &opened.progress {
@@ -78,9 +82,8 @@ pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Path(id): 
                 Ok(event) => {
                     match &event {
                         JobEvent::Status(rec) => job = (**rec).clone(),
-                        // Already sent (it was in the snapshot).
-                        JobEvent::Output(o) if job.outputs.iter().any(|k| k.asset_id == o.asset_id) => continue,
-                        JobEvent::Output(o) => job.outputs.push(o.clone()),
+                        JobEvent::Output(o) if !sent.insert(o.asset_id.clone()) => continue,
+                        JobEvent::Output(o) if !job.outputs.iter().any(|k| k.asset_id == o.asset_id) => job.outputs.push(o.clone()),
                         _ => {}
                     }
                     yield Ok(event_frame(&state, &event, &links, &job));
@@ -91,8 +94,7 @@ pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Path(id): 
                 Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => {
                     // Fell behind (or the job finished): re-sync from the record.
                     let Ok((now, _)) = state.service.get(state.owner(), &job.id) else { return };
-                    let known: Vec<String> = job.outputs.iter().map(|o| o.asset_id.clone()).collect();
-                    for o in now.outputs.iter().filter(|o| !known.contains(&o.asset_id)) {
+                    for o in now.outputs.iter().filter(|o| sent.insert(o.asset_id.clone())) {
                         yield Ok(frame("output", &wire::output(o, &now, &links)));
                     }
                     job = now;

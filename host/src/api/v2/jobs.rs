@@ -106,6 +106,9 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
     Ok((StatusCode::CREATED, Json(wire::job(&record, position, &links, false))).into_response())
 }
 
+/// Largest rendered job body kept for later polls.
+const MAX_CACHED_BODY: usize = 64 << 10;
+
 pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Response, ApiError> {
     check_id(&id)?;
     let (record, position) = state.service.get_shared(state.owner(), &id)?;
@@ -118,7 +121,10 @@ pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Path(id):
         Some(body) => body,
         None => {
             let body = Bytes::from(serde_json::to_vec(&wire::job(&record, position, &links, true)).map_err(|e| ApiError::internal(&e))?);
-            state.rendered.lock().put(id, (record, links.origin, body.clone()));
+            // Bodies with long logs are rendered per request, not kept.
+            if body.len() <= MAX_CACHED_BODY {
+                state.rendered.lock().put(id, (record, links.origin, body.clone()));
+            }
             body
         }
     };
