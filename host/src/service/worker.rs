@@ -67,11 +67,12 @@ impl Service {
     async fn run_job(&self, live: Arc<LiveJob>) {
         let now = now_micros();
         // The running record goes to the store under the record's lock (so
-        // a concurrent cancel's write cannot be overtaken) as a job start:
+        // a concurrent cancel's write cannot be overtaken); then, outside it
+        // (it may wait for the disk when the log grows), the start is logged:
         // it survives a crash of the process before the run begins, so a job
         // that brings the server down cannot be retried forever, without a
-        // flush on every job (see `MetaStore::start_attempt`).
-        let started = {
+        // flush on every job (see `MetaStore::record_start`).
+        let (snapshot, written) = {
             let mut rec = live.record.lock();
             if rec.status != JobStatus::Queued {
                 return; // canceled or expired while it waited
@@ -81,16 +82,12 @@ impl Service {
             rec.updated_at = now;
             rec.queue_ms = Some((now - rec.created_at) / 1000);
             rec.attempts += 1;
-            let written = self.meta.start_attempt(&rec);
+            let written = self.meta.put_job(&rec);
             (rec.clone(), written)
         };
-        let snapshot = match started {
-            (s, Ok(())) => s,
-            (s, Err(e)) => {
-                tracing::error!(job_id = %s.id, error = %e, "cannot record the running job");
-                s
-            }
-        };
+        if let Err(e) = written.and_then(|()| self.meta.record_start(&snapshot)) {
+            tracing::error!(job_id = %snapshot.id, error = %e, "cannot record the running job");
+        }
         tracing::info!(job_id = %snapshot.id, attempt = snapshot.attempts, "job running");
         live.publish_status();
         self.publish_queue_positions();

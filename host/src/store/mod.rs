@@ -72,13 +72,14 @@ pub trait MetaStore: Send + Sync {
     fn list_jobs(&self, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError>;
     /// Every job (recovery and retention sweeps).
     fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
-    /// Records that an attempt of `job` (its `running` record, attempts
-    /// counted) began. When this returns the
-    /// record survives a crash of this process, so a job that brings the
-    /// server down is not retried forever; a power loss may lose it (the job
-    /// then runs again). This default flushes; a backend may do it cheaper.
-    fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.put_job(job)?;
+    /// Records that an attempt of `job` began: its `running` record, with
+    /// the attempts counted, already written with [`MetaStore::put_job`].
+    /// When this returns the record survives a crash of this process, so a
+    /// job that brings the server down is not retried forever; a power loss
+    /// may lose it (the job then runs again). This default flushes; a
+    /// backend may do it cheaper.
+    fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
+        let _ = job;
         self.flush()
     }
     /// Makes the submissions, job starts and finished jobs recorded so far

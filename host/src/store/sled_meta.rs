@@ -289,8 +289,7 @@ impl MetaStore for SledMeta {
     /// written, which a crash of this process does not lose, so a job that
     /// brings the server down is counted. A power loss can lose it (and the
     /// job runs again, one attempt short).
-    fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.put_job(job)?;
+    fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.append(&EntryRef::Started { job }, false)
     }
 

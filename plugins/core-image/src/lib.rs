@@ -2,7 +2,8 @@
 //! with the same class names, inputs, defaults and results.
 //!
 //! Layout: `files` holds the nodes that cross the sandbox edge (load, save,
-//! preview: decoding and encoding run here, inside the sandbox); `nodes/` holds
+//! preview: decoding runs here, inside the sandbox; encoding is a host
+//! kernel); `nodes/` holds
 //! the pixel nodes, one module per family, each over plain [`Image`]/[`Mask`]
 //! values so their math is testable natively; `ops/` holds the shared kernels
 //! (resampling, convolution).

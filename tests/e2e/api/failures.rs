@@ -41,8 +41,8 @@ impl MetaStore for NotDurable {
     fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
         self.inner.all_jobs()
     }
-    fn start_attempt(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.inner.start_attempt(job)
+    fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.inner.record_start(job)
     }
     fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
         self.inner.put_asset(asset)
