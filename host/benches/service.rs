@@ -13,6 +13,8 @@
 //! only the 8-client throughput figure, three 5 s rounds. The server inherits
 //! this process's environment, so `KILN_*` settings can be tried per run;
 //! `KILN_BENCH_SERVER=/path/to/kiln` runs another build (A/B comparisons).
+//! A machine probe (hashing speed, loopback round trip) is printed first
+//! and last: compare figures only between runs whose probes agree.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -129,8 +131,44 @@ fn raise_fd_limit() {
     }
 }
 
+/// How fast this machine is right now (it is a VM whose speed drifts by up
+/// to 2× within minutes): single-thread hashing (user CPU) and a loopback
+/// TCP ping-pong between two threads (the scheduler and network stack the
+/// service's requests go through). Printed before and after the figures.
+fn machine_probe() -> String {
+    use std::io::{Read, Write};
+    let data = vec![7u8; 64 << 20];
+    let started = Instant::now();
+    let _ = std::hint::black_box(blake3::hash(&data));
+    let hash_ms = started.elapsed().as_secs_f64() * 1e3;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    const TRIPS: usize = 20_000;
+    let echo = std::thread::spawn(move || {
+        let (mut peer, _) = listener.accept().unwrap();
+        peer.set_nodelay(true).unwrap();
+        let mut b = [0u8; 1];
+        for _ in 0..TRIPS {
+            peer.read_exact(&mut b).unwrap();
+            peer.write_all(&b).unwrap();
+        }
+    });
+    let mut client = std::net::TcpStream::connect(addr).unwrap();
+    client.set_nodelay(true).unwrap();
+    let mut b = [1u8; 1];
+    let started = Instant::now();
+    for _ in 0..TRIPS {
+        client.write_all(&b).unwrap();
+        client.read_exact(&mut b).unwrap();
+    }
+    let trip_us = started.elapsed().as_secs_f64() * 1e6 / TRIPS as f64;
+    echo.join().unwrap();
+    format!("machine probe: blake3 of 64 MiB {hash_ms:.1} ms, loopback TCP round trip {trip_us:.1} µs")
+}
+
 fn main() {
     raise_fd_limit();
+    println!("{}", machine_probe());
     // `cargo bench -p kiln --bench service -- latency`: only the latency
     // figure, over more jobs (for comparing builds back to back).
     let latency_only = std::env::args().any(|a| a == "latency");
@@ -263,6 +301,7 @@ fn main() {
         }
     });
     if latency_only || throughput_only {
+        println!("{}", machine_probe());
         return;
     }
     println!("RSS right after the load: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
@@ -324,4 +363,5 @@ fn main() {
         http.post(format!("{origin}{}", blocker["urls"]["cancel"].as_str().unwrap())).send().await.unwrap();
         drop(open);
     });
+    println!("{}", machine_probe());
 }
