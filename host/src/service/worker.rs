@@ -265,6 +265,7 @@ impl Service {
             end_record(&mut terminal, outcome, live.expire_on_stop.load(Ordering::SeqCst), now_micros());
             terminal
         };
+        let terminal = Arc::new(terminal);
         let (meta, record) = (self.meta.clone(), terminal.clone());
         let assets = std::mem::take(&mut *live.output_assets.lock());
         let durable = tokio::task::spawn_blocking(move || meta.put_job(&record).and_then(|()| meta.finish_job(&record, &assets)))
@@ -276,12 +277,11 @@ impl Service {
         }
         // Served from memory from now on (the sweeper forgets it when it
         // expires it; a live job is never expired under it).
-        self.remember_finished(Arc::new(terminal.clone()), None);
-        *live.record.lock() = terminal.clone();
-        let snapshot = terminal;
-        tracing::info!(job_id = %snapshot.id, status = snapshot.status.as_str(), "job finished");
-        live.publish_status();
-        self.live.write().remove(&snapshot.id);
+        self.remember_finished(terminal.clone(), None);
+        *live.record.lock() = (*terminal).clone();
+        tracing::info!(job_id = %terminal.id, status = terminal.status.as_str(), "job finished");
+        live.publish(JobEvent::Status(terminal.clone()));
+        self.live.write().remove(&terminal.id);
     }
 }
 
