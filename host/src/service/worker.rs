@@ -255,8 +255,7 @@ impl Service {
     /// shows a job done that a crash could undo — and, marked finishing, it
     /// takes no other write (a cancel arriving now changes nothing). The
     /// record's lock is not held across this write, so a poll does not wait
-    /// for it. (A job start still appends its log frame under the lock;
-    /// that append syncs only when the log grows or wraps.)
+    /// for it.
     async fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, JobErrorRecord>) {
         let terminal = {
             let rec = live.record.lock();
@@ -268,7 +267,7 @@ impl Service {
         let terminal = Arc::new(terminal);
         let (meta, record) = (self.meta.clone(), terminal.clone());
         let assets = std::mem::take(&mut *live.output_assets.lock());
-        let durable = tokio::task::spawn_blocking(move || meta.put_job(&record).and_then(|()| meta.finish_job(&record, &assets)))
+        let durable = tokio::task::spawn_blocking(move || meta.finish_job(&record, &assets))
             .await
             .unwrap_or_else(|e| Err(crate::store::StoreError::Backend(e.to_string())));
         if let Err(e) = &durable {

@@ -87,11 +87,12 @@ pub trait MetaStore: Send + Sync {
     fn sync_jobs(&self) -> Result<(), StoreError> {
         self.flush()
     }
-    /// Makes a job's terminal record, already written with
-    /// [`MetaStore::put_job`], durable together with its output assets
-    /// (written with [`MetaStore::put_asset`]).
+    /// Writes a job's terminal record and makes it durable together with
+    /// its output assets (written with [`MetaStore::put_asset`]). This
+    /// default puts and flushes; a backend may do it cheaper.
     fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
-        let _ = (job, assets);
+        let _ = assets;
+        self.put_job(job)?;
         self.flush()
     }
     /// Makes everything durable in the store itself, so nothing written so

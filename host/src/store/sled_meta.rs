@@ -36,13 +36,22 @@ const LOG_FILE: &str = "commit.log";
 /// Where earlier versions journaled job starts (unsynced); removed on open.
 const OLD_JOURNAL_FILE: &str = "attempts.journal";
 
-/// A commit log entry, as written (borrowed).
-#[derive(Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum EntryRef<'a> {
-    Submitted { job: &'a JobRecord, workflow: &'a serde_json::Value, claim: Option<&'a IdempotencyClaim> },
-    Started { job: &'a JobRecord },
-    Finished { job: &'a JobRecord, assets: &'a [AssetRecord] },
+/// A commit log entry (as [`Entry`] reads it back) assembled from fields
+/// already encoded as JSON — mostly the bytes just written to sled — so a
+/// record is not encoded twice. Kinds and names are plain identifiers.
+fn entry(kind: &str, fields: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + kind.len() + fields.iter().map(|(n, v)| n.len() + v.len() + 4).sum::<usize>());
+    out.extend_from_slice(b"{\"kind\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.push(b'"');
+    for (name, json) in fields {
+        out.extend_from_slice(b",\"");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\":");
+        out.extend_from_slice(json);
+    }
+    out.push(b'}');
+    out
 }
 
 /// A commit log entry, as read back.
@@ -121,9 +130,8 @@ impl SledMeta {
         Ok(meta)
     }
 
-    fn append(&self, entry: &EntryRef<'_>, sync: bool) -> Result<(), StoreError> {
-        let payload = encode(entry)?;
-        self.log.append(&payload, sync, || MetaStore::flush(self))
+    fn append(&self, entry: &[u8], sync: bool) -> Result<(), StoreError> {
+        self.log.append(entry, sync, || MetaStore::flush(self))
     }
 
     /// Writes a submission's workflow and time index, then the
@@ -230,7 +238,8 @@ impl MetaStore for SledMeta {
         // Logged before anything can start the job, so its start and finish
         // follow it in the log; synced by `sync_jobs`. The writes above are
         // done either way: a failure here leaves the outcome unknown.
-        self.append(&EntryRef::Submitted { job, workflow, claim }, false).map_err(|e| StoreError::NotDurable(e.to_string()))
+        let logged = entry("submitted", &[("job", &job_bytes), ("workflow", &wf_bytes), ("claim", claimed.as_deref().unwrap_or(b"null"))]);
+        self.append(&logged, false).map_err(|e| StoreError::NotDurable(e.to_string()))
     }
 
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
@@ -290,15 +299,19 @@ impl MetaStore for SledMeta {
     /// brings the server down is counted. A power loss can lose it (and the
     /// job runs again, one attempt short).
     fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.append(&EntryRef::Started { job }, false)
+        self.append(&entry("started", &[("job", &encode(job)?)]), false)
     }
 
     fn sync_jobs(&self) -> Result<(), StoreError> {
         self.log.sync()
     }
 
+    /// The record into sled (unflushed), then one synced log frame with the
+    /// same bytes and the output assets.
     fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
-        self.append(&EntryRef::Finished { job, assets }, true)
+        let job_bytes = encode(job)?;
+        self.jobs.insert(job.id.as_bytes(), job_bytes.as_slice()).map_err(backend)?;
+        self.append(&entry("finished", &[("job", &job_bytes), ("assets", &encode(&assets)?)]), true)
     }
 
     fn checkpoint(&self) -> Result<(), StoreError> {
@@ -552,12 +565,13 @@ mod tests {
             // Only in the log (as if sled lost them in the crash): a's
             // submission and start, b's start and finish with its output,
             // a stale start of c, d's submission with its claim.
-            meta.append(&EntryRef::Submitted { job: &a, workflow: &serde_json::json!({"a": 1}), claim: None }, false).unwrap();
-            meta.append(&EntryRef::Started { job: &started(&a, 1) }, false).unwrap();
-            meta.append(&EntryRef::Started { job: &started(&b, 1) }, false).unwrap();
-            meta.append(&EntryRef::Finished { job: &finished_b, assets: std::slice::from_ref(&out) }, false).unwrap();
-            meta.append(&EntryRef::Started { job: &started(&c, 1) }, false).unwrap();
-            meta.append(&EntryRef::Submitted { job: &d, workflow: &serde_json::json!({"d": 1}), claim: Some(&claim) }, true).unwrap();
+            meta.append(&entry("submitted", &[("job", &encode(&a).unwrap()), ("workflow", br#"{"a":1}"#), ("claim", b"null")]), false).unwrap();
+            meta.record_start(&started(&a, 1)).unwrap();
+            meta.record_start(&started(&b, 1)).unwrap();
+            let assets = encode(&vec![out.clone()]).unwrap();
+            meta.append(&entry("finished", &[("job", &encode(&finished_b).unwrap()), ("assets", &assets)]), false).unwrap();
+            meta.record_start(&started(&c, 1)).unwrap();
+            meta.append(&entry("submitted", &[("job", &encode(&d).unwrap()), ("workflow", br#"{"d":1}"#), ("claim", &encode(&claim).unwrap())]), true).unwrap();
         }
         let meta = SledMeta::open(dir.path()).unwrap();
         let get = |id: &str| meta.get_job(id).unwrap().unwrap();
