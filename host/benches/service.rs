@@ -98,6 +98,47 @@ fn micros(ts: &str) -> f64 {
     (h * 3600.0 + m * 60.0 + s) * 1e6
 }
 
+/// Wall-clock instants of one job as the client saw them (µs of the day,
+/// the same clock as the server's timestamps).
+#[derive(Default, Clone, Copy)]
+struct Marks {
+    sent: f64,
+    created: f64,
+    started: f64,
+    accepted: f64,
+    stream_open: f64,
+    completed: f64,
+    terminal_seen: f64,
+}
+
+fn wall_micros() -> f64 {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    (d.as_micros() % 86_400_000_000) as f64
+}
+
+/// [`run_one`] with the instants of each step (for `-- timeline`).
+async fn run_marked(http: &reqwest::Client, base: &str, workflow: &Value) -> Marks {
+    let mut m = Marks { sent: wall_micros(), ..Marks::default() };
+    let job: Value = http.post(format!("{base}/api/v2/jobs")).json(&json!({ "workflow": workflow })).send().await.unwrap().json().await.unwrap();
+    m.accepted = wall_micros();
+    let origin = base.split("/api").next().unwrap();
+    let mut stream = http.get(format!("{origin}{}", job["urls"]["events"].as_str().unwrap())).send().await.unwrap();
+    m.stream_open = wall_micros();
+    let mut buf = Vec::new();
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        buf.extend_from_slice(&chunk);
+        if String::from_utf8_lossy(&buf).contains("\"status\":\"succeeded\"") {
+            break;
+        }
+    }
+    m.terminal_seen = wall_micros();
+    let done: Value = http.get(format!("{origin}{}", job["urls"]["self"].as_str().unwrap())).send().await.unwrap().json().await.unwrap();
+    m.created = micros(done["created_at"].as_str().unwrap());
+    m.started = micros(done["started_at"].as_str().unwrap());
+    m.completed = micros(done["completed_at"].as_str().unwrap());
+    m
+}
+
 /// Submits one job and follows its event stream to the terminal status.
 async fn run_one(http: &reqwest::Client, base: &str, workflow: &Value) -> (f64, Value) {
     let t0 = Instant::now();
@@ -188,8 +229,13 @@ fn main() {
     std::thread::sleep(Duration::from_secs(2));
     println!("idle RSS after a warm start: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
 
-    rt.block_on(async {
-        let http = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
+    // One sequential client measures latency: on a current-thread runtime
+    // its requests and their connection tasks share one thread, so the
+    // figure carries no hand-offs between the client's own threads.
+    let single = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let timeline = std::env::args().any(|a| a == "timeline");
+    let workflow = single.block_on(async {
+        let http = reqwest::Client::new();
         let form = reqwest::multipart::Form::new().text("file_path", "in.png").part("file", reqwest::multipart::Part::bytes(png64()).file_name("in.png"));
         let asset: Value = http.post(format!("{base}/api/v2/assets")).multipart(form).send().await.unwrap().json().await.unwrap();
         let workflow = json!({
@@ -201,6 +247,29 @@ fn main() {
             run_one(&http, &base, &workflow).await;
         }
 
+        if std::env::args().any(|a| a == "timeline") {
+            let marks: Vec<Marks> = {
+                let mut v = Vec::new();
+                let jobs = std::env::var("KILN_BENCH_JOBS").ok().and_then(|n| n.parse().ok()).unwrap_or(1000);
+                for _ in 0..jobs {
+                    v.push(run_marked(&http, &base, &workflow).await);
+                }
+                v
+            };
+            let median = |f: &dyn Fn(&Marks) -> f64| {
+                let mut xs: Vec<f64> = marks.iter().map(f).collect();
+                xs.sort_by(f64::total_cmp);
+                percentile(&xs, 0.5)
+            };
+            println!("timeline of {} jobs, median µs after the POST was sent:", marks.len());
+            println!("  created_at      {:7.0}", median(&|m| m.created - m.sent));
+            println!("  started_at      {:7.0}", median(&|m| m.started - m.sent));
+            println!("  201 received    {:7.0}", median(&|m| m.accepted - m.sent));
+            println!("  stream headers  {:7.0}", median(&|m| m.stream_open - m.sent));
+            println!("  completed_at    {:7.0}", median(&|m| m.completed - m.sent));
+            println!("  terminal frame  {:7.0}", median(&|m| m.terminal_seen - m.sent));
+            return workflow;
+        }
         // 1. Latency, one client.
         let n = if latency_only {
             1000
@@ -227,9 +296,15 @@ fn main() {
             );
         }
 
-        if latency_only {
-            return;
-        }
+        workflow
+    });
+    if latency_only || timeline {
+        println!("{}", machine_probe());
+        return;
+    }
+
+    rt.block_on(async {
+        let http = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
         // 2. Throughput, 8 clients, 5 s (three rounds with `-- throughput`).
         for _ in 0..if throughput_only { 3 } else { 1 } {
             let done = Arc::new(AtomicU64::new(0));
@@ -300,7 +375,7 @@ fn main() {
             _ => println!("GET /api/v2/jobs/{{id}} with wrk: skipped (wrk not installed)"),
         }
     });
-    if latency_only || throughput_only {
+    if throughput_only {
         println!("{}", machine_probe());
         return;
     }

@@ -31,8 +31,14 @@ pub fn build_guests(packages: &[(&str, &str)]) {
     {
         cmd.env_remove(var);
     }
-    // 128-bit SIMD: Cranelift compiles it to SSE/AVX, and the pixel loops auto-vectorize.
-    cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-feature=+simd128");
+    // 128-bit SIMD: Cranelift compiles it to SSE/AVX, and the pixel loops
+    // auto-vectorize. 4 MiB of initial linear memory (the linker's default
+    // is the data and 1 MiB of stack, leaving the allocator no heap): a
+    // small node call then never grows its memory, and wasmtime need not
+    // shrink the instance slot back with `mprotect` before the next call —
+    // a TLB shootdown across the process's CPUs each time. Untouched pages
+    // cost nothing. LoadImage of a 64² PNG: 84–100 → 70 µs (BENCHMARKS.md).
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-feature=+simd128\x1f-Clink-arg=--initial-memory=4194304");
     let status = cmd.status().expect("running cargo to build the wasm guests");
     assert!(status.success(), "building the wasm guests failed (is the wasm32-wasip2 target installed? `rustup target add wasm32-wasip2`)");
     for (_, artifact) in packages {

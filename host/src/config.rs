@@ -55,6 +55,10 @@ pub struct Config {
     /// Costs up to this much RSS per instance slot (max_concurrency + 1,
     /// two memories each).
     pub node_keep_resident_kb: u64,
+    /// List the compiled guest code in `/tmp/perf-<pid>.map`, so `perf
+    /// record` / `perf report` name the functions of plugins. For
+    /// profiling; default false.
+    pub guest_perf_map: bool,
 
     // --- `kiln serve` ---
     /// Address the server listens on. Default `127.0.0.1` (loopback only).
@@ -112,6 +116,7 @@ impl Default for Config {
             result_cache_mb: 1024,
             decommit_batch: 1,
             node_keep_resident_kb: 1024,
+            guest_perf_map: false,
             host: "127.0.0.1".into(),
             port: 8188,
             data_dir: PathBuf::from("kiln-data"),
@@ -183,6 +188,7 @@ impl Config {
             artifact_dir: self.artifact_dir(),
             decommit_batch: self.decommit_batch,
             keep_resident_bytes: usize::try_from(self.node_keep_resident_kb.saturating_mul(1024)).unwrap_or(usize::MAX),
+            perf_map: self.guest_perf_map,
         }
     }
 }
@@ -203,6 +209,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "result_cache_mb",
         "decommit_batch",
         "node_keep_resident_kb",
+        "guest_perf_map",
         "host",
         "port",
         "data_dir",
@@ -227,7 +234,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         let parsed = match field.as_str() {
             "plugin_dirs" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
             "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" => toml::Value::String(value),
-            "download_redirect" | "trust_forwarded_headers" => match value.as_str() {
+            "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),
                 _ => return Err(ConfigError::Env { var: var.clone(), value: value.clone() }),

@@ -132,7 +132,9 @@ fn main() {
             for _ in 0..200 {
                 runtime.execute(plugin, class, &inputs, io(), &cancel).await.expect("node runs");
             }
-            let n = 2000;
+            let only = std::env::var("KILN_BENCH_ONLY").ok();
+            if only.as_deref().is_some_and(|o| o != class) { continue; }
+            let n = if only.is_some() { 40000 } else { 2000 };
             let start = Instant::now();
             for _ in 0..n {
                 runtime.execute(plugin, class, &inputs, io(), &cancel).await.expect("node runs");
@@ -140,6 +142,7 @@ fn main() {
             println!("runtime.execute {class} (fresh store + instantiate + call): {:.1} µs per call", start.elapsed().as_secs_f64() * 1e6 / n as f64);
         }
 
+        if std::env::var("KILN_BENCH_ONLY").is_ok() { return; }
         for size in [8u32, 64] {
             let wf = chain(200, size);
             let _ = run(&executor, &wf, &no_inputs, &out).await;

@@ -31,8 +31,9 @@ pub struct PoolSizing {
     pub keep_resident_bytes: usize,
 }
 
-/// Builds the engine for `sizing`.
-pub fn build_engine(sizing: PoolSizing) -> wasmtime::Result<(Engine, Allocator)> {
+/// Builds the engine for `sizing`; with `perf_map`, JIT code is listed in
+/// `/tmp/perf-<pid>.map` so `perf` can name guest functions.
+pub fn build_engine(sizing: PoolSizing, perf_map: bool) -> wasmtime::Result<(Engine, Allocator)> {
     let PoolSizing { instances: max_instances, max_memory_bytes, decommit_batch, keep_resident_bytes } = sizing;
     let mut pool = PoolingAllocationConfig::default();
     // A Rust wasm32-wasip2 component instantiates a handful of core modules
@@ -68,19 +69,22 @@ pub fn build_engine(sizing: PoolSizing) -> wasmtime::Result<(Engine, Allocator)>
     if keep_resident_bytes > 0 && PoolingAllocationConfig::is_pagemap_scan_available() {
         pool.linear_memory_keep_resident(keep_resident_bytes).pagemap_scan(wasmtime::Enabled::Yes);
     }
-    let pooled = Engine::new(base_config().allocation_strategy(InstanceAllocationStrategy::Pooling(pool)));
+    let pooled = Engine::new(base_config(perf_map).allocation_strategy(InstanceAllocationStrategy::Pooling(pool)));
     match pooled {
         Ok(engine) => Ok((engine, Allocator::Pooling)),
         Err(e) => {
             tracing::warn!(error = %e, "pooling allocator unavailable, falling back to on-demand allocation");
-            Ok((Engine::new(&base_config())?, Allocator::OnDemand))
+            Ok((Engine::new(&base_config(perf_map))?, Allocator::OnDemand))
         }
     }
 }
 
-fn base_config() -> Config {
+fn base_config(perf_map: bool) -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true).epoch_interruption(true).memory_init_cow(true).max_wasm_stack(1 << 20).async_stack_size(2 << 20);
+    if perf_map {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     config
 }
 

@@ -44,6 +44,8 @@ pub struct RuntimeConfig {
     pub decommit_batch: usize,
     /// Linear memory an instance slot keeps resident, reset in place (see `engine`).
     pub keep_resident_bytes: usize,
+    /// List JIT code in `/tmp/perf-<pid>.map` for `perf` (profiling).
+    pub perf_map: bool,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -142,7 +144,7 @@ impl PluginRuntime {
             max_memory_bytes: config.limits.max_memory_bytes,
             decommit_batch: config.decommit_batch,
             keep_resident_bytes: config.keep_resident_bytes,
-        })?;
+        }, config.perf_map)?;
         spawn_epoch_ticker(&engine).map_err(wasmtime::Error::from)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;

@@ -234,15 +234,21 @@ impl Service {
         self.live.read().get(id).cloned()
     }
 
+    /// Refuses an Idempotency-Key that a live claim holds.
+    pub fn check_key(&self, key: &str) -> Result<(), ServiceError> {
+        match self.meta.get_claim(key)? {
+            Some(claim) if claim.expires_at > now_micros() => Err(ServiceError::IdempotencyKeyReuse),
+            _ => Ok(()),
+        }
+    }
+
     /// Validates and records a job; it is durable and queued when this returns.
     pub fn submit(&self, sub: Submission) -> Result<(JobRecord, Option<usize>), ServiceError> {
         let now = now_micros();
         // A key that is already claimed is refused before anything else is
         // looked at (the claim itself happens atomically with the record).
-        if let Some(key) = &sub.idempotency_key
-            && self.meta.get_claim(key)?.is_some_and(|c| c.expires_at > now)
-        {
-            return Err(ServiceError::IdempotencyKeyReuse);
+        if let Some(key) = &sub.idempotency_key {
+            self.check_key(key)?;
         }
         if let Some(map) = sub.workflow.as_object()
             && crate::workflow::is_ui_format(map)

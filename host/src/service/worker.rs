@@ -265,11 +265,11 @@ impl Service {
             terminal
         };
         let terminal = Arc::new(terminal);
-        let (meta, record) = (self.meta.clone(), terminal.clone());
         let assets = std::mem::take(&mut *live.output_assets.lock());
-        let durable = tokio::task::spawn_blocking(move || meta.finish_job(&record, &assets))
-            .await
-            .unwrap_or_else(|e| Err(crate::store::StoreError::Backend(e.to_string())));
+        // On this thread: the execution runtime's threads are there for
+        // blocking job work, and a hand-off to the blocking pool and back
+        // cost ~100 µs per job here (BENCHMARKS.md, session 7).
+        let durable = self.meta.finish_job(&terminal, &assets);
         if let Err(e) = &durable {
             // Ended either way: a store failure only means a restart may run it again.
             tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job");

@@ -16,6 +16,18 @@ async fn a_key_is_single_use_even_under_concurrency() {
     assert!(headers.get("idempotency-replayed").is_none(), "no replay header");
     let (other, err, _) = s.post_job(&json!({ "workflow": trivial(9) }), Some("key-1")).await;
     assert_eq!((other, err["error"]["code"].as_str()), (422, Some("idempotency_key_reuse")));
+    // Whatever else is wrong with a later request, the used key is what it hears.
+    for body in [
+        json!({ "workflow": trivial(1), "extra_data": { "other": 1 } }),
+        json!({ "workflow": { "nodes": [], "links": [] } }),
+        json!({ "webhook_url": "http://example.com" }),
+        json!([1, 2]),
+    ] {
+        let (status, err, _) = s.post_job(&body, Some("key-1")).await;
+        assert_eq!((status, err["error"]["code"].as_str()), (422, Some("idempotency_key_reuse")), "{body}");
+    }
+    let raw = s.http.post(s.url("/jobs")).header("Idempotency-Key", "key-1").header("content-type", "application/json").body("{not json").send().await.unwrap();
+    assert_eq!(raw.status(), 422);
 
     // Eight concurrent requests with one fresh key: exactly one job.
     let body = json!({ "workflow": trivial(2), "metadata": { "k": "race" } });
@@ -75,7 +87,10 @@ async fn claims_expire_after_24_hours() {
     let s = start_default().await;
     assert_eq!(s.post_job(&json!({ "workflow": trivial(1) }), Some("key-old")).await.0, 201);
     assert_eq!(s.post_job(&json!({ "workflow": trivial(1) }), Some("key-old")).await.0, 422);
-    // A sweep 24 h + 1 s later drops the claim.
+    // A sweep a second before 24 h keeps the claim; one 24 h + 1 s later drops it.
+    let almost = kiln::store::now_micros() + (24 * 3600 - 1) * 1_000_000;
+    s.server.state.service.sweep(almost).unwrap();
+    assert_eq!(s.post_job(&json!({ "workflow": trivial(1) }), Some("key-old")).await.0, 422);
     let later = kiln::store::now_micros() + (24 * 3600 + 1) * 1_000_000;
     s.server.state.service.sweep(later).unwrap();
     assert_eq!(s.post_job(&json!({ "workflow": trivial(1) }), Some("key-old")).await.0, 201);
