@@ -75,6 +75,21 @@ fn cpu_secs(pid: u32) -> f64 {
     ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
+/// Context switches (voluntary + involuntary) of all of a process's threads.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
 fn png64() -> Vec<u8> {
     let mut out = Vec::new();
     let mut enc = png::Encoder::new(&mut out, 64, 64);
@@ -279,6 +294,7 @@ fn main() {
             300
         };
         let (mut client_ms, mut server_ms) = (Vec::new(), Vec::new());
+        let (cpu0, switches0) = (cpu_secs(pid), context_switches(pid));
         for _ in 0..n {
             let (ms, done) = run_one(&http, &base, &workflow).await;
             client_ms.push(ms);
@@ -293,6 +309,11 @@ fn main() {
                 percentile(&client_ms, 0.95),
                 percentile(&server_ms, 0.5),
                 percentile(&server_ms, 0.95)
+            );
+            println!(
+                "  per job: server CPU {:.0} µs, server context switches {:.1}",
+                (cpu_secs(pid) - cpu0) * 1e6 / n as f64,
+                (context_switches(pid) - switches0) as f64 / n as f64
             );
         }
 

@@ -33,7 +33,8 @@ pub struct SavedFile {
     /// Size in bytes.
     #[serde(skip)]
     pub size: u64,
-    /// Where it was written.
+    /// The file written, for sinks that write one into a directory; empty
+    /// for the blob store, whose outputs are named by `hash`.
     #[serde(skip)]
     pub path: PathBuf,
     /// The content hash, when the sink computed one (the blob store does).

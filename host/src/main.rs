@@ -9,14 +9,21 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = kiln::cli::Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let config = match kiln::cli::load_config(&cli) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let runtime = match kiln::cli::runtime(&cli, &config) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(kiln::cli::main(cli)) {
+    match runtime.block_on(kiln::cli::main(cli, config)) {
         Ok(code) => std::process::ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             eprintln!("error: {e:#}");

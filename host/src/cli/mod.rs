@@ -32,10 +32,28 @@ pub enum Command {
     Serve(serve::ServeArgs),
 }
 
-/// Runs the CLI; returns the process exit code.
-pub async fn main(cli: Cli) -> anyhow::Result<i32> {
+/// The configuration the command line names: its config file, then
+/// `KILN_*` variables, then `--plugins`.
+pub fn load_config(cli: &Cli) -> anyhow::Result<crate::config::Config> {
     let mut config = crate::config::Config::load(cli.config.as_deref())?;
     config.plugin_dirs.extend(cli.plugins.iter().cloned());
+    Ok(config)
+}
+
+/// The async runtime a command runs on: `kiln serve` answers HTTP on
+/// `http_threads` threads (its jobs run on threads of their own, see
+/// `service`); the one-shot commands run their nodes on every CPU.
+pub fn runtime(cli: &Cli, config: &crate::config::Config) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Command::Serve(_) = cli.command {
+        builder.worker_threads(config.http_threads.max(1));
+    }
+    builder.build()
+}
+
+/// Runs the CLI with `config` (see [`load_config`]); returns the process exit code.
+pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(args) => run::run(config, args).await,
         Command::Serve(args) => serve::serve(config, args).await,

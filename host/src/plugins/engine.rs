@@ -1,10 +1,13 @@
 //! The one wasmtime `Engine` of the process: its configuration, the pooling
 //! allocator (with an on-demand fallback) and the epoch ticker that bounds
-//! guest CPU time.
+//! guest CPU time and fires node deadlines.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::deadlines::Deadlines;
 
 /// How often the epoch advances: the granularity of timeouts and cancellation.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -88,8 +91,9 @@ fn base_config(perf_map: bool) -> Config {
     config
 }
 
-/// Advances the engine's epoch every [`EPOCH_TICK`] until the engine is dropped.
-pub fn spawn_epoch_ticker(engine: &Engine) -> std::io::Result<()> {
+/// Advances the engine's epoch every [`EPOCH_TICK`], and fires the node
+/// deadlines that have passed, until the engine is dropped.
+pub fn spawn_epoch_ticker(engine: &Engine, deadlines: Arc<Deadlines>) -> std::io::Result<()> {
     let weak = engine.weak();
     std::thread::Builder::new().name("kiln-epoch".into()).spawn(move || {
         loop {
@@ -98,6 +102,7 @@ pub fn spawn_epoch_ticker(engine: &Engine) -> std::io::Result<()> {
                 Some(engine) => engine.increment_epoch(),
                 None => break,
             }
+            deadlines.fire_due(std::time::Instant::now());
         }
     })?;
     Ok(())

@@ -16,6 +16,7 @@ use wasmtime::{Engine, Store, Trap};
 
 use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
+use super::deadlines::Deadlines;
 use super::engine::{Allocator, PoolSizing, build_engine, spawn_epoch_ticker};
 use super::manifest::{EffectiveLimits, Manifest, OperatorLimits};
 use super::state::{NodeIo, NodeState, StopState, Stopped, StoreLimits};
@@ -125,6 +126,7 @@ pub struct PluginRuntime {
     config: RuntimeConfig,
     artifacts: ArtifactCache,
     allocator: Allocator,
+    deadlines: Arc<Deadlines>,
 }
 
 /// Imports a plugin may have: the kiln contract and the WASI p2 runtime
@@ -145,13 +147,14 @@ impl PluginRuntime {
             decommit_batch: config.decommit_batch,
             keep_resident_bytes: config.keep_resident_bytes,
         }, config.perf_map)?;
-        spawn_epoch_ticker(&engine).map_err(wasmtime::Error::from)?;
+        let deadlines = Arc::new(Deadlines::default());
+        spawn_epoch_ticker(&engine, deadlines.clone()).map_err(wasmtime::Error::from)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         PluginWorld::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         let artifacts = ArtifactCache::new(config.artifact_dir.clone());
         tracing::debug!(?allocator, slots, "plugin runtime ready");
-        Ok(PluginRuntime { engine, linker, permits: Arc::new(Semaphore::new(slots as usize)), config, artifacts, allocator })
+        Ok(PluginRuntime { engine, linker, permits: Arc::new(Semaphore::new(slots as usize)), config, artifacts, allocator, deadlines })
     }
 
     /// The allocator in use.
@@ -257,7 +260,8 @@ impl PluginRuntime {
             file_bytes: self.config.file_budget_bytes,
             log_bytes: self.config.log_bytes,
         };
-        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io, StopState::new(cancel.clone(), std::time::Instant::now() + limits.timeout)));
+        let deadline_at = std::time::Instant::now() + limits.timeout;
+        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io, StopState::new(cancel.clone(), deadline_at)));
         store.limiter(|s| &mut s.memory);
         // wasmtime caps what one guest→host call may transfer (128 MiB by
         // default), which refused a 4096² RGB image (201 MB). A guest cannot
@@ -272,13 +276,15 @@ impl PluginRuntime {
                 let world = pre.instantiate_async(&mut store).await?;
                 f(world, &mut store).await
             };
+            // Fired by the epoch ticker (see `deadlines`), not a tokio timer.
+            let deadline = self.deadlines.arm(deadline_at);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => Outcome::Cancelled,
-                r = tokio::time::timeout(limits.timeout, run) => match r {
-                    Ok(Ok(v)) => Outcome::Done(v),
-                    Ok(Err(e)) => Outcome::Trapped(e),
-                    Err(_) => Outcome::TimedOut,
+                _ = deadline.expired() => Outcome::TimedOut,
+                r = run => match r {
+                    Ok(v) => Outcome::Done(v),
+                    Err(e) => Outcome::Trapped(e),
                 },
             }
         };

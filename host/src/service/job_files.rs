@@ -29,13 +29,18 @@ impl JobInputs {
 
 impl InputFiles for JobInputs {
     fn read(&self, name: &str) -> Result<Vec<u8>, FileError> {
-        let hash = self.hash(name).ok_or_else(|| FileError::NotFound(name.to_string()))?;
-        let path = self.blobs.path(hash).ok_or_else(|| FileError::NotFound(name.to_string()))?;
-        let size = std::fs::metadata(&path)?.len();
+        use std::io::Read;
+        let not_found = || FileError::NotFound(name.to_string());
+        let hash = self.hash(name).ok_or_else(not_found)?;
+        let mut file = self.blobs.open(hash).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?.ok_or_else(not_found)?;
+        let size = file.metadata()?.len();
         if size > MAX_INPUT_BYTES {
             return Err(FileError::TooLarge { name: name.to_string(), size, limit: MAX_INPUT_BYTES });
         }
-        Ok(std::fs::read(path)?)
+        // A blob never changes once stored: its size is the read's size.
+        let mut bytes = Vec::with_capacity(size as usize);
+        file.read_to_end(&mut bytes)?;
+        Ok(bytes)
     }
     fn contains(&self, name: &str) -> bool {
         self.hash(name).is_some_and(|h| self.blobs.contains(h))
@@ -87,8 +92,8 @@ impl OutputFiles for JobOutputs {
             self.pending.lock().push(blob_name(&hash));
             hash
         };
-        let path = self.blobs.path(&hash).unwrap_or_default();
-        Ok(SavedFile { filename: output_name(&base, counter, extension), subfolder, kind, size: data.len() as u64, path, hash: Some(hash) })
+        // Named by its hash: no local path to report (see `SavedFile::path`).
+        Ok(SavedFile { filename: output_name(&base, counter, extension), subfolder, kind, size: data.len() as u64, path: Default::default(), hash: Some(hash) })
     }
 }
 

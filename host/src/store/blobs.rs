@@ -85,6 +85,14 @@ impl BlobStore for DiskBlobs {
         self.final_path(hash).is_file()
     }
 
+    fn open(&self, hash: &blake3::Hash) -> Result<Option<File>, StoreError> {
+        match File::open(self.final_path(hash)) {
+            Ok(file) => Ok(Some(file)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn path(&self, hash: &blake3::Hash) -> Option<PathBuf> {
         let p = self.final_path(hash);
         p.is_file().then_some(p)

@@ -125,6 +125,8 @@ pub trait BlobStore: Send + Sync {
     /// Starts a streamed upload of at most `limit` bytes.
     fn begin(&self, limit: u64) -> Result<BlobUpload, StoreError>;
     fn contains(&self, hash: &blake3::Hash) -> bool;
+    /// The blob opened for reading; `None` when it is not stored.
+    fn open(&self, hash: &blake3::Hash) -> Result<Option<std::fs::File>, StoreError>;
     /// A local file holding the blob (for streaming and range reads).
     fn path(&self, hash: &blake3::Hash) -> Option<PathBuf>;
     fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError>;
