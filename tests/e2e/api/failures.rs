@@ -1,6 +1,7 @@
-//! Unknown outcomes: a store that commits but cannot make a write durable.
-//! The client gets a generic 500 `upstream_error`, the job still runs, and
-//! its Idempotency-Key stays claimed (rule 5).
+//! Store failures. Unknown outcomes: a store that commits but cannot make a
+//! write durable — the client gets a generic 500 `upstream_error`, the job
+//! still runs, and its Idempotency-Key stays claimed (rule 5). Definite
+//! ones: a submission that was not written never runs and frees its key.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,16 +11,23 @@ use serde_json::json;
 
 use super::{TestServer, trivial};
 
-/// sled, except that a submission can be made to fail after its commit,
-/// and a job's terminal write can be held back.
+/// sled, except that a submission can be made to fail after its commit
+/// (`fail`) or slowly without being written (`reject`), and a job's
+/// terminal write can be held back.
 struct NotDurable {
     inner: SledMeta,
     fail: AtomicBool,
+    reject: AtomicBool,
     hold_finish: AtomicBool,
 }
 
 impl MetaStore for NotDurable {
     fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
+        if self.reject.load(Ordering::SeqCst) {
+            // Long enough for the woken worker to be waiting on the job.
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            return Err(StoreError::Backend("injected: the write failed".into()));
+        }
         self.inner.submit(job, workflow, claim)?;
         if self.fail.load(Ordering::SeqCst) { Err(StoreError::NotDurable("injected: the disk did not answer".into())) } else { Ok(()) }
     }
@@ -83,7 +91,7 @@ async fn start_not_durable(fail: bool, hold_finish: bool) -> (TestServer, Arc<No
     let config = super::config(data.path());
     let options = kiln::service::ServiceOptions::from_config(&config);
     let inner = SledMeta::open(&data.path().join("meta")).unwrap();
-    let meta = Arc::new(NotDurable { inner, fail: AtomicBool::new(fail), hold_finish: AtomicBool::new(hold_finish) });
+    let meta = Arc::new(NotDurable { inner, fail: AtomicBool::new(fail), reject: AtomicBool::new(false), hold_finish: AtomicBool::new(hold_finish) });
     let blobs = Arc::new(kiln::store::DiskBlobs::open(data.path().join("blobs")).unwrap());
     let executor = Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
     let service = kiln::service::Service::start_with_stores(options, meta.clone(), blobs, env.registry.clone(), executor).unwrap();
@@ -148,4 +156,29 @@ async fn a_finished_job_is_shown_done_only_once_that_is_durable() {
     }
     assert_eq!(seen.matches("event: output").count(), 1, "{seen}");
     assert!(seen.trim_end().ends_with("}") && seen.contains("\"status\":\"succeeded\""), "{seen}");
+}
+
+#[tokio::test]
+async fn a_submission_that_was_not_written_never_runs_and_frees_its_key() {
+    let (s, meta) = start_not_durable(false, false).await;
+    meta.reject.store(true, Ordering::SeqCst);
+    let body = json!({ "workflow": trivial(79), "metadata": { "probe": "rejected" } });
+    let (status, err, _) = s.post_job(&body, Some("key-rejected")).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (500, Some("upstream_error")), "{err}");
+    assert!(!err["error"]["message"].as_str().unwrap().contains("injected"), "{err}");
+    // The worker woken for it skipped it: nothing ran, nothing is listed,
+    // no output was stored.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(s.get("/jobs?metadata%5Bprobe%5D=rejected").await.1["jobs"].as_array().unwrap().is_empty());
+    assert!(s.get("/jobs").await.1["jobs"].as_array().unwrap().is_empty());
+    let stored_outputs = meta.assets_where(&|_| true).unwrap();
+    assert!(stored_outputs.is_empty(), "{} assets", stored_outputs.len());
+    let stored_jobs = meta.all_jobs().unwrap();
+    assert!(stored_jobs.is_empty(), "no record of it either: {:?}", stored_jobs.iter().map(|j| (&j.id, j.status)).collect::<Vec<_>>());
+    // A definite failure frees the key, and the workers still take jobs.
+    meta.reject.store(false, Ordering::SeqCst);
+    let (status, job, _) = s.post_job(&body, Some("key-rejected")).await;
+    assert_eq!(status, 201, "{job}");
+    assert_eq!(s.wait(job["id"].as_str().unwrap()).await["status"], "succeeded");
+    assert_eq!(s.get("/jobs").await.1["jobs"].as_array().unwrap().len(), 1);
 }
