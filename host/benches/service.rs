@@ -47,7 +47,10 @@ fn start_with(env: &[(&str, &str)]) -> Server {
         .arg(data.path())
         .env("KILN_RESULT_CACHE_MB", "0")
         .env("KILN_MAX_QUEUED_JOBS", "100000")
-        .stdout(Stdio::piped());
+        .stdout(Stdio::piped())
+        // The server logs every job at its default level (`info`); the
+        // lines are written, to nowhere, so the figures include logging.
+        .stderr(Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -18,6 +18,11 @@ pub struct Config {
     /// Extra plugin directories, each holding plugins (subdirectories with a
     /// `kiln-plugin.toml`) or being one. Default: none (bundled plugins only).
     pub plugin_dirs: Vec<PathBuf>,
+    /// Plugins (by manifest name) allowed to read the secrets their
+    /// manifests ask for under `capabilities.secrets` — today a job's
+    /// partner key, `extra_data.api_key_svc_org`. Default: none; a plugin
+    /// that asks without being listed is refused at load.
+    pub secret_plugins: Vec<String>,
     /// Where compiled components are cached. Default: `$XDG_CACHE_HOME/kiln`
     /// or `~/.cache/kiln`. A warm cache turns seconds of compilation at start
     /// into milliseconds.
@@ -110,6 +115,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             plugin_dirs: Vec::new(),
+            secret_plugins: Vec::new(),
             cache_dir: None,
             max_concurrency: std::thread::available_parallelism().map_or(2, |n| n.get() as u32),
             node_memory_mb: 512,
@@ -196,6 +202,7 @@ impl Config {
             decommit_batch: self.decommit_batch,
             keep_resident_bytes: usize::try_from(self.node_keep_resident_kb.saturating_mul(1024)).unwrap_or(usize::MAX),
             perf_map: self.guest_perf_map,
+            secret_plugins: self.secret_plugins.clone(),
         }
     }
 }
@@ -204,6 +211,7 @@ impl Config {
 fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String)>) -> Result<(), ConfigError> {
     let fields = [
         "plugin_dirs",
+        "secret_plugins",
         "cache_dir",
         "max_concurrency",
         "node_memory_mb",
@@ -240,7 +248,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
             continue;
         }
         let parsed = match field.as_str() {
-            "plugin_dirs" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
+            "plugin_dirs" | "secret_plugins" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
             "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" => toml::Value::String(value),
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),

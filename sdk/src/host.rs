@@ -22,6 +22,13 @@ pub fn read_input(name: &str) -> Result<Vec<u8>, String> {
     wit::read_input(name)
 }
 
+/// A secret of the job, e.g. `"api_key_svc_org"` (a partner key from the
+/// request's `extra_data`): `None` unless this plugin's manifest asks for
+/// it under `[capabilities] secrets` and the operator granted it.
+pub fn secret(name: &str) -> Option<String> {
+    wit::secret(name)
+}
+
 /// Stores a file; the host names it `<prefix>_<counter:05>_.<extension>`.
 pub fn save_file(kind: FileKind, prefix: &str, extension: &str, data: &[u8]) -> Result<SavedFile, String> {
     wit::save_file(kind, prefix, extension, data)

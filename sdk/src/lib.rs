@@ -29,7 +29,15 @@
 //! What a node can reach is only what the host imports provide: host-owned
 //! tensors ([`Tensor`]), progress and previews, uploaded input files and saved
 //! output files ([`host`]), and native pixel kernels over tensors ([`kernels`]).
-//! No filesystem, network or environment.
+//! No filesystem, network or environment. A plugin that calls a partner
+//! service can read the job's partner key with [`host::secret`], once its
+//! manifest asks for it (`[capabilities] secrets = ["api_key_svc_org"]`)
+//! and the operator lists the plugin in `secret_plugins`.
+//!
+//! Link with a few MiB of initial memory (`-C link-arg=--initial-memory=4194304`,
+//! see `examples/custom-node/.cargo/config.toml`): the linker's default leaves
+//! the allocator no heap, so every call grows its memory, and the host must
+//! then reset the slot's memory protection before the next call.
 
 #![warn(missing_docs)]
 

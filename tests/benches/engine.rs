@@ -51,7 +51,7 @@ async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInpu
             }
         }),
         cancel: CancellationToken::new(),
-        api_key_svc_org: None,
+        secrets: Default::default(),
     };
     let outcome = executor.run(&plan, ctx).await;
     let elapsed = start.elapsed();
@@ -127,7 +127,7 @@ fn main() {
             ("LoadImage", vec![("image".to_string(), kiln::value::Value::String("small.png".into()))]),
         ] {
             let (plugin, _) = registry.get(class).expect("class");
-            let io = || kiln::plugins::NodeIo { inputs: named.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}) };
+            let io = || kiln::plugins::NodeIo { inputs: named.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}), secrets: Default::default() };
             let cancel = CancellationToken::new();
             for _ in 0..200 {
                 runtime.execute(plugin, class, &inputs, io(), &cancel).await.expect("node runs");

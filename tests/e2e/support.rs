@@ -28,6 +28,7 @@ pub fn test_config() -> Config {
         max_concurrency: 4,
         node_tensor_budget_mb: 256,
         node_log_kb: 16,
+        secret_plugins: vec!["hostile".into()],
         ..Config::default()
     }
 }
@@ -96,7 +97,7 @@ pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: Ru
         outputs: Arc::new(DirOutputs::new(opts.out, opts.out.join("temp"))),
         events: Arc::new(move |e| sink.lock().unwrap().push(e)),
         cancel: opts.cancel,
-        api_key_svc_org: None,
+        secrets: Default::default(),
     };
     let outcome = executor.run(&plan, ctx).await;
     let events = std::mem::take(&mut *events.lock().unwrap());

@@ -30,6 +30,8 @@ pub async fn serve(path: &Path, content_type: &str, etag: &str, request: &Header
         Some(text) => match http_range_header::parse_range_header(text).and_then(|r| r.validate(len)) {
             Ok(ranges) if ranges.len() == 1 => Some(ranges[0].clone()),
             Ok(_) => None,
+            // A suffix longer than the content asks for all of it (RFC 9110 §14.1.3).
+            Err(RangeUnsatisfiableError::FileSuffixOutOfBounds) if !text.contains(',') => Some(0..=len - 1),
             Err(RangeUnsatisfiableError::RangeReversed | RangeUnsatisfiableError::ZeroSuffix) if text.trim_start().starts_with("bytes=") => {
                 let mut r =
                     ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable", format!("The range is outside the {len} bytes of the content."))

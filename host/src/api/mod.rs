@@ -91,10 +91,14 @@ pub fn check_mount_prefix(prefix: &str) -> Result<(), String> {
 pub fn router(state: Arc<AppState>) -> Router {
     v2::routes(&state.api_base, state.clone())
         .fallback(|| async { error::ApiError::not_found().into_response() })
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
-            error::ApiError::internal(&"a request handler panicked").into_response()
-        }))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
         .layer(axum::middleware::from_fn_with_state(state, edge))
+}
+
+/// A handler that panicked: the generic 500 envelope — the panic's message
+/// (host internals) goes to the log, never on the wire.
+fn panic_response(_: Box<dyn std::any::Any + Send>) -> axum::response::Response {
+    error::ApiError::internal(&"a request handler panicked").into_response()
 }
 
 /// A request id: a random per-process prefix and a counter (unique without
@@ -140,6 +144,29 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router, shutdown: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn boom() -> &'static str {
+        panic!("internal detail: /secret/path")
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_the_generic_500_envelope() {
+        let app = axum::Router::new()
+            .route("/boom", axum::routing::get(|| async { std::hint::black_box(boom()) }))
+            .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/boom", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let resp = reqwest::get(&url).await.unwrap();
+        assert_eq!(resp.status(), 500);
+        let body = resp.text().await.unwrap();
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["error"]["code"], "upstream_error", "{body}");
+        assert!(json["error"]["message"].is_string() && json["error"].get("details").is_some(), "{body}");
+        assert!(!body.contains("secret") && !body.contains("panicked at"), "{body}");
+        // The server carries on.
+        assert_eq!(reqwest::get(&url).await.unwrap().status(), 500);
+    }
 
     #[test]
     fn mount_prefixes_are_plain_paths() {

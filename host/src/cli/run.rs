@@ -117,7 +117,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
         outputs,
         events,
         cancel,
-        api_key_svc_org: None,
+        secrets: Default::default(),
     };
     let outcome = executor.run(&plan, ctx).await;
     if let Some(bar) = &bar {

@@ -39,10 +39,9 @@ pub struct RunContext {
     pub outputs: Arc<dyn OutputFiles>,
     pub events: EventSink,
     pub cancel: CancellationToken,
-    /// The partner key of the request (`extra_data.api_key_svc_org`); held
-    /// for the run only, never stored. Not yet handed to plugins: that needs
-    /// the `secrets` capability, which manifests cannot be granted yet.
-    pub api_key_svc_org: Option<String>,
+    /// The request's secrets (`extra_data.api_key_svc_org`): held for the
+    /// run only, never stored; each node reads what its plugin was granted.
+    pub secrets: crate::plugins::JobSecrets,
 }
 
 /// How a run ended.
@@ -65,6 +64,8 @@ pub struct RunOutcome {
     pub executed: Vec<String>,
     /// The plugins' stdout and stderr, prefixed by node.
     pub log: String,
+    /// A node's output was longer than its log and only its tail is in `log`.
+    pub log_truncated: bool,
 }
 
 /// Runs plans against a registry of plugins, sharing one result cache.
@@ -136,7 +137,7 @@ impl Executor {
     async fn run_inner(&self, plan: &Plan, ctx: RunContext) -> RunOutcome {
         let emit = |e: Event| (ctx.events)(e);
         emit(Event::Started { job_id: ctx.job_id.clone() });
-        let keys = self.cache_keys(plan, ctx.inputs.as_ref());
+        let keys = self.cache_keys(plan, ctx.inputs.as_ref(), &ctx.secrets);
         let mut results: HashMap<String, Arc<CachedResult>> = HashMap::new();
         let mut cached = Vec::new();
         for node in &plan.nodes {
@@ -180,6 +181,7 @@ impl Executor {
         let mut tasks: JoinSet<(String, Result<crate::plugins::NodeOutput, NodeFailure>, f64)> = JoinSet::new();
         let mut executed = Vec::new();
         let mut log = String::new();
+        let mut log_truncated = false;
         let mut status = RunStatus::Succeeded;
         let run_cancel = ctx.cancel.child_token();
 
@@ -196,7 +198,7 @@ impl Executor {
                         status = RunStatus::Failed {
                             node: node.id.clone(),
                             class_type: node.class_type.clone(),
-                            failure: NodeFailure { kind: FailureKind::Failed, message, log: String::new() },
+                            failure: NodeFailure { kind: FailureKind::Failed, message, log: Default::default() },
                         };
                         break 'run;
                     }
@@ -245,7 +247,7 @@ impl Executor {
                     status = RunStatus::Failed {
                         node: String::new(),
                         class_type: String::new(),
-                        failure: NodeFailure { kind: FailureKind::Crashed, message: "internal error while running a node".into(), log: String::new() },
+                        failure: NodeFailure { kind: FailureKind::Crashed, message: "internal error while running a node".into(), log: Default::default() },
                     };
                     break;
                 }
@@ -253,7 +255,7 @@ impl Executor {
             let Some(node) = plan.node(&id) else { continue };
             match result {
                 Ok(output) => {
-                    append_log(&mut log, &id, &node.class_type, &output.log);
+                    append_log(&mut log, &mut log_truncated, &id, &node.class_type, &output.log);
                     let result = Arc::new(CachedResult { values: output.values, saved: output.saved });
                     if let Some(key) = keys.get(&id) {
                         self.cache.put(*key, result.clone());
@@ -281,7 +283,7 @@ impl Executor {
                     }
                 }
                 Err(failure) => {
-                    append_log(&mut log, &id, &node.class_type, &failure.log);
+                    append_log(&mut log, &mut log_truncated, &id, &node.class_type, &failure.log);
                     status = if failure.kind == FailureKind::Interrupted {
                         RunStatus::Interrupted
                     } else {
@@ -308,15 +310,20 @@ impl Executor {
             }
         }
         let outputs = plan.outputs.iter().filter_map(|id| results.get(id).map(|r| (id.clone(), r.saved.clone()))).collect();
-        RunOutcome { status, outputs, cached, executed, log }
+        RunOutcome { status, outputs, cached, executed, log, log_truncated }
     }
 
-    /// The cache key of every planned node, in plan order.
-    fn cache_keys(&self, plan: &Plan, files: &dyn InputFiles) -> HashMap<String, CacheKey> {
+    /// The cache key of every planned node, in plan order. A node whose
+    /// plugin reads secrets is keyed by them too (see `JobSecrets::cache_salt`).
+    fn cache_keys(&self, plan: &Plan, files: &dyn InputFiles, secrets: &crate::plugins::JobSecrets) -> HashMap<String, CacheKey> {
         let mut keys: HashMap<String, CacheKey> = HashMap::new();
         for node in &plan.nodes {
             let Some((plugin, def)) = self.registry.get(&node.class_type) else { continue };
             let mut key = cache::KeyBuilder::new(&node.class_type, &plugin.component_hash);
+            let granted = &plugin.manifest.capabilities.secrets;
+            if !granted.is_empty() {
+                key.salt("secrets", &secrets.cache_salt(granted));
+            }
             let mut complete = true;
             for (name, input) in &node.inputs {
                 match input {
@@ -374,6 +381,7 @@ impl Executor {
         NodeIo {
             inputs: ctx.inputs.clone(),
             outputs: ctx.outputs.clone(),
+            secrets: ctx.secrets.clone(),
             signals: Arc::new(move |signal| match signal {
                 NodeSignal::Progress { step, steps } => {
                     let overall = {
@@ -394,8 +402,9 @@ fn is_file_input(def: &crate::plugins::NodeDef, name: &str) -> bool {
     def.required.iter().chain(&def.optional).any(|i| i.name == name && matches!(&i.kind, InputKind::Combo(c) if c.source == ComboSource::InputImages))
 }
 
-fn append_log(log: &mut String, node: &str, class_type: &str, text: &str) {
-    for line in text.lines() {
+fn append_log(log: &mut String, truncated: &mut bool, node: &str, class_type: &str, captured: &crate::plugins::runtime::CapturedLog) {
+    *truncated |= captured.truncated;
+    for line in captured.text.lines() {
         log.push_str(&format!("[{node} {class_type}] {line}\n"));
     }
 }

@@ -71,6 +71,10 @@ impl host::Host for NodeState {
         Ok(())
     }
 
+    fn secret(&mut self, name: String) -> wasmtime::Result<Option<String>> {
+        Ok(self.io.as_ref().and_then(|io| io.secrets.get(&name)).map(str::to_string))
+    }
+
     fn preview(&mut self, image: Resource<Tensor>) -> wasmtime::Result<()> {
         let tensor = self.table.get(&image)?.clone();
         if let Some(io) = &self.io {

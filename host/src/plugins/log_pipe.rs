@@ -1,9 +1,11 @@
 //! Capture of a plugin's stdout and stderr into the job log.
 //!
-//! Unlike wasmtime-wasi's `MemoryOutputPipe`, a full pipe keeps accepting (and
-//! dropping) bytes: a chatty plugin must not fail or trap because its log is
-//! full. The log records that it was truncated.
+//! Unlike wasmtime-wasi's `MemoryOutputPipe`, a full pipe keeps accepting
+//! bytes: a chatty plugin must not fail or trap because its log is full. It
+//! keeps the tail — the end of a run says most about how it ended — and
+//! records how much of the beginning it shed.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -18,31 +20,53 @@ pub struct LogPipe {
 }
 
 struct LogBuffer {
-    bytes: Vec<u8>,
+    bytes: VecDeque<u8>,
     capacity: usize,
     dropped: u64,
 }
 
+/// What a node wrote: the tail of it, and whether its beginning was shed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CapturedLog {
+    pub text: String,
+    pub truncated: bool,
+}
+
 impl LogPipe {
-    /// A pipe keeping at most `capacity` bytes.
+    /// A pipe keeping the last `capacity` bytes written.
     pub fn new(capacity: usize) -> LogPipe {
-        LogPipe { inner: Arc::new(Mutex::new(LogBuffer { bytes: Vec::new(), capacity, dropped: 0 })) }
+        LogPipe { inner: Arc::new(Mutex::new(LogBuffer { bytes: VecDeque::new(), capacity, dropped: 0 })) }
     }
-    /// What was written, lossily decoded, with a note if bytes were dropped.
-    pub fn contents(&self) -> String {
+
+    /// What was kept, lossily decoded, after a note of what was shed.
+    pub fn contents(&self) -> CapturedLog {
         let buf = self.inner.lock();
-        let mut text = String::from_utf8_lossy(&buf.bytes).into_owned();
-        if buf.dropped > 0 {
-            text.push_str(&format!("\n[kiln: log truncated, {} bytes dropped]\n", buf.dropped));
+        let (a, b) = buf.bytes.as_slices();
+        let mut kept = Vec::with_capacity(a.len() + b.len());
+        kept.extend_from_slice(a);
+        kept.extend_from_slice(b);
+        if buf.dropped == 0 {
+            return CapturedLog { text: String::from_utf8_lossy(&kept).into_owned(), truncated: false };
         }
-        text
+        // The cut may fall inside a character: start at the next one.
+        let start = kept.iter().position(|&b| (b & 0xc0) != 0x80).unwrap_or(kept.len());
+        let text = format!("[kiln: {} earlier bytes of output dropped]\n{}", buf.dropped, String::from_utf8_lossy(&kept[start..]));
+        CapturedLog { text, truncated: true }
     }
+
     fn append(&self, data: &[u8]) {
         let mut buf = self.inner.lock();
-        let room = buf.capacity.saturating_sub(buf.bytes.len());
-        let keep = room.min(data.len());
-        buf.bytes.extend_from_slice(&data[..keep]);
-        buf.dropped += (data.len() - keep) as u64;
+        let capacity = buf.capacity;
+        if data.len() >= capacity {
+            buf.dropped += (buf.bytes.len() + data.len() - capacity) as u64;
+            buf.bytes.clear();
+            buf.bytes.extend(&data[data.len() - capacity..]);
+            return;
+        }
+        let over = (buf.bytes.len() + data.len()).saturating_sub(capacity);
+        buf.bytes.drain(..over);
+        buf.dropped += over as u64;
+        buf.bytes.extend(data);
     }
 }
 
@@ -97,12 +121,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keeps_capacity_and_counts_dropped() {
+    fn keeps_the_tail_and_counts_what_it_shed() {
         let pipe = LogPipe::new(4);
-        pipe.append(b"abcdef");
+        pipe.append(b"ab");
+        assert_eq!(pipe.contents(), CapturedLog { text: "ab".into(), truncated: false });
+        pipe.append(b"cdef");
         pipe.append(b"gh");
-        let text = pipe.contents();
-        assert!(text.starts_with("abcd"), "{text}");
-        assert!(text.contains("4 bytes dropped"), "{text}");
+        let log = pipe.contents();
+        assert!(log.truncated);
+        assert_eq!(log.text, "[kiln: 4 earlier bytes of output dropped]\nefgh");
+        // One write larger than the pipe: its end is kept.
+        pipe.append(b"0123456789");
+        assert_eq!(pipe.contents().text, "[kiln: 14 earlier bytes of output dropped]\n6789");
+        // A cut inside a character starts at the next whole one.
+        let pipe = LogPipe::new(4);
+        pipe.append("aé€".as_bytes());
+        assert_eq!(pipe.contents().text, "[kiln: 2 earlier bytes of output dropped]\n€");
     }
 }

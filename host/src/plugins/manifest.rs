@@ -48,7 +48,8 @@ pub struct Capabilities {
     /// Hosts the plugin may call over HTTPS.
     #[serde(default)]
     pub outbound_hosts: Vec<String>,
-    /// Secrets the plugin may receive from a job's `extra_data`.
+    /// Secrets the plugin may receive from a job's `extra_data` (see
+    /// `secrets`); the operator must grant the plugin (`secret_plugins`).
     #[serde(default)]
     pub secrets: Vec<String>,
 }
@@ -100,8 +101,8 @@ impl Manifest {
         if let Some(host) = manifest.capabilities.outbound_hosts.first() {
             return Err(ManifestError::CapabilityNotGranted(format!("outbound_hosts: {host}")));
         }
-        if let Some(secret) = manifest.capabilities.secrets.first() {
-            return Err(ManifestError::CapabilityNotGranted(format!("secrets: {secret}")));
+        if let Some(unknown) = manifest.capabilities.secrets.iter().find(|s| !super::secrets::KNOWN_SECRETS.contains(&s.as_str())) {
+            return Err(ManifestError::Invalid { field: "capabilities.secrets", reason: format!("no secret is called {unknown:?}; known: {}", super::secrets::KNOWN_SECRETS.join(", ")) });
         }
         Ok(manifest)
     }
@@ -142,5 +143,10 @@ mod tests {
             Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\noutbound_hosts=['x.com']"),
             Err(ManifestError::CapabilityNotGranted(_))
         ));
+        // Secrets: only ones kiln knows (the operator's grant is checked at load).
+        let asks = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\nsecrets=['api_key_svc_org']").unwrap();
+        assert_eq!(asks.capabilities.secrets, ["api_key_svc_org"]);
+        let err = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\nsecrets=['HOME']").unwrap_err();
+        assert!(err.to_string().contains("no secret is called \"HOME\""), "{err}");
     }
 }

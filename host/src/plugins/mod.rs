@@ -21,10 +21,12 @@ mod log_pipe;
 pub mod manifest;
 pub mod registry;
 pub mod runtime;
+pub mod secrets;
 pub mod state;
 
 pub use bindings::node;
 pub use manifest::{Manifest, OperatorLimits};
 pub use registry::{NodeRegistry, RegistryError};
-pub use runtime::{FailureKind, NodeDef, NodeFailure, NodeOutput, Plugin, PluginRuntime, RuntimeConfig};
+pub use runtime::{CapturedLog, FailureKind, NodeDef, NodeFailure, NodeOutput, Plugin, PluginRuntime, RuntimeConfig};
+pub use secrets::JobSecrets;
 pub use state::{NodeIo, NodeSignal};

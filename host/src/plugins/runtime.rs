@@ -17,6 +17,7 @@ use wasmtime::{Engine, Store, Trap};
 use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
 use super::deadlines::Deadlines;
+pub use super::log_pipe::CapturedLog;
 use super::engine::{Allocator, PoolSizing, build_engine, spawn_epoch_ticker};
 use super::manifest::{EffectiveLimits, Manifest, OperatorLimits};
 use super::state::{NodeIo, NodeState, StopState, Stopped, StoreLimits};
@@ -47,6 +48,9 @@ pub struct RuntimeConfig {
     pub keep_resident_bytes: usize,
     /// List JIT code in `/tmp/perf-<pid>.map` for `perf` (profiling).
     pub perf_map: bool,
+    /// Plugins (by manifest name) that may read the secrets their
+    /// manifests ask for; any other plugin asking for one is refused.
+    pub secret_plugins: Vec<String>,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -74,8 +78,8 @@ pub enum FailureKind {
 pub struct NodeFailure {
     pub kind: FailureKind,
     pub message: String,
-    /// What the plugin printed before failing.
-    pub log: String,
+    /// What the plugin printed before failing (its tail, when long).
+    pub log: CapturedLog,
 }
 
 /// A successful node call.
@@ -85,8 +89,8 @@ pub struct NodeOutput {
     pub values: Vec<Value>,
     /// Files the node saved.
     pub saved: Vec<SavedFile>,
-    /// What the plugin printed.
-    pub log: String,
+    /// What the plugin printed (its tail, when long).
+    pub log: CapturedLog,
 }
 
 /// Why a plugin could not be loaded.
@@ -165,6 +169,12 @@ impl PluginRuntime {
     /// Compiles (or loads from cache), links and describes a plugin.
     pub async fn load(&self, manifest: Manifest, wasm: &[u8]) -> Result<Plugin, LoadError> {
         let plugin = manifest.name.clone();
+        if let Some(secret) = manifest.capabilities.secrets.first()
+            && !self.config.secret_plugins.contains(&plugin)
+        {
+            let source = super::manifest::ManifestError::CapabilityNotGranted(format!("secrets: {secret}"));
+            return Err(LoadError::Manifest { plugin, source });
+        }
         let component_hash = blake3::hash(wasm);
         let engine = self.engine.clone();
         let (component, from_cache) =
@@ -208,9 +218,11 @@ impl PluginRuntime {
             .definitions
             .iter()
             .find(|d| d.class_type == class_type)
-            .ok_or_else(|| failure(FailureKind::Failed, format!("plugin has no node class `{class_type}`"), String::new()))?;
+            .ok_or_else(|| failure(FailureKind::Failed, format!("plugin has no node class `{class_type}`"), CapturedLog::default()))?;
         let class = class_type.to_string();
         let inputs = inputs.to_vec();
+        // The node sees only the secrets its plugin was granted.
+        let io = NodeIo { secrets: io.secrets.restricted_to(&plugin.manifest.capabilities.secrets), ..io };
         let (result, mut called) = self
             .call(&plugin.pre, plugin.limits, Some(io), cancel, move |world, store| {
                 Box::pin(async move {
@@ -253,7 +265,7 @@ impl PluginRuntime {
     ) -> Result<(R, Called), NodeFailure> {
         // Held until the store (and with it the pool slot) is dropped: see `Called`.
         let permit =
-            self.permits.clone().acquire_owned().await.map_err(|_| failure(FailureKind::Crashed, "plugin runtime is shutting down".into(), String::new()))?;
+            self.permits.clone().acquire_owned().await.map_err(|_| failure(FailureKind::Crashed, "plugin runtime is shutting down".into(), CapturedLog::default()))?;
         let store_limits = StoreLimits {
             memory_bytes: limits.memory_bytes,
             tensor_bytes: self.config.tensor_budget_bytes,
@@ -315,12 +327,12 @@ enum Outcome<R> {
     Trapped(wasmtime::Error),
 }
 
-fn failure(kind: FailureKind, message: String, log: String) -> NodeFailure {
+fn failure(kind: FailureKind, message: String, log: CapturedLog) -> NodeFailure {
     NodeFailure { kind, message, log }
 }
 
 /// Turns a trap into a failure kind, using what the store recorded.
-fn classify_trap(e: &wasmtime::Error, state: &NodeState, limits: EffectiveLimits, log: String) -> NodeFailure {
+fn classify_trap(e: &wasmtime::Error, state: &NodeState, limits: EffectiveLimits, log: CapturedLog) -> NodeFailure {
     match state.stop.stopped {
         Some(Stopped::Cancelled) => return failure(FailureKind::Interrupted, "interrupted".into(), log),
         Some(Stopped::Deadline) => return failure(FailureKind::Timeout, format!("node exceeded its time limit of {:?}", limits.timeout), log),
@@ -337,7 +349,7 @@ fn classify_trap(e: &wasmtime::Error, state: &NodeState, limits: EffectiveLimits
         // Rust and C guests keep their stack in linear memory; overflowing it
         // runs below address 0 and faults as an out-of-bounds access.
         Some(Trap::MemoryOutOfBounds) => "out-of-bounds memory access (e.g. the plugin's stack overflowed)".to_string(),
-        Some(Trap::UnreachableCodeReached) => match log.lines().rev().find(|l| l.contains("panicked")) {
+        Some(Trap::UnreachableCodeReached) => match log.text.lines().rev().find(|l| l.contains("panicked")) {
             Some(line) => format!("plugin panicked: {}", line.trim()),
             None => "plugin aborted (unreachable code reached)".to_string(),
         },

@@ -10,6 +10,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::log_pipe::LogPipe;
+use super::secrets::JobSecrets;
 use crate::files::{InputFiles, OutputFiles, SavedFile};
 use crate::tensor::Tensor;
 
@@ -31,6 +32,8 @@ pub struct NodeIo {
     pub outputs: Arc<dyn OutputFiles>,
     /// Receives progress and previews as they happen.
     pub signals: Arc<dyn Fn(NodeSignal) + Send + Sync>,
+    /// The job's secrets (the runtime hands a node only what its plugin was granted).
+    pub secrets: JobSecrets,
 }
 
 /// Limits applied to one store.

@@ -24,10 +24,12 @@ pub enum JobEvent {
     Preview { node_id: String, content_type: String, data: Arc<Vec<u8>> },
 }
 
-/// Per-request data that is handed to the job's plugins and never stored.
+/// Per-request data that is handed to the job's plugins and never stored
+/// (its `Debug` prints no secret).
 #[derive(Debug, Clone, Default)]
 pub struct ExtraData {
-    pub api_key_svc_org: Option<String>,
+    /// `api_key_svc_org`: read by the plugins granted it (see `plugins::secrets`).
+    pub secrets: crate::plugins::JobSecrets,
 }
 
 /// A job that is queued or running.

@@ -479,6 +479,8 @@ impl Service {
                 rec.status = status;
                 rec.completed_at = Some(now);
                 rec.updated_at = now;
+                // Its time in the queue is known now; it never executed.
+                rec.queue_ms = Some((now - rec.created_at) / 1000);
                 stopped = true;
             }
             stopped

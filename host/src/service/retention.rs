@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{ExtraData, LiveJob, Service, ServiceError};
-use crate::store::{AssetRecord, JobErrorRecord, JobRecord, JobStatus, Micros, blob_name, now_micros};
+use crate::store::{AssetRecord, JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros, blob_name, now_micros};
 
 /// A running job is re-run after a restart at most this many times in all.
 pub const MAX_ATTEMPTS: u32 = 2;
@@ -67,6 +67,8 @@ impl Service {
                             class_type: None,
                             traceback: None,
                         });
+                        // What its runs printed was in the lost process: shed.
+                        job.logs = Some(JobLogRecord { text: String::new(), truncated: true, captured_at: now });
                         tracing::warn!(job_id = %job.id, "job interrupted by a restart for the last time: failed");
                         self.meta.put_job(&job)?;
                         continue;

@@ -114,3 +114,71 @@ fn invalid(issues: &[Issue]) -> ServiceError {
     };
     ServiceError::InvalidWorkflow { message, details: Some(serde_json::json!({ "node_errors": nodes })) }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::SledMeta;
+
+    fn asset(meta: &SledMeta, id: &str, owner: &str, file: &str, byte: u8) -> AssetRecord {
+        let a = AssetRecord {
+            id: id.into(),
+            owner: owner.into(),
+            hash: crate::store::blob_name(&blake3::hash(&[byte])),
+            size_bytes: 1,
+            content_type: "image/png".into(),
+            file_path: Some(file.into()),
+            created_at: 0,
+            expires_at: None,
+            job_id: None,
+            node_id: None,
+            tags: Vec::new(),
+        };
+        meta.put_asset(&a).unwrap();
+        a
+    }
+
+    fn reference(id: &str) -> Json {
+        json!({ "__type": ASSET_TYPE, "info": { "id": id } })
+    }
+
+    #[test]
+    fn references_resolve_wherever_they_sit() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SledMeta::open(dir.path()).unwrap();
+        let a = asset(&meta, "a1", "me", "in/cat.png", 1);
+        // Another file called cat.png: same name, other bytes.
+        let b = asset(&meta, "b2", "me", "cat.png", 2);
+        asset(&meta, "c3", "someone-else", "x.png", 3);
+        let workflow = json!({
+            "1": { "class_type": "LoadImage", "inputs": { "image": reference("a1") } },
+            "2": { "class_type": "Custom", "inputs": { "list": [1, { "deep": [reference("b2"), reference("a1")] }] } },
+            "3": { "class_type": "Custom", "inputs": { "map": { "k": { "kk": reference("a1") } } }, "_meta": { "note": reference("b2") } },
+        });
+        let resolved = resolve_assets(&workflow, &meta, "me", 0).unwrap();
+        let w = &resolved.workflow;
+        assert_eq!(w["1"]["inputs"]["image"], "cat.png");
+        assert_eq!(w["2"]["inputs"]["list"][1]["deep"][0], "b2-cat.png", "same name, other bytes: made unique");
+        assert_eq!(w["2"]["inputs"]["list"][1]["deep"][1], "cat.png");
+        assert_eq!(w["3"]["inputs"]["map"]["k"]["kk"], "cat.png");
+        assert_eq!(w["3"]["_meta"]["note"], "b2-cat.png");
+        assert_eq!(w["2"]["inputs"]["list"][0], 1, "other values untouched");
+        let inputs: Vec<(&str, &str)> = resolved.inputs.iter().map(|i| (i.name.as_str(), i.hash.as_str())).collect();
+        assert_eq!(inputs, [("cat.png", a.hash.as_str()), ("b2-cat.png", b.hash.as_str())]);
+
+        // Unknown, foreign and id-less references are all reported, however deep.
+        let bad = json!({
+            "1": { "class_type": "Custom", "inputs": { "x": [[reference("nope")]], "y": { "z": reference("c3") } } },
+            "2": { "class_type": "Custom", "inputs": { "w": { "__type": ASSET_TYPE, "info": { "hash": a.hash } } } },
+        });
+        match resolve_assets(&bad, &meta, "me", 0) {
+            Err(ServiceError::MissingAsset(mut missing)) => {
+                missing.sort();
+                assert_eq!(missing, ["(reference without id)", "c3", "nope"]);
+            }
+            other => panic!("{:?}", other.map(|r| r.workflow)),
+        }
+    }
+}

@@ -114,18 +114,21 @@ impl Service {
                     outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone(), self.blob_gate.clone())),
                     events: self.sink(live.clone()),
                     cancel: live.cancel.clone(),
-                    api_key_svc_org: live.extra.api_key_svc_org.clone(),
+                    secrets: live.extra.secrets.clone(),
                 };
                 let run = std::panic::AssertUnwindSafe(self.executor.run(&plan, ctx));
-                futures_util::FutureExt::catch_unwind(run).await.map_err(|_| JobErrorRecord {
-                    code: "internal_error".into(),
-                    message: "the job's execution failed unexpectedly".into(),
-                    node_id: None,
-                    class_type: None,
-                    traceback: None,
+                futures_util::FutureExt::catch_unwind(run).await.map_err(|_| NotRun {
+                    error: JobErrorRecord {
+                        code: "internal_error".into(),
+                        message: "the job's execution failed unexpectedly".into(),
+                        node_id: None,
+                        class_type: None,
+                        traceback: None,
+                    },
+                    output_lost: true,
                 })
             }
-            Err(e) => Err(e),
+            Err(error) => Err(NotRun { error, output_lost: false }),
         };
         self.finish(&live, outcome).await;
     }
@@ -256,7 +259,7 @@ impl Service {
     /// takes no other write (a cancel arriving now changes nothing). The
     /// record's lock is not held across this write, so a poll does not wait
     /// for it.
-    async fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, JobErrorRecord>) {
+    async fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, NotRun>) {
         let terminal = {
             let rec = live.record.lock();
             live.finishing.store(true, Ordering::SeqCst);
@@ -284,8 +287,15 @@ impl Service {
     }
 }
 
+/// A job that did not run to an outcome: it could not be prepared, or the
+/// host failed mid-run (`output_lost`: what its nodes printed is gone).
+struct NotRun {
+    error: JobErrorRecord,
+    output_lost: bool,
+}
+
 /// Sets the terminal state of a job record from how its run ended.
-fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, JobErrorRecord>, expired: bool, now: Micros) {
+fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired: bool, now: Micros) {
     let canceling = rec.status == JobStatus::Canceling;
     match outcome {
         Ok(outcome) => {
@@ -308,10 +318,12 @@ fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, JobErrorRecord>, 
                 }
                 RunStatus::Interrupted => rec.status = JobStatus::Canceled,
             }
-            rec.logs = Some(log_record(outcome.log, now));
+            rec.logs = Some(log_record(outcome.log, outcome.log_truncated, now));
         }
-        Err(error) => {
+        Err(NotRun { error, output_lost }) => {
             rec.status = JobStatus::Failed;
+            // An empty log: nothing ran, or what ran was lost (shed).
+            rec.logs = Some(JobLogRecord { text: String::new(), truncated: output_lost, captured_at: now });
             rec.error = Some(error);
         }
     }
@@ -329,17 +341,18 @@ fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, JobErrorRecord>, 
     rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
 }
 
-/// The job log: the tail of the plugins' output when it is long.
-fn log_record(mut text: String, now: Micros) -> JobLogRecord {
-    let truncated = text.len() > LOG_LIMIT;
-    if truncated {
-        let mut cut = text.len() - LOG_LIMIT;
-        while !text.is_char_boundary(cut) {
-            cut += 1;
+/// The job log: the tail of the plugins' output when it is long;
+/// `truncated` when any of it was shed (here or in a node's own log).
+fn log_record(mut text: String, node_truncated: bool, now: Micros) -> JobLogRecord {
+    let cut = text.len() > LOG_LIMIT;
+    if cut {
+        let mut at = text.len() - LOG_LIMIT;
+        while !text.is_char_boundary(at) {
+            at += 1;
         }
-        text.drain(..cut);
+        text.drain(..at);
     }
-    JobLogRecord { text, truncated, captured_at: now }
+    JobLogRecord { text, truncated: cut || node_truncated, captured_at: now }
 }
 
 /// Applies `f` to the job's progress, recomputes `value`, and sends a frame
@@ -362,5 +375,93 @@ fn update_progress(live: &LiveJob, f: impl FnOnce(&mut ProgressSnapshot), force:
         *last = Some(Instant::now());
         drop(last);
         live.publish(JobEvent::Progress(snapshot));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::ExtraData;
+
+    fn running_job(nodes: u64) -> LiveJob {
+        let record = JobRecord {
+            id: "j".into(),
+            owner: "local".into(),
+            status: JobStatus::Running,
+            created_at: 0,
+            started_at: Some(0),
+            completed_at: None,
+            updated_at: 0,
+            expires_at: 1,
+            seq: 1,
+            attempts: 1,
+            inputs: vec![],
+            outputs: vec![],
+            error: None,
+            progress: Some(ProgressSnapshot {
+                value: 0.0,
+                nodes_done: 0,
+                nodes_total: nodes,
+                current_node: None,
+                current_node_class: None,
+                step: None,
+                steps: None,
+                message: None,
+            }),
+            logs: None,
+            queue_ms: None,
+            execution_ms: None,
+            metadata: None,
+            surface: "v2".into(),
+        };
+        LiveJob::new(record, ExtraData::default())
+    }
+
+    fn value(live: &LiveJob) -> f64 {
+        live.record.lock().progress.as_ref().unwrap().value
+    }
+
+    #[test]
+    fn progress_weights_steps_within_nodes_and_frames_are_throttled() {
+        let live = running_job(4);
+        let mut frames = live.events.subscribe();
+        // Node 1 of 4 at step 1 of 4, then done; node 2 half way.
+        update_progress(&live, |p| p.current_node = Some("1".into()), false);
+        update_progress(&live, |p| (p.step, p.steps) = (Some(1), Some(4)), false);
+        assert_eq!(value(&live), 0.25 / 4.0);
+        update_progress(&live, |p| (p.nodes_done, p.step, p.steps) = (1, None, None), false);
+        assert_eq!(value(&live), 0.25);
+        update_progress(&live, |p| (p.step, p.steps) = (Some(5), Some(10)), false);
+        assert_eq!(value(&live), 1.5 / 4.0);
+        // A step past the end counts as the node's whole share, no more.
+        update_progress(&live, |p| (p.step, p.steps) = (Some(30), Some(10)), false);
+        assert_eq!(value(&live), 2.0 / 4.0);
+        // The record always holds the latest snapshot; frames went out for
+        // the first update only (the rest came within the interval).
+        let mut sent = Vec::new();
+        while let Ok(JobEvent::Progress(p)) = frames.try_recv() {
+            sent.push(p.value);
+        }
+        assert_eq!(sent, [0.0]);
+        // A forced update goes out at once; an unforced one after the interval.
+        update_progress(&live, |p| (p.nodes_done, p.step, p.steps) = (3, None, None), true);
+        std::thread::sleep(PROGRESS_INTERVAL + Duration::from_millis(50));
+        update_progress(&live, |p| (p.step, p.steps) = (Some(1), Some(2)), false);
+        let sent: Vec<f64> = std::iter::from_fn(|| match frames.try_recv() {
+            Ok(JobEvent::Progress(p)) => Some(p.value),
+            _ => None,
+        })
+        .collect();
+        assert_eq!(sent, [3.0 / 4.0, 3.5 / 4.0]);
+    }
+
+    #[test]
+    fn long_logs_keep_their_tail() {
+        let text = format!("{}end", "x".repeat(LOG_LIMIT + 10));
+        let log = log_record(text, false, 7);
+        assert!(log.truncated && log.text.len() == LOG_LIMIT && log.text.ends_with("end"));
+        let short = log_record("ok".into(), false, 7);
+        assert!(!short.truncated && short.text == "ok");
+        assert!(log_record("ok".into(), true, 7).truncated, "a node's own log was cut");
     }
 }

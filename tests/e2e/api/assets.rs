@@ -49,9 +49,19 @@ async fn upload_dedup_hash_checks_and_by_hash() {
     let form = reqwest::multipart::Form::new().text("file_path", "a.png");
     let r = s.http.post(s.url("/assets")).multipart(form).send().await.unwrap();
     assert_eq!((r.status().as_u16(), r.json::<Value>().await.unwrap()["error"]["code"].as_str().map(String::from)), (400, Some("invalid_request".into())));
-    let form = reqwest::multipart::Form::new().part("file", reqwest::multipart::Part::bytes(vec![1, 2]));
+    // No `file_path` part: refused even when the file part has a file name.
+    let form = reqwest::multipart::Form::new().part("file", reqwest::multipart::Part::bytes(vec![1, 2]).file_name("x.png"));
     let r = s.http.post(s.url("/assets")).multipart(form).send().await.unwrap();
     assert_eq!(r.status(), 400, "no file_path");
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "invalid_request");
+    for bad in ["", "/etc/x.png", "a/../b.png", "..\\x.png"] {
+        let form = reqwest::multipart::Form::new().text("file_path", bad).part("file", reqwest::multipart::Part::bytes(vec![1, 2]));
+        let r = s.http.post(s.url("/assets")).multipart(form).send().await.unwrap();
+        assert_eq!(r.status(), 400, "upload file_path {bad:?}");
+        let r = s.http.post(s.url("/assets/from-hash")).json(&json!({ "hash": hash, "file_path": bad })).send().await.unwrap();
+        assert_eq!(r.status(), 400, "from-hash file_path {bad:?}");
+        assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "invalid_request");
+    }
     let r = s.http.post(s.url("/assets")).body("x").send().await.unwrap();
     assert_eq!(r.status(), 400, "not multipart");
 }
@@ -90,6 +100,16 @@ async fn get_content_ranges_and_delete() {
     let past = s.http.get(&content).header("range", format!("bytes={}-{}", bytes.len() + 5, bytes.len() + 9)).send().await.unwrap();
     assert_eq!(past.status(), 416);
     assert_eq!(past.headers()["content-range"].to_str().unwrap(), format!("bytes */{}", bytes.len()));
+    // Suffix ranges: the last N bytes; a suffix longer than the content is all of it (RFC 9110 §14.1.3).
+    let last = s.http.get(&content).header("range", "bytes=-5").send().await.unwrap();
+    assert_eq!((last.status().as_u16(), last.headers()["content-range"].to_str().unwrap().to_string()), (206, format!("bytes {}-{}/{}", bytes.len() - 5, bytes.len() - 1, bytes.len())));
+    assert_eq!(last.bytes().await.unwrap().as_ref(), &bytes[bytes.len() - 5..]);
+    let all = s.http.get(&content).header("range", format!("bytes=-{}", bytes.len() + 100)).send().await.unwrap();
+    assert_eq!((all.status().as_u16(), all.headers()["content-range"].to_str().unwrap().to_string()), (206, format!("bytes 0-{}/{}", bytes.len() - 1, bytes.len())));
+    assert_eq!(all.bytes().await.unwrap().as_ref(), bytes.as_slice());
+    // A malformed header is ignored: the whole body.
+    let odd = s.http.get(&content).header("range", "lines=1-2").send().await.unwrap();
+    assert_eq!(odd.status(), 200);
 
     let del = s.http.delete(s.url(&format!("/assets/{id}"))).send().await.unwrap();
     assert_eq!(del.status(), 204);
@@ -153,7 +173,9 @@ async fn signed_redirects_carry_their_own_authorization() {
     assert_eq!(part.status(), 206);
     // Tampering or expiry voids the link.
     let tampered = location.replace("sig=", "sig=0");
-    assert_eq!(s.http.get(&tampered).send().await.unwrap().status(), 403);
+    let refused = s.http.get(&tampered).send().await.unwrap();
+    assert_eq!(refused.status(), 403);
+    assert_eq!(refused.json::<Value>().await.unwrap()["error"]["code"], "forbidden");
     let expires: i64 = location.split("expires=").nth(1).unwrap().split('&').next().unwrap().parse().unwrap();
     let moved = location.replace(&format!("expires={expires}"), &format!("expires={}", expires + 100));
     assert_eq!(s.http.get(&moved).send().await.unwrap().status(), 403);
@@ -163,6 +185,7 @@ async fn signed_redirects_carry_their_own_authorization() {
     assert_ne!(stale, sig);
     let old = s.http.get(s.url(&format!("/signed/assets/{id}?expires=1&sig={stale}"))).send().await.unwrap();
     assert_eq!(old.status(), 403, "an expired signature is refused");
+    assert_eq!(old.json::<Value>().await.unwrap()["error"]["code"], "forbidden");
     // The SDK's download path follows the redirect.
     let followed = s.http.get(s.url(&format!("/assets/{id}/content"))).bearer_auth("tok").send().await.unwrap();
     assert_eq!(followed.bytes().await.unwrap().as_ref(), bytes.as_slice());

@@ -72,6 +72,9 @@ async fn a_job_interrupted_twice_fails_instead_of_looping() {
     let done = s.job(&id).await;
     assert_eq!(done["status"], "failed", "{done}");
     assert_eq!(done["error"]["code"], "interrupted");
+    // Its runs' output died with the processes: an empty log, shed.
+    assert_eq!(done["logs"]["text"], "", "{done}");
+    assert_eq!(done["logs"]["truncated"], true, "{done}");
 }
 
 #[tokio::test]
@@ -110,4 +113,34 @@ fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// `expires_at` is `created_at` plus the retention period; a sweep before
+/// it changes nothing; a sweep after it expires a queued job at once and
+/// stops a running one, which then ends `expired` too.
+#[tokio::test]
+async fn retention_expires_queued_and_running_jobs_at_their_deadline() {
+    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let running = s.submit(spinner(41)).await;
+    let running_id = running["id"].as_str().unwrap().to_string();
+    s.wait_for(&running_id, "running").await;
+    let queued = s.submit(trivial(41)).await;
+    let queued_id = queued["id"].as_str().unwrap().to_string();
+    let micros = |t: &serde_json::Value| chrono::DateTime::parse_from_rfc3339(t.as_str().unwrap()).unwrap().timestamp_micros();
+    assert_eq!(micros(&queued["expires_at"]) - micros(&queued["created_at"]), 86_400 * 1_000_000, "{queued}");
+
+    let now = kiln::store::now_micros();
+    s.server.state.service.sweep(now + (86_400 - 60) * 1_000_000).unwrap();
+    assert_eq!(s.job(&running_id).await["status"], "running");
+    assert_eq!(s.job(&queued_id).await["status"], "queued");
+
+    s.server.state.service.sweep(now + (86_400 + 1) * 1_000_000).unwrap();
+    let queued = s.job(&queued_id).await;
+    assert_eq!((queued["status"].as_str(), queued["started_at"].as_str()), (Some("expired"), None), "{queued}");
+    let running = s.wait(&running_id).await;
+    assert_eq!(running["status"], "expired", "{running}");
+    assert!(running["started_at"].is_string() && running["completed_at"].is_string(), "{running}");
+    // The worker is free again.
+    let next = s.submit(trivial(42)).await;
+    assert_eq!(s.wait(next["id"].as_str().unwrap()).await["status"], "succeeded");
 }

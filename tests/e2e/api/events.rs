@@ -203,3 +203,65 @@ async fn previews_from_plugins_reach_the_stream() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert_eq!(evs.last().unwrap().1["status"], "succeeded");
 }
+
+/// While a long job runs, `GET` shows progress snapshots that advance with
+/// the nodes, and its stream carries progress frames no more often than
+/// about twice a second (each a full snapshot), however many nodes finish.
+#[tokio::test]
+async fn progress_advances_while_running_and_its_frames_are_throttled() {
+    let s = start_default().await;
+    let blurs = 40;
+    let mut wf = serde_json::Map::new();
+    wf.insert("0".into(), serde_json::json!({ "class_type": "EmptyImage", "inputs": { "width": 1024, "height": 1024, "batch_size": 1, "color": 0x808080 } }));
+    for i in 1..=blurs {
+        wf.insert(i.to_string(), serde_json::json!({ "class_type": "ImageBlur", "inputs": { "image": [(i - 1).to_string(), 0], "blur_radius": 15, "sigma": 5.0 } }));
+    }
+    wf.insert("out".into(), serde_json::json!({ "class_type": "PreviewImage", "inputs": { "images": [blurs.to_string(), 0] } }));
+    let job = s.submit(Value::Object(wf)).await;
+    let id = job["id"].as_str().unwrap().to_string();
+
+    // The stream, timed: when each progress frame arrived.
+    let url = s.url(&format!("/jobs/{id}/events"));
+    let http = s.http.clone();
+    let stream = tokio::spawn(async move {
+        let started = Instant::now();
+        let mut body = http.get(url).send().await.unwrap().bytes_stream();
+        let (mut buf, mut progress) = (String::new(), Vec::new());
+        while let Some(chunk) = body.next().await {
+            buf.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                if let Some(data) = block.strip_prefix("event: progress\ndata: ") {
+                    progress.push(serde_json::from_str::<Value>(data.trim()).unwrap());
+                }
+            }
+        }
+        (progress, started.elapsed())
+    });
+
+    // Polls see the snapshot move through the chain.
+    let mut seen = Vec::new();
+    loop {
+        let now = s.job(&id).await;
+        if now["status"] == "succeeded" {
+            assert_eq!(now["progress"]["value"], 1.0, "{now}");
+            break;
+        }
+        if now["status"] == "running" && now["progress"].is_object() {
+            let p = &now["progress"];
+            assert_eq!(p["nodes_total"], blurs + 2, "{p}");
+            seen.push((p["nodes_done"].as_u64().unwrap(), p["value"].as_f64().unwrap()));
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1), "progress never goes back: {seen:?}");
+    let midway = seen.iter().filter(|(done, v)| *done > 0 && *done < blurs + 2 && *v > 0.0 && *v < 1.0).count();
+    assert!(midway >= 2, "snapshots between start and end: {seen:?}");
+
+    let (frames, elapsed) = stream.await.unwrap();
+    assert!(!frames.is_empty(), "at least one progress frame");
+    assert!(frames.iter().all(|f| f["nodes_total"] == blurs + 2 && f["value"].is_f64()), "full snapshots: {frames:?}");
+    // 42 nodes start and finish, but frames go out at most every 0.5 s.
+    let bound = (elapsed.as_secs_f64() / 0.5).ceil() as usize + 1;
+    assert!(frames.len() <= bound, "{} frames in {elapsed:?}", frames.len());
+}

@@ -87,15 +87,38 @@ async fn malformed_submissions_get_the_documented_errors() {
     assert_eq!(s.get("/jobs/not-a-uuid").await, (404, json!({"error": {"code": "not_found", "message": "Not found.", "details": null}})));
     assert_eq!(s.get(&format!("/jobs/{}", uuid::Uuid::new_v4())).await.0, 404);
     assert_eq!(s.get(&format!("/jobs/{}/workflow", uuid::Uuid::new_v4())).await.0, 404);
+    // Segments that do not even decode: the envelope too, not a plain-text rejection.
+    for path in ["/jobs/%FF", "/jobs/%FF/events", "/jobs/%C3%28/workflow", "/assets/%FF", "/assets/%FF/content"] {
+        let (status, body) = s.get(path).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (404, Some("not_found")), "{path}: {body}");
+    }
+    let resp = s.http.post(s.url("/jobs/%FF/cancel")).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    assert_eq!(resp.json::<Value>().await.unwrap()["error"]["code"], "not_found");
+}
+
+/// The report of the job's `HostileSecretProbe` output file.
+async fn probe_report(s: &super::TestServer, job: &serde_json::Value) -> String {
+    let output = job["outputs"].as_array().unwrap().iter().find(|o| o["name"].as_str().is_some_and(|n| n.starts_with("secret-probe"))).expect("probe output");
+    s.http.get(output["url"].as_str().unwrap()).send().await.unwrap().text().await.unwrap()
 }
 
 #[tokio::test]
-async fn extra_data_is_accepted_and_never_echoed() {
+async fn extra_data_reaches_the_plugins_of_its_job_and_is_never_echoed() {
     let s = start_default().await;
-    let (status, job, _) = s.post_job(&json!({ "workflow": trivial(2), "extra_data": { "api_key_svc_org": "secret-key" } }), None).await;
+    let mut workflow = trivial(2);
+    workflow["9"] = json!({ "class_type": "HostileSecretProbe", "inputs": { "trigger": 1 } });
+    let (status, job, _) = s.post_job(&json!({ "workflow": workflow, "extra_data": { "api_key_svc_org": "secret-key" } }), None).await;
     assert_eq!(status, 201, "{job}");
     let id = job["id"].as_str().unwrap();
-    s.wait(id).await;
+    let done = s.wait(id).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    // The job's plugin (granted the secret) got this job's key; another
+    // job's plugin gets its own, or none.
+    assert_eq!(probe_report(&s, &done).await, crate::hostile::secret_report(Some("secret-key")));
+    let other = s.submit(workflow.clone()).await;
+    let other = s.wait(other["id"].as_str().unwrap()).await;
+    assert_eq!(probe_report(&s, &other).await, crate::hostile::secret_report(None));
     for body in [job.to_string(), s.job(id).await.to_string(), s.get(&format!("/jobs/{id}/workflow")).await.1.to_string(), s.get("/jobs").await.1.to_string()] {
         assert!(!body.contains("secret-key") && !body.contains("extra_data"), "{body}");
     }
@@ -149,11 +172,21 @@ async fn the_job_log_is_on_get_only() {
     let id = job["id"].as_str().unwrap();
     let done = s.wait(id).await;
     let logs = &done["logs"];
-    assert!(logs["text"].as_str().is_some_and(|t| !t.is_empty()), "{done}");
-    assert!(logs["truncated"].is_boolean() && logs["captured_at"].as_str().unwrap().ends_with("+00:00"));
+    // ~760 KB of output against the suite's 16 KiB node log: the tail is
+    // kept, and the log says it is one.
+    let text = logs["text"].as_str().unwrap();
+    assert_eq!(logs["truncated"], true, "{logs}");
+    assert!(text.trim_end().ends_with("[1 HostileChatty] line 19999 of noise from a chatty plugin"), "the tail: {}", &text[text.len().saturating_sub(200)..]);
+    assert!(text.starts_with("[1 HostileChatty] [kiln: ") && text.contains("earlier bytes of output dropped]"), "{}", &text[..200.min(text.len())]);
+    assert!(text.len() < 32 << 10, "bounded (16 KiB of output plus line prefixes): {} bytes", text.len());
+    assert!(logs["captured_at"].as_str().unwrap().ends_with("+00:00"));
+    // A short log is whole.
+    let quiet = s.submit(trivial(4)).await;
+    let quiet = s.wait(quiet["id"].as_str().unwrap()).await;
+    assert_eq!((quiet["logs"]["text"].as_str(), quiet["logs"]["truncated"].as_bool()), (Some(""), Some(false)), "{quiet}");
     let cancel = s.http.post(s.url(&format!("/jobs/{id}/cancel"))).send().await.unwrap().json::<Value>().await.unwrap();
     assert!(cancel.get("logs").is_none());
-    assert!(s.get("/jobs").await.1["jobs"][0].get("logs").is_none());
+    assert!(s.get("/jobs").await.1["jobs"].as_array().unwrap().iter().all(|j| j.get("logs").is_none()));
 }
 
 #[tokio::test]
@@ -165,6 +198,10 @@ async fn cancel_queued_running_finished_and_unknown() {
     let queued = s.submit(trivial(4)).await;
     let qid = queued["id"].as_str().unwrap();
     assert_eq!(s.job(qid).await["queue_position"], 1);
+    // Metrics are null until known, and present as keys all along.
+    assert_eq!(queued["metrics"], json!({ "queue_ms": null, "execution_ms": null }), "{queued}");
+    let running_now = s.job(rid).await;
+    assert!(running_now["metrics"]["queue_ms"].is_u64() && running_now["metrics"]["execution_ms"].is_null(), "{running_now}");
 
     let cancel = |id: String| {
         let http = s.http.clone();
@@ -176,6 +213,8 @@ async fn cancel_queued_running_finished_and_unknown() {
     };
     let (status, body) = cancel(qid.into()).await;
     assert_eq!((status, body["status"].as_str()), (200, Some("canceled")), "{body}");
+    // It waited, and never executed.
+    assert!(body["metrics"]["queue_ms"].is_u64() && body["metrics"]["execution_ms"].is_null(), "{body}");
     let (status, body) = cancel(rid.into()).await;
     assert_eq!(status, 200);
     assert!(["canceling", "canceled"].contains(&body["status"].as_str().unwrap()), "{body}");
@@ -228,7 +267,10 @@ async fn list_is_newest_first_with_cursor_paging_and_filters() {
     assert_eq!(s.get("/jobs?status=queued").await.1["jobs"].as_array().unwrap().len(), 0);
     assert_eq!(s.get("/jobs?limit=101").await.0, 400);
     assert_eq!(s.get("/jobs?status=bogus").await.0, 400);
-    assert_eq!(s.get("/jobs?cursor=zz").await.1["error"]["code"], "invalid_cursor");
+    for bad in ["zz", "00", "abcd", &"00".repeat(44)] {
+        let (status, body) = s.get(&format!("/jobs?cursor={bad}")).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_cursor")), "{bad}");
+    }
 }
 
 #[tokio::test]

@@ -7,13 +7,13 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::multipart::{Field, MultipartRejection};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Multipart, Path, Query, State};
+use axum::extract::{Multipart, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value as Json_;
 
 use super::jobs::json_object;
-use super::{check_id, wire};
+use super::{Segment, check_id, wire};
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links, content};
 use crate::service::{AssetLabels, NewAsset, ServiceError, UploadMeta};
@@ -79,6 +79,15 @@ async fn receive_file(state: &AppState, mut field: Field<'_>, limit: u64) -> Res
     Ok(upload)
 }
 
+/// A `file_path`: a non-empty relative path, no `..`, no NUL, at most 1024 bytes.
+fn check_file_path(path: &str) -> Result<&str, ApiError> {
+    let bad = path.is_empty() || path.len() > 1024 || path.starts_with(['/', '\\']) || path.split(['/', '\\']).any(|s| s == "..") || path.contains('\0');
+    if bad {
+        return Err(ApiError::invalid_request("`file_path` must be a non-empty relative path (at most 1024 bytes) without `..`."));
+    }
+    Ok(path)
+}
+
 pub async fn upload(State(state): State<Arc<AppState>>, links: Links, multipart: Result<Multipart, MultipartRejection>) -> Result<impl IntoResponse, ApiError> {
     let limit = state.service.options().max_upload_bytes;
     let mut multipart = multipart.map_err(|e| ApiError::invalid_request(format!("Expected a multipart/form-data upload: {}", e.body_text())))?;
@@ -89,9 +98,6 @@ pub async fn upload(State(state): State<Arc<AppState>>, links: Links, multipart:
             "file" => {
                 if file.is_some() {
                     return Err(ApiError::invalid_request("Only one `file` part is allowed."));
-                }
-                if meta.file_path.is_none() {
-                    meta.file_path = field.file_name().map(str::to_string);
                 }
                 file = Some(receive_file(&state, field, limit).await?);
             }
@@ -114,17 +120,16 @@ pub async fn upload(State(state): State<Arc<AppState>>, links: Links, multipart:
         }
     }
     let file = file.ok_or_else(|| ApiError::invalid_request("The upload has no `file` part."))?;
-    let file_path = meta.file_path.clone().filter(|p| !p.is_empty()).ok_or_else(|| ApiError::invalid_request("The upload has no `file_path`."))?;
-    if file_path.starts_with('/') || file_path.split(['/', '\\']).any(|s| s == "..") || file_path.contains('\0') {
-        return Err(ApiError::invalid_request("`file_path` must be a relative path without `..`."));
-    }
+    // Named by its own part (the SDK always sends one), not by the file
+    // part's file name: an upload without it is refused (contract, scenario 29).
+    check_file_path(meta.file_path.as_deref().ok_or_else(|| ApiError::invalid_request("The upload has no `file_path` part."))?)?;
     let service = state.service.clone();
     let owner = state.owner().to_string();
     let asset = tokio::task::spawn_blocking(move || service.commit_upload(&owner, file, meta)).await.map_err(|e| ApiError::internal(&e))??;
     Ok(created(asset, &links))
 }
 
-pub async fn head_by_hash(State(state): State<Arc<AppState>>, Path(hash): Path<String>) -> Response {
+pub async fn head_by_hash(State(state): State<Arc<AppState>>, Segment(hash): Segment) -> Response {
     let known = parse_blob_name(&hash).is_some() && state.service.has_blob(state.owner(), &hash).unwrap_or(false);
     if known { StatusCode::OK.into_response() } else { StatusCode::NOT_FOUND.into_response() }
 }
@@ -137,7 +142,7 @@ pub async fn from_hash(State(state): State<Arc<AppState>>, links: Links, body: R
     }
     let file_path = match body.get("file_path") {
         None | Some(Json_::Null) => None,
-        Some(Json_::String(s)) => Some(s.clone()),
+        Some(Json_::String(s)) => Some(check_file_path(s)?.to_string()),
         Some(_) => return Err(ApiError::invalid_request("`file_path` must be a string.")),
     };
     let mut labels = AssetLabels::default();
@@ -161,12 +166,12 @@ pub async fn from_hash(State(state): State<Arc<AppState>>, links: Links, body: R
     Ok(created(asset, &links))
 }
 
-pub async fn get_asset(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn get_asset(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     Ok(Json(wire::asset(&state.service.asset(state.owner(), &id)?, &links, None)).into_response())
 }
 
-pub async fn delete_asset(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn delete_asset(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<StatusCode, ApiError> {
     check_id(&id)?;
     let service = state.service.clone();
     let owner = state.owner().to_string();
@@ -174,7 +179,7 @@ pub async fn delete_asset(State(state): State<Arc<AppState>>, Path(id): Path<Str
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn content(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn content(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment, headers: HeaderMap) -> Result<Response, ApiError> {
     check_id(&id)?;
     let asset = state.service.asset(state.owner(), &id)?;
     if state.config.download_redirect {
@@ -195,7 +200,7 @@ pub struct Signature {
 
 pub async fn signed_content(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    Segment(id): Segment,
     query: Result<Query<Signature>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {

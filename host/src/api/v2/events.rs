@@ -10,13 +10,13 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{check_id, wire};
+use super::{Segment, check_id, wire};
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::service::JobEvent;
@@ -43,7 +43,7 @@ fn event_frame(state: &AppState, event: &JobEvent, links: &Links, job: &JobRecor
     }
 }
 
-pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     let opened = state.service.open_stream(state.owner(), &id)?;
     let closing = state.closing.clone();

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json_, json};
 
-use super::{check_id, wire};
+use super::{Segment, check_id, wire};
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::service::{ExtraData, ListQuery, Submission};
@@ -64,7 +64,7 @@ fn check_extra_data(value: &Json_) -> Result<ExtraData, ApiError> {
     let mut extra = ExtraData::default();
     for (k, v) in map {
         match (k.as_str(), v) {
-            ("api_key_svc_org", Json_::String(s)) => extra.api_key_svc_org = Some(s.clone()),
+            ("api_key_svc_org", Json_::String(s)) => extra.secrets = crate::plugins::JobSecrets::new(Some(s.clone())),
             ("api_key_svc_org", _) => return Err(ApiError::invalid_request("`extra_data.api_key_svc_org` must be a string.")),
             (other, _) => return Err(ApiError::invalid_request(format!("`extra_data` accepts only `api_key_svc_org`, not {other:?}."))),
         }
@@ -128,7 +128,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
 /// Largest rendered job body kept for later polls.
 const MAX_CACHED_BODY: usize = 64 << 10;
 
-pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     let (record, position) = state.service.get_shared(state.owner(), &id)?;
     if !record.status.is_terminal() {
@@ -150,13 +150,13 @@ pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Path(id):
     Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-pub async fn workflow(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
+pub async fn workflow(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
     check_id(&id)?;
     let workflow = state.service.workflow(state.owner(), &id)?;
     Ok(Json(json!({ "workflow": workflow, "format": "api" })))
 }
 
-pub async fn cancel(State(state): State<Arc<AppState>>, links: Links, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn cancel(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     let service = state.service.clone();
     let owner = state.owner().to_string();
@@ -175,8 +175,10 @@ pub async fn list(State(state): State<Arc<AppState>>, links: Links, query: Resul
             }
             "cursor" if v.is_empty() => {}
             "cursor" => {
-                let bytes =
-                    hex_decode(&v).ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "The cursor was not issued by this server."))?;
+                // Issued cursors are a job's creation time (8 bytes) and id (a UUID).
+                let bytes = hex_decode(&v)
+                    .filter(|b| b.len() == 8 + 36 && std::str::from_utf8(&b[8..]).is_ok_and(|id| uuid::Uuid::parse_str(id).is_ok()))
+                    .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "The cursor was not issued by this server."))?;
                 q.cursor = Some(bytes);
             }
             "status" => {

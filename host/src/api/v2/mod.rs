@@ -43,6 +43,22 @@ pub fn routes(base: &str, state: Arc<AppState>) -> Router {
 }
 
 /// Job and asset ids are UUIDs; anything else cannot exist.
+/// The one `{id}` or `{hash}` segment of a route. A segment that does not
+/// decode (say `%FF`) names nothing: 404 in the envelope, not axum's
+/// plain-text rejection.
+pub struct Segment(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Segment {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Segment, ApiError> {
+        match axum::extract::Path::<String>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(segment)) => Ok(Segment(segment)),
+            Err(_) => Err(ApiError::not_found()),
+        }
+    }
+}
+
 fn check_id(id: &str) -> Result<(), ApiError> {
     uuid::Uuid::parse_str(id).map(|_| ()).map_err(|_| ApiError::not_found())
 }

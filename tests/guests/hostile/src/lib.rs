@@ -224,7 +224,32 @@ pub const REMEMBER: NodeClass = NodeClass {
     },
 };
 
+/// FNV-1a: lets a test check which secret arrived without writing it down.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3))
+}
+
+/// Reads the job's secrets (this plugin's manifest asks for
+/// `api_key_svc_org`) and reports what it got — lengths and hashes, never
+/// the values — as its output and in a saved text file.
+pub const SECRET_PROBE: NodeClass = NodeClass {
+    class_type: "HostileSecretProbe",
+    define: || {
+        NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("report", "STRING").output_node()
+    },
+    run: |_| {
+        let describe = |name: &str| match kiln_sdk::host::secret(name) {
+            Some(value) => format!("{name}={}:{:016x}", value.len(), fnv1a(value.as_bytes())),
+            None => format!("{name}=none"),
+        };
+        let report = format!("{} {}", describe("api_key_svc_org"), describe("something_else"));
+        kiln_sdk::host::save_file(kiln_sdk::host::FileKind::Output, "secret-probe", "txt", report.as_bytes()).map_err(Error::failed)?;
+        Ok(vec![Output::String(report)])
+    },
+};
+
 kiln_sdk::export_plugin!(
+    SECRET_PROBE,
     INFINITE_LOOP,
     MEMORY_BOMB,
     DEEP_RECURSION,
