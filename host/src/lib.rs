@@ -27,6 +27,7 @@ pub mod cli;
 pub mod config;
 pub mod executor;
 pub mod files;
+pub mod logging;
 pub mod memory;
 pub mod object_info;
 pub mod plugins;

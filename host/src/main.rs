@@ -5,15 +5,21 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     kiln::memory::tune_allocator();
     let cli = kiln::cli::Cli::parse();
-    // The server logs each job (ids, status) by default; the one-shot
-    // commands only warnings. `KILN_LOG` overrides either (EnvFilter syntax).
-    // Lines are written by a logging thread, so a slow terminal or pipe
-    // never holds up a request or a job (lines are dropped, not waited
-    // for, if it falls far behind); `_flush` writes the rest at exit.
+    // The server logs a line per job (id, status, times) by default; the
+    // one-shot commands only warnings. `KILN_LOG` overrides either
+    // (EnvFilter syntax). Lines are written in batches by a thread of their
+    // own (`kiln::logging`); `_flush` writes the rest at exit.
     let default = if matches!(cli.command, kiln::cli::Command::Serve(_)) { "info" } else { "warn" };
-    let (writer, _flush) = tracing_appender::non_blocking(std::io::stderr());
+    let (writer, _flush) = match kiln::logging::BatchedWriter::new(std::io::stderr()) {
+        Ok(pair) => pair,
+        Err(e) => {
+            eprintln!("error: cannot start the log writer: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| default.into()))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer)
         .init();
     let config = match kiln::cli::load_config(&cli) {

@@ -15,13 +15,17 @@ struct Kiln {
 }
 
 fn spawn(data: &Path, extra_env: &[(&str, &str)], args: &[&str]) -> Kiln {
+    spawn_with(data, extra_env, args, Stdio::inherit())
+}
+
+fn spawn_with(data: &Path, extra_env: &[(&str, &str)], args: &[&str], stderr: Stdio) -> Kiln {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
     cmd.args(["serve", "--port", "0", "--data-dir"])
         .arg(data)
         .args(args)
         .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .stderr(stderr);
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
@@ -203,4 +207,49 @@ fn the_real_comfy_sdk_runs_end_to_end() {
 fn sigterm(pid: u32) {
     let ok = Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success();
     assert!(ok);
+}
+
+/// By default the server logs one line per job, with its id, status, times
+/// and error code, and a node failure with the job's and the node's ids.
+#[tokio::test]
+async fn jobs_are_logged_with_their_job_and_node_ids() {
+    let data = tempfile::tempdir().unwrap();
+    let mut kiln = spawn_with(data.path(), &[], &[], Stdio::piped());
+    let mut stderr = kiln.child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+        text
+    });
+    let http = reqwest::Client::new();
+    let submit = |workflow: Value| {
+        let (http, url) = (http.clone(), format!("{}/api/v2/jobs", kiln.base));
+        async move { http.post(url).json(&json!({ "workflow": workflow })).send().await.unwrap().json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string() }
+    };
+    let ok = submit(json!({
+        "1": { "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": 1 } },
+        "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "l" } },
+    }))
+    .await;
+    // Bytes that are not an image: LoadImage fails at run time.
+    let form = reqwest::multipart::Form::new().text("file_path", "not.png").part("file", reqwest::multipart::Part::bytes(b"not a png".to_vec()));
+    let asset: Value = http.post(format!("{}/api/v2/assets", kiln.base)).multipart(form).send().await.unwrap().json().await.unwrap();
+    let bad = submit(json!({
+        "1": { "class_type": "LoadImage", "inputs": { "image": { "__type": "core/ASSET", "info": { "id": asset["id"] } } } },
+        "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "l" } },
+    }))
+    .await;
+    assert_eq!(wait_terminal(&http, &kiln.base, &ok).await["status"], "succeeded");
+    assert_eq!(wait_terminal(&http, &kiln.base, &bad).await["status"], "failed");
+    sigterm(kiln.child.id());
+    assert!(kiln.child.wait().unwrap().success());
+    let log = reader.join().unwrap();
+    let line = |needle: &str| log.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no line with {needle:?} in:\n{log}")).to_string();
+    let ok_line = line(&format!("job_id={ok}"));
+    assert!(ok_line.contains("job finished") && ok_line.contains("status=\"succeeded\"") && ok_line.contains("execution_ms="), "{ok_line}");
+    let bad_line = line(&format!("job finished job_id={bad}"));
+    assert!(bad_line.contains("status=\"failed\"") && bad_line.contains("error=\"node_execution_error\""), "{bad_line}");
+    let node_line = line("node failed");
+    assert!(node_line.contains(&format!("job_id={bad}")) && node_line.contains("node_id=1") && node_line.contains("class_type=LoadImage"), "{node_line}");
+    assert!(!log.contains("\u{1b}["), "no colour codes when stderr is not a terminal");
 }

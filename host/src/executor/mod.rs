@@ -221,7 +221,14 @@ impl Executor {
                 let call = async move {
                     let started = Instant::now();
                     let result = runtime.execute(&plugin, &class, &inputs, io, &cancel).await;
-                    (node_id, result, started.elapsed().as_secs_f64() * 1e3)
+                    let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+                    // In the node's span (inside the job's): the line names both.
+                    match &result {
+                        Ok(_) => tracing::debug!(elapsed_ms, "node done"),
+                        Err(f) if f.kind == FailureKind::Interrupted => tracing::debug!(elapsed_ms, "node interrupted"),
+                        Err(f) => tracing::info!(kind = ?f.kind, message = %f.message, elapsed_ms, "node failed"),
+                    }
+                    (node_id, result, elapsed_ms)
                 }
                 .instrument(span);
                 // A lone runnable node (a chain) runs in this task: handing it

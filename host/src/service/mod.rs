@@ -326,7 +326,7 @@ impl Service {
             Ok(()) => {}
             // The caller hears 500 (outcome unknown); the key stays claimed.
             Err(e @ crate::store::StoreError::NotDurable(_)) => {
-        tracing::info!(job_id = %id, "job queued");
+        tracing::debug!(job_id = %id, "job queued");
                 return Err(e.into());
             }
             Err(e) => {
@@ -337,7 +337,7 @@ impl Service {
                 });
             }
         }
-        tracing::info!(job_id = %id, "job queued");
+        tracing::debug!(job_id = %id, "job queued");
         // A worker may run the job while the submission is made durable.
         // Nothing it does can be seen as done before that: its terminal
         // record is logged after the submission and synced with everything

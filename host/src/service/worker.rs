@@ -88,7 +88,7 @@ impl Service {
         if let Err(e) = written.and_then(|()| self.meta.record_start(&snapshot)) {
             tracing::error!(job_id = %snapshot.id, error = %e, "cannot record the running job");
         }
-        tracing::info!(job_id = %snapshot.id, attempt = snapshot.attempts, "job running");
+        tracing::debug!(job_id = %snapshot.id, attempt = snapshot.attempts, "job running");
         live.publish_status();
         self.publish_queue_positions();
 
@@ -281,7 +281,15 @@ impl Service {
         // expires it; a live job is never expired under it).
         self.remember_finished(terminal.clone(), None);
         *live.record.lock() = (*terminal).clone();
-        tracing::info!(job_id = %terminal.id, status = terminal.status.as_str(), "job finished");
+        // The one line per job at `info` (queued and running are `debug`).
+        tracing::info!(
+            job_id = %terminal.id,
+            status = terminal.status.as_str(),
+            queue_ms = terminal.queue_ms,
+            execution_ms = terminal.execution_ms,
+            error = terminal.error.as_ref().map(|e| e.code.as_str()),
+            "job finished"
+        );
         live.publish(JobEvent::Status(terminal.clone()));
         self.live.write().remove(&terminal.id);
     }
