@@ -52,6 +52,7 @@ async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInpu
         }),
         cancel: CancellationToken::new(),
         secrets: Default::default(),
+        branches: None,
     };
     let outcome = executor.run(&plan, ctx).await;
     let elapsed = start.elapsed();

@@ -98,6 +98,7 @@ pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: Ru
         events: Arc::new(move |e| sink.lock().unwrap().push(e)),
         cancel: opts.cancel,
         secrets: Default::default(),
+        branches: None,
     };
     let outcome = executor.run(&plan, ctx).await;
     let events = std::mem::take(&mut *events.lock().unwrap());

@@ -118,6 +118,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
         events,
         cancel,
         secrets: Default::default(),
+        branches: None,
     };
     let outcome = executor.run(&plan, ctx).await;
     if let Some(bar) = &bar {

@@ -42,6 +42,9 @@ pub struct RunContext {
     /// The request's secrets (`extra_data.api_key_svc_org`): held for the
     /// run only, never stored; each node reads what its plugin was granted.
     pub secrets: crate::plugins::JobSecrets,
+    /// Where nodes of parallel branches run; `None`: the current runtime. (A
+    /// lone runnable node always runs in the run's own task.)
+    pub branches: Option<tokio::runtime::Handle>,
 }
 
 /// How a run ended.
@@ -237,7 +240,10 @@ impl Executor {
                     inline = Some(call);
                     break;
                 }
-                tasks.spawn(call);
+                match &ctx.branches {
+                    Some(runtime) => tasks.spawn_on(call, runtime),
+                    None => tasks.spawn(call),
+                };
             }
             let joined: Result<_, String> = match inline {
                 Some(call) => futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(call)).await.map_err(|_| "node call panicked".to_string()),

@@ -136,14 +136,20 @@ pub struct Service {
     /// asset, or listed among a live job's pending outputs), exclusively by
     /// garbage collection while it checks and deletes one.
     blob_gate: Arc<RwLock<()>>,
-    /// Jobs execute on their own threads, so nodes that compute (even ones
-    /// that only yield at epoch ticks) never starve the HTTP reactor.
-    exec: Mutex<Option<tokio::runtime::Runtime>>,
+    /// Jobs execute on threads of their own, so nodes that compute (even
+    /// ones that only yield at epoch ticks) never starve the HTTP reactor:
+    /// one per running job, each its own single-threaded runtime, so
+    /// waking a worker wakes no other thread (a multi-threaded runtime woke
+    /// a sibling to look for work it never had).
+    workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Where a job's parallel branches run, on every core (a chain runs on
+    /// its worker's thread).
+    branches: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
 impl Drop for Service {
     fn drop(&mut self) {
-        if let Some(rt) = self.exec.get_mut().take() {
+        if let Some(rt) = self.branches.get_mut().take() {
             rt.shutdown_background();
         }
     }
@@ -167,9 +173,9 @@ impl Service {
         registry: Arc<NodeRegistry>,
         executor: Arc<Executor>,
     ) -> Result<Arc<Service>, ServiceError> {
-        let exec = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(opts.max_running_jobs.max(1))
-            .thread_name("kiln-exec")
+        let branches = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
+            .thread_name("kiln-branch")
             .enable_all()
             .build()
             .map_err(crate::store::StoreError::from)?;
@@ -187,20 +193,29 @@ impl Service {
             streams: Arc::new(AtomicUsize::new(0)),
             shutdown: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
-            exec: Mutex::new(None),
+            workers: Mutex::new(Vec::new()),
+            branches: Mutex::new(Some(branches)),
             blob_gate: Arc::default(),
             activity: AtomicU64::new(0),
             finished: Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
             finished_gen: AtomicU64::new(0),
         });
         service.recover()?;
-        let mut tasks = Vec::new();
-        for _ in 0..service.opts.max_running_jobs {
-            tasks.push(exec.spawn(service.clone().worker_loop()));
+        let mut workers = Vec::new();
+        for i in 0..service.opts.max_running_jobs {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(crate::store::StoreError::from)?;
+            let worker = service.clone();
+            let thread = std::thread::Builder::new().name(format!("kiln-exec-{i}")).spawn(move || runtime.block_on(worker.worker_loop()));
+            match thread {
+                Ok(thread) => workers.push(thread),
+                Err(e) => {
+                    service.shutdown.cancel();
+                    return Err(crate::store::StoreError::from(e).into());
+                }
+            }
         }
-        *service.exec.lock() = Some(exec);
-        tasks.push(tokio::spawn(service.clone().sweeper_loop()));
-        *service.tasks.lock() = tasks;
+        *service.workers.lock() = workers;
+        *service.tasks.lock() = vec![tokio::spawn(service.clone().sweeper_loop())];
         Ok(service)
     }
 
@@ -212,7 +227,10 @@ impl Service {
         for t in tasks {
             let _ = t.await;
         }
-        if let Some(rt) = self.exec.lock().take() {
+        // Each worker returns at its job's next yield (within an epoch tick).
+        let workers = std::mem::take(&mut *self.workers.lock());
+        let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
+        if let Some(rt) = self.branches.lock().take() {
             rt.shutdown_background();
         }
         let _ = self.meta.flush();

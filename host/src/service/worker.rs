@@ -115,6 +115,7 @@ impl Service {
                     events: self.sink(live.clone()),
                     cancel: live.cancel.clone(),
                     secrets: live.extra.secrets.clone(),
+                    branches: self.branches.lock().as_ref().map(|rt| rt.handle().clone()),
                 };
                 let run = std::panic::AssertUnwindSafe(self.executor.run(&plan, ctx));
                 futures_util::FutureExt::catch_unwind(run).await.map_err(|_| NotRun {
