@@ -84,11 +84,7 @@ fn context_switches(pid: u32) -> u64 {
     tasks
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("status")).ok())
         .flat_map(|status| {
-            status
-                .lines()
-                .filter(|l| l.contains("ctxt_switches:"))
-                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .collect::<Vec<_>>()
+            status.lines().filter(|l| l.contains("ctxt_switches:")).filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()).collect::<Vec<_>>()
         })
         .sum()
 }

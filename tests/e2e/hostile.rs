@@ -264,7 +264,8 @@ async fn secrets_reach_only_the_plugins_granted_them() {
         let io = kiln::plugins::NodeIo { secrets, ..node_io(out.path()) };
         let runtime = env.runtime.clone();
         async move {
-            let output = runtime.execute(&plugin, "HostileSecretProbe", &[("trigger".into(), kiln::value::Value::Int(0))], io, &Default::default()).await.unwrap();
+            let output =
+                runtime.execute(&plugin, "HostileSecretProbe", &[("trigger".into(), kiln::value::Value::Int(0))], io, &Default::default()).await.unwrap();
             match output.values.as_slice() {
                 [kiln::value::Value::String(report)] => report.clone(),
                 other => panic!("unexpected {other:?}"),

@@ -43,7 +43,12 @@ async fn run_case(case: &Json, out: &Path) -> Result<f32, String> {
             inputs.push((spec.name.clone(), input_value(&spec.kind, v)));
         }
     }
-    let io = NodeIo { inputs: Arc::new(NamedInputs::new()), outputs: Arc::new(DirOutputs::new(out, out.join("temp"))), signals: Arc::new(|_| {}), secrets: Default::default() };
+    let io = NodeIo {
+        inputs: Arc::new(NamedInputs::new()),
+        outputs: Arc::new(DirOutputs::new(out, out.join("temp"))),
+        signals: Arc::new(|_| {}),
+        secrets: Default::default(),
+    };
     let output = env.runtime.execute(plugin, class, &inputs, io, &Default::default()).await.map_err(|f| format!("{:?}: {}", f.kind, f.message))?;
     let expected = case["outputs"].as_array().ok_or("no outputs")?;
     if expected.len() != output.values.len() {

@@ -102,7 +102,10 @@ impl Manifest {
             return Err(ManifestError::CapabilityNotGranted(format!("outbound_hosts: {host}")));
         }
         if let Some(unknown) = manifest.capabilities.secrets.iter().find(|s| !super::secrets::KNOWN_SECRETS.contains(&s.as_str())) {
-            return Err(ManifestError::Invalid { field: "capabilities.secrets", reason: format!("no secret is called {unknown:?}; known: {}", super::secrets::KNOWN_SECRETS.join(", ")) });
+            return Err(ManifestError::Invalid {
+                field: "capabilities.secrets",
+                reason: format!("no secret is called {unknown:?}; known: {}", super::secrets::KNOWN_SECRETS.join(", ")),
+            });
         }
         Ok(manifest)
     }

@@ -17,8 +17,8 @@ use wasmtime::{Engine, Store, Trap};
 use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
 use super::deadlines::Deadlines;
-pub use super::log_pipe::CapturedLog;
 use super::engine::{Allocator, PoolSizing, build_engine, spawn_epoch_ticker};
+pub use super::log_pipe::CapturedLog;
 use super::manifest::{EffectiveLimits, Manifest, OperatorLimits};
 use super::state::{NodeIo, NodeState, StopState, Stopped, StoreLimits};
 use crate::files::SavedFile;
@@ -145,12 +145,15 @@ impl PluginRuntime {
     pub fn new(config: RuntimeConfig) -> Result<PluginRuntime, wasmtime::Error> {
         // One extra slot so loading a plugin never waits behind running nodes.
         let slots = config.max_concurrency.max(1) + 1;
-        let (engine, allocator) = build_engine(PoolSizing {
-            instances: slots,
-            max_memory_bytes: config.limits.max_memory_bytes,
-            decommit_batch: config.decommit_batch,
-            keep_resident_bytes: config.keep_resident_bytes,
-        }, config.perf_map)?;
+        let (engine, allocator) = build_engine(
+            PoolSizing {
+                instances: slots,
+                max_memory_bytes: config.limits.max_memory_bytes,
+                decommit_batch: config.decommit_batch,
+                keep_resident_bytes: config.keep_resident_bytes,
+            },
+            config.perf_map,
+        )?;
         let deadlines = Arc::new(Deadlines::default());
         spawn_epoch_ticker(&engine, deadlines.clone()).map_err(wasmtime::Error::from)?;
         let mut linker = Linker::new(&engine);
@@ -264,8 +267,12 @@ impl PluginRuntime {
         + Send,
     ) -> Result<(R, Called), NodeFailure> {
         // Held until the store (and with it the pool slot) is dropped: see `Called`.
-        let permit =
-            self.permits.clone().acquire_owned().await.map_err(|_| failure(FailureKind::Crashed, "plugin runtime is shutting down".into(), CapturedLog::default()))?;
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| failure(FailureKind::Crashed, "plugin runtime is shutting down".into(), CapturedLog::default()))?;
         let store_limits = StoreLimits {
             memory_bytes: limits.memory_bytes,
             tensor_bytes: self.config.tensor_budget_bytes,

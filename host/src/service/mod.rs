@@ -344,7 +344,7 @@ impl Service {
             Ok(()) => {}
             // The caller hears 500 (outcome unknown); the key stays claimed.
             Err(e @ crate::store::StoreError::NotDurable(_)) => {
-        tracing::debug!(job_id = %id, "job queued");
+                tracing::warn!(job_id = %id, error = %e, "job queued, but its submission may not be durable");
                 return Err(e.into());
             }
             Err(e) => {

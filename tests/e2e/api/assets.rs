@@ -102,10 +102,16 @@ async fn get_content_ranges_and_delete() {
     assert_eq!(past.headers()["content-range"].to_str().unwrap(), format!("bytes */{}", bytes.len()));
     // Suffix ranges: the last N bytes; a suffix longer than the content is all of it (RFC 9110 §14.1.3).
     let last = s.http.get(&content).header("range", "bytes=-5").send().await.unwrap();
-    assert_eq!((last.status().as_u16(), last.headers()["content-range"].to_str().unwrap().to_string()), (206, format!("bytes {}-{}/{}", bytes.len() - 5, bytes.len() - 1, bytes.len())));
+    assert_eq!(
+        (last.status().as_u16(), last.headers()["content-range"].to_str().unwrap().to_string()),
+        (206, format!("bytes {}-{}/{}", bytes.len() - 5, bytes.len() - 1, bytes.len()))
+    );
     assert_eq!(last.bytes().await.unwrap().as_ref(), &bytes[bytes.len() - 5..]);
     let all = s.http.get(&content).header("range", format!("bytes=-{}", bytes.len() + 100)).send().await.unwrap();
-    assert_eq!((all.status().as_u16(), all.headers()["content-range"].to_str().unwrap().to_string()), (206, format!("bytes 0-{}/{}", bytes.len() - 1, bytes.len())));
+    assert_eq!(
+        (all.status().as_u16(), all.headers()["content-range"].to_str().unwrap().to_string()),
+        (206, format!("bytes 0-{}/{}", bytes.len() - 1, bytes.len()))
+    );
     assert_eq!(all.bytes().await.unwrap().as_ref(), bytes.as_slice());
     // A malformed header is ignored: the whole body.
     let odd = s.http.get(&content).header("range", "lines=1-2").send().await.unwrap();

@@ -214,7 +214,10 @@ async fn progress_advances_while_running_and_its_frames_are_throttled() {
     let mut wf = serde_json::Map::new();
     wf.insert("0".into(), serde_json::json!({ "class_type": "EmptyImage", "inputs": { "width": 1024, "height": 1024, "batch_size": 1, "color": 0x808080 } }));
     for i in 1..=blurs {
-        wf.insert(i.to_string(), serde_json::json!({ "class_type": "ImageBlur", "inputs": { "image": [(i - 1).to_string(), 0], "blur_radius": 15, "sigma": 5.0 } }));
+        wf.insert(
+            i.to_string(),
+            serde_json::json!({ "class_type": "ImageBlur", "inputs": { "image": [(i - 1).to_string(), 0], "blur_radius": 15, "sigma": 5.0 } }),
+        );
     }
     wf.insert("out".into(), serde_json::json!({ "class_type": "PreviewImage", "inputs": { "images": [blurs.to_string(), 0] } }));
     let job = s.submit(Value::Object(wf)).await;

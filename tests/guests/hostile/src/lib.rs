@@ -234,9 +234,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// the values — as its output and in a saved text file.
 pub const SECRET_PROBE: NodeClass = NodeClass {
     class_type: "HostileSecretProbe",
-    define: || {
-        NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("report", "STRING").output_node()
-    },
+    define: || NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("report", "STRING").output_node(),
     run: |_| {
         let describe = |name: &str| match kiln_sdk::host::secret(name) {
             Some(value) => format!("{name}={}:{:016x}", value.len(), fnv1a(value.as_bytes())),
