@@ -8,9 +8,9 @@ fn main() -> std::process::ExitCode {
     // The server logs a line per job (id, status, times) by default; the
     // one-shot commands only warnings. `KILN_LOG` overrides either
     // (EnvFilter syntax). Lines are written in batches by a thread of their
-    // own (`kiln::logging`); `_flush` writes the rest at exit.
+    // own (`kiln::logging`); `flush` writes the rest at exit.
     let default = if matches!(cli.command, kiln::cli::Command::Serve(_)) { "info" } else { "warn" };
-    let (writer, _flush) = match kiln::logging::BatchedWriter::new(std::io::stderr()) {
+    let (writer, flush) = match kiln::logging::BatchedWriter::new(std::io::stderr()) {
         Ok(pair) => pair,
         Err(e) => {
             eprintln!("error: cannot start the log writer: {e}");
@@ -36,7 +36,11 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(kiln::cli::main(cli, config)) {
+    let outcome = runtime.block_on(kiln::cli::main(cli, config));
+    // The log lines still buffered go out before the final error line.
+    drop(runtime);
+    drop(flush);
+    match outcome {
         Ok(code) => std::process::ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             eprintln!("error: {e:#}");
