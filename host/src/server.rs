@@ -22,21 +22,30 @@ pub struct Server {
 
 impl Server {
     /// Starts a server with already-loaded plugins.
+    /// The listener is bound first: a server that cannot listen must not
+    /// start the recovered jobs (each start counts as an attempt).
     pub async fn start_with(config: Config, options: ServiceOptions, runtime: Arc<PluginRuntime>, registry: Arc<NodeRegistry>) -> anyhow::Result<Server> {
+        let listener = Server::bind(&config).await?;
         let executor = Arc::new(Executor::new(runtime.clone(), registry.clone(), config.result_cache_mb << 20, config.max_concurrency as usize));
         let service = Service::start(options, &config.data_dir, registry, executor)
             .await
             .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
-        Server::start_on(config, service).await
+        Server::serve(config, service, listener)
     }
 
     /// Serves an already started service (the signing key still lives in
     /// `config.data_dir`).
     pub async fn start_on(config: Config, service: Arc<Service>) -> anyhow::Result<Server> {
+        let listener = Server::bind(&config).await?;
+        Server::serve(config, service, listener)
+    }
+
+    async fn bind(config: &Config) -> anyhow::Result<tokio::net::TcpListener> {
         api::check_mount_prefix(config.mount_prefix.trim()).map_err(anyhow::Error::msg)?;
-        let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
-            .await
-            .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
+        tokio::net::TcpListener::bind((config.host.as_str(), config.port)).await.with_context(|| format!("cannot listen on {}:{}", config.host, config.port))
+    }
+
+    fn serve(config: Config, service: Arc<Service>, listener: tokio::net::TcpListener) -> anyhow::Result<Server> {
         let addr = listener.local_addr()?;
         let signer = api::signing::Signer::load_or_create(&config.data_dir).context("signing key")?;
         let state = AppState::new(service, config, signer, addr);

@@ -229,7 +229,8 @@ impl Executor {
                     match &result {
                         Ok(_) => tracing::debug!(elapsed_ms, "node done"),
                         Err(f) if f.kind == FailureKind::Interrupted => tracing::debug!(elapsed_ms, "node interrupted"),
-                        Err(f) => tracing::info!(kind = ?f.kind, message = %f.message, elapsed_ms, "node failed"),
+                        // Debug-quoted: a plugin's message cannot forge log lines.
+                        Err(f) => tracing::info!(kind = ?f.kind, message = ?f.message, elapsed_ms, "node failed"),
                     }
                     (node_id, result, elapsed_ms)
                 }

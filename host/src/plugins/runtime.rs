@@ -222,10 +222,34 @@ impl PluginRuntime {
             .iter()
             .find(|d| d.class_type == class_type)
             .ok_or_else(|| failure(FailureKind::Failed, format!("plugin has no node class `{class_type}`"), CapturedLog::default()))?;
+        // The node sees only the secrets its plugin was granted; what it
+        // prints or reports has their values taken out.
+        let secrets = io.secrets.restricted_to(&plugin.manifest.capabilities.secrets);
+        let io = NodeIo { secrets: secrets.clone(), ..io };
+        let mut result = self.execute_granted(plugin, def, class_type, inputs, io, cancel).await;
+        if !secrets.is_empty() {
+            match &mut result {
+                Ok(output) => secrets.redact(&mut output.log.text),
+                Err(failure) => {
+                    secrets.redact(&mut failure.message);
+                    secrets.redact(&mut failure.log.text);
+                }
+            }
+        }
+        result
+    }
+
+    async fn execute_granted(
+        &self,
+        plugin: &Plugin,
+        def: &node::NodeDef,
+        class_type: &str,
+        inputs: &[(String, Value)],
+        io: NodeIo,
+        cancel: &CancellationToken,
+    ) -> Result<NodeOutput, NodeFailure> {
         let class = class_type.to_string();
         let inputs = inputs.to_vec();
-        // The node sees only the secrets its plugin was granted.
-        let io = NodeIo { secrets: io.secrets.restricted_to(&plugin.manifest.capabilities.secrets), ..io };
         let (result, mut called) = self
             .call(&plugin.pre, plugin.limits, Some(io), cancel, move |world, store| {
                 Box::pin(async move {

@@ -5,6 +5,9 @@
 //! node reads it through the `host.secret` import only when its plugin's
 //! manifest asks for it (`capabilities.secrets`) and the operator granted
 //! that plugin secrets (`secret_plugins`); every other call sees none.
+//! What a granted node prints or reports as its failure has the secret's
+//! value replaced ([`JobSecrets::redact`]) before it reaches a log or a
+//! record, since partner APIs often echo the key in their errors.
 
 use std::sync::Arc;
 
@@ -33,9 +36,17 @@ impl JobSecrets {
 
     /// What `granted` lets a plugin read of these secrets, as a value for
     /// cache keys (results that may depend on a secret are not shared
-    /// between jobs with different ones): a keyed hash, not the secret.
+    /// between jobs with different ones): a hash keyed with a random
+    /// per-process key (the cache lives in memory), not the secret.
     pub fn cache_salt(&self, granted: &[String]) -> String {
-        let mut h = blake3::Hasher::new_derive_key("kiln 2026 job secrets in node cache keys");
+        static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+        let key = KEY.get_or_init(|| {
+            let mut key = [0u8; 32];
+            key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+            key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+            key
+        });
+        let mut h = blake3::Hasher::new_keyed(key);
         for name in KNOWN_SECRETS.iter().filter(|n| granted.iter().any(|g| g == *n)) {
             h.update(name.as_bytes());
             match self.get(name) {
@@ -44,6 +55,21 @@ impl JobSecrets {
             };
         }
         h.finalize().to_hex().to_string()
+    }
+
+    /// Whether there is any secret to hide.
+    pub fn is_empty(&self) -> bool {
+        self.api_key_svc_org.is_none()
+    }
+
+    /// Replaces every occurrence of a secret's value in `text` with
+    /// `[redacted]`.
+    pub fn redact(&self, text: &mut String) {
+        if let Some(value) = self.api_key_svc_org.as_deref().filter(|v| !v.is_empty())
+            && text.contains(value)
+        {
+            *text = text.replace(value, "[redacted]");
+        }
     }
 
     /// Only the secrets named in `granted`.
@@ -79,5 +105,21 @@ mod tests {
         assert_ne!(salt, JobSecrets::new(Some("k-124".into())).cache_salt(&granted));
         assert_ne!(salt, JobSecrets::default().cache_salt(&granted));
         assert!(!salt.contains("k-123"));
+    }
+
+    #[test]
+    fn redaction_replaces_every_occurrence_and_leaves_other_text() {
+        let secrets = JobSecrets::new(Some("sk-live-42".into()));
+        let mut text = "401 for key sk-live-42 (sk-live-42)\nretry".to_string();
+        secrets.redact(&mut text);
+        assert_eq!(text, "401 for key [redacted] ([redacted])\nretry");
+        let mut plain = "nothing secret".to_string();
+        secrets.redact(&mut plain);
+        assert_eq!(plain, "nothing secret");
+        let mut untouched = "sk-live-42".to_string();
+        JobSecrets::default().redact(&mut untouched);
+        assert_eq!(untouched, "sk-live-42");
+        JobSecrets::new(Some(String::new())).redact(&mut untouched);
+        assert_eq!(untouched, "sk-live-42", "an empty key redacts nothing");
     }
 }

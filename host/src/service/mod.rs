@@ -203,12 +203,15 @@ impl Service {
         service.recover()?;
         let mut workers = Vec::new();
         for i in 0..service.opts.max_running_jobs {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(crate::store::StoreError::from)?;
             let worker = service.clone();
-            let thread = std::thread::Builder::new().name(format!("kiln-exec-{i}")).spawn(move || runtime.block_on(worker.worker_loop()));
+            let thread = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .and_then(|runtime| std::thread::Builder::new().name(format!("kiln-exec-{i}")).spawn(move || runtime.block_on(worker.worker_loop())));
             match thread {
                 Ok(thread) => workers.push(thread),
                 Err(e) => {
+                    // The workers already started stop (they hold the service).
                     service.shutdown.cancel();
                     return Err(crate::store::StoreError::from(e).into());
                 }
@@ -234,6 +237,12 @@ impl Service {
             rt.shutdown_background();
         }
         let _ = self.meta.flush();
+    }
+
+    /// Whether [`Service::submit`] may now wait for a flush of the whole
+    /// store instead of one log sync (see `MetaStore::writes_may_block`).
+    pub fn submit_may_block(&self) -> bool {
+        self.meta.writes_may_block()
     }
 
     pub fn options(&self) -> &ServiceOptions {
@@ -305,6 +314,7 @@ impl Service {
             execution_ms: None,
             metadata: sub.metadata,
             surface: sub.surface.to_string(),
+            had_extra_data: !sub.extra.secrets.is_empty(),
         };
         let claim = sub.idempotency_key.as_ref().map(|key| IdempotencyClaim {
             key: key.clone(),

@@ -4,7 +4,9 @@
 //! job that was running is run again from the start (its partial outputs
 //! are dropped) — once: if it was already on its second attempt it fails
 //! with `interrupted`, so a job that crashes the server cannot loop forever.
-//! A job that was `canceling` ends `canceled`.
+//! A job that was `canceling` ends `canceled`. A queued or running job
+//! submitted with `extra_data` fails with `interrupted` instead: that data
+//! (a partner key) is never stored, so the job cannot run as submitted.
 //!
 //! Retention: at `expires_at` a job becomes `expired`, its output assets are
 //! deleted (a running job is stopped first), and the expired record stays
@@ -43,6 +45,28 @@ impl Service {
             }
         }
         for mut job in jobs {
+            if matches!(job.status, JobStatus::Queued | JobStatus::Running) && job.had_extra_data {
+                // Its `extra_data` (the partner key) was never stored: run
+                // again without it, a partner node would fail or, worse,
+                // behave differently. It fails, saying why.
+                let ran = job.status == JobStatus::Running;
+                self.drop_outputs(&mut job)?;
+                job.status = JobStatus::Failed;
+                job.progress = None;
+                job.completed_at = Some(now);
+                job.updated_at = now;
+                job.error = Some(JobErrorRecord {
+                    code: "interrupted".into(),
+                    message: "the server restarted before this job finished; its extra_data is never stored, so it cannot run again: submit it again".into(),
+                    node_id: None,
+                    class_type: None,
+                    traceback: None,
+                });
+                job.logs = Some(JobLogRecord { text: String::new(), truncated: ran, captured_at: now });
+                tracing::warn!(job_id = %job.id, "job with extra_data interrupted by a restart: failed");
+                self.meta.put_job(&job)?;
+                continue;
+            }
             match job.status {
                 JobStatus::Queued => {}
                 JobStatus::Canceling => {

@@ -422,6 +422,7 @@ mod tests {
             execution_ms: None,
             metadata: None,
             surface: "v2".into(),
+            had_extra_data: false,
         };
         LiveJob::new(record, ExtraData::default())
     }

@@ -29,6 +29,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -36,6 +37,8 @@ use super::StoreError;
 
 /// Most bytes of frames before the log is reset.
 pub const CAP: u64 = 16 << 20;
+/// Within this many bytes of [`CAP`], an append may have to flush the store.
+const HEADROOM: u64 = 1 << 20;
 /// The file is zero-filled ahead of the writes in steps of this size.
 const STEP: u64 = 1 << 20;
 const MAGIC: [u8; 4] = *b"KLG1";
@@ -60,6 +63,10 @@ pub struct CommitLog {
     /// Written and synced by offset, so it is shared outside the lock.
     file: File,
     state: Mutex<State>,
+    /// A flush and reset holds the lock (see [`CommitLog::may_block`]).
+    resetting: AtomicBool,
+    /// `state.end`, readable without the lock.
+    end_hint: AtomicU64,
 }
 
 fn checksum(cycle: u64, seq: u64, payload: &[u8]) -> [u8; 8] {
@@ -115,7 +122,7 @@ impl CommitLog {
         // Until the reset the frames read stay; new ones would follow them.
         let (cycle, seq) = last.map_or_else(|| (new_cycle(), 1), |(c, s)| (c, s + 1));
         let state = State { end: offset, synced: offset, allocated, seq, cycle };
-        Ok((CommitLog { file, state: Mutex::new(state) }, payloads))
+        Ok((CommitLog { file, state: Mutex::new(state), resetting: AtomicBool::new(false), end_hint: AtomicU64::new(offset) }, payloads))
     }
 
     /// Appends `payload`; with `sync`, returns once it (and every frame
@@ -126,8 +133,7 @@ impl CommitLog {
         let mut state = self.state.lock();
         let len = u32::try_from(payload.len()).map_err(|_| StoreError::Backend("commit log entry too large".into()))?;
         if state.end + frame.capacity() as u64 > CAP {
-            flush()?;
-            self.reset(&mut state)?;
+            self.flush_and_reset(&mut state, flush)?;
         }
         let (cycle, seq) = (state.cycle, state.seq);
         frame.extend_from_slice(&MAGIC);
@@ -149,6 +155,7 @@ impl CommitLog {
         }
         self.file.write_all_at(&frame, at)?;
         state.end = needed;
+        self.end_hint.store(needed, Ordering::Relaxed);
         state.seq += 1;
         if !sync {
             return Ok(());
@@ -182,8 +189,21 @@ impl CommitLog {
     /// appends held off, then starts a new cycle.
     pub fn checkpoint(&self, flush: impl FnOnce() -> Result<(), StoreError>) -> Result<(), StoreError> {
         let mut state = self.state.lock();
-        flush()?;
-        self.reset(&mut state)
+        self.flush_and_reset(&mut state, flush)
+    }
+
+    /// Whether an append now may wait for a flush of the store (a
+    /// checkpoint is running, or the log is nearly full): a caller that must
+    /// not block — an HTTP thread — appends from another thread then.
+    pub fn may_block(&self) -> bool {
+        self.resetting.load(Ordering::Relaxed) || self.end_hint.load(Ordering::Relaxed) + HEADROOM > CAP
+    }
+
+    fn flush_and_reset(&self, state: &mut State, flush: impl FnOnce() -> Result<(), StoreError>) -> Result<(), StoreError> {
+        self.resetting.store(true, Ordering::Relaxed);
+        let done = flush().and_then(|()| self.reset(state));
+        self.resetting.store(false, Ordering::Relaxed);
+        done
     }
 
     /// Starts a new cycle at offset 0. The old first header is zeroed and
@@ -194,6 +214,7 @@ impl CommitLog {
             sync_range(&self.file, 0, HEADER as u64)?;
         }
         state.end = 0;
+        self.end_hint.store(0, Ordering::Relaxed);
         state.synced = 0;
         state.cycle = new_cycle();
         state.seq = 1;
@@ -264,6 +285,26 @@ mod tests {
         assert!(log.checkpoint(|| Err(StoreError::Backend("disk gone".into()))).is_err());
         log.append(b"after", true, || Ok(())).unwrap();
         assert_eq!(open(&path).1, ["new", "after"]);
+    }
+
+    #[test]
+    fn appends_may_block_during_a_checkpoint_and_near_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = open(&dir.path().join("commit.log"));
+        assert!(!log.may_block());
+        log.checkpoint(|| {
+            assert!(log.may_block(), "while the store is flushed");
+            Ok(())
+        })
+        .unwrap();
+        assert!(!log.may_block());
+        let entry = vec![b'e'; 64 << 10];
+        while !log.may_block() {
+            log.append(&entry, false, || Ok(())).unwrap();
+        }
+        assert!(log.end_hint.load(Ordering::Relaxed) + HEADROOM > CAP, "only near the cap");
+        log.checkpoint(|| Ok(())).unwrap();
+        assert!(!log.may_block(), "a new cycle starts empty");
     }
 
     #[test]

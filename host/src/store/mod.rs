@@ -101,6 +101,11 @@ pub trait MetaStore: Send + Sync {
     fn checkpoint(&self) -> Result<(), StoreError> {
         self.flush()
     }
+    /// Whether job writes may now wait for a flush of the whole store (a
+    /// checkpoint, a full log) rather than a single sync.
+    fn writes_may_block(&self) -> bool {
+        false
+    }
     fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
     fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
     fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;

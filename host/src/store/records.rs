@@ -132,6 +132,10 @@ pub struct JobRecord {
     /// Which API surface submitted it (`v2` or `compat`).
     #[serde(default)]
     pub surface: String,
+    /// It was submitted with `extra_data` (which is never stored): it cannot
+    /// run again after a restart.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub had_extra_data: bool,
 }
 
 /// An asset: a UUID-named record over a content-addressed blob.

@@ -306,6 +306,10 @@ impl MetaStore for SledMeta {
         self.log.sync()
     }
 
+    fn writes_may_block(&self) -> bool {
+        self.log.may_block()
+    }
+
     /// The record into sled (unflushed), then one synced log frame with the
     /// same bytes and the output assets.
     fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
@@ -408,6 +412,7 @@ mod tests {
             execution_ms: None,
             metadata: None,
             surface: "v2".into(),
+            had_extra_data: false,
         }
     }
 

@@ -61,6 +61,32 @@ async fn outputs_of_an_interrupted_run_are_dropped_at_restart() {
 }
 
 #[tokio::test]
+async fn jobs_with_extra_data_fail_at_restart_instead_of_running_without_it() {
+    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let keyed = |workflow| json!({ "workflow": workflow, "extra_data": { "api_key_svc_org": "k-restart" } });
+    let (status, running, _) = s.post_job(&keyed(spinner(25)), None).await;
+    assert_eq!(status, 201, "{running}");
+    let running = running["id"].as_str().unwrap().to_string();
+    s.wait_for(&running, "running").await;
+    let (status, queued, _) = s.post_job(&keyed(trivial(5)), None).await;
+    assert_eq!(status, 201, "{queued}");
+    let queued = queued["id"].as_str().unwrap().to_string();
+    let plain = s.submit(trivial(6)).await["id"].as_str().unwrap().to_string();
+
+    let s = start_in(s.shutdown().await, |_, o| o.max_running_jobs = 1).await;
+    for (id, ran) in [(&running, true), (&queued, false)] {
+        let job = s.job(id).await;
+        assert_eq!(job["status"], "failed", "{job}");
+        assert_eq!(job["error"]["code"], "interrupted", "{job}");
+        assert!(job["error"]["message"].as_str().unwrap().contains("extra_data"), "{job}");
+        assert_eq!(job["logs"]["truncated"], ran, "{job}");
+    }
+    // A job without extra_data runs as usual (and at once: the keyed
+    // spinner did not run again).
+    assert_eq!(s.wait(&plain).await["status"], "succeeded");
+}
+
+#[tokio::test]
 async fn a_job_interrupted_twice_fails_instead_of_looping() {
     let s = start(|_, o| o.max_running_jobs = 1).await;
     let job = s.submit(spinner(22)).await;

@@ -130,6 +130,20 @@ async fn extra_data_reaches_the_plugins_of_its_job_and_is_never_echoed() {
     assert!(!stored.windows(10).any(|w| w == b"secret-key"), "extra_data must never be persisted");
 }
 
+#[tokio::test]
+async fn a_partner_key_echoed_by_a_plugin_is_redacted_from_its_error_and_log() {
+    let s = start_default().await;
+    let workflow = json!({ "9": { "class_type": "HostileSecretProbe", "inputs": { "trigger": 2 } } });
+    let (status, job, _) = s.post_job(&json!({ "workflow": workflow, "extra_data": { "api_key_svc_org": "sk-echoed-77" } }), None).await;
+    assert_eq!(status, 201, "{job}");
+    let done = s.wait(job["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["message"], "partner said 401 for key [redacted]", "{done}");
+    let log = done["logs"]["text"].as_str().unwrap();
+    assert!(log.contains("calling the partner with key [redacted]"), "{log}");
+    assert!(!done.to_string().contains("sk-echoed-77"), "{done}");
+}
+
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap() {

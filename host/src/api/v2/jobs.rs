@@ -116,8 +116,11 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
     // Validation, the store writes and the commit log's sync (~50 µs on a
     // local disk) run right here for a typical workflow: a hand-off to the
     // blocking pool and back costs more than that on a small machine
-    // (BENCHMARKS.md, session 7). A large graph validates on the pool.
-    let (record, position) = if size <= INLINE_SUBMIT_BYTES {
+    // (BENCHMARKS.md, session 7). A large graph validates on the pool, and
+    // so does any submission while the store's writes may wait for a
+    // flush of the whole store (a checkpoint): with one HTTP thread, every
+    // request would wait with it.
+    let (record, position) = if size <= INLINE_SUBMIT_BYTES && !service.submit_may_block() {
         service.submit(submission)?
     } else {
         tokio::task::spawn_blocking(move || service.submit(submission)).await.map_err(|e| ApiError::internal(&e))??

@@ -235,7 +235,14 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 pub const SECRET_PROBE: NodeClass = NodeClass {
     class_type: "HostileSecretProbe",
     define: || NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("report", "STRING").output_node(),
-    run: |_| {
+    run: |inputs| {
+        // Trigger 2: a careless partner node, echoing the key in what it
+        // prints and in its error.
+        if inputs.int("trigger")? == 2 {
+            let key = kiln_sdk::host::secret("api_key_svc_org").unwrap_or_default();
+            println!("calling the partner with key {key}");
+            return Err(Error::failed(format!("partner said 401 for key {key}")));
+        }
         let describe = |name: &str| match kiln_sdk::host::secret(name) {
             Some(value) => format!("{name}={}:{:016x}", value.len(), fnv1a(value.as_bytes())),
             None => format!("{name}=none"),
