@@ -51,18 +51,8 @@ impl Service {
                 // behave differently. It fails, saying why.
                 let ran = job.status == JobStatus::Running;
                 self.drop_outputs(&mut job)?;
-                job.status = JobStatus::Failed;
-                job.progress = None;
-                job.completed_at = Some(now);
-                job.updated_at = now;
-                job.error = Some(JobErrorRecord {
-                    code: "interrupted".into(),
-                    message: "the server restarted before this job finished; its extra_data is never stored, so it cannot run again: submit it again".into(),
-                    node_id: None,
-                    class_type: None,
-                    traceback: None,
-                });
-                job.logs = Some(JobLogRecord { text: String::new(), truncated: ran, captured_at: now });
+                let why = "the server restarted before this job finished; its extra_data is never stored, so it cannot run again: submit it again";
+                fail_interrupted(&mut job, why.into(), ran, now);
                 tracing::warn!(job_id = %job.id, "job with extra_data interrupted by a restart: failed");
                 self.meta.put_job(&job)?;
                 continue;
@@ -82,17 +72,8 @@ impl Service {
                     job.progress = None;
                     job.updated_at = now;
                     if job.attempts >= MAX_ATTEMPTS {
-                        job.status = JobStatus::Failed;
-                        job.completed_at = Some(now);
-                        job.error = Some(JobErrorRecord {
-                            code: "interrupted".into(),
-                            message: format!("the server stopped while this job was running (attempt {}); it is not retried again", job.attempts),
-                            node_id: None,
-                            class_type: None,
-                            traceback: None,
-                        });
-                        // What its runs printed was in the lost process: shed.
-                        job.logs = Some(JobLogRecord { text: String::new(), truncated: true, captured_at: now });
+                        let why = format!("the server stopped while this job was running (attempt {}); it is not retried again", job.attempts);
+                        fail_interrupted(&mut job, why, true, now);
                         tracing::warn!(job_id = %job.id, "job interrupted by a restart for the last time: failed");
                         self.meta.put_job(&job)?;
                         continue;
@@ -225,4 +206,15 @@ impl Service {
         }
         Ok(())
     }
+}
+
+/// Ends a job recovered at a restart as failed `interrupted`. Its log is
+/// empty: what its runs printed was in the lost process (`ran`: shed).
+fn fail_interrupted(job: &mut JobRecord, message: String, ran: bool, now: Micros) {
+    job.status = JobStatus::Failed;
+    job.progress = None;
+    job.completed_at = Some(now);
+    job.updated_at = now;
+    job.error = Some(JobErrorRecord { code: "interrupted".into(), message, node_id: None, class_type: None, traceback: None });
+    job.logs = Some(JobLogRecord { text: String::new(), truncated: ran, captured_at: now });
 }
