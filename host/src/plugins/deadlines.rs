@@ -52,12 +52,9 @@ impl Deadlines {
     }
 
     /// Deadlines armed and not yet fired or dropped.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.armed.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -97,6 +94,6 @@ mod tests {
         assert!(!late.expired.is_cancelled());
         assert_eq!(deadlines.len(), 1);
         drop((early, same, late));
-        assert!(deadlines.is_empty());
+        assert_eq!(deadlines.len(), 0);
     }
 }

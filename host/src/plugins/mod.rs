@@ -13,7 +13,7 @@
 pub mod artifacts;
 pub mod bindings;
 pub mod bundled;
-pub mod deadlines;
+mod deadlines;
 pub mod engine;
 mod imports;
 mod kernels;

@@ -394,19 +394,9 @@ mod tests {
 
     fn running_job(nodes: u64) -> LiveJob {
         let record = JobRecord {
-            id: "j".into(),
-            owner: "local".into(),
             status: JobStatus::Running,
-            created_at: 0,
             started_at: Some(0),
-            completed_at: None,
-            updated_at: 0,
-            expires_at: 1,
-            seq: 1,
             attempts: 1,
-            inputs: vec![],
-            outputs: vec![],
-            error: None,
             progress: Some(ProgressSnapshot {
                 value: 0.0,
                 nodes_done: 0,
@@ -417,12 +407,7 @@ mod tests {
                 steps: None,
                 message: None,
             }),
-            logs: None,
-            queue_ms: None,
-            execution_ms: None,
-            metadata: None,
-            surface: "v2".into(),
-            had_extra_data: false,
+            ..JobRecord::queued_for_test("j", 0, 1)
         };
         LiveJob::new(record, ExtraData::default())
     }

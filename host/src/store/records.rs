@@ -138,6 +138,35 @@ pub struct JobRecord {
     pub had_extra_data: bool,
 }
 
+#[cfg(test)]
+impl JobRecord {
+    /// A queued job with nothing in it, for unit tests.
+    pub fn queued_for_test(id: &str, created: Micros, seq: u64) -> JobRecord {
+        JobRecord {
+            id: id.into(),
+            owner: "local".into(),
+            status: JobStatus::Queued,
+            created_at: created,
+            started_at: None,
+            completed_at: None,
+            updated_at: created,
+            expires_at: created + 1_000,
+            seq,
+            attempts: 0,
+            inputs: vec![],
+            outputs: vec![],
+            error: None,
+            progress: None,
+            logs: None,
+            queue_ms: None,
+            execution_ms: None,
+            metadata: None,
+            surface: "v2".into(),
+            had_extra_data: false,
+        }
+    }
+}
+
 /// An asset: a UUID-named record over a content-addressed blob.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AssetRecord {

@@ -392,28 +392,7 @@ mod tests {
     use super::*;
 
     fn job(id: &str, created: Micros, seq: u64) -> JobRecord {
-        JobRecord {
-            id: id.into(),
-            owner: "local".into(),
-            status: JobStatus::Queued,
-            created_at: created,
-            started_at: None,
-            completed_at: None,
-            updated_at: created,
-            expires_at: created + 1_000,
-            seq,
-            attempts: 0,
-            inputs: vec![],
-            outputs: vec![],
-            error: None,
-            progress: None,
-            logs: None,
-            queue_ms: None,
-            execution_ms: None,
-            metadata: None,
-            surface: "v2".into(),
-            had_extra_data: false,
-        }
+        JobRecord::queued_for_test(id, created, seq)
     }
 
     /// The queue as the service rebuilds it: queued jobs in `seq` order.

@@ -42,7 +42,6 @@ pub fn routes(base: &str, state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Job and asset ids are UUIDs; anything else cannot exist.
 /// The one `{id}` or `{hash}` segment of a route. A segment that does not
 /// decode (say `%FF`) names nothing: 404 in the envelope, not axum's
 /// plain-text rejection.
@@ -59,6 +58,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Segment {
     }
 }
 
+/// Job and asset ids are UUIDs; anything else cannot exist.
 fn check_id(id: &str) -> Result<(), ApiError> {
     uuid::Uuid::parse_str(id).map(|_| ()).map_err(|_| ApiError::not_found())
 }
