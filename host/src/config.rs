@@ -60,6 +60,24 @@ pub struct Config {
     /// Costs up to this much RSS per instance slot (max_concurrency + 1,
     /// two memories each).
     pub node_keep_resident_kb: u64,
+    /// Most nodes one workflow may have; more is `invalid_workflow` (exit 2
+    /// for `kiln run`). Default 5000 (ComfyUI graphs have tens to hundreds).
+    pub max_workflow_nodes: usize,
+    /// Largest workflow (the request body on `/api/v2/jobs`, the file for
+    /// `kiln run`), KiB. Default 8192. A parsed JSON document takes several
+    /// times its size in memory.
+    pub max_workflow_kb: usize,
+    /// Memory one job may hold at once, MiB: its live tensors (node results
+    /// not yet read by their last reader, host copies made for nodes) and
+    /// its nodes' linear memories. Past it the node asking fails with
+    /// `node_out_of_memory` naming this limit. Default 4096.
+    pub job_memory_mb: u64,
+    /// Files one node call may save. Default 4096 (ComfyUI's largest batch).
+    pub node_max_files: u64,
+    /// Files one job may save (outputs and previews). Default 10000.
+    pub job_max_files: u64,
+    /// Bytes of files one job may save, MiB. Default 4096.
+    pub job_output_mb: u64,
     /// List the compiled guest code in `/tmp/perf-<pid>.map`, so `perf
     /// record` / `perf report` name the functions of plugins. For
     /// profiling; default false.
@@ -128,6 +146,12 @@ impl Default for Config {
             result_cache_mb: 1024,
             decommit_batch: 1,
             node_keep_resident_kb: 1024,
+            max_workflow_nodes: 5_000,
+            max_workflow_kb: 8192,
+            job_memory_mb: 4096,
+            node_max_files: 4096,
+            job_max_files: 10_000,
+            job_output_mb: 4096,
             guest_perf_map: false,
             http_threads: std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).max(1)),
             host: "127.0.0.1".into(),
@@ -184,6 +208,20 @@ impl Config {
         })
     }
 
+    /// Bounds on a workflow's size.
+    pub fn workflow_limits(&self) -> crate::workflow::WorkflowLimits {
+        crate::workflow::WorkflowLimits { max_nodes: self.max_workflow_nodes.max(1), max_bytes: self.max_workflow_kb.saturating_mul(1024).max(1024) }
+    }
+
+    /// What one job may consume.
+    pub fn job_limits(&self) -> crate::budget::JobLimits {
+        crate::budget::JobLimits {
+            memory_bytes: self.job_memory_mb.saturating_mul(1 << 20),
+            max_files: self.job_max_files,
+            output_bytes: self.job_output_mb.saturating_mul(1 << 20),
+        }
+    }
+
     /// The plugin runtime's slice of the configuration.
     pub fn runtime(&self) -> RuntimeConfig {
         let mb = |v: u64| v.saturating_mul(1 << 20);
@@ -197,6 +235,7 @@ impl Config {
             },
             tensor_budget_bytes: mb(self.node_tensor_budget_mb),
             file_budget_bytes: mb(self.node_file_budget_mb),
+            max_files: self.node_max_files,
             log_bytes: (self.node_log_kb as usize).saturating_mul(1024),
             artifact_dir: self.artifact_dir(),
             decommit_batch: self.decommit_batch,
@@ -225,6 +264,12 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "decommit_batch",
         "node_keep_resident_kb",
         "guest_perf_map",
+        "max_workflow_nodes",
+        "max_workflow_kb",
+        "job_memory_mb",
+        "node_max_files",
+        "job_max_files",
+        "job_output_mb",
         "http_threads",
         "host",
         "port",

@@ -49,6 +49,8 @@ pub enum FileError {
     NotFound(String),
     #[error("invalid file name `{0}`")]
     InvalidName(String),
+    #[error("file name prefix too long: {0}")]
+    NameTooLong(String),
     #[error("saving outside the output folder is not allowed: `{0}`")]
     OutsideOutputDir(String),
     #[error("input `{name}` is {size} bytes, over the limit of {limit}")]
@@ -74,6 +76,9 @@ pub trait InputFiles: Send + Sync {
 pub trait OutputFiles: Send + Sync {
     /// Stores `data` under a fresh ComfyUI-style name derived from `prefix`.
     fn save(&self, kind: FileKind, prefix: &str, extension: &str, data: &[u8]) -> Result<SavedFile, FileError>;
+    /// Takes over a file an earlier run saved (a cached output served
+    /// again), so it stays while this job needs it; false when it is gone.
+    fn adopt(&self, file: &SavedFile) -> bool;
 }
 
 /// Largest input file a node may read.
@@ -157,23 +162,61 @@ impl DirOutputs {
     }
 }
 
+/// Longest filename prefix (subfolders and base name), in bytes.
+pub const MAX_PREFIX_BYTES: usize = 512;
+/// Longest single name in a prefix: the saved name adds `_<counter>_.<ext>`
+/// (≤ 25 bytes) and must stay within a file system's 255.
+pub const MAX_NAME_BYTES: usize = 200;
+/// Most subfolders a prefix may nest.
+pub const MAX_SUBFOLDER_DEPTH: usize = 16;
+
+/// Whether `ext` may end a saved file's name: 1–8 ASCII letters and digits.
+pub fn check_extension(ext: &str) -> Result<(), FileError> {
+    if ext.is_empty() || ext.len() > 8 || !ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(FileError::InvalidName(format!("extension `{}`", ext.chars().take(16).collect::<String>())));
+    }
+    Ok(())
+}
+
 /// Splits a ComfyUI filename prefix into a checked subfolder and a base name.
+/// Prefixes come from workflows and plugins: their length and depth are
+/// bounded, and the error quotes at most the start of one.
 pub fn split_prefix(prefix: &str) -> Result<(PathBuf, String), FileError> {
+    let shown = || {
+        let mut end = prefix.len().min(64);
+        while !prefix.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end < prefix.len() { format!("{}…", &prefix[..end]) } else { prefix.to_string() }
+    };
+    if prefix.len() > MAX_PREFIX_BYTES {
+        return Err(FileError::NameTooLong(format!("{} bytes, at most {MAX_PREFIX_BYTES} (`{}`)", prefix.len(), shown())));
+    }
     let normalized = prefix.replace('\\', "/");
     let (sub, base) = match normalized.rsplit_once('/') {
         Some((sub, base)) => (sub.to_string(), base.to_string()),
         None => (String::new(), normalized.clone()),
     };
     if base.is_empty() || base.contains('\0') || base == "." || base == ".." {
-        return Err(FileError::InvalidName(prefix.to_string()));
+        return Err(FileError::InvalidName(shown()));
     }
     let sub_path = PathBuf::from(&sub);
+    let mut depth = 0;
     for comp in sub_path.components() {
         match comp {
-            Component::Normal(_) => {}
+            Component::Normal(name) if name.len() > MAX_NAME_BYTES => {
+                return Err(FileError::NameTooLong(format!("a subfolder name is over {MAX_NAME_BYTES} bytes (`{}`)", shown())));
+            }
+            Component::Normal(_) => depth += 1,
             Component::CurDir => {}
-            _ => return Err(FileError::OutsideOutputDir(prefix.to_string())),
+            _ => return Err(FileError::OutsideOutputDir(shown())),
         }
+    }
+    if depth > MAX_SUBFOLDER_DEPTH {
+        return Err(FileError::NameTooLong(format!("{depth} subfolders, at most {MAX_SUBFOLDER_DEPTH} (`{}`)", shown())));
+    }
+    if base.len() > MAX_NAME_BYTES {
+        return Err(FileError::NameTooLong(format!("a {}-byte name, at most {MAX_NAME_BYTES} (`{}`)", base.len(), shown())));
     }
     Ok((sub_path, base))
 }
@@ -209,6 +252,7 @@ fn next_counter(dir: &Path, base: &str) -> Result<u64, FileError> {
 
 impl OutputFiles for DirOutputs {
     fn save(&self, kind: FileKind, prefix: &str, extension: &str, data: &[u8]) -> Result<SavedFile, FileError> {
+        check_extension(extension)?;
         let (sub, base) = split_prefix(prefix)?;
         let root = match kind {
             FileKind::Output => &self.output_dir,
@@ -230,6 +274,10 @@ impl OutputFiles for DirOutputs {
         std::fs::rename(&tmp, &path)?;
         let subfolder = sub.to_string_lossy().replace('\\', "/");
         Ok(SavedFile { filename, subfolder, kind, size: data.len() as u64, path, hash: None })
+    }
+
+    fn adopt(&self, file: &SavedFile) -> bool {
+        file.path.is_file()
     }
 }
 
@@ -259,6 +307,26 @@ mod tests {
             assert!(split_prefix(prefix).is_err(), "{prefix}");
         }
         assert!(split_prefix("a/./b").is_ok());
+    }
+
+    #[test]
+    fn long_or_deep_prefixes_are_refused_with_a_short_message() {
+        let long = "x".repeat(1 << 20);
+        let err = split_prefix(&long).unwrap_err();
+        assert!(matches!(err, FileError::NameTooLong(_)), "{err}");
+        assert!(err.to_string().len() < 200, "the message quotes only the start: {} bytes", err.to_string().len());
+        assert!(matches!(split_prefix(&"y".repeat(MAX_NAME_BYTES + 1)), Err(FileError::NameTooLong(_))));
+        assert!(split_prefix(&"y".repeat(MAX_NAME_BYTES)).is_ok());
+        let deep = vec!["d"; MAX_SUBFOLDER_DEPTH + 1].join("/") + "/name";
+        assert!(matches!(split_prefix(&deep), Err(FileError::NameTooLong(_))));
+        let ok = vec!["d"; MAX_SUBFOLDER_DEPTH].join("/") + "/name";
+        assert!(split_prefix(&ok).is_ok());
+        let multibyte = "é".repeat(300);
+        assert!(split_prefix(&multibyte).unwrap_err().to_string().contains('…'));
+        assert!(check_extension("png").is_ok());
+        for bad in ["", "p/g", "toolongext", "p.g"] {
+            assert!(check_extension(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! front end; [`object_info`] renders node definitions in ComfyUI's format.
 
 pub mod api;
+pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod executor;

@@ -8,6 +8,10 @@
 use std::fmt;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
+use crate::budget::MemoryCharge;
+
 /// Most dimensions a tensor may have.
 pub const MAX_RANK: usize = 8;
 
@@ -18,6 +22,9 @@ pub struct Tensor(Arc<TensorData>);
 struct TensorData {
     shape: Box<[u32]>,
     data: Box<[f32]>,
+    /// The job account that pays for `data`, released with it (or earlier,
+    /// when the result cache takes the tensor over: [`Tensor::release_charge`]).
+    charge: Mutex<MemoryCharge>,
 }
 
 /// Why a tensor could not be built.
@@ -38,7 +45,16 @@ impl Tensor {
         if expected != data.len() as u64 {
             return Err(TensorError::LengthMismatch { shape, expected, actual: data.len() as u64 });
         }
-        Ok(Tensor(Arc::new(TensorData { shape: shape.into_boxed_slice(), data: data.into_boxed_slice() })))
+        Ok(Tensor(Arc::new(TensorData { shape: shape.into_boxed_slice(), data: data.into_boxed_slice(), charge: Mutex::new(MemoryCharge::none()) })))
+    }
+    /// Makes `charge` pay for this tensor's memory while it lives.
+    pub fn attach_charge(&self, charge: MemoryCharge) {
+        *self.0.charge.lock() = charge;
+    }
+    /// Gives the tensor's bytes back to the job that paid for them: another
+    /// bound (the result cache's) covers it from now on.
+    pub fn release_charge(&self) {
+        drop(std::mem::take(&mut *self.0.charge.lock()));
     }
     /// Dimensions, outermost first.
     pub fn shape(&self) -> &[u32] {

@@ -35,7 +35,7 @@ async fn run(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInputs>, o
 async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInputs>, out: &Path) -> (Duration, Vec<(String, f64)>) {
     let nodes = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = nodes.clone();
-    let parsed = Workflow::from_json(workflow).expect("workflow parses");
+    let parsed = Workflow::from_json(workflow, &Default::default()).expect("workflow parses");
     let start = Instant::now();
     let (plan, issues) = validate(&parsed, executor.registry(), inputs.as_ref()).expect("workflow validates");
     assert!(issues.is_empty(), "{issues:?}");
@@ -53,6 +53,7 @@ async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInpu
         cancel: CancellationToken::new(),
         secrets: Default::default(),
         branches: None,
+        budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED),
     };
     let outcome = executor.run(&plan, ctx).await;
     let elapsed = start.elapsed();
@@ -128,7 +129,7 @@ fn main() {
             ("LoadImage", vec![("image".to_string(), kiln::value::Value::String("small.png".into()))]),
         ] {
             let (plugin, _) = registry.get(class).expect("class");
-            let io = || kiln::plugins::NodeIo { inputs: named.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}), secrets: Default::default() };
+            let io = || kiln::plugins::NodeIo { inputs: named.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}), secrets: Default::default(), budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED) };
             let cancel = CancellationToken::new();
             for _ in 0..200 {
                 runtime.execute(plugin, class, &inputs, io(), &cancel).await.expect("node runs");

@@ -35,7 +35,7 @@ async fn unchanged_rerun_is_served_from_cache_and_writes_nothing() {
     let second = run_with(&executor, workflow.clone(), opts()).await;
     assert!(second.outcome.executed.is_empty(), "nothing re-runs: {:?}", second.outcome.executed);
     assert_eq!(second.outcome.cached, vec!["1", "2", "3"]);
-    assert!(second.events.iter().any(|e| matches!(e, Event::Cached { nodes } if nodes.len() == 3)));
+    assert!(second.events.iter().any(|e| matches!(e, Event::Cached { nodes, .. } if nodes.len() == 3)));
     let files: Vec<_> = std::fs::read_dir(&out).unwrap().filter_map(|e| e.ok()).filter(|e| e.path().is_file()).collect();
     assert_eq!(files.len(), 1, "no new files on an unchanged re-run");
     assert_eq!(first.outcome.outputs, second.outcome.outputs, "the cached output re-reports the same file");

@@ -25,6 +25,7 @@ fn node_io(out: &std::path::Path) -> kiln::plugins::NodeIo {
         outputs: std::sync::Arc::new(kiln::files::DirOutputs::new(out, out)),
         signals: std::sync::Arc::new(|_| {}),
         secrets: Default::default(),
+        budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED),
     }
 }
 

@@ -74,17 +74,20 @@ pub struct RunOpts<'a> {
     pub inputs: NamedInputs,
     pub out: &'a Path,
     pub cancel: CancellationToken,
+    /// The run's account (the test config's job limits by default); keep a
+    /// clone to read its peak afterwards.
+    pub budget: Arc<kiln::budget::JobBudget>,
 }
 
 impl<'a> RunOpts<'a> {
     pub fn new(out: &'a Path) -> RunOpts<'a> {
-        RunOpts { inputs: NamedInputs::new(), out, cancel: CancellationToken::new() }
+        RunOpts { inputs: NamedInputs::new(), out, cancel: CancellationToken::new(), budget: kiln::budget::JobBudget::new(test_config().job_limits()) }
     }
 }
 
 /// Validates (all-or-nothing) and runs `workflow` on `executor`.
 pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: RunOpts<'_>) -> Ran {
-    let parsed = Workflow::from_json(&workflow).expect("parses");
+    let parsed = Workflow::from_json(&workflow, &Default::default()).expect("parses");
     let (plan, issues) = validate(&parsed, executor.registry(), &opts.inputs).expect("validates");
     assert!(issues.is_empty(), "validation issues: {issues:?}");
     let events = Arc::new(Mutex::new(Vec::new()));
@@ -99,6 +102,7 @@ pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: Ru
         cancel: opts.cancel,
         secrets: Default::default(),
         branches: None,
+        budget: opts.budget,
     };
     let outcome = executor.run(&plan, ctx).await;
     let events = std::mem::take(&mut *events.lock().unwrap());

@@ -16,7 +16,7 @@ fn save(from: &str) -> Value {
 }
 
 async fn check(workflow: Value, inputs: &NamedInputs) -> Result<Vec<Issue>, ValidationError> {
-    let wf = Workflow::from_json(&workflow).unwrap();
+    let wf = Workflow::from_json(&workflow, &Default::default()).unwrap();
     validate(&wf, &env().await.registry, inputs).map(|(_, issues)| issues)
 }
 
@@ -130,7 +130,7 @@ async fn a_bad_output_is_dropped_and_the_good_one_kept() {
         "2": save("1"),
         "3": {"class_type": "SaveImage", "inputs": {"images": ["1", 0]}},
         "4": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}}
-    }))
+    }), &Default::default())
     .unwrap();
     let (plan, issues) = validate(&wf, &env().await.registry, &inputs).unwrap();
     assert_eq!(plan.outputs, vec!["2".to_string()]);

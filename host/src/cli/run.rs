@@ -58,13 +58,21 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     if config.decommit_batch == Config::default().decommit_batch {
         config.decommit_batch = RUN_DECOMMIT_BATCH;
     }
+    // The size is checked before the file is read: a workflow is bounded
+    // here as on the API (`max_workflow_kb`), and over it is exit 2.
+    let limits = config.workflow_limits();
+    let size = std::fs::metadata(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?.len();
+    if let Err(e) = limits.check_size(usize::try_from(size).unwrap_or(usize::MAX)) {
+        eprintln!("error: {e}");
+        return Ok(EXIT_INVALID);
+    }
     let text = std::fs::read_to_string(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?;
     let mut json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", args.workflow.display()))?;
     // Accept a `/prompt` request body too.
     if let Some(prompt) = json.get("prompt").filter(|p| p.is_object()) {
         json = prompt.clone();
     }
-    let workflow = match Workflow::from_json(&json) {
+    let workflow = match Workflow::from_json(&json, &limits) {
         Ok(w) => w,
         Err(e) => {
             eprintln!("error: {e}");
@@ -119,6 +127,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
         cancel,
         secrets: Default::default(),
         branches: None,
+        budget: crate::budget::JobBudget::new(config.job_limits()),
     };
     let outcome = executor.run(&plan, ctx).await;
     if let Some(bar) = &bar {
@@ -152,7 +161,7 @@ fn report(bar: &Option<ProgressBar>, event: &Event) {
         (Some(bar), Event::Executing { node, class_type }) => bar.set_message(format!("{node} {class_type}")),
         (Some(bar), Event::Progress { overall, .. }) => bar.set_position((overall * 1000.0) as u64),
         (Some(_), _) => {}
-        (None, Event::Cached { nodes }) => eprintln!("cached: {}", nodes.join(", ")),
+        (None, Event::Cached { nodes, .. }) => eprintln!("cached: {}", nodes.join(", ")),
         (None, Event::Executing { node, class_type }) => eprintln!("executing {node} ({class_type})"),
         (None, Event::Executed { node, elapsed_ms, .. }) => eprintln!("done {node} in {elapsed_ms:.1} ms"),
         (None, _) => {}

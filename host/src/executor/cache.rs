@@ -26,7 +26,9 @@ pub struct CachedResult {
 
 impl CachedResult {
     fn bytes(&self) -> u64 {
-        self.values.iter().map(|v| if let Value::Tensor(t) = v { t.byte_len() } else { 64 }).sum::<u64>() + 256
+        let values: u64 = self.values.iter().map(|v| if let Value::Tensor(t) = v { t.byte_len() } else { 64 }).sum();
+        let files: u64 = self.saved.iter().map(|f| 128 + (f.filename.len() + f.subfolder.len()) as u64).sum();
+        values + files + 256
     }
 }
 
@@ -68,6 +70,14 @@ impl ResultCache {
                 Some((_, old)) => inner.bytes -= old.bytes(),
                 None => break,
             }
+        }
+    }
+
+    /// Drops the result for `key` (its files are gone).
+    pub fn remove(&self, key: &CacheKey) {
+        let mut inner = self.inner.lock();
+        if let Some(old) = inner.lru.pop(key) {
+            inner.bytes -= old.bytes();
         }
     }
 

@@ -9,12 +9,14 @@ use crate::tensor::Tensor;
 pub enum Event {
     /// The run began.
     Started { job_id: String },
-    /// These nodes are served from the result cache and will not run.
-    Cached { nodes: Vec<String> },
+    /// These nodes are served from the result cache and will not run;
+    /// `overall` is the run's progress with them done.
+    Cached { nodes: Vec<String>, overall: f64 },
     /// A node began running.
     Executing { node: String, class_type: String },
     /// Progress of a node and of the whole run (`overall` in 0..=1, weighted
-    /// by node count and by the steps nodes report).
+    /// by node count and by the steps nodes report; it never decreases).
+    /// The executor is the one source of this number.
     Progress { node: String, step: u64, steps: u64, overall: f64 },
     /// An intermediate image from a node.
     Preview { node: String, image: Tensor },

@@ -28,8 +28,9 @@ impl tensors::Host for NodeState {
             Ok(t) => t,
             Err(e) => return Ok(Err(tensor_error(e))),
         };
-        if let Err(msg) = self.charge(tensor.byte_len()) {
-            return Ok(Err(tensors::TensorError::BudgetExceeded(msg)));
+        match self.charge(tensor.byte_len()) {
+            Ok(charge) => tensor.attach_charge(charge),
+            Err(msg) => return Ok(Err(tensors::TensorError::BudgetExceeded(msg))),
         }
         Ok(Ok(self.table.push(tensor)?))
     }
@@ -40,25 +41,26 @@ impl tensors::HostTensor for NodeState {
         Ok(self.table.get(&this)?.shape().to_vec())
     }
     fn read(&mut self, this: Resource<Tensor>) -> wasmtime::Result<Vec<f32>> {
-        Ok(self.table.get(&this)?.data().to_vec())
+        let tensor = self.table.get(&this)?.clone();
+        // The copy is the job's while the guest takes it in (its linear
+        // memory, charged as it grows, then holds it).
+        let _copy = self.charge_job(tensor.byte_len()).map_err(wasmtime::Error::msg)?;
+        Ok(tensor.data().to_vec())
     }
     fn read_range(&mut self, this: Resource<Tensor>, offset: u64, len: u32) -> wasmtime::Result<Result<Vec<f32>, tensors::TensorError>> {
-        let data = self.table.get(&this)?.data();
+        let tensor = self.table.get(&this)?.clone();
+        let data = tensor.data();
         let range = usize::try_from(offset).ok().and_then(|start| start.checked_add(len as usize).map(|end| start..end)).filter(|r| r.end <= data.len());
-        Ok(match range {
-            Some(r) => Ok(data[r].to_vec()),
-            None => Err(tensors::TensorError::OutOfRange(format!("{len} elements at {offset} of {}", data.len()))),
-        })
+        let Some(range) = range else {
+            return Ok(Err(tensors::TensorError::OutOfRange(format!("{len} elements at {offset} of {}", data.len()))));
+        };
+        let _copy = self.charge_job(range.len() as u64 * 4).map_err(wasmtime::Error::msg)?;
+        Ok(Ok(data[range].to_vec()))
     }
     fn drop(&mut self, this: Resource<Tensor>) -> wasmtime::Result<()> {
         self.table.delete(this)?;
         Ok(())
     }
-}
-
-/// File extensions a node may save under.
-fn valid_extension(ext: &str) -> bool {
-    !ext.is_empty() && ext.len() <= 8 && ext.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
 impl host::Host for NodeState {
@@ -90,15 +92,24 @@ impl host::Host for NodeState {
 
     fn save_file(&mut self, kind: host::FileKind, prefix: String, extension: String, data: Vec<u8>) -> wasmtime::Result<Result<host::SavedFile, String>> {
         let Some(io) = &self.io else { return Ok(Err("no output files in this context".into())) };
-        if !valid_extension(&extension) {
-            return Ok(Err(format!("invalid file extension `{extension}`")));
+        // Names first: a bad one is the node's error, not a budget matter.
+        if let Err(e) = crate::files::check_extension(&extension).and_then(|()| crate::files::split_prefix(&prefix)) {
+            return Ok(Err(e.to_string()));
         }
-        let written: u64 = self.saved.iter().map(|f| f.size).sum();
-        if written.saturating_add(data.len() as u64) > self.limits.file_bytes {
-            let msg = format!("saving {} bytes would exceed the node's file budget of {} MiB", data.len(), self.limits.file_bytes >> 20);
+        // Content and name are charged: both end up in records and responses.
+        let cost = (data.len() + prefix.len() + extension.len()) as u64;
+        let refused = if self.saved.len() as u64 >= self.limits.max_files {
+            Some(format!("the node may save at most {} files (node_max_files)", self.limits.max_files))
+        } else if self.saved_bytes.saturating_add(cost) > self.limits.file_bytes {
+            Some(format!("saving {} bytes would exceed the node's file budget of {} MiB", data.len(), self.limits.file_bytes >> 20))
+        } else {
+            io.budget.charge_file(cost).err().map(|e| e.to_string())
+        };
+        if let Some(msg) = refused {
             self.over_budget = Some(msg.clone());
             return Ok(Err(msg));
         }
+        self.saved_bytes += cost;
         let kind = match kind {
             host::FileKind::Output => FileKind::Output,
             host::FileKind::Temp => FileKind::Temp,

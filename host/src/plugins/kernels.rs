@@ -80,15 +80,30 @@ impl NodeState {
         kernel: impl FnOnce(kiln_kernels::Stop<'_>) -> Result<(Vec<u32>, Vec<f32>), KernelError>,
     ) -> KernelResult<Resource<Tensor>> {
         let bytes = values.and_then(|v| (v as u64).checked_mul(4)).unwrap_or(u64::MAX);
-        if let Err(m) = self.charge(bytes) {
-            return Ok(Err(kernels::KernelError::BudgetExceeded(m)));
-        }
+        let charge = match self.charge(bytes) {
+            Ok(charge) => charge,
+            Err(m) => return Ok(Err(kernels::KernelError::BudgetExceeded(m))),
+        };
+        // Kernels work through a buffer as large as their result at most
+        // (a separable pass's rows, a resample's first axis): the job pays
+        // for it while the kernel runs.
+        let scratch = match self.charge_job(bytes) {
+            Ok(scratch) => scratch,
+            Err(m) => {
+                self.tensor_bytes -= bytes;
+                return Ok(Err(kernels::KernelError::BudgetExceeded(m)));
+            }
+        };
         let made = match self.run_kernel(kernel)? {
             Ok((shape, data)) => Tensor::new(shape, data).map_err(|e| e.to_string()),
             Err(m) => Err(m),
         };
+        drop(scratch);
         match made {
-            Ok(t) => Ok(Ok(self.table.push(t)?)),
+            Ok(t) => {
+                t.attach_charge(charge);
+                Ok(Ok(self.table.push(t)?))
+            }
             Err(m) => {
                 self.tensor_bytes -= bytes;
                 invalid(m)
@@ -129,6 +144,10 @@ impl kernels::Host for NodeState {
         let data = t.data();
         let range = usize::try_from(offset).ok().and_then(|start| start.checked_add(len as usize).map(|end| start..end)).filter(|r| r.end <= data.len());
         let Some(range) = range else { return invalid(format!("{len} elements at {offset} of {}", data.len())) };
+        let _copy = match self.charge_job(range.len() as u64) {
+            Ok(copy) => copy,
+            Err(m) => return Ok(Err(kernels::KernelError::BudgetExceeded(m))),
+        };
         Ok(self.run_kernel(|stop| convert::to_u8(&data[range], stop))?.map_err(kernels::KernelError::Invalid))
     }
 
@@ -141,6 +160,11 @@ impl kernels::Host for NodeState {
         let dims = match dims_of(&t, false) {
             Ok(d) => d,
             Err(m) => return invalid(m),
+        };
+        // The 8-bit image and the encoder's output, while the guest takes it in.
+        let _buffers = match self.charge_job((dims.len().unwrap_or(usize::MAX) / dims.batch.max(1)) as u64 * 2) {
+            Ok(buffers) => buffers,
+            Err(m) => return Ok(Err(kernels::KernelError::BudgetExceeded(m))),
         };
         Ok(self.run_kernel(|stop| codec::encode_png(t.data(), dims, index as usize, text, stop))?.map_err(kernels::KernelError::Invalid))
     }

@@ -38,6 +38,8 @@ pub struct RuntimeConfig {
     pub tensor_budget_bytes: u64,
     /// Ceiling on the bytes of files one node call saves.
     pub file_budget_bytes: u64,
+    /// Ceiling on the number of files one node call saves.
+    pub max_files: u64,
     /// Ceiling on the captured log of one node call.
     pub log_bytes: usize,
     /// Where compiled components are cached (`None`: compile on every load).
@@ -263,6 +265,11 @@ impl PluginRuntime {
             .await?;
         let state = called.store.data_mut();
         let log = state.log.contents();
+        // The job's memory ran out under this node: that is the failure,
+        // whatever the node made of the refusal.
+        if let Some(oom) = state.job_out_of_memory.take() {
+            return Err(failure(FailureKind::OutOfMemory, oom, log));
+        }
         let values = match result {
             Err(node::NodeError::InvalidInput(m)) => return Err(failure(FailureKind::Failed, format!("invalid input: {m}"), log)),
             Err(node::NodeError::Failed(m)) => {
@@ -301,6 +308,7 @@ impl PluginRuntime {
             memory_bytes: limits.memory_bytes,
             tensor_bytes: self.config.tensor_budget_bytes,
             file_bytes: self.config.file_budget_bytes,
+            max_files: self.config.max_files,
             log_bytes: self.config.log_bytes,
         };
         let deadline_at = std::time::Instant::now() + limits.timeout;
@@ -369,8 +377,13 @@ fn classify_trap(e: &wasmtime::Error, state: &NodeState, limits: EffectiveLimits
         Some(Stopped::Deadline) => return failure(FailureKind::Timeout, format!("node exceeded its time limit of {:?}", limits.timeout), log),
         None => {}
     }
-    if state.memory.denied {
-        return failure(FailureKind::OutOfMemory, format!("node exceeded its memory limit of {} MiB", limits.memory_bytes >> 20), log);
+    match &state.memory.denied {
+        Some(Some(job)) => return failure(FailureKind::OutOfMemory, job.clone(), log),
+        Some(None) => return failure(FailureKind::OutOfMemory, format!("node exceeded its memory limit of {} MiB", limits.memory_bytes >> 20), log),
+        None => {}
+    }
+    if let Some(job) = &state.job_out_of_memory {
+        return failure(FailureKind::OutOfMemory, job.clone(), log);
     }
     if let Some(budget) = &state.over_budget {
         return failure(FailureKind::InvalidOutput, budget.clone(), log);

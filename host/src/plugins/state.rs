@@ -11,6 +11,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::log_pipe::LogPipe;
 use super::secrets::JobSecrets;
+use crate::budget::{JobBudget, MemoryCharge};
 use crate::files::{InputFiles, OutputFiles, SavedFile};
 use crate::tensor::Tensor;
 
@@ -34,6 +35,8 @@ pub struct NodeIo {
     pub signals: Arc<dyn Fn(NodeSignal) + Send + Sync>,
     /// The job's secrets (the runtime hands a node only what its plugin was granted).
     pub secrets: JobSecrets,
+    /// The job's account: memory and saved files of every node call of the run.
+    pub budget: Arc<JobBudget>,
 }
 
 /// Limits applied to one store.
@@ -45,24 +48,33 @@ pub struct StoreLimits {
     pub tensor_bytes: u64,
     /// Ceiling on the bytes of files the node saves.
     pub file_bytes: u64,
+    /// Ceiling on the number of files the node saves.
+    pub max_files: u64,
     /// Ceiling on captured stdout + stderr.
     pub log_bytes: usize,
 }
 
-/// Tracks linear-memory growth across all of an instance's memories and
-/// records whether a grow was refused (so the trap that usually follows can be
-/// reported as "out of memory" rather than a crash).
+/// Tracks linear-memory growth across all of an instance's memories, charges
+/// it to the job, and records why a grow was refused (so the trap that
+/// usually follows can be reported as "out of memory" rather than a crash).
 pub struct MemoryLimiter {
     limit: u64,
     used: u64,
-    pub(crate) denied: bool,
+    /// The job's share of the linear memories, given back with the store.
+    charge: MemoryCharge,
+    /// Why a grow was refused: the node's own ceiling (`None` inside) or the job's.
+    pub(crate) denied: Option<Option<String>>,
 }
 
 impl ResourceLimiter for MemoryLimiter {
     fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         let grow = desired.saturating_sub(current) as u64;
         if self.used.saturating_add(grow) > self.limit {
-            self.denied = true;
+            self.denied = Some(None);
+            return Ok(false);
+        }
+        if let Err(e) = self.charge.grow(grow) {
+            self.denied = Some(Some(e.to_string()));
             return Ok(false);
         }
         self.used += grow;
@@ -107,8 +119,12 @@ pub struct NodeState {
     pub(crate) tensor_bytes: u64,
     /// Set when the node asked for more host memory (tensors, files) than allowed.
     pub(crate) over_budget: Option<String>,
+    /// Set when the job's memory limit refused the node (reported as out of memory).
+    pub(crate) job_out_of_memory: Option<String>,
     pub(crate) io: Option<NodeIo>,
     pub(crate) saved: Vec<SavedFile>,
+    /// Bytes of the files in `saved` (kept, not re-summed per save).
+    pub(crate) saved_bytes: u64,
     pub(crate) log: LogPipe,
     pub(crate) stop: StopState,
 }
@@ -119,30 +135,47 @@ impl NodeState {
     pub fn new(limits: StoreLimits, io: Option<NodeIo>, stop: StopState) -> NodeState {
         let log = LogPipe::new(limits.log_bytes);
         let wasi = WasiCtx::builder().stdout(log.clone()).stderr(log.clone()).build();
+        let charge = io.as_ref().map_or_else(MemoryCharge::none, |io| io.budget.reserve(0).unwrap_or_default());
         NodeState {
             wasi,
             table: ResourceTable::new(),
-            memory: MemoryLimiter { limit: limits.memory_bytes, used: 0, denied: false },
+            memory: MemoryLimiter { limit: limits.memory_bytes, used: 0, charge, denied: None },
             limits,
             tensor_bytes: 0,
             over_budget: None,
+            job_out_of_memory: None,
             io,
             saved: Vec::new(),
+            saved_bytes: 0,
             log,
             stop,
         }
     }
 
-    /// Takes `bytes` more of the node's host tensor budget, or records and
-    /// returns why not.
-    pub(crate) fn charge(&mut self, bytes: u64) -> Result<(), String> {
+    /// Takes `bytes` more of the node's host tensor budget and of the job's
+    /// memory, or records and returns why not. The charge pays for the
+    /// allocation while it lives: attach it to the tensor, or drop it when a
+    /// host copy is gone.
+    pub(crate) fn charge(&mut self, bytes: u64) -> Result<MemoryCharge, String> {
         if self.tensor_bytes.saturating_add(bytes) > self.limits.tensor_bytes {
             let msg = format!("a {} MiB tensor would exceed the node's tensor budget of {} MiB", bytes >> 20, self.limits.tensor_bytes >> 20);
             self.over_budget = Some(msg.clone());
             return Err(msg);
         }
+        let charge = self.charge_job(bytes)?;
         self.tensor_bytes += bytes;
-        Ok(())
+        Ok(charge)
+    }
+
+    /// Takes `bytes` of the job's memory for a host allocation made for this
+    /// node (a copy, a kernel's scratch), or records and returns why not.
+    pub(crate) fn charge_job(&mut self, bytes: u64) -> Result<MemoryCharge, String> {
+        let Some(io) = &self.io else { return Ok(MemoryCharge::none()) };
+        io.budget.reserve(bytes).map_err(|e| {
+            let msg = e.to_string();
+            self.job_out_of_memory = Some(msg.clone());
+            msg
+        })
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::files::{FileError, FileKind, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, is_image_name, output_name, split_prefix};
+use crate::files::{FileError, FileKind, check_extension, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, is_image_name, output_name, split_prefix};
 use crate::store::{BlobStore, JobInput, blob_name, parse_blob_name};
 
 /// Input files of one job: name → blob.
@@ -73,10 +73,8 @@ impl JobOutputs {
 
 impl OutputFiles for JobOutputs {
     fn save(&self, kind: FileKind, prefix: &str, extension: &str, data: &[u8]) -> Result<SavedFile, FileError> {
+        check_extension(extension)?;
         let (sub, base) = split_prefix(prefix)?;
-        if extension.is_empty() || !extension.chars().all(|c| c.is_ascii_alphanumeric()) {
-            return Err(FileError::InvalidName(format!("{prefix}.{extension}")));
-        }
         let subfolder = sub.to_string_lossy().replace('\\', "/");
         let counter = {
             let mut counters = self.counters.lock();
@@ -94,6 +92,20 @@ impl OutputFiles for JobOutputs {
         };
         // Named by its hash: no local path to report (see `SavedFile::path`).
         Ok(SavedFile { filename: output_name(&base, counter, extension), subfolder, kind, size: data.len() as u64, path: Default::default(), hash: Some(hash) })
+    }
+
+    /// Claims a cached output's blob for this job under the gate, as a save
+    /// does: a collection pass either ran before (the blob is gone: not a
+    /// hit) or sees it pending, so the asset record made for it never names
+    /// a deleted blob.
+    fn adopt(&self, file: &SavedFile) -> bool {
+        let Some(hash) = file.hash else { return false };
+        let _gate = self.gate.read();
+        if !self.blobs.contains(&hash) {
+            return false;
+        }
+        self.pending.lock().push(blob_name(&hash));
+        true
     }
 }
 

@@ -51,6 +51,10 @@ pub struct ServiceOptions {
     pub max_upload_bytes: u64,
     pub max_event_streams: usize,
     pub owner: String,
+    /// Bounds on a submitted workflow.
+    pub workflow_limits: crate::workflow::WorkflowLimits,
+    /// What each job may consume while it runs.
+    pub job_limits: crate::budget::JobLimits,
 }
 
 impl ServiceOptions {
@@ -63,6 +67,8 @@ impl ServiceOptions {
             max_upload_bytes: config.max_upload_mb.saturating_mul(1 << 20),
             max_event_streams: config.max_event_streams,
             owner: "local".into(),
+            workflow_limits: config.workflow_limits(),
+            job_limits: config.job_limits(),
         }
     }
 }
@@ -284,7 +290,7 @@ impl Service {
         }
         let resolved = submit::resolve_assets(&sub.workflow, self.meta.as_ref(), &sub.owner, now)?;
         let inputs = job_files::JobInputs::new(&resolved.inputs, self.blobs.clone());
-        let (_, plan) = submit::check(&resolved.workflow, &self.registry, &inputs)?;
+        let (_, plan) = submit::check(&resolved.workflow, &self.registry, &inputs, &self.opts.workflow_limits)?;
 
         self.activity.fetch_add(1, Ordering::Relaxed);
         // Reserve a queue slot; a full queue releases everything (no claim).

@@ -9,7 +9,7 @@ use super::ServiceError;
 use super::job_files::JobInputs;
 use crate::plugins::NodeRegistry;
 use crate::store::{AssetRecord, JobInput, MetaStore, Micros};
-use crate::workflow::{Issue, ParseError, Plan, ValidationError, Workflow, validate};
+use crate::workflow::{Issue, ParseError, Plan, ValidationError, Workflow, WorkflowLimits, validate};
 
 /// The marker of an asset reference inside a workflow.
 pub const ASSET_TYPE: &str = "core/ASSET";
@@ -84,8 +84,8 @@ fn input_name(asset: &AssetRecord, taken: &[JobInput]) -> String {
 }
 
 /// Validates a resolved workflow; any error refuses the whole job.
-pub fn check(workflow: &Json, registry: &NodeRegistry, inputs: &JobInputs) -> Result<(Workflow, Plan), ServiceError> {
-    let parsed = Workflow::from_json(workflow).map_err(|e| match e {
+pub fn check(workflow: &Json, registry: &NodeRegistry, inputs: &JobInputs, limits: &WorkflowLimits) -> Result<(Workflow, Plan), ServiceError> {
+    let parsed = Workflow::from_json(workflow, limits).map_err(|e| match e {
         ParseError::UiFormat => ServiceError::WorkflowFormatUi,
         other => ServiceError::InvalidWorkflow { message: other.to_string(), details: None },
     })?;

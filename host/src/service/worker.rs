@@ -116,6 +116,7 @@ impl Service {
                     cancel: live.cancel.clone(),
                     secrets: live.extra.secrets.clone(),
                     branches: self.branches.lock().as_ref().map(|rt| rt.handle().clone()),
+                    budget: crate::budget::JobBudget::new(self.opts.job_limits),
                 };
                 let run = std::panic::AssertUnwindSafe(self.executor.run(&plan, ctx));
                 futures_util::FutureExt::catch_unwind(run).await.map_err(|_| NotRun {
@@ -144,7 +145,7 @@ impl Service {
             Err(e) => return Err(error("internal_error", format!("cannot read the job's workflow: {e}"))),
         };
         let inputs = JobInputs::new(&job.inputs, self.blobs.clone());
-        match submit::check(&workflow, &self.registry, &inputs) {
+        match submit::check(&workflow, &self.registry, &inputs, &self.opts.workflow_limits) {
             Ok((_, plan)) => Ok((workflow, plan)),
             Err(e) => Err(error("invalid_workflow", e.to_string())),
         }
@@ -156,7 +157,16 @@ impl Service {
         Arc::new(move |event: Event| {
             let now = now_micros();
             match event {
-                Event::Cached { nodes } => update_progress(&live, |p| p.nodes_done += nodes.len() as u64, false),
+                // The executor owns the numbers (`overall`); a node counts
+                // as done once it executed.
+                Event::Cached { nodes, overall } => update_progress(
+                    &live,
+                    |p| {
+                        p.nodes_done = nodes.len() as u64;
+                        p.value = overall;
+                    },
+                    false,
+                ),
                 Event::Executing { node, class_type } => update_progress(
                     &live,
                     |p| {
@@ -166,11 +176,11 @@ impl Service {
                     },
                     false,
                 ),
-                Event::Progress { node, step, steps, .. } => update_progress(
+                Event::Progress { node, step, steps, overall } => update_progress(
                     &live,
                     |p| {
                         p.message = Some(format!("{} {step}/{steps}", p.current_node_class.as_deref().unwrap_or(&node)));
-                        (p.step, p.steps) = (Some(step), Some(steps));
+                        (p.step, p.steps, p.value) = (Some(step), Some(steps), overall);
                     },
                     false,
                 ),
@@ -364,19 +374,15 @@ fn log_record(mut text: String, node_truncated: bool, now: Micros) -> JobLogReco
     JobLogRecord { text, truncated: cut || node_truncated, captured_at: now }
 }
 
-/// Applies `f` to the job's progress, recomputes `value`, and sends a frame
-/// unless one went out less than [`PROGRESS_INTERVAL`] ago.
+/// Applies `f` to the job's progress and sends a frame unless one went out
+/// less than [`PROGRESS_INTERVAL`] ago. `value` is the executor's; this only
+/// keeps it within the spec's 0..=1.
 fn update_progress(live: &LiveJob, f: impl FnOnce(&mut ProgressSnapshot), force: bool) {
     let snapshot = {
         let mut rec = live.record.lock();
         let Some(p) = rec.progress.as_mut() else { return };
         f(p);
-        let partial = match (p.step, p.steps) {
-            (Some(s), Some(n)) if n > 0 => (s as f64 / n as f64).min(1.0),
-            _ => 0.0,
-        };
-        let total = p.nodes_total.max(1) as f64;
-        p.value = ((p.nodes_done as f64 + partial) / total).clamp(0.0, 1.0);
+        p.value = p.value.clamp(0.0, 1.0);
         p.clone()
     };
     let mut last = live.last_progress.lock();
@@ -417,20 +423,16 @@ mod tests {
     }
 
     #[test]
-    fn progress_weights_steps_within_nodes_and_frames_are_throttled() {
+    fn progress_takes_the_executors_value_and_frames_are_throttled() {
         let live = running_job(4);
         let mut frames = live.events.subscribe();
-        // Node 1 of 4 at step 1 of 4, then done; node 2 half way.
         update_progress(&live, |p| p.current_node = Some("1".into()), false);
-        update_progress(&live, |p| (p.step, p.steps) = (Some(1), Some(4)), false);
-        assert_eq!(value(&live), 0.25 / 4.0);
-        update_progress(&live, |p| (p.nodes_done, p.step, p.steps) = (1, None, None), false);
-        assert_eq!(value(&live), 0.25);
-        update_progress(&live, |p| (p.step, p.steps) = (Some(5), Some(10)), false);
-        assert_eq!(value(&live), 1.5 / 4.0);
-        // A step past the end counts as the node's whole share, no more.
-        update_progress(&live, |p| (p.step, p.steps) = (Some(30), Some(10)), false);
-        assert_eq!(value(&live), 2.0 / 4.0);
+        update_progress(&live, |p| (p.step, p.steps, p.value) = (Some(1), Some(4), 0.0625), false);
+        assert_eq!(value(&live), 0.0625);
+        update_progress(&live, |p| p.nodes_done = 1, false);
+        assert_eq!(value(&live), 0.0625, "counting a node done changes no value: the executor sends it");
+        update_progress(&live, |p| p.value = 7.0, false);
+        assert_eq!(value(&live), 1.0, "kept within 0..=1");
         // The record always holds the latest snapshot; frames went out for
         // the first update only (the rest came within the interval).
         let mut sent = Vec::new();
@@ -439,15 +441,15 @@ mod tests {
         }
         assert_eq!(sent, [0.0]);
         // A forced update goes out at once; an unforced one after the interval.
-        update_progress(&live, |p| (p.nodes_done, p.step, p.steps) = (3, None, None), true);
+        update_progress(&live, |p| p.value = 0.75, true);
         std::thread::sleep(PROGRESS_INTERVAL + Duration::from_millis(50));
-        update_progress(&live, |p| (p.step, p.steps) = (Some(1), Some(2)), false);
+        update_progress(&live, |p| p.value = 0.875, false);
         let sent: Vec<f64> = std::iter::from_fn(|| match frames.try_recv() {
             Ok(JobEvent::Progress(p)) => Some(p.value),
             _ => None,
         })
         .collect();
-        assert_eq!(sent, [3.0 / 4.0, 3.5 / 4.0]);
+        assert_eq!(sent, [0.75, 0.875]);
     }
 
     #[test]

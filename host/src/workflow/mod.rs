@@ -5,6 +5,6 @@ pub mod parse;
 pub mod plan;
 pub mod validate;
 
-pub use parse::{InputValue, ParseError, Workflow, WorkflowNode, is_ui_format};
+pub use parse::{InputValue, ParseError, Workflow, WorkflowLimits, WorkflowNode, is_ui_format};
 pub use plan::{Plan, PlannedInput, PlannedNode};
 pub use validate::{Issue, IssueKind, ValidationError, validate};

@@ -31,6 +31,33 @@ pub enum InputValue {
     Const(Json),
 }
 
+/// Bounds on a workflow, checked while it is read: a workflow is client
+/// input, and everything later (validation, planning, execution, the
+/// records) costs at least linear work and memory in its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkflowLimits {
+    /// Most nodes one workflow may have (config `max_workflow_nodes`).
+    pub max_nodes: usize,
+    /// Most bytes of workflow JSON (config `max_workflow_kb`).
+    pub max_bytes: usize,
+}
+
+impl Default for WorkflowLimits {
+    fn default() -> WorkflowLimits {
+        WorkflowLimits { max_nodes: 5_000, max_bytes: 8 << 20 }
+    }
+}
+
+impl WorkflowLimits {
+    /// Refuses a document of `len` bytes over the size limit.
+    pub fn check_size(&self, len: usize) -> Result<(), ParseError> {
+        if len > self.max_bytes {
+            return Err(ParseError::TooLarge { limit: self.max_bytes });
+        }
+        Ok(())
+    }
+}
+
 /// Why a document is not an API-format workflow at all.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ParseError {
@@ -44,23 +71,32 @@ pub enum ParseError {
     BadNode(String),
     #[error("the workflow has no nodes")]
     Empty,
+    #[error("the workflow has {count} nodes, over the limit of {limit} (max_workflow_nodes)")]
+    TooManyNodes { count: usize, limit: usize },
+    #[error("the workflow is larger than the limit of {} KiB (max_workflow_kb)", .limit >> 10)]
+    TooLarge { limit: usize },
 }
 
 impl Workflow {
-    /// Parses workflow JSON text.
-    pub fn from_json_str(text: &str) -> Result<Workflow, ParseError> {
+    /// Parses workflow JSON text under `limits`.
+    pub fn from_json_str(text: &str, limits: &WorkflowLimits) -> Result<Workflow, ParseError> {
+        limits.check_size(text.len())?;
         let json: Json = serde_json::from_str(text).map_err(|e| ParseError::Json(e.to_string()))?;
-        Workflow::from_json(&json)
+        Workflow::from_json(&json, limits)
     }
 
-    /// Parses an already-decoded workflow.
-    pub fn from_json(json: &Json) -> Result<Workflow, ParseError> {
+    /// Parses an already-decoded workflow under `limits` (its size in bytes
+    /// is the caller's to check, where the bytes are).
+    pub fn from_json(json: &Json, limits: &WorkflowLimits) -> Result<Workflow, ParseError> {
         let map = json.as_object().ok_or(ParseError::NotAnObject)?;
         if is_ui_format(map) {
             return Err(ParseError::UiFormat);
         }
         if map.is_empty() {
             return Err(ParseError::Empty);
+        }
+        if map.len() > limits.max_nodes {
+            return Err(ParseError::TooManyNodes { count: map.len(), limit: limits.max_nodes });
         }
         let nodes: Vec<WorkflowNode> = map.iter().map(|(id, node)| parse_node(id, node)).collect::<Result<_, _>>()?;
         let index = nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
@@ -122,7 +158,7 @@ mod tests {
         let wf = Workflow::from_json(&json!({
             "1": {"class_type": "A", "inputs": {"x": 3, "img": ["2", 0], "n": [5, 1], "v": {"__value__": [1, 2]}, "bad": ["2"]}},
             "2": {"class_type": "B"}
-        }))
+        }), &WorkflowLimits::default())
         .unwrap();
         let n1 = wf.node("1").unwrap();
         assert_eq!(n1.inputs[0].1, InputValue::Const(json!(3)));
@@ -135,10 +171,23 @@ mod tests {
 
     #[test]
     fn rejects_ui_format_and_non_objects() {
-        assert_eq!(Workflow::from_json(&json!({"nodes": [], "links": []})).unwrap_err(), ParseError::UiFormat);
-        assert_eq!(Workflow::from_json(&json!([1])).unwrap_err(), ParseError::NotAnObject);
-        assert_eq!(Workflow::from_json(&json!({})).unwrap_err(), ParseError::Empty);
-        assert_eq!(Workflow::from_json(&json!({"1": 5})).unwrap_err(), ParseError::BadNode("1".into()));
-        assert!(matches!(Workflow::from_json_str("{"), Err(ParseError::Json(_))));
+        let l = WorkflowLimits::default();
+        assert_eq!(Workflow::from_json(&json!({"nodes": [], "links": []}), &l).unwrap_err(), ParseError::UiFormat);
+        assert_eq!(Workflow::from_json(&json!([1]), &l).unwrap_err(), ParseError::NotAnObject);
+        assert_eq!(Workflow::from_json(&json!({}), &l).unwrap_err(), ParseError::Empty);
+        assert_eq!(Workflow::from_json(&json!({"1": 5}), &l).unwrap_err(), ParseError::BadNode("1".into()));
+        assert!(matches!(Workflow::from_json_str("{", &l), Err(ParseError::Json(_))));
+    }
+
+    #[test]
+    fn node_count_and_size_limits_name_their_setting() {
+        let limits = WorkflowLimits { max_nodes: 2, max_bytes: 64 };
+        let three = json!({"1": {"class_type": "A"}, "2": {"class_type": "A"}, "3": {"class_type": "A"}});
+        let err = Workflow::from_json(&three, &limits).unwrap_err();
+        assert_eq!(err, ParseError::TooManyNodes { count: 3, limit: 2 });
+        assert!(err.to_string().contains("max_workflow_nodes"), "{err}");
+        assert!(Workflow::from_json(&json!({"1": {"class_type": "A"}, "2": {"class_type": "A"}}), &limits).is_ok());
+        let err = Workflow::from_json_str(&" ".repeat(65), &limits).unwrap_err();
+        assert!(matches!(err, ParseError::TooLarge { limit: 64 }) && err.to_string().contains("max_workflow_kb"), "{err}");
     }
 }

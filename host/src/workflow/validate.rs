@@ -117,8 +117,9 @@ pub fn validate(workflow: &Workflow, registry: &NodeRegistry, files: &dyn InputF
     if outputs.is_empty() {
         return Err(ValidationError::NoOutputs);
     }
-    let mut v = Validator { workflow, defs, files, state: HashMap::new(), planned: HashMap::new(), order: Vec::new(), issues: Vec::new(), stack: Vec::new() };
+    let mut v = Validator { workflow, defs, files, state: HashMap::new(), planned: HashMap::new(), order: Vec::new(), issues: Vec::new() };
     let mut good = Vec::new();
+    let mut attribution_budget = ATTRIBUTION_BUDGET;
     for out in &outputs {
         let before = v.issues.len();
         if v.visit(&out.id) {
@@ -128,11 +129,8 @@ pub fn validate(workflow: &Workflow, registry: &NodeRegistry, files: &dyn InputF
                 issue.dependent_outputs.push(out.id.clone());
             }
             // Errors found while validating an earlier output also block this one.
-            let ancestry = v.ancestors(std::slice::from_ref(&out.id));
-            for issue in &mut v.issues[..before] {
-                if ancestry.contains(&issue.node_id) && !issue.dependent_outputs.contains(&out.id) {
-                    issue.dependent_outputs.push(out.id.clone());
-                }
+            if before > 0 {
+                v.attribute_earlier(&out.id, before, &mut attribution_budget);
             }
         }
     }
@@ -143,6 +141,10 @@ pub fn validate(workflow: &Workflow, registry: &NodeRegistry, files: &dyn InputF
     let nodes = v.order.iter().filter(|id| keep.contains(id.as_str())).filter_map(|id| v.planned.remove(id)).collect();
     Ok((Plan::new(nodes, good), v.issues))
 }
+
+/// Steps of dependent-output attribution over one validation (see
+/// [`Validator::attribute_earlier`]).
+const ATTRIBUTION_BUDGET: usize = 1 << 20;
 
 #[derive(Clone, Copy, PartialEq)]
 enum State {
@@ -159,7 +161,6 @@ struct Validator<'a> {
     planned: HashMap<String, PlannedNode>,
     order: Vec<String>,
     issues: Vec<Issue>,
-    stack: Vec<String>,
 }
 
 fn issue(node: &WorkflowNode, kind: IssueKind, input: Option<&str>, message: String) -> Issue {
@@ -176,47 +177,122 @@ fn issue(node: &WorkflowNode, kind: IssueKind, input: Option<&str>, message: Str
     }
 }
 
+/// What linking to a node found without descending into it.
+enum LinkCheck {
+    /// The link itself is wrong (an issue was recorded).
+    Bad,
+    /// The source was already validated: valid or not.
+    Known(bool),
+    /// The source has not been visited yet.
+    Visit,
+}
+
+/// A node being validated: the input it is at, and what it has so far.
+struct Frame<'a> {
+    node: &'a WorkflowNode,
+    def: &'a NodeDef,
+    given: HashMap<&'a str, &'a InputValue>,
+    /// Index into the node's inputs, required then optional.
+    next: usize,
+    valid: bool,
+    inputs: Vec<(String, PlannedInput)>,
+    /// The link input waiting for its source's verdict: (input, source, output).
+    awaiting: Option<(String, String, u32)>,
+}
+
 impl<'a> Validator<'a> {
+    fn frame(&mut self, id: &str) -> Option<Frame<'a>> {
+        let node = self.workflow.node(id)?;
+        let def = *self.defs.get(id)?;
+        self.state.insert(id.to_string(), State::Visiting);
+        let given = node.inputs.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        Some(Frame { node, def, given, next: 0, valid: true, inputs: Vec::new(), awaiting: None })
+    }
+
     /// Validates node `id` and its ancestors; true if all are valid.
+    ///
+    /// Depth first with an explicit stack (a graph is client input: its
+    /// depth must not become the host's stack depth); a node on the current
+    /// path is `Visiting`, so a cycle is found in O(1) per link.
     fn visit(&mut self, id: &str) -> bool {
         match self.state.get(id) {
             Some(State::Valid) => return true,
-            Some(State::Invalid) => return false,
-            Some(State::Visiting) => return false,
+            Some(State::Invalid | State::Visiting) => return false,
             None => {}
         }
-        let Some(node) = self.workflow.node(id) else { return false };
-        let def = self.defs[id];
-        self.state.insert(id.to_string(), State::Visiting);
-        self.stack.push(id.to_string());
-        let mut valid = true;
-        let mut inputs = Vec::new();
-        let given: HashMap<&str, &InputValue> = node.inputs.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        for (spec, required) in def.required.iter().map(|s| (s, true)).chain(def.optional.iter().map(|s| (s, false))) {
-            match given.get(spec.name.as_str()) {
-                None if required => {
-                    self.issues.push(issue(node, IssueKind::RequiredInputMissing, Some(&spec.name), format!("required input `{}` is missing", spec.name)));
-                    valid = false;
+        let Some(root) = self.frame(id) else { return false };
+        let mut stack = vec![root];
+        let mut verdict = false;
+        while let Some(frame) = stack.last_mut() {
+            if let Some((name, from, output)) = frame.awaiting.take() {
+                if verdict {
+                    frame.inputs.push((name, PlannedInput::Link { node: from, output }));
+                } else {
+                    frame.valid = false;
+                }
+            }
+            if let Some(from) = self.advance(frame) {
+                match self.frame(&from) {
+                    Some(child) => stack.push(child),
+                    None => verdict = false,
+                }
+                continue;
+            }
+            let Some(done) = stack.pop() else { break };
+            verdict = self.finish(done);
+        }
+        verdict
+    }
+
+    /// Checks the frame's inputs from where it stopped; returns the source
+    /// node to descend into when a link leads to an unvisited node.
+    fn advance(&mut self, frame: &mut Frame<'a>) -> Option<String> {
+        let def: &'a NodeDef = frame.def;
+        let (required, optional) = (&def.required, &def.optional);
+        while frame.next < required.len() + optional.len() {
+            let (spec, is_required) = match required.get(frame.next) {
+                Some(spec) => (spec, true),
+                None => (&optional[frame.next - required.len()], false),
+            };
+            frame.next += 1;
+            match frame.given.get(spec.name.as_str()).copied() {
+                None if is_required => {
+                    self.issues.push(issue(frame.node, IssueKind::RequiredInputMissing, Some(&spec.name), format!("required input `{}` is missing", spec.name)));
+                    frame.valid = false;
                 }
                 None => {}
-                Some(value) => match self.check_input(node, spec, value) {
-                    Some(planned) => inputs.push((spec.name.clone(), planned)),
-                    None => valid = false,
+                Some(InputValue::Link { node: from, output }) => match self.check_link(frame.node, spec, from, *output) {
+                    LinkCheck::Bad | LinkCheck::Known(false) => frame.valid = false,
+                    LinkCheck::Known(true) => frame.inputs.push((spec.name.clone(), PlannedInput::Link { node: from.clone(), output: *output })),
+                    LinkCheck::Visit => {
+                        frame.awaiting = Some((spec.name.clone(), from.clone(), *output));
+                        return Some(from.clone());
+                    }
+                },
+                Some(value) => match self.check_input(frame.node, spec, value) {
+                    Some(planned) => frame.inputs.push((spec.name.clone(), planned)),
+                    None => frame.valid = false,
                 },
             }
         }
+        None
+    }
+
+    /// Records a node whose inputs are all checked; returns whether it is valid.
+    fn finish(&mut self, frame: Frame<'a>) -> bool {
+        let Frame { node, def, valid, mut inputs, .. } = frame;
         for hidden in &def.hidden {
             inputs.push((crate::plugins::registry::hidden_name(*hidden).to_string(), PlannedInput::Hidden(*hidden)));
         }
-        self.stack.pop();
-        self.state.insert(id.to_string(), if valid { State::Valid } else { State::Invalid });
+        self.state.insert(node.id.clone(), if valid { State::Valid } else { State::Invalid });
         if valid {
-            self.planned.insert(id.to_string(), PlannedNode { id: id.to_string(), class_type: def.class_type.clone(), inputs });
-            self.order.push(id.to_string());
+            self.planned.insert(node.id.clone(), PlannedNode { id: node.id.clone(), class_type: def.class_type.clone(), inputs });
+            self.order.push(node.id.clone());
         }
         valid
     }
 
+    /// A constant or a malformed link (links go through [`Self::check_link`]).
     fn check_input(&mut self, node: &WorkflowNode, spec: &InputSpec, value: &InputValue) -> Option<PlannedInput> {
         let name = spec.name.as_str();
         match value {
@@ -226,7 +302,7 @@ impl<'a> Validator<'a> {
                 self.issues.push(i);
                 None
             }
-            InputValue::Link { node: from, output } => self.check_link(node, spec, from, *output),
+            InputValue::Link { .. } => None,
             InputValue::Const(json) => match convert(&spec.kind, json) {
                 Err(kind) => {
                     let expected = kind_label(&spec.kind);
@@ -240,14 +316,14 @@ impl<'a> Validator<'a> {
         }
     }
 
-    fn check_link(&mut self, node: &WorkflowNode, spec: &InputSpec, from: &str, output: u32) -> Option<PlannedInput> {
+    fn check_link(&mut self, node: &WorkflowNode, spec: &InputSpec, from: &str, output: u32) -> LinkCheck {
         let name = spec.name.as_str();
         let linked = Some((from.to_string(), output));
         let Some(&from_def) = self.defs.get(from) else {
             let mut i = issue(node, IssueKind::LinkToMissingNode, Some(name), format!("input `{name}` links to node {from}, which does not exist"));
             i.linked = linked;
             self.issues.push(i);
-            return None;
+            return LinkCheck::Bad;
         };
         let Some(out) = from_def.outputs.get(output as usize) else {
             let mut i = issue(
@@ -258,7 +334,7 @@ impl<'a> Validator<'a> {
             );
             i.linked = linked;
             self.issues.push(i);
-            return None;
+            return LinkCheck::Bad;
         };
         let expected = input_type(&spec.kind);
         if !types_match(&out.type_name, &expected) {
@@ -271,15 +347,19 @@ impl<'a> Validator<'a> {
             i.linked = linked;
             i.received_type = Some(out.type_name.clone());
             self.issues.push(i);
-            return None;
+            return LinkCheck::Bad;
         }
-        if self.stack.iter().any(|s| s == from) {
-            let mut i = issue(node, IssueKind::DependencyCycle, Some(name), format!("input `{name}` links to node {from}, which depends on node {}", node.id));
-            i.linked = linked;
-            self.issues.push(i);
-            return None;
+        match self.state.get(from) {
+            Some(State::Visiting) => {
+                let mut i = issue(node, IssueKind::DependencyCycle, Some(name), format!("input `{name}` links to node {from}, which depends on node {}", node.id));
+                i.linked = linked;
+                self.issues.push(i);
+                LinkCheck::Bad
+            }
+            Some(State::Valid) => LinkCheck::Known(true),
+            Some(State::Invalid) => LinkCheck::Known(false),
+            None => LinkCheck::Visit,
         }
-        self.visit(from).then(|| PlannedInput::Link { node: from.to_string(), output })
     }
 
     fn check_range(&mut self, node: &WorkflowNode, spec: &InputSpec, value: Value, json: &Json) -> Option<PlannedInput> {
@@ -317,6 +397,42 @@ impl<'a> Validator<'a> {
                 None
             }
             None => Some(PlannedInput::Const(value)),
+        }
+    }
+
+    /// Adds `output` to the dependents of the issues among the first
+    /// `before` that lie upstream of it. Only invalid nodes can hold an issue
+    /// or lead to one (a valid node's ancestors are all valid), so the walk
+    /// goes through invalid nodes alone; `budget` bounds the total work over
+    /// all outputs (past it, earlier issues are not attributed further: the
+    /// job is refused either way, and this list is informational).
+    fn attribute_earlier(&mut self, output: &str, before: usize, budget: &mut usize) {
+        let workflow: &'a Workflow = self.workflow;
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut stack = vec![output];
+        while let Some(id) = stack.pop() {
+            if *budget == 0 {
+                return;
+            }
+            *budget -= 1;
+            if self.state.get(id) != Some(&State::Invalid) || !seen.insert(id) {
+                continue;
+            }
+            if let Some(node) = workflow.node(id) {
+                stack.extend(node.inputs.iter().filter_map(|(_, v)| match v {
+                    InputValue::Link { node: from, .. } => Some(from.as_str()),
+                    _ => None,
+                }));
+            }
+        }
+        for issue in &mut self.issues[..before] {
+            if *budget == 0 {
+                return;
+            }
+            *budget -= 1;
+            if seen.contains(issue.node_id.as_str()) && !issue.dependent_outputs.iter().any(|o| o == output) {
+                issue.dependent_outputs.push(output.to_string());
+            }
         }
     }
 

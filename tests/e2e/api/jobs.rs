@@ -77,9 +77,19 @@ async fn malformed_submissions_get_the_documented_errors() {
     let resp = s.http.post(s.url("/jobs")).header("content-type", "application/json").body("{nope").send().await.unwrap();
     assert_eq!(resp.status(), 400);
     assert_eq!(resp.json::<Value>().await.unwrap()["error"]["code"], "invalid_request");
-    let resp = s.http.post(s.url("/jobs")).body(vec![b' '; 33 << 20]).send().await.unwrap();
-    assert_eq!(resp.status(), 413);
-    assert_eq!(resp.json::<Value>().await.unwrap()["error"]["code"], "payload_too_large");
+    // Over the workflow size limit (max_workflow_kb, 8 MiB by default): the
+    // workflow is what is too large, and the message names the setting.
+    let resp = s.http.post(s.url("/jobs")).body(vec![b' '; 9 << 20]).send().await.unwrap();
+    assert_eq!(resp.status(), 422);
+    let err = resp.json::<Value>().await.unwrap();
+    assert_eq!(err["error"]["code"], "invalid_workflow");
+    assert!(err["error"]["message"].as_str().unwrap().contains("max_workflow_kb"), "{err}");
+    // More nodes than max_workflow_nodes (5000 by default): refused before validation.
+    let many: serde_json::Map<String, Value> =
+        (0..5001).map(|i| (i.to_string(), json!({ "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": 0 } }))).collect();
+    let (got, err, _) = s.post_job(&json!({ "workflow": many }), None).await;
+    assert_eq!((got, err["error"]["code"].as_str()), (422, Some("invalid_workflow")));
+    assert!(err["error"]["message"].as_str().unwrap().contains("5001 nodes, over the limit of 5000 (max_workflow_nodes)"), "{err}");
     // Nothing above created a job.
     assert_eq!(s.get("/jobs").await.1["jobs"].as_array().unwrap().len(), 0);
     // Unknown routes and ids answer in the envelope.

@@ -135,7 +135,7 @@ pub async fn head_by_hash(State(state): State<Arc<AppState>>, Segment(hash): Seg
 }
 
 pub async fn from_hash(State(state): State<Arc<AppState>>, links: Links, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
-    let body = json_object(body)?;
+    let body = json_object(body, state.service.options().workflow_limits.max_bytes)?;
     let hash = body.get("hash").and_then(Json_::as_str).ok_or_else(|| ApiError::invalid_request("`hash` (blake3:<hex>) is required."))?;
     if parse_blob_name(hash).is_none() {
         return Err(ApiError::invalid_request("`hash` must be blake3:<64 hex digits>."));

@@ -20,18 +20,18 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Json<Json_> {
     Json(json!({ "status": "healthy", "version": env!("CARGO_PKG_VERSION"), "nodes": state.service.registry().definitions().count() }))
 }
 
-/// Maps a body-read failure (too large, broken stream) to the envelope.
-pub(super) fn body_error(e: BytesRejection) -> ApiError {
+/// Maps a body-read failure (over `limit` bytes, broken stream) to the envelope.
+pub(super) fn body_error(e: BytesRejection, limit: usize) -> ApiError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::payload_too_large(super::MAX_JSON_BYTES as u64)
+        ApiError::payload_too_large(limit as u64)
     } else {
         ApiError::invalid_request(format!("Cannot read the request body: {}", e.body_text()))
     }
 }
 
-/// Parses a JSON object body.
-pub(super) fn json_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Json_>, ApiError> {
-    let bytes = body.map_err(body_error)?;
+/// Parses a JSON object body of at most `limit` bytes.
+pub(super) fn json_object(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Map<String, Json_>, ApiError> {
+    let bytes = body.map_err(|e| body_error(e, limit))?;
     match serde_json::from_slice::<Json_>(&bytes) {
         Ok(Json_::Object(map)) => Ok(map),
         Ok(_) => Err(ApiError::invalid_request("The request body must be a JSON object.")),
@@ -93,9 +93,16 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
     if let Some(key) = &key {
         state.service.check_key(key)?;
     }
-    let body = body.map_err(body_error)?;
+    // A submission over the size limit is a workflow over it (the
+    // workflow is what makes a body large): `invalid_workflow` naming the
+    // setting, as a workflow with too many nodes is.
+    let limits = state.service.options().workflow_limits;
+    let body = body.map_err(|e| match body_error(e, limits.max_bytes) {
+        e if e.status == StatusCode::PAYLOAD_TOO_LARGE => ApiError::invalid_workflow(crate::workflow::ParseError::TooLarge { limit: limits.max_bytes }.to_string()),
+        e => e,
+    })?;
     let size = body.len();
-    let mut body = json_object(Ok(body))?;
+    let mut body = json_object(Ok(body), limits.max_bytes)?;
     if body.contains_key("webhook_url") || body.contains_key("inputs") {
         return Err(ApiError::invalid_workflow("'webhook_url' and 'inputs' are reserved and not accepted."));
     }

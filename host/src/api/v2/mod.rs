@@ -15,12 +15,12 @@ use axum::routing::{get, head, post};
 use super::AppState;
 use super::error::ApiError;
 
-/// Largest JSON request body (a workflow). Uploads have their own limit.
-pub const MAX_JSON_BYTES: usize = 32 << 20;
-
 /// The Jobs API's routes at `base` (the mount prefix and `/api/v2`).
 pub fn routes(base: &str, state: Arc<AppState>) -> Router {
     let upload_limit = (state.service.options().max_upload_bytes as usize).saturating_add(1 << 20);
+    // JSON bodies (a workflow, the largest) are bounded by the workflow
+    // size limit; uploads have their own.
+    let json_limit = state.service.options().workflow_limits.max_bytes;
     let at = |path: &str| format!("{base}{path}");
     Router::new()
         .route(&at("/health"), get(jobs::health))
@@ -35,7 +35,7 @@ pub fn routes(base: &str, state: Arc<AppState>) -> Router {
         .route(&at("/assets/{id}"), get(assets::get_asset).delete(assets::delete_asset))
         .route(&at("/assets/{id}/content"), get(assets::content))
         .route(&at("/signed/assets/{id}"), get(assets::signed_content))
-        .layer(DefaultBodyLimit::max(MAX_JSON_BYTES))
+        .layer(DefaultBodyLimit::max(json_limit))
         .method_not_allowed_fallback(|| async {
             ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed.").into_response()
         })
