@@ -6,6 +6,7 @@ mod support;
 mod api;
 mod cache;
 mod cancel;
+mod containment;
 mod events;
 mod examples;
 mod files;

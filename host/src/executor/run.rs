@@ -1,7 +1,7 @@
 //! One run of a plan: cached results served, the rest scheduled and called,
 //! events emitted, results dropped as soon as nothing will read them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -142,24 +142,35 @@ impl<'a> Run<'a> {
 
     /// Starts nodes as they become ready and may start, and takes their
     /// results, until all ran, one failed or the run was cancelled.
+    ///
+    /// A node refused by the job's memory bound while other nodes ran beside
+    /// it is not a verdict on the job: the others may have held what it
+    /// needed. It runs again, alone, and the run goes on one node at a time;
+    /// refused when alone, the job fails.
     async fn schedule(&mut self) -> RunStatus {
         let plan = self.plan;
         let mut sched = Scheduler::new(plan, |id| self.results.contains_key(id));
         let mut tasks: JoinSet<(String, Result<NodeOutput, NodeFailure>, f64)> = JoinSet::new();
         let run_cancel = self.ctx.cancel.child_token();
         let budget = self.ctx.budget.clone();
+        let mut running: HashSet<&str> = HashSet::new();
+        let mut overlapped: HashSet<&str> = HashSet::new();
+        let mut retried: HashSet<&str> = HashSet::new();
+        let mut concurrency = self.executor.concurrency;
         let status = 'run: loop {
             let mut inline = None;
-            while sched.has_ready() && may_start(tasks.len(), self.executor.concurrency, budget.memory_in_use(), budget.limits().memory_bytes) {
+            while sched.has_ready() && may_start(tasks.len(), concurrency, budget.memory_in_use(), budget.limits().memory_bytes) {
                 let Some(id) = sched.next() else { break };
                 let Some(node) = plan.node(id) else { continue };
                 let call = match self.start(node, &run_cancel) {
                     Ok(call) => call,
                     Err(failure) => break 'run RunStatus::Failed { node: node.id.clone(), class_type: node.class_type.clone(), failure },
                 };
-                for unread in sched.started(id) {
-                    self.drop_result(unread);
+                if !running.is_empty() {
+                    overlapped.extend(running.iter().copied());
+                    overlapped.insert(id);
                 }
+                running.insert(id);
                 // A lone runnable node (a chain) runs in this task: handing it
                 // to another worker thread and back costs more than most nodes.
                 if tasks.is_empty() && !sched.has_ready() {
@@ -188,17 +199,28 @@ impl<'a> Run<'a> {
                 }
             };
             let Some(node) = plan.node(&id) else { continue };
+            let id = node.id.as_str();
+            running.remove(id);
             match result {
                 Ok(output) => {
-                    self.completed(node, output, elapsed_ms, sched.is_unread(&id));
-                    sched.finished(&id);
+                    self.completed(node, output, elapsed_ms, sched.is_unread(id));
+                    for unread in sched.read_done(id) {
+                        self.drop_result(unread);
+                    }
+                    sched.finished(id);
+                }
+                Err(failure) if failure.kind == FailureKind::JobOutOfMemory && overlapped.contains(id) && retried.insert(id) => {
+                    tracing::debug!(node_id = id, "job memory refused a node running beside others: running it again alone");
+                    self.progress.lock().running.remove(id);
+                    concurrency = 1;
+                    sched.requeue(id);
                 }
                 Err(failure) => {
-                    append_log(&mut self.log, &mut self.log_truncated, &id, &node.class_type, &failure.log);
+                    append_log(&mut self.log, &mut self.log_truncated, id, &node.class_type, &failure.log);
                     break if failure.kind == FailureKind::Interrupted {
                         RunStatus::Interrupted
                     } else {
-                        RunStatus::Failed { node: id.clone(), class_type: node.class_type.clone(), failure }
+                        RunStatus::Failed { node: id.to_string(), class_type: node.class_type.clone(), failure }
                     };
                 }
             }

@@ -5,10 +5,10 @@
 //! Ready nodes are taken in plan order: the plan lists nodes depth first from
 //! the outputs, each after its inputs, so the lowest ready index is the one
 //! that finishes the branch in progress (two leaves, then their join) rather
-//! than the next independent leaf, and results are freed early. A parallel
-//! node starts only while the job's memory is under half its limit: a wide
-//! graph on large images runs its branches one after another instead of
-//! holding every branch's results at once.
+//! than the next independent leaf, and a result is freed as soon as its last
+//! reader has run. A parallel node starts only while the job's memory is
+//! under half its limit: a wide graph on large images runs its branches one
+//! after another instead of holding every branch's results at once.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -96,9 +96,9 @@ impl<'p> Scheduler<'p> {
         Some(self.plan.nodes[i].id.as_str())
     }
 
-    /// Records that `id` started (and took its inputs): returns the results
-    /// no node will read any more.
-    pub fn started(&mut self, id: &str) -> Vec<&'p str> {
+    /// Records that `id` ran (and is done with its inputs): returns the
+    /// results no node will read any more.
+    pub fn read_done(&mut self, id: &str) -> Vec<&'p str> {
         let mut unread = Vec::new();
         for up in upstreams(self.plan, id) {
             if let Some(n) = self.readers.get_mut(up) {
@@ -111,7 +111,14 @@ impl<'p> Scheduler<'p> {
         unread
     }
 
-    /// Whether no node that has yet to start reads `id`'s result.
+    /// Makes a node that started ready again (it is to run once more).
+    pub fn requeue(&mut self, id: &str) {
+        if let Some(&i) = self.index.get(id) {
+            self.ready.insert(i);
+        }
+    }
+
+    /// Whether no node that has yet to run reads `id`'s result.
     pub fn is_unread(&self, id: &str) -> bool {
         self.readers.get(id).is_none_or(|&n| n == 0)
     }
@@ -176,7 +183,7 @@ mod tests {
         let mut freed = Vec::new();
         while let Some(id) = s.next() {
             order.push(id);
-            freed.push((id, s.started(id)));
+            freed.push((id, s.read_done(id)));
             s.finished(id);
         }
         assert_eq!(order, ["src", "a", "b", "ab", "c", "d", "cd", "all"]);
@@ -194,7 +201,7 @@ mod tests {
         let mut order = Vec::new();
         while let Some(id) = s.next() {
             order.push(id);
-            s.started(id);
+            s.read_done(id);
             s.finished(id);
         }
         assert_eq!(order, ["a", "b", "c", "d", "cd", "all"]);

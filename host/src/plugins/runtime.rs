@@ -63,6 +63,9 @@ pub enum FailureKind {
     Timeout,
     /// The node wanted more memory than its ceiling.
     OutOfMemory,
+    /// The job's memory bound (`job_memory_mb`) refused the node: the job
+    /// as a whole holds too much, whichever node asked last.
+    JobOutOfMemory,
     /// The guest trapped or panicked.
     Crashed,
     /// The node returned outputs that do not match its definition, or
@@ -268,7 +271,7 @@ impl PluginRuntime {
         // The job's memory ran out under this node: that is the failure,
         // whatever the node made of the refusal.
         if let Some(oom) = state.job_out_of_memory.take() {
-            return Err(failure(FailureKind::OutOfMemory, oom, log));
+            return Err(failure(FailureKind::JobOutOfMemory, oom, log));
         }
         let values = match result {
             Err(node::NodeError::InvalidInput(m)) => return Err(failure(FailureKind::Failed, format!("invalid input: {m}"), log)),
@@ -378,12 +381,12 @@ fn classify_trap(e: &wasmtime::Error, state: &NodeState, limits: EffectiveLimits
         None => {}
     }
     match &state.memory.denied {
-        Some(Some(job)) => return failure(FailureKind::OutOfMemory, job.clone(), log),
+        Some(Some(job)) => return failure(FailureKind::JobOutOfMemory, job.clone(), log),
         Some(None) => return failure(FailureKind::OutOfMemory, format!("node exceeded its memory limit of {} MiB", limits.memory_bytes >> 20), log),
         None => {}
     }
     if let Some(job) = &state.job_out_of_memory {
-        return failure(FailureKind::OutOfMemory, job.clone(), log);
+        return failure(FailureKind::JobOutOfMemory, job.clone(), log);
     }
     if let Some(budget) = &state.over_budget {
         return failure(FailureKind::InvalidOutput, budget.clone(), log);

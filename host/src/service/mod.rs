@@ -55,6 +55,10 @@ pub struct ServiceOptions {
     pub workflow_limits: crate::workflow::WorkflowLimits,
     /// What each job may consume while it runs.
     pub job_limits: crate::budget::JobLimits,
+    /// Whether `GET /jobs/{id}` shows the job's captured log. The spec gives
+    /// `logs` to serverless jobs only; self-hosted (the one mode today)
+    /// captures and stores them all the same and leaves them out of reads.
+    pub logs_on_read: bool,
 }
 
 impl ServiceOptions {
@@ -69,6 +73,7 @@ impl ServiceOptions {
             owner: "local".into(),
             workflow_limits: config.workflow_limits(),
             job_limits: config.job_limits(),
+            logs_on_read: false,
         }
     }
 }

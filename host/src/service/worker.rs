@@ -23,6 +23,7 @@ pub fn failure_code(kind: FailureKind) -> &'static str {
     match kind {
         FailureKind::Timeout => "node_timeout",
         FailureKind::OutOfMemory => "node_out_of_memory",
+        FailureKind::JobOutOfMemory => "job_out_of_memory",
         FailureKind::Crashed => "node_crashed",
         FailureKind::InvalidOutput => "node_invalid_output",
         FailureKind::Failed => "node_execution_error",

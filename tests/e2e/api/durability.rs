@@ -6,7 +6,10 @@ use super::{load_save, png_bytes, spinner, start, start_default, start_in, trivi
 
 #[tokio::test]
 async fn a_restart_loses_nothing_and_reruns_the_interrupted_job_once() {
-    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let s = start(|_, o| {
+        o.max_running_jobs = 1;
+        o.logs_on_read = true;
+    }).await;
     let (_, asset) = s.upload("keep.png", png_bytes(4, 4, 8), None).await;
     let (status, running, _) = s.post_job(&json!({ "workflow": spinner(21) }), Some("key-restart")).await;
     assert_eq!(status, 201);
@@ -16,7 +19,10 @@ async fn a_restart_loses_nothing_and_reruns_the_interrupted_job_once() {
     let qid = queued["id"].as_str().unwrap().to_string();
     let data = s.shutdown().await;
 
-    let s = start_in(data, |_, o| o.max_running_jobs = 1).await;
+    let s = start_in(data, |_, o| {
+        o.max_running_jobs = 1;
+        o.logs_on_read = true;
+    }).await;
     // The claim, the asset and both jobs survived.
     assert_eq!(s.post_job(&json!({ "workflow": trivial(1) }), Some("key-restart")).await.0, 422);
     assert_eq!(s.get(&format!("/assets/{}", asset["id"].as_str().unwrap())).await.0, 200);
@@ -36,7 +42,10 @@ async fn outputs_of_an_interrupted_run_are_dropped_at_restart() {
     // stops in between. The output is on the live record and its asset is
     // readable, but the stored record does not list it (outputs reach the
     // store with the terminal record): recovery still finds and drops it.
-    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let s = start(|_, o| {
+        o.max_running_jobs = 1;
+        o.logs_on_read = true;
+    }).await;
     let mut workflow = trivial(3);
     workflow["9"] = spinner(23)["1"].clone();
     let id = s.submit(workflow).await["id"].as_str().unwrap().to_string();
@@ -51,7 +60,10 @@ async fn outputs_of_an_interrupted_run_are_dropped_at_restart() {
     }
     let first = seen.expect("the output of the first run, while the job runs");
     assert_eq!(s.get(&format!("/assets/{first}")).await.0, 200);
-    let s = start_in(s.shutdown().await, |_, o| o.max_running_jobs = 1).await;
+    let s = start_in(s.shutdown().await, |_, o| {
+        o.max_running_jobs = 1;
+        o.logs_on_read = true;
+    }).await;
     assert_eq!(s.get(&format!("/assets/{first}")).await.0, 404, "the interrupted run's output is gone");
     let done = s.wait(&id).await;
     assert_eq!(done["status"], "failed", "{done}");
@@ -62,7 +74,10 @@ async fn outputs_of_an_interrupted_run_are_dropped_at_restart() {
 
 #[tokio::test]
 async fn jobs_with_extra_data_fail_at_restart_instead_of_running_without_it() {
-    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let s = start(|_, o| {
+        o.max_running_jobs = 1;
+        o.logs_on_read = true;
+    }).await;
     let keyed = |workflow| json!({ "workflow": workflow, "extra_data": { "api_key_svc_org": "k-restart" } });
     let (status, running, _) = s.post_job(&keyed(spinner(25)), None).await;
     assert_eq!(status, 201, "{running}");
@@ -73,7 +88,10 @@ async fn jobs_with_extra_data_fail_at_restart_instead_of_running_without_it() {
     let queued = queued["id"].as_str().unwrap().to_string();
     let plain = s.submit(trivial(6)).await["id"].as_str().unwrap().to_string();
 
-    let s = start_in(s.shutdown().await, |_, o| o.max_running_jobs = 1).await;
+    let s = start_in(s.shutdown().await, |_, o| {
+        o.max_running_jobs = 1;
+        o.logs_on_read = true;
+    }).await;
     for (id, ran) in [(&running, true), (&queued, false)] {
         let job = s.job(id).await;
         assert_eq!(job["status"], "failed", "{job}");
@@ -88,13 +106,22 @@ async fn jobs_with_extra_data_fail_at_restart_instead_of_running_without_it() {
 
 #[tokio::test]
 async fn a_job_interrupted_twice_fails_instead_of_looping() {
-    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let s = start(|_, o| {
+        o.max_running_jobs = 1;
+        o.logs_on_read = true;
+    }).await;
     let job = s.submit(spinner(22)).await;
     let id = job["id"].as_str().unwrap().to_string();
     s.wait_for(&id, "running").await;
-    let s = start_in(s.shutdown().await, |_, o| o.max_running_jobs = 1).await;
+    let s = start_in(s.shutdown().await, |_, o| {
+        o.max_running_jobs = 1;
+        o.logs_on_read = true;
+    }).await;
     s.wait_for(&id, "running").await;
-    let s = start_in(s.shutdown().await, |_, o| o.max_running_jobs = 1).await;
+    let s = start_in(s.shutdown().await, |_, o| {
+        o.max_running_jobs = 1;
+        o.logs_on_read = true;
+    }).await;
     let done = s.job(&id).await;
     assert_eq!(done["status"], "failed", "{done}");
     assert_eq!(done["error"]["code"], "interrupted");
@@ -146,7 +173,10 @@ fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// stops a running one, which then ends `expired` too.
 #[tokio::test]
 async fn retention_expires_queued_and_running_jobs_at_their_deadline() {
-    let s = start(|_, o| o.max_running_jobs = 1).await;
+    let s = start(|_, o| {
+        o.max_running_jobs = 1;
+        o.logs_on_read = true;
+    }).await;
     let running = s.submit(spinner(41)).await;
     let running_id = running["id"].as_str().unwrap().to_string();
     s.wait_for(&running_id, "running").await;

@@ -22,7 +22,7 @@ async fn submit_poll_and_download_outputs() {
     assert!(done["started_at"].as_str().unwrap().ends_with("+00:00") && done["completed_at"].as_str().unwrap().ends_with("+00:00"));
     assert!(done["metrics"]["queue_ms"].is_i64() && done["metrics"]["execution_ms"].is_i64(), "{done}");
     assert_eq!(done["progress"]["value"], 1.0);
-    assert!(done.get("logs").is_some(), "GET carries the captured log: {done}");
+    assert!(done.get("logs").is_none(), "self-hosted jobs have no logs on read (spec: serverless only): {done}");
     let outputs = done["outputs"].as_array().unwrap();
     assert_eq!(outputs.len(), 1, "{done}");
     let out = &outputs[0];
@@ -142,7 +142,7 @@ async fn extra_data_reaches_the_plugins_of_its_job_and_is_never_echoed() {
 
 #[tokio::test]
 async fn a_partner_key_echoed_by_a_plugin_is_redacted_from_its_error_and_log() {
-    let s = start_default().await;
+    let s = start(|_, o| o.logs_on_read = true).await;
     let workflow = json!({ "9": { "class_type": "HostileSecretProbe", "inputs": { "trigger": 2 } } });
     let (status, job, _) = s.post_job(&json!({ "workflow": workflow, "extra_data": { "api_key_svc_org": "sk-echoed-77" } }), None).await;
     assert_eq!(status, 201, "{job}");
@@ -190,8 +190,20 @@ async fn node_failures_are_job_errors_not_http_errors() {
 }
 
 #[tokio::test]
-async fn the_job_log_is_on_get_only() {
+async fn self_hosted_jobs_capture_logs_but_reads_leave_them_out() {
     let s = start_default().await;
+    let job = s.submit(json!({ "1": { "class_type": "HostileChatty", "inputs": { "trigger": 1 } } })).await;
+    let done = s.wait(job["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert!(done.get("logs").is_none(), "absent, not null, on a self-hosted job: {done}");
+    // Captured all the same: the stored record has it.
+    let (record, _) = s.server.state.service.get("local", job["id"].as_str().unwrap()).unwrap();
+    assert!(record.logs.is_some_and(|l| l.text.contains("line 19999 of noise")));
+}
+
+#[tokio::test]
+async fn the_job_log_is_on_get_only() {
+    let s = start(|_, o| o.logs_on_read = true).await;
     let job = s.submit(json!({ "1": { "class_type": "HostileChatty", "inputs": { "trigger": 1 } } })).await;
     let id = job["id"].as_str().unwrap();
     let done = s.wait(id).await;

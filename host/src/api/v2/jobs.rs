@@ -142,14 +142,14 @@ pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Segment(i
     check_id(&id)?;
     let (record, position) = state.service.get_shared(state.owner(), &id)?;
     if !record.status.is_terminal() {
-        return Ok(Json(wire::job(&record, position, &links, true)).into_response());
+        return Ok(Json(wire::job(&record, position, &links, state.service.options().logs_on_read)).into_response());
     }
     let cached =
         state.rendered.lock().get(id.as_str()).filter(|(r, origin, _)| Arc::ptr_eq(r, &record) && *origin == links.origin).map(|(_, _, body)| body.clone());
     let body = match cached {
         Some(body) => body,
         None => {
-            let body = Bytes::from(serde_json::to_vec(&wire::job(&record, position, &links, true)).map_err(|e| ApiError::internal(&e))?);
+            let body = Bytes::from(serde_json::to_vec(&wire::job(&record, position, &links, state.service.options().logs_on_read)).map_err(|e| ApiError::internal(&e))?);
             // Bodies with long logs are rendered per request, not kept.
             if body.len() <= MAX_CACHED_BODY {
                 state.rendered.lock().put(id, (record, links.origin, body.clone()));
