@@ -89,7 +89,10 @@ fn wide_tree(leaves: usize) -> Value {
     let mut level: Vec<String> = Vec::new();
     for i in 0..leaves {
         wf.insert(format!("big{i}"), json!({ "class_type": "ImageScaleBy", "inputs": { "image": ["src", 0], "upscale_method": "bilinear", "scale_by": 2.0 } }));
-        wf.insert(format!("small{i}"), json!({ "class_type": "ImageScaleBy", "inputs": { "image": [format!("big{i}"), 0], "upscale_method": "bilinear", "scale_by": 0.125 } }));
+        wf.insert(
+            format!("small{i}"),
+            json!({ "class_type": "ImageScaleBy", "inputs": { "image": [format!("big{i}"), 0], "upscale_method": "bilinear", "scale_by": 0.125 } }),
+        );
         level.push(format!("small{i}"));
     }
     let mut round = 0;

@@ -125,12 +125,15 @@ async fn a_bad_output_is_dropped_and_the_good_one_kept() {
     std::fs::write(dir.path().join("in.png"), b"x").unwrap();
     let mut inputs = NamedInputs::new();
     inputs.insert("in.png", dir.path().join("in.png"));
-    let wf = Workflow::from_json(&json!({
-        "1": load("in.png"),
-        "2": save("1"),
-        "3": {"class_type": "SaveImage", "inputs": {"images": ["1", 0]}},
-        "4": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}}
-    }), &Default::default())
+    let wf = Workflow::from_json(
+        &json!({
+            "1": load("in.png"),
+            "2": save("1"),
+            "3": {"class_type": "SaveImage", "inputs": {"images": ["1", 0]}},
+            "4": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}}
+        }),
+        &Default::default(),
+    )
     .unwrap();
     let (plan, issues) = validate(&wf, &env().await.registry, &inputs).unwrap();
     assert_eq!(plan.outputs, vec!["2".to_string()]);

@@ -146,4 +146,3 @@ impl Executor {
 fn is_file_input(def: &crate::plugins::NodeDef, name: &str) -> bool {
     def.required.iter().chain(&def.optional).any(|i| i.name == name && matches!(&i.kind, InputKind::Combo(c) if c.source == ComboSource::InputImages))
 }
-

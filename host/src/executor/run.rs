@@ -90,12 +90,9 @@ impl<'a> Run<'a> {
         let status = self.schedule().await;
         match &status {
             RunStatus::Succeeded => self.emit(Event::Succeeded { job_id: self.ctx.job_id.clone() }),
-            RunStatus::Failed { node, class_type, failure } => self.emit(Event::Failed {
-                job_id: self.ctx.job_id.clone(),
-                node: node.clone(),
-                class_type: class_type.clone(),
-                failure: failure.clone(),
-            }),
+            RunStatus::Failed { node, class_type, failure } => {
+                self.emit(Event::Failed { job_id: self.ctx.job_id.clone(), node: node.clone(), class_type: class_type.clone(), failure: failure.clone() })
+            }
             RunStatus::Interrupted => {
                 let node = self.progress.lock().running.keys().next().cloned();
                 self.emit(Event::Interrupted { job_id: self.ctx.job_id.clone(), node })
@@ -246,7 +243,8 @@ impl<'a> Run<'a> {
         self.emit(Event::Executing { node: node.id.clone(), class_type: node.class_type.clone() });
         self.progress.lock().running.insert(node.id.clone(), 0.0);
         let io = self.node_io(&node.id);
-        let (runtime, plugin, class, node_id, cancel) = (self.executor.runtime.clone(), plugin.clone(), node.class_type.clone(), node.id.clone(), cancel.clone());
+        let (runtime, plugin, class, node_id, cancel) =
+            (self.executor.runtime.clone(), plugin.clone(), node.class_type.clone(), node.id.clone(), cancel.clone());
         let span = tracing::info_span!("node", node_id = %node_id, class_type = %class);
         Ok(Box::pin(
             async move {

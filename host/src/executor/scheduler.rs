@@ -52,7 +52,8 @@ impl<'p> Scheduler<'p> {
     /// Bookkeeping for running every planned node for which `available`
     /// (a cached result) is false.
     pub fn new(plan: &'p Plan, available: impl Fn(&str) -> bool) -> Scheduler<'p> {
-        let mut s = Scheduler { plan, index: HashMap::new(), waiting: HashMap::new(), dependents: HashMap::new(), readers: HashMap::new(), ready: BTreeSet::new() };
+        let mut s =
+            Scheduler { plan, index: HashMap::new(), waiting: HashMap::new(), dependents: HashMap::new(), readers: HashMap::new(), ready: BTreeSet::new() };
         for (i, node) in plan.nodes.iter().enumerate() {
             if available(&node.id) {
                 continue;

@@ -92,9 +92,13 @@ impl host::Host for NodeState {
 
     fn save_file(&mut self, kind: host::FileKind, prefix: String, extension: String, data: Vec<u8>) -> wasmtime::Result<Result<host::SavedFile, String>> {
         let Some(io) = &self.io else { return Ok(Err("no output files in this context".into())) };
-        // Names first: a bad one is the node's error, not a budget matter.
+        // A refused save fails the node even if the plugin carries on (it
+        // is recorded like a budget overrun): a name the host would not
+        // store, then the node's and the job's file bounds.
         if let Err(e) = crate::files::check_extension(&extension).and_then(|()| crate::files::split_prefix(&prefix)) {
-            return Ok(Err(e.to_string()));
+            let msg = e.to_string();
+            self.over_budget = Some(msg.clone());
+            return Ok(Err(msg));
         }
         // Content and name are charged: both end up in records and responses.
         let cost = (data.len() + prefix.len() + extension.len()) as u64;

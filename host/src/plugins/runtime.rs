@@ -275,9 +275,13 @@ impl PluginRuntime {
         }
         let values = match result {
             Err(node::NodeError::InvalidInput(m)) => return Err(failure(FailureKind::Failed, format!("invalid input: {m}"), log)),
+            // A refusal the node passed on is its failure, said once.
             Err(node::NodeError::Failed(m)) => {
-                let kind = if state.over_budget.is_some() { FailureKind::InvalidOutput } else { FailureKind::Failed };
-                let message = state.over_budget.clone().map_or(m.clone(), |b| format!("{b} ({m})"));
+                let (kind, message) = match state.over_budget.take() {
+                    Some(b) if m.contains(&b) => (FailureKind::InvalidOutput, m),
+                    Some(b) => (FailureKind::InvalidOutput, format!("{b} ({m})")),
+                    None => (FailureKind::Failed, m),
+                };
                 return Err(failure(kind, message, log));
             }
             Ok(values) => values,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::files::{FileError, FileKind, check_extension, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, is_image_name, output_name, split_prefix};
+use crate::files::{FileError, FileKind, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, check_extension, is_image_name, output_name, split_prefix};
 use crate::store::{BlobStore, JobInput, blob_name, parse_blob_name};
 
 /// Input files of one job: name → blob.

@@ -155,10 +155,13 @@ mod tests {
 
     #[test]
     fn parses_links_constants_and_wrapped_values() {
-        let wf = Workflow::from_json(&json!({
-            "1": {"class_type": "A", "inputs": {"x": 3, "img": ["2", 0], "n": [5, 1], "v": {"__value__": [1, 2]}, "bad": ["2"]}},
-            "2": {"class_type": "B"}
-        }), &WorkflowLimits::default())
+        let wf = Workflow::from_json(
+            &json!({
+                "1": {"class_type": "A", "inputs": {"x": 3, "img": ["2", 0], "n": [5, 1], "v": {"__value__": [1, 2]}, "bad": ["2"]}},
+                "2": {"class_type": "B"}
+            }),
+            &WorkflowLimits::default(),
+        )
         .unwrap();
         let n1 = wf.node("1").unwrap();
         assert_eq!(n1.inputs[0].1, InputValue::Const(json!(3)));

@@ -257,7 +257,12 @@ impl<'a> Validator<'a> {
             frame.next += 1;
             match frame.given.get(spec.name.as_str()).copied() {
                 None if is_required => {
-                    self.issues.push(issue(frame.node, IssueKind::RequiredInputMissing, Some(&spec.name), format!("required input `{}` is missing", spec.name)));
+                    self.issues.push(issue(
+                        frame.node,
+                        IssueKind::RequiredInputMissing,
+                        Some(&spec.name),
+                        format!("required input `{}` is missing", spec.name),
+                    ));
                     frame.valid = false;
                 }
                 None => {}
@@ -351,7 +356,8 @@ impl<'a> Validator<'a> {
         }
         match self.state.get(from) {
             Some(State::Visiting) => {
-                let mut i = issue(node, IssueKind::DependencyCycle, Some(name), format!("input `{name}` links to node {from}, which depends on node {}", node.id));
+                let mut i =
+                    issue(node, IssueKind::DependencyCycle, Some(name), format!("input `{name}` links to node {from}, which depends on node {}", node.id));
                 i.linked = linked;
                 self.issues.push(i);
                 LinkCheck::Bad

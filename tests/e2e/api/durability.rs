@@ -9,7 +9,8 @@ async fn a_restart_loses_nothing_and_reruns_the_interrupted_job_once() {
     let s = start(|_, o| {
         o.max_running_jobs = 1;
         o.logs_on_read = true;
-    }).await;
+    })
+    .await;
     let (_, asset) = s.upload("keep.png", png_bytes(4, 4, 8), None).await;
     let (status, running, _) = s.post_job(&json!({ "workflow": spinner(21) }), Some("key-restart")).await;
     assert_eq!(status, 201);
@@ -22,7 +23,8 @@ async fn a_restart_loses_nothing_and_reruns_the_interrupted_job_once() {
     let s = start_in(data, |_, o| {
         o.max_running_jobs = 1;
         o.logs_on_read = true;
-    }).await;
+    })
+    .await;
     // The claim, the asset and both jobs survived.
     assert_eq!(s.post_job(&json!({ "workflow": trivial(1) }), Some("key-restart")).await.0, 422);
     assert_eq!(s.get(&format!("/assets/{}", asset["id"].as_str().unwrap())).await.0, 200);
@@ -45,7 +47,8 @@ async fn outputs_of_an_interrupted_run_are_dropped_at_restart() {
     let s = start(|_, o| {
         o.max_running_jobs = 1;
         o.logs_on_read = true;
-    }).await;
+    })
+    .await;
     let mut workflow = trivial(3);
     workflow["9"] = spinner(23)["1"].clone();
     let id = s.submit(workflow).await["id"].as_str().unwrap().to_string();
@@ -63,7 +66,8 @@ async fn outputs_of_an_interrupted_run_are_dropped_at_restart() {
     let s = start_in(s.shutdown().await, |_, o| {
         o.max_running_jobs = 1;
         o.logs_on_read = true;
-    }).await;
+    })
+    .await;
     assert_eq!(s.get(&format!("/assets/{first}")).await.0, 404, "the interrupted run's output is gone");
     let done = s.wait(&id).await;
     assert_eq!(done["status"], "failed", "{done}");
@@ -77,7 +81,8 @@ async fn jobs_with_extra_data_fail_at_restart_instead_of_running_without_it() {
     let s = start(|_, o| {
         o.max_running_jobs = 1;
         o.logs_on_read = true;
-    }).await;
+    })
+    .await;
     let keyed = |workflow| json!({ "workflow": workflow, "extra_data": { "api_key_svc_org": "k-restart" } });
     let (status, running, _) = s.post_job(&keyed(spinner(25)), None).await;
     assert_eq!(status, 201, "{running}");
@@ -91,7 +96,8 @@ async fn jobs_with_extra_data_fail_at_restart_instead_of_running_without_it() {
     let s = start_in(s.shutdown().await, |_, o| {
         o.max_running_jobs = 1;
         o.logs_on_read = true;
-    }).await;
+    })
+    .await;
     for (id, ran) in [(&running, true), (&queued, false)] {
         let job = s.job(id).await;
         assert_eq!(job["status"], "failed", "{job}");
@@ -109,19 +115,22 @@ async fn a_job_interrupted_twice_fails_instead_of_looping() {
     let s = start(|_, o| {
         o.max_running_jobs = 1;
         o.logs_on_read = true;
-    }).await;
+    })
+    .await;
     let job = s.submit(spinner(22)).await;
     let id = job["id"].as_str().unwrap().to_string();
     s.wait_for(&id, "running").await;
     let s = start_in(s.shutdown().await, |_, o| {
         o.max_running_jobs = 1;
         o.logs_on_read = true;
-    }).await;
+    })
+    .await;
     s.wait_for(&id, "running").await;
     let s = start_in(s.shutdown().await, |_, o| {
         o.max_running_jobs = 1;
         o.logs_on_read = true;
-    }).await;
+    })
+    .await;
     let done = s.job(&id).await;
     assert_eq!(done["status"], "failed", "{done}");
     assert_eq!(done["error"]["code"], "interrupted");
@@ -176,7 +185,8 @@ async fn retention_expires_queued_and_running_jobs_at_their_deadline() {
     let s = start(|_, o| {
         o.max_running_jobs = 1;
         o.logs_on_read = true;
-    }).await;
+    })
+    .await;
     let running = s.submit(spinner(41)).await;
     let running_id = running["id"].as_str().unwrap().to_string();
     s.wait_for(&running_id, "running").await;

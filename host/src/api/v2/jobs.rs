@@ -98,7 +98,9 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
     // setting, as a workflow with too many nodes is.
     let limits = state.service.options().workflow_limits;
     let body = body.map_err(|e| match body_error(e, limits.max_bytes) {
-        e if e.status == StatusCode::PAYLOAD_TOO_LARGE => ApiError::invalid_workflow(crate::workflow::ParseError::TooLarge { limit: limits.max_bytes }.to_string()),
+        e if e.status == StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::invalid_workflow(crate::workflow::ParseError::TooLarge { limit: limits.max_bytes }.to_string())
+        }
         e => e,
     })?;
     let size = body.len();
@@ -149,7 +151,9 @@ pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Segment(i
     let body = match cached {
         Some(body) => body,
         None => {
-            let body = Bytes::from(serde_json::to_vec(&wire::job(&record, position, &links, state.service.options().logs_on_read)).map_err(|e| ApiError::internal(&e))?);
+            let body = Bytes::from(
+                serde_json::to_vec(&wire::job(&record, position, &links, state.service.options().logs_on_read)).map_err(|e| ApiError::internal(&e))?,
+            );
             // Bodies with long logs are rendered per request, not kept.
             if body.len() <= MAX_CACHED_BODY {
                 state.rendered.lock().put(id, (record, links.origin, body.clone()));

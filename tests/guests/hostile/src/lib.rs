@@ -253,7 +253,34 @@ pub const SECRET_PROBE: NodeClass = NodeClass {
     },
 };
 
+/// Saves `trigger` empty files under a prefix of `prefix_kb` KiB, ignoring
+/// refusals the way a careless plugin would: names and file counts must be
+/// bounded and charged however the plugin behaves.
+pub const FILE_FLOOD: NodeClass = NodeClass {
+    class_type: "HostileFileFlood",
+    define: || {
+        NodeDef::new("testing/hostile")
+            .required("trigger", Kind::int().default(0))
+            .required("prefix_kb", Kind::int().default(0))
+            .output("saved", "INT")
+            .output_node()
+    },
+    run: |inputs| {
+        let count = inputs.int("trigger")?.max(0);
+        let kb = inputs.int("prefix_kb")?.clamp(0, 1 << 10) as usize;
+        let prefix = if kb == 0 { "f".to_string() } else { "f".repeat(kb << 10) };
+        let mut saved = 0;
+        for _ in 0..count {
+            if kiln_sdk::host::save_file(kiln_sdk::host::FileKind::Output, &prefix, "bin", &[]).is_ok() {
+                saved += 1;
+            }
+        }
+        Ok(vec![Output::Int(saved)])
+    },
+};
+
 kiln_sdk::export_plugin!(
+    FILE_FLOOD,
     SECRET_PROBE,
     INFINITE_LOOP,
     MEMORY_BOMB,

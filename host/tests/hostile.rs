@@ -1,0 +1,260 @@
+//! The hostile suite: the real `kiln serve` binary as a child process,
+//! attacked over real HTTP on loopback with the requests and plugins that
+//! used to take it down or take more than a job's share (graph depth, file
+//! names, memory). Each test checks that the job fails with a clear error
+//! (or runs), that the server keeps answering, and that its peak memory
+//! (`VmHWM`) stays under a generous ceiling: a containment bound that
+//! catches gigabytes, not a performance target (those are in BENCHMARKS.md).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+const HOSTILE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_hostile_guests.wasm"));
+const HOSTILE_MANIFEST: &str = include_str!("../../tests/guests/hostile/kiln-plugin.toml");
+
+/// The job memory bound the server runs with here.
+const JOB_MEMORY_MB: u64 = 256;
+/// What the whole server may reach at its peak: the bound of the one job
+/// running at a time (256), the result cache (64), the plugins and the
+/// runtime (~60 idle), with room to spare (measured: 376 at most). Low
+/// enough to catch the wide graph unbounded (its 16 big images alone are
+/// 768 MiB); before the limits, these attacks took 1.5+ GB.
+const PEAK_CEILING_MB: u64 = 640;
+
+struct Kiln {
+    child: Child,
+    base: String,
+    http: reqwest::Client,
+    _plugins: tempfile::TempDir,
+    _data: tempfile::TempDir,
+}
+
+/// `kiln serve` with the hostile plugin, one job at a time, and bounds.
+fn spawn() -> Kiln {
+    let data = tempfile::tempdir().unwrap();
+    let plugins = tempfile::tempdir().unwrap();
+    let dir = plugins.path().join("hostile");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kiln-plugin.toml"), HOSTILE_MANIFEST).unwrap();
+    std::fs::write(dir.join("kiln_hostile_guests.wasm"), HOSTILE_WASM).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--port", "0", "--data-dir"])
+        .arg(data.path())
+        .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
+        .env("KILN_PLUGIN_DIRS", plugins.path())
+        .env("KILN_SECRET_PLUGINS", "hostile")
+        .env("KILN_JOB_MEMORY_MB", JOB_MEMORY_MB.to_string())
+        .env("KILN_MAX_RUNNING_JOBS", "1")
+        .env("KILN_RESULT_CACHE_MB", "64")
+        .env("KILN_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("kiln serve starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let base = line.trim().strip_prefix("kiln listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
+    Kiln { child, base: format!("{base}/api/v2"), http: reqwest::Client::new(), _plugins: plugins, _data: data }
+}
+
+impl Drop for Kiln {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Kiln {
+    /// A line of `/proc/<pid>/status` in MiB (`VmHWM`, `VmRSS`).
+    fn status_mb(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("no {field}"));
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() / 1024
+    }
+
+    /// The server still answers, and its peak memory is under the ceiling.
+    async fn assert_contained(&mut self) {
+        assert!(self.child.try_wait().unwrap().is_none(), "the server is still running");
+        let health = self.http.get(format!("{}/health", self.base)).send().await.unwrap();
+        assert_eq!(health.status(), 200);
+        let peak = self.status_mb("VmHWM:");
+        eprintln!("server peak so far: {peak} MiB");
+        assert!(peak < PEAK_CEILING_MB, "server peak {peak} MiB over the {PEAK_CEILING_MB} MiB ceiling");
+    }
+
+    async fn post(&self, body: &Value) -> (u16, Value) {
+        let resp = self.http.post(format!("{}/jobs", self.base)).json(body).send().await.unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+
+    /// Submits `workflow` (201 expected) and waits for the job to end.
+    async fn run(&self, workflow: Value) -> Value {
+        let (status, job) = self.post(&json!({ "workflow": workflow })).await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_str().unwrap();
+        for _ in 0..2400 {
+            let job: Value = self.http.get(format!("{}/jobs/{id}", self.base)).send().await.unwrap().json().await.unwrap();
+            if ["succeeded", "failed", "canceled"].contains(&job["status"].as_str().unwrap_or("")) {
+                return job;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("job {id} never finished");
+    }
+}
+
+fn empty(size: u32, batch: u32) -> Value {
+    json!({ "class_type": "EmptyImage", "inputs": { "width": size, "height": size, "batch_size": batch, "color": 0 } })
+}
+
+fn invert_chain(n: usize) -> Map<String, Value> {
+    let mut wf = Map::new();
+    wf.insert("0".into(), empty(8, 1));
+    for i in 1..=n {
+        wf.insert(i.to_string(), json!({ "class_type": "ImageInvert", "inputs": { "image": [(i - 1).to_string(), 0] } }));
+    }
+    wf.insert("out".into(), json!({ "class_type": "PreviewImage", "inputs": { "images": [n.to_string(), 0] } }));
+    wf
+}
+
+fn failed_with(job: &Value, code: &str, says: &str) {
+    assert_eq!(job["status"], "failed", "{job}");
+    assert_eq!(job["error"]["code"], code, "{job}");
+    let message = job["error"]["message"].as_str().unwrap();
+    assert!(message.contains(says), "{message:?} should say {says:?}");
+    assert!(message.len() < 1024, "a clear message, not an echo of the input: {} bytes", message.len());
+}
+
+#[tokio::test]
+async fn deep_and_large_graphs_are_validated_without_recursion_and_bounded() {
+    let mut kiln = spawn();
+    // ~700 nodes aborted the server with a stack overflow; 4,900 is under
+    // the default node limit and runs.
+    let done = kiln.run(Value::Object(invert_chain(4_900))).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    // Over the node limit, and over the size limit: invalid_workflow naming the setting.
+    let (status, err) = kiln.post(&json!({ "workflow": invert_chain(5_000) })).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (422, Some("invalid_workflow")), "{err}");
+    assert!(err["error"]["message"].as_str().unwrap().contains("max_workflow_nodes"), "{err}");
+    let resp = kiln.http.post(format!("{}/jobs", kiln.base)).header("content-type", "application/json").body(vec![b' '; 9 << 20]).send().await.unwrap();
+    assert_eq!(resp.status(), 422);
+    assert!(resp.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("max_workflow_kb"));
+    // A long cycle is a validation error, found in linear time.
+    let mut ring = invert_chain(4_000);
+    ring.insert("0".into(), json!({ "class_type": "ImageInvert", "inputs": { "image": ["4000", 0] } }));
+    let (status, err) = kiln.post(&json!({ "workflow": ring })).await;
+    assert_eq!(status, 422, "{err}");
+    assert!(err.to_string().contains("dependency_cycle"), "{err}");
+    kiln.assert_contained().await;
+
+    // `kiln run` refuses the same graphs with exit 2 naming the limit.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.json");
+    std::fs::write(&file, serde_json::to_vec(&Value::Object(invert_chain(5_000))).unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["run", "--out"])
+        .arg(dir.path())
+        .arg(&file)
+        .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_workflow_nodes"));
+}
+
+#[tokio::test]
+async fn file_names_and_counts_cannot_amplify_memory_or_disk() {
+    let mut kiln = spawn();
+    // A 1 MiB prefix on a 96-image batch raised RSS by ~1.5 GB.
+    let prefix = "p".repeat(1 << 20);
+    let job = kiln
+        .run(json!({
+            "1": empty(64, 96),
+            "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": prefix } }
+        }))
+        .await;
+    failed_with(&job, "node_invalid_output", "prefix too long");
+    // A plugin saving 400 files under 256 KiB prefixes, ignoring every refusal.
+    let job = kiln.run(json!({ "1": { "class_type": "HostileFileFlood", "inputs": { "trigger": 400, "prefix_kb": 256 } } })).await;
+    failed_with(&job, "node_invalid_output", "prefix too long");
+    // 40,000 empty outputs from one node: bounded by node_max_files.
+    let job = kiln.run(json!({ "1": { "class_type": "HostileFileFlood", "inputs": { "trigger": 40_000, "prefix_kb": 0 } } })).await;
+    failed_with(&job, "node_invalid_output", "node_max_files");
+    assert_eq!(job["outputs"].as_array().map_or(0, Vec::len), 0, "a failed node's files are not outputs");
+    // Three nodes of 4,000 files each: bounded per job (job_max_files, 10,000).
+    let flood = |n: usize| {
+        (0..n).map(|i| (i.to_string(), json!({ "class_type": "HostileFileFlood", "inputs": { "trigger": 4_000, "prefix_kb": 0 } }))).collect::<Map<_, _>>()
+    };
+    let job = kiln.run(Value::Object(flood(3))).await;
+    failed_with(&job, "node_invalid_output", "job_max_files");
+    kiln.assert_contained().await;
+}
+
+/// `EmptyImage(size²) → leaves × ImageScaleBy(×4) → ImageScaleBy(÷8)`,
+/// joined by an ImageBatch tree: from 512², each branch's big image is
+/// 2048²×3 f32 = 48 MiB.
+fn wide_tree(leaves: usize, size: u32) -> Value {
+    let mut wf = Map::new();
+    wf.insert("src".into(), empty(size, 1));
+    let mut level = Vec::new();
+    for i in 0..leaves {
+        wf.insert(format!("big{i}"), json!({ "class_type": "ImageScaleBy", "inputs": { "image": ["src", 0], "upscale_method": "bilinear", "scale_by": 4.0 } }));
+        wf.insert(
+            format!("small{i}"),
+            json!({ "class_type": "ImageScaleBy", "inputs": { "image": [format!("big{i}"), 0], "upscale_method": "area", "scale_by": 0.125 } }),
+        );
+        level.push(format!("small{i}"));
+    }
+    let mut round = 0;
+    while level.len() > 1 {
+        level = level
+            .chunks(2)
+            .enumerate()
+            .map(|(j, pair)| {
+                let id = format!("join{round}_{j}");
+                wf.insert(id.clone(), json!({ "class_type": "ImageBatch", "inputs": { "image1": [pair[0], 0], "image2": [pair[pair.len() - 1], 0] } }));
+                id
+            })
+            .collect();
+        round += 1;
+    }
+    wf.insert("out".into(), json!({ "class_type": "PreviewImage", "inputs": { "images": [level[0], 0] } }));
+    Value::Object(wf)
+}
+
+#[tokio::test]
+async fn a_job_holds_at_most_its_memory_bound_and_gives_it_back() {
+    let mut kiln = spawn();
+    let before = kiln.status_mb("VmRSS:");
+    // 16 branches of 48 MiB each (768 MiB if all leaves ran first; 1.5 GB
+    // peak before the bound): run branch by branch within 256 MiB.
+    let job = kiln.run(wide_tree(16, 512)).await;
+    assert_eq!(job["status"], "succeeded", "{job}");
+    kiln.assert_contained().await;
+    // A 3 KB request asking for 8192² × 4 batch (3 GiB): a clear job error.
+    let job = kiln
+        .run(json!({
+            "1": empty(1024, 4),
+            "2": { "class_type": "ImageScaleBy", "inputs": { "image": ["1", 0], "upscale_method": "nearest-exact", "scale_by": 8.0 } },
+            "3": { "class_type": "PreviewImage", "inputs": { "images": ["2", 0] } }
+        }))
+        .await;
+    failed_with(&job, "job_out_of_memory", "job_memory_mb");
+    kiln.assert_contained().await;
+    // Memory goes back once the server is idle (the trimmer runs after a
+    // few quiet seconds): read /proc only, no requests meanwhile.
+    let mut rss = u64::MAX;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        rss = kiln.status_mb("VmRSS:");
+        if rss < before + 128 {
+            break;
+        }
+    }
+    eprintln!("RSS before {before} MiB, after the jobs and an idle pause {rss} MiB");
+    assert!(rss < before + 128, "memory returned after the jobs: {before} → {rss} MiB");
+}
