@@ -157,7 +157,7 @@ impl<'a> Run<'a> {
         let status = 'run: loop {
             let mut inline = None;
             while sched.has_ready() && may_start(tasks.len(), concurrency, budget.memory_in_use(), budget.limits().memory_bytes) {
-                let Some(id) = sched.next() else { break };
+                let Some(id) = sched.take_ready() else { break };
                 let Some(node) = plan.node(id) else { continue };
                 let call = match self.start(node, &run_cancel) {
                     Ok(call) => call,

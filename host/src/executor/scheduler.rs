@@ -92,7 +92,7 @@ impl<'p> Scheduler<'p> {
     }
 
     /// Takes the ready node that comes first in the plan.
-    pub fn next(&mut self) -> Option<&'p str> {
+    pub fn take_ready(&mut self) -> Option<&'p str> {
         let i = self.ready.pop_first()?;
         Some(self.plan.nodes[i].id.as_str())
     }
@@ -182,7 +182,7 @@ mod tests {
         assert_eq!(s.len(), 8);
         let mut order = Vec::new();
         let mut freed = Vec::new();
-        while let Some(id) = s.next() {
+        while let Some(id) = s.take_ready() {
             order.push(id);
             freed.push((id, s.read_done(id)));
             s.finished(id);
@@ -200,7 +200,7 @@ mod tests {
         let mut s = Scheduler::new(&plan, |id| id == "src" || id == "ab");
         assert_eq!(s.len(), 6);
         let mut order = Vec::new();
-        while let Some(id) = s.next() {
+        while let Some(id) = s.take_ready() {
             order.push(id);
             s.read_done(id);
             s.finished(id);
