@@ -71,8 +71,7 @@ fn normalize(entry: &Value) -> Value {
 #[tokio::test]
 async fn core_nodes_match_the_reference_object_info() {
     let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/comfyui/object_info-core.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/comfyui/object_info-core.json")).unwrap()).unwrap();
     let registry = &env().await.registry;
     let files = NamedInputs::new();
     let mut mismatches = Vec::new();

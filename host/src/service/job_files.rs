@@ -130,3 +130,28 @@ pub fn media_type(name: &str) -> (&'static str, &'static str) {
         _ => ("application/octet-stream", "file"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::DiskBlobs;
+
+    #[test]
+    fn a_cached_output_is_adopted_only_while_its_blob_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(dir.path()).unwrap());
+        let pending = Arc::new(Mutex::new(Vec::new()));
+        let first = JobOutputs::new(blobs.clone(), Arc::new(Mutex::new(Vec::new())), Arc::new(RwLock::new(())));
+        let saved = first.save(FileKind::Output, "kiln", "png", b"pixels").unwrap();
+        // A later job served this file from the result cache claims its blob.
+        let later = JobOutputs::new(blobs.clone(), pending.clone(), Arc::new(RwLock::new(())));
+        assert!(later.adopt(&saved));
+        assert_eq!(*pending.lock(), [blob_name(&saved.hash.unwrap())], "pending: the collector keeps it");
+        // Collected in between: not adopted, so no record will name it.
+        blobs.delete(&saved.hash.unwrap()).unwrap();
+        pending.lock().clear();
+        assert!(!later.adopt(&saved));
+        assert!(pending.lock().is_empty());
+        assert!(!later.adopt(&SavedFile { hash: None, ..saved }), "a file without a hash is not a blob");
+    }
+}
