@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::plugins::identity::PluginGrant;
 use crate::plugins::{OperatorLimits, RuntimeConfig};
 
 /// kiln's settings.
@@ -18,10 +19,22 @@ pub struct Config {
     /// Extra plugin directories, each holding plugins (subdirectories with a
     /// `kiln-plugin.toml`) or being one. Default: none (bundled plugins only).
     pub plugin_dirs: Vec<PathBuf>,
-    /// Plugins (by manifest name) allowed to read the secrets their
-    /// manifests ask for under `capabilities.secrets` — today a job's
-    /// partner key, `extra_data.api_key_svc_org`. Default: none; a plugin
-    /// that asks without being listed is refused at load.
+    /// Plugins allowed to read the secrets their manifests ask for under
+    /// `capabilities.secrets` — today a job's partner key,
+    /// `extra_data.api_key_svc_org`. Each entry names a plugin by what the
+    /// operator controls, never by the name its manifest claims (any plugin
+    /// can claim any name):
+    /// - a plugin directory (the one holding its `kiln-plugin.toml`), written
+    ///   with a `/`: `"/srv/kiln/plugins/partner"`, `"./partner"`; it must
+    ///   exist and is compared canonicalized (symlinks, `..` resolved);
+    /// - a component hash, `"blake3:<64 hex digits>"`: the blake3 of the
+    ///   plugin's `.wasm` file (`b3sum partner.wasm`); any plugin running
+    ///   exactly that code.
+    ///
+    /// A bare name (`"partner"`) is refused at start with a message saying
+    /// what to write instead. Default: none; a plugin that asks for a secret
+    /// without being listed is refused at load, and its error names both
+    /// ways to grant it. `KILN_SECRET_PLUGINS` is `:`-separated.
     pub secret_plugins: Vec<String>,
     /// Where compiled components are cached. Default: `$XDG_CACHE_HOME/kiln`
     /// or `~/.cache/kiln`. A warm cache turns seconds of compilation at start
@@ -158,6 +171,8 @@ pub enum ConfigError {
     Parse(#[from] toml::de::Error),
     #[error("invalid value for {var}: {value:?}")]
     Env { var: String, value: String },
+    #[error("invalid secret_plugins entry: {0}")]
+    SecretPlugins(#[from] crate::plugins::identity::GrantError),
 }
 
 impl Config {
@@ -184,10 +199,11 @@ impl Config {
         })
     }
 
-    /// The plugin runtime's slice of the configuration.
-    pub fn runtime(&self) -> RuntimeConfig {
+    /// The plugin runtime's slice of the configuration; refuses
+    /// `secret_plugins` entries that do not name a directory or a hash.
+    pub fn runtime(&self) -> Result<RuntimeConfig, ConfigError> {
         let mb = |v: u64| v.saturating_mul(1 << 20);
-        RuntimeConfig {
+        Ok(RuntimeConfig {
             max_concurrency: self.max_concurrency.max(1),
             limits: OperatorLimits {
                 default_memory_bytes: mb(self.node_memory_mb).min(mb(self.max_node_memory_mb)),
@@ -202,8 +218,8 @@ impl Config {
             decommit_batch: self.decommit_batch,
             keep_resident_bytes: usize::try_from(self.node_keep_resident_kb.saturating_mul(1024)).unwrap_or(usize::MAX),
             perf_map: self.guest_perf_map,
-            secret_plugins: self.secret_plugins.clone(),
-        }
+            secret_plugins: PluginGrant::parse_all(&self.secret_plugins)?,
+        })
     }
 }
 
@@ -278,7 +294,18 @@ mod tests {
         assert_eq!(config.result_cache_mb, 7);
         assert_eq!(config.plugin_dirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(config.node_memory_mb, Config::default().node_memory_mb);
-        assert_eq!(config.runtime().limits.default_timeout, Duration::from_millis(250));
+        assert_eq!(config.runtime().unwrap().limits.default_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn secret_plugins_name_directories_or_hashes() {
+        let dir = tempfile::tempdir().unwrap();
+        let hash = format!("blake3:{}", blake3::hash(b"wasm").to_hex());
+        let config = Config { secret_plugins: vec![dir.path().display().to_string(), hash], ..Config::default() };
+        assert_eq!(config.runtime().unwrap().secret_plugins.len(), 2);
+        let old_style = Config { secret_plugins: vec!["partner".into()], ..Config::default() };
+        let err = old_style.runtime().unwrap_err().to_string();
+        assert!(err.contains("secret_plugins") && err.contains("`partner` looks like a plugin name") && err.contains("blake3:"), "{err}");
     }
 
     #[test]

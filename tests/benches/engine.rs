@@ -100,7 +100,7 @@ fn main() {
         let batch = std::env::var("KILN_DECOMMIT_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
         let config = Config { cache_dir: Some(dir.path().join("artifacts")), decommit_batch: batch, ..Config::default() };
         let started = Instant::now();
-        let runtime = Arc::new(PluginRuntime::new(config.runtime()).expect("runtime"));
+        let runtime = Arc::new(PluginRuntime::new(config.runtime().expect("config")).expect("runtime"));
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("plugins"));
         println!("cold start (compile bundled plugins): {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
         let started = Instant::now();

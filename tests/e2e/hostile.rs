@@ -226,7 +226,7 @@ async fn cancel_stops_a_host_kernel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn more_calls_than_instance_slots_wait_instead_of_failing() {
     let config = kiln::config::Config { max_concurrency: 1, ..crate::support::test_config() };
-    let runtime = std::sync::Arc::new(kiln::plugins::PluginRuntime::new(config.runtime()).unwrap());
+    let runtime = std::sync::Arc::new(kiln::plugins::PluginRuntime::new(config.runtime().unwrap()).unwrap());
     let registry = kiln::plugins::NodeRegistry::load_all(&runtime, &[]).await.unwrap();
     let (plugin, _) = registry.get("PrimitiveInt").unwrap();
     let out = tempfile::tempdir().unwrap();
@@ -280,13 +280,16 @@ async fn secrets_reach_only_the_plugins_granted_them() {
     // The same component under a manifest that asks for nothing: granted
     // secrets or not, it reads none.
     let quiet = crate::support::HOSTILE_MANIFEST.split("[capabilities]").next().unwrap().to_string();
-    let loaded = env.runtime.load(kiln::plugins::Manifest::parse(&quiet).unwrap(), crate::support::HOSTILE_WASM).await.unwrap();
+    let id = kiln::plugins::PluginId::Dir("/plugins/quiet".into());
+    let loaded = env.runtime.load(id.clone(), kiln::plugins::Manifest::parse(&quiet).unwrap(), crate::support::HOSTILE_WASM).await.unwrap();
     assert_eq!(probe(job, std::sync::Arc::new(loaded)).await, secret_report(None));
 
-    // A runtime whose operator granted no plugin secrets refuses it.
+    // A runtime whose operator granted no plugin secrets refuses it, and
+    // says how to grant it.
     let config = kiln::config::Config { secret_plugins: Vec::new(), max_concurrency: 1, ..crate::support::test_config() };
-    let runtime = kiln::plugins::PluginRuntime::new(config.runtime()).unwrap();
+    let runtime = kiln::plugins::PluginRuntime::new(config.runtime().unwrap()).unwrap();
     let manifest = kiln::plugins::Manifest::parse(crate::support::HOSTILE_MANIFEST).unwrap();
-    let err = runtime.load(manifest, crate::support::HOSTILE_WASM).await.err().expect("refused without a grant");
-    assert!(err.to_string().contains("secrets: api_key_svc_org"), "{err}");
+    let err = runtime.load(id, manifest, crate::support::HOSTILE_WASM).await.err().expect("refused without a grant");
+    let message = err.to_string();
+    assert!(message.contains("asks for secret `api_key_svc_org`") && message.contains(&crate::support::hostile_grant()), "{message}");
 }

@@ -1,14 +1,19 @@
 //! A third-party plugin built on the SDK outside the bundled set loads from a
 //! plugin directory and runs like any bundled node; bad plugin directories
-//! are refused with clear errors.
+//! are refused with clear errors; grants bind to a plugin's directory or
+//! component hash, never to the name it claims.
 
 use std::sync::Arc;
 
 use kiln::executor::{Executor, RunStatus};
-use kiln::plugins::{NodeRegistry, RegistryError};
+use kiln::plugins::runtime::LoadError;
+use kiln::plugins::{NodeRegistry, PluginId, PluginRuntime, RegistryError};
 use serde_json::json;
 
-use crate::support::{EXAMPLE_MANIFEST, EXAMPLE_WASM, RunOpts, env, install_plugin, read_png, run_with};
+use crate::hostile::secret_report;
+use crate::support::{
+    EXAMPLE_MANIFEST, EXAMPLE_WASM, HOSTILE_MANIFEST, HOSTILE_WASM, RunOpts, env, hostile_grant, install_plugin, read_png, run_with, test_config,
+};
 
 #[tokio::test]
 async fn example_plugin_loads_from_a_directory_and_runs() {
@@ -74,11 +79,12 @@ async fn refuses_duplicate_classes_missing_components_and_ungranted_capabilities
 async fn compiled_components_are_cached_and_tampered_artifacts_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = kiln::config::Config { cache_dir: Some(dir.path().join("artifacts")), max_concurrency: 1, ..crate::support::test_config() };
-    let runtime = kiln::plugins::PluginRuntime::new(config.runtime()).unwrap();
+    let runtime = kiln::plugins::PluginRuntime::new(config.runtime().unwrap()).unwrap();
     let manifest = || kiln::plugins::Manifest::parse(EXAMPLE_MANIFEST).unwrap();
-    let cold = runtime.load(manifest(), EXAMPLE_WASM).await.unwrap();
+    let id = || PluginId::Dir("/plugins/example".into());
+    let cold = runtime.load(id(), manifest(), EXAMPLE_WASM).await.unwrap();
     assert!(!cold.from_cache, "first load compiles");
-    let warm = runtime.load(manifest(), EXAMPLE_WASM).await.unwrap();
+    let warm = runtime.load(id(), manifest(), EXAMPLE_WASM).await.unwrap();
     assert!(warm.from_cache, "second load deserializes the cached artifact");
 
     // Flip a byte of every artifact: the checksum no longer matches, so the
@@ -90,7 +96,101 @@ async fn compiled_components_are_cached_and_tampered_artifacts_refused() {
         bytes[last] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
     }
-    let recompiled = runtime.load(manifest(), EXAMPLE_WASM).await.unwrap();
+    let recompiled = runtime.load(id(), manifest(), EXAMPLE_WASM).await.unwrap();
     assert!(!recompiled.from_cache, "a tampered artifact is not loaded");
     assert_eq!(recompiled.definitions.len(), 1);
+}
+
+/// A runtime whose operator grants secrets to `grants` (`secret_plugins`).
+fn runtime_granting(grants: Vec<String>) -> Arc<PluginRuntime> {
+    let config = kiln::config::Config { secret_plugins: grants, max_concurrency: 1, ..test_config() };
+    Arc::new(PluginRuntime::new(config.runtime().unwrap()).unwrap())
+}
+
+/// What `HostileSecretProbe` of `registry` reads in a job carrying `key`.
+async fn probe_secret(runtime: &PluginRuntime, registry: &NodeRegistry, key: &str) -> String {
+    let (plugin, _) = registry.get("HostileSecretProbe").expect("the probe is loaded");
+    let out = tempfile::tempdir().unwrap();
+    let io = kiln::plugins::NodeIo {
+        inputs: Arc::new(kiln::files::NamedInputs::new()),
+        outputs: Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),
+        signals: Arc::new(|_| {}),
+        secrets: kiln::plugins::JobSecrets::new(Some(key.into())),
+    };
+    let inputs = [("trigger".to_string(), kiln::value::Value::Int(0))];
+    match runtime.execute(plugin, "HostileSecretProbe", &inputs, io, &Default::default()).await.unwrap().values.as_slice() {
+        [kiln::value::Value::String(report)] => report.clone(),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn not_granted(result: Result<NodeRegistry, RegistryError>) -> String {
+    match result {
+        Err(RegistryError::Load(e @ LoadError::SecretNotGranted { .. })) => e.to_string(),
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("an ungranted plugin asking for the partner key must be refused"),
+    }
+}
+
+/// A grant names the plugin's directory or its component's hash. A plugin
+/// elsewhere claiming the granted plugin's name — the impostor — is refused
+/// at load (not granted), and, should it ask for nothing, refused as a
+/// duplicate name beside the real one.
+#[tokio::test]
+async fn secret_grants_bind_to_directories_or_hashes_not_names() {
+    let plugins = tempfile::tempdir().unwrap();
+    let partner = plugins.path().join("partner");
+    install_plugin(&partner, HOSTILE_MANIFEST, HOSTILE_WASM);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let impostor = elsewhere.path().join("partner");
+    install_plugin(&impostor, HOSTILE_MANIFEST, HOSTILE_WASM);
+
+    // By directory: the plugin there reads the key; the impostor, same
+    // name and same code in another directory, is not granted.
+    let by_dir = runtime_granting(vec![format!("{}/../partner", partner.display())]);
+    let registry = NodeRegistry::load_all(&by_dir, std::slice::from_ref(&partner)).await.unwrap();
+    assert_eq!(probe_secret(&by_dir, &registry, "k-1").await, secret_report(Some("k-1")));
+    let message = not_granted(NodeRegistry::load_all(&by_dir, std::slice::from_ref(&impostor)).await);
+    assert!(message.contains(&impostor.canonicalize().unwrap().display().to_string()), "names the impostor's directory: {message}");
+    not_granted(NodeRegistry::load_all(&by_dir, &[partner.clone(), impostor.clone()]).await);
+    // An impostor asking for nothing, claiming the name beside the real one.
+    let quiet = elsewhere.path().join("quiet");
+    install_plugin(&quiet, HOSTILE_MANIFEST.split("[capabilities]").next().unwrap(), HOSTILE_WASM);
+    match NodeRegistry::load_all(&by_dir, &[partner.clone(), quiet.clone()]).await {
+        Err(RegistryError::DuplicateName { name, plugin, existing }) => {
+            assert_eq!(name, "hostile");
+            assert_eq!(plugin, PluginId::dir(&quiet).unwrap());
+            assert_eq!(existing, PluginId::dir(&partner).unwrap());
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("two plugins named `hostile` must be refused"),
+    }
+
+    // By hash: any directory holding exactly that component; other code
+    // under the same manifest is not granted.
+    let by_hash = runtime_granting(vec![hostile_grant()]);
+    let registry = NodeRegistry::load_all(&by_hash, std::slice::from_ref(&impostor)).await.unwrap();
+    assert_eq!(probe_secret(&by_hash, &registry, "k-2").await, secret_report(Some("k-2")));
+    let other_code = elsewhere.path().join("other-code");
+    install_plugin(&other_code, HOSTILE_MANIFEST, EXAMPLE_WASM);
+    let message = not_granted(NodeRegistry::load_all(&by_hash, &[other_code]).await);
+    assert!(message.contains(&format!("blake3:{}", blake3::hash(EXAMPLE_WASM).to_hex())), "says how to grant it: {message}");
+}
+
+#[tokio::test]
+async fn duplicate_plugin_names_are_refused_bundled_included() {
+    let env = env().await;
+    let plugins = tempfile::tempdir().unwrap();
+    install_plugin(&plugins.path().join("a"), EXAMPLE_MANIFEST, EXAMPLE_WASM);
+    let same_name = HOSTILE_MANIFEST.split("[capabilities]").next().unwrap().replace("name = \"hostile\"", "name = \"example-posterize\"");
+    install_plugin(&plugins.path().join("b"), &same_name, HOSTILE_WASM);
+    let err = NodeRegistry::load_all(&env.runtime, &[plugins.path().to_path_buf()]).await.err().expect("duplicate name");
+    assert!(matches!(&err, RegistryError::DuplicateName { name, .. } if name == "example-posterize"), "{err}");
+    assert!(err.to_string().contains("must be unique"), "{err}");
+
+    let bundled_name = tempfile::tempdir().unwrap();
+    install_plugin(bundled_name.path(), &EXAMPLE_MANIFEST.replace("example-posterize", "core-image"), EXAMPLE_WASM);
+    let err = NodeRegistry::load_all(&env.runtime, &[bundled_name.path().to_path_buf()]).await.err().expect("a bundled plugin's name");
+    assert!(matches!(&err, RegistryError::DuplicateName { existing: PluginId::Bundled(b), .. } if b == "core-image"), "{err}");
+    assert!(err.to_string().contains("bundled:core-image"), "{err}");
 }

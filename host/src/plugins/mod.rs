@@ -2,6 +2,8 @@
 //! load them and call their nodes safely.
 //!
 //! - [`manifest`]: what a plugin asks for; the capability policy.
+//! - [`identity`]: who a plugin is (its directory, its component hash,
+//!   `bundled:<name>`) and the operator's grants that name it.
 //! - [`engine`]: the one wasmtime engine, its allocator and epoch ticker.
 //! - [`artifacts`]: the on-disk cache of compiled components.
 //! - [`runtime`]: loading plugins and calling nodes under limits.
@@ -15,6 +17,7 @@ pub mod bindings;
 pub mod bundled;
 mod deadlines;
 pub mod engine;
+pub mod identity;
 mod imports;
 mod kernels;
 mod log_pipe;
@@ -25,6 +28,7 @@ pub mod secrets;
 pub mod state;
 
 pub use bindings::node;
+pub use identity::{PluginGrant, PluginId};
 pub use manifest::{Manifest, OperatorLimits};
 pub use registry::{NodeRegistry, RegistryError};
 pub use runtime::{CapturedLog, FailureKind, NodeDef, NodeFailure, NodeOutput, Plugin, PluginRuntime, RuntimeConfig};

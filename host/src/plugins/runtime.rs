@@ -18,6 +18,7 @@ use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
 use super::deadlines::Deadlines;
 use super::engine::{Allocator, PoolSizing, build_engine, spawn_epoch_ticker};
+use super::identity::{PluginGrant, PluginId, hash_grant};
 pub use super::log_pipe::CapturedLog;
 use super::manifest::{EffectiveLimits, Manifest, OperatorLimits};
 use super::state::{NodeIo, NodeState, StopState, Stopped, StoreLimits};
@@ -48,9 +49,10 @@ pub struct RuntimeConfig {
     pub keep_resident_bytes: usize,
     /// List JIT code in `/tmp/perf-<pid>.map` for `perf` (profiling).
     pub perf_map: bool,
-    /// Plugins (by manifest name) that may read the secrets their
-    /// manifests ask for; any other plugin asking for one is refused.
-    pub secret_plugins: Vec<String>,
+    /// Plugins (by directory or component hash, see `identity`) that may
+    /// read the secrets their manifests ask for; any other plugin asking
+    /// for one is refused.
+    pub secret_plugins: Vec<PluginGrant>,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -93,7 +95,9 @@ pub struct NodeOutput {
     pub log: CapturedLog,
 }
 
-/// Why a plugin could not be loaded.
+/// Why a plugin could not be loaded. `plugin` names it by manifest name and
+/// identity (`name (/its/directory)`), or by directory before its manifest
+/// is read.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("plugin `{plugin}`: {source}")]
@@ -102,6 +106,11 @@ pub enum LoadError {
     Io { plugin: String, path: PathBuf, source: std::io::Error },
     #[error("plugin `{plugin}` is not a valid component: {message}")]
     Compile { plugin: String, message: String },
+    #[error(
+        "plugin `{plugin}` asks for secret `{secret}`, which the operator has not granted it; \
+         to grant it, add its directory or \"{hash_grant}\" to secret_plugins"
+    )]
+    SecretNotGranted { plugin: String, secret: String, hash_grant: String },
     #[error("plugin `{plugin}` imports `{import}`, which kiln does not provide")]
     ForbiddenImport { plugin: String, import: String },
     #[error("plugin `{plugin}` failed to describe its nodes: {failure}")]
@@ -110,8 +119,11 @@ pub enum LoadError {
     InvalidDefinition { plugin: String, reason: String },
 }
 
-/// A loaded plugin: its manifest, node definitions and pre-linked component.
+/// A loaded plugin: its identity, manifest, node definitions and
+/// pre-linked component.
 pub struct Plugin {
+    /// Who it is, as the operator controls it (never its manifest name).
+    pub id: PluginId,
     pub manifest: Manifest,
     /// blake3 of the component bytes.
     pub component_hash: blake3::Hash,
@@ -120,6 +132,17 @@ pub struct Plugin {
     /// Whether the compiled component came from the on-disk cache.
     pub from_cache: bool,
     pre: PluginPre<NodeState>,
+}
+
+impl Plugin {
+    /// `name (identity)`, for messages.
+    pub fn label(&self) -> String {
+        label(&self.manifest, &self.id)
+    }
+}
+
+fn label(manifest: &Manifest, id: &PluginId) -> String {
+    format!("{} ({id})", manifest.name)
 }
 
 /// The plugin runtime: engine, linker, instance permits and artifact cache.
@@ -169,16 +192,15 @@ impl PluginRuntime {
         self.allocator
     }
 
-    /// Compiles (or loads from cache), links and describes a plugin.
-    pub async fn load(&self, manifest: Manifest, wasm: &[u8]) -> Result<Plugin, LoadError> {
-        let plugin = manifest.name.clone();
-        if let Some(secret) = manifest.capabilities.secrets.first()
-            && !self.config.secret_plugins.contains(&plugin)
-        {
-            let source = super::manifest::ManifestError::CapabilityNotGranted(format!("secrets: {secret}"));
-            return Err(LoadError::Manifest { plugin, source });
-        }
+    /// Compiles (or loads from cache), links and describes the plugin `id`.
+    pub async fn load(&self, id: PluginId, manifest: Manifest, wasm: &[u8]) -> Result<Plugin, LoadError> {
+        let plugin = label(&manifest, &id);
         let component_hash = blake3::hash(wasm);
+        if let Some(secret) = manifest.capabilities.secrets.first()
+            && !self.config.secret_plugins.iter().any(|grant| grant.matches(&id, &component_hash))
+        {
+            return Err(LoadError::SecretNotGranted { plugin, secret: secret.clone(), hash_grant: hash_grant(&component_hash) });
+        }
         let engine = self.engine.clone();
         let (component, from_cache) =
             self.artifacts.load(&engine, wasm).map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
@@ -201,7 +223,7 @@ impl PluginRuntime {
             .map_err(|failure| LoadError::Definitions { plugin: plugin.clone(), failure })?
             .0;
         super::registry::check_definitions(&definitions).map_err(|reason| LoadError::InvalidDefinition { plugin, reason })?;
-        Ok(Plugin { manifest, component_hash, definitions, limits, from_cache, pre })
+        Ok(Plugin { id, manifest, component_hash, definitions, limits, from_cache, pre })
     }
 
     /// Runs node `class_type` of `plugin` with `inputs`.
