@@ -128,7 +128,7 @@ fn main() {
             ("LoadImage", vec![("image".to_string(), kiln::value::Value::String("small.png".into()))]),
         ] {
             let (plugin, _) = registry.get(class).expect("class");
-            let io = || kiln::plugins::NodeIo { inputs: named.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}), secrets: Default::default() };
+            let io = || kiln::plugins::NodeIo { inputs: named.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}), secrets: Default::default(), cache_key: None };
             let cancel = CancellationToken::new();
             for _ in 0..200 {
                 runtime.execute(plugin, class, &inputs, io(), &cancel).await.expect("node runs");

@@ -1,7 +1,8 @@
 //! A third-party plugin built on the SDK outside the bundled set loads from a
 //! plugin directory and runs like any bundled node; bad plugin directories
 //! are refused with clear errors; grants bind to a plugin's directory or
-//! component hash, never to the name it claims.
+//! component hash, never to the name it claims; a manifest's
+//! nondeterministic classes see the real clock and are never cached.
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use kiln::plugins::runtime::LoadError;
 use kiln::plugins::{NodeRegistry, PluginId, PluginRuntime, RegistryError};
 use serde_json::json;
 
-use crate::hostile::secret_report;
+use crate::hostile::{clock_report, run_clock_probe, secret_report};
 use crate::support::{
     EXAMPLE_MANIFEST, EXAMPLE_WASM, HOSTILE_MANIFEST, HOSTILE_WASM, RunOpts, env, hostile_grant, install_plugin, read_png, run_with, test_config,
 };
@@ -116,6 +117,7 @@ async fn probe_secret(runtime: &PluginRuntime, registry: &NodeRegistry, key: &st
         outputs: Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),
         signals: Arc::new(|_| {}),
         secrets: kiln::plugins::JobSecrets::new(Some(key.into())),
+        cache_key: None,
     };
     let inputs = [("trigger".to_string(), kiln::value::Value::Int(0))];
     match runtime.execute(plugin, "HostileSecretProbe", &inputs, io, &Default::default()).await.unwrap().values.as_slice() {
@@ -193,4 +195,51 @@ async fn duplicate_plugin_names_are_refused_bundled_included() {
     let err = NodeRegistry::load_all(&env.runtime, &[bundled_name.path().to_path_buf()]).await.err().expect("a bundled plugin's name");
     assert!(matches!(&err, RegistryError::DuplicateName { existing: PluginId::Bundled(b), .. } if b == "core-image"), "{err}");
     assert!(err.to_string().contains("bundled:core-image"), "{err}");
+}
+
+/// `manifest` with a top-level `line` (before its first table).
+fn with_top_level(manifest: &str, line: &str) -> String {
+    let at = manifest.find("\n[").map_or(manifest.len(), |i| i + 1);
+    format!("{}{line}\n{}", &manifest[..at], &manifest[at..])
+}
+
+/// A class the manifest declares nondeterministic sees the real clock and
+/// fresh randomness, and neither it nor anything downstream is served from
+/// the cache; a manifest naming a class the plugin lacks is refused.
+#[tokio::test]
+async fn nondeterministic_nodes_see_real_clocks_and_are_never_cached() {
+    let env = env().await;
+    let plugins = tempfile::tempdir().unwrap();
+    let manifest = with_top_level(HOSTILE_MANIFEST, r#"nondeterministic = ["HostileClockProbe"]"#);
+    install_plugin(&plugins.path().join("hostile"), &manifest, HOSTILE_WASM);
+    let registry = Arc::new(NodeRegistry::load_all(&env.runtime, &[plugins.path().to_path_buf()]).await.unwrap());
+    let (plugin, _) = registry.get("HostileClockProbe").unwrap();
+    assert!(!plugin.is_deterministic("HostileClockProbe") && plugin.is_deterministic("HostilePanic"));
+    let executor = Executor::new(env.runtime.clone(), registry.clone(), 16 << 20, 2);
+
+    let (first, report) = run_clock_probe(&executor).await;
+    let (second, report_again) = run_clock_probe(&executor).await;
+    assert_eq!((first.executed, second.executed), (vec!["7".to_string()], vec!["7".to_string()]), "never served from the cache");
+    let (report, report_again) = (report.unwrap(), report_again.unwrap());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let (wall, _, chance) = clock_report(&report);
+    assert!(now.abs_diff(wall) < std::time::Duration::from_secs(10), "the real clock: {report}");
+    assert_ne!(chance, clock_report(&report_again).2, "fresh randomness each run");
+
+    // Downstream of it, nothing is cached either.
+    let workflow = json!({
+        "7": {"class_type": "HostileClockProbe", "inputs": {"trigger": 1}},
+        "8": {"class_type": "PrimitiveString", "inputs": {"value": ["7", 0]}}
+    });
+    for _ in 0..2 {
+        let out = tempfile::tempdir().unwrap();
+        let ran = run_with(&executor, workflow.clone(), RunOpts::new(out.path())).await;
+        assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
+        assert!(ran.outcome.cached.is_empty(), "cached: {:?}", ran.outcome.cached);
+    }
+
+    let unknown = tempfile::tempdir().unwrap();
+    install_plugin(unknown.path(), &with_top_level(HOSTILE_MANIFEST, r#"nondeterministic = ["NoSuchClass"]"#), HOSTILE_WASM);
+    let err = NodeRegistry::load_all(&env.runtime, &[unknown.path().to_path_buf()]).await.err().expect("an unknown class is refused");
+    assert!(err.to_string().contains("nondeterministic") && err.to_string().contains("NoSuchClass"), "{err}");
 }

@@ -217,7 +217,7 @@ impl Executor {
                 }
                 emit(Event::Executing { node: node.id.clone(), class_type: node.class_type.clone() });
                 progress.lock().running.insert(node.id.clone(), 0.0);
-                let io = self.node_io(&node.id, &ctx, &progress);
+                let io = self.node_io(&node.id, keys.get(&node.id).copied(), &ctx, &progress);
                 let (runtime, plugin, class, node_id, cancel) =
                     (self.runtime.clone(), plugin.clone(), node.class_type.clone(), node.id.clone(), run_cancel.clone());
                 let span = tracing::info_span!("node", node_id = %node_id, class_type = %class);
@@ -328,7 +328,8 @@ impl Executor {
     }
 
     /// The cache key of every planned node, in plan order. A node whose
-    /// plugin reads secrets is keyed by them too (see `JobSecrets::cache_salt`).
+    /// plugin reads secrets is keyed by them too (see `JobSecrets::cache_salt`);
+    /// a nondeterministic one by a fresh random value (see `plugins::determinism`).
     fn cache_keys(&self, plan: &Plan, files: &dyn InputFiles, secrets: &crate::plugins::JobSecrets) -> HashMap<String, CacheKey> {
         let mut keys: HashMap<String, CacheKey> = HashMap::new();
         for node in &plan.nodes {
@@ -337,6 +338,10 @@ impl Executor {
             let granted = &plugin.manifest.capabilities.secrets;
             if !granted.is_empty() {
                 key.salt("secrets", &secrets.cache_salt(granted));
+            }
+            // A fresh key per run: never served from the cache, nor is anything downstream.
+            if !plugin.is_deterministic(&node.class_type) {
+                key.salt("nondeterministic", &uuid::Uuid::new_v4().to_string());
             }
             let mut complete = true;
             for (name, input) in &node.inputs {
@@ -390,12 +395,13 @@ impl Executor {
             .collect()
     }
 
-    fn node_io(&self, node_id: &str, ctx: &RunContext, progress: &Arc<Mutex<Progress>>) -> NodeIo {
+    fn node_io(&self, node_id: &str, cache_key: Option<CacheKey>, ctx: &RunContext, progress: &Arc<Mutex<Progress>>) -> NodeIo {
         let (events, progress, node) = (ctx.events.clone(), progress.clone(), node_id.to_string());
         NodeIo {
             inputs: ctx.inputs.clone(),
             outputs: ctx.outputs.clone(),
             secrets: ctx.secrets.clone(),
+            cache_key,
             signals: Arc::new(move |signal| match signal {
                 NodeSignal::Progress { step, steps } => {
                     let overall = {

@@ -6,6 +6,7 @@
 //!   `bundled:<name>`) and the operator's grants that name it.
 //! - [`engine`]: the one wasmtime engine, its allocator and epoch ticker.
 //! - [`artifacts`]: the on-disk cache of compiled components.
+//! - [`determinism`]: the virtual clocks and seeded randomness of node calls.
 //! - [`runtime`]: loading plugins and calling nodes under limits.
 //! - [`registry`]: which plugin provides each node class.
 //! - `state`, `imports`, `kernels`, `log_pipe`: a node store's data and the
@@ -16,6 +17,7 @@ pub mod artifacts;
 pub mod bindings;
 pub mod bundled;
 mod deadlines;
+pub mod determinism;
 pub mod engine;
 pub mod identity;
 mod imports;

@@ -17,6 +17,7 @@ use wasmtime::{Engine, Store, Trap};
 use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
 use super::deadlines::Deadlines;
+use super::determinism::{GuestWorld, seed_from_inputs, seed_from_key};
 use super::engine::{Allocator, PoolSizing, build_engine, spawn_epoch_ticker};
 use super::identity::{PluginGrant, PluginId, hash_grant};
 pub use super::log_pipe::CapturedLog;
@@ -135,6 +136,12 @@ pub struct Plugin {
 }
 
 impl Plugin {
+    /// Whether calls of `class_type` get virtual clocks and seeded
+    /// randomness, so that their results may be cached (see `determinism`).
+    pub fn is_deterministic(&self, class_type: &str) -> bool {
+        self.manifest.is_deterministic(class_type)
+    }
+
     /// `name (identity)`, for messages.
     pub fn label(&self) -> String {
         label(&self.manifest, &self.id)
@@ -162,6 +169,9 @@ const ALLOWED_IMPORTS: &[&str] = &["kiln:plugin/", "wasi:cli/", "wasi:io/", "was
 
 /// Limits for a plugin's `definitions` call at load.
 const DEFINITIONS_LIMITS: EffectiveLimits = EffectiveLimits { memory_bytes: 64 << 20, timeout: Duration::from_secs(10) };
+
+/// What a plugin's `definitions` call sees: virtual clocks, a fixed seed.
+const DEFINITIONS_WORLD: GuestWorld = GuestWorld::Virtual([0; 32]);
 
 impl PluginRuntime {
     /// Builds the engine, linker and epoch ticker.
@@ -216,13 +226,14 @@ impl PluginRuntime {
             .map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
         let limits = manifest.effective_limits(&self.config.limits);
         let definitions = self
-            .call(&pre, DEFINITIONS_LIMITS, None, &CancellationToken::new(), |world, store| {
+            .call(&pre, DEFINITIONS_LIMITS, None, DEFINITIONS_WORLD, &CancellationToken::new(), |world, store| {
                 Box::pin(async move { world.kiln_plugin_node().call_definitions(store).await })
             })
             .await
             .map_err(|failure| LoadError::Definitions { plugin: plugin.clone(), failure })?
             .0;
-        super::registry::check_definitions(&definitions).map_err(|reason| LoadError::InvalidDefinition { plugin, reason })?;
+        super::registry::check_definitions(&definitions).map_err(|reason| LoadError::InvalidDefinition { plugin: plugin.clone(), reason })?;
+        manifest.check_nondeterministic(&definitions).map_err(|source| LoadError::Manifest { plugin, source })?;
         Ok(Plugin { id, manifest, component_hash, definitions, limits, from_cache, pre })
     }
 
@@ -230,7 +241,9 @@ impl PluginRuntime {
     ///
     /// The call gets a fresh store with the plugin's memory ceiling, yields to
     /// tokio at every epoch tick, fails with `timeout` past the plugin's time
-    /// limit and with `interrupted` as soon as `cancel` fires.
+    /// limit and with `interrupted` as soon as `cancel` fires. A
+    /// deterministic class sees virtual clocks and randomness seeded from
+    /// `io.cache_key` (or, without one, from its class and inputs).
     pub async fn execute(
         &self,
         plugin: &Plugin,
@@ -270,10 +283,14 @@ impl PluginRuntime {
         io: NodeIo,
         cancel: &CancellationToken,
     ) -> Result<NodeOutput, NodeFailure> {
+        let guest_world = match plugin.is_deterministic(class_type) {
+            true => GuestWorld::Virtual(io.cache_key.as_ref().map_or_else(|| seed_from_inputs(class_type, inputs), seed_from_key)),
+            false => GuestWorld::Real,
+        };
         let class = class_type.to_string();
         let inputs = inputs.to_vec();
         let (result, mut called) = self
-            .call(&plugin.pre, plugin.limits, Some(io), cancel, move |world, store| {
+            .call(&plugin.pre, plugin.limits, Some(io), guest_world, cancel, move |world, store| {
                 Box::pin(async move {
                     let wit_inputs = inputs
                         .into_iter()
@@ -308,6 +325,7 @@ impl PluginRuntime {
         pre: &PluginPre<NodeState>,
         limits: EffectiveLimits,
         io: Option<NodeIo>,
+        guest_world: GuestWorld,
         cancel: &CancellationToken,
         f: impl for<'a> FnOnce(PluginWorld, &'a mut Store<NodeState>) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>>
         + Send,
@@ -326,7 +344,7 @@ impl PluginRuntime {
             log_bytes: self.config.log_bytes,
         };
         let deadline_at = std::time::Instant::now() + limits.timeout;
-        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io, StopState::new(cancel.clone(), deadline_at)));
+        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at)));
         store.limiter(|s| &mut s.memory);
         // wasmtime caps what one guest→host call may transfer (128 MiB by
         // default), which refused a 4096² RGB image (201 MB). A guest cannot
