@@ -243,3 +243,55 @@ async fn nondeterministic_nodes_see_real_clocks_and_are_never_cached() {
     let err = NodeRegistry::load_all(&env.runtime, &[unknown.path().to_path_buf()]).await.err().expect("an unknown class is refused");
     assert!(err.to_string().contains("nondeterministic") && err.to_string().contains("NoSuchClass"), "{err}");
 }
+
+/// A component instantiating `count` copies of a core module that defines
+/// `memories` memories and `tables` tables (0 or 1 each).
+fn component_of_instances(count: u32, memories: u32, tables: u32) -> Vec<u8> {
+    use wasm_encoder::{Component, InstanceSection, MemorySection, MemoryType, Module, ModuleArg, ModuleSection, RefType, TableSection, TableType};
+    let mut module = Module::new();
+    if tables > 0 {
+        let mut section = TableSection::new();
+        section.table(TableType { element_type: RefType::FUNCREF, table64: false, minimum: 1, maximum: None, shared: false });
+        module.section(&section);
+    }
+    if memories > 0 {
+        let mut section = MemorySection::new();
+        section.memory(MemoryType { minimum: 1, maximum: None, memory64: false, shared: false, page_size_log2: None });
+        module.section(&section);
+    }
+    let mut component = Component::new();
+    component.section(&ModuleSection(&module));
+    let mut instances = InstanceSection::new();
+    for _ in 0..count {
+        instances.instantiate(0, Vec::<(&str, ModuleArg)>::new());
+    }
+    component.section(&instances);
+    component.finish()
+}
+
+/// Each component may take only its share of the instance pool: one
+/// defining more core instances, memories or tables than a slot's share is
+/// refused when it loads, with a message saying which limit.
+#[tokio::test]
+async fn components_over_the_pools_per_component_limits_are_refused_at_load() {
+    use kiln::plugins::engine::{Allocator, CORE_INSTANCES_PER_COMPONENT, MEMORIES_PER_COMPONENT, TABLES_PER_COMPONENT};
+    let env = env().await;
+    if env.runtime.allocator() != Allocator::Pooling {
+        eprintln!("no pooling allocator on this machine: its limits do not apply");
+        return;
+    }
+    let manifest = || kiln::plugins::Manifest::parse("name = 'greedy'\nversion = '1'\ncomponent = 'greedy.wasm'").unwrap();
+    for (bytes, what, limit) in [
+        (component_of_instances(CORE_INSTANCES_PER_COMPONENT + 1, 0, 0), "core module instances", CORE_INSTANCES_PER_COMPONENT),
+        (component_of_instances(MEMORIES_PER_COMPONENT + 1, 1, 0), "linear memories", MEMORIES_PER_COMPONENT),
+        (component_of_instances(TABLES_PER_COMPONENT + 1, 0, 1), "tables", TABLES_PER_COMPONENT),
+    ] {
+        let err = env.runtime.load(PluginId::Dir("/plugins/greedy".into()), manifest(), &bytes).await.err().expect("over the limit");
+        let message = err.to_string();
+        assert!(message.contains("plugin `greedy (/plugins/greedy)`"), "{message}");
+        assert!(message.contains(what) && message.contains(&format!("maximum of {limit} ")), "{what}: {message}");
+    }
+    // Within the limits, the same shape loads as far as its (missing) exports.
+    let err = env.runtime.load(PluginId::Dir("/plugins/greedy".into()), manifest(), &component_of_instances(2, 1, 1)).await.err().unwrap();
+    assert!(!err.to_string().contains("maximum of"), "{err}");
+}
