@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::plugins::compile::CompileConfig;
 use crate::plugins::identity::PluginGrant;
 use crate::plugins::{OperatorLimits, RuntimeConfig};
 
@@ -73,6 +74,27 @@ pub struct Config {
     /// Costs up to this much RSS per instance slot (max_concurrency + 1,
     /// two memories each).
     pub node_keep_resident_kb: u64,
+    /// Wall-clock seconds one plugin's compilation may take. Cranelift cannot
+    /// be interrupted mid-function, so `kiln` compiles each component (when
+    /// its compiled artifact is not cached) in a child process
+    /// (`kiln compile-component`) and kills it past this; the plugin then
+    /// fails to load, naming this limit. Default 60 (the bundled plugins
+    /// compile in a few seconds on one core). The child's CPU time is capped
+    /// too (`RLIMIT_CPU`: this many seconds per CPU, since compilation uses
+    /// every core), in case the parent dies first.
+    pub compile_timeout_s: u64,
+    /// Address space of that child process (`RLIMIT_AS`), MiB. Default 2048:
+    /// compiling the bundled plugins needs a few hundred MiB; a component
+    /// built to make the compiler allocate without end is stopped here
+    /// instead of taking the host's memory.
+    pub compile_memory_mb: u64,
+    /// The executable run as `<exe> compile-component` to compile plugins
+    /// under those limits. Not a configuration setting: the `kiln` binary
+    /// sets it to itself. `None` (kiln linked as a library, e.g. in tests,
+    /// where the current executable has no such subcommand) compiles in
+    /// this process, without the limits.
+    #[serde(skip)]
+    pub compiler_exe: Option<PathBuf>,
     /// List the compiled guest code in `/tmp/perf-<pid>.map`, so `perf
     /// record` / `perf report` name the functions of plugins. For
     /// profiling; default false.
@@ -141,6 +163,9 @@ impl Default for Config {
             result_cache_mb: 1024,
             decommit_batch: 1,
             node_keep_resident_kb: 1024,
+            compile_timeout_s: 60,
+            compile_memory_mb: 2048,
+            compiler_exe: None,
             guest_perf_map: false,
             http_threads: std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).max(1)),
             host: "127.0.0.1".into(),
@@ -219,6 +244,11 @@ impl Config {
             keep_resident_bytes: usize::try_from(self.node_keep_resident_kb.saturating_mul(1024)).unwrap_or(usize::MAX),
             perf_map: self.guest_perf_map,
             secret_plugins: PluginGrant::parse_all(&self.secret_plugins)?,
+            compile: CompileConfig {
+                exe: self.compiler_exe.clone(),
+                timeout: Duration::from_secs(self.compile_timeout_s.max(1)),
+                memory_bytes: mb(self.compile_memory_mb.max(1)),
+            },
         })
     }
 }
@@ -240,6 +270,8 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "result_cache_mb",
         "decommit_batch",
         "node_keep_resident_kb",
+        "compile_timeout_s",
+        "compile_memory_mb",
         "guest_perf_map",
         "http_threads",
         "host",
@@ -306,6 +338,8 @@ mod tests {
         let old_style = Config { secret_plugins: vec!["partner".into()], ..Config::default() };
         let err = old_style.runtime().unwrap_err().to_string();
         assert!(err.contains("secret_plugins") && err.contains("`partner` looks like a plugin name") && err.contains("blake3:"), "{err}");
+        // Not settable from a file: only the binary names itself.
+        assert!(toml::from_str::<Config>("compiler_exe = '/bin/sh'").is_err());
     }
 
     #[test]

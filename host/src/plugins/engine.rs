@@ -1,6 +1,7 @@
 //! The one wasmtime `Engine` of the process: its configuration, the pooling
-//! allocator (with an on-demand fallback) and its per-component limits, and
-//! the epoch ticker that bounds guest CPU time and fires node deadlines.
+//! allocator (with an on-demand fallback) and its per-component limits, the
+//! compile-only engine of `kiln compile-component`, and the epoch ticker
+//! that bounds guest CPU time and fires node deadlines.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,6 +103,14 @@ pub fn build_engine(sizing: PoolSizing, perf_map: bool) -> wasmtime::Result<(Eng
     }
 }
 
+/// An engine that only compiles, for `kiln compile-component`: the same
+/// compilation settings as [`build_engine`]'s (so its artifacts load there;
+/// the allocator and the profiler are not compilation settings), nothing
+/// reserved for instances.
+pub fn compile_engine() -> wasmtime::Result<Engine> {
+    Engine::new(&base_config(false))
+}
+
 fn base_config(perf_map: bool) -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true).epoch_interruption(true).memory_init_cow(true).max_wasm_stack(1 << 20).async_stack_size(2 << 20);
@@ -155,7 +164,7 @@ mod tests {
     /// what they use (printed: `cargo test -p kiln --lib engine -- --nocapture`).
     #[test]
     fn bundled_plugins_fit_the_per_component_limits() {
-        let compiler = Engine::new(&base_config(false)).unwrap();
+        let compiler = compile_engine().unwrap();
         for bundled in super::super::bundled::BUNDLED {
             let artifact = compiler.precompile_component(bundled.wasm).unwrap();
             let [core, memories, tables] = counts(&artifact);
@@ -166,5 +175,20 @@ mod tests {
             assert!(2 * memories <= MEMORIES_PER_COMPONENT, "{name}: {memories} memories");
             assert!(2 * tables <= TABLES_PER_COMPONENT, "{name}: {tables} tables");
         }
+    }
+
+    /// Artifacts of `kiln compile-component`'s engine load in the pooled
+    /// engine: compilation settings are the same.
+    #[test]
+    fn the_compile_engine_matches_the_pooled_engine() {
+        use std::hash::{Hash, Hasher};
+        let hash = |engine: &Engine| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            engine.precompile_compatibility_hash().hash(&mut h);
+            h.finish()
+        };
+        let sizing = PoolSizing { instances: 2, max_memory_bytes: 1 << 30, decommit_batch: 1, keep_resident_bytes: 0 };
+        let (pooled, _) = build_engine(sizing, true).unwrap();
+        assert_eq!(hash(&compile_engine().unwrap()), hash(&pooled));
     }
 }

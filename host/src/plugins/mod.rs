@@ -5,6 +5,7 @@
 //! - [`identity`]: who a plugin is (its directory, its component hash,
 //!   `bundled:<name>`) and the operator's grants that name it.
 //! - [`engine`]: the one wasmtime engine, its allocator and epoch ticker.
+//! - [`compile`]: compiling components in a child process under limits.
 //! - [`artifacts`]: the on-disk cache of compiled components.
 //! - [`determinism`]: the virtual clocks and seeded randomness of node calls.
 //! - [`runtime`]: loading plugins and calling nodes under limits.
@@ -16,6 +17,7 @@
 pub mod artifacts;
 pub mod bindings;
 pub mod bundled;
+pub mod compile;
 mod deadlines;
 pub mod determinism;
 pub mod engine;

@@ -16,6 +16,7 @@ use wasmtime::{Engine, Store, Trap};
 
 use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
+use super::compile::{CompileConfig, CompileError};
 use super::deadlines::Deadlines;
 use super::determinism::{GuestWorld, seed_from_inputs, seed_from_key};
 use super::engine::{Allocator, PoolSizing, build_engine, spawn_epoch_ticker};
@@ -54,6 +55,8 @@ pub struct RuntimeConfig {
     /// read the secrets their manifests ask for; any other plugin asking
     /// for one is refused.
     pub secret_plugins: Vec<PluginGrant>,
+    /// How components are compiled (in a child process under limits, or here).
+    pub compile: CompileConfig,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -105,6 +108,8 @@ pub enum LoadError {
     Manifest { plugin: String, source: super::manifest::ManifestError },
     #[error("plugin `{plugin}`: cannot read {path}: {source}")]
     Io { plugin: String, path: PathBuf, source: std::io::Error },
+    #[error("plugin `{plugin}`: {reason}")]
+    Component { plugin: String, reason: CompileError },
     #[error("plugin `{plugin}` is not a valid component: {message}")]
     Compile { plugin: String, message: String },
     #[error(
@@ -211,9 +216,10 @@ impl PluginRuntime {
         {
             return Err(LoadError::SecretNotGranted { plugin, secret: secret.clone(), hash_grant: hash_grant(&component_hash) });
         }
-        let engine = self.engine.clone();
-        let (component, from_cache) =
-            self.artifacts.load(&engine, wasm).map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
+        let (component, from_cache) = self.artifacts.load(&self.engine, wasm, &self.config.compile).map_err(|source| match source {
+            CompileError::Invalid(message) => LoadError::Compile { plugin: plugin.clone(), message },
+            reason => LoadError::Component { plugin: plugin.clone(), reason },
+        })?;
         for (name, _) in component.component_type().imports(&self.engine) {
             if !ALLOWED_IMPORTS.iter().any(|p| name.starts_with(p)) {
                 return Err(LoadError::ForbiddenImport { plugin, import: name.to_string() });
