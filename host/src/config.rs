@@ -78,15 +78,18 @@ pub struct Config {
     /// be interrupted mid-function, so `kiln` compiles each component (when
     /// its compiled artifact is not cached) in a child process
     /// (`kiln compile-component`) and kills it past this; the plugin then
-    /// fails to load, naming this limit. Default 60 (the bundled plugins
-    /// compile in a few seconds on one core). The child's CPU time is capped
-    /// too (`RLIMIT_CPU`: this many seconds per CPU, since compilation uses
-    /// every core), in case the parent dies first.
+    /// fails to load, naming this limit. Default 60: the bundled plugins
+    /// compile in about 0.5 s on 2 cores (1 s of CPU), so a legitimate
+    /// plugin 50× their size still fits on a slow host. The child's CPU
+    /// time is capped too (`RLIMIT_CPU`: this many seconds per CPU, since
+    /// compilation uses every core), in case the parent dies first.
     pub compile_timeout_s: u64,
     /// Address space of that child process (`RLIMIT_AS`), MiB. Default 2048:
-    /// compiling the bundled plugins needs a few hundred MiB; a component
-    /// built to make the compiler allocate without end is stopped here
-    /// instead of taking the host's memory.
+    /// compiling the bundled plugins fits in 256 MiB of address space on 2
+    /// cores (60 MiB resident); each further CPU adds a compiler thread's
+    /// stack and allocator arena (up to 64 MiB of address space each). A
+    /// component built to make the compiler allocate without end is
+    /// stopped here instead of taking the host's memory.
     pub compile_memory_mb: u64,
     /// The executable run as `<exe> compile-component` to compile plugins
     /// under those limits. Not a configuration setting: the `kiln` binary
