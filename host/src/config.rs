@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::plugins::compile::CompileConfig;
+use crate::plugins::identity::PluginGrant;
 use crate::plugins::{OperatorLimits, RuntimeConfig};
 
 /// kiln's settings.
@@ -18,10 +20,22 @@ pub struct Config {
     /// Extra plugin directories, each holding plugins (subdirectories with a
     /// `kiln-plugin.toml`) or being one. Default: none (bundled plugins only).
     pub plugin_dirs: Vec<PathBuf>,
-    /// Plugins (by manifest name) allowed to read the secrets their
-    /// manifests ask for under `capabilities.secrets` — today a job's
-    /// partner key, `extra_data.api_key_svc_org`. Default: none; a plugin
-    /// that asks without being listed is refused at load.
+    /// Plugins allowed to read the secrets their manifests ask for under
+    /// `capabilities.secrets` — today a job's partner key,
+    /// `extra_data.api_key_svc_org`. Each entry names a plugin by what the
+    /// operator controls, never by the name its manifest claims (any plugin
+    /// can claim any name):
+    /// - a plugin directory (the one holding its `kiln-plugin.toml`), written
+    ///   with a `/`: `"/srv/kiln/plugins/partner"`, `"./partner"`; it must
+    ///   exist and is compared canonicalized (symlinks, `..` resolved);
+    /// - a component hash, `"blake3:<64 hex digits>"`: the blake3 of the
+    ///   plugin's `.wasm` file (`b3sum partner.wasm`); any plugin running
+    ///   exactly that code.
+    ///
+    /// A bare name (`"partner"`) is refused at start with a message saying
+    /// what to write instead. Default: none; a plugin that asks for a secret
+    /// without being listed is refused at load, and its error names both
+    /// ways to grant it. `KILN_SECRET_PLUGINS` is `:`-separated.
     pub secret_plugins: Vec<String>,
     /// Where compiled components are cached. Default: `$XDG_CACHE_HOME/kiln`
     /// or `~/.cache/kiln`. A warm cache turns seconds of compilation at start
@@ -78,6 +92,30 @@ pub struct Config {
     pub job_max_files: u64,
     /// Bytes of files one job may save, MiB. Default 4096.
     pub job_output_mb: u64,
+    /// Wall-clock seconds one plugin's compilation may take. Cranelift cannot
+    /// be interrupted mid-function, so `kiln` compiles each component (when
+    /// its compiled artifact is not cached) in a child process
+    /// (`kiln compile-component`) and kills it past this; the plugin then
+    /// fails to load, naming this limit. Default 60: the bundled plugins
+    /// compile in about 0.5 s on 2 cores (1 s of CPU), so a legitimate
+    /// plugin 50× their size still fits on a slow host. The child's CPU
+    /// time is capped too (`RLIMIT_CPU`: this many seconds per CPU, since
+    /// compilation uses every core), in case the parent dies first.
+    pub compile_timeout_s: u64,
+    /// Address space of that child process (`RLIMIT_AS`), MiB. Default 2048:
+    /// compiling the bundled plugins fits in 256 MiB of address space on 2
+    /// cores (60 MiB resident); each further CPU adds a compiler thread's
+    /// stack and allocator arena (up to 64 MiB of address space each). A
+    /// component built to make the compiler allocate without end is
+    /// stopped here instead of taking the host's memory.
+    pub compile_memory_mb: u64,
+    /// The executable run as `<exe> compile-component` to compile plugins
+    /// under those limits. Not a configuration setting: the `kiln` binary
+    /// sets it to itself. `None` (kiln linked as a library, e.g. in tests,
+    /// where the current executable has no such subcommand) compiles in
+    /// this process, without the limits.
+    #[serde(skip)]
+    pub compiler_exe: Option<PathBuf>,
     /// List the compiled guest code in `/tmp/perf-<pid>.map`, so `perf
     /// record` / `perf report` name the functions of plugins. For
     /// profiling; default false.
@@ -152,6 +190,9 @@ impl Default for Config {
             node_max_files: 4096,
             job_max_files: 10_000,
             job_output_mb: 4096,
+            compile_timeout_s: 60,
+            compile_memory_mb: 2048,
+            compiler_exe: None,
             guest_perf_map: false,
             http_threads: std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).max(1)),
             host: "127.0.0.1".into(),
@@ -182,6 +223,8 @@ pub enum ConfigError {
     Parse(#[from] toml::de::Error),
     #[error("invalid value for {var}: {value:?}")]
     Env { var: String, value: String },
+    #[error("invalid secret_plugins entry: {0}")]
+    SecretPlugins(#[from] crate::plugins::identity::GrantError),
 }
 
 impl Config {
@@ -222,10 +265,11 @@ impl Config {
         }
     }
 
-    /// The plugin runtime's slice of the configuration.
-    pub fn runtime(&self) -> RuntimeConfig {
+    /// The plugin runtime's slice of the configuration; refuses
+    /// `secret_plugins` entries that do not name a directory or a hash.
+    pub fn runtime(&self) -> Result<RuntimeConfig, ConfigError> {
         let mb = |v: u64| v.saturating_mul(1 << 20);
-        RuntimeConfig {
+        Ok(RuntimeConfig {
             max_concurrency: self.max_concurrency.max(1),
             limits: OperatorLimits {
                 default_memory_bytes: mb(self.node_memory_mb).min(mb(self.max_node_memory_mb)),
@@ -241,8 +285,13 @@ impl Config {
             decommit_batch: self.decommit_batch,
             keep_resident_bytes: usize::try_from(self.node_keep_resident_kb.saturating_mul(1024)).unwrap_or(usize::MAX),
             perf_map: self.guest_perf_map,
-            secret_plugins: self.secret_plugins.clone(),
-        }
+            secret_plugins: PluginGrant::parse_all(&self.secret_plugins)?,
+            compile: CompileConfig {
+                exe: self.compiler_exe.clone(),
+                timeout: Duration::from_secs(self.compile_timeout_s.max(1)),
+                memory_bytes: mb(self.compile_memory_mb.max(1)),
+            },
+        })
     }
 }
 
@@ -263,6 +312,8 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "result_cache_mb",
         "decommit_batch",
         "node_keep_resident_kb",
+        "compile_timeout_s",
+        "compile_memory_mb",
         "guest_perf_map",
         "max_workflow_nodes",
         "max_workflow_kb",
@@ -323,7 +374,20 @@ mod tests {
         assert_eq!(config.result_cache_mb, 7);
         assert_eq!(config.plugin_dirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(config.node_memory_mb, Config::default().node_memory_mb);
-        assert_eq!(config.runtime().limits.default_timeout, Duration::from_millis(250));
+        assert_eq!(config.runtime().unwrap().limits.default_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn secret_plugins_name_directories_or_hashes() {
+        let dir = tempfile::tempdir().unwrap();
+        let hash = format!("blake3:{}", blake3::hash(b"wasm").to_hex());
+        let config = Config { secret_plugins: vec![dir.path().display().to_string(), hash], ..Config::default() };
+        assert_eq!(config.runtime().unwrap().secret_plugins.len(), 2);
+        let old_style = Config { secret_plugins: vec!["partner".into()], ..Config::default() };
+        let err = old_style.runtime().unwrap_err().to_string();
+        assert!(err.contains("secret_plugins") && err.contains("`partner` looks like a plugin name") && err.contains("blake3:"), "{err}");
+        // Not settable from a file: only the binary names itself.
+        assert!(toml::from_str::<Config>("compiler_exe = '/bin/sh'").is_err());
     }
 
     #[test]

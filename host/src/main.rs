@@ -3,8 +3,12 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    kiln::memory::tune_allocator();
     let cli = kiln::cli::Cli::parse();
+    // The compiler child (see `plugins::compile`) needs none of what follows.
+    if let kiln::cli::Command::CompileComponent(args) = &cli.command {
+        return std::process::ExitCode::from(kiln::cli::compile_component(args));
+    }
+    kiln::memory::tune_allocator();
     // The server logs a line per job (id, status, times) by default; the
     // one-shot commands only warnings. `KILN_LOG` overrides either
     // (EnvFilter syntax). Lines are written in batches by a thread of their

@@ -57,7 +57,7 @@ impl Server {
 
     /// Loads the configured plugins and starts a server.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
-        let runtime = Arc::new(PluginRuntime::new(config.runtime()).map_err(|e| anyhow::anyhow!("{e:#}"))?);
+        let runtime = Arc::new(PluginRuntime::new(config.runtime()?).map_err(|e| anyhow::anyhow!("{e:#}"))?);
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &config.plugin_dirs).await?);
         // Compiling plugins (first start, or after a change) leaves tens of
         // MiB of freed compiler memory that the allocator keeps (see `memory`).

@@ -81,3 +81,103 @@ fn a_failing_node_exits_non_zero_with_its_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("node 1 (LoadImage) failed [failed]"), "{stderr}");
 }
+
+/// A valid component that Cranelift takes long to compile: one function
+/// whose `locals` i64 locals are all live around a loop of `ops` additions
+/// (5000 and 50 000: ~50 s on one core here; 0.5 MB of wasm).
+fn slow_to_compile(locals: u32, ops: u32) -> Vec<u8> {
+    use wasm_encoder::{
+        BlockType, CodeSection, Component, ExportKind, ExportSection, Function, FunctionSection, Instruction, Module, ModuleSection, TypeSection, ValType,
+    };
+    let mut module = Module::new();
+    let mut types = TypeSection::new();
+    types.ty().function([], []);
+    module.section(&types);
+    let mut funcs = FunctionSection::new();
+    funcs.function(0);
+    module.section(&funcs);
+    let mut exports = ExportSection::new();
+    exports.export("f", ExportKind::Func, 0);
+    module.section(&exports);
+    let mut body = Function::new([(locals, ValType::I64)]);
+    body.instruction(&Instruction::Loop(BlockType::Empty));
+    for i in 0..ops {
+        body.instruction(&Instruction::LocalGet(i.wrapping_mul(7919) % locals));
+        body.instruction(&Instruction::LocalGet((i.wrapping_mul(104_729) + 1) % locals));
+        body.instruction(&Instruction::I64Add);
+        body.instruction(&Instruction::LocalSet(i % locals));
+    }
+    body.instruction(&Instruction::LocalGet(0));
+    body.instruction(&Instruction::I64Eqz);
+    body.instruction(&Instruction::BrIf(0));
+    body.instruction(&Instruction::End);
+    body.instruction(&Instruction::End);
+    let mut code = CodeSection::new();
+    code.function(&body);
+    module.section(&code);
+    let mut component = Component::new();
+    component.section(&ModuleSection(&module));
+    component.finish()
+}
+
+/// A plugin whose component would take the compiler most of a minute does
+/// not stall start-up: the compiler child is killed at `compile_timeout_s`
+/// and `kiln run` and `kiln serve` fail at once, naming the plugin and the
+/// limit. (The bundled plugins compile within it: their artifacts are
+/// cached first, as a server's would be.)
+#[test]
+fn a_plugin_too_slow_to_compile_fails_start_up_at_the_compile_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("plugins/slow");
+    std::fs::create_dir_all(&plugin).unwrap();
+    std::fs::write(plugin.join("kiln-plugin.toml"), "name = \"slow\"\nversion = \"1\"\ncomponent = \"slow.wasm\"\n").unwrap();
+    std::fs::write(plugin.join("slow.wasm"), slow_to_compile(5000, 50_000)).unwrap();
+    std::fs::write(dir.path().join("wf.json"), r#"{"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}}}"#)
+        .unwrap();
+    let warm = kiln(&["nodes"], dir.path());
+    assert!(warm.status.success(), "stderr: {}", String::from_utf8_lossy(&warm.stderr));
+
+    let kiln_with_timeout = |args: &[&str]| {
+        let started = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(args)
+            .current_dir(dir.path())
+            .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
+            .env("KILN_COMPILE_TIMEOUT_S", "1")
+            .output()
+            .expect("kiln runs");
+        (out, started.elapsed())
+    };
+    let data = dir.path().join("data");
+    for args in [&["run", "wf.json", "--plugins", "plugins"][..], &["serve", "--port", "0", "--plugins", "plugins", "--data-dir", data.to_str().unwrap()]] {
+        let (out, took) = kiln_with_timeout(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} must fail: {stderr}");
+        assert!(stderr.contains("plugin `slow (") && stderr.contains("compile_timeout_s = 1 s"), "{args:?}: names the plugin and the limit: {stderr}");
+        assert!(took < std::time::Duration::from_secs(20), "{args:?} took {took:?}");
+    }
+}
+
+/// The compiler child runs under `compile_memory_mb`: a compile that needs
+/// more (this one: ~250 MiB of address space; a small component compiles
+/// in 100) fails the plugin's load, naming the limit.
+#[test]
+fn a_plugin_compile_over_the_memory_limit_fails_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("plugins/big");
+    std::fs::create_dir_all(&plugin).unwrap();
+    std::fs::write(plugin.join("kiln-plugin.toml"), "name = \"big\"\nversion = \"1\"\ncomponent = \"big.wasm\"\n").unwrap();
+    std::fs::write(plugin.join("big.wasm"), slow_to_compile(5000, 50_000)).unwrap();
+    let warm = kiln(&["nodes"], dir.path());
+    assert!(warm.status.success(), "stderr: {}", String::from_utf8_lossy(&warm.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["nodes", "--plugins", "plugins"])
+        .current_dir(dir.path())
+        .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
+        .env("KILN_COMPILE_MEMORY_MB", "100")
+        .output()
+        .expect("kiln runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "must fail: {stderr}");
+    assert!(stderr.contains("plugin `big (") && stderr.contains("compile_memory_mb = 100"), "names the plugin and the limit: {stderr}");
+}

@@ -46,7 +46,7 @@ fn spawn() -> Kiln {
         .arg(data.path())
         .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
         .env("KILN_PLUGIN_DIRS", plugins.path())
-        .env("KILN_SECRET_PLUGINS", "hostile")
+        .env("KILN_SECRET_PLUGINS", dir.canonicalize().unwrap())
         .env("KILN_JOB_MEMORY_MB", JOB_MEMORY_MB.to_string())
         .env("KILN_MAX_RUNNING_JOBS", "1")
         .env("KILN_RESULT_CACHE_MB", "64")

@@ -32,7 +32,12 @@
 //! No filesystem, network or environment. A plugin that calls a partner
 //! service can read the job's partner key with [`host::secret`], once its
 //! manifest asks for it (`[capabilities] secrets = ["api_key_svc_org"]`)
-//! and the operator lists the plugin in `secret_plugins`.
+//! and the operator lists the plugin (its directory or component hash) in
+//! `secret_plugins`.
+//!
+//! A node sees a virtual clock and randomness seeded from its inputs, so its
+//! result can be cached; list classes that need the real time or fresh
+//! randomness in the manifest's `nondeterministic = ["Class"]`.
 //!
 //! Link with a few MiB of initial memory (`-C link-arg=--initial-memory=4194304`,
 //! see `examples/custom-node/.cargo/config.toml`): the linker's default leaves

@@ -101,7 +101,7 @@ fn main() {
         let batch = std::env::var("KILN_DECOMMIT_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
         let config = Config { cache_dir: Some(dir.path().join("artifacts")), decommit_batch: batch, ..Config::default() };
         let started = Instant::now();
-        let runtime = Arc::new(PluginRuntime::new(config.runtime()).expect("runtime"));
+        let runtime = Arc::new(PluginRuntime::new(config.runtime().expect("config")).expect("runtime"));
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("plugins"));
         println!("cold start (compile bundled plugins): {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
         let started = Instant::now();
@@ -129,7 +129,7 @@ fn main() {
             ("LoadImage", vec![("image".to_string(), kiln::value::Value::String("small.png".into()))]),
         ] {
             let (plugin, _) = registry.get(class).expect("class");
-            let io = || kiln::plugins::NodeIo { inputs: named.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}), secrets: Default::default(), budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED) };
+            let io = || kiln::plugins::NodeIo { inputs: named.clone(), outputs: Arc::new(DirOutputs::new(&out, out.join("temp"))), signals: Arc::new(|_| {}), secrets: Default::default(), budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED), cache_key: None };
             let cancel = CancellationToken::new();
             for _ in 0..200 {
                 runtime.execute(plugin, class, &inputs, io(), &cancel).await.expect("node runs");

@@ -26,6 +26,7 @@ fn node_io(out: &std::path::Path) -> kiln::plugins::NodeIo {
         signals: std::sync::Arc::new(|_| {}),
         secrets: Default::default(),
         budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED),
+        cache_key: None,
     }
 }
 
@@ -227,7 +228,7 @@ async fn cancel_stops_a_host_kernel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn more_calls_than_instance_slots_wait_instead_of_failing() {
     let config = kiln::config::Config { max_concurrency: 1, ..crate::support::test_config() };
-    let runtime = std::sync::Arc::new(kiln::plugins::PluginRuntime::new(config.runtime()).unwrap());
+    let runtime = std::sync::Arc::new(kiln::plugins::PluginRuntime::new(config.runtime().unwrap()).unwrap());
     let registry = kiln::plugins::NodeRegistry::load_all(&runtime, &[]).await.unwrap();
     let (plugin, _) = registry.get("PrimitiveInt").unwrap();
     let out = tempfile::tempdir().unwrap();
@@ -281,13 +282,80 @@ async fn secrets_reach_only_the_plugins_granted_them() {
     // The same component under a manifest that asks for nothing: granted
     // secrets or not, it reads none.
     let quiet = crate::support::HOSTILE_MANIFEST.split("[capabilities]").next().unwrap().to_string();
-    let loaded = env.runtime.load(kiln::plugins::Manifest::parse(&quiet).unwrap(), crate::support::HOSTILE_WASM).await.unwrap();
+    let id = kiln::plugins::PluginId::Dir("/plugins/quiet".into());
+    let loaded = env.runtime.load(id.clone(), kiln::plugins::Manifest::parse(&quiet).unwrap(), crate::support::HOSTILE_WASM).await.unwrap();
     assert_eq!(probe(job, std::sync::Arc::new(loaded)).await, secret_report(None));
 
-    // A runtime whose operator granted no plugin secrets refuses it.
+    // A runtime whose operator granted no plugin secrets refuses it, and
+    // says how to grant it.
     let config = kiln::config::Config { secret_plugins: Vec::new(), max_concurrency: 1, ..crate::support::test_config() };
-    let runtime = kiln::plugins::PluginRuntime::new(config.runtime()).unwrap();
+    let runtime = kiln::plugins::PluginRuntime::new(config.runtime().unwrap()).unwrap();
     let manifest = kiln::plugins::Manifest::parse(crate::support::HOSTILE_MANIFEST).unwrap();
-    let err = runtime.load(manifest, crate::support::HOSTILE_WASM).await.err().expect("refused without a grant");
-    assert!(err.to_string().contains("secrets: api_key_svc_org"), "{err}");
+    let err = runtime.load(id, manifest, crate::support::HOSTILE_WASM).await.err().expect("refused without a grant");
+    let message = err.to_string();
+    assert!(message.contains("asks for secret `api_key_svc_org`") && message.contains(&crate::support::hostile_grant()), "{message}");
+}
+
+/// What `HostileClockProbe` reported: (wall clock, monotonic step in ns,
+/// the rest: random bytes and a `RandomState`-keyed hash).
+pub fn clock_report(report: &str) -> (std::time::Duration, u64, String) {
+    let field = |name: &str| report.split(' ').find_map(|f| f.strip_prefix(name)).unwrap_or_else(|| panic!("no {name} in {report}"));
+    let (secs, nanos) = field("wall=").split_once('.').unwrap();
+    let wall = std::time::Duration::new(secs.parse().unwrap(), nanos.parse().unwrap());
+    (wall, field("step=").parse().unwrap(), format!("{} {}", field("random="), field("keyed=")))
+}
+
+/// Runs `HostileClockProbe` (node "7") on `executor`, saving into `out`
+/// (kept across runs: a cached output is served only while its file is
+/// there): the outcome, and the report it saved when it ran (not when
+/// served from the cache).
+pub async fn run_clock_probe(executor: &kiln::executor::Executor, out: &std::path::Path) -> (kiln::executor::RunOutcome, Option<String>) {
+    let workflow = json!({"7": {"class_type": "HostileClockProbe", "inputs": {"trigger": 1}}});
+    let ran = crate::support::run_with(executor, workflow, RunOpts::new(out)).await;
+    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
+    let report = (!ran.outcome.executed.is_empty()).then(|| {
+        let (_, files) = ran.outcome.outputs.iter().find(|(node, _)| node == "7").expect("the probe is an output");
+        std::fs::read_to_string(&files[0].path).unwrap()
+    });
+    (ran.outcome, report)
+}
+
+/// By default a node sees a virtual wall clock, a stepping monotonic clock
+/// and randomness seeded from its cache key: a re-run on a cold cache
+/// computes the very bytes the cache holds, and the result is cached.
+#[tokio::test]
+async fn nodes_see_virtual_clocks_and_seeded_randomness() {
+    let env = env().await;
+    let fresh = || kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 16 << 20, 2);
+    let first = fresh();
+    let out = tempfile::tempdir().unwrap();
+    let (ran, report) = run_clock_probe(&first, out.path()).await;
+    let report = report.expect("the first run executes the probe");
+    let (wall, step, _) = clock_report(&report);
+    assert_eq!(wall, kiln::plugins::determinism::VIRTUAL_WALL_CLOCK, "{report}");
+    assert_eq!(step, kiln::plugins::determinism::MONOTONIC_STEP.as_nanos() as u64, "{report}");
+    assert_eq!(ran.executed, ["7"]);
+
+    let (again, _) = run_clock_probe(&first, out.path()).await;
+    assert_eq!(again.cached, ["7"], "a deterministic node's result is reused");
+
+    let (cold, report_cold) = run_clock_probe(&fresh(), out.path()).await;
+    assert_eq!(cold.executed, ["7"]);
+    assert_eq!(report_cold.as_deref(), Some(report.as_str()), "a re-run computes the same bytes");
+
+    // Called outside a run (no cache key): seeded from class and inputs.
+    let out = tempfile::tempdir().unwrap();
+    let (plugin, _) = env.registry.get("HostileClockProbe").unwrap();
+    let call = |trigger| {
+        let inputs = [("trigger".to_string(), kiln::value::Value::Int(trigger))];
+        let io = node_io(out.path());
+        async move {
+            match env.runtime.execute(plugin, "HostileClockProbe", &inputs, io, &Default::default()).await.unwrap().values.as_slice() {
+                [kiln::value::Value::String(report)] => clock_report(report).2,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    };
+    assert_eq!(call(1).await, call(1).await);
+    assert_ne!(call(1).await, call(2).await, "other inputs, other seed");
 }

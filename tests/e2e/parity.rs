@@ -49,6 +49,7 @@ async fn run_case(case: &Json, out: &Path) -> Result<f32, String> {
         signals: Arc::new(|_| {}),
         secrets: Default::default(),
         budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED),
+        cache_key: None,
     };
     let output = env.runtime.execute(plugin, class, &inputs, io, &Default::default()).await.map_err(|f| format!("{:?}: {}", f.kind, f.message))?;
     let expected = case["outputs"].as_array().ok_or("no outputs")?;

@@ -1,14 +1,20 @@
 //! A third-party plugin built on the SDK outside the bundled set loads from a
 //! plugin directory and runs like any bundled node; bad plugin directories
-//! are refused with clear errors.
+//! are refused with clear errors; grants bind to a plugin's directory or
+//! component hash, never to the name it claims; a manifest's
+//! nondeterministic classes see the real clock and are never cached.
 
 use std::sync::Arc;
 
 use kiln::executor::{Executor, RunStatus};
-use kiln::plugins::{NodeRegistry, RegistryError};
+use kiln::plugins::runtime::LoadError;
+use kiln::plugins::{NodeRegistry, PluginId, PluginRuntime, RegistryError};
 use serde_json::json;
 
-use crate::support::{EXAMPLE_MANIFEST, EXAMPLE_WASM, RunOpts, env, install_plugin, read_png, run_with};
+use crate::hostile::{clock_report, run_clock_probe, secret_report};
+use crate::support::{
+    EXAMPLE_MANIFEST, EXAMPLE_WASM, HOSTILE_MANIFEST, HOSTILE_WASM, RunOpts, env, hostile_grant, install_plugin, read_png, run_with, test_config,
+};
 
 #[tokio::test]
 async fn example_plugin_loads_from_a_directory_and_runs() {
@@ -74,11 +80,12 @@ async fn refuses_duplicate_classes_missing_components_and_ungranted_capabilities
 async fn compiled_components_are_cached_and_tampered_artifacts_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = kiln::config::Config { cache_dir: Some(dir.path().join("artifacts")), max_concurrency: 1, ..crate::support::test_config() };
-    let runtime = kiln::plugins::PluginRuntime::new(config.runtime()).unwrap();
+    let runtime = kiln::plugins::PluginRuntime::new(config.runtime().unwrap()).unwrap();
     let manifest = || kiln::plugins::Manifest::parse(EXAMPLE_MANIFEST).unwrap();
-    let cold = runtime.load(manifest(), EXAMPLE_WASM).await.unwrap();
+    let id = || PluginId::Dir("/plugins/example".into());
+    let cold = runtime.load(id(), manifest(), EXAMPLE_WASM).await.unwrap();
     assert!(!cold.from_cache, "first load compiles");
-    let warm = runtime.load(manifest(), EXAMPLE_WASM).await.unwrap();
+    let warm = runtime.load(id(), manifest(), EXAMPLE_WASM).await.unwrap();
     assert!(warm.from_cache, "second load deserializes the cached artifact");
 
     // Flip a byte of every artifact: the checksum no longer matches, so the
@@ -90,7 +97,203 @@ async fn compiled_components_are_cached_and_tampered_artifacts_refused() {
         bytes[last] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
     }
-    let recompiled = runtime.load(manifest(), EXAMPLE_WASM).await.unwrap();
+    let recompiled = runtime.load(id(), manifest(), EXAMPLE_WASM).await.unwrap();
     assert!(!recompiled.from_cache, "a tampered artifact is not loaded");
     assert_eq!(recompiled.definitions.len(), 1);
+}
+
+/// A runtime whose operator grants secrets to `grants` (`secret_plugins`).
+fn runtime_granting(grants: Vec<String>) -> Arc<PluginRuntime> {
+    let config = kiln::config::Config { secret_plugins: grants, max_concurrency: 1, ..test_config() };
+    Arc::new(PluginRuntime::new(config.runtime().unwrap()).unwrap())
+}
+
+/// What `HostileSecretProbe` of `registry` reads in a job carrying `key`.
+async fn probe_secret(runtime: &PluginRuntime, registry: &NodeRegistry, key: &str) -> String {
+    let (plugin, _) = registry.get("HostileSecretProbe").expect("the probe is loaded");
+    let out = tempfile::tempdir().unwrap();
+    let io = kiln::plugins::NodeIo {
+        inputs: Arc::new(kiln::files::NamedInputs::new()),
+        outputs: Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),
+        signals: Arc::new(|_| {}),
+        secrets: kiln::plugins::JobSecrets::new(Some(key.into())),
+        cache_key: None,
+        budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED),
+    };
+    let inputs = [("trigger".to_string(), kiln::value::Value::Int(0))];
+    match runtime.execute(plugin, "HostileSecretProbe", &inputs, io, &Default::default()).await.unwrap().values.as_slice() {
+        [kiln::value::Value::String(report)] => report.clone(),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn not_granted(result: Result<NodeRegistry, RegistryError>) -> String {
+    match result {
+        Err(RegistryError::Load(e @ LoadError::SecretNotGranted { .. })) => e.to_string(),
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("an ungranted plugin asking for the partner key must be refused"),
+    }
+}
+
+/// A grant names the plugin's directory or its component's hash. A plugin
+/// elsewhere claiming the granted plugin's name — the impostor — is refused
+/// at load (not granted), and, should it ask for nothing, refused as a
+/// duplicate name beside the real one.
+#[tokio::test]
+async fn secret_grants_bind_to_directories_or_hashes_not_names() {
+    let plugins = tempfile::tempdir().unwrap();
+    let partner = plugins.path().join("partner");
+    install_plugin(&partner, HOSTILE_MANIFEST, HOSTILE_WASM);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let impostor = elsewhere.path().join("partner");
+    install_plugin(&impostor, HOSTILE_MANIFEST, HOSTILE_WASM);
+
+    // By directory: the plugin there reads the key; the impostor, same
+    // name and same code in another directory, is not granted.
+    let by_dir = runtime_granting(vec![format!("{}/../partner", partner.display())]);
+    let registry = NodeRegistry::load_all(&by_dir, std::slice::from_ref(&partner)).await.unwrap();
+    assert_eq!(probe_secret(&by_dir, &registry, "k-1").await, secret_report(Some("k-1")));
+    let message = not_granted(NodeRegistry::load_all(&by_dir, std::slice::from_ref(&impostor)).await);
+    assert!(message.contains(&impostor.canonicalize().unwrap().display().to_string()), "names the impostor's directory: {message}");
+    not_granted(NodeRegistry::load_all(&by_dir, &[partner.clone(), impostor.clone()]).await);
+    // An impostor asking for nothing, claiming the name beside the real one.
+    let quiet = elsewhere.path().join("quiet");
+    install_plugin(&quiet, HOSTILE_MANIFEST.split("[capabilities]").next().unwrap(), HOSTILE_WASM);
+    match NodeRegistry::load_all(&by_dir, &[partner.clone(), quiet.clone()]).await {
+        Err(RegistryError::DuplicateName { name, plugin, existing }) => {
+            assert_eq!(name, "hostile");
+            assert_eq!(plugin, PluginId::dir(&quiet).unwrap());
+            assert_eq!(existing, PluginId::dir(&partner).unwrap());
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("two plugins named `hostile` must be refused"),
+    }
+
+    // By hash: any directory holding exactly that component; other code
+    // under the same manifest is not granted.
+    let by_hash = runtime_granting(vec![hostile_grant()]);
+    let registry = NodeRegistry::load_all(&by_hash, std::slice::from_ref(&impostor)).await.unwrap();
+    assert_eq!(probe_secret(&by_hash, &registry, "k-2").await, secret_report(Some("k-2")));
+    let other_code = elsewhere.path().join("other-code");
+    install_plugin(&other_code, HOSTILE_MANIFEST, EXAMPLE_WASM);
+    let message = not_granted(NodeRegistry::load_all(&by_hash, &[other_code]).await);
+    assert!(message.contains(&format!("blake3:{}", blake3::hash(EXAMPLE_WASM).to_hex())), "says how to grant it: {message}");
+}
+
+#[tokio::test]
+async fn duplicate_plugin_names_are_refused_bundled_included() {
+    let env = env().await;
+    let plugins = tempfile::tempdir().unwrap();
+    install_plugin(&plugins.path().join("a"), EXAMPLE_MANIFEST, EXAMPLE_WASM);
+    let same_name = HOSTILE_MANIFEST.split("[capabilities]").next().unwrap().replace("name = \"hostile\"", "name = \"example-posterize\"");
+    install_plugin(&plugins.path().join("b"), &same_name, HOSTILE_WASM);
+    let err = NodeRegistry::load_all(&env.runtime, &[plugins.path().to_path_buf()]).await.err().expect("duplicate name");
+    assert!(matches!(&err, RegistryError::DuplicateName { name, .. } if name == "example-posterize"), "{err}");
+    assert!(err.to_string().contains("must be unique"), "{err}");
+
+    let bundled_name = tempfile::tempdir().unwrap();
+    install_plugin(bundled_name.path(), &EXAMPLE_MANIFEST.replace("example-posterize", "core-image"), EXAMPLE_WASM);
+    let err = NodeRegistry::load_all(&env.runtime, &[bundled_name.path().to_path_buf()]).await.err().expect("a bundled plugin's name");
+    assert!(matches!(&err, RegistryError::DuplicateName { existing: PluginId::Bundled(b), .. } if b == "core-image"), "{err}");
+    assert!(err.to_string().contains("bundled:core-image"), "{err}");
+}
+
+/// `manifest` with a top-level `line` (before its first table).
+fn with_top_level(manifest: &str, line: &str) -> String {
+    let at = manifest.find("\n[").map_or(manifest.len(), |i| i + 1);
+    format!("{}{line}\n{}", &manifest[..at], &manifest[at..])
+}
+
+/// A class the manifest declares nondeterministic sees the real clock and
+/// fresh randomness, and neither it nor anything downstream is served from
+/// the cache; a manifest naming a class the plugin lacks is refused.
+#[tokio::test]
+async fn nondeterministic_nodes_see_real_clocks_and_are_never_cached() {
+    let env = env().await;
+    let plugins = tempfile::tempdir().unwrap();
+    let manifest = with_top_level(HOSTILE_MANIFEST, r#"nondeterministic = ["HostileClockProbe"]"#);
+    install_plugin(&plugins.path().join("hostile"), &manifest, HOSTILE_WASM);
+    let registry = Arc::new(NodeRegistry::load_all(&env.runtime, &[plugins.path().to_path_buf()]).await.unwrap());
+    let (plugin, _) = registry.get("HostileClockProbe").unwrap();
+    assert!(!plugin.is_deterministic("HostileClockProbe") && plugin.is_deterministic("HostilePanic"));
+    let executor = Executor::new(env.runtime.clone(), registry.clone(), 16 << 20, 2);
+
+    let out = tempfile::tempdir().unwrap();
+    let (first, report) = run_clock_probe(&executor, out.path()).await;
+    let (second, report_again) = run_clock_probe(&executor, out.path()).await;
+    assert_eq!((first.executed, second.executed), (vec!["7".to_string()], vec!["7".to_string()]), "never served from the cache");
+    let (report, report_again) = (report.unwrap(), report_again.unwrap());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let (wall, _, chance) = clock_report(&report);
+    assert!(now.abs_diff(wall) < std::time::Duration::from_secs(10), "the real clock: {report}");
+    assert_ne!(chance, clock_report(&report_again).2, "fresh randomness each run");
+
+    // Downstream of it, nothing is cached either.
+    let workflow = json!({
+        "7": {"class_type": "HostileClockProbe", "inputs": {"trigger": 1}},
+        "8": {"class_type": "PrimitiveString", "inputs": {"value": ["7", 0]}}
+    });
+    for _ in 0..2 {
+        let out = tempfile::tempdir().unwrap();
+        let ran = run_with(&executor, workflow.clone(), RunOpts::new(out.path())).await;
+        assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
+        assert!(ran.outcome.cached.is_empty(), "cached: {:?}", ran.outcome.cached);
+    }
+
+    let unknown = tempfile::tempdir().unwrap();
+    install_plugin(unknown.path(), &with_top_level(HOSTILE_MANIFEST, r#"nondeterministic = ["NoSuchClass"]"#), HOSTILE_WASM);
+    let err = NodeRegistry::load_all(&env.runtime, &[unknown.path().to_path_buf()]).await.err().expect("an unknown class is refused");
+    assert!(err.to_string().contains("nondeterministic") && err.to_string().contains("NoSuchClass"), "{err}");
+}
+
+/// A component instantiating `count` copies of a core module that defines
+/// `memories` memories and `tables` tables (0 or 1 each).
+fn component_of_instances(count: u32, memories: u32, tables: u32) -> Vec<u8> {
+    use wasm_encoder::{Component, InstanceSection, MemorySection, MemoryType, Module, ModuleArg, ModuleSection, RefType, TableSection, TableType};
+    let mut module = Module::new();
+    if tables > 0 {
+        let mut section = TableSection::new();
+        section.table(TableType { element_type: RefType::FUNCREF, table64: false, minimum: 1, maximum: None, shared: false });
+        module.section(&section);
+    }
+    if memories > 0 {
+        let mut section = MemorySection::new();
+        section.memory(MemoryType { minimum: 1, maximum: None, memory64: false, shared: false, page_size_log2: None });
+        module.section(&section);
+    }
+    let mut component = Component::new();
+    component.section(&ModuleSection(&module));
+    let mut instances = InstanceSection::new();
+    for _ in 0..count {
+        instances.instantiate(0, Vec::<(&str, ModuleArg)>::new());
+    }
+    component.section(&instances);
+    component.finish()
+}
+
+/// Each component may take only its share of the instance pool: one
+/// defining more core instances, memories or tables than a slot's share is
+/// refused when it loads, with a message saying which limit.
+#[tokio::test]
+async fn components_over_the_pools_per_component_limits_are_refused_at_load() {
+    use kiln::plugins::engine::{Allocator, CORE_INSTANCES_PER_COMPONENT, MEMORIES_PER_COMPONENT, TABLES_PER_COMPONENT};
+    let env = env().await;
+    if env.runtime.allocator() != Allocator::Pooling {
+        eprintln!("no pooling allocator on this machine: its limits do not apply");
+        return;
+    }
+    let manifest = || kiln::plugins::Manifest::parse("name = 'greedy'\nversion = '1'\ncomponent = 'greedy.wasm'").unwrap();
+    for (bytes, what, limit) in [
+        (component_of_instances(CORE_INSTANCES_PER_COMPONENT + 1, 0, 0), "core module instances", CORE_INSTANCES_PER_COMPONENT),
+        (component_of_instances(MEMORIES_PER_COMPONENT + 1, 1, 0), "linear memories", MEMORIES_PER_COMPONENT),
+        (component_of_instances(TABLES_PER_COMPONENT + 1, 0, 1), "tables", TABLES_PER_COMPONENT),
+    ] {
+        let err = env.runtime.load(PluginId::Dir("/plugins/greedy".into()), manifest(), &bytes).await.err().expect("over the limit");
+        let message = err.to_string();
+        assert!(message.contains("plugin `greedy (/plugins/greedy)`"), "{message}");
+        assert!(message.contains(what) && message.contains(&format!("maximum of {limit} ")), "{what}: {message}");
+    }
+    // Within the limits, the same shape loads as far as its (missing) exports.
+    let err = env.runtime.load(PluginId::Dir("/plugins/greedy".into()), manifest(), &component_of_instances(2, 1, 1)).await.err().unwrap();
+    assert!(!err.to_string().contains("maximum of"), "{err}");
 }

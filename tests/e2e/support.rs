@@ -28,9 +28,16 @@ pub fn test_config() -> Config {
         max_concurrency: 4,
         node_tensor_budget_mb: 256,
         node_log_kb: 16,
-        secret_plugins: vec!["hostile".into()],
+        // The hostile plugin's probe reads the partner key: granted by its
+        // component's hash (its directory is a temporary one).
+        secret_plugins: vec![hostile_grant()],
         ..Config::default()
     }
+}
+
+/// The grant of the hostile test plugin: `blake3:` and its component's hash.
+pub fn hostile_grant() -> String {
+    format!("blake3:{}", blake3::hash(HOSTILE_WASM).to_hex())
 }
 
 pub struct Env {
@@ -53,7 +60,7 @@ pub fn install_plugin(dir: &Path, manifest: &str, wasm: &[u8]) {
 pub async fn env() -> &'static Env {
     ENV.get_or_init(|| async {
         let config = test_config();
-        let runtime = Arc::new(PluginRuntime::new(config.runtime()).expect("runtime"));
+        let runtime = Arc::new(PluginRuntime::new(config.runtime().expect("config")).expect("runtime"));
         let plugin_dir = tempfile::tempdir().unwrap();
         install_plugin(&plugin_dir.path().join("hostile"), HOSTILE_MANIFEST, HOSTILE_WASM);
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &[plugin_dir.path().to_path_buf()]).await.expect("plugins load"));

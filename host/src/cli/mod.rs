@@ -30,13 +30,45 @@ pub enum Command {
     Nodes,
     /// Serve the Jobs API (`/api/v2`) until interrupted.
     Serve(serve::ServeArgs),
+    /// Compile one component (kiln runs itself so to compile plugins under
+    /// limits; see `plugins::compile`).
+    #[command(name = "compile-component", hide = true)]
+    CompileComponent(CompileArgs),
+}
+
+/// Arguments of the hidden `kiln compile-component`.
+#[derive(Debug, clap::Args)]
+pub struct CompileArgs {
+    /// The component (.wasm).
+    #[arg(long = "in", value_name = "FILE")]
+    pub input: PathBuf,
+    /// Where the compiled artifact goes.
+    #[arg(long = "out", value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+/// `kiln compile-component`: needs no configuration, logging or async
+/// runtime. Returns the exit code: 0 compiled,
+/// [`EXIT_REFUSED`](crate::plugins::compile::EXIT_REFUSED) the compiler
+/// refused the component (message on stderr), 1 anything else.
+pub fn compile_component(args: &CompileArgs) -> u8 {
+    use crate::plugins::compile::{CompileFileError, EXIT_REFUSED, compile_file};
+    match compile_file(&args.input, &args.output) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{e}");
+            if matches!(e, CompileFileError::Refused(_)) { EXIT_REFUSED } else { 1 }
+        }
+    }
 }
 
 /// The configuration the command line names: its config file, then
-/// `KILN_*` variables, then `--plugins`.
+/// `KILN_*` variables, then `--plugins`. Plugins are compiled by this
+/// executable's `compile-component`, under the configured limits.
 pub fn load_config(cli: &Cli) -> anyhow::Result<crate::config::Config> {
     let mut config = crate::config::Config::load(cli.config.as_deref())?;
     config.plugin_dirs.extend(cli.plugins.iter().cloned());
+    config.compiler_exe = Some(std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find the kiln executable to compile plugins with: {e}"))?);
     Ok(config)
 }
 
@@ -57,6 +89,7 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
     match cli.command {
         Command::Run(args) => run::run(config, args).await,
         Command::Serve(args) => serve::serve(config, args).await,
+        Command::CompileComponent(args) => Ok(i32::from(compile_component(&args))),
         Command::Nodes => {
             let (_, registry) = run::load(&config).await?;
             let files = crate::files::NamedInputs::new();

@@ -41,7 +41,7 @@ fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
 
 /// Builds the plugin runtime and loads every plugin.
 pub async fn load(config: &Config) -> anyhow::Result<(Arc<PluginRuntime>, Arc<NodeRegistry>)> {
-    let runtime = Arc::new(PluginRuntime::new(config.runtime()).map_err(|e| anyhow::anyhow!("{e:#}"))?);
+    let runtime = Arc::new(PluginRuntime::new(config.runtime()?).map_err(|e| anyhow::anyhow!("{e:#}"))?);
     let registry = NodeRegistry::load_all(&runtime, &config.plugin_dirs).await?;
     Ok((runtime, Arc::new(registry)))
 }

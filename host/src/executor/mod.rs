@@ -106,7 +106,8 @@ impl Executor {
     }
 
     /// The cache key of every planned node, in plan order. A node whose
-    /// plugin reads secrets is keyed by them too (see `JobSecrets::cache_salt`).
+    /// plugin reads secrets is keyed by them too (see `JobSecrets::cache_salt`);
+    /// a nondeterministic one by a fresh random value (see `plugins::determinism`).
     fn cache_keys(&self, plan: &Plan, files: &dyn InputFiles, secrets: &crate::plugins::JobSecrets) -> HashMap<String, CacheKey> {
         let mut keys: HashMap<String, CacheKey> = HashMap::new();
         for node in &plan.nodes {
@@ -115,6 +116,10 @@ impl Executor {
             let granted = &plugin.manifest.capabilities.secrets;
             if !granted.is_empty() {
                 key.salt("secrets", &secrets.cache_salt(granted));
+            }
+            // A fresh key per run: never served from the cache, nor is anything downstream.
+            if !plugin.is_deterministic(&node.class_type) {
+                key.salt("nondeterministic", &uuid::Uuid::new_v4().to_string());
             }
             let mut complete = true;
             for (name, input) in &node.inputs {

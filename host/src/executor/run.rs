@@ -347,6 +347,7 @@ impl<'a> Run<'a> {
             outputs: self.ctx.outputs.clone(),
             secrets: self.ctx.secrets.clone(),
             budget: self.ctx.budget.clone(),
+            cache_key: self.keys.get(node_id).copied(),
             signals: Arc::new(move |signal| match signal {
                 NodeSignal::Progress { step, steps } => {
                     let overall = {

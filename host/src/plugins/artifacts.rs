@@ -1,7 +1,8 @@
 //! On-disk cache of compiled components.
 //!
-//! Compiling a component takes seconds; loading a compiled artifact takes
-//! under a millisecond. Artifacts are keyed by the blake3 of the component and
+//! Compiling a component takes seconds (done by `compile`, in a child
+//! process under limits); loading a compiled artifact takes under a
+//! millisecond. Artifacts are keyed by the blake3 of the component and
 //! the engine's compatibility hash, so a new wasmtime or a changed engine
 //! configuration never loads a stale artifact.
 //!
@@ -16,6 +17,8 @@ use std::path::{Path, PathBuf};
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
+
+use super::compile::{CompileConfig, CompileError};
 
 const MAGIC: &[u8; 8] = b"KILNCW01";
 
@@ -49,15 +52,19 @@ impl ArtifactCache {
         ArtifactCache { dir }
     }
 
-    /// The component for `wasm`, from the cache when a valid artifact exists.
-    /// Returns whether it came from the cache.
-    pub fn load(&self, engine: &Engine, wasm: &[u8]) -> wasmtime::Result<(Component, bool)> {
-        let Some(dir) = &self.dir else { return Ok((Component::new(engine, wasm)?, false)) };
-        let mut key = Blake3Hasher(blake3::Hasher::new());
-        key.0.update(blake3::hash(wasm).as_bytes());
-        engine.precompile_compatibility_hash().hash(&mut key);
-        let path = dir.join(format!("{}.cwasm", key.0.finalize().to_hex()));
-        if let Some(payload) = read_verified(&path) {
+    /// The component for `wasm`, from the cache when a valid artifact exists,
+    /// else compiled as `compile` says (in a child process under limits,
+    /// see `compile`) and stored. Returns whether it came from the cache.
+    pub fn load(&self, engine: &Engine, wasm: &[u8], compile: &CompileConfig) -> Result<(Component, bool), CompileError> {
+        let path = self.dir.as_ref().map(|dir| {
+            let mut key = Blake3Hasher(blake3::Hasher::new());
+            key.0.update(blake3::hash(wasm).as_bytes());
+            engine.precompile_compatibility_hash().hash(&mut key);
+            dir.join(format!("{}.cwasm", key.0.finalize().to_hex()))
+        });
+        if let Some(path) = &path
+            && let Some(payload) = read_verified(path)
+        {
             // SAFETY: the payload was written by `store` below into a directory
             // only this user can write, and its checksum matches.
             match unsafe { Component::deserialize(engine, &payload) } {
@@ -65,12 +72,19 @@ impl ArtifactCache {
                 Err(e) => tracing::warn!(path = %path.display(), error = %e, "discarding unusable artifact"),
             }
         }
-        let artifact = engine.precompile_component(wasm)?;
-        if let Err(e) = store(&path, &artifact) {
+        let artifact = compile.precompile(engine, wasm, self.dir.as_deref())?;
+        // SAFETY: these bytes were produced by `precompile_component` just
+        // now: in this process, or by this user's `kiln compile-component`
+        // into a fresh directory only this user can write (see `compile`).
+        // Loading checks that they were compiled with this engine's settings
+        // (and that the component fits the instance pool's limits).
+        let component = unsafe { Component::deserialize(engine, &artifact) }.map_err(|e| CompileError::Unloadable(format!("{e:#}")))?;
+        // Stored once it loaded: an artifact the engine refuses is not kept.
+        if let Some(path) = &path
+            && let Err(e) = store(path, &artifact)
+        {
             tracing::warn!(path = %path.display(), error = %e, "could not write compiled component");
         }
-        // SAFETY: these bytes were produced by `precompile_component` just now.
-        let component = unsafe { Component::deserialize(engine, &artifact)? };
         Ok((component, false))
     }
 }

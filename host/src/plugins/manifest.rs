@@ -24,6 +24,15 @@ pub struct Manifest {
     /// Capabilities the plugin asks for.
     #[serde(default)]
     pub capabilities: Capabilities,
+    /// Node classes whose results depend on more than their inputs (the
+    /// time, fresh randomness), or `["*"]` for all of the plugin's classes.
+    /// Their calls see the real clocks and the OS's randomness, and their
+    /// results (and everything downstream) are never served from the cache.
+    /// Every other class gets virtual clocks and seeded randomness (see
+    /// `plugins::determinism`). Each class listed must be one the plugin
+    /// defines. Default: none.
+    #[serde(default)]
+    pub nondeterministic: Vec<String>,
 }
 
 /// What a plugin asks for; absent values take the operator's defaults.
@@ -107,7 +116,25 @@ impl Manifest {
                 reason: format!("no secret is called {unknown:?}; known: {}", super::secrets::KNOWN_SECRETS.join(", ")),
             });
         }
+        if manifest.nondeterministic.iter().any(|c| c == "*") && manifest.nondeterministic.len() > 1 {
+            return Err(ManifestError::Invalid { field: "nondeterministic", reason: "\"*\" (every class) stands alone".into() });
+        }
         Ok(manifest)
+    }
+
+    /// Checks that `nondeterministic` names only classes in `defs` (the
+    /// plugin's own definitions, known once it is loaded).
+    pub fn check_nondeterministic(&self, defs: &[super::NodeDef]) -> Result<(), ManifestError> {
+        match self.nondeterministic.iter().find(|c| *c != "*" && !defs.iter().any(|d| &d.class_type == *c)) {
+            Some(unknown) => Err(ManifestError::Invalid { field: "nondeterministic", reason: format!("the plugin defines no node class `{unknown}`") }),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether calls of `class_type` get virtual clocks and seeded
+    /// randomness, and their results may be cached.
+    pub fn is_deterministic(&self, class_type: &str) -> bool {
+        !self.nondeterministic.iter().any(|c| c == "*" || c == class_type)
     }
 
     /// The manifest's requests, capped by the operator.
@@ -151,5 +178,17 @@ mod tests {
         assert_eq!(asks.capabilities.secrets, ["api_key_svc_org"]);
         let err = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\nsecrets=['HOME']").unwrap_err();
         assert!(err.to_string().contains("no secret is called \"HOME\""), "{err}");
+    }
+
+    #[test]
+    fn nondeterministic_classes_are_listed_or_all() {
+        let some = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\nnondeterministic=['Clock']").unwrap();
+        assert!(!some.is_deterministic("Clock"));
+        assert!(some.is_deterministic("Blur"));
+        let all = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\nnondeterministic=['*']").unwrap();
+        assert!(!all.is_deterministic("Blur"));
+        let none = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'").unwrap();
+        assert!(none.is_deterministic("Clock"));
+        assert!(Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\nnondeterministic=['*', 'Clock']").is_err());
     }
 }

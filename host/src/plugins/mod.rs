@@ -2,8 +2,12 @@
 //! load them and call their nodes safely.
 //!
 //! - [`manifest`]: what a plugin asks for; the capability policy.
+//! - [`identity`]: who a plugin is (its directory, its component hash,
+//!   `bundled:<name>`) and the operator's grants that name it.
 //! - [`engine`]: the one wasmtime engine, its allocator and epoch ticker.
+//! - [`compile`]: compiling components in a child process under limits.
 //! - [`artifacts`]: the on-disk cache of compiled components.
+//! - [`determinism`]: the virtual clocks and seeded randomness of node calls.
 //! - [`runtime`]: loading plugins and calling nodes under limits.
 //! - [`registry`]: which plugin provides each node class.
 //! - `state`, `imports`, `kernels`, `log_pipe`: a node store's data and the
@@ -13,8 +17,11 @@
 pub mod artifacts;
 pub mod bindings;
 pub mod bundled;
+pub mod compile;
 mod deadlines;
+pub mod determinism;
 pub mod engine;
+pub mod identity;
 mod imports;
 mod kernels;
 mod log_pipe;
@@ -25,6 +32,7 @@ pub mod secrets;
 pub mod state;
 
 pub use bindings::node;
+pub use identity::{PluginGrant, PluginId};
 pub use manifest::{Manifest, OperatorLimits};
 pub use registry::{NodeRegistry, RegistryError};
 pub use runtime::{CapturedLog, FailureKind, NodeDef, NodeFailure, NodeOutput, Plugin, PluginRuntime, RuntimeConfig};

@@ -2,12 +2,16 @@
 //!
 //! Built once at start-up from the bundled plugins and the plugin
 //! directories; `object_info` and validation read node definitions from here.
+//! Plugin names and class names are unique: a plugin claiming a name or a
+//! class already taken (a bundled one's included) is refused, so no plugin
+//! can pass for another in logs, errors or `object_info`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::bindings::node;
+use super::identity::PluginId;
 use super::manifest::Manifest;
 use super::runtime::{LoadError, NodeDef, Plugin, PluginRuntime};
 
@@ -26,6 +30,11 @@ pub enum RegistryError {
     Load(#[from] LoadError),
     #[error("node class `{class}` of plugin `{plugin}` is already provided by plugin `{existing}`")]
     DuplicateClass { class: String, plugin: String, existing: String },
+    #[error(
+        "plugin {plugin} is named `{name}`, the name of plugin {existing}; \
+         plugin names must be unique (bundled plugins' included): rename one or remove it"
+    )]
+    DuplicateName { name: String, plugin: PluginId, existing: PluginId },
     #[error("cannot read plugin directory {path}: {source}")]
     Dir { path: PathBuf, source: std::io::Error },
 }
@@ -36,8 +45,12 @@ impl NodeRegistry {
         NodeRegistry::default()
     }
 
-    /// Adds a loaded plugin; refuses it whole if any class name is taken.
+    /// Adds a loaded plugin; refuses it whole if its name or any class
+    /// name is taken.
     pub fn add(&mut self, plugin: Plugin) -> Result<(), RegistryError> {
+        if let Some(existing) = self.plugins.iter().find(|p| p.manifest.name == plugin.manifest.name) {
+            return Err(RegistryError::DuplicateName { name: plugin.manifest.name.clone(), plugin: plugin.id.clone(), existing: existing.id.clone() });
+        }
         for def in &plugin.definitions {
             if let Some(&(p, _)) = self.classes.get(&def.class_type) {
                 return Err(RegistryError::DuplicateClass {
@@ -52,7 +65,7 @@ impl NodeRegistry {
             self.classes.insert(def.class_type.clone(), (index, d));
             self.order.push(def.class_type.clone());
         }
-        tracing::info!(plugin = %plugin.manifest.name, version = %plugin.manifest.version, nodes = plugin.definitions.len(), cached = plugin.from_cache, "plugin loaded");
+        tracing::info!(plugin = %plugin.manifest.name, id = %plugin.id, version = %plugin.manifest.version, nodes = plugin.definitions.len(), cached = plugin.from_cache, "plugin loaded");
         self.plugins.push(Arc::new(plugin));
         Ok(())
     }
@@ -74,16 +87,18 @@ impl NodeRegistry {
         &self.plugins
     }
 
-    /// Loads the plugin whose manifest is `dir/kiln-plugin.toml`.
+    /// Loads the plugin whose manifest is `dir/kiln-plugin.toml`; its
+    /// identity is `dir`, canonicalized.
     pub async fn load_dir(&mut self, runtime: &PluginRuntime, dir: &Path) -> Result<(), RegistryError> {
         let manifest_path = dir.join("kiln-plugin.toml");
         let plugin_name = dir.display().to_string();
         let io_err = |path: &Path, source| LoadError::Io { plugin: plugin_name.clone(), path: path.to_path_buf(), source };
+        let id = PluginId::dir(dir).map_err(|e| io_err(dir, e))?;
         let text = std::fs::read_to_string(&manifest_path).map_err(|e| io_err(&manifest_path, e))?;
         let manifest = Manifest::parse(&text).map_err(|source| LoadError::Manifest { plugin: plugin_name.clone(), source })?;
         let wasm_path = dir.join(&manifest.component);
         let wasm = std::fs::read(&wasm_path).map_err(|e| io_err(&wasm_path, e))?;
-        let plugin = runtime.load(manifest, &wasm).await?;
+        let plugin = runtime.load(id, manifest, &wasm).await?;
         self.add(plugin)
     }
 
@@ -157,7 +172,8 @@ impl NodeRegistry {
         let mut registry = NodeRegistry::new();
         for bundled in super::bundled::BUNDLED {
             let manifest = Manifest::parse(bundled.manifest).map_err(|source| LoadError::Manifest { plugin: "bundled".into(), source })?;
-            let plugin = runtime.load(manifest, bundled.wasm).await?;
+            let id = PluginId::Bundled(manifest.name.clone());
+            let plugin = runtime.load(id, manifest, bundled.wasm).await?;
             registry.add(plugin)?;
         }
         for dir in plugin_dirs {

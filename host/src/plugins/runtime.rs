@@ -16,8 +16,11 @@ use wasmtime::{Engine, Store, Trap};
 
 use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
+use super::compile::{CompileConfig, CompileError};
 use super::deadlines::Deadlines;
+use super::determinism::{GuestWorld, seed_from_inputs, seed_from_key};
 use super::engine::{Allocator, PoolSizing, build_engine, spawn_epoch_ticker};
+use super::identity::{PluginGrant, PluginId, hash_grant};
 pub use super::log_pipe::CapturedLog;
 use super::manifest::{EffectiveLimits, Manifest, OperatorLimits};
 use super::state::{NodeIo, NodeState, StopState, Stopped, StoreLimits};
@@ -50,9 +53,12 @@ pub struct RuntimeConfig {
     pub keep_resident_bytes: usize,
     /// List JIT code in `/tmp/perf-<pid>.map` for `perf` (profiling).
     pub perf_map: bool,
-    /// Plugins (by manifest name) that may read the secrets their
-    /// manifests ask for; any other plugin asking for one is refused.
-    pub secret_plugins: Vec<String>,
+    /// Plugins (by directory or component hash, see `identity`) that may
+    /// read the secrets their manifests ask for; any other plugin asking
+    /// for one is refused.
+    pub secret_plugins: Vec<PluginGrant>,
+    /// How components are compiled (in a child process under limits, or here).
+    pub compile: CompileConfig,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -98,15 +104,24 @@ pub struct NodeOutput {
     pub log: CapturedLog,
 }
 
-/// Why a plugin could not be loaded.
+/// Why a plugin could not be loaded. `plugin` names it by manifest name and
+/// identity (`name (/its/directory)`), or by directory before its manifest
+/// is read.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("plugin `{plugin}`: {source}")]
     Manifest { plugin: String, source: super::manifest::ManifestError },
     #[error("plugin `{plugin}`: cannot read {path}: {source}")]
     Io { plugin: String, path: PathBuf, source: std::io::Error },
+    #[error("plugin `{plugin}`: {reason}")]
+    Component { plugin: String, reason: CompileError },
     #[error("plugin `{plugin}` is not a valid component: {message}")]
     Compile { plugin: String, message: String },
+    #[error(
+        "plugin `{plugin}` asks for secret `{secret}`, which the operator has not granted it; \
+         to grant it, add its directory or \"{hash_grant}\" to secret_plugins"
+    )]
+    SecretNotGranted { plugin: String, secret: String, hash_grant: String },
     #[error("plugin `{plugin}` imports `{import}`, which kiln does not provide")]
     ForbiddenImport { plugin: String, import: String },
     #[error("plugin `{plugin}` failed to describe its nodes: {failure}")]
@@ -115,8 +130,11 @@ pub enum LoadError {
     InvalidDefinition { plugin: String, reason: String },
 }
 
-/// A loaded plugin: its manifest, node definitions and pre-linked component.
+/// A loaded plugin: its identity, manifest, node definitions and
+/// pre-linked component.
 pub struct Plugin {
+    /// Who it is, as the operator controls it (never its manifest name).
+    pub id: PluginId,
     pub manifest: Manifest,
     /// blake3 of the component bytes.
     pub component_hash: blake3::Hash,
@@ -125,6 +143,23 @@ pub struct Plugin {
     /// Whether the compiled component came from the on-disk cache.
     pub from_cache: bool,
     pre: PluginPre<NodeState>,
+}
+
+impl Plugin {
+    /// Whether calls of `class_type` get virtual clocks and seeded
+    /// randomness, so that their results may be cached (see `determinism`).
+    pub fn is_deterministic(&self, class_type: &str) -> bool {
+        self.manifest.is_deterministic(class_type)
+    }
+
+    /// `name (identity)`, for messages.
+    pub fn label(&self) -> String {
+        label(&self.manifest, &self.id)
+    }
+}
+
+fn label(manifest: &Manifest, id: &PluginId) -> String {
+    format!("{} ({id})", manifest.name)
 }
 
 /// The plugin runtime: engine, linker, instance permits and artifact cache.
@@ -144,6 +179,9 @@ const ALLOWED_IMPORTS: &[&str] = &["kiln:plugin/", "wasi:cli/", "wasi:io/", "was
 
 /// Limits for a plugin's `definitions` call at load.
 const DEFINITIONS_LIMITS: EffectiveLimits = EffectiveLimits { memory_bytes: 64 << 20, timeout: Duration::from_secs(10) };
+
+/// What a plugin's `definitions` call sees: virtual clocks, a fixed seed.
+const DEFINITIONS_WORLD: GuestWorld = GuestWorld::Virtual([0; 32]);
 
 impl PluginRuntime {
     /// Builds the engine, linker and epoch ticker.
@@ -174,19 +212,19 @@ impl PluginRuntime {
         self.allocator
     }
 
-    /// Compiles (or loads from cache), links and describes a plugin.
-    pub async fn load(&self, manifest: Manifest, wasm: &[u8]) -> Result<Plugin, LoadError> {
-        let plugin = manifest.name.clone();
-        if let Some(secret) = manifest.capabilities.secrets.first()
-            && !self.config.secret_plugins.contains(&plugin)
-        {
-            let source = super::manifest::ManifestError::CapabilityNotGranted(format!("secrets: {secret}"));
-            return Err(LoadError::Manifest { plugin, source });
-        }
+    /// Compiles (or loads from cache), links and describes the plugin `id`.
+    pub async fn load(&self, id: PluginId, manifest: Manifest, wasm: &[u8]) -> Result<Plugin, LoadError> {
+        let plugin = label(&manifest, &id);
         let component_hash = blake3::hash(wasm);
-        let engine = self.engine.clone();
-        let (component, from_cache) =
-            self.artifacts.load(&engine, wasm).map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
+        if let Some(secret) = manifest.capabilities.secrets.first()
+            && !self.config.secret_plugins.iter().any(|grant| grant.matches(&id, &component_hash))
+        {
+            return Err(LoadError::SecretNotGranted { plugin, secret: secret.clone(), hash_grant: hash_grant(&component_hash) });
+        }
+        let (component, from_cache) = self.artifacts.load(&self.engine, wasm, &self.config.compile).map_err(|source| match source {
+            CompileError::Invalid(message) => LoadError::Compile { plugin: plugin.clone(), message },
+            reason => LoadError::Component { plugin: plugin.clone(), reason },
+        })?;
         for (name, _) in component.component_type().imports(&self.engine) {
             if !ALLOWED_IMPORTS.iter().any(|p| name.starts_with(p)) {
                 return Err(LoadError::ForbiddenImport { plugin, import: name.to_string() });
@@ -199,21 +237,24 @@ impl PluginRuntime {
             .map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
         let limits = manifest.effective_limits(&self.config.limits);
         let definitions = self
-            .call(&pre, DEFINITIONS_LIMITS, None, &CancellationToken::new(), |world, store| {
+            .call(&pre, DEFINITIONS_LIMITS, None, DEFINITIONS_WORLD, &CancellationToken::new(), |world, store| {
                 Box::pin(async move { world.kiln_plugin_node().call_definitions(store).await })
             })
             .await
             .map_err(|failure| LoadError::Definitions { plugin: plugin.clone(), failure })?
             .0;
-        super::registry::check_definitions(&definitions).map_err(|reason| LoadError::InvalidDefinition { plugin, reason })?;
-        Ok(Plugin { manifest, component_hash, definitions, limits, from_cache, pre })
+        super::registry::check_definitions(&definitions).map_err(|reason| LoadError::InvalidDefinition { plugin: plugin.clone(), reason })?;
+        manifest.check_nondeterministic(&definitions).map_err(|source| LoadError::Manifest { plugin, source })?;
+        Ok(Plugin { id, manifest, component_hash, definitions, limits, from_cache, pre })
     }
 
     /// Runs node `class_type` of `plugin` with `inputs`.
     ///
     /// The call gets a fresh store with the plugin's memory ceiling, yields to
     /// tokio at every epoch tick, fails with `timeout` past the plugin's time
-    /// limit and with `interrupted` as soon as `cancel` fires.
+    /// limit and with `interrupted` as soon as `cancel` fires. A
+    /// deterministic class sees virtual clocks and randomness seeded from
+    /// `io.cache_key` (or, without one, from its class and inputs).
     pub async fn execute(
         &self,
         plugin: &Plugin,
@@ -253,10 +294,14 @@ impl PluginRuntime {
         io: NodeIo,
         cancel: &CancellationToken,
     ) -> Result<NodeOutput, NodeFailure> {
+        let guest_world = match plugin.is_deterministic(class_type) {
+            true => GuestWorld::Virtual(io.cache_key.as_ref().map_or_else(|| seed_from_inputs(class_type, inputs), seed_from_key)),
+            false => GuestWorld::Real,
+        };
         let class = class_type.to_string();
         let inputs = inputs.to_vec();
         let (result, mut called) = self
-            .call(&plugin.pre, plugin.limits, Some(io), cancel, move |world, store| {
+            .call(&plugin.pre, plugin.limits, Some(io), guest_world, cancel, move |world, store| {
                 Box::pin(async move {
                     let wit_inputs = inputs
                         .into_iter()
@@ -300,6 +345,7 @@ impl PluginRuntime {
         pre: &PluginPre<NodeState>,
         limits: EffectiveLimits,
         io: Option<NodeIo>,
+        guest_world: GuestWorld,
         cancel: &CancellationToken,
         f: impl for<'a> FnOnce(PluginWorld, &'a mut Store<NodeState>) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>>
         + Send,
@@ -319,7 +365,7 @@ impl PluginRuntime {
             log_bytes: self.config.log_bytes,
         };
         let deadline_at = std::time::Instant::now() + limits.timeout;
-        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io, StopState::new(cancel.clone(), deadline_at)));
+        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at)));
         store.limiter(|s| &mut s.memory);
         // wasmtime caps what one guest→host call may transfer (128 MiB by
         // default), which refused a 4096² RGB image (201 MB). A guest cannot

@@ -9,6 +9,7 @@ use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::determinism::GuestWorld;
 use super::log_pipe::LogPipe;
 use super::secrets::JobSecrets;
 use crate::budget::{JobBudget, MemoryCharge};
@@ -37,6 +38,10 @@ pub struct NodeIo {
     pub secrets: JobSecrets,
     /// The job's account: memory and saved files of every node call of the run.
     pub budget: Arc<JobBudget>,
+    /// The node's cache key, which seeds its virtual randomness (see
+    /// `determinism`), so a re-run computes what the cache holds. `None`
+    /// (a call outside a run): the seed comes from its class and inputs.
+    pub cache_key: Option<blake3::Hash>,
 }
 
 /// Limits applied to one store.
@@ -131,10 +136,13 @@ pub struct NodeState {
 
 impl NodeState {
     /// A fresh state: no filesystem, network, environment or arguments; stdout
-    /// and stderr go to a bounded log.
-    pub fn new(limits: StoreLimits, io: Option<NodeIo>, stop: StopState) -> NodeState {
+    /// and stderr go to a bounded log; clocks and randomness as `world` says.
+    pub fn new(limits: StoreLimits, io: Option<NodeIo>, world: GuestWorld, stop: StopState) -> NodeState {
         let log = LogPipe::new(limits.log_bytes);
-        let wasi = WasiCtx::builder().stdout(log.clone()).stderr(log.clone()).build();
+        let mut wasi = WasiCtx::builder();
+        wasi.stdout(log.clone()).stderr(log.clone());
+        world.apply(&mut wasi);
+        let wasi = wasi.build();
         let charge = io.as_ref().map_or_else(MemoryCharge::none, |io| io.budget.reserve(0).unwrap_or_default());
         NodeState {
             wasi,

@@ -293,5 +293,36 @@ kiln_sdk::export_plugin!(
     SLEEPER,
     KERNEL_ABUSE,
     KERNEL_HOG,
-    REMEMBER
+    REMEMBER,
+    CLOCK_PROBE
 );
+
+/// Reads the wall clock, the monotonic clock (twice), random bytes
+/// (`wasi:random/random`, through wasi-libc's `getentropy`) and a hash keyed
+/// by std's `RandomState` (seeded from `wasi:random`), and reports them — as
+/// its output and in a saved text file. Under the host's virtual clocks and
+/// seeded randomness every call with the same inputs reports the same.
+pub const CLOCK_PROBE: NodeClass = NodeClass {
+    class_type: "HostileClockProbe",
+    define: || NodeDef::new("testing/hostile").required("trigger", Kind::int().default(0)).output("report", "STRING").output_node(),
+    run: |_| {
+        use std::hash::{BuildHasher, Hasher};
+        unsafe extern "C" {
+            fn getentropy(buffer: *mut u8, len: usize) -> i32;
+        }
+        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| Error::failed(e.to_string()))?;
+        let start = std::time::Instant::now();
+        let step = start.elapsed();
+        let mut random = [0u8; 16];
+        // SAFETY: writes `random.len()` bytes into `random`.
+        if unsafe { getentropy(random.as_mut_ptr(), random.len()) } != 0 {
+            return Err(Error::failed("getentropy failed"));
+        }
+        let mut keyed = std::collections::hash_map::RandomState::new().build_hasher();
+        keyed.write_u64(42);
+        let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let report = format!("wall={}.{:09} step={} random={hex} keyed={:016x}", wall.as_secs(), wall.subsec_nanos(), step.as_nanos(), keyed.finish());
+        kiln_sdk::host::save_file(kiln_sdk::host::FileKind::Output, "clock-probe", "txt", report.as_bytes()).map_err(Error::failed)?;
+        Ok(vec![Output::String(report)])
+    },
+};
