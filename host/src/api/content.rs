@@ -8,6 +8,7 @@
 //! CSP sandbox, so an asset URL cannot run script on the API's origin.
 
 use std::io::SeekFrom;
+use std::ops::RangeInclusive;
 use std::path::Path;
 
 use axum::body::Body;
@@ -19,29 +20,52 @@ use tokio_util::io::ReaderStream;
 
 use super::error::ApiError;
 
+/// What to answer a `Range` request header with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RangeReply {
+    /// 200, the whole body: no header, an empty body, several ranges, or a
+    /// malformed header (ignored).
+    Whole,
+    /// 206, these bytes (within the body).
+    Part(RangeInclusive<u64>),
+    /// 416.
+    Unsatisfiable,
+}
+
+/// The answer to Range header `header` over a body of `len` bytes.
+pub(crate) fn range_reply(header: Option<&str>, len: u64) -> RangeReply {
+    match header {
+        // Nothing to slice in an empty body: serve it whole.
+        _ if len == 0 => RangeReply::Whole,
+        None => RangeReply::Whole,
+        Some(text) => match http_range_header::parse_range_header(text).and_then(|r| r.validate(len)) {
+            Ok(ranges) if ranges.len() == 1 => RangeReply::Part(ranges[0].clone()),
+            Ok(_) => RangeReply::Whole,
+            // A suffix longer than the content asks for all of it (RFC 9110 §14.1.3).
+            Err(RangeUnsatisfiableError::FileSuffixOutOfBounds) if !text.contains(',') => RangeReply::Part(0..=len - 1),
+            Err(RangeUnsatisfiableError::RangeReversed | RangeUnsatisfiableError::ZeroSuffix) if text.trim_start().starts_with("bytes=") => {
+                RangeReply::Unsatisfiable
+            }
+            // A malformed Range header is ignored (RFC 9110 §14.2).
+            Err(_) => RangeReply::Whole,
+        },
+    }
+}
+
 /// Streams `path` as `content_type`, honouring a `Range` request header.
 pub async fn serve(path: &Path, content_type: &str, etag: &str, request: &HeaderMap) -> Result<Response, ApiError> {
     let mut file = tokio::fs::File::open(path).await.map_err(|e| ApiError::internal(&e))?;
     let len = file.metadata().await.map_err(|e| ApiError::internal(&e))?.len();
-    let range = match request.get(header::RANGE).and_then(|v| v.to_str().ok()) {
-        // Nothing to slice in an empty body: serve it whole.
-        _ if len == 0 => None,
-        None => None,
-        Some(text) => match http_range_header::parse_range_header(text).and_then(|r| r.validate(len)) {
-            Ok(ranges) if ranges.len() == 1 => Some(ranges[0].clone()),
-            Ok(_) => None,
-            // A suffix longer than the content asks for all of it (RFC 9110 §14.1.3).
-            Err(RangeUnsatisfiableError::FileSuffixOutOfBounds) if !text.contains(',') => Some(0..=len - 1),
-            Err(RangeUnsatisfiableError::RangeReversed | RangeUnsatisfiableError::ZeroSuffix) if text.trim_start().starts_with("bytes=") => {
-                let mut r =
-                    ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable", format!("The range is outside the {len} bytes of the content."))
-                        .into_response();
-                r.headers_mut().insert(header::CONTENT_RANGE, header_value(&format!("bytes */{len}")));
-                return Ok(r);
-            }
-            // A malformed Range header is ignored (RFC 9110 §14.2).
-            Err(_) => None,
-        },
+    let range = match range_reply(request.get(header::RANGE).and_then(|v| v.to_str().ok()), len) {
+        RangeReply::Whole => None,
+        RangeReply::Part(range) => Some(range),
+        RangeReply::Unsatisfiable => {
+            let mut r =
+                ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable", format!("The range is outside the {len} bytes of the content."))
+                    .into_response();
+            r.headers_mut().insert(header::CONTENT_RANGE, header_value(&format!("bytes */{len}")));
+            return Ok(r);
+        }
     };
     let (status, start, count) = match &range {
         Some(r) => (StatusCode::PARTIAL_CONTENT, *r.start(), r.end() - r.start() + 1),
