@@ -117,7 +117,7 @@ pub fn validate(workflow: &Workflow, registry: &NodeRegistry, files: &dyn InputF
     if outputs.is_empty() {
         return Err(ValidationError::NoOutputs);
     }
-    let mut v = Validator { workflow, defs, files, state: HashMap::new(), planned: HashMap::new(), order: Vec::new(), issues: Vec::new(), stack: Vec::new() };
+    let mut v = Validator { workflow, defs, files, state: HashMap::new(), planned: HashMap::new(), order: Vec::new(), issues: Vec::new() };
     let mut good = Vec::new();
     for out in &outputs {
         let before = v.issues.len();
@@ -159,7 +159,6 @@ struct Validator<'a> {
     planned: HashMap<String, PlannedNode>,
     order: Vec<String>,
     issues: Vec<Issue>,
-    stack: Vec<String>,
 }
 
 fn issue(node: &WorkflowNode, kind: IssueKind, input: Option<&str>, message: String) -> Issue {
@@ -188,7 +187,6 @@ impl<'a> Validator<'a> {
         let Some(node) = self.workflow.node(id) else { return false };
         let def = self.defs[id];
         self.state.insert(id.to_string(), State::Visiting);
-        self.stack.push(id.to_string());
         let mut valid = true;
         let mut inputs = Vec::new();
         let given: HashMap<&str, &InputValue> = node.inputs.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -208,7 +206,6 @@ impl<'a> Validator<'a> {
         for hidden in &def.hidden {
             inputs.push((crate::plugins::registry::hidden_name(*hidden).to_string(), PlannedInput::Hidden(*hidden)));
         }
-        self.stack.pop();
         self.state.insert(id.to_string(), if valid { State::Valid } else { State::Invalid });
         if valid {
             self.planned.insert(id.to_string(), PlannedNode { id: id.to_string(), class_type: def.class_type.clone(), inputs });
@@ -273,7 +270,9 @@ impl<'a> Validator<'a> {
             self.issues.push(i);
             return None;
         }
-        if self.stack.iter().any(|s| s == from) {
+        // On the current path (a lookup, not a scan of the path: a chain
+        // would be quadratic).
+        if self.state.get(from) == Some(&State::Visiting) {
             let mut i = issue(node, IssueKind::DependencyCycle, Some(name), format!("input `{name}` links to node {from}, which depends on node {}", node.id));
             i.linked = linked;
             self.issues.push(i);
