@@ -14,13 +14,32 @@ pub fn config() -> Config {
     Config { cache_dir: Some(PathBuf::from(env!("OUT_DIR")).join("unit-test-artifacts")), max_concurrency: 2, ..Config::default() }
 }
 
-static REGISTRY: LazyLock<Arc<NodeRegistry>> = LazyLock::new(|| {
-    let runtime = PluginRuntime::new(config().runtime()).expect("plugin runtime");
+struct Plugins {
+    runtime: Arc<PluginRuntime>,
+    registry: Arc<NodeRegistry>,
+}
+
+static PLUGINS: LazyLock<Plugins> = LazyLock::new(|| {
+    let runtime = Arc::new(PluginRuntime::new(config().runtime()).expect("plugin runtime"));
     let loader = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
-    Arc::new(loader.block_on(NodeRegistry::load_all(&runtime, &[])).expect("bundled plugins load"))
+    let registry = Arc::new(loader.block_on(NodeRegistry::load_all(&runtime, &[])).expect("bundled plugins load"));
+    Plugins { runtime, registry }
 });
+
+/// The plugin runtime the bundled plugins were loaded on.
+pub fn runtime() -> &'static Arc<PluginRuntime> {
+    &PLUGINS.runtime
+}
 
 /// The bundled plugins' node classes.
 pub fn registry() -> &'static Arc<NodeRegistry> {
-    &REGISTRY
+    &PLUGINS.registry
+}
+
+/// Property-test settings: `cases` per property (`PROPTEST_CASES`
+/// overrides, for a longer soak), and no persisted failures (a failure
+/// prints its minimal input instead).
+pub fn proptest_config(cases: u32) -> proptest::test_runner::Config {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
+    proptest::test_runner::Config { cases, failure_persistence: None, ..proptest::test_runner::Config::default() }
 }

@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use proptest::prelude::*;
-use proptest::test_runner::Config as ProptestConfig;
 use serde_json::{Map, Value as Json, json};
 
 use super::parse::{InputValue, ParseError, Workflow};
@@ -14,14 +13,7 @@ use super::plan::PlannedInput;
 use super::validate::{Issue, IssueKind, ValidationError, validate};
 use crate::files::{FileError, InputFiles};
 use crate::plugins::node::{ComboSource, InputKind, NodeDef};
-use crate::test_support;
-
-/// `cases` per property (`PROPTEST_CASES` overrides, for a longer soak),
-/// no persisted failures (a failure prints its minimal input).
-pub(crate) fn config(cases: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
-    ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
-}
+use crate::test_support::{self, proptest_config as config};
 
 // ---------------------------------------------------------------------------
 // Parsing
@@ -82,7 +74,10 @@ fn workflowish_json() -> impl Strategy<Value = Json> {
 
 /// The API format, written out independently of `parse.rs`: what parsing
 /// `json` must give.
-fn expected_parse(json: &Json) -> Result<Vec<(String, Option<String>, Vec<(String, InputValue)>)>, ParseError> {
+/// A parsed node, as the reference sees it: id, class, inputs.
+type RefNode = (String, Option<String>, Vec<(String, InputValue)>);
+
+fn expected_parse(json: &Json) -> Result<Vec<RefNode>, ParseError> {
     let Json::Object(map) = json else { return Err(ParseError::NotAnObject) };
     if matches!(map.get("nodes"), Some(Json::Array(_))) && map.contains_key("links") {
         return Err(ParseError::UiFormat);
@@ -189,7 +184,10 @@ fn good_const() -> impl Strategy<Value = Json> {
     ]
 }
 
-fn good_workflow() -> impl Strategy<Value = Vec<(String, String, Vec<(String, GoodInput)>)>> {
+/// A generated node: id, class, inputs.
+type GoodNode = (String, String, Vec<(String, GoodInput)>);
+
+fn good_workflow() -> impl Strategy<Value = Vec<GoodNode>> {
     let id = prop_oneof!["[1-9][0-9]{0,3}", ".{1,6}"];
     let input =
         prop_oneof![(0usize..12, any::<u32>(), any::<bool>()).prop_map(|(n, o, num)| GoodInput::Link(n, o, num)), good_const().prop_map(GoodInput::Const)];
