@@ -686,6 +686,8 @@ fn any_upload_is_stored_whole_or_refused_with_the_envelope() {
     let app = App::start();
     // Statuses seen: the generator must produce both outcomes.
     let statuses: parking_lot::Mutex<std::collections::BTreeMap<u16, usize>> = Default::default();
+    // Uploads stored so far: hash → (asset id, file path).
+    let stored: parking_lot::Mutex<std::collections::HashMap<String, (String, String)>> = Default::default();
     let mut runner = TestRunner::new(config(256));
     runner
         .run(&upload(), |upload| {
@@ -732,11 +734,23 @@ fn any_upload_is_stored_whole_or_refused_with_the_envelope() {
                 let (file, path) = want.map_err(|code| TestCaseError::fail(format!("stored an upload that must fail with {code}")))?;
                 prop_assert!(!unframed && (exact || cut_in_closing || ambiguous), "stored a malformed upload ({:?})", framing);
                 let asset: Json = serde_json::from_slice(&reply.body).map_err(|e| TestCaseError::fail(format!("{e}")))?;
-                prop_assert!(reply.status == StatusCode::CREATED || reply.status == StatusCode::OK);
                 prop_assert_eq!(asset["size_bytes"].as_u64(), Some(file.len() as u64));
                 let hash = format!("blake3:{}", blake3::hash(&file).to_hex());
                 prop_assert_eq!(asset["hash"].as_str(), Some(hash.as_str()));
-                prop_assert_eq!(asset["file_path"].as_str(), Some(path.as_str()));
+                let (id, file_path) = (asset["id"].as_str().unwrap_or("").to_string(), asset["file_path"].as_str().unwrap_or("").to_string());
+                // New bytes: a new asset named as sent; known bytes: the
+                // asset that has them (its name kept).
+                match stored.lock().entry(hash) {
+                    std::collections::hash_map::Entry::Vacant(new) => {
+                        prop_assert_eq!((reply.status, asset["created_new"].as_bool()), (StatusCode::CREATED, Some(true)));
+                        prop_assert_eq!(&file_path, &path);
+                        new.insert((id, file_path));
+                    }
+                    std::collections::hash_map::Entry::Occupied(known) => {
+                        prop_assert_eq!((reply.status, asset["created_new"].as_bool()), (StatusCode::OK, Some(false)));
+                        prop_assert_eq!(known.get(), &(id, file_path));
+                    }
+                }
             } else {
                 let code = envelope(&reply)?;
                 if exact && !ambiguous {
