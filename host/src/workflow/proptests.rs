@@ -556,7 +556,8 @@ struct Case {
 
 fn build(graph: &GenGraph, defs: &[&'static NodeDef]) -> Case {
     let n = graph.nodes.len();
-    // Numeric ids like ComfyUI's, in a shuffled document order.
+    // Numeric ids like ComfyUI's, but not the indices (so an index is never
+    // mistaken for an id); ids past the end are nodes that do not exist.
     let ids: Vec<String> = (0..n).map(|i| format!("{}", (i * 7 + 3) % 101)).collect();
     let mut doc = Map::new();
     let mut node_defs = Vec::new();
@@ -570,7 +571,7 @@ fn build(graph: &GenGraph, defs: &[&'static NodeDef]) -> Case {
             ClassPick::Known(c) => Some(defs[c]),
             _ => None,
         };
-        // `accepting`: the type to look for among the candidates.
+        // The nodes a link may go to: in an acyclic graph, earlier ones only.
         let reach = if graph.acyclic { i } else { n };
         let typed = |ty: &str| -> Vec<usize> {
             (0..reach).filter(|&j| class_of(j).and_then(|d| d.outputs.first()).is_some_and(|o| link_types_match(&o.type_name, ty))).collect()
@@ -650,10 +651,13 @@ fn build(graph: &GenGraph, defs: &[&'static NodeDef]) -> Case {
             inputs.insert("zz_not_an_input".into(), value);
         }
         let mut body = Map::new();
-        match (&node.class, def) {
-            (_, Some(def)) => drop(body.insert("class_type".into(), json!(def.class_type))),
-            (ClassPick::Unknown, _) => drop(body.insert("class_type".into(), json!("NoSuchClass"))),
-            _ => {}
+        let class = match (&node.class, def) {
+            (_, Some(def)) => Some(def.class_type.as_str()),
+            (ClassPick::Unknown, _) => Some("NoSuchClass"),
+            _ => None,
+        };
+        if let Some(class) = class {
+            body.insert("class_type".into(), json!(class));
         }
         body.insert("inputs".into(), Json::Object(inputs));
         doc.insert(ids[i].clone(), Json::Object(body));
