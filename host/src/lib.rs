@@ -36,5 +36,7 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod tensor;
+#[cfg(test)]
+mod test_support;
 pub mod value;
 pub mod workflow;

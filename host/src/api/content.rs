@@ -8,40 +8,82 @@
 //! CSP sandbox, so an asset URL cannot run script on the API's origin.
 
 use std::io::SeekFrom;
+use std::ops::RangeInclusive;
 use std::path::Path;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use http_range_header::RangeUnsatisfiableError;
+use http_range_header::{EndPosition, RangeUnsatisfiableError, StartPosition, SyntacticallyCorrectRange};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
 use super::error::ApiError;
 
+/// What to answer a `Range` request header with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RangeReply {
+    /// 200, the whole body: no header, an empty body, several ranges, or a
+    /// malformed header (ignored).
+    Whole,
+    /// 206, these bytes (within the body).
+    Part(RangeInclusive<u64>),
+    /// 416.
+    Unsatisfiable,
+}
+
+/// The answer to Range header `header` over a body of `len` bytes: 416
+/// only when no range of it can be served (RFC 9110 §15.5.17); a list of
+/// ranges of which some can is answered whole.
+pub(crate) fn range_reply(header: Option<&str>, len: u64) -> RangeReply {
+    let Some(text) = header else { return RangeReply::Whole };
+    // Nothing to slice in an empty body: serve it whole.
+    if len == 0 {
+        return RangeReply::Whole;
+    }
+    let parsed = match http_range_header::parse_range_header(text) {
+        Ok(parsed) => parsed,
+        // `bytes=-0` asks for none of the body (in a list, the parser
+        // gives up before the others, which may be satisfiable: ignored).
+        Err(RangeUnsatisfiableError::ZeroSuffix) if !text.contains(',') => return RangeReply::Unsatisfiable,
+        // A malformed Range header is ignored (RFC 9110 §14.2).
+        Err(_) => return RangeReply::Whole,
+    };
+    match parsed.validate(len) {
+        Ok(ranges) if ranges.len() == 1 => RangeReply::Part(ranges[0].clone()),
+        Ok(_) => RangeReply::Whole,
+        // A suffix longer than the content asks for all of it (RFC 9110 §14.1.3).
+        Err(RangeUnsatisfiableError::FileSuffixOutOfBounds) if parsed.ranges.len() == 1 => RangeReply::Part(0..=len - 1),
+        // Reversed, or starting past the end (the parser clamps the end).
+        Err(RangeUnsatisfiableError::RangeReversed) if !parsed.ranges.iter().any(|r| satisfiable(r, len)) => RangeReply::Unsatisfiable,
+        Err(_) => RangeReply::Whole,
+    }
+}
+
+/// Whether a range is valid and starts inside a body of `len` bytes
+/// (RFC 9110 §14.1.1).
+fn satisfiable(range: &SyntacticallyCorrectRange, len: u64) -> bool {
+    match (range.start, range.end) {
+        (StartPosition::Index(start), EndPosition::Index(end)) => start < len && start <= end,
+        (StartPosition::Index(start), EndPosition::LastByte) => start < len,
+        (StartPosition::FromLast(n), _) => n > 0,
+    }
+}
+
 /// Streams `path` as `content_type`, honouring a `Range` request header.
 pub async fn serve(path: &Path, content_type: &str, etag: &str, request: &HeaderMap) -> Result<Response, ApiError> {
     let mut file = tokio::fs::File::open(path).await.map_err(|e| ApiError::internal(&e))?;
     let len = file.metadata().await.map_err(|e| ApiError::internal(&e))?.len();
-    let range = match request.get(header::RANGE).and_then(|v| v.to_str().ok()) {
-        // Nothing to slice in an empty body: serve it whole.
-        _ if len == 0 => None,
-        None => None,
-        Some(text) => match http_range_header::parse_range_header(text).and_then(|r| r.validate(len)) {
-            Ok(ranges) if ranges.len() == 1 => Some(ranges[0].clone()),
-            Ok(_) => None,
-            // A suffix longer than the content asks for all of it (RFC 9110 §14.1.3).
-            Err(RangeUnsatisfiableError::FileSuffixOutOfBounds) if !text.contains(',') => Some(0..=len - 1),
-            Err(RangeUnsatisfiableError::RangeReversed | RangeUnsatisfiableError::ZeroSuffix) if text.trim_start().starts_with("bytes=") => {
-                let mut r =
-                    ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable", format!("The range is outside the {len} bytes of the content."))
-                        .into_response();
-                r.headers_mut().insert(header::CONTENT_RANGE, header_value(&format!("bytes */{len}")));
-                return Ok(r);
-            }
-            // A malformed Range header is ignored (RFC 9110 §14.2).
-            Err(_) => None,
-        },
+    let range = match range_reply(request.get(header::RANGE).and_then(|v| v.to_str().ok()), len) {
+        RangeReply::Whole => None,
+        RangeReply::Part(range) => Some(range),
+        RangeReply::Unsatisfiable => {
+            let mut r =
+                ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable", format!("The range is outside the {len} bytes of the content."))
+                    .into_response();
+            r.headers_mut().insert(header::CONTENT_RANGE, header_value(&format!("bytes */{len}")));
+            return Ok(r);
+        }
     };
     let (status, start, count) = match &range {
         Some(r) => (StatusCode::PARTIAL_CONTENT, *r.start(), r.end() - r.start() + 1),
@@ -84,6 +126,25 @@ fn header_value(s: &str) -> HeaderValue {
 
 #[cfg(test)]
 mod tests {
+    use super::{RangeReply, range_reply};
+
+    #[test]
+    fn ranges_are_refused_only_when_none_can_be_served() {
+        let part = |a, b| RangeReply::Part(a..=b);
+        assert_eq!(range_reply(Some("bytes=2-5"), 10), part(2, 5));
+        assert_eq!(range_reply(Some("bytes=-20"), 10), part(0, 9));
+        assert_eq!(range_reply(Some("bytes=5-3"), 10), RangeReply::Unsatisfiable);
+        assert_eq!(range_reply(Some("bytes=10-"), 10), RangeReply::Unsatisfiable);
+        assert_eq!(range_reply(Some("bytes=-0"), 10), RangeReply::Unsatisfiable);
+        assert_eq!(range_reply(Some("bytes=20-30, 40-"), 10), RangeReply::Unsatisfiable);
+        // One of the list can be served: not a 416 (answered whole).
+        assert_eq!(range_reply(Some("bytes=0-1, 20-30"), 10), RangeReply::Whole);
+        assert_eq!(range_reply(Some("bytes=-1,3645-3645"), 1), RangeReply::Whole);
+        assert_eq!(range_reply(Some("bytes=0-1,-0"), 10), RangeReply::Whole);
+        assert_eq!(range_reply(Some("bytes=0-1"), 0), RangeReply::Whole);
+        assert_eq!(range_reply(Some("items=0-1"), 10), RangeReply::Whole);
+    }
+
     #[test]
     fn only_inert_types_pass() {
         use super::safe_media_type as t;

@@ -6,6 +6,8 @@ mod auth;
 mod content;
 pub mod error;
 mod links;
+#[cfg(test)]
+mod proptests;
 pub mod signing;
 pub mod v2;
 

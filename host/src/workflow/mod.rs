@@ -3,6 +3,8 @@
 
 pub mod parse;
 pub mod plan;
+#[cfg(test)]
+mod proptests;
 pub mod validate;
 
 pub use parse::{InputValue, ParseError, Workflow, WorkflowLimits, WorkflowNode, is_ui_format};

@@ -137,7 +137,7 @@ pub fn validate(workflow: &Workflow, registry: &NodeRegistry, files: &dyn InputF
     if good.is_empty() {
         return Err(ValidationError::OutputsFailed(v.issues));
     }
-    let keep = v.ancestors(&good);
+    let keep = v.planned_ancestors(&good);
     let nodes = v.order.iter().filter(|id| keep.contains(id.as_str())).filter_map(|id| v.planned.remove(id)).collect();
     Ok((Plan::new(nodes, good), v.issues))
 }
@@ -442,18 +442,19 @@ impl<'a> Validator<'a> {
         }
     }
 
-    /// Every node reachable upstream from `roots` (inclusive).
-    fn ancestors(&self, roots: &[String]) -> HashSet<String> {
+    /// The planned nodes `roots` read, directly or not (`roots` included):
+    /// links under names the class has no input for are not followed.
+    fn planned_ancestors(&self, roots: &[String]) -> HashSet<String> {
         let mut seen = HashSet::new();
-        let mut stack: Vec<String> = roots.to_vec();
+        let mut stack: Vec<&str> = roots.iter().map(String::as_str).collect();
         while let Some(id) = stack.pop() {
-            if !seen.insert(id.clone()) {
+            if !seen.insert(id.to_string()) {
                 continue;
             }
-            if let Some(node) = self.workflow.node(&id) {
-                for (_, v) in &node.inputs {
-                    if let InputValue::Link { node: from, .. } = v {
-                        stack.push(from.clone());
+            if let Some(node) = self.planned.get(id) {
+                for (_, input) in &node.inputs {
+                    if let PlannedInput::Link { node: from, .. } = input {
+                        stack.push(from);
                     }
                 }
             }
@@ -536,6 +537,27 @@ mod tests {
         assert!(types_match("*", "MASK"));
         assert!(types_match("IMAGE,MASK", "MASK"));
         assert!(!types_match("IMAGE", "INT"));
+    }
+
+    #[test]
+    fn a_link_under_a_name_the_class_lacks_plans_nothing() {
+        // "2" is valid and was validated for output "3" (which fails: no
+        // filename_prefix); the good output "4" links to it only under a
+        // name SaveImage has no input for, so "2" must not run.
+        let workflow = Workflow::from_json(
+            &serde_json::json!({
+                "1": { "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": 0 } },
+                "2": { "class_type": "ImageInvert", "inputs": { "image": ["1", 0] } },
+                "3": { "class_type": "SaveImage", "inputs": { "images": ["2", 0] } },
+                "4": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "x", "not_an_input": ["2", 0] } },
+            }),
+            &crate::workflow::WorkflowLimits::default(),
+        )
+        .unwrap();
+        let (plan, issues) = validate(&workflow, crate::test_support::registry(), &crate::files::NamedInputs::new()).unwrap();
+        assert_eq!(plan.outputs, ["4"]);
+        assert_eq!(plan.nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["1", "4"]);
+        assert!(matches!(issues.as_slice(), [i] if i.kind == IssueKind::RequiredInputMissing && i.node_id == "3"), "{issues:?}");
     }
 
     #[test]

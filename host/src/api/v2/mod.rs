@@ -59,6 +59,6 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Segment {
 }
 
 /// Job and asset ids are UUIDs; anything else cannot exist.
-fn check_id(id: &str) -> Result<(), ApiError> {
+pub(in crate::api) fn check_id(id: &str) -> Result<(), ApiError> {
     uuid::Uuid::parse_str(id).map(|_| ()).map_err(|_| ApiError::not_found())
 }
