@@ -33,28 +33,36 @@ struct Kiln {
     _data: tempfile::TempDir,
 }
 
-/// `kiln serve` with the hostile plugin, one job at a time, and bounds.
+/// Writes the hostile plugin into `dir`, under the manifest name `name`.
+fn install(dir: &Path, name: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("kiln-plugin.toml"), HOSTILE_MANIFEST.replace("name = \"hostile\"", &format!("name = \"{name}\""))).unwrap();
+    std::fs::write(dir.join("kiln_hostile_guests.wasm"), HOSTILE_WASM).unwrap();
+}
+
+/// `kiln serve` on `data` loading the plugins under `plugins`, the partner
+/// key granted to the directory `granted`, one job at a time, and bounds.
+fn serve(data: &Path, plugins: &Path, granted: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.args(["serve", "--port", "0", "--data-dir"])
+        .arg(data)
+        .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
+        .env("KILN_PLUGIN_DIRS", plugins)
+        .env("KILN_SECRET_PLUGINS", granted.canonicalize().unwrap())
+        .env("KILN_JOB_MEMORY_MB", JOB_MEMORY_MB.to_string())
+        .env("KILN_MAX_RUNNING_JOBS", "1")
+        .env("KILN_RESULT_CACHE_MB", "64")
+        .env("KILN_LOG", "warn");
+    cmd
+}
+
+/// `kiln serve` with the hostile plugin (granted the partner key).
 fn spawn() -> Kiln {
     let data = tempfile::tempdir().unwrap();
     let plugins = tempfile::tempdir().unwrap();
     let dir = plugins.path().join("hostile");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("kiln-plugin.toml"), HOSTILE_MANIFEST).unwrap();
-    std::fs::write(dir.join("kiln_hostile_guests.wasm"), HOSTILE_WASM).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--port", "0", "--data-dir"])
-        .arg(data.path())
-        .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
-        .env("KILN_PLUGIN_DIRS", plugins.path())
-        .env("KILN_SECRET_PLUGINS", dir.canonicalize().unwrap())
-        .env("KILN_JOB_MEMORY_MB", JOB_MEMORY_MB.to_string())
-        .env("KILN_MAX_RUNNING_JOBS", "1")
-        .env("KILN_RESULT_CACHE_MB", "64")
-        .env("KILN_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("kiln serve starts");
+    install(&dir, "hostile");
+    let mut child = serve(data.path(), plugins.path(), &dir).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("kiln serve starts");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let base = line.trim().strip_prefix("kiln listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
@@ -257,4 +265,44 @@ async fn a_job_holds_at_most_its_memory_bound_and_gives_it_back() {
     }
     eprintln!("RSS before {before} MiB, after the jobs and an idle pause {rss} MiB");
     assert!(rss < before + 128, "memory returned after the jobs: {before} → {rss} MiB");
+}
+
+#[tokio::test]
+async fn a_plugin_cannot_claim_another_plugins_grant_by_its_name() {
+    let data = tempfile::tempdir().unwrap();
+    let plugins = tempfile::tempdir().unwrap();
+    let granted = plugins.path().join("hostile");
+    install(&granted, "hostile");
+    // An impostor beside it claiming the same name (asking for nothing, so
+    // only its name is in question): refused at start.
+    let impostor = plugins.path().join("impostor");
+    install(&impostor, "hostile");
+    let manifest = std::fs::read_to_string(impostor.join("kiln-plugin.toml")).unwrap();
+    std::fs::write(impostor.join("kiln-plugin.toml"), manifest.replace("secrets = [\"api_key_svc_org\"]", "")).unwrap();
+    let out = serve(data.path(), plugins.path(), &granted).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "two plugins named `hostile` must not start");
+    assert!(stderr.contains("impostor") && stderr.contains("names must be unique"), "{stderr}");
+    // The impostor alone, named like the granted plugin (whose directory
+    // it is not): it asks for the partner key and is refused; the grant
+    // binds to the directory, not the name.
+    let alone = tempfile::tempdir().unwrap();
+    install(&alone.path().join("impostor"), "hostile");
+    let out = serve(data.path(), alone.path(), &granted).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an ungranted plugin asking for a secret must not load");
+    assert!(stderr.contains("api_key_svc_org") && stderr.contains("not granted"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_node_sees_the_hosts_virtual_clock_not_the_real_one() {
+    let mut kiln = spawn();
+    let job = kiln.run(json!({ "7": { "class_type": "HostileClockProbe", "inputs": { "trigger": 1 } } })).await;
+    assert_eq!(job["status"], "succeeded", "{job}");
+    let url = job["outputs"][0]["url"].as_str().unwrap();
+    let report = kiln.http.get(url).send().await.unwrap().text().await.unwrap();
+    // 2000-01-01T00:00:00Z, whatever the time is: no timing channel
+    // between tenants, and the cached result is what a re-run computes.
+    assert!(report.starts_with("wall=946684800.000000000 "), "{report}");
+    kiln.assert_contained().await;
 }
