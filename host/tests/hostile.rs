@@ -13,6 +13,10 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+#[path = "../../tests/shapes.rs"]
+mod shapes;
+use shapes::empty;
+
 const HOSTILE_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_hostile_guests.wasm"));
 const HOSTILE_MANIFEST: &str = include_str!("../../tests/guests/hostile/kiln-plugin.toml");
 
@@ -115,18 +119,8 @@ impl Kiln {
     }
 }
 
-fn empty(size: u32, batch: u32) -> Value {
-    json!({ "class_type": "EmptyImage", "inputs": { "width": size, "height": size, "batch_size": batch, "color": 0 } })
-}
-
 fn invert_chain(n: usize) -> Map<String, Value> {
-    let mut wf = Map::new();
-    wf.insert("0".into(), empty(8, 1));
-    for i in 1..=n {
-        wf.insert(i.to_string(), json!({ "class_type": "ImageInvert", "inputs": { "image": [(i - 1).to_string(), 0] } }));
-    }
-    wf.insert("out".into(), json!({ "class_type": "PreviewImage", "inputs": { "images": [n.to_string(), 0] } }));
-    wf
+    shapes::invert_chain(n, 8)
 }
 
 fn failed_with(job: &Value, code: &str, says: &str) {
@@ -148,7 +142,10 @@ async fn deep_and_large_graphs_are_validated_without_recursion_and_bounded() {
     let (status, err) = kiln.post(&json!({ "workflow": invert_chain(5_000) })).await;
     assert_eq!((status, err["error"]["code"].as_str()), (422, Some("invalid_workflow")), "{err}");
     assert!(err["error"]["message"].as_str().unwrap().contains("max_workflow_nodes"), "{err}");
-    let resp = kiln.http.post(format!("{}/jobs", kiln.base)).header("content-type", "application/json").body(vec![b' '; 9 << 20]).send().await.unwrap();
+    // On a connection of its own: the server answers before reading the
+    // whole body and closes it, which a pooled client could reuse.
+    let resp =
+        reqwest::Client::new().post(format!("{}/jobs", kiln.base)).header("content-type", "application/json").body(vec![b' '; 9 << 20]).send().await.unwrap();
     assert_eq!(resp.status(), 422);
     assert!(resp.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("max_workflow_kb"));
     // A long cycle is a validation error, found in linear time.
@@ -202,36 +199,9 @@ async fn file_names_and_counts_cannot_amplify_memory_or_disk() {
     kiln.assert_contained().await;
 }
 
-/// `EmptyImage(size²) → leaves × ImageScaleBy(×4) → ImageScaleBy(÷8)`,
-/// joined by an ImageBatch tree: from 512², each branch's big image is
-/// 2048²×3 f32 = 48 MiB.
+/// From 512², each branch's big image is 2048²×3 f32 = 48 MiB.
 fn wide_tree(leaves: usize, size: u32) -> Value {
-    let mut wf = Map::new();
-    wf.insert("src".into(), empty(size, 1));
-    let mut level = Vec::new();
-    for i in 0..leaves {
-        wf.insert(format!("big{i}"), json!({ "class_type": "ImageScaleBy", "inputs": { "image": ["src", 0], "upscale_method": "bilinear", "scale_by": 4.0 } }));
-        wf.insert(
-            format!("small{i}"),
-            json!({ "class_type": "ImageScaleBy", "inputs": { "image": [format!("big{i}"), 0], "upscale_method": "area", "scale_by": 0.125 } }),
-        );
-        level.push(format!("small{i}"));
-    }
-    let mut round = 0;
-    while level.len() > 1 {
-        level = level
-            .chunks(2)
-            .enumerate()
-            .map(|(j, pair)| {
-                let id = format!("join{round}_{j}");
-                wf.insert(id.clone(), json!({ "class_type": "ImageBatch", "inputs": { "image1": [pair[0], 0], "image2": [pair[pair.len() - 1], 0] } }));
-                id
-            })
-            .collect();
-        round += 1;
-    }
-    wf.insert("out".into(), json!({ "class_type": "PreviewImage", "inputs": { "images": [level[0], 0] } }));
-    Value::Object(wf)
+    shapes::wide_tree(leaves, size, 4.0)
 }
 
 #[tokio::test]

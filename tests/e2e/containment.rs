@@ -12,24 +12,10 @@ use kiln::plugins::FailureKind;
 use kiln::workflow::{IssueKind, Plan, PlannedNode, ValidationError, Workflow, WorkflowLimits, validate};
 use serde_json::{Map, Value, json};
 
+use crate::shapes::{self, invert_chain};
 use crate::support::{RunOpts, env, run_workflow};
 
 const MIB: u64 = 1 << 20;
-
-fn empty(size: u32) -> Value {
-    json!({ "class_type": "EmptyImage", "inputs": { "width": size, "height": size, "batch_size": 1, "color": 0 } })
-}
-
-/// `EmptyImage → ImageInvert × n → PreviewImage`, ids 0..=n+1.
-fn chain(n: usize, size: u32) -> Map<String, Value> {
-    let mut wf = Map::new();
-    wf.insert("0".into(), empty(size));
-    for i in 1..=n {
-        wf.insert(i.to_string(), json!({ "class_type": "ImageInvert", "inputs": { "image": [(i - 1).to_string(), 0] } }));
-    }
-    wf.insert((n + 1).to_string(), json!({ "class_type": "PreviewImage", "inputs": { "images": [n.to_string(), 0] } }));
-    wf
-}
 
 #[tokio::test]
 async fn a_long_cycle_is_reported_as_a_cycle() {
@@ -58,35 +44,9 @@ async fn a_long_cycle_is_reported_as_a_cycle() {
     assert_eq!(cycle[0].dependent_outputs, ["out"]);
 }
 
-/// A source, `leaves` branches that each blow the image up (big) and shrink
-/// it back (small), and an ImageBatch tree joining the small ones.
+/// 512² source, branches of 1024² (12 MiB) big images.
 fn wide_tree(leaves: usize) -> Value {
-    let mut wf = Map::new();
-    wf.insert("src".into(), empty(512));
-    let mut level: Vec<String> = Vec::new();
-    for i in 0..leaves {
-        wf.insert(format!("big{i}"), json!({ "class_type": "ImageScaleBy", "inputs": { "image": ["src", 0], "upscale_method": "bilinear", "scale_by": 2.0 } }));
-        wf.insert(
-            format!("small{i}"),
-            json!({ "class_type": "ImageScaleBy", "inputs": { "image": [format!("big{i}"), 0], "upscale_method": "bilinear", "scale_by": 0.125 } }),
-        );
-        level.push(format!("small{i}"));
-    }
-    let mut round = 0;
-    while level.len() > 1 {
-        level = level
-            .chunks(2)
-            .enumerate()
-            .map(|(j, pair)| {
-                let id = format!("join{round}_{j}");
-                wf.insert(id.clone(), json!({ "class_type": "ImageBatch", "inputs": { "image1": [pair[0], 0], "image2": [pair[pair.len() - 1], 0] } }));
-                id
-            })
-            .collect();
-        round += 1;
-    }
-    wf.insert("out".into(), json!({ "class_type": "PreviewImage", "inputs": { "images": [level[0], 0] } }));
-    Value::Object(wf)
+    shapes::wide_tree(leaves, 512, 2.0)
 }
 
 fn limited(memory_mb: u64) -> Arc<JobBudget> {
@@ -129,7 +89,7 @@ async fn a_long_chain_holds_a_few_results_not_all() {
     // be 120 MiB; each is dropped once its one reader has started.
     let out = tempfile::tempdir().unwrap();
     let budget = limited(4096);
-    let ran = run_workflow(Value::Object(chain(40, 512)), RunOpts { budget: budget.clone(), ..RunOpts::new(out.path()) }).await;
+    let ran = run_workflow(Value::Object(invert_chain(40, 512)), RunOpts { budget: budget.clone(), ..RunOpts::new(out.path()) }).await;
     assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
     let peak = budget.peak_memory();
     assert!(peak < 40 * MIB, "peak {} MiB: results must not pile up", peak / MIB);

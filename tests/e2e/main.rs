@@ -1,6 +1,8 @@
 //! End-to-end suites for kiln's engine: real plugins compiled to WebAssembly,
 //! real files on disk, the real executor. One binary, one module per concern.
 
+#[path = "../shapes.rs"]
+mod shapes;
 mod support;
 
 mod api;
