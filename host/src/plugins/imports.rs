@@ -87,7 +87,14 @@ impl host::Host for NodeState {
 
     fn read_input(&mut self, name: String) -> wasmtime::Result<Result<Vec<u8>, String>> {
         let Some(io) = &self.io else { return Ok(Err("no input files in this context".into())) };
-        Ok(io.inputs.read(&name).map_err(|e| e.to_string()))
+        let bytes = match io.inputs.read(&name) {
+            Ok(bytes) => bytes,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        // The host's copy (at most `MAX_INPUT_BYTES`) is the job's while the
+        // guest takes it in.
+        let _copy = self.charge_job(bytes.len() as u64).map_err(wasmtime::Error::msg)?;
+        Ok(Ok(bytes))
     }
 
     fn save_file(&mut self, kind: host::FileKind, prefix: String, extension: String, data: Vec<u8>) -> wasmtime::Result<Result<host::SavedFile, String>> {
