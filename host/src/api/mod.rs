@@ -3,6 +3,7 @@
 //! records; no business logic lives here.
 
 mod auth;
+pub mod compat;
 mod content;
 pub mod error;
 mod links;
@@ -92,6 +93,7 @@ pub fn check_mount_prefix(prefix: &str) -> Result<(), String> {
 /// registered with their full paths (one lookup per request, no nesting).
 pub fn router(state: Arc<AppState>) -> Router {
     v2::routes(&state.api_base, state.clone())
+        .merge(compat::routes(state.clone()))
         .fallback(|| async { error::ApiError::not_found().into_response() })
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
         .layer(axum::middleware::from_fn_with_state(state, edge))
