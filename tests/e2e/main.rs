@@ -7,6 +7,7 @@ mod support;
 
 mod api;
 mod cache;
+mod compat;
 mod cancel;
 mod containment;
 mod events;

@@ -1,0 +1,6 @@
+//! The ComfyUI compatibility API (`/api`, bare paths, `/ws`) over real HTTP
+//! and WebSocket connections on loopback, checked against the reference
+//! captures in `tests/fixtures/comfyui/captures/`.
+
+mod http;
+mod ws;
