@@ -73,6 +73,12 @@ impl ResultCache {
         }
     }
 
+    /// Whether the cache holds this very result under `key` (without
+    /// marking it used).
+    pub fn holds(&self, key: &CacheKey, result: &Arc<CachedResult>) -> bool {
+        self.inner.lock().lru.peek(key).is_some_and(|held| Arc::ptr_eq(held, result))
+    }
+
     /// Drops the result for `key` (its files are gone).
     pub fn remove(&self, key: &CacheKey) {
         let mut inner = self.inner.lock();

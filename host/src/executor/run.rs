@@ -307,7 +307,7 @@ impl<'a> Run<'a> {
     /// from now on (its tensors no longer count against this job); the rest
     /// is freed with the last handle (a running reader may hold one).
     fn release(&self, id: &str, result: Arc<CachedResult>) {
-        let adopted = self.keys.get(id).and_then(|k| self.executor.cache.get(k)).is_some_and(|held| Arc::ptr_eq(&held, &result));
+        let adopted = self.keys.get(id).is_some_and(|k| self.executor.cache.holds(k, &result));
         if adopted {
             for value in &result.values {
                 if let Value::Tensor(t) = value {
