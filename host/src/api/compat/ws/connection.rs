@@ -18,17 +18,25 @@ use crate::service::bus::ExecMessage;
 /// How long a closing connection may take to write what it has left.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
-/// The connection's outgoing buffer: bounded in frames and bytes.
+/// The connection's outgoing buffer: bounded in frames (the channel's
+/// capacity) and bytes (`waiting_bytes`, which the writer decrements).
 struct Outbox {
     tx: mpsc::Sender<Message>,
     waiting_bytes: Arc<AtomicUsize>,
+    max_bytes: usize,
 }
 
 impl Outbox {
+    /// An outbox of `frames` and `max_bytes`, and the receiving end.
+    fn new(frames: usize, max_bytes: usize) -> (Outbox, mpsc::Receiver<Message>) {
+        let (tx, rx) = mpsc::channel(frames);
+        (Outbox { tx, waiting_bytes: Arc::new(AtomicUsize::new(0)), max_bytes }, rx)
+    }
+
     /// Queues `frame`; `false` when the buffer is full (the client fell behind).
     fn push(&self, frame: Frame) -> bool {
         let len = frame.len();
-        if self.waiting_bytes.fetch_add(len, Ordering::SeqCst) + len > SOCKET_BUFFER_BYTES {
+        if self.waiting_bytes.fetch_add(len, Ordering::SeqCst) + len > self.max_bytes {
             return false;
         }
         let message = match frame {
@@ -50,9 +58,8 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: 
     let (mut sink, mut incoming) = socket.split();
     // Subscribed before the queue is counted: no change falls in between.
     let mut bus = state.service.bus().subscribe();
-    let (tx, mut rx) = mpsc::channel::<Message>(SOCKET_BUFFER_FRAMES);
-    let waiting_bytes = Arc::new(AtomicUsize::new(0));
-    let outbox = Outbox { tx, waiting_bytes: waiting_bytes.clone() };
+    let (outbox, mut rx) = Outbox::new(SOCKET_BUFFER_FRAMES, SOCKET_BUFFER_BYTES);
+    let waiting_bytes = outbox.waiting_bytes.clone();
     let mut writer = tokio::spawn(async move {
         while let Some(message) = rx.recv().await {
             let len = match &message {
@@ -114,5 +121,31 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: 
     }
     if tokio::time::timeout(CLOSE_GRACE, &mut writer).await.is_err() {
         writer.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outbox_refuses_frames_past_its_bounds() {
+        let (outbox, mut rx) = Outbox::new(2, 1 << 20);
+        assert!(outbox.push(Frame::Text("a".into())));
+        assert!(outbox.push(Frame::Binary(vec![1, 2])));
+        assert!(!outbox.push(Frame::Text("c".into())), "two frames at most");
+        assert!(rx.try_recv().is_ok());
+        let (outbox, _rx) = Outbox::new(16, 10);
+        assert!(outbox.push(Frame::Text("12345678".into())));
+        assert!(!outbox.push(Frame::Text("123".into())), "ten bytes at most");
+    }
+
+    #[test]
+    fn a_connection_sees_its_owners_jobs_and_the_queue() {
+        use crate::service::bus::ExecBody;
+        let message = |owner: Option<&str>| ExecMessage { job_id: Arc::from("j"), owner: owner.map(Arc::from), body: ExecBody::Queue { remaining: 0 } };
+        assert!(visible(&message(Some("me")), "me"));
+        assert!(!visible(&message(Some("other")), "me"));
+        assert!(visible(&message(None), "me"));
     }
 }
