@@ -495,3 +495,22 @@ async fn with_a_token_the_socket_requires_it() {
     let mut ws = connect(&server, "?token=s3cret&clientId=x").await;
     assert_eq!(ws.next_json().await["data"]["sid"], "x");
 }
+
+#[tokio::test]
+async fn a_refused_submission_sends_nothing_as_in_the_capture() {
+    // ComfyUI validates inside `POST /prompt` and sends no frame for a
+    // refused prompt (ws-c-validation.jsonl holds only HTTP exchanges); a
+    // v2 job is validated before it is queued, and the same holds.
+    assert!(capture("ws-c-validation.jsonl").is_empty());
+    let server = start_default().await;
+    let mut ws = connect(&server, "").await;
+    ws.next_json().await;
+    let bad = json!({ "1": { "class_type": "EmptyImage", "inputs": { "width": 0, "height": 8, "batch_size": 1, "color": 0 } },
+                      "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "x" } } });
+    let (status, body, _) = server.post_job(&json!({ "workflow": bad }), None).await;
+    assert_eq!(status, 422, "{body}");
+    let (id, frames) = run(&server, &mut ws, crate::api::trivial(9)).await;
+    let first = &texts(&frames)[0];
+    assert_eq!(first["type"], "status", "the next job's queue change comes first: {first}");
+    assert!(texts(&frames).iter().all(|m| m["type"] == "status" || m["data"]["prompt_id"] == id.as_str()));
+}
