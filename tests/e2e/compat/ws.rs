@@ -514,3 +514,41 @@ async fn a_refused_submission_sends_nothing_as_in_the_capture() {
     assert_eq!(first["type"], "status", "the next job's queue change comes first: {first}");
     assert!(texts(&frames).iter().all(|m| m["type"] == "status" || m["data"]["prompt_id"] == id.as_str()));
 }
+
+#[tokio::test]
+async fn status_tells_every_queue_change() {
+    let server = start(|_, o| o.max_running_jobs = 1).await;
+    let mut ws = connect(&server, "").await;
+    assert_eq!(ws.next_json().await["data"]["status"]["exec_info"]["queue_remaining"], 0);
+    let remaining = |m: &Value| m["data"]["status"]["exec_info"]["queue_remaining"].as_u64().unwrap();
+    let mut counts = Vec::new();
+    // A runs (it spins until canceled); B waits behind it.
+    let a = server.submit(crate::api::spinner(1)).await["id"].as_str().unwrap().to_string();
+    loop {
+        let m = ws.next_json().await;
+        if m["type"] == "status" {
+            counts.push(remaining(&m));
+        }
+        if m["type"] == "executing" && m["data"]["prompt_id"] == a.as_str() {
+            break;
+        }
+    }
+    let b = server.submit(crate::api::trivial(4)).await["id"].as_str().unwrap().to_string();
+    let m = ws.next_json().await;
+    assert_eq!(m["type"], "status", "{m}");
+    counts.push(remaining(&m));
+    server.http.post(server.url(&format!("/jobs/{b}/cancel"))).send().await.unwrap();
+    let m = ws.next_json().await;
+    assert_eq!(m["type"], "status", "{m}");
+    counts.push(remaining(&m));
+    server.http.post(server.url(&format!("/jobs/{a}/cancel"))).send().await.unwrap();
+    for frame in ws.until_done(&a).await {
+        if let Frame::Json(m) = frame
+            && m["type"] == "status"
+        {
+            counts.push(remaining(&m));
+        }
+    }
+    // Enqueued, started (running jobs count), B enqueued, B canceled, A over.
+    assert_eq!(counts, [1, 1, 2, 1, 0]);
+}
