@@ -283,6 +283,18 @@ impl Service {
         self.live.read().len()
     }
 
+    /// The node each running job of `owner` started last, by job id.
+    pub fn running_nodes(&self, owner: &str) -> Vec<(String, String)> {
+        let live: Vec<Arc<LiveJob>> = self.live.read().values().cloned().collect();
+        live.iter()
+            .filter_map(|job| {
+                let rec = job.record.lock();
+                let node = rec.progress.as_ref().and_then(|p| p.current_node.clone());
+                (rec.owner == owner && rec.status == JobStatus::Running).then_some(node).flatten().map(|n| (rec.id.clone(), n))
+            })
+            .collect()
+    }
+
     /// Tells the bus how many jobs remain.
     fn publish_queue(&self) {
         if self.bus.watched() {

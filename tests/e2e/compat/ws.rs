@@ -533,6 +533,11 @@ async fn status_tells_every_queue_change() {
             break;
         }
     }
+    // A client connecting now hears which node runs (ComfyUI's reconnect
+    // variant: no prompt_id).
+    let mut late = connect(&server, "").await;
+    assert_eq!(remaining(&late.next_json().await), 1);
+    assert_eq!(late.next_json().await, json!({ "type": "executing", "data": { "node": "1" } }));
     let b = server.submit(crate::api::trivial(4)).await["id"].as_str().unwrap().to_string();
     let m = ws.next_json().await;
     assert_eq!(m["type"], "status", "{m}");

@@ -76,6 +76,11 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: 
     });
     state.service.touch();
     outbox.push(render::status(state.service.queue_remaining(), Some(&sid)));
+    // A client that (re)connects while a job runs hears which node runs
+    // (ComfyUI's reconnect variant: no `prompt_id`).
+    for (_, node) in state.service.running_nodes(&owner) {
+        outbox.push(render::reconnect_executing(&node));
+    }
     let mut read_first_text = false;
     let mut preview_metadata = false;
     let fell_behind = loop {

@@ -42,6 +42,12 @@ pub fn status(remaining: usize, sid: Option<&str>) -> Frame {
     text("status", data)
 }
 
+/// `executing` as sent on connect while a node runs: no `prompt_id`, no
+/// `display_node` (compat-protocol.md 3.2).
+pub fn reconnect_executing(node: &str) -> Frame {
+    text("executing", json!({ "node": node }))
+}
+
 /// The answer to a client's `feature_flags`.
 pub fn feature_flags(flags: Value) -> Frame {
     text("feature_flags", flags)
