@@ -17,6 +17,12 @@ pub fn preview(image: &Tensor) {
     wit::preview(image)
 }
 
+/// Shows a line of progress text to watching clients (the host keeps the
+/// first 4 KiB).
+pub fn progress_text(text: &str) {
+    wit::progress_text(text)
+}
+
 /// Reads the uploaded input file called `name`.
 pub fn read_input(name: &str) -> Result<Vec<u8>, String> {
     wit::read_input(name)

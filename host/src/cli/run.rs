@@ -161,7 +161,7 @@ fn report(bar: &Option<ProgressBar>, event: &Event) {
         (Some(bar), Event::Executing { node, class_type }) => bar.set_message(format!("{node} {class_type}")),
         (Some(bar), Event::Progress { overall, .. }) => bar.set_position((overall * 1000.0) as u64),
         (Some(_), _) => {}
-        (None, Event::Cached { nodes, .. }) => eprintln!("cached: {}", nodes.join(", ")),
+        (None, Event::Cached { nodes, .. }) if !nodes.is_empty() => eprintln!("cached: {}", nodes.join(", ")),
         (None, Event::Executing { node, class_type }) => eprintln!("executing {node} ({class_type})"),
         (None, Event::Executed { node, elapsed_ms, .. }) => eprintln!("done {node} in {elapsed_ms:.1} ms"),
         (None, _) => {}

@@ -10,16 +10,20 @@ pub enum Event {
     /// The run began.
     Started { job_id: String },
     /// These nodes are served from the result cache and will not run;
-    /// `overall` is the run's progress with them done.
+    /// `overall` is the run's progress with them done. Sent once per run,
+    /// right after `Started`, even when no node is cached.
     Cached { nodes: Vec<String>, overall: f64 },
     /// A node began running.
     Executing { node: String, class_type: String },
     /// Progress of a node and of the whole run (`overall` in 0..=1, weighted
     /// by node count and by the steps nodes report; it never decreases).
-    /// The executor is the one source of this number.
+    /// The executor is the one source of this number. Sent for the steps a
+    /// node reports, and once more (`1/1`) after its `Executed`.
     Progress { node: String, step: u64, steps: u64, overall: f64 },
     /// An intermediate image from a node.
     Preview { node: String, image: Tensor },
+    /// A line of progress text from a node (bounded by the host).
+    Text { node: String, text: String },
     /// A node finished and saved files (output nodes; also sent for cached
     /// output nodes, with their earlier files).
     Output { node: String, class_type: String, files: Vec<SavedFile>, cached: bool },

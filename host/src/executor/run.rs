@@ -120,9 +120,6 @@ impl<'a> Run<'a> {
             self.results.insert(node.id.clone(), hit);
             self.cached.push(node.id.clone());
         }
-        if self.cached.is_empty() {
-            return;
-        }
         let overall = {
             let mut p = self.progress.lock();
             p.done = self.cached.len();
@@ -358,6 +355,7 @@ impl<'a> Run<'a> {
                     events(Event::Progress { node: node.clone(), step, steps, overall });
                 }
                 NodeSignal::Preview(image) => events(Event::Preview { node: node.clone(), image }),
+                NodeSignal::Text(text) => events(Event::Text { node: node.clone(), text }),
             }),
         }
     }

@@ -10,6 +10,21 @@ use super::state::{NodeSignal, NodeState};
 use crate::files::FileKind;
 use crate::tensor::{Tensor, TensorError};
 
+/// A progress text line is cut to this many bytes (`host.progress-text`).
+pub const MAX_PROGRESS_TEXT: usize = 4 << 10;
+
+/// `text` cut to [`MAX_PROGRESS_TEXT`] bytes at a character boundary.
+fn bounded_text(mut text: String) -> String {
+    if text.len() > MAX_PROGRESS_TEXT {
+        let mut at = MAX_PROGRESS_TEXT;
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        text.truncate(at);
+    }
+    text
+}
+
 /// A compiled GPU kernel (placeholder until the GPU milestone: never created).
 pub struct Kernel {
     id: String,
@@ -81,6 +96,13 @@ impl host::Host for NodeState {
         let tensor = self.table.get(&image)?.clone();
         if let Some(io) = &self.io {
             (io.signals)(NodeSignal::Preview(tensor));
+        }
+        Ok(())
+    }
+
+    fn progress_text(&mut self, text: String) -> wasmtime::Result<()> {
+        if let Some(io) = &self.io {
+            (io.signals)(NodeSignal::Text(bounded_text(text)));
         }
         Ok(())
     }
@@ -171,5 +193,22 @@ impl gpu::HostKernel for NodeState {
     fn drop(&mut self, this: Resource<Kernel>) -> wasmtime::Result<()> {
         self.table.delete(this)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_text_is_cut_at_a_character_boundary() {
+        assert_eq!(bounded_text("short".into()), "short");
+        let long = "é".repeat(MAX_PROGRESS_TEXT); // 2 bytes each
+        let cut = bounded_text(long);
+        assert_eq!(cut.len(), MAX_PROGRESS_TEXT);
+        let odd = format!("a{}", "é".repeat(MAX_PROGRESS_TEXT));
+        let cut = bounded_text(odd);
+        assert_eq!(cut.len(), MAX_PROGRESS_TEXT - 1, "never half a character");
+        assert!(cut.starts_with('a'));
     }
 }

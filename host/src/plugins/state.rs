@@ -23,6 +23,8 @@ pub enum NodeSignal {
     Progress { step: u64, steps: u64 },
     /// An intermediate image to show watching clients.
     Preview(Tensor),
+    /// A line of progress text to show watching clients (bounded by the host).
+    Text(String),
 }
 
 /// The job-level services one node call may use.

@@ -7,6 +7,7 @@
 //! the records. API layers only translate requests and responses.
 
 mod assets;
+pub mod bus;
 mod error;
 pub mod job_files;
 mod live;
@@ -156,6 +157,9 @@ pub struct Service {
     /// Where a job's parallel branches run, on every core (a chain runs on
     /// its worker's thread).
     branches: Mutex<Option<tokio::runtime::Runtime>>,
+    /// Execution messages of every job and queue changes (the ComfyUI
+    /// WebSocket's source).
+    bus: Arc<bus::ExecBus>,
 }
 
 impl Drop for Service {
@@ -210,6 +214,7 @@ impl Service {
             activity: AtomicU64::new(0),
             finished: Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
             finished_gen: AtomicU64::new(0),
+            bus: Arc::default(),
         });
         service.recover()?;
         let mut workers = Vec::new();
@@ -266,6 +271,35 @@ impl Service {
 
     pub fn blobs(&self) -> &Arc<dyn BlobStore> {
         &self.blobs
+    }
+
+    /// The execution-message bus (every job's messages, queue changes).
+    pub fn bus(&self) -> &bus::ExecBus {
+        &self.bus
+    }
+
+    /// Jobs queued or running (what ComfyUI calls `queue_remaining`).
+    pub fn queue_remaining(&self) -> usize {
+        self.live.read().len()
+    }
+
+    /// The node each running job of `owner` started last, by job id.
+    pub fn running_nodes(&self, owner: &str) -> Vec<(String, String)> {
+        let live: Vec<Arc<LiveJob>> = self.live.read().values().cloned().collect();
+        live.iter()
+            .filter_map(|job| {
+                let rec = job.record.lock();
+                let node = rec.progress.as_ref().and_then(|p| p.current_node.clone());
+                (rec.owner == owner && rec.status == JobStatus::Running).then_some(node).flatten().map(|n| (rec.id.clone(), n))
+            })
+            .collect()
+    }
+
+    /// Tells the bus how many jobs remain.
+    fn publish_queue(&self) {
+        if self.bus.watched() {
+            self.bus.queue(self.queue_remaining());
+        }
     }
 
     fn live_job(&self, id: &str) -> Option<Arc<LiveJob>> {
@@ -352,6 +386,9 @@ impl Service {
                 q.len()
             };
             self.queue_notify.notify_one();
+            // Before the worker can start it (it waits for this lock), so
+            // the queue change precedes the job's own messages.
+            self.publish_queue();
             let written = self.meta.submit(&locked, &resolved.workflow, claim.as_ref());
             match &written {
                 // Committed (durable or not): the job exists, so it runs.
@@ -402,6 +439,7 @@ impl Service {
             self.queued.fetch_sub(1, Ordering::SeqCst);
         }
         self.live.write().remove(id);
+        self.publish_queue();
     }
 
     /// 1-based position of a queued job.
@@ -532,6 +570,7 @@ impl Service {
         live.publish_status();
         self.live.write().remove(&id);
         self.publish_queue_positions();
+        self.publish_queue();
         Ok(rec)
     }
 

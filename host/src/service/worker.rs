@@ -1,10 +1,14 @@
 //! Job workers: take the next queued job, run it through the executor, and
 //! turn executor events into record updates and stream events.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
+use super::bus::{self, ExecBody, ExecBus, NodeRunState};
 use super::job_files::{JobInputs, JobOutputs, media_type};
 use super::{JobEvent, LiveJob, Service, submit};
 use crate::executor::{Event, RunContext, RunOutcome, RunStatus};
@@ -13,6 +17,9 @@ use crate::store::{AssetRecord, JobErrorRecord, JobLogRecord, JobRecord, JobStat
 
 /// Progress frames per job go out at most this often.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
+/// Step progress of a job goes on the execution bus at most this often
+/// (a node's last step always does).
+const BUS_PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 /// Preview frames per job go out at most this often.
 const PREVIEW_INTERVAL: Duration = Duration::from_millis(250);
 /// The job log keeps this much of its tail.
@@ -92,6 +99,8 @@ impl Service {
         tracing::debug!(job_id = %snapshot.id, attempt = snapshot.attempts, "job running");
         live.publish_status();
         self.publish_queue_positions();
+        // Running jobs still count as remaining (as ComfyUI counts them).
+        self.publish_queue();
 
         let prepared = live.prepared.lock().take().map_or_else(|| self.prepare(&snapshot), Ok);
         let outcome = match prepared {
@@ -131,7 +140,11 @@ impl Service {
                     output_lost: true,
                 })
             }
-            Err(error) => Err(NotRun { error, output_lost: false }),
+            Err(error) => {
+                // It never started: the bus still shows it start and fail.
+                self.bus.job(&Arc::from(snapshot.id.as_str()), &Arc::from(snapshot.owner.as_str()), ExecBody::Started { at_ms: bus::now_ms() });
+                Err(NotRun { error, output_lost: false })
+            }
         };
         self.finish(&live, outcome).await;
     }
@@ -154,113 +167,8 @@ impl Service {
 
     /// The executor's event sink for one job.
     fn sink(&self, live: Arc<LiveJob>) -> crate::executor::EventSink {
-        let meta = self.meta.clone();
-        Arc::new(move |event: Event| {
-            let now = now_micros();
-            match event {
-                // The executor owns the numbers (`overall`); a node counts
-                // as done once it executed.
-                Event::Cached { nodes, overall } => update_progress(
-                    &live,
-                    |p| {
-                        p.nodes_done = nodes.len() as u64;
-                        p.value = overall;
-                    },
-                    false,
-                ),
-                Event::Executing { node, class_type } => update_progress(
-                    &live,
-                    |p| {
-                        p.current_node = Some(node);
-                        p.current_node_class = Some(class_type);
-                        (p.step, p.steps, p.message) = (None, None, None);
-                    },
-                    false,
-                ),
-                Event::Progress { node, step, steps, overall } => update_progress(
-                    &live,
-                    |p| {
-                        p.message = Some(format!("{} {step}/{steps}", p.current_node_class.as_deref().unwrap_or(&node)));
-                        (p.step, p.steps, p.value) = (Some(step), Some(steps), overall);
-                    },
-                    false,
-                ),
-                Event::Executed { .. } => update_progress(
-                    &live,
-                    |p| {
-                        p.nodes_done += 1;
-                        (p.step, p.steps) = (None, None);
-                    },
-                    false,
-                ),
-                Event::Output { node, files, .. } => {
-                    let (job_id, owner, expires_at) = {
-                        let rec = live.record.lock();
-                        (rec.id.clone(), rec.owner.clone(), rec.expires_at)
-                    };
-                    for file in files {
-                        let Some(hash) = file.hash else { continue };
-                        let name = file.filename.clone();
-                        let (content_type, kind) = media_type(&name);
-                        let file_path = if file.subfolder.is_empty() { name.clone() } else { format!("{}/{}", file.subfolder, name) };
-                        let asset = AssetRecord {
-                            id: uuid::Uuid::now_v7().to_string(),
-                            owner: owner.clone(),
-                            hash: blob_name(&hash),
-                            size_bytes: file.size,
-                            content_type: content_type.into(),
-                            file_path: Some(file_path),
-                            created_at: now,
-                            expires_at: Some(expires_at),
-                            job_id: Some(job_id.clone()),
-                            node_id: Some(node.clone()),
-                            tags: Vec::new(),
-                        };
-                        if let Err(e) = meta.put_asset(&asset) {
-                            tracing::error!(error = %e, "cannot record an output asset");
-                            continue;
-                        }
-                        live.output_assets.lock().push(asset.clone());
-                        let output = OutputRecord {
-                            node_id: node.clone(),
-                            name,
-                            kind: kind.into(),
-                            content_type: content_type.into(),
-                            size_bytes: file.size,
-                            asset_id: asset.id,
-                            hash: asset.hash,
-                        };
-                        // On the live record only: it reaches the store with
-                        // the terminal record (an interrupted run's outputs
-                        // are dropped at the next start anyway).
-                        {
-                            let mut rec = live.record.lock();
-                            rec.outputs.push(output.clone());
-                            rec.updated_at = now;
-                        }
-                        live.publish(JobEvent::Output(output));
-                    }
-                }
-                Event::Preview { node, image } => {
-                    // At most one preview per PREVIEW_INTERVAL is encoded
-                    // (≤ 512 px, fast compression) and sent; the rest are dropped.
-                    let due = {
-                        let mut last = live.last_preview_at.lock();
-                        let due = last.is_none_or(|t| t.elapsed() >= PREVIEW_INTERVAL);
-                        if due {
-                            *last = Some(Instant::now());
-                        }
-                        due
-                    };
-                    if due && let Some(png) = super::preview::encode(&image) {
-                        let event = JobEvent::Preview { node_id: node, content_type: "image/png".into(), data: Arc::new(png) };
-                        *live.last_preview.lock() = Some(event.clone());
-                        live.publish(event);
-                    }
-                }
-                Event::Started { .. } | Event::Succeeded { .. } | Event::Failed { .. } | Event::Interrupted { .. } => {}
-            }
-        })
+        let sink = JobSink::new(self.meta.clone(), self.bus.clone(), live);
+        Arc::new(move |event: Event| sink.handle(event))
     }
 
     /// Records how the run ended and retires the live job. The terminal
@@ -272,6 +180,21 @@ impl Service {
     /// record's lock is not held across this write, so a poll does not wait
     /// for it.
     async fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, NotRun>) {
+        if let Err(NotRun { error, .. }) = &outcome {
+            let (id, owner) = {
+                let rec = live.record.lock();
+                (Arc::from(rec.id.as_str()), Arc::from(rec.owner.as_str()))
+            };
+            let body = ExecBody::Failed {
+                node: error.node_id.clone(),
+                class_type: error.class_type.clone(),
+                code: error.code.clone(),
+                message: error.message.clone(),
+                executed: Vec::new(),
+                at_ms: bus::now_ms(),
+            };
+            self.bus.job(&id, &owner, body);
+        }
         let terminal = {
             let rec = live.record.lock();
             live.finishing.store(true, Ordering::SeqCst);
@@ -304,6 +227,241 @@ impl Service {
         );
         live.publish(JobEvent::Status(terminal.clone()));
         self.live.write().remove(&terminal.id);
+        // On the bus, after the record is written: the queue changed, and
+        // the job is over.
+        self.publish_queue();
+        self.bus.job(&Arc::from(terminal.id.as_str()), &Arc::from(terminal.owner.as_str()), ExecBody::Executing { node: None });
+    }
+}
+
+/// Turns one job's executor events into record updates, Jobs API stream
+/// events and execution messages on the bus. Every method runs on the
+/// executor's thread and must not block.
+struct JobSink {
+    meta: Arc<dyn crate::store::MetaStore>,
+    bus: Arc<ExecBus>,
+    live: Arc<LiveJob>,
+    job_id: Arc<str>,
+    owner: Arc<str>,
+    /// What the bus's messages need to know of the run so far.
+    run: Mutex<RunTrack>,
+}
+
+/// The run as the execution messages describe it.
+#[derive(Default)]
+struct RunTrack {
+    /// Class of each node that started.
+    classes: HashMap<String, String>,
+    /// Nodes that ran, in order.
+    executed: Vec<String>,
+    /// Nodes running now (their step progress goes on the bus).
+    running: HashSet<String>,
+    /// When step progress last went on the bus.
+    last_progress: Option<Instant>,
+}
+
+impl JobSink {
+    fn new(meta: Arc<dyn crate::store::MetaStore>, bus: Arc<ExecBus>, live: Arc<LiveJob>) -> JobSink {
+        let (job_id, owner) = {
+            let rec = live.record.lock();
+            (Arc::from(rec.id.as_str()), Arc::from(rec.owner.as_str()))
+        };
+        JobSink { meta, bus, live, job_id, owner, run: Mutex::new(RunTrack::default()) }
+    }
+
+    fn handle(&self, event: Event) {
+        match event {
+            Event::Started { .. } => self.started(),
+            Event::Cached { nodes, overall } => self.cached(nodes, overall),
+            Event::Executing { node, class_type } => self.executing(node, class_type),
+            Event::Progress { node, step, steps, overall } => self.progress(node, step, steps, overall),
+            Event::Executed { node, .. } => self.executed(node),
+            Event::Output { node, files, .. } => self.output(node, files),
+            Event::Preview { node, image } => self.preview(node, &image),
+            Event::Text { node, text } => self.publish(ExecBody::Text { node, text }),
+            Event::Succeeded { .. } => self.publish(ExecBody::Succeeded { at_ms: bus::now_ms() }),
+            Event::Failed { node, class_type, failure, .. } => self.failed(node, class_type, &failure),
+            Event::Interrupted { node, .. } => self.interrupted(node),
+        }
+    }
+
+    fn publish(&self, body: ExecBody) {
+        self.bus.job(&self.job_id, &self.owner, body);
+    }
+
+    fn started(&self) {
+        self.publish(ExecBody::Started { at_ms: bus::now_ms() });
+    }
+
+    // The executor owns the numbers (`overall`); a node counts as done once
+    // it executed.
+    fn cached(&self, nodes: Vec<String>, overall: f64) {
+        update_progress(
+            &self.live,
+            |p| {
+                p.nodes_done = nodes.len() as u64;
+                p.value = overall;
+            },
+            false,
+        );
+        self.publish(ExecBody::Cached { nodes, at_ms: bus::now_ms() });
+    }
+
+    fn executing(&self, node: String, class_type: String) {
+        {
+            let mut run = self.run.lock();
+            run.running.insert(node.clone());
+            run.classes.insert(node.clone(), class_type.clone());
+        }
+        self.publish(ExecBody::NodeState { node: node.clone(), value: 0.0, max: 1.0, state: NodeRunState::Running });
+        self.publish(ExecBody::Executing { node: Some(node.clone()) });
+        update_progress(
+            &self.live,
+            |p| {
+                p.current_node = Some(node);
+                p.current_node_class = Some(class_type);
+                (p.step, p.steps, p.message) = (None, None, None);
+            },
+            false,
+        );
+    }
+
+    fn progress(&self, node: String, step: u64, steps: u64, overall: f64) {
+        // Steps a running node reported go on the bus (at most every
+        // BUS_PROGRESS_INTERVAL, the last step always); the executor's own
+        // `1/1` after a node executed does not, nor does a node's single
+        // step (its start and finish say as much).
+        let due = {
+            let mut run = self.run.lock();
+            let due = steps > 1 && run.running.contains(&node) && (step >= steps || run.last_progress.is_none_or(|t| t.elapsed() >= BUS_PROGRESS_INTERVAL));
+            if due {
+                run.last_progress = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            self.publish(ExecBody::Progress { node: node.clone(), value: step, max: steps });
+            self.publish(ExecBody::NodeState { node: node.clone(), value: step as f64, max: steps as f64, state: NodeRunState::Running });
+        }
+        update_progress(
+            &self.live,
+            |p| {
+                p.message = Some(format!("{} {step}/{steps}", p.current_node_class.as_deref().unwrap_or(&node)));
+                (p.step, p.steps, p.value) = (Some(step), Some(steps), overall);
+            },
+            false,
+        );
+    }
+
+    fn executed(&self, node: String) {
+        {
+            let mut run = self.run.lock();
+            run.running.remove(&node);
+            run.executed.push(node.clone());
+        }
+        self.publish(ExecBody::NodeState { node, value: 1.0, max: 1.0, state: NodeRunState::Finished });
+        update_progress(
+            &self.live,
+            |p| {
+                p.nodes_done += 1;
+                (p.step, p.steps) = (None, None);
+            },
+            false,
+        );
+    }
+
+    /// Output files become asset records (and outputs of the live record);
+    /// on the bus, a cached output node is also finished.
+    fn output(&self, node: String, files: Vec<crate::files::SavedFile>) {
+        let now = now_micros();
+        let live = &self.live;
+        let expires_at = live.record.lock().expires_at;
+        for file in &files {
+            let Some(hash) = file.hash else { continue };
+            let name = file.filename.clone();
+            let (content_type, kind) = media_type(&name);
+            let file_path = if file.subfolder.is_empty() { name.clone() } else { format!("{}/{}", file.subfolder, name) };
+            let asset = AssetRecord {
+                id: uuid::Uuid::now_v7().to_string(),
+                owner: self.owner.to_string(),
+                hash: blob_name(&hash),
+                size_bytes: file.size,
+                content_type: content_type.into(),
+                file_path: Some(file_path),
+                created_at: now,
+                expires_at: Some(expires_at),
+                job_id: Some(self.job_id.to_string()),
+                node_id: Some(node.clone()),
+                tags: Vec::new(),
+            };
+            if let Err(e) = self.meta.put_asset(&asset) {
+                tracing::error!(error = %e, "cannot record an output asset");
+                continue;
+            }
+            live.output_assets.lock().push(asset.clone());
+            let output = OutputRecord {
+                node_id: node.clone(),
+                name,
+                kind: kind.into(),
+                content_type: content_type.into(),
+                size_bytes: file.size,
+                asset_id: asset.id,
+                hash: asset.hash,
+            };
+            // On the live record only: it reaches the store with the
+            // terminal record (an interrupted run's outputs are dropped at
+            // the next start anyway).
+            {
+                let mut rec = live.record.lock();
+                rec.outputs.push(output.clone());
+                rec.updated_at = now;
+            }
+            live.publish(JobEvent::Output(output));
+        }
+        let cached = !self.run.lock().running.contains(&node);
+        if !files.is_empty() {
+            self.publish(ExecBody::Output { node: node.clone(), files });
+        }
+        if cached {
+            self.publish(ExecBody::NodeState { node, value: 1.0, max: 1.0, state: NodeRunState::Finished });
+        }
+    }
+
+    fn preview(&self, node: String, image: &crate::tensor::Tensor) {
+        // At most one preview per PREVIEW_INTERVAL is encoded (≤ 512 px,
+        // fast compression) and sent; the rest are dropped.
+        let live = &self.live;
+        let due = {
+            let mut last = live.last_preview_at.lock();
+            let due = last.is_none_or(|t| t.elapsed() >= PREVIEW_INTERVAL);
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        if due && let Some(png) = super::preview::encode(image) {
+            let data = Arc::new(png);
+            self.publish(ExecBody::Preview { node: node.clone(), content_type: "image/png", data: data.clone() });
+            let event = JobEvent::Preview { node_id: node, content_type: "image/png".into(), data };
+            *live.last_preview.lock() = Some(event.clone());
+            live.publish(event);
+        }
+    }
+
+    fn failed(&self, node: String, class_type: String, failure: &crate::plugins::NodeFailure) {
+        let executed = self.run.lock().executed.clone();
+        let (node, class_type) = (Some(node).filter(|n| !n.is_empty()), Some(class_type).filter(|c| !c.is_empty()));
+        let body =
+            ExecBody::Failed { node, class_type, code: failure_code(failure.kind).into(), message: failure.message.clone(), executed, at_ms: bus::now_ms() };
+        self.publish(body);
+    }
+
+    fn interrupted(&self, node: Option<String>) {
+        let (class_type, executed) = {
+            let run = self.run.lock();
+            (node.as_ref().and_then(|n| run.classes.get(n).cloned()), run.executed.clone())
+        };
+        self.publish(ExecBody::Interrupted { node, class_type, executed, at_ms: bus::now_ms() });
     }
 }
 

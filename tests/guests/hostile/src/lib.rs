@@ -294,8 +294,29 @@ kiln_sdk::export_plugin!(
     KERNEL_ABUSE,
     KERNEL_HOG,
     REMEMBER,
-    CLOCK_PROBE
+    CLOCK_PROBE,
+    PREVIEW_TEXT
 );
+
+/// Reports what a watching client is shown: a preview image (a 4×4 tensor
+/// of `trigger`'s shade), a line of progress text (`trigger` × 1 KiB of
+/// text past the first line, to test the host's bound) and progress.
+pub const PREVIEW_TEXT: NodeClass = NodeClass {
+    class_type: "HostilePreviewText",
+    define: || sink("shown"),
+    run: |inputs| {
+        let trigger = inputs.int("trigger")?;
+        let shade = (trigger.rem_euclid(10) as f32) / 10.0;
+        let image = kiln_sdk::bindings::kiln::plugin::tensors::create(&[1, 4, 4, 3], &[shade; 48]).map_err(|e| Error::failed(format!("{e:?}")))?;
+        kiln_sdk::host::progress(1, 2);
+        kiln_sdk::host::preview(&image);
+        let mut text = format!("width: 4, height: 4\n batch size: {trigger}");
+        text.push_str(&"x".repeat(trigger.clamp(0, 64) as usize * 1024));
+        kiln_sdk::host::progress_text(&text);
+        kiln_sdk::host::progress(2, 2);
+        Ok(vec![Output::Int(trigger)])
+    },
+};
 
 /// Reads the wall clock, the monotonic clock (twice), random bytes
 /// (`wasi:random/random`, through wasi-libc's `getentropy`) and a hash keyed

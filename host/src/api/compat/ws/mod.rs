@@ -1,0 +1,72 @@
+//! ComfyUI's WebSocket at `/ws` (and `/api/ws`): `status` with the session
+//! id on connect, the answer to a first-frame `feature_flags`, queue
+//! changes, and the execution messages of every job of the caller's account
+//! (`clientId` is not used for routing: every connection of the owner gets
+//! every job's messages; clients filter on `prompt_id`), with previews and
+//! progress text as binary frames.
+//!
+//! Each connection has a bounded outgoing buffer: a client that falls
+//! behind past it (or past the bus's capacity) is disconnected, never waited
+//! for, so it cannot hold up a job or another connection.
+
+mod connection;
+mod render;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use crate::api::AppState;
+use crate::api::error::ApiError;
+
+/// Frames a connection may have waiting to be written before it is dropped.
+pub const SOCKET_BUFFER_FRAMES: usize = 1024;
+/// Bytes a connection may have waiting to be written before it is dropped.
+pub const SOCKET_BUFFER_BYTES: usize = 16 << 20;
+/// Longest `clientId` taken as the session id (a longer one gets a fresh id).
+const MAX_CLIENT_ID: usize = 128;
+/// Largest frame a client may send (only a `feature_flags` frame is read).
+const MAX_CLIENT_FRAME: usize = 64 << 10;
+
+/// The query of `/ws`.
+#[derive(serde::Deserialize)]
+pub struct WsQuery {
+    #[serde(rename = "clientId")]
+    client_id: Option<String>,
+    token: Option<String>,
+}
+
+/// The `/ws` routes, under the mount prefix.
+pub fn routes(state: Arc<AppState>) -> Router {
+    let prefix = state.config.mount_prefix.clone();
+    Router::new().route(&format!("{prefix}/ws"), get(upgrade)).route(&format!("{prefix}/api/ws"), get(upgrade)).with_state(state)
+}
+
+/// The server's feature flags (ComfyUI's `GET /features`, and the answer
+/// to a client's `feature_flags`). No `supports_progress_text_metadata`:
+/// TEXT frames use the plain layout.
+pub fn server_features(state: &AppState) -> serde_json::Value {
+    serde_json::json!({
+        "supports_preview_metadata": true,
+        "max_upload_size": state.service.options().max_upload_bytes,
+    })
+}
+
+async fn upgrade(State(state): State<Arc<AppState>>, Query(query): Query<WsQuery>, ws: WebSocketUpgrade) -> Response {
+    // With a configured token, `?token=` must carry it (the edge checks
+    // only the Jobs API's bearer header).
+    if let Some(expected) = &state.token_hash {
+        match query.token.as_deref() {
+            Some(token) if blake3::hash(token.as_bytes()) == *expected => {}
+            Some(_) => return ApiError::unauthorized("Invalid token.").into_response(),
+            None => return ApiError::unauthorized("Missing token: connect with ?token=<token>.").into_response(),
+        }
+    }
+    let sid = query.client_id.filter(|c| !c.is_empty() && c.len() <= MAX_CLIENT_ID).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    let owner: Arc<str> = Arc::from(state.owner());
+    ws.max_message_size(MAX_CLIENT_FRAME).max_frame_size(MAX_CLIENT_FRAME).on_upgrade(move |socket| connection::run(socket, state, owner, sid))
+}

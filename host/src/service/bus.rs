@@ -1,0 +1,123 @@
+//! The execution-message bus: what happens to every job, in order, for
+//! surfaces that watch all of an account's jobs at once (the ComfyUI
+//! WebSocket) rather than one job (the Jobs API's event stream).
+//!
+//! Messages are surface-neutral facts (a node started, a node's state
+//! changed, a file was saved, the queue changed), published by the job
+//! workers from the executor's events (`worker.rs`) and by the queue
+//! (`mod.rs`). The channel is a bounded `broadcast` of `Arc`s: publishing
+//! never waits, and a subscriber that falls behind by more than
+//! [`BUS_CAPACITY`] messages is told it lagged (the WebSocket then drops
+//! that connection), so a slow reader never holds up a job or another
+//! reader.
+
+use std::sync::Arc;
+
+use tokio::sync::broadcast;
+
+use crate::files::SavedFile;
+
+/// Messages a subscriber may fall behind by before it lags.
+pub const BUS_CAPACITY: usize = 4096;
+
+/// One execution message.
+#[derive(Debug)]
+pub struct ExecMessage {
+    /// The job it is about (empty for queue changes).
+    pub job_id: Arc<str>,
+    /// Who may see it: the job's owner; `None`: everyone (queue changes).
+    pub owner: Option<Arc<str>>,
+    pub body: ExecBody,
+}
+
+/// A node's state, as `progress_state` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeRunState {
+    Running,
+    Finished,
+    Error,
+}
+
+impl NodeRunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeRunState::Running => "running",
+            NodeRunState::Finished => "finished",
+            NodeRunState::Error => "error",
+        }
+    }
+}
+
+/// What happened. Times are epoch milliseconds.
+#[derive(Debug)]
+pub enum ExecBody {
+    /// The number of jobs queued or running changed.
+    Queue { remaining: usize },
+    /// The run began.
+    Started { at_ms: i64 },
+    /// These nodes are served from the cache (sent once per run, maybe empty).
+    Cached { nodes: Vec<String>, at_ms: i64 },
+    /// A node's state changed (only that node: never the whole map).
+    NodeState { node: String, value: f64, max: f64, state: NodeRunState },
+    /// A node began running; `None`: the job is over (sent last, after the
+    /// terminal record is written and the queue change published).
+    Executing { node: Option<String> },
+    /// Steps a node reported (`value` of `max`).
+    Progress { node: String, value: u64, max: u64 },
+    /// A node's saved files (also for cached output nodes, with their
+    /// earlier files).
+    Output { node: String, files: Vec<SavedFile> },
+    /// An intermediate image, encoded.
+    Preview { node: String, content_type: &'static str, data: Arc<Vec<u8>> },
+    /// A line of progress text.
+    Text { node: String, text: String },
+    /// The run finished successfully.
+    Succeeded { at_ms: i64 },
+    /// The run failed: `code` is the JobError code (`node_out_of_memory`,
+    /// `invalid_workflow`, …); `executed` the nodes that ran.
+    Failed { node: Option<String>, class_type: Option<String>, code: String, message: String, executed: Vec<String>, at_ms: i64 },
+    /// The run was stopped: `node` was running (and was stopped).
+    Interrupted { node: Option<String>, class_type: Option<String>, executed: Vec<String>, at_ms: i64 },
+}
+
+/// The bus itself.
+pub struct ExecBus {
+    tx: broadcast::Sender<Arc<ExecMessage>>,
+}
+
+impl Default for ExecBus {
+    fn default() -> Self {
+        ExecBus { tx: broadcast::channel(BUS_CAPACITY).0 }
+    }
+}
+
+impl ExecBus {
+    /// Receives every message published from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<ExecMessage>> {
+        self.tx.subscribe()
+    }
+
+    /// Whether anyone listens (publishers skip building messages otherwise).
+    pub fn watched(&self) -> bool {
+        self.tx.receiver_count() > 0
+    }
+
+    /// Publishes a message about job `job_id` of `owner`; never waits.
+    pub fn job(&self, job_id: &Arc<str>, owner: &Arc<str>, body: ExecBody) {
+        if self.watched() {
+            let _ = self.tx.send(Arc::new(ExecMessage { job_id: job_id.clone(), owner: Some(owner.clone()), body }));
+        }
+    }
+
+    /// Publishes a queue change to everyone.
+    pub fn queue(&self, remaining: usize) {
+        if self.watched() {
+            let _ = self.tx.send(Arc::new(ExecMessage { job_id: Arc::from(""), owner: None, body: ExecBody::Queue { remaining } }));
+        }
+    }
+}
+
+/// Epoch milliseconds now.
+pub fn now_ms() -> i64 {
+    crate::store::now_micros() / 1000
+}
