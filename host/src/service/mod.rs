@@ -7,6 +7,7 @@
 //! the records. API layers only translate requests and responses.
 
 mod assets;
+pub mod compat;
 mod error;
 pub mod job_files;
 mod live;
@@ -32,7 +33,7 @@ pub use live::{ExtraData, JobEvent, LiveJob};
 use crate::config::Config;
 use crate::executor::Executor;
 use crate::plugins::NodeRegistry;
-use crate::store::{BlobStore, DiskBlobs, IdempotencyClaim, JobRecord, JobStatus, MetaStore, Micros, SledMeta, now_micros};
+use crate::store::{BlobStore, DiskBlobs, IdempotencyClaim, JobInput, JobRecord, JobStatus, MetaStore, Micros, SledMeta, now_micros};
 
 /// Idempotency keys are single-use for this long.
 pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -88,6 +89,13 @@ pub struct Submission {
     pub owner: String,
     /// `v2` or `compat`.
     pub surface: &'static str,
+    /// The job id the client chose (ComfyUI's `prompt_id`, a canonical
+    /// UUID checked at the edge); `None`: a fresh one.
+    pub id: Option<String>,
+    /// Queue it ahead of every queued job (ComfyUI's `front`).
+    pub front: bool,
+    /// ComfyUI's queue fields (compatibility submissions).
+    pub compat: Option<crate::store::CompatFields>,
 }
 
 /// Filters of a job listing.
@@ -156,6 +164,9 @@ pub struct Service {
     /// Where a job's parallel branches run, on every core (a chain runs on
     /// its worker's thread).
     branches: Mutex<Option<tokio::runtime::Runtime>>,
+    /// The compatibility API's own state (its queue counter, the index of
+    /// ComfyUI-style uploads).
+    compat: compat::CompatState,
 }
 
 impl Drop for Service {
@@ -210,6 +221,7 @@ impl Service {
             activity: AtomicU64::new(0),
             finished: Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
             finished_gen: AtomicU64::new(0),
+            compat: compat::CompatState::default(),
         });
         service.recover()?;
         let mut workers = Vec::new();
@@ -296,7 +308,19 @@ impl Service {
         let resolved = submit::resolve_assets(&sub.workflow, self.meta.as_ref(), &sub.owner, now)?;
         let inputs = job_files::JobInputs::new(&resolved.inputs, self.blobs.clone());
         let (_, plan) = submit::check(&resolved.workflow, &self.registry, &inputs, &self.opts.workflow_limits)?;
+        self.enqueue(sub, resolved.workflow, resolved.inputs, plan)
+    }
 
+    /// Records a validated job (`workflow` resolved, `plan` its plan); it
+    /// is durable and queued when this returns.
+    fn enqueue(
+        &self,
+        sub: Submission,
+        workflow: serde_json::Value,
+        inputs: Vec<JobInput>,
+        plan: crate::workflow::Plan,
+    ) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        let now = now_micros();
         self.activity.fetch_add(1, Ordering::Relaxed);
         // Reserve a queue slot; a full queue releases everything (no claim).
         if self.queued.fetch_add(1, Ordering::SeqCst) >= self.opts.max_queued_jobs {
@@ -304,7 +328,13 @@ impl Service {
             let per_job = (self.opts.max_queued_jobs / self.opts.max_running_jobs.max(1)).max(1);
             return Err(ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) });
         }
-        let id = uuid::Uuid::now_v7().to_string();
+        let id = sub.id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        // A client-chosen id must be new (checked again, atomically, when
+        // the job joins the live set).
+        if sub.id.is_some() && (self.live_job(&id).is_some() || self.meta.get_job(&id)?.is_some()) {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(ServiceError::InvalidRequest(format!("a job with id {id} already exists")));
+        }
         let record = JobRecord {
             id: id.clone(),
             owner: sub.owner.clone(),
@@ -316,7 +346,7 @@ impl Service {
             expires_at: now + self.opts.retention.as_micros() as Micros,
             seq: self.seq.fetch_add(1, Ordering::SeqCst),
             attempts: 0,
-            inputs: resolved.inputs,
+            inputs,
             outputs: Vec::new(),
             error: None,
             progress: None,
@@ -326,6 +356,7 @@ impl Service {
             metadata: sub.metadata,
             surface: sub.surface.to_string(),
             had_extra_data: !sub.extra.secrets.is_empty(),
+            compat: sub.compat,
         };
         let claim = sub.idempotency_key.as_ref().map(|key| IdempotencyClaim {
             key: key.clone(),
@@ -345,17 +376,30 @@ impl Service {
         let live = Arc::new(LiveJob::new(record.clone(), sub.extra));
         let (written, position) = {
             let mut locked = live.record.lock();
-            self.live.write().insert(id.clone(), live.clone());
+            {
+                let mut jobs = self.live.write();
+                if jobs.contains_key(&id) {
+                    drop(jobs);
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
+                    return Err(ServiceError::InvalidRequest(format!("a job with id {id} already exists")));
+                }
+                jobs.insert(id.clone(), live.clone());
+            }
             let position = {
                 let mut q = self.queue.lock();
-                q.push_back(id.clone());
-                q.len()
+                if sub.front {
+                    q.push_front(id.clone());
+                    1
+                } else {
+                    q.push_back(id.clone());
+                    q.len()
+                }
             };
             self.queue_notify.notify_one();
-            let written = self.meta.submit(&locked, &resolved.workflow, claim.as_ref());
+            let written = self.meta.submit(&locked, &workflow, claim.as_ref());
             match &written {
                 // Committed (durable or not): the job exists, so it runs.
-                Ok(()) | Err(crate::store::StoreError::NotDurable(_)) => *live.prepared.lock() = Some((resolved.workflow, plan)),
+                Ok(()) | Err(crate::store::StoreError::NotDurable(_)) => *live.prepared.lock() = Some((workflow, plan)),
                 // Not written: a worker that took it finds it no longer queued.
                 Err(_) => locked.status = JobStatus::Canceled,
             }
