@@ -7,8 +7,8 @@ mod support;
 
 mod api;
 mod cache;
-mod compat;
 mod cancel;
+mod compat;
 mod containment;
 mod events;
 mod examples;
