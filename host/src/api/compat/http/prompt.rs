@@ -116,8 +116,11 @@ pub async fn submit(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
         Ok(accepted) => {
             Ok(Json(json!({ "prompt_id": accepted.record.id, "number": number, "node_errors": node_errors(&accepted.dropped, registry) })).into_response())
         }
+        // ComfyUI finds no output in an empty prompt.
+        Err(PromptRejection::Parse(crate::workflow::ParseError::Empty)) | Err(PromptRejection::Invalid(ValidationError::NoOutputs)) => {
+            Ok(rejection("prompt_no_outputs", "Prompt has no outputs", "", json!({}), json!({})))
+        }
         Err(PromptRejection::Parse(e)) => Ok(rejection("invalid_prompt", e.to_string(), "", json!({}), json!({}))),
-        Err(PromptRejection::Invalid(ValidationError::NoOutputs)) => Ok(rejection("prompt_no_outputs", "Prompt has no outputs", "", json!({}), json!({}))),
         Err(PromptRejection::Invalid(ValidationError::Node(issue))) => Ok(unknown_node(&issue, &titles)),
         Err(PromptRejection::Invalid(ValidationError::OutputsFailed(issues))) => {
             // `details`: the errors of the failed output nodes themselves.
@@ -199,6 +202,15 @@ fn shown(value: Option<&Json_>) -> String {
     }
 }
 
+/// A number as Python prints it (`0.0` for a whole float).
+fn python_number(value: &Json_, float: bool) -> String {
+    match value.as_f64() {
+        Some(f) if float && f.fract() == 0.0 && f.abs() < 1e16 => format!("{f:.1}"),
+        Some(f) if float => format!("{f}"),
+        _ => shown(Some(value)),
+    }
+}
+
 /// The validator's sentence without its `input \`x\`: ` lead, capitalized.
 fn reason(issue: &Issue) -> String {
     let text = match &issue.input {
@@ -235,7 +247,12 @@ pub(super) fn error_entry(issue: &Issue, registry: &crate::plugins::NodeRegistry
             json!({ "input_name": name, "input_config": config, "received_type": issue.received_type, "linked_node": linked }),
         ),
         IssueKind::InvalidInputType => {
-            let why = reason(issue);
+            // Python's words for the failed conversion, where it has them.
+            let why = match (expected.as_str(), &received) {
+                ("INT", Json_::String(v)) => format!("invalid literal for int() with base 10: '{v}'"),
+                ("FLOAT", Json_::String(v)) => format!("could not convert string to float: '{v}'"),
+                _ => reason(issue),
+            };
             entry(
                 format!("Failed to convert an input value to a {expected} value"),
                 format!("{name}, {}, {why}", shown(issue.received.as_ref())),
@@ -243,7 +260,13 @@ pub(super) fn error_entry(issue: &Issue, registry: &crate::plugins::NodeRegistry
             )
         }
         IssueKind::ValueBelowMin | IssueKind::ValueAboveMax => {
-            entry(reason(issue), name.clone(), json!({ "input_name": name, "input_config": config, "received_value": received }))
+            let float = expected == "FLOAT";
+            let (bound, word) = if issue.kind == IssueKind::ValueBelowMin { ("min", "smaller") } else { ("max", "bigger") };
+            let message = match config.get(1).and_then(|o| o.get(bound)) {
+                Some(limit) => format!("Value {} {word} than {bound} of {}", python_number(&received, float), python_number(limit, float)),
+                None => reason(issue),
+            };
+            entry(message, name.clone(), json!({ "input_name": name, "input_config": config, "received_value": received }))
         }
         IssueKind::ValueNotInList => {
             let choices: Vec<String> =
