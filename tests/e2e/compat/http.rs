@@ -377,6 +377,8 @@ async fn history_lists_v2_jobs_and_forgets_on_request() {
     assert_eq!(list["jobs"][0]["id"], ids[2], "newest first");
     assert_eq!(list["jobs"][0]["status"], "completed");
     assert!(list["jobs"][0]["create_time"].is_number() && list["jobs"][0]["outputs_count"] == 1);
+    let preview = &list["jobs"][0]["preview_output"];
+    assert_eq!((preview["nodeId"].as_str(), preview["mediaType"].as_str(), preview["type"].as_str()), (Some("2"), Some("images"), Some("output")), "{preview}");
     let (code, err) = get(&s, "/api/jobs?status=bogus").await;
     assert_eq!(code, 400);
     assert!(err["error"].as_str().unwrap().starts_with("Invalid status value(s): bogus"));
@@ -499,4 +501,24 @@ async fn a_configured_token_is_asked_for_as_x_api_key() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("the job did not finish");
+}
+
+#[tokio::test]
+async fn routes_live_under_the_mount_prefix() {
+    let s = start(|c, _| {
+        c.mount_prefix = "/deployment/x".into();
+        c.token = Some("k".into());
+    })
+    .await;
+    // (The server's URL carries the prefix.)
+    assert!(s.server.url().ends_with("/deployment/x"));
+    for path in ["/api/prompt", "/prompt", "/api/jobs"] {
+        let resp = s.http.get(root(&s, path)).send().await.unwrap();
+        assert_eq!(resp.status(), 401, "{path}");
+        let resp = s.http.get(root(&s, path)).header("x-api-key", "k").send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+    }
+    let outside = s.server.url().replace("/deployment/x", "/api/prompt");
+    let resp = s.http.get(outside).header("x-api-key", "k").send().await.unwrap();
+    assert_eq!(resp.status(), 404, "outside the prefix");
 }

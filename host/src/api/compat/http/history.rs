@@ -45,7 +45,7 @@ fn exception_type(error: Option<&JobErrorRecord>) -> &'static str {
 }
 
 /// The ComfyUI output group of an output kind.
-fn group(kind: &str) -> &'static str {
+pub(super) fn group(kind: &str) -> &'static str {
     match kind {
         "image" => "images",
         "video" => "video",

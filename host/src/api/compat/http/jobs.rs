@@ -22,6 +22,7 @@ use crate::api::AppState;
 use crate::api::error::ApiError;
 use crate::api::v2::Segment;
 use crate::service::compat::CompatJob;
+use crate::service::{Service, ServiceError};
 use crate::store::{JobRecord, JobStatus};
 
 const STATUSES: [&str; 5] = ["pending", "in_progress", "completed", "failed", "cancelled"];
@@ -41,8 +42,24 @@ fn status(record: &JobRecord) -> &'static str {
     }
 }
 
-/// The list form of a job (keys whose value would be null are left out).
-fn summary(job: &CompatJob) -> Map<String, Json_> {
+/// The list form of a job (keys whose value would be null are left out);
+/// a finished job's first output is its `preview_output`.
+fn summary(service: &Service, job: &CompatJob) -> Result<Map<String, Json_>, ServiceError> {
+    let mut out = short(job);
+    if job.record.status.is_terminal()
+        && let (Some(file), Some(rec)) = (service.compat_outputs(&job.record)?.into_iter().next(), job.record.outputs.first())
+    {
+        let media = super::history::group(&rec.kind);
+        out.insert(
+            "preview_output".into(),
+            json!({ "filename": file.filename, "subfolder": file.subfolder, "type": "output", "nodeId": file.node_id, "mediaType": media }),
+        );
+    }
+    Ok(out)
+}
+
+/// [`summary`] without the output lookup.
+fn short(job: &CompatJob) -> Map<String, Json_> {
     let r = &job.record;
     let mut out = Map::new();
     out.insert("id".into(), json!(r.id));
@@ -117,7 +134,10 @@ pub async fn list(State(state): State<Arc<AppState>>, Query(q): Query<JobsQuery>
         jobs.reverse();
     }
     let total = jobs.len();
-    let page: Vec<Json_> = jobs.iter().skip(offset).take(limit.unwrap_or(usize::MAX)).map(|j| Json_::Object(summary(j))).collect();
+    jobs.drain(..offset.min(total));
+    jobs.truncate(limit.unwrap_or(usize::MAX));
+    let service = state.service.clone();
+    let page: Vec<Json_> = blocking(move || jobs.iter().map(|j| summary(&service, j).map(Json_::Object)).collect()).await?;
     let has_more = offset.saturating_add(page.len()) < total;
     Ok(Json(json!({ "jobs": page, "pagination": { "offset": offset, "limit": limit, "total": total, "has_more": has_more } })).into_response())
 }
@@ -130,15 +150,15 @@ pub async fn detail(State(state): State<Arc<AppState>>, Segment(id): Segment) ->
     let found = blocking(move || {
         let (record, _) = match service.get(&owner, &id) {
             Ok(r) => r,
-            Err(crate::service::ServiceError::NotFound) => return Ok(None),
+            Err(ServiceError::NotFound) => return Ok(None),
             Err(e) => return Err(e),
         };
         let finished = service.compat_history_item(&owner, &id)?;
         let Some(job) = finished else {
             let job = CompatJob { record, workflow: Json_::Null, outputs_to_execute: Vec::new() };
-            return Ok(Some(Json_::Object(summary(&job))));
+            return Ok(Some(Json_::Object(short(&job))));
         };
-        let mut out = summary(&job);
+        let mut out = summary(&service, &job)?;
         let item = super::history::item(&service, &job)?;
         out.insert("outputs".into(), item["outputs"].clone());
         out.insert("execution_status".into(), item["status"].clone());
@@ -163,7 +183,7 @@ async fn cancel_ids(state: &AppState, ids: Vec<String>) -> Result<bool, ApiError
                     service.delete_from_queue(&owner, std::slice::from_ref(&id))?;
                     any = true;
                 }
-                Ok(_) | Err(crate::service::ServiceError::NotFound) => {}
+                Ok(_) | Err(ServiceError::NotFound) => {}
                 Err(e) => return Err(e),
             }
         }
