@@ -245,6 +245,15 @@ impl Service {
         let files = JobInputs::new(&inputs, self.blobs.clone());
         let parsed = Workflow::from_json(&resolved.workflow, &self.opts.workflow_limits).map_err(PromptRejection::Parse)?;
         let (plan, dropped) = validate(&parsed, &self.registry, &files).map_err(PromptRejection::Invalid)?;
+        // The dropped outputs leave the stored graph: it is what the queue
+        // and history show (`outputs_to_execute`: the ones that run), and
+        // what a restart validates again, all or nothing.
+        let mut workflow = resolved.workflow;
+        if let Some(nodes) = workflow.as_object_mut() {
+            for output in dropped.iter().flat_map(|i| i.dependent_outputs.iter()) {
+                nodes.shift_remove(output);
+            }
+        }
         let sub = Submission {
             workflow: Json::Null,
             extra: prompt.extra,
@@ -256,7 +265,7 @@ impl Service {
             front: prompt.front,
             compat: Some(CompatFields { number: prompt.number, client_id: prompt.client_id }),
         };
-        let (record, _) = self.enqueue(sub, resolved.workflow, inputs, plan)?;
+        let (record, _) = self.enqueue(sub, workflow, inputs, plan)?;
         Ok(PromptAccepted { record, dropped })
     }
 

@@ -241,7 +241,10 @@ async fn validation_failures_have_comfyuis_shapes() {
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["node_errors"]["5"]["errors"][0]["type"], "value_bigger_than_max");
     assert_eq!(body["node_errors"]["5"]["dependent_outputs"], json!(["4"]));
-    assert_eq!(s.wait(body["prompt_id"].as_str().unwrap()).await["status"], "succeeded");
+    let partial_id = body["prompt_id"].as_str().unwrap();
+    assert_eq!(s.wait(partial_id).await["status"], "succeeded");
+    let (_, history) = get(&s, &format!("/history/{partial_id}")).await;
+    assert_eq!(history[partial_id]["prompt"][4], json!(["3"]), "only the outputs that ran");
     // Malformed JSON and a non-canonical prompt_id: 400.
     let resp = s.http.post(root(&s, "/prompt")).header("content-type", "application/json").body("{nope").send().await.unwrap();
     assert_eq!(resp.status(), 400);
