@@ -42,8 +42,23 @@ pub fn check(state: &AppState, request: &Request) -> Result<(), ApiError> {
 
 /// The first segments of the compatibility API's HTTP routes (each also
 /// under `/api`; `job` and `jobs` only there).
-const COMPAT_ROUTES: [&str; 12] =
-    ["prompt", "queue", "interrupt", "history", "object_info", "upload", "view", "system_stats", "features", "extensions", "embeddings", "free"];
+const COMPAT_ROUTES: [&str; 15] = [
+    "prompt",
+    "queue",
+    "interrupt",
+    "history",
+    "object_info",
+    "upload",
+    "view",
+    "system_stats",
+    "features",
+    "extensions",
+    "embeddings",
+    "free",
+    "models",
+    "users",
+    "settings",
+];
 
 /// Whether `path` (below the mount prefix) is one of the compatibility
 /// API's HTTP routes (the WebSocket is not: it checks its own `?token=`).
@@ -77,7 +92,18 @@ mod tests {
 
     #[test]
     fn compat_routes_are_recognised_in_both_forms() {
-        for yes in ["/api/prompt", "/prompt", "/history/x", "/api/jobs", "/api/jobs/x/cancel", "/api/job/x/status", "/upload/image", "/view"] {
+        for yes in [
+            "/settings/x",
+            "/api/users",
+            "/api/prompt",
+            "/prompt",
+            "/history/x",
+            "/api/jobs",
+            "/api/jobs/x/cancel",
+            "/api/job/x/status",
+            "/upload/image",
+            "/view",
+        ] {
             assert!(is_compat(yes), "{yes}");
         }
         for no in ["/ws", "/api/ws", "/jobs", "/job/x/status", "/", "/no-such-route", "/api/v3/x", "/promptx"] {

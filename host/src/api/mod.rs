@@ -119,7 +119,8 @@ fn next_request_id() -> String {
 }
 
 /// What every request passes through: it is counted as activity (the idle
-/// memory trimmer waits for quiet), checked for the token on the Jobs API,
+/// memory trimmer waits for quiet), checked for the token (the Jobs API
+/// and the compatibility routes, see `auth`),
 /// traced, and its response tagged with `X-Comfy-Request-Id`.
 async fn edge(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let id = next_request_id();

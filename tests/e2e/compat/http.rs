@@ -474,6 +474,10 @@ async fn small_routes_answer_as_clients_expect() {
     }
     assert_eq!(get(&s, "/extensions").await, (200, json!([])));
     assert_eq!(get(&s, "/api/embeddings").await, (200, json!([])));
+    assert_eq!(get(&s, "/models").await, (200, json!([])));
+    assert_eq!(get(&s, "/api/users").await.1["storage"], "server");
+    assert_eq!(get(&s, "/api/settings").await, (200, json!({})));
+    assert_eq!(get(&s, "/api/settings/Comfy.Locale").await, (200, Value::Null));
     assert_eq!(s.http.post(root(&s, "/api/free")).json(&json!({ "unload_models": true })).send().await.unwrap().status(), 200);
     assert_eq!(get(&s, &format!("/api/job/{}/status", uuid::Uuid::new_v4())).await.0, 404);
 }
@@ -481,7 +485,7 @@ async fn small_routes_answer_as_clients_expect() {
 #[tokio::test]
 async fn a_configured_token_is_asked_for_as_x_api_key() {
     let s = start(|c, _| c.token = Some("s3cret".into())).await;
-    for path in ["/api/prompt", "/prompt", "/queue", "/api/object_info", "/history", "/api/jobs", "/system_stats"] {
+    for path in ["/api/prompt", "/prompt", "/queue", "/api/object_info", "/history", "/api/jobs", "/system_stats", "/api/settings"] {
         let resp = s.http.get(root(&s, path)).send().await.unwrap();
         assert_eq!(resp.status(), 401, "{path}");
         let resp = s.http.get(root(&s, path)).header("x-api-key", "wrong").send().await.unwrap();

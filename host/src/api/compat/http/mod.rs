@@ -57,6 +57,10 @@ pub fn routes(state: Arc<AppState>) -> Router {
             .route(&at("/features"), get(system::features))
             .route(&at("/extensions"), get(system::empty_list))
             .route(&at("/embeddings"), get(system::empty_list))
+            .route(&at("/models"), get(system::empty_list))
+            .route(&at("/users"), get(system::users))
+            .route(&at("/settings"), get(system::settings))
+            .route(&at("/settings/{id}"), get(system::setting))
             .route(&at("/free"), post(system::free));
     }
     let api = |path: &str| format!("{prefix}/api{path}");

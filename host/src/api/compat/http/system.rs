@@ -1,7 +1,10 @@
 //! The small routes clients call at start: `/api/system_stats`,
 //! `/api/features`, `/api/extensions` and `/api/embeddings` (`[]`: no
-//! frontend extensions, no embeddings), `POST /api/free` (accepted; kiln
-//! holds no models to unload).
+//! frontend extensions, no embeddings), `/api/models` (`[]`: no model
+//! folders), `POST /api/free` (accepted; kiln holds no models to unload),
+//! and what the official frontend reads before it starts: `/api/users`
+//! (single-user mode) and `/api/settings[/{id}]` (none stored: `{}`,
+//! `null`; writing settings is not offered).
 
 use std::sync::Arc;
 
@@ -62,4 +65,16 @@ pub async fn empty_list() -> Json<Json_> {
 
 pub async fn free() -> Response {
     super::empty_ok()
+}
+
+pub async fn users() -> Json<Json_> {
+    Json(json!({ "storage": "server", "migrated": true }))
+}
+
+pub async fn settings() -> Json<Json_> {
+    Json(json!({}))
+}
+
+pub async fn setting() -> Json<Json_> {
+    Json(Json_::Null)
 }
