@@ -534,3 +534,25 @@ async fn routes_live_under_the_mount_prefix() {
     let resp = s.http.get(outside).header("x-api-key", "k").send().await.unwrap();
     assert_eq!(resp.status(), 404, "outside the prefix");
 }
+
+#[tokio::test]
+async fn uploads_and_prompt_numbers_survive_a_restart() {
+    let s = start_default().await;
+    upload(&s, "/upload/image", "kept.png", png_bytes(8, 8, 4), &[("subfolder", "in")]).await;
+    let (code, body) = post(&s, "/prompt", &json!({ "prompt": blur("in/kept.png", json!(3)), "number": 42 })).await;
+    assert_eq!(code, 200, "{body}");
+    let id = body["prompt_id"].as_str().unwrap().to_string();
+    s.wait(&id).await;
+    let data = s.shutdown().await;
+    let s = crate::api::start_in(data, |_, _| {}).await;
+    let (_, history) = get(&s, &format!("/history/{id}")).await;
+    assert_eq!(history[&id]["prompt"][0], json!(42.0));
+    // The upload index is rebuilt from the asset records.
+    let (_, info) = get(&s, "/object_info/LoadImage").await;
+    assert!(info["LoadImage"]["input"]["required"]["image"][0].as_array().unwrap().contains(&json!("in/kept.png")), "{info}");
+    let (code, again) = upload(&s, "/upload/image", "kept.png", png_bytes(8, 8, 4), &[("subfolder", "in")]).await;
+    assert_eq!((code, again["name"].as_str()), (200, Some("kept.png")), "same bytes: same name");
+    let (code, body) = post(&s, "/prompt", &json!({ "prompt": blur("in/kept.png", json!(5)) })).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(s.wait(body["prompt_id"].as_str().unwrap()).await["status"], "succeeded");
+}
