@@ -422,13 +422,19 @@ impl Service {
         let mut guard = self.compat.uploads.lock();
         let uploads = self.loaded(&mut guard)?;
         let mut chosen = None;
+        let mut replaced = None;
         for n in 0..=MAX_RENAMES {
             let name = if n == 0 { req.filename.clone() } else { format!("{stem} ({n}){ext}") };
             let key = (req.kind.clone(), join_path(&req.subfolder, &name));
             match uploads.files.get(&key).filter(|a| self.usable(owner, a) && parse_blob_name(&a.hash).is_some_and(|h| self.blobs.contains(&h))) {
                 Some(a) if a.hash == hash => return Ok(name),
-                Some(_) if !(n == 0 && req.overwrite) => continue,
-                _ => {
+                Some(a) if n == 0 && req.overwrite => {
+                    replaced = Some(a.clone());
+                    chosen = Some(name);
+                    break;
+                }
+                Some(_) => continue,
+                None => {
                     chosen = Some(name);
                     break;
                 }
@@ -436,11 +442,21 @@ impl Service {
         }
         let name = chosen.ok_or_else(|| ServiceError::InvalidRequest("too many files with this name".into()))?;
         let path = join_path(&req.subfolder, &name);
+        let tag = format!("{TAG_PREFIX}{}", req.kind);
         let meta = UploadMeta { content_type: Some(req.content_type), file_path: Some(path.clone()), expected_hash: None, labels: AssetLabels::default() };
         let first = self.commit_upload(owner, upload, meta)?;
-        let labels = AssetLabels { tags: vec![format!("{TAG_PREFIX}{}", req.kind)], expires_in: None };
-        let asset = self.asset_from_hash(owner, &first.asset.hash, Some(path), labels)?.asset;
-        uploads.add(asset);
+        let labels = AssetLabels { tags: vec![tag.clone()], expires_in: None };
+        let asset = self.asset_from_hash(owner, &first.asset.hash, Some(path.clone()), labels)?.asset;
+        // Overwritten: the old record no longer names this file (its bytes
+        // stay while anything else refers to them). The record now naming
+        // it may be an older one (bytes uploaded under this name before),
+        // so the index is set, not merged by age.
+        if let Some(mut old) = replaced.filter(|old| old.id != asset.id) {
+            old.tags.retain(|t| *t != tag);
+            self.meta.put_asset(&old)?;
+            self.meta.flush()?;
+        }
+        uploads.files.insert((req.kind.clone(), path), asset);
         self.compat.generation.fetch_add(1, Ordering::SeqCst);
         Ok(name)
     }

@@ -112,6 +112,11 @@ async fn upload_then_prompt_runs_and_is_a_v2_job() {
     assert_eq!(other["name"], "anchor (1).png");
     let (_, over) = upload(&s, "/api/upload/image", "anchor.png", png_bytes(16, 16, 3), &[("overwrite", "1")]).await;
     assert_eq!(over["name"], "anchor.png");
+    // Overwritten back with the first bytes: the name shows them again.
+    let (_, back) = upload(&s, "/api/upload/image", "anchor.png", png_bytes(16, 16, 1), &[("overwrite", "true")]).await;
+    assert_eq!(back["name"], "anchor.png");
+    let (_, same) = upload(&s, "/api/upload/image", "anchor.png", png_bytes(16, 16, 1), &[]).await;
+    assert_eq!(same["name"], "anchor.png", "the first bytes are under the name again");
     let (_, sub) = upload(&s, "/api/upload/image", "anchor.png", png_bytes(16, 16, 1), &[("subfolder", "clipspace"), ("type", "temp")]).await;
     assert_eq!(sub, json!({ "name": "anchor.png", "subfolder": "clipspace", "type": "temp" }));
     for bad in [vec![("type", "bogus")], vec![("subfolder", "../x")]] {
