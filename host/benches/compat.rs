@@ -127,7 +127,8 @@ async fn connect(base: &str) -> Ws {
 }
 
 async fn queue(http: &reqwest::Client, base: &str, prompt: &Value) -> String {
-    let body: Value = http.post(format!("{base}/api/prompt")).json(&json!({ "prompt": prompt, "client_id": "bench" })).send().await.unwrap().json().await.unwrap();
+    let body: Value =
+        http.post(format!("{base}/api/prompt")).json(&json!({ "prompt": prompt, "client_id": "bench" })).send().await.unwrap().json().await.unwrap();
     body["prompt_id"].as_str().unwrap_or_else(|| panic!("{body}")).to_string()
 }
 
@@ -170,7 +171,10 @@ fn main() {
         let mut ws = connect(&base).await;
         let id = queue(&http, &base, &chain(200)).await;
         let (text, binary) = follow(&mut ws, &id).await;
-        println!("WebSocket bytes for a 200-node chain (202 nodes): {text} B of text frames, {binary} B binary ({:.1} KB in all)", (text + binary) as f64 / 1000.0);
+        println!(
+            "WebSocket bytes for a 200-node chain (202 nodes): {text} B of text frames, {binary} B binary ({:.1} KB in all)",
+            (text + binary) as f64 / 1000.0
+        );
 
         // 4. Submit → execution_success over the WebSocket, trivial workflow.
         let trivial = json!({

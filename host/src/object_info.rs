@@ -62,6 +62,12 @@ pub fn node_info(def: &NodeDef, files: &dyn InputFiles) -> Json {
     })
 }
 
+/// The spec of input `name` of `def` as `object_info` shows it (ComfyUI's
+/// `input_config` in validation errors).
+pub fn input_config(def: &NodeDef, name: &str, files: &dyn InputFiles) -> Option<Json> {
+    def.required.iter().chain(def.optional.iter()).find(|i| i.name == name).map(|i| input_spec(i, files))
+}
+
 fn input_spec(input: &InputSpec, files: &dyn InputFiles) -> Json {
     let mut opts = Map::new();
     let mut put = |k: &str, v: Option<Json>| {

@@ -253,3 +253,89 @@ async fn jobs_are_logged_with_their_job_and_node_ids() {
     assert!(node_line.contains(&format!("job_id={bad}")) && node_line.contains("node_id=1") && node_line.contains("class_type=LoadImage"), "{node_line}");
     assert!(!log.contains("\u{1b}["), "no colour codes when stderr is not a terminal");
 }
+
+/// A test input: a 16×12 RGB PNG with a gradient.
+fn gradient_png() -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, 16, 12);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let pixels: Vec<u8> = (0..16 * 12 * 3).map(|i| (i * 7 % 256) as u8).collect();
+    encoder.write_header().unwrap().write_image_data(&pixels).unwrap();
+    out
+}
+
+/// A real ComfyUI client's run: the server's record of the job and the
+/// output the job stored, fetched over `/api/v2` (a prompt is a job).
+async fn v2_output(base: &str, prompt_id: &str) -> Vec<u8> {
+    let http = reqwest::Client::new();
+    let job = wait_terminal(&http, base, prompt_id).await;
+    assert_eq!(job["status"], "succeeded", "{job}");
+    let url = job["outputs"][0]["url"].as_str().unwrap();
+    http.get(url).send().await.unwrap().bytes().await.unwrap().to_vec()
+}
+
+/// The npm client `@stable-canvas/comfyui-client` 1.5.9, unmodified (CI
+/// installs it from `tests/clients/node/package-lock.json`): uploads an
+/// image, queues a workflow, follows it on the WebSocket and downloads the
+/// output through `/view`.
+#[tokio::test]
+async fn the_stable_canvas_js_client_runs_a_workflow() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/node");
+    let ready =
+        dir.join("node_modules/@stable-canvas/comfyui-client").is_dir() && Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ready {
+        assert!(std::env::var_os("CI").is_none(), "CI must provide node and `npm ci` in tests/clients/node");
+        eprintln!("SKIPPED: run `npm ci --prefix tests/clients/node` (CI does)");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let kiln = spawn(data.path(), &[], &[]);
+    let input = data.path().join("input.png");
+    std::fs::write(&input, gradient_png()).unwrap();
+    let host = kiln.base.strip_prefix("http://").unwrap().to_string();
+    let out = Command::new("node").arg(dir.join("comfyui_client_e2e.mjs")).arg(&host).arg(&input).output().unwrap();
+    assert!(out.status.success(), "node client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(out.stdout.trim_ascii()).unwrap();
+    let prompt_id = report["prompt_id"].as_str().unwrap();
+    assert_eq!(report["uploaded"]["type"], "input", "{report}");
+    let types: Vec<&str> = report["events"].as_array().unwrap().iter().filter(|e| e["prompt_id"] == prompt_id).filter_map(|e| e["type"].as_str()).collect();
+    for expected in ["execution_start", "executing", "executed", "execution_success"] {
+        assert!(types.contains(&expected), "the client saw {expected}: {types:?}");
+    }
+    use base64::Engine as _;
+    let downloaded = base64::engine::general_purpose::STANDARD.decode(report["output_b64"].as_str().unwrap()).unwrap();
+    assert_eq!(downloaded, v2_output(&kiln.base, prompt_id).await, "the client downloaded the job's output");
+}
+
+/// A client written the way ComfyUI's own `websocket_api_example.py` is
+/// (urllib + `websocket-client`), against `kiln serve`.
+#[tokio::test]
+async fn a_websocket_api_example_client_runs_a_workflow() {
+    let python = std::env::var("KILN_SDK_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ready = Command::new(&python).args(["-c", "import websocket"]).status().is_ok_and(|s| s.success());
+    if !ready {
+        assert!(std::env::var_os("CI").is_none(), "CI must provide websocket-client (KILN_SDK_PYTHON)");
+        eprintln!("SKIPPED: websocket-client is not installed for {python}");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let kiln = spawn(data.path(), &[], &[]);
+    let input = data.path().join("input.png");
+    std::fs::write(&input, gradient_png()).unwrap();
+    let host = kiln.base.strip_prefix("http://").unwrap().to_string();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/python/websocket_api_example.py");
+    let out = Command::new(&python).arg(script).arg(&host).arg(&input).output().unwrap();
+    assert!(out.status.success(), "python client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(out.stdout.trim_ascii()).unwrap();
+    let prompt_id = report["prompt_id"].as_str().unwrap();
+    let messages: Vec<&str> = report["messages"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert_eq!(messages.first(), Some(&"execution_start"), "{messages:?}");
+    assert!(messages.contains(&"executed") && messages.contains(&"execution_success"), "{messages:?}");
+    assert_eq!(report["status"]["status_str"], "success", "{report}");
+    use base64::Engine as _;
+    let images = report["images"].as_array().unwrap();
+    assert_eq!(images.len(), 1, "{report}");
+    let downloaded = base64::engine::general_purpose::STANDARD.decode(images[0].as_str().unwrap()).unwrap();
+    assert_eq!(downloaded, v2_output(&kiln.base, prompt_id).await);
+}

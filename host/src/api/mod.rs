@@ -45,6 +45,8 @@ pub struct AppState {
     /// not by time). Links in it depend on the request's origin, so that is
     /// kept and compared too.
     pub rendered: parking_lot::Mutex<RenderedJobs>,
+    /// The compatibility API's rendered `object_info` listing.
+    pub object_info: compat::ObjectInfoCache,
 }
 
 /// Rendered job bodies by job id: the record they were rendered from
@@ -64,6 +66,7 @@ impl AppState {
             local_authority: local.to_string(),
             closing: Default::default(),
             rendered: parking_lot::Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
+            object_info: Default::default(),
         })
     }
 
@@ -116,7 +119,8 @@ fn next_request_id() -> String {
 }
 
 /// What every request passes through: it is counted as activity (the idle
-/// memory trimmer waits for quiet), checked for the token on the Jobs API,
+/// memory trimmer waits for quiet), checked for the token (the Jobs API
+/// and the compatibility routes, see `auth`),
 /// traced, and its response tagged with `X-Comfy-Request-Id`.
 async fn edge(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let id = next_request_id();

@@ -765,3 +765,55 @@ fn any_upload_is_stored_whole_or_refused_with_the_envelope() {
     let statuses = statuses.into_inner();
     assert!(statuses.get(&201).is_some_and(|&n| n > 0) && statuses.get(&400).is_some_and(|&n| n > 0), "{statuses:?}");
 }
+
+// ---------------------------------------------------------------------------
+// The compatibility routes
+// ---------------------------------------------------------------------------
+
+/// Any JSON value, a few levels deep, with the keys the routes look at.
+fn json_value() -> impl Strategy<Value = Json> {
+    let leaf = prop_oneof![
+        Just(Json::Null),
+        any::<bool>().prop_map(Json::Bool),
+        any::<i64>().prop_map(Json::from),
+        any::<f64>().prop_filter_map("finite", |f| serde_json::Number::from_f64(f).map(Json::Number)),
+        "[a-zA-Z0-9 ._/\\\\\\[\\]-]{0,16}".prop_map(Json::String),
+        Just(Json::String(uuid::Uuid::new_v4().to_string())),
+    ];
+    let key = "prompt|delete|clear|number|front|prompt_id|client_id|extra_data|api_key_svc_org|job_ids|class_type|inputs|image|1|2|[a-z_]{1,8}";
+    leaf.prop_recursive(4, 32, 5, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Json::Array),
+            prop::collection::btree_map(key, inner, 0..5).prop_map(|m| Json::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Whatever JSON (or non-JSON) a client posts to a compatibility route, and
+/// whatever query it sends, the answer is not a 5xx (and nothing panics).
+#[test]
+fn any_body_or_query_on_the_compat_routes_is_answered_without_a_5xx() {
+    let app = App::start();
+    let posts = ["/api/prompt", "/prompt", "/api/queue", "/history", "/interrupt", "/api/jobs/cancel", "/api/free"];
+    let gets = ["/api/view", "/view", "/api/history", "/api/jobs", "/api/object_info", "/api/prompt"];
+    let mut runner = TestRunner::new(config(256));
+    runner
+        .run(&(json_value(), 0..posts.len(), any::<bool>()), |(body, route, raw)| {
+            let bytes = if raw { body.to_string().into_bytes().into_iter().rev().collect::<Vec<u8>>() } else { body.to_string().into_bytes() };
+            let request = Request::post(posts[route]).header(header::CONTENT_TYPE, "application/json").body(Body::from(bytes)).unwrap();
+            let reply = app.call(request);
+            prop_assert!(!reply.status.is_server_error(), "POST {} {} → {} {}", posts[route], body, reply.status, String::from_utf8_lossy(&reply.body));
+            Ok(())
+        })
+        .unwrap();
+    let query = prop::collection::vec(("filename|subfolder|type|max_items|offset|status|limit|sort_by|[a-z]{1,5}", "[a-zA-Z0-9 ._/\\\\%-]{0,12}"), 0..4);
+    runner
+        .run(&(query, 0..gets.len()), |(pairs, route)| {
+            let q: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={}", encode(v))).collect();
+            let uri = format!("{}?{}", gets[route], q.join("&"));
+            let reply = app.get(&uri, &[]);
+            prop_assert!(!reply.status.is_server_error(), "GET {} → {} {}", uri, reply.status, String::from_utf8_lossy(&reply.body));
+            Ok(())
+        })
+        .unwrap();
+}

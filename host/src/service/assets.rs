@@ -42,7 +42,7 @@ pub struct NewAsset {
 }
 
 impl Service {
-    fn visible(&self, owner: &str, asset: &AssetRecord) -> bool {
+    pub(super) fn visible(&self, owner: &str, asset: &AssetRecord) -> bool {
         asset.owner == owner && asset.expires_at.is_none_or(|e| e > now_micros()) && parse_blob_name(&asset.hash).is_some_and(|h| self.blobs.contains(&h))
     }
 

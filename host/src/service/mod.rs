@@ -8,6 +8,7 @@
 
 mod assets;
 pub mod bus;
+pub mod compat;
 mod error;
 pub mod job_files;
 mod live;
@@ -33,7 +34,7 @@ pub use live::{ExtraData, JobEvent, LiveJob};
 use crate::config::Config;
 use crate::executor::Executor;
 use crate::plugins::NodeRegistry;
-use crate::store::{BlobStore, DiskBlobs, IdempotencyClaim, JobRecord, JobStatus, MetaStore, Micros, SledMeta, now_micros};
+use crate::store::{BlobStore, DiskBlobs, IdempotencyClaim, JobInput, JobRecord, JobStatus, MetaStore, Micros, SledMeta, now_micros};
 
 /// Idempotency keys are single-use for this long.
 pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -89,6 +90,13 @@ pub struct Submission {
     pub owner: String,
     /// `v2` or `compat`.
     pub surface: &'static str,
+    /// The job id the client chose (ComfyUI's `prompt_id`, a canonical
+    /// UUID checked at the edge); `None`: a fresh one.
+    pub id: Option<String>,
+    /// Queue it ahead of every queued job (ComfyUI's `front`).
+    pub front: bool,
+    /// ComfyUI's queue fields (compatibility submissions).
+    pub compat: Option<crate::store::CompatFields>,
 }
 
 /// Filters of a job listing.
@@ -160,6 +168,9 @@ pub struct Service {
     /// Execution messages of every job and queue changes (the ComfyUI
     /// WebSocket's source).
     bus: Arc<bus::ExecBus>,
+    /// The compatibility API's own state (its queue counter, the index of
+    /// ComfyUI-style uploads).
+    compat: compat::CompatState,
 }
 
 impl Drop for Service {
@@ -215,6 +226,7 @@ impl Service {
             finished: Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
             finished_gen: AtomicU64::new(0),
             bus: Arc::default(),
+            compat: compat::CompatState::default(),
         });
         service.recover()?;
         let mut workers = Vec::new();
@@ -278,11 +290,6 @@ impl Service {
         &self.bus
     }
 
-    /// Jobs queued or running (what ComfyUI calls `queue_remaining`).
-    pub fn queue_remaining(&self) -> usize {
-        self.live.read().len()
-    }
-
     /// The node each running job of `owner` started last, by job id.
     pub fn running_nodes(&self, owner: &str) -> Vec<(String, String)> {
         let live: Vec<Arc<LiveJob>> = self.live.read().values().cloned().collect();
@@ -295,10 +302,11 @@ impl Service {
             .collect()
     }
 
-    /// Tells the bus how many jobs remain.
+    /// Tells the bus how many jobs remain (all accounts': the one account
+    /// of a self-hosted server; see `Service::queue_remaining` for one's).
     fn publish_queue(&self) {
         if self.bus.watched() {
-            self.bus.queue(self.queue_remaining());
+            self.bus.queue(self.live.read().len());
         }
     }
 
@@ -330,7 +338,19 @@ impl Service {
         let resolved = submit::resolve_assets(&sub.workflow, self.meta.as_ref(), &sub.owner, now)?;
         let inputs = job_files::JobInputs::new(&resolved.inputs, self.blobs.clone());
         let (_, plan) = submit::check(&resolved.workflow, &self.registry, &inputs, &self.opts.workflow_limits)?;
+        self.enqueue(sub, resolved.workflow, resolved.inputs, plan)
+    }
 
+    /// Records a validated job (`workflow` resolved, `plan` its plan); it
+    /// is durable and queued when this returns.
+    fn enqueue(
+        &self,
+        sub: Submission,
+        workflow: serde_json::Value,
+        inputs: Vec<JobInput>,
+        plan: crate::workflow::Plan,
+    ) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        let now = now_micros();
         self.activity.fetch_add(1, Ordering::Relaxed);
         // Reserve a queue slot; a full queue releases everything (no claim).
         if self.queued.fetch_add(1, Ordering::SeqCst) >= self.opts.max_queued_jobs {
@@ -338,7 +358,13 @@ impl Service {
             let per_job = (self.opts.max_queued_jobs / self.opts.max_running_jobs.max(1)).max(1);
             return Err(ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) });
         }
-        let id = uuid::Uuid::now_v7().to_string();
+        let id = sub.id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        // A client-chosen id must be new (checked again, atomically, when
+        // the job joins the live set).
+        if sub.id.is_some() && (self.live_job(&id).is_some() || self.meta.get_job(&id)?.is_some()) {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(ServiceError::InvalidRequest(format!("a job with id {id} already exists")));
+        }
         let record = JobRecord {
             id: id.clone(),
             owner: sub.owner.clone(),
@@ -350,7 +376,7 @@ impl Service {
             expires_at: now + self.opts.retention.as_micros() as Micros,
             seq: self.seq.fetch_add(1, Ordering::SeqCst),
             attempts: 0,
-            inputs: resolved.inputs,
+            inputs,
             outputs: Vec::new(),
             error: None,
             progress: None,
@@ -360,6 +386,7 @@ impl Service {
             metadata: sub.metadata,
             surface: sub.surface.to_string(),
             had_extra_data: !sub.extra.secrets.is_empty(),
+            compat: sub.compat,
         };
         let claim = sub.idempotency_key.as_ref().map(|key| IdempotencyClaim {
             key: key.clone(),
@@ -379,20 +406,33 @@ impl Service {
         let live = Arc::new(LiveJob::new(record.clone(), sub.extra));
         let (written, position) = {
             let mut locked = live.record.lock();
-            self.live.write().insert(id.clone(), live.clone());
+            {
+                let mut jobs = self.live.write();
+                if jobs.contains_key(&id) {
+                    drop(jobs);
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
+                    return Err(ServiceError::InvalidRequest(format!("a job with id {id} already exists")));
+                }
+                jobs.insert(id.clone(), live.clone());
+            }
             let position = {
                 let mut q = self.queue.lock();
-                q.push_back(id.clone());
-                q.len()
+                if sub.front {
+                    q.push_front(id.clone());
+                    1
+                } else {
+                    q.push_back(id.clone());
+                    q.len()
+                }
             };
             self.queue_notify.notify_one();
             // Before the worker can start it (it waits for this lock), so
             // the queue change precedes the job's own messages.
             self.publish_queue();
-            let written = self.meta.submit(&locked, &resolved.workflow, claim.as_ref());
+            let written = self.meta.submit(&locked, &workflow, claim.as_ref());
             match &written {
                 // Committed (durable or not): the job exists, so it runs.
-                Ok(()) | Err(crate::store::StoreError::NotDurable(_)) => *live.prepared.lock() = Some((resolved.workflow, plan)),
+                Ok(()) | Err(crate::store::StoreError::NotDurable(_)) => *live.prepared.lock() = Some((workflow, plan)),
                 // Not written: a worker that took it finds it no longer queued.
                 Err(_) => locked.status = JobStatus::Canceled,
             }

@@ -94,7 +94,7 @@ impl Service {
     }
 
     /// Deletes the output assets a job record lists and forgets them on it.
-    fn drop_outputs(&self, job: &mut JobRecord) -> Result<(), ServiceError> {
+    pub(super) fn drop_outputs(&self, job: &mut JobRecord) -> Result<(), ServiceError> {
         for out in job.outputs.drain(..) {
             if let Some(asset) = self.meta.get_asset(&out.asset_id)? {
                 self.meta.delete_asset(&asset)?;

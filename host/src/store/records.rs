@@ -136,6 +136,21 @@ pub struct JobRecord {
     /// run again after a restart.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub had_extra_data: bool,
+    /// ComfyUI's queue fields, for jobs queued through the compatibility
+    /// API (`POST /api/prompt`); other jobs show their `seq` as number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compat: Option<CompatFields>,
+}
+
+/// What `POST /api/prompt` gave a job besides its workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompatFields {
+    /// The queue priority ComfyUI echoes (an integer from the counter, or
+    /// the client's own number, kept as given: `5` or `7.5`).
+    pub number: serde_json::Number,
+    /// The submitting client's session id (`client_id`), if it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
 }
 
 #[cfg(test)]
@@ -163,6 +178,7 @@ impl JobRecord {
             metadata: None,
             surface: "v2".into(),
             had_extra_data: false,
+            compat: None,
         }
     }
 }

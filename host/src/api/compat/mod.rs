@@ -8,6 +8,8 @@
 mod http;
 mod ws;
 
+pub use http::ObjectInfoCache;
+
 use std::sync::Arc;
 
 use axum::Router;

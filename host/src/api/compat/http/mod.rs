@@ -1,12 +1,166 @@
-//! ComfyUI's HTTP routes (each at `/api/x` and `/x`).
+//! ComfyUI's HTTP routes, each at `/api/x` and at the bare `/x` client
+//! libraries use (`/api/jobs*` and `/api/job/*` only under `/api`), under
+//! the mount prefix. Handlers are thin: parse the request, call the
+//! [`Service`](crate::service::Service) (the same one `/api/v2` drives),
+//! render ComfyUI's shapes. Failures go through [`compat_error`] to the
+//! API's one envelope with the compatibility API's statuses (400 invalid,
+//! 401, 404, 429, 500); `POST /api/prompt`'s validation failures and
+//! `/api/jobs`' errors have ComfyUI's own bodies.
+
+mod history;
+mod jobs;
+mod object_info;
+mod prompt;
+mod queue;
+mod system;
+mod upload;
+mod view;
 
 use std::sync::Arc;
 
 use axum::Router;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Map, Value as Json, json};
 
 use crate::api::AppState;
+use crate::api::error::ApiError;
+use crate::service::ServiceError;
+use crate::store::JobRecord;
+
+pub use object_info::ObjectInfoCache;
 
 /// The HTTP routes of the compatibility API.
 pub fn routes(state: Arc<AppState>) -> Router {
-    Router::new().with_state(state)
+    let prefix = state.config.mount_prefix.clone();
+    let upload_limit = (state.service.options().max_upload_bytes as usize).saturating_add(1 << 20);
+    let json_limit = state.service.options().workflow_limits.max_bytes;
+    let mut router = Router::new();
+    for base in [format!("{prefix}/api"), prefix.clone()] {
+        let at = |path: &str| format!("{base}{path}");
+        router = router
+            .route(&at("/object_info"), get(object_info::all))
+            .route(&at("/object_info/{class}"), get(object_info::one))
+            .route(&at("/upload/image"), post(upload::image).layer(DefaultBodyLimit::max(upload_limit)))
+            .route(&at("/upload/mask"), post(upload::mask).layer(DefaultBodyLimit::max(upload_limit)))
+            .route(&at("/prompt"), get(prompt::remaining).post(prompt::submit))
+            .route(&at("/view"), get(view::view))
+            .route(&at("/queue"), get(queue::list).post(queue::edit))
+            .route(&at("/interrupt"), post(queue::interrupt))
+            .route(&at("/history"), get(history::list).post(history::edit))
+            .route(&at("/history/{id}"), get(history::one))
+            .route(&at("/system_stats"), get(system::stats))
+            .route(&at("/features"), get(system::features))
+            .route(&at("/extensions"), get(system::empty_list))
+            .route(&at("/embeddings"), get(system::empty_list))
+            .route(&at("/models"), get(system::empty_list))
+            .route(&at("/users"), get(system::users))
+            .route(&at("/settings"), get(system::settings))
+            .route(&at("/settings/{id}"), get(system::setting))
+            .route(&at("/free"), post(system::free));
+    }
+    let api = |path: &str| format!("{prefix}/api{path}");
+    router
+        .route(&api("/job/{id}/status"), get(prompt::status))
+        .route(&api("/jobs"), get(jobs::list))
+        .route(&api("/jobs/cancel"), post(jobs::cancel_many))
+        .route(&api("/jobs/{id}"), get(jobs::detail))
+        .route(&api("/jobs/{id}/cancel"), post(jobs::cancel))
+        .layer(DefaultBodyLimit::max(json_limit))
+        .with_state(state)
+}
+
+/// The one mapping of service failures on these routes: the envelope, with
+/// the compatibility API's 400 where the Jobs API answers 422.
+pub(super) fn compat_error(e: ServiceError) -> ApiError {
+    let mut err = ApiError::from(e);
+    if err.status == StatusCode::UNPROCESSABLE_ENTITY {
+        err.status = StatusCode::BAD_REQUEST;
+    }
+    err
+}
+
+/// Runs blocking service work (store writes, fsyncs) off the reactor.
+pub(super) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ServiceError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(&e))?.map_err(compat_error)
+}
+
+/// A JSON body of at most `limit` bytes: `None` when it is empty, not JSON
+/// or not an object (ComfyUI's queue and interrupt routes then act on their
+/// defaults).
+pub(super) fn optional_object(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Option<Map<String, Json>>, ApiError> {
+    let bytes = body.map_err(|e| body_error(e, limit))?;
+    Ok(match serde_json::from_slice::<Json>(&bytes) {
+        Ok(Json::Object(map)) => Some(map),
+        _ => None,
+    })
+}
+
+/// A JSON object body of at most `limit` bytes (else 400 or 413).
+pub(super) fn object(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Map<String, Json>, ApiError> {
+    let bytes = body.map_err(|e| body_error(e, limit))?;
+    match serde_json::from_slice::<Json>(&bytes) {
+        Ok(Json::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::invalid_request("The request body must be a JSON object.")),
+        Err(e) => Err(ApiError::invalid_request(format!("The request body is not valid JSON: {e}"))),
+    }
+}
+
+fn body_error(e: BytesRejection, limit: usize) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::payload_too_large(limit as u64)
+    } else {
+        ApiError::invalid_request(format!("Cannot read the request body: {}", e.body_text()))
+    }
+}
+
+/// A list of prompt ids from a body field (`delete`): strings only, each
+/// bounded (the body limit bounds how many).
+pub(super) fn id_list(value: Option<&Json>) -> Result<Vec<String>, ApiError> {
+    match value {
+        None | Some(Json::Null) => Ok(Vec::new()),
+        Some(Json::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str().filter(|s| s.len() <= 128).map(str::to_string).ok_or_else(|| ApiError::invalid_request("`delete` must be a list of prompt ids."))
+            })
+            .collect(),
+        Some(_) => Err(ApiError::invalid_request("`delete` must be a list of prompt ids.")),
+    }
+}
+
+/// `200` with an empty body (ComfyUI's answer to queue edits and interrupts).
+pub(super) fn empty_ok() -> Response {
+    StatusCode::OK.into_response()
+}
+
+/// Epoch milliseconds of a record time.
+pub(super) fn millis(micros: i64) -> i64 {
+    micros / 1000
+}
+
+/// A job's queue number: the one `POST /api/prompt` gave it, else its
+/// queue sequence (jobs from `/api/v2`).
+pub(super) fn number(record: &JobRecord) -> Json {
+    match &record.compat {
+        Some(c) => Json::Number(c.number.clone()),
+        None => json!(record.seq),
+    }
+}
+
+/// ComfyUI's queue and history tuple: `[number, prompt_id, prompt,
+/// extra_data, outputs_to_execute]` (no sensitive data: `extra_data` holds
+/// only the client id and the creation time).
+pub(super) fn queue_item(job: &crate::service::compat::CompatJob) -> Json {
+    let r = &job.record;
+    let mut extra = Map::new();
+    if let Some(client) = r.compat.as_ref().and_then(|c| c.client_id.clone()) {
+        extra.insert("client_id".into(), Json::String(client));
+    }
+    extra.insert("create_time".into(), json!(millis(r.created_at)));
+    json!([number(r), r.id, job.workflow, extra, job.outputs_to_execute])
 }

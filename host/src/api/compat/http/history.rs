@@ -1,0 +1,159 @@
+//! `GET /api/history` (`max_items`: the last N; `offset`: skipped from the
+//! oldest), `GET /api/history/{id}` (`{}` until the job has finished, or
+//! for an unknown id, as ComfyUI answers) and `POST /api/history`
+//! (`delete`, `clear`: finished jobs leave the history, ending `expired`
+//! as retention would end them).
+//!
+//! A history item is ComfyUI's `{prompt, outputs, status, meta}`: the queue
+//! tuple, the output files by node (`images`, `video`, `audio`, `files`,
+//! all of type `output`), `status_str`/`completed` with the
+//! `execution_start`, `execution_cached` and terminal messages rebuilt from
+//! the job's record, and `meta` per output node.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::response::Response;
+use serde_json::{Map, Value as Json_, json};
+
+use super::{blocking, empty_ok, id_list, millis, optional_object, queue_item};
+use crate::api::AppState;
+use crate::api::error::ApiError;
+use crate::api::v2::Segment;
+use crate::service::Service;
+use crate::service::compat::CompatJob;
+use crate::store::{JobErrorRecord, JobStatus};
+
+#[derive(serde::Deserialize)]
+pub struct HistoryQuery {
+    max_items: Option<usize>,
+    offset: Option<usize>,
+}
+
+/// ComfyUI's exception type for a job error (the spec's names where it has one).
+fn exception_type(error: Option<&JobErrorRecord>) -> &'static str {
+    match error.map(|e| e.code.as_str()) {
+        Some("invalid_workflow") => "ValidationError",
+        Some("node_out_of_memory" | "job_out_of_memory") => "OOMError",
+        Some("node_timeout") => "TimeoutError",
+        Some("interrupted") => "InterruptedError",
+        _ => "RuntimeError",
+    }
+}
+
+/// The ComfyUI output group of an output kind.
+pub(super) fn group(kind: &str) -> &'static str {
+    match kind {
+        "image" => "images",
+        "video" => "video",
+        "audio" => "audio",
+        "text" => "text",
+        _ => "files",
+    }
+}
+
+/// A history item, rendered from a finished job.
+pub(super) fn item(service: &Service, job: &CompatJob) -> Result<Json_, crate::service::ServiceError> {
+    let r = &job.record;
+    let id = &r.id;
+    let files = service.compat_outputs(r)?;
+    let mut outputs = Map::new();
+    let mut meta = Map::new();
+    for (file, rec) in files.iter().zip(&r.outputs) {
+        let node = outputs.entry(file.node_id.clone()).or_insert_with(|| json!({}));
+        if let Some(node) = node.as_object_mut()
+            && let Some(list) = node.entry(group(&rec.kind)).or_insert_with(|| json!([])).as_array_mut()
+        {
+            list.push(json!({ "filename": file.filename, "subfolder": file.subfolder, "type": "output" }));
+        }
+        meta.insert(file.node_id.clone(), json!({ "node_id": file.node_id, "display_node": file.node_id, "parent_node": null, "real_node_id": file.node_id }));
+    }
+    let started = millis(r.started_at.unwrap_or(r.created_at));
+    let ended = millis(r.completed_at.unwrap_or(r.updated_at));
+    let mut messages = vec![
+        json!(["execution_start", { "prompt_id": id, "timestamp": started }]),
+        json!(["execution_cached", { "nodes": [], "prompt_id": id, "timestamp": started }]),
+    ];
+    let error = r.error.as_ref();
+    let node_id = error.and_then(|e| e.node_id.clone());
+    let node_type = error.and_then(|e| e.class_type.clone());
+    let executed: Vec<&String> = meta.keys().collect();
+    match r.status {
+        JobStatus::Succeeded => messages.push(json!(["execution_success", { "prompt_id": id, "timestamp": ended }])),
+        JobStatus::Canceled => messages.push(json!(["execution_interrupted", {
+            "prompt_id": id, "node_id": node_id, "node_type": node_type, "executed": executed, "timestamp": ended,
+        }])),
+        _ => messages.push(json!(["execution_error", {
+            "prompt_id": id, "node_id": node_id, "node_type": node_type, "executed": executed,
+            "exception_message": error.map(|e| e.message.clone()).unwrap_or_default(),
+            "exception_type": exception_type(error),
+            "traceback": error.and_then(|e| e.traceback.clone()).map(|t| vec![t]).unwrap_or_default(),
+            "current_inputs": {}, "current_outputs": [], "timestamp": ended,
+        }])),
+    }
+    let success = r.status == JobStatus::Succeeded;
+    Ok(json!({
+        "prompt": queue_item(job),
+        "outputs": outputs,
+        "status": { "status_str": if success { "success" } else { "error" }, "completed": success, "messages": messages },
+        "meta": meta,
+    }))
+}
+
+pub async fn list(State(state): State<Arc<AppState>>, query: Result<Query<HistoryQuery>, QueryRejection>) -> Result<Json<Json_>, ApiError> {
+    let Query(q) = query.map_err(|_| ApiError::invalid_request("`max_items` and `offset` must be whole numbers."))?;
+    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let body = blocking(move || {
+        let jobs = service.compat_history(&owner)?;
+        // ComfyUI: `offset` skips from the oldest; `max_items` alone keeps the last N.
+        let start = match (q.offset, q.max_items) {
+            (Some(offset), _) => offset.min(jobs.len()),
+            (None, Some(max)) => jobs.len().saturating_sub(max),
+            (None, None) => 0,
+        };
+        let take = q.max_items.unwrap_or(usize::MAX);
+        let mut out = Map::new();
+        for job in jobs.iter().skip(start).take(take) {
+            out.insert(job.record.id.clone(), item(&service, job)?);
+        }
+        Ok(Json_::Object(out))
+    })
+    .await?;
+    Ok(Json(body))
+}
+
+pub async fn one(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
+    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let body = blocking(move || {
+        let mut out = Map::new();
+        if uuid::Uuid::parse_str(&id).is_ok()
+            && let Some(job) = service.compat_history_item(&owner, &id)?
+        {
+            out.insert(id, item(&service, &job)?);
+        }
+        Ok(Json_::Object(out))
+    })
+    .await?;
+    Ok(Json(body))
+}
+
+pub async fn edit(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = optional_object(body, state.service.options().workflow_limits.max_bytes)?.unwrap_or_default();
+    let delete = id_list(body.get("delete"))?;
+    let clear = body.get("clear").and_then(Json_::as_bool).unwrap_or(false);
+    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    blocking(move || {
+        if clear {
+            service.delete_history(&owner, None)?;
+        }
+        if !delete.is_empty() {
+            service.delete_history(&owner, Some(&delete))?;
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(empty_ok())
+}

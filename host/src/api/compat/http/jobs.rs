@@ -1,0 +1,210 @@
+//! The local engine's unified jobs API (only under `/api`), which the
+//! official frontend's queue and history panels read: `GET /api/jobs`
+//! (`status` filter of `pending, in_progress, completed, failed,
+//! cancelled`, `sort_by` `created_at`|`execution_duration`, `sort_order`,
+//! `limit`, `offset`), `GET /api/jobs/{id}` (finished jobs add `outputs`,
+//! `execution_status`, `workflow`), `POST /api/jobs/{id}/cancel` and
+//! `POST /api/jobs/cancel` (`{job_ids}`), each answering `{cancelled}`.
+//! Errors here are ComfyUI's `{"error": "<text>"}`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value as Json_, json};
+
+use super::{blocking, millis, number};
+use crate::api::AppState;
+use crate::api::error::ApiError;
+use crate::api::v2::Segment;
+use crate::service::compat::CompatJob;
+use crate::service::{Service, ServiceError};
+use crate::store::{JobRecord, JobStatus};
+
+const STATUSES: [&str; 5] = ["pending", "in_progress", "completed", "failed", "cancelled"];
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({ "error": message }))).into_response()
+}
+
+/// The local engine's name of a job's status.
+fn status(record: &JobRecord) -> &'static str {
+    match record.status {
+        JobStatus::Queued => "pending",
+        JobStatus::Running | JobStatus::Canceling => "in_progress",
+        JobStatus::Succeeded => "completed",
+        JobStatus::Canceled => "cancelled",
+        JobStatus::Failed | JobStatus::Expired => "failed",
+    }
+}
+
+/// The list form of a job (keys whose value would be null are left out);
+/// a finished job's first output is its `preview_output`.
+fn summary(service: &Service, job: &CompatJob) -> Result<Map<String, Json_>, ServiceError> {
+    let mut out = short(job);
+    if job.record.status.is_terminal()
+        && let (Some(file), Some(rec)) = (service.compat_outputs(&job.record)?.into_iter().next(), job.record.outputs.first())
+    {
+        let media = super::history::group(&rec.kind);
+        out.insert(
+            "preview_output".into(),
+            json!({ "filename": file.filename, "subfolder": file.subfolder, "type": "output", "nodeId": file.node_id, "mediaType": media }),
+        );
+    }
+    Ok(out)
+}
+
+/// [`summary`] without the output lookup.
+fn short(job: &CompatJob) -> Map<String, Json_> {
+    let r = &job.record;
+    let mut out = Map::new();
+    out.insert("id".into(), json!(r.id));
+    out.insert("status".into(), json!(status(r)));
+    out.insert("priority".into(), number(r));
+    out.insert("create_time".into(), json!(millis(r.created_at)));
+    if r.status.is_terminal() {
+        if let Some(t) = r.started_at {
+            out.insert("execution_start_time".into(), json!(millis(t)));
+        }
+        if let Some(t) = r.completed_at {
+            out.insert("execution_end_time".into(), json!(millis(t)));
+        }
+        if let Some(e) = &r.error {
+            out.insert(
+                "execution_error".into(),
+                json!({ "exception_message": e.message, "exception_type": e.code, "node_id": e.node_id, "node_type": e.class_type }),
+            );
+        }
+    }
+    out.insert("outputs_count".into(), json!(r.outputs.len()));
+    out
+}
+
+#[derive(serde::Deserialize)]
+pub struct JobsQuery {
+    status: Option<String>,
+    sort_by: Option<String>,
+    sort_order: Option<String>,
+    limit: Option<String>,
+    offset: Option<String>,
+}
+
+pub async fn list(State(state): State<Arc<AppState>>, Query(q): Query<JobsQuery>) -> Result<Response, ApiError> {
+    let wanted: Vec<String> = match q.status.as_deref().filter(|s| !s.is_empty()) {
+        None => STATUSES.iter().map(|s| s.to_string()).collect(),
+        Some(list) => {
+            let given: Vec<String> = list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+            let bad: Vec<&str> = given.iter().map(String::as_str).filter(|s| !STATUSES.contains(s)).collect();
+            if !bad.is_empty() {
+                return Ok(error(StatusCode::BAD_REQUEST, &format!("Invalid status value(s): {}. Valid values: {}", bad.join(", "), STATUSES.join(", "))));
+            }
+            given
+        }
+    };
+    let limit = match q.limit.as_deref() {
+        None => None,
+        Some(text) => match text.trim().parse::<i64>() {
+            Ok(n) if n > 0 => Some(n as usize),
+            Ok(_) => return Ok(error(StatusCode::BAD_REQUEST, "limit must be a positive integer")),
+            Err(_) => return Ok(error(StatusCode::BAD_REQUEST, "limit must be an integer")),
+        },
+    };
+    let offset = q.offset.as_deref().and_then(|o| o.trim().parse::<i64>().ok()).unwrap_or(0).max(0) as usize;
+    let by_duration = q.sort_by.as_deref() == Some("execution_duration");
+    let ascending = q.sort_order.as_deref() == Some("asc");
+    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let mut jobs = blocking(move || {
+        let (running, pending) = service.compat_queue(&owner)?;
+        let mut all = service.compat_history(&owner)?;
+        all.extend(running);
+        all.extend(pending);
+        Ok(all)
+    })
+    .await?;
+    jobs.retain(|j| wanted.iter().any(|w| w == status(&j.record)));
+    let key = |j: &CompatJob| {
+        if by_duration { j.record.completed_at.zip(j.record.started_at).map_or(0, |(end, start)| end - start) } else { j.record.created_at }
+    };
+    jobs.sort_by_key(key);
+    if !ascending {
+        jobs.reverse();
+    }
+    let total = jobs.len();
+    jobs.drain(..offset.min(total));
+    jobs.truncate(limit.unwrap_or(usize::MAX));
+    let service = state.service.clone();
+    let page: Vec<Json_> = blocking(move || jobs.iter().map(|j| summary(&service, j).map(Json_::Object)).collect()).await?;
+    let has_more = offset.saturating_add(page.len()) < total;
+    Ok(Json(json!({ "jobs": page, "pagination": { "offset": offset, "limit": limit, "total": total, "has_more": has_more } })).into_response())
+}
+
+pub async fn detail(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
+    if uuid::Uuid::parse_str(&id).is_err() {
+        return Ok(error(StatusCode::NOT_FOUND, "Job not found"));
+    }
+    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let found = blocking(move || {
+        let (record, _) = match service.get(&owner, &id) {
+            Ok(r) => r,
+            Err(ServiceError::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let finished = service.compat_history_item(&owner, &id)?;
+        let Some(job) = finished else {
+            let job = CompatJob { record, workflow: Json_::Null, outputs_to_execute: Vec::new() };
+            return Ok(Some(Json_::Object(short(&job))));
+        };
+        let mut out = summary(&service, &job)?;
+        let item = super::history::item(&service, &job)?;
+        out.insert("outputs".into(), item["outputs"].clone());
+        out.insert("execution_status".into(), item["status"].clone());
+        out.insert("workflow".into(), json!({ "prompt": job.workflow, "extra_data": item["prompt"][3] }));
+        Ok(Some(Json_::Object(out)))
+    })
+    .await?;
+    Ok(match found {
+        Some(body) => Json(body).into_response(),
+        None => error(StatusCode::NOT_FOUND, "Job not found"),
+    })
+}
+
+/// Cancels the jobs that are queued or running; whether any was.
+async fn cancel_ids(state: &AppState, ids: Vec<String>) -> Result<bool, ApiError> {
+    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    blocking(move || {
+        let mut any = false;
+        for id in ids {
+            match service.get(&owner, &id) {
+                Ok((r, _)) if matches!(r.status, JobStatus::Queued | JobStatus::Running) => {
+                    service.delete_from_queue(&owner, std::slice::from_ref(&id))?;
+                    any = true;
+                }
+                Ok(_) | Err(ServiceError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(any)
+    })
+    .await
+}
+
+pub async fn cancel(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
+    let ids = if uuid::Uuid::parse_str(&id).is_ok() { vec![id] } else { Vec::new() };
+    Ok(Json(json!({ "cancelled": cancel_ids(&state, ids).await? })).into_response())
+}
+
+pub async fn cancel_many(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = super::optional_object(body, state.service.options().workflow_limits.max_bytes)?.unwrap_or_default();
+    let Some(list) = body.get("job_ids").and_then(Json_::as_array) else { return Ok(error(StatusCode::BAD_REQUEST, "job_ids must be a list")) };
+    let canonical = |v: &Json_| v.as_str().filter(|s| uuid::Uuid::parse_str(s).is_ok_and(|u| u.hyphenated().to_string() == *s)).map(str::to_string);
+    let invalid: Vec<&Json_> = list.iter().filter(|v| canonical(v).is_none()).collect();
+    if !invalid.is_empty() {
+        return Ok((StatusCode::BAD_REQUEST, Json(json!({ "error": "job_ids contains invalid id(s)", "invalid_ids": invalid }))).into_response());
+    }
+    let ids = list.iter().filter_map(canonical).collect();
+    Ok(Json(json!({ "cancelled": cancel_ids(&state, ids).await? })).into_response())
+}

@@ -1,0 +1,127 @@
+//! `GET /api/object_info` and `/api/object_info/{class}`: the node
+//! definitions of the loaded plugins in ComfyUI's shape
+//! (`crate::object_info`), LoadImage's `image` combo listing the uploaded
+//! input images at request time. The whole listing is rendered once per
+//! change of the uploads and kept with its gzip form and an `ETag` (the
+//! body's hash, so it changes with the plugins and the uploads too): a
+//! matching `If-None-Match` gets 304, `Accept-Encoding: gzip` the
+//! compressed bytes.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value as Json};
+
+use crate::api::AppState;
+use crate::api::error::ApiError;
+use crate::api::v2::Segment;
+use crate::service::job_files::JobInputs;
+
+/// The rendered listing and the uploads generation it was rendered at.
+pub struct Rendered {
+    generation: u64,
+    etag: HeaderValue,
+    json: Bytes,
+    gzip: Bytes,
+}
+
+/// The last rendered listing.
+#[derive(Default)]
+pub struct ObjectInfoCache(parking_lot::Mutex<Option<Arc<Rendered>>>);
+
+/// What LoadImage can list: the caller's uploaded input files.
+fn uploads(state: &AppState) -> Result<JobInputs, ApiError> {
+    let inputs = state.service.input_uploads(state.owner()).map_err(super::compat_error)?;
+    Ok(JobInputs::new(&inputs, state.service.blobs().clone()))
+}
+
+fn render(state: &AppState, generation: u64) -> Result<Rendered, ApiError> {
+    let files = uploads(state)?;
+    let mut all = Map::new();
+    for def in state.service.registry().definitions() {
+        all.insert(def.class_type.clone(), crate::object_info::node_info(def, &files));
+    }
+    let json = serde_json::to_vec(&Json::Object(all)).map_err(|e| ApiError::internal(&e))?;
+    let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(json.len() / 4), flate2::Compression::default());
+    gz.write_all(&json).map_err(|e| ApiError::internal(&e))?;
+    let gzip = gz.finish().map_err(|e| ApiError::internal(&e))?;
+    let etag = HeaderValue::from_str(&format!("\"{}\"", &blake3::hash(&json).to_hex()[..32])).map_err(|e| ApiError::internal(&e))?;
+    Ok(Rendered { generation, etag, json: json.into(), gzip: gzip.into() })
+}
+
+/// The current listing (rendered again when an upload happened since).
+fn current(state: &AppState) -> Result<Arc<Rendered>, ApiError> {
+    let generation = state.service.uploads_generation();
+    if let Some(r) = state.object_info.0.lock().as_ref().filter(|r| r.generation == generation) {
+        return Ok(r.clone());
+    }
+    let rendered = Arc::new(render(state, generation)?);
+    *state.object_info.0.lock() = Some(rendered.clone());
+    Ok(rendered)
+}
+
+/// Whether the client takes gzip (a `gzip` coding not refused with `q=0`).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers.get_all(header::ACCEPT_ENCODING).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|coding| {
+        let mut parts = coding.split(';').map(str::trim);
+        let name = parts.next().unwrap_or("");
+        let refused = parts.any(|p| p.strip_prefix("q=").is_some_and(|q| q.parse::<f32>().is_ok_and(|q| q <= 0.0)));
+        (name.eq_ignore_ascii_case("gzip") || name == "*") && !refused
+    })
+}
+
+fn matches_etag(headers: &HeaderMap, etag: &HeaderValue) -> bool {
+    let Some(given) = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) else { return false };
+    let ours = etag.to_str().unwrap_or("");
+    given.split(',').map(str::trim).any(|t| t == "*" || t == ours || t.strip_prefix("W/") == Some(ours))
+}
+
+pub async fn all(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let st = state.clone();
+    let rendered = tokio::task::spawn_blocking(move || current(&st)).await.map_err(|e| ApiError::internal(&e))??;
+    let mut builder = Response::builder().header(header::ETAG, rendered.etag.clone()).header(header::VARY, "Accept-Encoding");
+    if matches_etag(&headers, &rendered.etag) {
+        return builder.status(StatusCode::NOT_MODIFIED).body(Body::empty()).map_err(|e| ApiError::internal(&e));
+    }
+    builder = builder.header(header::CONTENT_TYPE, "application/json; charset=utf-8");
+    let body = if accepts_gzip(&headers) {
+        builder = builder.header(header::CONTENT_ENCODING, "gzip");
+        rendered.gzip.clone()
+    } else {
+        rendered.json.clone()
+    };
+    builder.body(Body::from(body)).map_err(|e| ApiError::internal(&e))
+}
+
+/// One class, or `{}` (200) for a class that does not exist, as ComfyUI answers.
+pub async fn one(State(state): State<Arc<AppState>>, Segment(class): Segment) -> Result<Response, ApiError> {
+    let mut out = Map::new();
+    if let Some((_, def)) = state.service.registry().get(&class) {
+        let files = uploads(&state)?;
+        out.insert(def.class_type.clone(), crate::object_info::node_info(def, &files));
+    }
+    Ok(axum::Json(Json::Object(out)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gzip_is_taken_unless_refused() {
+        let h = |v: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(header::ACCEPT_ENCODING, HeaderValue::from_str(v).unwrap());
+            m
+        };
+        assert!(accepts_gzip(&h("gzip, deflate, br")));
+        assert!(accepts_gzip(&h("br;q=1.0, GZIP;q=0.5")));
+        assert!(!accepts_gzip(&h("gzip;q=0")));
+        assert!(!accepts_gzip(&h("deflate")));
+        assert!(!accepts_gzip(&HeaderMap::new()));
+    }
+}

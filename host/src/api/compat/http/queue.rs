@@ -1,0 +1,51 @@
+//! `GET /api/queue` (ComfyUI's 5-element entries; every running job in
+//! `queue_running`, pending ones in queue order), `POST /api/queue`
+//! (`delete`: cancels the listed jobs, pending or running, as the spec
+//! says; `clear`: cancels every pending one) and `POST /api/interrupt`
+//! (`{"prompt_id"}`: that job if it runs; otherwise every running job).
+//! Edits answer 200 with an empty body.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::Response;
+use serde_json::{Value as Json_, json};
+
+use super::{blocking, compat_error, empty_ok, id_list, optional_object, queue_item};
+use crate::api::AppState;
+use crate::api::error::ApiError;
+
+pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Json_>, ApiError> {
+    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let (running, pending) = blocking(move || service.compat_queue(&owner)).await?;
+    Ok(Json(json!({
+        "queue_running": running.iter().map(queue_item).collect::<Vec<_>>(),
+        "queue_pending": pending.iter().map(queue_item).collect::<Vec<_>>(),
+    })))
+}
+
+pub async fn edit(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = optional_object(body, state.service.options().workflow_limits.max_bytes)?.unwrap_or_default();
+    let delete = id_list(body.get("delete"))?;
+    let clear = body.get("clear").and_then(Json_::as_bool).unwrap_or(false);
+    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    blocking(move || {
+        if clear {
+            service.clear_queue(&owner)?;
+        }
+        service.delete_from_queue(&owner, &delete)
+    })
+    .await?;
+    Ok(empty_ok())
+}
+
+pub async fn interrupt(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = optional_object(body, state.service.options().workflow_limits.max_bytes)?;
+    let id = body.as_ref().and_then(|b| b.get("prompt_id")).and_then(Json_::as_str).map(str::to_string);
+    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    tokio::task::spawn_blocking(move || service.interrupt(&owner, id.as_deref())).await.map_err(|e| ApiError::internal(&e))?.map_err(compat_error)?;
+    Ok(empty_ok())
+}
