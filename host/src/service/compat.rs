@@ -571,6 +571,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn job_states_map_to_the_specs_status_values() {
+        let with = |status: JobStatus, code: Option<&str>| {
+            let mut rec = JobRecord::queued_for_test("j", 0, 1);
+            rec.status = status;
+            rec.error = code.map(|c| crate::store::JobErrorRecord { code: c.into(), message: String::new(), node_id: None, class_type: None, traceback: None });
+            compat_status(&rec)
+        };
+        assert_eq!(with(JobStatus::Queued, None), "queued_waiting");
+        assert_eq!(with(JobStatus::Running, None), "preparing", "no node started yet");
+        assert_eq!(with(JobStatus::Canceling, None), "cancel_requested");
+        assert_eq!(with(JobStatus::Succeeded, None), "success");
+        assert_eq!(with(JobStatus::Canceled, None), "cancelled");
+        // The workflow's own failure cannot succeed on a retry; a crash, a
+        // timeout or a memory limit might; a restart cut the run off.
+        assert_eq!(with(JobStatus::Failed, Some("invalid_workflow")), "non_retryable_error");
+        assert_eq!(with(JobStatus::Failed, Some("node_execution_error")), "non_retryable_error");
+        for code in ["node_crashed", "node_timeout", "node_out_of_memory", "job_out_of_memory", "internal_error"] {
+            assert_eq!(with(JobStatus::Failed, Some(code)), "error", "{code}");
+        }
+        assert_eq!(with(JobStatus::Failed, Some("interrupted")), "lost");
+    }
+
+    #[test]
     fn load_image_names_may_carry_their_type() {
         assert_eq!(annotated("a.png"), ("input", "a.png"));
         assert_eq!(annotated("sub/a.png [temp]"), ("temp", "sub/a.png"));
