@@ -10,103 +10,17 @@
 //! every job runs. A machine probe is printed first and last (compare runs
 //! whose probes agree).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Server, get_rate, machine_probe, raise_fd_limit, rss_kib, start_with};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-struct Server {
-    child: Child,
-    /// `http://127.0.0.1:PORT`
-    base: String,
-    _data: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start() -> Server {
-    let data = tempfile::tempdir().unwrap();
-    let server = std::env::var_os("KILN_BENCH_SERVER").unwrap_or_else(|| env!("CARGO_BIN_EXE_kiln").into());
-    let mut child = Command::new(server)
-        .args(["serve", "--port", "0", "--data-dir"])
-        .arg(data.path())
-        .env("KILN_RESULT_CACHE_MB", "0")
-        .env("KILN_MAX_QUEUED_JOBS", "100000")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kiln serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let base = line.trim().strip_prefix("kiln listening on ").expect("listening line").to_string();
-    Server { child, base, _data: data }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0)
-}
-
-fn raise_fd_limit() {
-    // SAFETY: plain getrlimit/setrlimit on a local struct.
-    unsafe {
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max.min(65536);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
-/// Single-thread hashing time of 64 MiB: how fast the VM runs right now.
-fn machine_probe() -> String {
-    let data = vec![7u8; 64 << 20];
-    let started = Instant::now();
-    let _ = std::hint::black_box(blake3::hash(&data));
-    format!("machine probe: blake3 of 64 MiB in {:.1} ms", started.elapsed().as_secs_f64() * 1e3)
-}
-
-/// GETs of `url` with 64 connections for 5 s: requests/s (and wrk's figure).
-async fn get_rate(http: &reqwest::Client, url: &str, what: &str) {
-    let count = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let t0 = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..64 {
-        let (http, url, count, stop) = (http.clone(), url.to_string(), count.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let r = http.get(&url).send().await.unwrap();
-                assert_eq!(r.status(), 200);
-                r.bytes().await.unwrap();
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    println!("{what}, 64 connections, in-process reqwest: {:.0} req/s", count.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64());
-    match Command::new("wrk").args(["-t1", "-c64", "-d5s", url]).output() {
-        Ok(out) if out.status.success() => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            let rate = text.lines().find_map(|l| l.strip_prefix("Requests/sec:")).map(str::trim).unwrap_or("?");
-            println!("{what}, 64 connections, wrk -t1: {rate} req/s");
-        }
-        _ => println!("{what} with wrk: skipped (wrk not installed)"),
-    }
+    start_with(&[])
 }
 
 fn chain(n: usize) -> Value {

@@ -265,6 +265,20 @@ fn gradient_png() -> Vec<u8> {
     out
 }
 
+/// Starts `kiln serve`, writes the test input, and runs `client` with
+/// `HOST:PORT INPUT.png`: the server, the client's JSON report, and the
+/// data dir (to keep).
+fn run_client(mut client: Command) -> (Kiln, Value, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    let kiln = spawn(data.path(), &[], &[]);
+    let input = data.path().join("input.png");
+    std::fs::write(&input, gradient_png()).unwrap();
+    let host = kiln.base.strip_prefix("http://").unwrap().to_string();
+    let out = client.arg(&host).arg(&input).output().unwrap();
+    assert!(out.status.success(), "client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (kiln, serde_json::from_slice(out.stdout.trim_ascii()).unwrap(), data)
+}
+
 /// A real ComfyUI client's run: the server's record of the job and the
 /// output the job stored, fetched over `/api/v2` (a prompt is a job).
 async fn v2_output(base: &str, prompt_id: &str) -> Vec<u8> {
@@ -289,14 +303,9 @@ async fn the_stable_canvas_js_client_runs_a_workflow() {
         eprintln!("SKIPPED: run `npm ci --prefix tests/clients/node` (CI does)");
         return;
     }
-    let data = tempfile::tempdir().unwrap();
-    let kiln = spawn(data.path(), &[], &[]);
-    let input = data.path().join("input.png");
-    std::fs::write(&input, gradient_png()).unwrap();
-    let host = kiln.base.strip_prefix("http://").unwrap().to_string();
-    let out = Command::new("node").arg(dir.join("comfyui_client_e2e.mjs")).arg(&host).arg(&input).output().unwrap();
-    assert!(out.status.success(), "node client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let report: Value = serde_json::from_slice(out.stdout.trim_ascii()).unwrap();
+    let mut client = Command::new("node");
+    client.arg(dir.join("comfyui_client_e2e.mjs"));
+    let (kiln, report, _data) = run_client(client);
     let prompt_id = report["prompt_id"].as_str().unwrap();
     assert_eq!(report["uploaded"]["type"], "input", "{report}");
     let types: Vec<&str> = report["events"].as_array().unwrap().iter().filter(|e| e["prompt_id"] == prompt_id).filter_map(|e| e["type"].as_str()).collect();
@@ -319,15 +328,9 @@ async fn a_websocket_api_example_client_runs_a_workflow() {
         eprintln!("SKIPPED: websocket-client is not installed for {python}");
         return;
     }
-    let data = tempfile::tempdir().unwrap();
-    let kiln = spawn(data.path(), &[], &[]);
-    let input = data.path().join("input.png");
-    std::fs::write(&input, gradient_png()).unwrap();
-    let host = kiln.base.strip_prefix("http://").unwrap().to_string();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/python/websocket_api_example.py");
-    let out = Command::new(&python).arg(script).arg(&host).arg(&input).output().unwrap();
-    assert!(out.status.success(), "python client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let report: Value = serde_json::from_slice(out.stdout.trim_ascii()).unwrap();
+    let mut client = Command::new(&python);
+    client.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/python/websocket_api_example.py"));
+    let (kiln, report, _data) = run_client(client);
     let prompt_id = report["prompt_id"].as_str().unwrap();
     let messages: Vec<&str> = report["messages"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     assert_eq!(messages.first(), Some(&"execution_start"), "{messages:?}");

@@ -19,7 +19,7 @@ use axum::extract::{Query, State};
 use axum::response::Response;
 use serde_json::{Map, Value as Json_, json};
 
-use super::{blocking, empty_ok, id_list, millis, optional_object, queue_item};
+use super::{blocking, delete_or_clear, empty_ok, millis, queue_item};
 use crate::api::AppState;
 use crate::api::error::ApiError;
 use crate::api::v2::Segment;
@@ -141,9 +141,7 @@ pub async fn one(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Re
 }
 
 pub async fn edit(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let body = optional_object(body, state.service.options().workflow_limits.max_bytes)?.unwrap_or_default();
-    let delete = id_list(body.get("delete"))?;
-    let clear = body.get("clear").and_then(Json_::as_bool).unwrap_or(false);
+    let (delete, clear) = delete_or_clear(&state, body)?;
     let (service, owner) = (state.service.clone(), state.owner().to_string());
     blocking(move || {
         if clear {

@@ -120,6 +120,15 @@ fn body_error(e: BytesRejection, limit: usize) -> ApiError {
 
 /// A list of prompt ids from a body field (`delete`): strings only, each
 /// bounded (the body limit bounds how many).
+/// The body of `POST /queue` and `POST /history`: `{"delete": [ids]}`
+/// and/or `{"clear": true}` (an empty body is neither).
+pub(super) fn delete_or_clear(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(Vec<String>, bool), ApiError> {
+    let body = optional_object(body, state.service.options().workflow_limits.max_bytes)?.unwrap_or_default();
+    let delete = id_list(body.get("delete"))?;
+    let clear = body.get("clear").and_then(Json::as_bool).unwrap_or(false);
+    Ok((delete, clear))
+}
+
 pub(super) fn id_list(value: Option<&Json>) -> Result<Vec<String>, ApiError> {
     match value {
         None | Some(Json::Null) => Ok(Vec::new()),

@@ -14,7 +14,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
 use serde_json::{Value as Json_, json};
 
-use super::{blocking, compat_error, empty_ok, id_list, optional_object, queue_item};
+use super::{blocking, compat_error, delete_or_clear, empty_ok, optional_object, queue_item};
 use crate::api::AppState;
 use crate::api::error::ApiError;
 
@@ -28,9 +28,7 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Json_>, Api
 }
 
 pub async fn edit(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let body = optional_object(body, state.service.options().workflow_limits.max_bytes)?.unwrap_or_default();
-    let delete = id_list(body.get("delete"))?;
-    let clear = body.get("clear").and_then(Json_::as_bool).unwrap_or(false);
+    let (delete, clear) = delete_or_clear(&state, body)?;
     let (service, owner) = (state.service.clone(), state.owner().to_string());
     blocking(move || {
         if clear {
