@@ -20,6 +20,10 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on the Jobs API.
     #[arg(long, env = "KILN_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Serve the ComfyUI web frontend from DIR at `/` (the `static/`
+    /// directory of PyPI's `comfyui-frontend-package`).
+    #[arg(long, value_name = "DIR")]
+    pub front_end_root: Option<PathBuf>,
 }
 
 pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
@@ -31,6 +35,9 @@ pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
     }
     if let Some(d) = args.data_dir {
         config.data_dir = d;
+    }
+    if let Some(root) = args.front_end_root {
+        config.front_end_root = Some(root);
     }
     if args.token.is_some() {
         config.token = args.token;
