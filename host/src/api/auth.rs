@@ -42,7 +42,7 @@ pub fn check(state: &AppState, request: &Request) -> Result<(), ApiError> {
 
 /// The first segments of the compatibility API's HTTP routes (each also
 /// under `/api`; `job` and `jobs` only there).
-const COMPAT_ROUTES: [&str; 22] = [
+const COMPAT_ROUTES: [&str; 23] = [
     "prompt",
     "queue",
     "interrupt",
@@ -65,6 +65,7 @@ const COMPAT_ROUTES: [&str; 22] = [
     "global_subgraphs",
     "node_replacements",
     "view_metadata",
+    "internal",
 ];
 
 /// Whether `path` (below the mount prefix) is one of the compatibility

@@ -134,6 +134,8 @@ async fn the_frontend_is_served_with_its_policy() {
         assert_eq!(get(&server, path).await, (200, body.to_string()), "{path}");
     }
     assert_eq!(get(&server, "/api/view_metadata/checkpoints?filename=x.safetensors").await.0, 404);
+    assert_eq!(get(&server, "/internal/files/input").await, (200, "[]".to_string()));
+    assert_eq!(get(&server, "/internal/files/elsewhere").await.0, 400);
     server.shutdown().await;
     // Without a front end, `/` is the API's 404.
     let bare = start_default().await;

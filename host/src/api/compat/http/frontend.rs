@@ -112,7 +112,7 @@ impl Frontend {
 pub fn policy(index: &str) -> String {
     let hashes = |tag: &str| inline_elements(index, tag).iter().map(|body| format!(" 'sha256-{}'", sha256_base64(body))).collect::<String>();
     format!(
-        "default-src 'self'; script-src 'self'{scripts}; style-src 'self'{styles}; style-src-elem 'self'{styles}; style-src-attr 'unsafe-inline'; \
+        "default-src 'self'; script-src 'self' 'wasm-unsafe-eval'{scripts}; style-src 'self'{styles}; style-src-elem 'self'{styles}; style-src-attr 'unsafe-inline'; \
          img-src 'self' blob: data:; media-src 'self' blob: data:; font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; \
          manifest-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'self'",
         scripts = hashes("script"),

@@ -73,6 +73,7 @@ pub fn routes(state: Arc<AppState>) -> Router {
             .route(&at("/global_subgraphs"), get(system::empty_object))
             .route(&at("/node_replacements"), get(system::empty_object))
             .route(&at("/view_metadata/{folder}"), get(system::no_metadata))
+            .route(&at("/internal/files/{kind}"), get(object_info::files))
             .route(&at("/free"), post(system::free));
     }
     let api = |path: &str| format!("{prefix}/api{path}");
