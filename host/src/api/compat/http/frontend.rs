@@ -26,6 +26,10 @@ use tower_http::services::ServeDir;
 
 use crate::api::error::ApiError;
 
+/// The `comfyui-frontend-package` release kiln is tested with (the one
+/// `kiln serve --fetch-front-end` and `.ci/run` download).
+pub const FRONT_END_VERSION: &str = "1.58.1";
+
 /// Largest `index.html` read at start (the 1.58 one is 20 KiB).
 const MAX_INDEX_BYTES: u64 = 4 << 20;
 
