@@ -24,6 +24,10 @@ pub struct ServeArgs {
     /// directory of PyPI's `comfyui-frontend-package`).
     #[arg(long, value_name = "DIR")]
     pub front_end_root: Option<PathBuf>,
+    /// Fetch the ComfyUI web frontend from PyPI into the data directory
+    /// (once; needs python3 with pip) and serve it at `/`.
+    #[arg(long, conflicts_with = "front_end_root")]
+    pub fetch_front_end: bool,
 }
 
 pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
@@ -41,6 +45,11 @@ pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
     }
     if args.token.is_some() {
         config.token = args.token;
+    }
+    if args.fetch_front_end {
+        let data_dir = config.data_dir.clone();
+        let root = tokio::task::spawn_blocking(move || super::front_end::ensure(&data_dir, super::front_end::FRONT_END_VERSION)).await??;
+        config.front_end_root = Some(root);
     }
     let server = Server::start(config).await?;
     println!("kiln listening on {}", server.url());

@@ -9,7 +9,7 @@ mod http;
 mod ws;
 
 pub use http::ObjectInfoCache;
-pub use http::frontend::{Frontend, FrontendError};
+pub use http::frontend::{FRONT_END_VERSION, Frontend, FrontendError};
 
 use std::sync::Arc;
 

@@ -9,8 +9,10 @@
 //! telemetry and model files from other hosts — while allowing what the UI
 //! needs: its scripts and styles from here, `index.html`'s inline
 //! `<script>` and `<style>` elements by their sha256 (computed from the
-//! served file at start), `blob:`/`data:` images, media and fonts, and
-//! workers from here or `blob:`. Styles set through `style` attributes are
+//! served file at start), WebAssembly compilation (`'wasm-unsafe-eval'`:
+//! not JavaScript's `eval`), `blob:`/`data:` images, media and fonts, and
+//! workers from here or `blob:`. One `<style>` element the frontend adds at
+//! run time is refused (reported on the console; the UI is unaffected). Styles set through `style` attributes are
 //! allowed (`style-src-attr 'unsafe-inline'`: PrimeVue and LiteGraph
 //! position every element that way; an attribute cannot run code).
 
@@ -164,7 +166,7 @@ mod tests {
         assert_eq!(inline_elements(html, "script"), ["go()"]);
         assert_eq!(inline_elements(html, "style"), ["a{}", "b{}"]);
         let csp = policy(html);
-        assert!(csp.contains(&format!("script-src 'self' 'sha256-{}';", sha256_base64("go()"))), "{csp}");
+        assert!(csp.contains(&format!("script-src 'self' 'wasm-unsafe-eval' 'sha256-{}';", sha256_base64("go()"))), "{csp}");
         assert!(csp.contains(&format!("style-src 'self' 'sha256-{}' 'sha256-{}';", sha256_base64("a{}"), sha256_base64("b{}"))), "{csp}");
         assert!(!csp.contains("script-src 'self' 'unsafe-inline'") && csp.contains("connect-src 'self';"), "{csp}");
         // The well-known digest of an empty string.
