@@ -31,7 +31,7 @@ from playwright.sync_api import sync_playwright
 
 BASE, WORKFLOW, ARTIFACTS = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-DEADLINE = time.monotonic() + 90
+DEADLINE = time.monotonic() + 150
 # A loopback port nothing listens on (the discard port).
 DEAD = "http://127.0.0.1:9"
 
@@ -178,7 +178,7 @@ with sync_playwright() as pw:
         page.keyboard.press("Escape")
         time.sleep(0.2)
     chooser = None
-    for _ in range(5):
+    for _ in range(10):
         try:
             with page.expect_file_chooser(timeout=2_000) as opened:
                 page.mouse.move(x, y)
@@ -190,14 +190,14 @@ with sync_playwright() as pw:
         except Exception:  # the canvas may still be settling: press again
             pass
     assert chooser is not None, "the upload button opened no file chooser"
-    with page.expect_response(lambda r: "/upload/image" in r.url, timeout=10_000) as upload:
+    with page.expect_response(lambda r: "/upload/image" in r.url, timeout=30_000) as upload:
         chooser.set_files(input_png)
     assert upload.value.status == 200, f"upload answered {upload.value.status}"
     uploaded = upload.value.json()["name"]
     wait(page, f"() => app.graph.nodes.find(n => n.type === 'LoadImage').widgets[0].value === {uploaded!r}", "the uploaded image selected")
 
     step("queue with the Run button")
-    with page.expect_response(lambda r: r.url.endswith("/api/prompt") and r.request.method == "POST", timeout=10_000) as queued:
+    with page.expect_response(lambda r: r.url.endswith("/api/prompt") and r.request.method == "POST", timeout=30_000) as queued:
         page.get_by_role("button", name="Run", exact=True).click()
     assert queued.value.status == 200, f"POST /api/prompt answered {queued.value.status}: {queued.value.text()}"
     prompt_id = queued.value.json()["prompt_id"]
@@ -219,15 +219,15 @@ with sync_playwright() as pw:
     output_name = page.evaluate("(src) => new URL(src).searchParams.get('filename')", src)
     # A finished job is listed under its output's name (a running one under
     # its progress); "0 active" says nothing is left running.
-    for _ in range(5):
+    for _ in range(10):
         page.get_by_role("button", name="Expand job queue").click()
         try:
             page.get_by_text("Job Queue", exact=True).wait_for(timeout=2_000)
             break
         except Exception:  # the toggle raced a re-render: press again
             pass
-    page.get_by_text(output_name, exact=True).first.wait_for(timeout=10_000)
-    page.get_by_text("0 active", exact=False).first.wait_for(timeout=10_000)
+    page.get_by_text(output_name, exact=True).first.wait_for(timeout=30_000)
+    page.get_by_text("0 active", exact=False).first.wait_for(timeout=30_000)
     page.screenshot(path=os.path.join(ARTIFACTS, "queue.png"))
     history = page.evaluate(f"() => fetch('/api/jobs/{prompt_id}').then(r => r.json())")
     assert history.get("status") == "completed", history
@@ -263,10 +263,10 @@ with sync_playwright() as pw:
     step("node library")
     page.get_by_role("button", name="Node Library (n)").click()
     for category in ["image", "mask", "utils"]:
-        page.get_by_text(category, exact=True).first.wait_for(timeout=10_000)
+        page.get_by_text(category, exact=True).first.wait_for(timeout=30_000)
     page.get_by_text("image", exact=True).first.click()
     for node in ["Load Image", "Invert Image", "Save Image"]:
-        page.get_by_text(node, exact=True).first.wait_for(timeout=10_000)
+        page.get_by_text(node, exact=True).first.wait_for(timeout=30_000)
     page.screenshot(path=os.path.join(ARTIFACTS, "node-library.png"))
     browser.close()
 
