@@ -341,7 +341,7 @@ async fn a_websocket_api_example_client_runs_a_workflow() {
 }
 
 /// The official ComfyUI web frontend (PyPI's `comfyui-frontend-package`,
-/// `KILN_FRONT_END_ROOT` naming its `static/` directory) served by `kiln
+/// `KILN_TEST_FRONT_END` naming its `static/` directory) served by `kiln
 /// serve --front-end-root`, driven in headless Chromium by Playwright for
 /// Python (`KILN_BROWSER_PYTHON`, Chromium at `CHROMIUM`, default
 /// `/usr/bin/chromium`): it loads, opens a UI-format workflow, uploads an
@@ -351,12 +351,12 @@ async fn a_websocket_api_example_client_runs_a_workflow() {
 fn the_official_frontend_runs_a_workflow_in_a_real_browser() {
     let python = std::env::var("KILN_BROWSER_PYTHON").unwrap_or_else(|_| "python3".into());
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    let root = std::env::var_os("KILN_FRONT_END_ROOT").map(std::path::PathBuf::from);
+    let root = std::env::var_os("KILN_TEST_FRONT_END").map(std::path::PathBuf::from);
     let has_playwright = Command::new(&python).args(["-c", "import playwright"]).status().is_ok_and(|s| s.success());
     let missing: Vec<&str> = [
         (!has_playwright).then_some("Playwright for Python (KILN_BROWSER_PYTHON)"),
         (!Path::new(&chromium).exists()).then_some("Chromium (CHROMIUM)"),
-        (!root.as_ref().is_some_and(|r| r.join("index.html").is_file())).then_some("the frontend's static/ directory (KILN_FRONT_END_ROOT)"),
+        (!root.as_ref().is_some_and(|r| r.join("index.html").is_file())).then_some("the frontend's static/ directory (KILN_TEST_FRONT_END)"),
     ]
     .into_iter()
     .flatten()
