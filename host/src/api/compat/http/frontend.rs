@@ -12,7 +12,8 @@
 //! served file at start), WebAssembly compilation (`'wasm-unsafe-eval'`:
 //! not JavaScript's `eval`), `blob:`/`data:` images, media and fonts, and
 //! workers from here or `blob:`. One `<style>` element the frontend adds at
-//! run time is refused (reported on the console; the UI is unaffected). Styles set through `style` attributes are
+//! run time is refused (a console error): the `.draggable-item` rules of its
+//! drag-to-reorder lists, whose only effect is the reorder animation. Styles set through `style` attributes are
 //! allowed (`style-src-attr 'unsafe-inline'`: PrimeVue and LiteGraph
 //! position every element that way; an attribute cannot run code).
 
