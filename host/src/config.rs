@@ -165,6 +165,22 @@ pub struct Config {
     /// Build absolute URLs from `X-Forwarded-Proto`/`X-Forwarded-Host`
     /// (only behind a trusted proxy). Default false.
     pub trust_forwarded_headers: bool,
+    /// A built ComfyUI web frontend (the `static/` directory of PyPI's
+    /// `comfyui-frontend-package`) to serve at `/`, with a
+    /// Content-Security-Policy that keeps the browser on this server.
+    /// Default: none (`/` answers 404).
+    pub front_end_root: Option<PathBuf>,
+    /// Largest file the frontend may keep under `/api/userdata` (a saved
+    /// workflow), KiB. Default 16384.
+    pub max_userdata_file_kb: u64,
+    /// All of a user's `/api/userdata` files together, MiB. Default 1024.
+    pub max_userdata_mb: u64,
+    /// Most `/api/userdata` files per user (also bounds a listing).
+    /// Default 10000.
+    pub max_userdata_files: usize,
+    /// Largest settings document (`/api/settings`, serialized), KiB.
+    /// Default 1024 (the frontend's settings take a few KiB).
+    pub max_settings_kb: usize,
 }
 
 impl Default for Config {
@@ -210,6 +226,11 @@ impl Default for Config {
             signed_url_ttl_s: 3600,
             sse_keepalive_s: 15,
             trust_forwarded_headers: false,
+            front_end_root: None,
+            max_userdata_file_kb: 16 * 1024,
+            max_userdata_mb: 1024,
+            max_userdata_files: 10_000,
+            max_settings_kb: 1024,
         }
     }
 }
@@ -254,6 +275,16 @@ impl Config {
     /// Bounds on a workflow's size.
     pub fn workflow_limits(&self) -> crate::workflow::WorkflowLimits {
         crate::workflow::WorkflowLimits { max_nodes: self.max_workflow_nodes.max(1), max_bytes: self.max_workflow_kb.saturating_mul(1024).max(1024) }
+    }
+
+    /// What the frontend's user may keep (`/api/userdata`, `/api/settings`).
+    pub fn user_file_limits(&self) -> crate::service::user_files::UserFileLimits {
+        crate::service::user_files::UserFileLimits {
+            file_bytes: self.max_userdata_file_kb.saturating_mul(1024),
+            total_bytes: self.max_userdata_mb.saturating_mul(1 << 20),
+            max_files: self.max_userdata_files,
+            settings_bytes: self.max_settings_kb.saturating_mul(1024),
+        }
     }
 
     /// What one job may consume.
@@ -337,6 +368,11 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "signed_url_ttl_s",
         "sse_keepalive_s",
         "trust_forwarded_headers",
+        "front_end_root",
+        "max_userdata_file_kb",
+        "max_userdata_mb",
+        "max_userdata_files",
+        "max_settings_kb",
     ];
     for (var, value) in vars {
         let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };
@@ -345,7 +381,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         }
         let parsed = match field.as_str() {
             "plugin_dirs" | "secret_plugins" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
-            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" => toml::Value::String(value),
+            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" => toml::Value::String(value),
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),

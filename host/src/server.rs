@@ -48,7 +48,8 @@ impl Server {
     fn serve(config: Config, service: Arc<Service>, listener: tokio::net::TcpListener) -> anyhow::Result<Server> {
         let addr = listener.local_addr()?;
         let signer = api::signing::Signer::load_or_create(&config.data_dir).context("signing key")?;
-        let state = AppState::new(service, config, signer, addr);
+        let frontend = config.front_end_root.as_deref().map(api::compat::Frontend::load).transpose()?;
+        let state = AppState::new(service, config, signer, addr, frontend);
         let closing = state.closing.clone();
         let router = api::router(state.clone());
         let task = tokio::spawn(api::serve(listener, router, async move { closing.cancelled().await }));

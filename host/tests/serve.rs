@@ -342,3 +342,54 @@ async fn a_websocket_api_example_client_runs_a_workflow() {
     let downloaded = base64::engine::general_purpose::STANDARD.decode(images[0].as_str().unwrap()).unwrap();
     assert_eq!(downloaded, v2_output(&kiln.base, prompt_id).await);
 }
+
+/// The official ComfyUI web frontend (PyPI's `comfyui-frontend-package`,
+/// `KILN_TEST_FRONT_END` naming its `static/` directory) served by `kiln
+/// serve --front-end-root`, driven in headless Chromium by Playwright for
+/// Python (`KILN_BROWSER_PYTHON`, Chromium at `CHROMIUM`, default
+/// `/usr/bin/chromium`): it loads, opens a UI-format workflow, uploads an
+/// image, runs, and shows the output (`tests/browser/comfyui_frontend.py`).
+/// CI installs all three (`.ci/run`); elsewhere the test skips without them.
+#[test]
+fn the_official_frontend_runs_a_workflow_in_a_real_browser() {
+    let python = std::env::var("KILN_BROWSER_PYTHON").unwrap_or_else(|_| "python3".into());
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let root = std::env::var_os("KILN_TEST_FRONT_END").map(std::path::PathBuf::from);
+    let has_playwright = Command::new(&python).args(["-c", "import playwright"]).status().is_ok_and(|s| s.success());
+    let missing: Vec<&str> = [
+        (!has_playwright).then_some("Playwright for Python (KILN_BROWSER_PYTHON)"),
+        (!Path::new(&chromium).exists()).then_some("Chromium (CHROMIUM)"),
+        (!root.as_ref().is_some_and(|r| r.join("index.html").is_file())).then_some("the frontend's static/ directory (KILN_TEST_FRONT_END)"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !missing.is_empty() {
+        assert!(std::env::var_os("CI").is_none(), "CI must provide {missing:?} (.ci/run installs them)");
+        eprintln!("SKIPPED: missing {missing:?}; .ci/run installs them");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let root = root.unwrap();
+    let kiln = spawn(data.path(), &[], &["--front-end-root", root.to_str().unwrap()]);
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser-frontend");
+    let _ = std::fs::remove_dir_all(&artifacts);
+    let started = std::time::Instant::now();
+    let out = Command::new(&python)
+        .arg(here.join("../tests/browser/comfyui_frontend.py"))
+        .arg(&kiln.base)
+        .arg(here.join("../tests/fixtures/ui-workflow.json"))
+        .arg(&artifacts)
+        .env("CHROMIUM", &chromium)
+        .output()
+        .expect("python runs");
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("{log}");
+    eprintln!("browser test took {:.1}s; screenshots in {}", started.elapsed().as_secs_f64(), artifacts.display());
+    assert!(out.status.success(), "the browser test failed:\n{log}");
+    assert!(artifacts.join("final.png").is_file());
+    // Saved with the UI: the settings it wrote are in the data directory.
+    let settings = std::fs::read_to_string(data.path().join("users/default/comfy.settings.json")).unwrap();
+    assert!(settings.contains("Comfy.InstalledVersion"), "{settings}");
+}

@@ -42,7 +42,7 @@ pub fn check(state: &AppState, request: &Request) -> Result<(), ApiError> {
 
 /// The first segments of the compatibility API's HTTP routes (each also
 /// under `/api`; `job` and `jobs` only there).
-const COMPAT_ROUTES: [&str; 15] = [
+const COMPAT_ROUTES: [&str; 23] = [
     "prompt",
     "queue",
     "interrupt",
@@ -58,6 +58,14 @@ const COMPAT_ROUTES: [&str; 15] = [
     "models",
     "users",
     "settings",
+    "userdata",
+    "i18n",
+    "experiment",
+    "workflow_templates",
+    "global_subgraphs",
+    "node_replacements",
+    "view_metadata",
+    "internal",
 ];
 
 /// Whether `path` (below the mount prefix) is one of the compatibility

@@ -47,6 +47,10 @@ pub struct AppState {
     pub rendered: parking_lot::Mutex<RenderedJobs>,
     /// The compatibility API's rendered `object_info` listing.
     pub object_info: compat::ObjectInfoCache,
+    /// The web frontend's settings and files, in the data directory.
+    pub user_files: crate::service::user_files::UserFiles,
+    /// The web frontend served at `/`, when `front_end_root` is set.
+    pub frontend: Option<compat::Frontend>,
 }
 
 /// Rendered job bodies by job id: the record they were rendered from
@@ -54,10 +58,13 @@ pub struct AppState {
 pub type RenderedJobs = lru::LruCache<String, (Arc<crate::store::JobRecord>, String, axum::body::Bytes)>;
 
 impl AppState {
-    pub fn new(service: Arc<Service>, mut config: Config, signer: signing::Signer, local: SocketAddr) -> Arc<AppState> {
+    pub fn new(service: Arc<Service>, mut config: Config, signer: signing::Signer, local: SocketAddr, frontend: Option<compat::Frontend>) -> Arc<AppState> {
         config.mount_prefix = normalize_prefix(&config.mount_prefix);
         let token_hash = config.token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
+        let user_files = crate::service::user_files::UserFiles::new(&config.data_dir, config.user_file_limits());
         Arc::new(AppState {
+            user_files,
+            frontend,
             api_base: format!("{}/api/v2", config.mount_prefix).into(),
             service,
             config,
@@ -97,7 +104,10 @@ pub fn check_mount_prefix(prefix: &str) -> Result<(), String> {
 pub fn router(state: Arc<AppState>) -> Router {
     v2::routes(&state.api_base, state.clone())
         .merge(compat::routes(state.clone()))
-        .fallback(|| async { error::ApiError::not_found().into_response() })
+        .fallback({
+            let state = state.clone();
+            move |request| compat::static_file(state.clone(), request)
+        })
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
         .layer(axum::middleware::from_fn_with_state(state, edge))
 }

@@ -55,7 +55,7 @@ impl App {
         let executor = Arc::new(Executor::new(test_support::runtime().clone(), registry.clone(), 16 << 20, 1));
         let service = runtime.block_on(Service::start(options, &config.data_dir, registry, executor)).unwrap();
         let signer = Signer::load_or_create(&config.data_dir).unwrap();
-        let state = AppState::new(service, config, signer, "127.0.0.1:8188".parse().unwrap());
+        let state = AppState::new(service, config, signer, "127.0.0.1:8188".parse().unwrap(), None);
         App { router: super::router(state.clone()), runtime, state, _data: data }
     }
 

@@ -1,5 +1,6 @@
 //! The `kiln` command line: argument parsing and the subcommands.
 
+mod front_end;
 mod run;
 mod serve;
 

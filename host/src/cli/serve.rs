@@ -20,6 +20,14 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on the Jobs API.
     #[arg(long, env = "KILN_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Serve the ComfyUI web frontend from DIR at `/` (the `static/`
+    /// directory of PyPI's `comfyui-frontend-package`).
+    #[arg(long, value_name = "DIR")]
+    pub front_end_root: Option<PathBuf>,
+    /// Fetch the ComfyUI web frontend from PyPI into the data directory
+    /// (once; needs python3 with pip) and serve it at `/`.
+    #[arg(long, conflicts_with = "front_end_root")]
+    pub fetch_front_end: bool,
 }
 
 pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
@@ -32,8 +40,16 @@ pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
     if let Some(d) = args.data_dir {
         config.data_dir = d;
     }
+    if let Some(root) = args.front_end_root {
+        config.front_end_root = Some(root);
+    }
     if args.token.is_some() {
         config.token = args.token;
+    }
+    if args.fetch_front_end {
+        let data_dir = config.data_dir.clone();
+        let root = tokio::task::spawn_blocking(move || super::front_end::ensure(&data_dir, super::front_end::FRONT_END_VERSION)).await??;
+        config.front_end_root = Some(root);
     }
     let server = Server::start(config).await?;
     println!("kiln listening on {}", server.url());

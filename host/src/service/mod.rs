@@ -15,6 +15,7 @@ mod live;
 mod preview;
 mod retention;
 pub mod submit;
+pub mod user_files;
 mod worker;
 
 use std::collections::{HashMap, VecDeque};

@@ -2,5 +2,6 @@
 //! and WebSocket connections on loopback, checked against the reference
 //! captures in `tests/fixtures/comfyui/captures/`.
 
+mod frontend;
 mod http;
 mod ws;

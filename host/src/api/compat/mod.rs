@@ -9,6 +9,7 @@ mod http;
 mod ws;
 
 pub use http::ObjectInfoCache;
+pub use http::frontend::{FRONT_END_VERSION, Frontend, FrontendError};
 
 use std::sync::Arc;
 
@@ -19,4 +20,20 @@ use super::AppState;
 /// The compatibility surface's routes, under the mount prefix.
 pub fn routes(state: Arc<AppState>) -> Router {
     http::routes(state.clone()).merge(ws::routes(state))
+}
+
+/// What no route answers: a file of the web frontend when one is served
+/// (`GET`/`HEAD` under the mount prefix), else the API's 404.
+pub async fn static_file(state: Arc<AppState>, request: axum::extract::Request) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let not_found = || super::error::ApiError::not_found().into_response();
+    let Some(frontend) = &state.frontend else { return not_found() };
+    if !matches!(*request.method(), axum::http::Method::GET | axum::http::Method::HEAD) {
+        return not_found();
+    }
+    let path = request.uri().path().to_string();
+    match path.strip_prefix(state.config.mount_prefix.as_str()) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => frontend.file(rest, request).await,
+        _ => not_found(),
+    }
 }

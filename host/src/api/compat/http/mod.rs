@@ -7,6 +7,7 @@
 //! 401, 404, 429, 500); `POST /api/prompt`'s validation failures and
 //! `/api/jobs`' errors have ComfyUI's own bodies.
 
+pub mod frontend;
 mod history;
 mod jobs;
 mod object_info;
@@ -14,6 +15,7 @@ mod prompt;
 mod queue;
 mod system;
 mod upload;
+mod userdata;
 mod view;
 
 use std::sync::Arc;
@@ -38,7 +40,8 @@ pub use object_info::ObjectInfoCache;
 pub fn routes(state: Arc<AppState>) -> Router {
     let prefix = state.config.mount_prefix.clone();
     let upload_limit = (state.service.options().max_upload_bytes as usize).saturating_add(1 << 20);
-    let json_limit = state.service.options().workflow_limits.max_bytes;
+    let json_limit = state.service.options().workflow_limits.max_bytes.max(state.user_files.limits().settings_bytes);
+    let userdata_limit = usize::try_from(state.user_files.limits().file_bytes).unwrap_or(usize::MAX);
     let mut router = Router::new();
     for base in [format!("{prefix}/api"), prefix.clone()] {
         let at = |path: &str| format!("{base}{path}");
@@ -59,8 +62,18 @@ pub fn routes(state: Arc<AppState>) -> Router {
             .route(&at("/embeddings"), get(system::empty_list))
             .route(&at("/models"), get(system::empty_list))
             .route(&at("/users"), get(system::users))
-            .route(&at("/settings"), get(system::settings))
-            .route(&at("/settings/{id}"), get(system::setting))
+            .route(&at("/settings"), get(userdata::settings).post(userdata::set_many))
+            .route(&at("/settings/{id}"), get(userdata::setting).post(userdata::set_one))
+            .route(&at("/userdata"), get(userdata::list))
+            .route(&at("/userdata/{file}"), get(userdata::read).post(userdata::write).delete(userdata::delete).layer(DefaultBodyLimit::max(userdata_limit)))
+            .route(&at("/userdata/{file}/move/{dest}"), post(userdata::rename))
+            .route(&at("/i18n"), get(system::empty_object))
+            .route(&at("/experiment/models"), get(system::empty_list))
+            .route(&at("/workflow_templates"), get(system::empty_object))
+            .route(&at("/global_subgraphs"), get(system::empty_object))
+            .route(&at("/node_replacements"), get(system::empty_object))
+            .route(&at("/view_metadata/{folder}"), get(system::no_metadata))
+            .route(&at("/internal/files/{kind}"), get(object_info::files))
             .route(&at("/free"), post(system::free));
     }
     let api = |path: &str| format!("{prefix}/api{path}");

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json};
@@ -37,6 +37,22 @@ pub struct ObjectInfoCache(parking_lot::Mutex<Option<Arc<Rendered>>>);
 fn uploads(state: &AppState) -> Result<JobInputs, ApiError> {
     let inputs = state.service.input_uploads(state.owner()).map_err(super::compat_error)?;
     Ok(JobInputs::new(&inputs, state.service.blobs().clone()))
+}
+
+/// `GET /internal/files/{type}`: the names of the caller's uploaded input
+/// files, sorted (the frontend refreshes LoadImage's list with it after an
+/// upload); outputs and temporary files are not listed by folder (`[]`).
+pub async fn files(State(state): State<Arc<AppState>>, Path(kind): Path<String>) -> Result<axum::Json<Json>, ApiError> {
+    match kind.as_str() {
+        "input" => {
+            let mut names: Vec<String> = state.service.input_uploads(state.owner()).map_err(super::compat_error)?.into_iter().map(|i| i.name).collect();
+            names.sort();
+            names.dedup();
+            Ok(axum::Json(Json::from(names)))
+        }
+        "output" | "temp" => Ok(axum::Json(Json::Array(Vec::new()))),
+        _ => Err(ApiError::invalid_request("Invalid directory type")),
+    }
 }
 
 fn render(state: &AppState, generation: u64) -> Result<Rendered, ApiError> {

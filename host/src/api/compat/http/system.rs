@@ -2,9 +2,11 @@
 //! `/api/features`, `/api/extensions` and `/api/embeddings` (`[]`: no
 //! frontend extensions, no embeddings), `/api/models` (`[]`: no model
 //! folders), `POST /api/free` (accepted; kiln holds no models to unload),
-//! and what the official frontend reads before it starts: `/api/users`
-//! (single-user mode) and `/api/settings[/{id}]` (none stored: `{}`,
-//! `null`; writing settings is not offered).
+//! what the official frontend reads before it starts: `/api/users`
+//! (single-user mode), and the frontend's optional lookups kiln has nothing
+//! for: `/api/i18n`, `/api/workflow_templates`, `/api/global_subgraphs`,
+//! `/api/node_replacements` (`{}`), `/api/experiment/models` (`[]`: no
+//! model folders) and `/api/view_metadata/{folder}` (404: no model files).
 
 use std::sync::Arc;
 
@@ -71,10 +73,10 @@ pub async fn users() -> Json<Json_> {
     Json(json!({ "storage": "server", "migrated": true }))
 }
 
-pub async fn settings() -> Json<Json_> {
+pub async fn empty_object() -> Json<Json_> {
     Json(json!({}))
 }
 
-pub async fn setting() -> Json<Json_> {
-    Json(Json_::Null)
+pub async fn no_metadata() -> crate::api::error::ApiError {
+    crate::api::error::ApiError::not_found()
 }
