@@ -57,8 +57,11 @@ pub enum ExecBody {
     Started { at_ms: i64 },
     /// These nodes are served from the cache (sent once per run, maybe empty).
     Cached { nodes: Vec<String>, at_ms: i64 },
-    /// A node's state changed (only that node: never the whole map).
-    NodeState { node: String, value: f64, max: f64, state: NodeRunState },
+    /// A node's state changed. Carries that node and the other nodes running
+    /// now (`others`: id, value, max) — never the whole map, which grows with
+    /// the graph: the official frontend replaces its map of a job's node
+    /// states with each message, so every running node must be in each one.
+    NodeState { node: String, value: f64, max: f64, state: NodeRunState, others: Vec<(String, f64, f64)> },
     /// A node began running; `None`: the job is over (sent last, after the
     /// terminal record is written and the queue change published).
     Executing { node: Option<String> },

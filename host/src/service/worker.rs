@@ -1,7 +1,7 @@
 //! Job workers: take the next queued job, run it through the executor, and
 //! turn executor events into record updates and stream events.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -254,8 +254,8 @@ struct RunTrack {
     classes: HashMap<String, String>,
     /// Nodes that ran, in order.
     executed: Vec<String>,
-    /// Nodes running now (their step progress goes on the bus).
-    running: HashSet<String>,
+    /// Nodes running now, with their last step progress (value, max).
+    running: HashMap<String, (f64, f64)>,
     /// When step progress last went on the bus.
     last_progress: Option<Instant>,
 }
@@ -310,10 +310,10 @@ impl JobSink {
     fn executing(&self, node: String, class_type: String) {
         {
             let mut run = self.run.lock();
-            run.running.insert(node.clone());
+            run.running.insert(node.clone(), (0.0, 1.0));
             run.classes.insert(node.clone(), class_type.clone());
         }
-        self.publish(ExecBody::NodeState { node: node.clone(), value: 0.0, max: 1.0, state: NodeRunState::Running });
+        self.node_state(&node, 0.0, 1.0, NodeRunState::Running);
         self.publish(ExecBody::Executing { node: Some(node.clone()) });
         update_progress(
             &self.live,
@@ -333,15 +333,16 @@ impl JobSink {
         // step (its start and finish say as much).
         let due = {
             let mut run = self.run.lock();
-            let due = steps > 1 && run.running.contains(&node) && (step >= steps || run.last_progress.is_none_or(|t| t.elapsed() >= BUS_PROGRESS_INTERVAL));
+            let due = steps > 1 && run.running.contains_key(&node) && (step >= steps || run.last_progress.is_none_or(|t| t.elapsed() >= BUS_PROGRESS_INTERVAL));
             if due {
                 run.last_progress = Some(Instant::now());
+                run.running.insert(node.clone(), (step as f64, steps as f64));
             }
             due
         };
         if due {
             self.publish(ExecBody::Progress { node: node.clone(), value: step, max: steps });
-            self.publish(ExecBody::NodeState { node: node.clone(), value: step as f64, max: steps as f64, state: NodeRunState::Running });
+            self.node_state(&node, step as f64, steps as f64, NodeRunState::Running);
         }
         update_progress(
             &self.live,
@@ -359,7 +360,7 @@ impl JobSink {
             run.running.remove(&node);
             run.executed.push(node.clone());
         }
-        self.publish(ExecBody::NodeState { node, value: 1.0, max: 1.0, state: NodeRunState::Finished });
+        self.node_state(&node, 1.0, 1.0, NodeRunState::Finished);
         update_progress(
             &self.live,
             |p| {
@@ -418,13 +419,19 @@ impl JobSink {
             }
             live.publish(JobEvent::Output(output));
         }
-        let cached = !self.run.lock().running.contains(&node);
+        let cached = !self.run.lock().running.contains_key(&node);
         if !files.is_empty() {
             self.publish(ExecBody::Output { node: node.clone(), files });
         }
         if cached {
-            self.publish(ExecBody::NodeState { node, value: 1.0, max: 1.0, state: NodeRunState::Finished });
+            self.node_state(&node, 1.0, 1.0, NodeRunState::Finished);
         }
+    }
+
+    /// Publishes `node`'s new state with the other nodes running now.
+    fn node_state(&self, node: &str, value: f64, max: f64, state: NodeRunState) {
+        let others = self.run.lock().running.iter().filter(|(id, _)| id.as_str() != node).map(|(id, &(v, m))| (id.clone(), v, m)).collect();
+        self.publish(ExecBody::NodeState { node: node.to_string(), value, max, state, others });
     }
 
     fn preview(&self, node: String, image: &crate::tensor::Tensor) {

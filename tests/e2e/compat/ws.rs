@@ -423,6 +423,35 @@ async fn progress_state_of_a_200_node_chain_stays_linear() {
     assert!(bytes < 200_000, "{bytes} bytes for a 200-node chain");
 }
 
+/// Two branches running at once: each `progress_state` carries every node
+/// running then, since the official frontend replaces its map of the job's
+/// node states with each message (a message naming only the node that
+/// changed would hide the other running node).
+#[tokio::test]
+async fn progress_state_carries_every_running_node() {
+    let server = start_default().await;
+    let mut ws = connect(&server, "").await;
+    ws.next_json().await;
+    let workflow = json!({
+        "1": { "class_type": "EmptyImage", "inputs": { "width": 1024, "height": 1024, "batch_size": 1, "color": 7 } },
+        "2": { "class_type": "ImageBlur", "inputs": { "image": ["1", 0], "blur_radius": 31, "sigma": 8.0 } },
+        "3": { "class_type": "ImageBlur", "inputs": { "image": ["1", 0], "blur_radius": 29, "sigma": 7.0 } },
+        "4": { "class_type": "PreviewImage", "inputs": { "images": ["2", 0] } },
+        "5": { "class_type": "PreviewImage", "inputs": { "images": ["3", 0] } },
+    });
+    let (id, frames) = run(&server, &mut ws, workflow).await;
+    let states: Vec<Value> = job_messages(&frames, &id).into_iter().filter(|m| m["type"] == "progress_state").collect();
+    // Both blurs become ready together and start in one scheduling pass:
+    // the second's start names the first as running too.
+    let both = states.iter().any(|m| {
+        let nodes = m["data"]["nodes"].as_object().unwrap();
+        ["2", "3"].iter().all(|n| nodes.get(*n).is_some_and(|e| e["state"] == "running"))
+    });
+    assert!(both, "{states:#?}");
+    // Never more than the running nodes and the one that changed.
+    assert!(states.iter().all(|m| m["data"]["nodes"].as_object().unwrap().len() <= 2), "{states:#?}");
+}
+
 /// A connection that reads nothing: a small receive buffer, so the server's
 /// writes back up soon.
 async fn stalled(server: &TestServer) -> Socket {

@@ -97,15 +97,22 @@ pub fn message(message: &ExecMessage, preview_metadata: bool) -> Option<Frame> {
         ExecBody::Queue { remaining } => status(*remaining, None),
         ExecBody::Started { at_ms } => text("execution_start", json!({ "prompt_id": id, "timestamp": at_ms })),
         ExecBody::Cached { nodes, at_ms } => text("execution_cached", json!({ "nodes": nodes, "prompt_id": id, "timestamp": at_ms })),
-        // Only the node whose state changed (ComfyUI re-sends the whole
-        // map every time: quadratic in the number of nodes).
-        ExecBody::NodeState { node, value, max, state } => text(
-            "progress_state",
-            json!({ "prompt_id": id, "nodes": { node: {
-                "value": value, "max": max, "state": state.as_str(), "node_id": node, "prompt_id": id,
-                "display_node_id": node, "parent_node_id": null, "real_node_id": node,
-            } } }),
-        ),
+        // The node whose state changed and the others running now (ComfyUI
+        // re-sends the whole map every time: quadratic in the number of
+        // nodes; the frontend replaces its map with each message, so the
+        // running ones must be there).
+        ExecBody::NodeState { node, value, max, state, others } => {
+            let entry = |node: &str, value: f64, max: f64, state: &str| {
+                json!({ "value": value, "max": max, "state": state, "node_id": node, "prompt_id": id,
+                        "display_node_id": node, "parent_node_id": null, "real_node_id": node })
+            };
+            let mut nodes = serde_json::Map::new();
+            for (other, v, m) in others {
+                nodes.insert(other.clone(), entry(other, *v, *m, "running"));
+            }
+            nodes.insert(node.clone(), entry(node, *value, *max, state.as_str()));
+            text("progress_state", json!({ "prompt_id": id, "nodes": nodes }))
+        }
         ExecBody::Executing { node: Some(node) } => text("executing", json!({ "node": node, "display_node": node, "prompt_id": id })),
         ExecBody::Executing { node: None } => text("executing", json!({ "node": null, "prompt_id": id })),
         ExecBody::Progress { node, value, max } => text("progress", json!({ "value": value, "max": max, "prompt_id": id, "node": node })),
