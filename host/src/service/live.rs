@@ -30,6 +30,11 @@ pub enum JobEvent {
 pub struct ExtraData {
     /// `api_key_svc_org`: read by the plugins granted it (see `plugins::secrets`).
     pub secrets: crate::plugins::JobSecrets,
+    /// `extra_pnginfo` (the web UI's workflow, which SaveImage embeds in its
+    /// PNGs so a saved image loads back as its workflow): metadata held for
+    /// the run, not stored — a job re-run after a restart saves without it.
+    /// Bounded by the request's size (`max_workflow_kb`).
+    pub extra_pnginfo: Option<Arc<serde_json::Value>>,
 }
 
 /// A job that is queued or running.

@@ -119,7 +119,7 @@ impl Service {
                 let ctx = RunContext {
                     job_id: snapshot.id.clone(),
                     prompt: Arc::new(workflow),
-                    extra_pnginfo: None,
+                    extra_pnginfo: live.extra.extra_pnginfo.as_deref().cloned(),
                     inputs: Arc::new(JobInputs::new(&snapshot.inputs, self.blobs.clone())),
                     outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone(), self.blob_gate.clone())),
                     events: self.sink(live.clone()),

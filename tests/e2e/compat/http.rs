@@ -561,3 +561,34 @@ async fn uploads_and_prompt_numbers_survive_a_restart() {
     assert_eq!(code, 200, "{body}");
     assert_eq!(s.wait(body["prompt_id"].as_str().unwrap()).await["status"], "succeeded");
 }
+
+/// The web UI sends its workflow as `extra_data.extra_pnginfo`; SaveImage
+/// embeds it in the PNG (so a saved image loads back as its workflow), as
+/// ComfyUI does.
+#[tokio::test]
+async fn extra_pnginfo_is_embedded_in_saved_pngs() {
+    let s = start_default().await;
+    let prompt = json!({
+        "1": { "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": 0 } },
+        "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "pnginfo" } }
+    });
+    let ui_workflow = json!({ "nodes": [{ "id": 1, "type": "EmptyImage" }], "links": [], "version": 0.4 });
+    let (code, queued) = post(&s, "/prompt", &json!({ "prompt": prompt, "extra_data": { "extra_pnginfo": { "workflow": ui_workflow } } })).await;
+    assert_eq!(code, 200, "{queued}");
+    let id = queued["prompt_id"].as_str().unwrap();
+    assert_eq!(s.wait(id).await["status"], "succeeded");
+    let (_, history) = get(&s, &format!("/history/{id}")).await;
+    let filename = history[id]["outputs"]["2"]["images"][0]["filename"].as_str().unwrap().to_string();
+    let bytes = reqwest::get(root(&s, &format!("/view?filename={filename}&type=output"))).await.unwrap().bytes().await.unwrap();
+    let reader = png::Decoder::new(std::io::Cursor::new(bytes.to_vec())).read_info().unwrap();
+    let info = reader.info();
+    let texts: Vec<(String, String)> = info
+        .uncompressed_latin1_text
+        .iter()
+        .map(|t| (t.keyword.clone(), t.text.clone()))
+        .chain(info.utf8_text.iter().map(|t| (t.keyword.clone(), t.get_text().unwrap())))
+        .collect();
+    let workflow = texts.iter().find(|(k, _)| k == "workflow").map(|(_, v)| v.clone()).unwrap_or_else(|| panic!("no workflow chunk in {texts:?}"));
+    assert_eq!(serde_json::from_str::<Value>(&workflow).unwrap(), ui_workflow);
+    assert!(texts.iter().any(|(k, _)| k == "prompt"), "the API prompt too: {texts:?}");
+}

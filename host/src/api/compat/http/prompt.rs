@@ -53,17 +53,21 @@ fn canonical_uuid(s: &str) -> bool {
     uuid::Uuid::parse_str(s).is_ok_and(|u| u.hyphenated().to_string() == s)
 }
 
-/// `extra_data`: free-form in ComfyUI; only `api_key_svc_org` means
-/// something here (the partner key, never stored).
+/// `extra_data`: free-form in ComfyUI; `api_key_svc_org` (the partner
+/// key, never stored) and `extra_pnginfo` (PNG metadata for SaveImage, held
+/// for the run) mean something here.
 fn extra_data(value: Option<&Json_>) -> Result<ExtraData, ApiError> {
     let mut extra = ExtraData::default();
     match value {
         None | Some(Json_::Null) => {}
-        Some(Json_::Object(map)) => match map.get("api_key_svc_org") {
-            None | Some(Json_::Null) => {}
-            Some(Json_::String(key)) => extra.secrets = crate::plugins::JobSecrets::new(Some(key.clone())),
-            Some(_) => return Err(ApiError::invalid_request("`extra_data.api_key_svc_org` must be a string.")),
-        },
+        Some(Json_::Object(map)) => {
+            match map.get("api_key_svc_org") {
+                None | Some(Json_::Null) => {}
+                Some(Json_::String(key)) => extra.secrets = crate::plugins::JobSecrets::new(Some(key.clone())),
+                Some(_) => return Err(ApiError::invalid_request("`extra_data.api_key_svc_org` must be a string.")),
+            }
+            extra.extra_pnginfo = map.get("extra_pnginfo").filter(|v| v.is_object()).map(|v| Arc::new(v.clone()));
+        }
         Some(_) => return Err(ApiError::invalid_request("`extra_data` must be an object.")),
     }
     Ok(extra)
