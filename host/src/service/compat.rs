@@ -29,6 +29,8 @@ const TAG_PREFIX: &str = "comfy:";
 const MAX_RENAMES: u32 = 10_000;
 /// Finished jobs the history (and an output's lookup by name) looks through.
 pub const MAX_HISTORY: usize = 1000;
+/// Jobs read per step when `/view` looks for an output by name.
+const OUTPUT_SCAN_PAGE: usize = 64;
 
 /// The compatibility API's state in the service.
 #[derive(Default)]
@@ -474,8 +476,8 @@ impl Service {
     }
 
     /// The asset behind a ComfyUI file reference: an upload (`input`,
-    /// `temp`), else an output of one of the latest [`MAX_HISTORY`]
-    /// finished jobs (the newest with that subfolder and name); a
+    /// `temp`), else an output of one of the owner's latest [`MAX_HISTORY`]
+    /// jobs (the newest with that subfolder and name); a
     /// `blake3:<hex>` filename names the bytes themselves.
     pub fn compat_file(&self, owner: &str, kind: &str, subfolder: &str, filename: &str) -> Result<AssetRecord, ServiceError> {
         if parse_blob_name(filename).is_some() {
@@ -492,16 +494,26 @@ impl Service {
                 return Err(ServiceError::NotFound);
             }
         }
-        let keep = |j: &JobRecord| j.owner == owner && j.outputs.iter().any(|o| o.name == filename);
-        let page = self.meta.list_jobs(None, MAX_HISTORY, &keep)?;
-        for job in page.jobs {
-            for o in job.outputs.iter().filter(|o| o.name == filename) {
-                if let Some(asset) = self.meta.get_asset(&o.asset_id)?
-                    && asset.file_path.as_deref() == Some(path.as_str())
-                    && self.visible(owner, &asset)
-                {
-                    return Ok(asset);
+        // The owner's latest jobs, newest first, a page at a time, and at
+        // most MAX_HISTORY of them whatever the name: a name no job saved
+        // (the client chooses it) must not cost a scan of every record.
+        let (mut cursor, mut looked) = (None, 0);
+        while looked < MAX_HISTORY {
+            let page = self.meta.list_jobs(cursor.as_deref(), OUTPUT_SCAN_PAGE.min(MAX_HISTORY - looked), &|j: &JobRecord| j.owner == owner)?;
+            looked += page.jobs.len();
+            for job in &page.jobs {
+                for o in job.outputs.iter().filter(|o| o.name == filename) {
+                    if let Some(asset) = self.meta.get_asset(&o.asset_id)?
+                        && asset.file_path.as_deref() == Some(path.as_str())
+                        && self.visible(owner, &asset)
+                    {
+                        return Ok(asset);
+                    }
                 }
+            }
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
             }
         }
         Err(ServiceError::NotFound)
