@@ -430,6 +430,11 @@ impl JobSink {
 
     /// Publishes `node`'s new state with the other nodes running now.
     fn node_state(&self, node: &str, value: f64, max: f64, state: NodeRunState) {
+        // Nothing to build when no socket listens (the common case for a
+        // Jobs API server): this runs twice per node.
+        if !self.bus.watched() {
+            return;
+        }
         let others = self.run.lock().running.iter().filter(|(id, _)| id.as_str() != node).map(|(id, &(v, m))| (id.clone(), v, m)).collect();
         self.publish(ExecBody::NodeState { node: node.to_string(), value, max, state, others });
     }
