@@ -181,6 +181,41 @@ pub struct Config {
     /// Largest settings document (`/api/settings`, serialized), KiB.
     /// Default 1024 (the frontend's settings take a few KiB).
     pub max_settings_kb: usize,
+
+    // --- issue 18 (branch `tenants`): deployment kinds, accounts, credits ---
+    /// `self-hosted` (the default: open, or the one static `token`),
+    /// `cloud` or `serverless` (callers are accounts, each with its own
+    /// keys, credits and jobs; see OPERATORS.md). `KILN_MODE`, `--mode`.
+    pub mode: Mode,
+    /// The operator token that opens the admin API under `/admin/`
+    /// (`Authorization: Bearer`). Default: none, and the admin API answers
+    /// 404. `KILN_ADMIN_TOKEN`.
+    pub admin_token: Option<String>,
+    /// Credits a job costs per second of execution (cloud and serverless),
+    /// charged when it ends, rounded up. Default 1.
+    pub credits_per_second: u64,
+    /// Least a job that executed costs, credits. Default 1.
+    pub credits_min_per_job: u64,
+}
+
+/// The deployment kind a server runs as.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// One operator: open, or one static bearer token.
+    #[default]
+    SelfHosted,
+    /// A hosted cloud: account keys, credits, subscriptions.
+    Cloud,
+    /// Per-deployment serverless hosts: account keys and credits.
+    Serverless,
+}
+
+impl Mode {
+    /// Whether callers are accounts (cloud, serverless).
+    pub fn has_accounts(self) -> bool {
+        self != Mode::SelfHosted
+    }
 }
 
 impl Default for Config {
@@ -231,6 +266,10 @@ impl Default for Config {
             max_userdata_mb: 1024,
             max_userdata_files: 10_000,
             max_settings_kb: 1024,
+            mode: Mode::SelfHosted,
+            admin_token: None,
+            credits_per_second: 1,
+            credits_min_per_job: 1,
         }
     }
 }
@@ -373,6 +412,10 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "max_userdata_mb",
         "max_userdata_files",
         "max_settings_kb",
+        "mode",
+        "admin_token",
+        "credits_per_second",
+        "credits_min_per_job",
     ];
     for (var, value) in vars {
         let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };
@@ -381,7 +424,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         }
         let parsed = match field.as_str() {
             "plugin_dirs" | "secret_plugins" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
-            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" => toml::Value::String(value),
+            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" => toml::Value::String(value),
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),

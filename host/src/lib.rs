@@ -22,6 +22,7 @@
 //! [`config`] is the one typed configuration; [`cli`] is the `kiln` binary's
 //! front end; [`object_info`] renders node definitions in ComfyUI's format.
 
+pub mod accounts;
 pub mod api;
 pub mod budget;
 pub mod cli;

@@ -62,6 +62,11 @@ pub struct ServiceOptions {
     /// `logs` to serverless jobs only; self-hosted (the one mode today)
     /// captures and stores them all the same and leaves them out of reads.
     pub logs_on_read: bool,
+    /// The deployment kind (issue 18): with accounts, each job's owner is
+    /// an account, charged when its job ends; the result cache is per owner.
+    pub mode: crate::config::Mode,
+    /// What a job costs its account.
+    pub pricing: crate::accounts::Pricing,
 }
 
 impl ServiceOptions {
@@ -77,6 +82,8 @@ impl ServiceOptions {
             workflow_limits: config.workflow_limits(),
             job_limits: config.job_limits(),
             logs_on_read: false,
+            mode: config.mode,
+            pricing: crate::accounts::Pricing { credits_per_second: config.credits_per_second, min_per_job: config.credits_min_per_job },
         }
     }
 }
@@ -172,6 +179,8 @@ pub struct Service {
     /// The compatibility API's own state (its queue counter, the index of
     /// ComfyUI-style uploads).
     compat: compat::CompatState,
+    /// The accounts jobs belong to (cloud, serverless; empty self-hosted).
+    accounts: Arc<crate::accounts::Accounts>,
 }
 
 impl Drop for Service {
@@ -187,16 +196,32 @@ impl Service {
     /// or restart, and starts the workers and the retention sweeper.
     pub async fn start(opts: ServiceOptions, data_dir: &Path, registry: Arc<NodeRegistry>, executor: Arc<Executor>) -> Result<Arc<Service>, ServiceError> {
         std::fs::create_dir_all(data_dir).map_err(crate::store::StoreError::from)?;
-        let meta: Arc<dyn MetaStore> = Arc::new(SledMeta::open(&data_dir.join("meta"))?);
+        let sled = SledMeta::open(&data_dir.join("meta"))?;
+        let hasher = crate::accounts::KeyHasher::load_or_create(data_dir).map_err(crate::store::StoreError::from)?;
+        let accounts = crate::accounts::Accounts::open(sled.open_tree("accounts")?, hasher, opts.pricing).map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
+        let meta: Arc<dyn MetaStore> = Arc::new(sled);
         let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(data_dir.join("blobs"))?);
-        Service::start_with_stores(opts, meta, blobs, registry, executor)
+        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), registry, executor)
     }
 
-    /// [`Service::start`] on given stores (another backend, or a test double).
+    /// [`Service::start`] on given stores (another backend, or a test
+    /// double), with an empty account store kept in memory.
     pub fn start_with_stores(
         opts: ServiceOptions,
         meta: Arc<dyn MetaStore>,
         blobs: Arc<dyn BlobStore>,
+        registry: Arc<NodeRegistry>,
+        executor: Arc<Executor>,
+    ) -> Result<Arc<Service>, ServiceError> {
+        let accounts = crate::accounts::Accounts::in_memory(opts.pricing).map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
+        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), registry, executor)
+    }
+
+    /// [`Service::start_with_stores`] with a given account store.
+    pub fn start_with_accounts(
+        opts: ServiceOptions,
+        (meta, blobs): (Arc<dyn MetaStore>, Arc<dyn BlobStore>),
+        accounts: Arc<crate::accounts::Accounts>,
         registry: Arc<NodeRegistry>,
         executor: Arc<Executor>,
     ) -> Result<Arc<Service>, ServiceError> {
@@ -228,6 +253,7 @@ impl Service {
             finished_gen: AtomicU64::new(0),
             bus: Arc::default(),
             compat: compat::CompatState::default(),
+            accounts,
         });
         service.recover()?;
         let mut workers = Vec::new();
@@ -284,6 +310,24 @@ impl Service {
 
     pub fn blobs(&self) -> &Arc<dyn BlobStore> {
         &self.blobs
+    }
+
+    /// The account store (cloud and serverless callers).
+    pub fn accounts(&self) -> &Arc<crate::accounts::Accounts> {
+        &self.accounts
+    }
+
+    /// The tier of the account `owner` (`None`: no such account, e.g. the
+    /// one owner of a self-hosted server).
+    pub fn account_tier(&self, owner: &str) -> Option<String> {
+        self.accounts.tier(owner)
+    }
+
+    /// Whether `owner` may start paid work (a positive balance; always for
+    /// an owner that is no account). For the partner node: an account
+    /// without funds → `InsufficientFundsError`.
+    pub fn account_has_funds(&self, owner: &str) -> bool {
+        self.accounts.has_funds(owner)
     }
 
     /// The execution-message bus (every job's messages, queue changes).

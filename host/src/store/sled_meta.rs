@@ -4,7 +4,8 @@
 //! (created µs big-endian ‖ id → id, for newest-first listing), `assets`
 //! (id → JSON), `asset_hashes`
 //! (hash ‖ 0 ‖ id → empty, for dedup and blob reference counts) and
-//! `claims` (Idempotency-Key → JSON). Beside them, in the same directory,
+//! `claims` (Idempotency-Key → JSON); the account store opens `accounts`
+//! (see `crate::accounts`). Beside them, in the same directory,
 //! the commit log ([`super::commit_log`]) makes submissions, job starts and
 //! finished jobs durable without a sled flush; it is replayed when the store
 //! opens. Everything else is made durable by sled's flush. There is no
@@ -90,6 +91,12 @@ fn hash_key(hash: &str, id: &str) -> Vec<u8> {
 
 impl SledMeta {
     /// Opens (creating) the store in `dir`.
+    /// Another tree of this store's database (the account store's, beside
+    /// the jobs).
+    pub fn open_tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
+        self.db.open_tree(name).map_err(backend)
+    }
+
     pub fn open(dir: &Path) -> Result<SledMeta, StoreError> {
         // sled's background flusher lets go of the directory's lock a moment
         // after the previous handle is dropped (an in-process restart); a
