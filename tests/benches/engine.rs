@@ -54,6 +54,7 @@ async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInpu
         secrets: Default::default(),
         branches: None,
         budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED),
+        cache_scope: String::new(),
     };
     let outcome = executor.run(&plan, ctx).await;
     let elapsed = start.elapsed();

@@ -110,6 +110,7 @@ pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: Ru
         secrets: Default::default(),
         branches: None,
         budget: opts.budget,
+        cache_scope: String::new(),
     };
     let outcome = executor.run(&plan, ctx).await;
     let events = std::mem::take(&mut *events.lock().unwrap());

@@ -1,15 +1,125 @@
-//! Self-hosted authentication: with a configured token, every `/api/v2`
-//! request except health, CORS preflight and signed downloads must carry
-//! `Authorization: Bearer <token>` (scheme case-insensitive, token compared
-//! in constant time), and every request of the compatibility API's HTTP
-//! routes (`/api/prompt`, `/prompt`, ...) `X-API-Key: <token>`. The WebSocket (`/ws`, `/api/ws`) checks its own
-//! `?token=`. Without a token everything is open.
+//! Who a request comes from, as a [`Caller`] the handlers extract.
+//!
+//! Self-hosted: with a configured token, every `/api/v2` request except
+//! health, CORS preflight and signed downloads must carry `Authorization:
+//! Bearer <token>` (scheme case-insensitive, token compared as hashes), and
+//! every request of the compatibility API's HTTP routes (`/api/prompt`,
+//! `/prompt`, ...) `X-API-Key: <token>`; without a token everything is
+//! open. Every caller is the one owner.
+//!
+//! Cloud and serverless: the same routes need an account's key — `Bearer`
+//! on `/api/v2`, `X-API-Key` or `?token=` on the compatibility API — and the
+//! caller is that account (a disabled one: 403). The WebSocket (`/ws`,
+//! `/api/ws`) checks its own `?token=` through [`authenticate`].
 
-use axum::extract::Request;
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Request};
+use axum::http::request::Parts;
 use axum::http::{Method, header};
 
 use super::AppState;
 use super::error::ApiError;
+
+/// The account a request acts for: the `owner` of what it creates and
+/// the only owner whose jobs, assets and messages it sees.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    owner: Arc<str>,
+}
+
+impl Caller {
+    pub fn new(owner: Arc<str>) -> Caller {
+        Caller { owner }
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    pub fn owner_arc(&self) -> Arc<str> {
+        self.owner.clone()
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    /// The caller the edge authenticated; a route that needs one on a
+    /// request the edge let through without one answers 401.
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Caller, ApiError> {
+        parts.extensions.get::<Caller>().cloned().ok_or_else(|| ApiError::unauthorized("This route needs an API key."))
+    }
+}
+
+/// The caller a key names, with accounts: 401 for no or an unknown key,
+/// 403 `forbidden` for a disabled account. Without accounts (self-hosted)
+/// the one owner, when the key matches the token (or none is set).
+pub fn authenticate(state: &AppState, key: Option<&str>) -> Result<Caller, ApiError> {
+    if !state.config.mode.has_accounts() {
+        return match (&state.token_hash, key) {
+            (None, _) => Ok(state.default_caller.clone()),
+            (Some(expected), Some(key)) if blake3::hash(key.as_bytes()) == *expected => Ok(state.default_caller.clone()),
+            (Some(_), Some(_)) => Err(ApiError::unauthorized("Invalid API key.")),
+            (Some(_), None) => Err(ApiError::unauthorized("Missing API key.")),
+        };
+    }
+    let key = key.ok_or_else(|| ApiError::unauthorized("Missing API key."))?;
+    match state.service.accounts().authenticate(key) {
+        None => Err(ApiError::unauthorized("Invalid API key.")),
+        Some(account) if account.disabled => Err(ApiError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", "This account is disabled.")),
+        Some(account) => Ok(Caller::new(Arc::from(account.id.as_str()))),
+    }
+}
+
+/// The bearer token of `Authorization: Bearer <token>` (scheme
+/// case-insensitive).
+pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+}
+
+/// The `token` query parameter (keys need no percent-decoding; one that
+/// does is simply not a key).
+pub fn query_token(uri: &axum::http::Uri) -> Option<&str> {
+    uri.query()?.split('&').find_map(|pair| pair.strip_prefix("token="))
+}
+
+/// Authenticates `request` (see the module docs) and attaches its
+/// [`Caller`]; public paths and other routes pass without one.
+pub fn check(state: &AppState, request: &mut Request) -> Result<(), ApiError> {
+    if !state.config.mode.has_accounts() {
+        check_self_hosted(state, request)?;
+        request.extensions_mut().insert(state.default_caller.clone());
+        return Ok(());
+    }
+    if request.method() == Method::OPTIONS {
+        return Ok(());
+    }
+    let key = match request.uri().path().strip_prefix(&*state.api_base) {
+        Some(path) if path.is_empty() || path.starts_with('/') => {
+            if is_public(path) {
+                return Ok(());
+            }
+            bearer(request.headers())
+        }
+        _ => {
+            let path = request.uri().path();
+            let path = path.strip_prefix(state.config.mount_prefix.as_str()).unwrap_or(path);
+            if !is_compat(path) {
+                return Ok(());
+            }
+            request.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim).or_else(|| query_token(request.uri()))
+        }
+    };
+    let caller = authenticate(state, key)?;
+    request.extensions_mut().insert(caller);
+    Ok(())
+}
 
 /// Paths under the Jobs API that need no token.
 /// (`path` is relative to the Jobs API's mount point.)
@@ -17,23 +127,16 @@ fn is_public(path: &str) -> bool {
     path == "/health" || path.starts_with("/signed/")
 }
 
-/// Whether `request` may proceed: always without a configured token;
-/// otherwise outside the Jobs API, for CORS preflights and public paths, or
-/// with the right bearer token.
-pub fn check(state: &AppState, request: &Request) -> Result<(), ApiError> {
+/// Self-hosted: whether `request` may proceed: always without a configured
+/// token; otherwise outside the Jobs API, for CORS preflights and public
+/// paths, or with the right bearer token.
+fn check_self_hosted(state: &AppState, request: &Request) -> Result<(), ApiError> {
     let Some(expected) = &state.token_hash else { return Ok(()) };
     let Some(path) = request.uri().path().strip_prefix(&*state.api_base) else { return check_api_key(state, request, expected) };
     if !(path.is_empty() || path.starts_with('/')) || request.method() == Method::OPTIONS || is_public(path) {
         return Ok(());
     }
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    match given {
+    match bearer(request.headers()) {
         None => Err(ApiError::unauthorized("Missing or malformed Authorization header.")),
         Some(token) if blake3::hash(token.as_bytes()) == *expected => Ok(()),
         Some(_) => Err(ApiError::unauthorized("Invalid token.")),

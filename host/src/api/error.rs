@@ -70,6 +70,8 @@ impl From<ServiceError> for ApiError {
             ServiceError::IdempotencyKeyReuse => ApiError::new(S::UNPROCESSABLE_ENTITY, "idempotency_key_reuse", message),
             ServiceError::QueueFull { retry_after_s } => ApiError::new(S::TOO_MANY_REQUESTS, "queue_full", message).retry_after(retry_after_s),
             ServiceError::NotFound => ApiError::not_found(),
+            ServiceError::InsufficientCredits => ApiError::new(S::PAYMENT_REQUIRED, "insufficient_credits", message),
+            ServiceError::InactiveSubscription => ApiError::new(S::TOO_MANY_REQUESTS, "inactive_subscription", message),
             ServiceError::HashMismatch { .. } => ApiError::new(S::CONFLICT, "hash_mismatch", message),
             ServiceError::BlobNotFound(_) => ApiError::new(S::NOT_FOUND, "blob_not_found", message),
             ServiceError::AssetInUse => ApiError::new(S::CONFLICT, "asset_in_use", "The asset is in use and cannot be deleted."),
@@ -77,6 +79,20 @@ impl From<ServiceError> for ApiError {
             ServiceError::TooManyStreams => ApiError::new(S::TOO_MANY_REQUESTS, "too_many_streams", message).retry_after(5),
             ServiceError::Store(crate::store::StoreError::TooLarge { limit }) => ApiError::payload_too_large(limit),
             ServiceError::Store(cause) => ApiError::internal(&cause),
+        }
+    }
+}
+
+impl From<crate::accounts::AccountError> for ApiError {
+    fn from(e: crate::accounts::AccountError) -> ApiError {
+        use crate::accounts::AccountError as A;
+        let message = e.to_string();
+        match e {
+            A::InvalidName | A::InvalidTier | A::Overflow => ApiError::invalid_request(message),
+            A::NameTaken(_) => ApiError::new(StatusCode::CONFLICT, "name_taken", message),
+            A::TooMany => ApiError::new(StatusCode::CONFLICT, "too_many_accounts", message),
+            A::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", message),
+            A::Store(cause) => ApiError::internal(&cause),
         }
     }
 }

@@ -2,7 +2,8 @@
 //! envelope. Handlers parse requests, call the [`Service`], and render its
 //! records; no business logic lives here.
 
-mod auth;
+pub mod admin;
+pub mod auth;
 pub mod compat;
 mod content;
 pub mod error;
@@ -21,6 +22,7 @@ use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+pub use auth::Caller;
 pub use links::Links;
 
 use crate::config::Config;
@@ -51,6 +53,11 @@ pub struct AppState {
     pub user_files: crate::service::user_files::UserFiles,
     /// The web frontend served at `/`, when `front_end_root` is set.
     pub frontend: Option<compat::Frontend>,
+    /// Every caller of a server without accounts: its one owner.
+    pub default_caller: Caller,
+    /// blake3 of the operator token (`admin_token`): the admin API is
+    /// there only when one is set.
+    pub admin_token_hash: Option<blake3::Hash>,
 }
 
 /// Rendered job bodies by job id: the record they were rendered from
@@ -62,7 +69,11 @@ impl AppState {
         config.mount_prefix = normalize_prefix(&config.mount_prefix);
         let token_hash = config.token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
         let user_files = crate::service::user_files::UserFiles::new(&config.data_dir, config.user_file_limits());
+        let default_caller = Caller::new(Arc::from(service.options().owner.as_str()));
+        let admin_token_hash = config.admin_token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
         Arc::new(AppState {
+            default_caller,
+            admin_token_hash,
             user_files,
             frontend,
             api_base: format!("{}/api/v2", config.mount_prefix).into(),
@@ -75,11 +86,6 @@ impl AppState {
             rendered: parking_lot::Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
             object_info: Default::default(),
         })
-    }
-
-    /// The caller's account (one owner on a self-hosted server).
-    pub fn owner(&self) -> &str {
-        &self.service.options().owner
     }
 }
 
@@ -104,6 +110,7 @@ pub fn check_mount_prefix(prefix: &str) -> Result<(), String> {
 pub fn router(state: Arc<AppState>) -> Router {
     v2::routes(&state.api_base, state.clone())
         .merge(compat::routes(state.clone()))
+        .merge(admin::routes(state.clone()))
         .fallback({
             let state = state.clone();
             move |request| compat::static_file(state.clone(), request)
@@ -132,10 +139,10 @@ fn next_request_id() -> String {
 /// memory trimmer waits for quiet), checked for the token (the Jobs API
 /// and the compatibility routes, see `auth`),
 /// traced, and its response tagged with `X-Comfy-Request-Id`.
-async fn edge(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+async fn edge(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let id = next_request_id();
     state.service.touch();
-    let mut response = match auth::check(&state, &request) {
+    let mut response = match auth::check(&state, &mut request) {
         Ok(()) => {
             let span = tracing::debug_span!("request", request_id = %id, method = %request.method(), path = %request.uri().path());
             tracing::Instrument::instrument(next.run(request), span).await

@@ -20,6 +20,11 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on the Jobs API.
     #[arg(long, env = "KILN_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Deployment kind: self-hosted (open, or one --token), cloud or
+    /// serverless (account keys; see OPERATORS.md) [default: self-hosted;
+    /// also `mode` / KILN_MODE].
+    #[arg(long, value_enum)]
+    pub mode: Option<crate::config::Mode>,
     /// Serve the ComfyUI web frontend from DIR at `/` (the `static/`
     /// directory of PyPI's `comfyui-frontend-package`).
     #[arg(long, value_name = "DIR")]
@@ -45,6 +50,15 @@ pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
     }
     if args.token.is_some() {
         config.token = args.token;
+    }
+    if let Some(mode) = args.mode {
+        config.mode = mode;
+    }
+    if config.mode.has_accounts() && config.token.is_some() {
+        tracing::warn!("`token` is not used in cloud and serverless modes: callers use their accounts' keys");
+    }
+    if config.mode.has_accounts() && config.admin_token.is_none() {
+        tracing::warn!("no admin_token: the admin API is off, so no account can be created or changed");
     }
     if args.fetch_front_end {
         let data_dir = config.data_dir.clone();

@@ -48,6 +48,10 @@ pub struct RunContext {
     pub branches: Option<tokio::runtime::Handle>,
     /// What the job may consume (memory, saved files), shared by its nodes.
     pub budget: Arc<JobBudget>,
+    /// Whose results these are: every cache key is salted with it, so a
+    /// run is served only results computed for the same scope (an account;
+    /// empty: the one owner of a self-hosted server or `kiln run`).
+    pub cache_scope: String,
 }
 
 /// How a run ended.
@@ -106,13 +110,17 @@ impl Executor {
     }
 
     /// The cache key of every planned node, in plan order. A node whose
-    /// plugin reads secrets is keyed by them too (see `JobSecrets::cache_salt`);
+    /// plugin reads secrets is keyed by them too (see `JobSecrets::cache_salt`),
+    /// every node by the run's cache scope when it has one;
     /// a nondeterministic one by a fresh random value (see `plugins::determinism`).
-    fn cache_keys(&self, plan: &Plan, files: &dyn InputFiles, secrets: &crate::plugins::JobSecrets) -> HashMap<String, CacheKey> {
+    fn cache_keys(&self, plan: &Plan, files: &dyn InputFiles, secrets: &crate::plugins::JobSecrets, scope: &str) -> HashMap<String, CacheKey> {
         let mut keys: HashMap<String, CacheKey> = HashMap::new();
         for node in &plan.nodes {
             let Some((plugin, def)) = self.registry.get(&node.class_type) else { continue };
             let mut key = cache::KeyBuilder::new(&node.class_type, &plugin.component_hash);
+            if !scope.is_empty() {
+                key.salt("cache_scope", scope);
+            }
             let granted = &plugin.manifest.capabilities.secrets;
             if !granted.is_empty() {
                 key.salt("secrets", &secrets.cache_salt(granted));

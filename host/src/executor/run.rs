@@ -62,7 +62,7 @@ pub(super) struct Run<'a> {
 
 impl<'a> Run<'a> {
     pub(super) fn new(executor: &'a Executor, plan: &'a Plan, ctx: &'a RunContext) -> Run<'a> {
-        let keys = executor.cache_keys(plan, ctx.inputs.as_ref(), &ctx.secrets);
+        let keys = executor.cache_keys(plan, ctx.inputs.as_ref(), &ctx.secrets, &ctx.cache_scope);
         let progress = Progress { total: plan.nodes.len(), done: 0, running: HashMap::new(), shown: 0.0 };
         Run {
             executor,

@@ -25,7 +25,8 @@ pub const BUS_CAPACITY: usize = 4096;
 pub struct ExecMessage {
     /// The job it is about (empty for queue changes).
     pub job_id: Arc<str>,
-    /// Who may see it: the job's owner; `None`: everyone (queue changes).
+    /// Who may see it: the job's owner (for queue changes, the owner whose
+    /// count it is); `None`: everyone.
     pub owner: Option<Arc<str>>,
     pub body: ExecBody,
 }
@@ -112,10 +113,10 @@ impl ExecBus {
         }
     }
 
-    /// Publishes a queue change to everyone.
-    pub fn queue(&self, remaining: usize) {
+    /// Publishes a change of `owner`'s queue (its jobs queued or running).
+    pub fn queue(&self, owner: Arc<str>, remaining: usize) {
         if self.watched() {
-            let _ = self.tx.send(Arc::new(ExecMessage { job_id: Arc::from(""), owner: None, body: ExecBody::Queue { remaining } }));
+            let _ = self.tx.send(Arc::new(ExecMessage { job_id: Arc::from(""), owner: Some(owner), body: ExecBody::Queue { remaining } }));
         }
     }
 }

@@ -43,21 +43,29 @@ pub struct CompatState {
     generation: AtomicU64,
 }
 
-/// Uploaded files by `(type, "subfolder/name")`; the newest record wins.
+/// Uploaded files by owner, then `(type, "subfolder/name")`; the newest
+/// record wins. Each account has its own names: one account's upload never
+/// renames, replaces or reveals another's.
 #[derive(Default)]
 struct Uploads {
-    files: HashMap<(String, String), AssetRecord>,
+    files: HashMap<String, HashMap<(String, String), AssetRecord>>,
 }
 
 impl Uploads {
     fn add(&mut self, asset: AssetRecord) {
         let Some(path) = asset.file_path.clone() else { return };
+        let files = self.files.entry(asset.owner.clone()).or_default();
         for kind in asset.tags.iter().filter_map(|t| t.strip_prefix(TAG_PREFIX)) {
             let key = (kind.to_string(), path.clone());
-            if self.files.get(&key).is_none_or(|old| old.created_at <= asset.created_at) {
-                self.files.insert(key, asset.clone());
+            if files.get(&key).is_none_or(|old| old.created_at <= asset.created_at) {
+                files.insert(key, asset.clone());
             }
         }
+    }
+
+    /// `owner`'s upload of `kind` at `path`.
+    fn get(&self, owner: &str, kind: &str, path: &str) -> Option<&AssetRecord> {
+        self.files.get(owner)?.get(&(kind.to_string(), path.to_string()))
     }
 }
 
@@ -199,7 +207,9 @@ impl Service {
         self.with_uploads(|u| {
             let mut out: Vec<JobInput> = u
                 .files
-                .iter()
+                .get(owner)
+                .into_iter()
+                .flatten()
                 .filter(|((kind, _), a)| kind == "input" && self.usable(owner, a))
                 .map(|((_, path), a)| JobInput { name: path.clone(), hash: a.hash.clone() })
                 .collect();
@@ -223,7 +233,7 @@ impl Service {
                         continue;
                     }
                     let (kind, path) = annotated(name);
-                    if let Some(asset) = u.files.get(&(kind.to_string(), path.to_string())).filter(|a| self.usable(owner, a)) {
+                    if let Some(asset) = u.get(owner, kind, path).filter(|a| self.usable(owner, a)) {
                         out.push(JobInput { name: name.to_string(), hash: asset.hash.clone() });
                     }
                 }
@@ -235,6 +245,22 @@ impl Service {
     /// Validates and queues a prompt the ComfyUI way: outputs that fail
     /// validation are dropped (and reported) as long as one remains.
     pub fn submit_prompt(&self, prompt: Prompt) -> Result<PromptAccepted, PromptRejection> {
+        // The hosted cloud runs workflows of this API only for an active
+        // subscription; the account's sockets hear why (the prompt id is
+        // the one asked for, or a fresh one no job will have).
+        if self.opts.mode == crate::config::Mode::Cloud && !self.accounts.subscription_active(&prompt.owner) {
+            let id = prompt.id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            let body = super::bus::ExecBody::Failed {
+                node: None,
+                class_type: None,
+                code: "inactive_subscription".into(),
+                message: ServiceError::InactiveSubscription.to_string(),
+                executed: Vec::new(),
+                at_ms: super::bus::now_ms(),
+            };
+            self.bus.job(&std::sync::Arc::from(id.as_str()), &std::sync::Arc::from(prompt.owner.as_str()), body);
+            return Err(ServiceError::InactiveSubscription.into());
+        }
         if let Some(map) = prompt.workflow.as_object()
             && crate::workflow::is_ui_format(map)
         {
@@ -273,7 +299,7 @@ impl Service {
 
     /// Jobs queued or running (ComfyUI's `queue_remaining`).
     pub fn queue_remaining(&self, owner: &str) -> usize {
-        self.live.read().values().filter(|j| j.record.lock().owner == owner).count()
+        self.live.read().values().filter(|j| &*j.owner == owner).count()
     }
 
     /// The output node ids of a graph.
@@ -428,7 +454,7 @@ impl Service {
         for n in 0..=MAX_RENAMES {
             let name = if n == 0 { req.filename.clone() } else { format!("{stem} ({n}){ext}") };
             let key = (req.kind.clone(), join_path(&req.subfolder, &name));
-            match uploads.files.get(&key).filter(|a| self.usable(owner, a) && parse_blob_name(&a.hash).is_some_and(|h| self.blobs.contains(&h))) {
+            match uploads.get(owner, &key.0, &key.1).filter(|a| self.usable(owner, a) && parse_blob_name(&a.hash).is_some_and(|h| self.blobs.contains(&h))) {
                 Some(a) if a.hash == hash => return Ok(name),
                 Some(a) if n == 0 && req.overwrite => {
                     replaced = Some(a.clone());
@@ -458,7 +484,7 @@ impl Service {
             self.meta.put_asset(&old)?;
             self.meta.flush()?;
         }
-        uploads.files.insert((req.kind.clone(), path), asset);
+        uploads.files.entry(owner.to_string()).or_default().insert((req.kind.clone(), path), asset);
         self.compat.generation.fetch_add(1, Ordering::SeqCst);
         Ok(name)
     }
@@ -486,7 +512,7 @@ impl Service {
         }
         let path = join_path(subfolder, filename);
         if kind != "output" {
-            let upload = self.with_uploads(|u| u.files.get(&(kind.to_string(), path.clone())).cloned())?;
+            let upload = self.with_uploads(|u| u.get(owner, kind, &path).cloned())?;
             if let Some(asset) = upload.filter(|a| self.visible(owner, a)) {
                 return Ok(asset);
             }

@@ -24,6 +24,13 @@ pub enum ServiceError {
     QueueFull { retry_after_s: u64 },
     #[error("not found")]
     NotFound,
+    /// The caller's account has no credits left (402 `insufficient_credits`).
+    #[error("the account has no credits left; add credits and submit again")]
+    InsufficientCredits,
+    /// The caller's subscription is inactive: the cloud's compatibility API
+    /// runs no workflow (429).
+    #[error("the account's subscription is not active")]
+    InactiveSubscription,
     #[error("the uploaded bytes hash to {actual}, not the expected {expected}")]
     HashMismatch { expected: String, actual: String },
     #[error("no blob with hash {0}")]

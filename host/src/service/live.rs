@@ -62,11 +62,14 @@ pub struct LiveJob {
     /// Set (under the record's lock) when the run has ended and its terminal
     /// record is being made durable; the live record shows it only after that.
     pub finishing: std::sync::atomic::AtomicBool,
+    /// The job's owner (never changes; read without the record's lock).
+    pub owner: Arc<str>,
 }
 
 impl LiveJob {
     pub fn new(record: JobRecord, extra: ExtraData) -> LiveJob {
         LiveJob {
+            owner: Arc::from(record.owner.as_str()),
             record: Mutex::new(record),
             cancel: CancellationToken::new(),
             // Small: a stream that falls behind re-syncs from the record.

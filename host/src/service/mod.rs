@@ -347,11 +347,12 @@ impl Service {
             .collect()
     }
 
-    /// Tells the bus how many jobs remain (all accounts': the one account
-    /// of a self-hosted server; see `Service::queue_remaining` for one's).
-    fn publish_queue(&self) {
+    /// Tells `owner`'s listeners how many of its jobs remain (queued or
+    /// running): each account hears only its own count.
+    fn publish_queue(&self, owner: &str) {
         if self.bus.watched() {
-            self.bus.queue(self.live.read().len());
+            let remaining = self.live.read().values().filter(|j| &*j.owner == owner).count();
+            self.bus.queue(Arc::from(owner), remaining);
         }
     }
 
@@ -359,9 +360,17 @@ impl Service {
         self.live.read().get(id).cloned()
     }
 
-    /// Refuses an Idempotency-Key that a live claim holds.
-    pub fn check_key(&self, key: &str) -> Result<(), ServiceError> {
-        match self.meta.get_claim(key)? {
+    /// Where `owner`'s Idempotency-Key `key` is claimed: each account has
+    /// its own keys (one account's key never blocks, or reveals, another's).
+    /// The one owner of a self-hosted server keeps the bare key (claims
+    /// stored by earlier versions stay valid). Header values hold no `\n`.
+    fn claim_key(&self, owner: &str, key: &str) -> String {
+        if owner == self.opts.owner { key.to_string() } else { format!("{owner}\n{key}") }
+    }
+
+    /// Refuses an Idempotency-Key of `owner` that a live claim holds.
+    pub fn check_key(&self, owner: &str, key: &str) -> Result<(), ServiceError> {
+        match self.meta.get_claim(&self.claim_key(owner, key))? {
             Some(claim) if claim.expires_at > now_micros() => Err(ServiceError::IdempotencyKeyReuse),
             _ => Ok(()),
         }
@@ -373,7 +382,7 @@ impl Service {
         // A key that is already claimed is refused before anything else is
         // looked at (the claim itself happens atomically with the record).
         if let Some(key) = &sub.idempotency_key {
-            self.check_key(key)?;
+            self.check_key(&sub.owner, key)?;
         }
         if let Some(map) = sub.workflow.as_object()
             && crate::workflow::is_ui_format(map)
@@ -397,6 +406,11 @@ impl Service {
     ) -> Result<(JobRecord, Option<usize>), ServiceError> {
         let now = now_micros();
         self.activity.fetch_add(1, Ordering::Relaxed);
+        // An account without credits submits nothing (no claim is made, so
+        // its Idempotency-Key stays free).
+        if !self.accounts.has_funds(&sub.owner) {
+            return Err(ServiceError::InsufficientCredits);
+        }
         // Reserve a queue slot; a full queue releases everything (no claim).
         if self.queued.fetch_add(1, Ordering::SeqCst) >= self.opts.max_queued_jobs {
             self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -434,7 +448,7 @@ impl Service {
             compat: sub.compat,
         };
         let claim = sub.idempotency_key.as_ref().map(|key| IdempotencyClaim {
-            key: key.clone(),
+            key: self.claim_key(&sub.owner, key),
             owner: sub.owner.clone(),
             job_id: Some(id.clone()),
             claimed_at: now,
@@ -473,7 +487,7 @@ impl Service {
             self.queue_notify.notify_one();
             // Before the worker can start it (it waits for this lock), so
             // the queue change precedes the job's own messages.
-            self.publish_queue();
+            self.publish_queue(&sub.owner);
             let written = self.meta.submit(&locked, &workflow, claim.as_ref());
             match &written {
                 // Committed (durable or not): the job exists, so it runs.
@@ -523,8 +537,10 @@ impl Service {
         if removed {
             self.queued.fetch_sub(1, Ordering::SeqCst);
         }
-        self.live.write().remove(id);
-        self.publish_queue();
+        let removed = self.live.write().remove(id);
+        if let Some(job) = removed {
+            self.publish_queue(&job.owner);
+        }
     }
 
     /// 1-based position of a queued job.
@@ -655,7 +671,7 @@ impl Service {
         live.publish_status();
         self.live.write().remove(&id);
         self.publish_queue_positions();
-        self.publish_queue();
+        self.publish_queue(&rec.owner);
         Ok(rec)
     }
 

@@ -100,7 +100,7 @@ impl Service {
         live.publish_status();
         self.publish_queue_positions();
         // Running jobs still count as remaining (as ComfyUI counts them).
-        self.publish_queue();
+        self.publish_queue(&snapshot.owner);
 
         let prepared = live.prepared.lock().take().map_or_else(|| self.prepare(&snapshot), Ok);
         let outcome = match prepared {
@@ -127,6 +127,8 @@ impl Service {
                     secrets: live.extra.secrets.clone(),
                     branches: self.branches.lock().as_ref().map(|rt| rt.handle().clone()),
                     budget: crate::budget::JobBudget::new(self.opts.job_limits),
+                    // With accounts, results are never shared between them.
+                    cache_scope: if self.opts.mode.has_accounts() { snapshot.owner.clone() } else { String::new() },
                 };
                 let run = std::panic::AssertUnwindSafe(self.executor.run(&plan, ctx));
                 futures_util::FutureExt::catch_unwind(run).await.map_err(|_| NotRun {
@@ -212,6 +214,14 @@ impl Service {
             // Ended either way: a store failure only means a restart may run it again.
             tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job");
         }
+        // Its account pays for the time it executed (a job that never
+        // started costs nothing).
+        if self.opts.mode.has_accounts()
+            && let Some(ms) = terminal.execution_ms
+        {
+            let balance = self.accounts.charge(&terminal.owner, u64::try_from(ms).unwrap_or(0));
+            tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, execution_ms = ms, ?balance, "job charged");
+        }
         // Served from memory from now on (the sweeper forgets it when it
         // expires it; a live job is never expired under it).
         self.remember_finished(terminal.clone(), None);
@@ -229,7 +239,7 @@ impl Service {
         self.live.write().remove(&terminal.id);
         // On the bus, after the record is written: the queue changed, and
         // the job is over.
-        self.publish_queue();
+        self.publish_queue(&terminal.owner);
         self.bus.job(&Arc::from(terminal.id.as_str()), &Arc::from(terminal.owner.as_str()), ExecBody::Executing { node: None });
     }
 }

@@ -21,6 +21,7 @@ use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::service::JobEvent;
 use crate::store::JobRecord;
+use crate::api::Caller;
 
 fn frame(name: &str, data: &impl serde::Serialize) -> Event {
     Event::default().event(name).data(serde_json::to_string(data).unwrap_or_else(|_| "{}".into()))
@@ -43,9 +44,9 @@ fn event_frame(state: &AppState, event: &JobEvent, links: &Links, job: &JobRecor
     }
 }
 
-pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
+pub async fn stream(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let opened = state.service.open_stream(state.owner(), &id)?;
+    let opened = state.service.open_stream(caller.owner(), &id)?;
     let closing = state.closing.clone();
     let state_keepalive = state.config.sse_keepalive_s.max(1);
     let stream = async_stream::stream! {
@@ -93,7 +94,7 @@ pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Segment(id
                 }
                 Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => {
                     // Fell behind (or the job finished): re-sync from the record.
-                    let Ok((now, _)) = state.service.get(state.owner(), &job.id) else { return };
+                    let Ok((now, _)) = state.service.get(caller.owner(), &job.id) else { return };
                     for o in now.outputs.iter().filter(|o| sent.insert(o.asset_id.clone())) {
                         yield Ok(frame("output", &wire::output(o, &now, &links)));
                     }

@@ -15,6 +15,7 @@ use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::service::{ExtraData, ListQuery, Submission};
 use crate::store::JobStatus;
+use crate::api::Caller;
 
 pub async fn health(State(state): State<Arc<AppState>>) -> Json<Json_> {
     Json(json!({ "status": "healthy", "version": env!("CARGO_PKG_VERSION"), "nodes": state.service.registry().definitions().count() }))
@@ -85,13 +86,13 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// worker that received them; larger ones on the blocking pool.
 const INLINE_SUBMIT_BYTES: usize = 32 << 10;
 
-pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, links: Links, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     // A used key is refused whatever else the request holds (spec: any
     // later request with the key is 422); the claim itself is atomic with
     // the job's record in `Service::submit`.
     let key = idempotency_key(&headers)?;
     if let Some(key) = &key {
-        state.service.check_key(key)?;
+        state.service.check_key(caller.owner(), key)?;
     }
     // A submission over the size limit is a workflow over it (the
     // workflow is what makes a body large): `invalid_workflow` naming the
@@ -120,7 +121,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
     let metadata = body.get("metadata").filter(|m| !m.is_null()).map(check_metadata).transpose()?;
     let extra = body.get("extra_data").filter(|m| !m.is_null()).map(check_extra_data).transpose()?.unwrap_or_default();
     let service = state.service.clone();
-    let owner = state.owner().to_string();
+    let owner = caller.owner().to_string();
     let submission = Submission { workflow, extra, idempotency_key: key, metadata, owner, surface: "v2", id: None, front: false, compat: None };
     // Validation, the store writes and the commit log's sync (~50 µs on a
     // local disk) run right here for a typical workflow: a hand-off to the
@@ -140,9 +141,9 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
 /// Largest rendered job body kept for later polls.
 const MAX_CACHED_BODY: usize = 64 << 10;
 
-pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
+pub async fn get_job(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let (record, position) = state.service.get_shared(state.owner(), &id)?;
+    let (record, position) = state.service.get_shared(caller.owner(), &id)?;
     if !record.status.is_terminal() {
         return Ok(Json(wire::job(&record, position, &links, state.service.options().logs_on_read)).into_response());
     }
@@ -164,21 +165,21 @@ pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Segment(i
     Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-pub async fn workflow(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
+pub async fn workflow(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
     check_id(&id)?;
-    let workflow = state.service.workflow(state.owner(), &id)?;
+    let workflow = state.service.workflow(caller.owner(), &id)?;
     Ok(Json(json!({ "workflow": workflow, "format": "api" })))
 }
 
-pub async fn cancel(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
+pub async fn cancel(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     let service = state.service.clone();
-    let owner = state.owner().to_string();
+    let owner = caller.owner().to_string();
     let (record, position) = tokio::task::spawn_blocking(move || service.cancel(&owner, &id)).await.map_err(|e| ApiError::internal(&e))??;
     Ok(Json(wire::job(&record, position, &links, false)).into_response())
 }
 
-pub async fn list(State(state): State<Arc<AppState>>, links: Links, query: Result<Query<Vec<(String, String)>>, QueryRejection>) -> Result<Response, ApiError> {
+pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, links: Links, query: Result<Query<Vec<(String, String)>>, QueryRejection>) -> Result<Response, ApiError> {
     let Query(pairs) = query.map_err(|e| ApiError::invalid_request(e.body_text()))?;
     let mut q = ListQuery { limit: 50, ..ListQuery::default() };
     for (k, v) in pairs {
@@ -210,7 +211,7 @@ pub async fn list(State(state): State<Arc<AppState>>, links: Links, query: Resul
         }
     }
     let service = state.service.clone();
-    let owner = state.owner().to_string();
+    let owner = caller.owner().to_string();
     let (jobs, next) = tokio::task::spawn_blocking(move || service.list(&owner, &q)).await.map_err(|e| ApiError::internal(&e))??;
     let items: Vec<wire::JobView> = jobs
         .iter()

@@ -21,6 +21,7 @@ use serde_json::{Map, Value as Json_, json};
 
 use super::{blocking, delete_or_clear, empty_ok, millis, queue_item};
 use crate::api::AppState;
+use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::v2::Segment;
 use crate::service::Service;
@@ -103,9 +104,9 @@ pub(super) fn item(service: &Service, job: &CompatJob) -> Result<Json_, crate::s
     }))
 }
 
-pub async fn list(State(state): State<Arc<AppState>>, query: Result<Query<HistoryQuery>, QueryRejection>) -> Result<Json<Json_>, ApiError> {
+pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, query: Result<Query<HistoryQuery>, QueryRejection>) -> Result<Json<Json_>, ApiError> {
     let Query(q) = query.map_err(|_| ApiError::invalid_request("`max_items` and `offset` must be whole numbers."))?;
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let body = blocking(move || {
         let jobs = service.compat_history(&owner)?;
         // ComfyUI: `offset` skips from the oldest; `max_items` alone keeps the last N.
@@ -125,8 +126,8 @@ pub async fn list(State(state): State<Arc<AppState>>, query: Result<Query<Histor
     Ok(Json(body))
 }
 
-pub async fn one(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+pub async fn one(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let body = blocking(move || {
         let mut out = Map::new();
         if uuid::Uuid::parse_str(&id).is_ok()
@@ -140,9 +141,9 @@ pub async fn one(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Re
     Ok(Json(body))
 }
 
-pub async fn edit(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn edit(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (delete, clear) = delete_or_clear(&state, body)?;
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     blocking(move || {
         if clear {
             service.delete_history(&owner, None)?;

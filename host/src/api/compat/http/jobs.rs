@@ -19,6 +19,7 @@ use serde_json::{Map, Value as Json_, json};
 
 use super::{blocking, millis, number};
 use crate::api::AppState;
+use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::v2::Segment;
 use crate::service::compat::CompatJob;
@@ -93,7 +94,7 @@ pub struct JobsQuery {
     offset: Option<String>,
 }
 
-pub async fn list(State(state): State<Arc<AppState>>, Query(q): Query<JobsQuery>) -> Result<Response, ApiError> {
+pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, Query(q): Query<JobsQuery>) -> Result<Response, ApiError> {
     let wanted: Vec<String> = match q.status.as_deref().filter(|s| !s.is_empty()) {
         None => STATUSES.iter().map(|s| s.to_string()).collect(),
         Some(list) => {
@@ -116,7 +117,7 @@ pub async fn list(State(state): State<Arc<AppState>>, Query(q): Query<JobsQuery>
     let offset = q.offset.as_deref().and_then(|o| o.trim().parse::<i64>().ok()).unwrap_or(0).max(0) as usize;
     let by_duration = q.sort_by.as_deref() == Some("execution_duration");
     let ascending = q.sort_order.as_deref() == Some("asc");
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let mut jobs = blocking(move || {
         let (running, pending) = service.compat_queue(&owner)?;
         let mut all = service.compat_history(&owner)?;
@@ -142,11 +143,11 @@ pub async fn list(State(state): State<Arc<AppState>>, Query(q): Query<JobsQuery>
     Ok(Json(json!({ "jobs": page, "pagination": { "offset": offset, "limit": limit, "total": total, "has_more": has_more } })).into_response())
 }
 
-pub async fn detail(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
+pub async fn detail(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Response, ApiError> {
     if uuid::Uuid::parse_str(&id).is_err() {
         return Ok(error(StatusCode::NOT_FOUND, "Job not found"));
     }
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let found = blocking(move || {
         let (record, _) = match service.get(&owner, &id) {
             Ok(r) => r,
@@ -173,8 +174,8 @@ pub async fn detail(State(state): State<Arc<AppState>>, Segment(id): Segment) ->
 }
 
 /// Cancels the jobs that are queued or running; whether any was.
-async fn cancel_ids(state: &AppState, ids: Vec<String>) -> Result<bool, ApiError> {
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+async fn cancel_ids(state: &AppState, owner: &str, ids: Vec<String>) -> Result<bool, ApiError> {
+    let (service, owner) = (state.service.clone(), owner.to_string());
     blocking(move || {
         let mut any = false;
         for id in ids {
@@ -192,12 +193,12 @@ async fn cancel_ids(state: &AppState, ids: Vec<String>) -> Result<bool, ApiError
     .await
 }
 
-pub async fn cancel(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
+pub async fn cancel(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Response, ApiError> {
     let ids = if uuid::Uuid::parse_str(&id).is_ok() { vec![id] } else { Vec::new() };
-    Ok(Json(json!({ "cancelled": cancel_ids(&state, ids).await? })).into_response())
+    Ok(Json(json!({ "cancelled": cancel_ids(&state, caller.owner(), ids).await? })).into_response())
 }
 
-pub async fn cancel_many(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn cancel_many(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = super::optional_object(body, state.service.options().workflow_limits.max_bytes)?.unwrap_or_default();
     let Some(list) = body.get("job_ids").and_then(Json_::as_array) else { return Ok(error(StatusCode::BAD_REQUEST, "job_ids must be a list")) };
     let canonical = |v: &Json_| v.as_str().filter(|s| uuid::Uuid::parse_str(s).is_ok_and(|u| u.hyphenated().to_string() == *s)).map(str::to_string);
@@ -206,5 +207,5 @@ pub async fn cancel_many(State(state): State<Arc<AppState>>, body: Result<Bytes,
         return Ok((StatusCode::BAD_REQUEST, Json(json!({ "error": "job_ids contains invalid id(s)", "invalid_ids": invalid }))).into_response());
     }
     let ids = list.iter().filter_map(canonical).collect();
-    Ok(Json(json!({ "cancelled": cancel_ids(&state, ids).await? })).into_response())
+    Ok(Json(json!({ "cancelled": cancel_ids(&state, caller.owner(), ids).await? })).into_response())
 }

@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json};
 
 use crate::api::AppState;
+use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::v2::Segment;
 use crate::service::job_files::JobInputs;
@@ -29,23 +30,29 @@ pub struct Rendered {
     gzip: Bytes,
 }
 
-/// The last rendered listing.
-#[derive(Default)]
-pub struct ObjectInfoCache(parking_lot::Mutex<Option<Arc<Rendered>>>);
+/// The last rendered listing of each recent caller (LoadImage lists the
+/// caller's own uploads).
+pub struct ObjectInfoCache(parking_lot::Mutex<lru::LruCache<String, Arc<Rendered>>>);
+
+impl Default for ObjectInfoCache {
+    fn default() -> Self {
+        ObjectInfoCache(parking_lot::Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(64).unwrap_or(std::num::NonZeroUsize::MIN))))
+    }
+}
 
 /// What LoadImage can list: the caller's uploaded input files.
-fn uploads(state: &AppState) -> Result<JobInputs, ApiError> {
-    let inputs = state.service.input_uploads(state.owner()).map_err(super::compat_error)?;
+fn uploads(state: &AppState, owner: &str) -> Result<JobInputs, ApiError> {
+    let inputs = state.service.input_uploads(owner).map_err(super::compat_error)?;
     Ok(JobInputs::new(&inputs, state.service.blobs().clone()))
 }
 
 /// `GET /internal/files/{type}`: the names of the caller's uploaded input
 /// files, sorted (the frontend refreshes LoadImage's list with it after an
 /// upload); outputs and temporary files are not listed by folder (`[]`).
-pub async fn files(State(state): State<Arc<AppState>>, Path(kind): Path<String>) -> Result<axum::Json<Json>, ApiError> {
+pub async fn files(State(state): State<Arc<AppState>>, caller: Caller, Path(kind): Path<String>) -> Result<axum::Json<Json>, ApiError> {
     match kind.as_str() {
         "input" => {
-            let mut names: Vec<String> = state.service.input_uploads(state.owner()).map_err(super::compat_error)?.into_iter().map(|i| i.name).collect();
+            let mut names: Vec<String> = state.service.input_uploads(caller.owner()).map_err(super::compat_error)?.into_iter().map(|i| i.name).collect();
             names.sort();
             names.dedup();
             Ok(axum::Json(Json::from(names)))
@@ -55,8 +62,8 @@ pub async fn files(State(state): State<Arc<AppState>>, Path(kind): Path<String>)
     }
 }
 
-fn render(state: &AppState, generation: u64) -> Result<Rendered, ApiError> {
-    let files = uploads(state)?;
+fn render(state: &AppState, owner: &str, generation: u64) -> Result<Rendered, ApiError> {
+    let files = uploads(state, owner)?;
     let mut all = Map::new();
     for def in state.service.registry().definitions() {
         all.insert(def.class_type.clone(), crate::object_info::node_info(def, &files));
@@ -69,14 +76,14 @@ fn render(state: &AppState, generation: u64) -> Result<Rendered, ApiError> {
     Ok(Rendered { generation, etag, json: json.into(), gzip: gzip.into() })
 }
 
-/// The current listing (rendered again when an upload happened since).
-fn current(state: &AppState) -> Result<Arc<Rendered>, ApiError> {
+/// `owner`'s current listing (rendered again when an upload happened since).
+fn current(state: &AppState, owner: &str) -> Result<Arc<Rendered>, ApiError> {
     let generation = state.service.uploads_generation();
-    if let Some(r) = state.object_info.0.lock().as_ref().filter(|r| r.generation == generation) {
+    if let Some(r) = state.object_info.0.lock().get(owner).filter(|r| r.generation == generation) {
         return Ok(r.clone());
     }
-    let rendered = Arc::new(render(state, generation)?);
-    *state.object_info.0.lock() = Some(rendered.clone());
+    let rendered = Arc::new(render(state, owner, generation)?);
+    state.object_info.0.lock().put(owner.to_string(), rendered.clone());
     Ok(rendered)
 }
 
@@ -96,9 +103,9 @@ fn matches_etag(headers: &HeaderMap, etag: &HeaderValue) -> bool {
     given.split(',').map(str::trim).any(|t| t == "*" || t == ours || t.strip_prefix("W/") == Some(ours))
 }
 
-pub async fn all(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn all(State(state): State<Arc<AppState>>, caller: Caller, headers: HeaderMap) -> Result<Response, ApiError> {
     let st = state.clone();
-    let rendered = tokio::task::spawn_blocking(move || current(&st)).await.map_err(|e| ApiError::internal(&e))??;
+    let rendered = tokio::task::spawn_blocking(move || current(&st, caller.owner())).await.map_err(|e| ApiError::internal(&e))??;
     let mut builder = Response::builder().header(header::ETAG, rendered.etag.clone()).header(header::VARY, "Accept-Encoding");
     if matches_etag(&headers, &rendered.etag) {
         return builder.status(StatusCode::NOT_MODIFIED).body(Body::empty()).map_err(|e| ApiError::internal(&e));
@@ -114,10 +121,10 @@ pub async fn all(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resu
 }
 
 /// One class, or `{}` (200) for a class that does not exist, as ComfyUI answers.
-pub async fn one(State(state): State<Arc<AppState>>, Segment(class): Segment) -> Result<Response, ApiError> {
+pub async fn one(State(state): State<Arc<AppState>>, caller: Caller, Segment(class): Segment) -> Result<Response, ApiError> {
     let mut out = Map::new();
     if let Some((_, def)) = state.service.registry().get(&class) {
-        let files = uploads(&state)?;
+        let files = uploads(&state, caller.owner())?;
         out.insert(def.class_type.clone(), crate::object_info::node_info(def, &files));
     }
     Ok(axum::Json(Json::Object(out)).into_response())

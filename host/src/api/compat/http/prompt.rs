@@ -19,6 +19,7 @@ use serde_json::{Map, Value as Json_, json};
 
 use super::{compat_error, object};
 use crate::api::AppState;
+use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::v2::{Segment, check_id};
 use crate::files::NamedInputs;
@@ -38,13 +39,13 @@ fn rejection(kind: &str, message: impl Into<String>, details: impl Into<String>,
     (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
 
-pub async fn remaining(State(state): State<Arc<AppState>>) -> Json<Json_> {
-    Json(json!({ "exec_info": { "queue_remaining": state.service.queue_remaining(state.owner()) } }))
+pub async fn remaining(State(state): State<Arc<AppState>>, caller: Caller) -> Json<Json_> {
+    Json(json!({ "exec_info": { "queue_remaining": state.service.queue_remaining(caller.owner()) } }))
 }
 
-pub async fn status(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
+pub async fn status(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
     check_id(&id)?;
-    let (record, _) = state.service.get_shared(state.owner(), &id).map_err(compat_error)?;
+    let (record, _) = state.service.get_shared(caller.owner(), &id).map_err(compat_error)?;
     Ok(Json(json!({ "status": compat_status(&record) })))
 }
 
@@ -73,7 +74,7 @@ fn extra_data(value: Option<&Json_>) -> Result<ExtraData, ApiError> {
     Ok(extra)
 }
 
-pub async fn submit(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let limit = state.service.options().workflow_limits.max_bytes;
     let mut body = object(body, limit)?;
     let front = body.get("front").and_then(Json_::as_bool).unwrap_or(false);
@@ -112,7 +113,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     };
     let extra = extra_data(body.get("extra_data"))?;
     let titles = node_titles(&workflow);
-    let prompt = Prompt { workflow, id, number: number.clone(), front, client_id, extra, owner: state.owner().to_string() };
+    let prompt = Prompt { workflow, id, number: number.clone(), front, client_id, extra, owner: caller.owner().to_string() };
     let service = state.service.clone();
     let outcome = tokio::task::spawn_blocking(move || service.submit_prompt(prompt)).await.map_err(|e| ApiError::internal(&e))?;
     let registry = state.service.registry();

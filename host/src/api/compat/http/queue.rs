@@ -16,10 +16,11 @@ use serde_json::{Value as Json_, json};
 
 use super::{blocking, compat_error, delete_or_clear, empty_ok, optional_object, queue_item};
 use crate::api::AppState;
+use crate::api::Caller;
 use crate::api::error::ApiError;
 
-pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Json_>, ApiError> {
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> Result<Json<Json_>, ApiError> {
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let (running, pending) = blocking(move || service.compat_queue(&owner)).await?;
     Ok(Json(json!({
         "queue_running": running.iter().map(queue_item).collect::<Vec<_>>(),
@@ -27,9 +28,9 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Json_>, Api
     })))
 }
 
-pub async fn edit(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn edit(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (delete, clear) = delete_or_clear(&state, body)?;
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     blocking(move || {
         if clear {
             service.clear_queue(&owner)?;
@@ -40,10 +41,10 @@ pub async fn edit(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesR
     Ok(empty_ok())
 }
 
-pub async fn interrupt(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn interrupt(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = optional_object(body, state.service.options().workflow_limits.max_bytes)?;
     let id = body.as_ref().and_then(|b| b.get("prompt_id")).and_then(Json_::as_str).map(str::to_string);
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     tokio::task::spawn_blocking(move || service.interrupt(&owner, id.as_deref())).await.map_err(|e| ApiError::internal(&e))?.map_err(compat_error)?;
     Ok(empty_ok())
 }

@@ -18,6 +18,7 @@ use serde_json::{Value as Json_, json};
 
 use super::blocking;
 use crate::api::AppState;
+use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::service::compat::CompatUpload;
 use crate::service::{ServiceError, job_files::media_type};
@@ -107,7 +108,7 @@ fn kind(kind: Option<String>) -> Result<String, ApiError> {
     }
 }
 
-pub async fn image(State(state): State<Arc<AppState>>, multipart: Result<Multipart, MultipartRejection>) -> Result<Json<Json_>, ApiError> {
+pub async fn image(State(state): State<Arc<AppState>>, caller: Caller, multipart: Result<Multipart, MultipartRejection>) -> Result<Json<Json_>, ApiError> {
     let form = read_form(&state, multipart, false).await?;
     let (Some(file), Some(filename)) = (form.file, form.filename) else { return Err(ApiError::invalid_request("The upload has no `image` file part.")) };
     let req = CompatUpload {
@@ -118,12 +119,12 @@ pub async fn image(State(state): State<Arc<AppState>>, multipart: Result<Multipa
         overwrite: form.overwrite,
     };
     let (kind, sub) = (req.kind.clone(), req.subfolder.clone());
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let name = blocking(move || service.commit_compat_upload(&owner, file, req)).await?;
     Ok(Json(json!({ "name": name, "subfolder": sub, "type": kind })))
 }
 
-pub async fn mask(State(state): State<Arc<AppState>>, multipart: Result<Multipart, MultipartRejection>) -> Result<Json<Json_>, ApiError> {
+pub async fn mask(State(state): State<Arc<AppState>>, caller: Caller, multipart: Result<Multipart, MultipartRejection>) -> Result<Json<Json_>, ApiError> {
     let form = read_form(&state, multipart, true).await?;
     let (Some(mask), Some(filename)) = (form.mask, form.filename) else { return Err(ApiError::invalid_request("The upload has no `image` file part.")) };
     let original: Json_ = form
@@ -147,7 +148,7 @@ pub async fn mask(State(state): State<Arc<AppState>>, multipart: Result<Multipar
     }
     let req = CompatUpload { kind: kind(form.kind)?, subfolder: String::new(), content_type: "image/png".into(), filename, overwrite: form.overwrite };
     let kind = req.kind.clone();
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let name = blocking(move || service.commit_compat_mask(&owner, &mask, (&original_kind, &original_sub, &original_name), req)).await?;
     Ok(Json(json!({ "name": name, "subfolder": "", "type": kind })))
 }

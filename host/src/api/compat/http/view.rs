@@ -19,6 +19,7 @@ use super::blocking;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::store::now_micros;
+use crate::api::Caller;
 
 #[derive(serde::Deserialize)]
 pub struct ViewQuery {
@@ -60,10 +61,10 @@ fn parse(q: ViewQuery) -> Result<(String, String, String), ApiError> {
     Ok((kind, subfolder.trim_end_matches(['/', '\\']).to_string(), name))
 }
 
-pub async fn view(State(state): State<Arc<AppState>>, links: Links, query: Result<Query<ViewQuery>, QueryRejection>) -> Result<Response, ApiError> {
+pub async fn view(State(state): State<Arc<AppState>>, caller: Caller, links: Links, query: Result<Query<ViewQuery>, QueryRejection>) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|_| ApiError::invalid_request("Bad query string."))?;
     let (kind, subfolder, filename) = parse(q)?;
-    let (service, owner) = (state.service.clone(), state.owner().to_string());
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let asset = blocking(move || service.compat_file(&owner, &kind, &subfolder, &filename)).await?;
     let expires = now_micros() / 1_000_000 + state.config.signed_url_ttl_s as i64;
     let sig = state.signer.sign(&asset.id, expires);

@@ -61,18 +61,18 @@ pub fn server_features(state: &AppState) -> serde_json::Value {
     })
 }
 
-async fn upgrade(State(state): State<Arc<AppState>>, Query(query): Query<WsQuery>, ws: WebSocketUpgrade) -> Response {
-    // With a configured token, `?token=` must carry it (the edge checks
-    // only the Jobs API's bearer header).
-    if let Some(expected) = &state.token_hash {
-        match query.token.as_deref() {
-            Some(token) if blake3::hash(token.as_bytes()) == *expected => {}
-            Some(_) => return ApiError::unauthorized("Invalid token.").into_response(),
-            None => return ApiError::unauthorized("Missing token: connect with ?token=<token>.").into_response(),
-        }
-    }
+async fn upgrade(State(state): State<Arc<AppState>>, Query(query): Query<WsQuery>, headers: axum::http::HeaderMap, ws: WebSocketUpgrade) -> Response {
+    // `?token=` (or an `X-API-Key` header) names the caller: the token of a
+    // self-hosted server that has one, an account's key with accounts (the
+    // edge leaves the WebSocket to this check).
+    let key = query.token.as_deref().or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim));
+    let caller = match crate::api::auth::authenticate(&state, key) {
+        Ok(caller) => caller,
+        Err(e) if key.is_none() => return ApiError { message: "Missing token: connect with ?token=<token>.".into(), ..e }.into_response(),
+        Err(e) => return e.into_response(),
+    };
     let sid = query.client_id.filter(|c| !c.is_empty() && c.len() <= MAX_CLIENT_ID).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-    let owner: Arc<str> = Arc::from(state.owner());
+    let owner = caller.owner_arc();
     ws.max_message_size(MAX_CLIENT_FRAME)
         .max_frame_size(MAX_CLIENT_FRAME)
         .read_buffer_size(READ_BUFFER)

@@ -62,6 +62,8 @@ pub fn exception_type(code: &str) -> &'static str {
         "node_out_of_memory" | "job_out_of_memory" => "OOMError",
         "node_timeout" => "TimeoutError",
         "interrupted" => "InterruptProcessingException",
+        "inactive_subscription" => "InactiveSubscriptionError",
+        "insufficient_funds" | "insufficient_credits" => "InsufficientFundsError",
         _ => "RuntimeError",
     }
 }
@@ -196,5 +198,7 @@ mod tests {
         assert_eq!(exception_type("node_out_of_memory"), "OOMError");
         assert_eq!(exception_type("job_out_of_memory"), "OOMError");
         assert_eq!(exception_type("node_crashed"), "RuntimeError");
+        assert_eq!(exception_type("inactive_subscription"), "InactiveSubscriptionError");
+        assert_eq!(exception_type("insufficient_funds"), "InsufficientFundsError");
     }
 }

@@ -1,0 +1,52 @@
+//! The admin API under `/admin/`: the operator's routes (accounts; the
+//! deployments of serverless hosting). It exists only when an operator
+//! token (`admin_token`) is configured — otherwise every `/admin/` path
+//! answers 404 like any unknown path — and every route passes [`authorize`],
+//! the one gate: the operator token as `Authorization: Bearer` opens it, no
+//! or a wrong token answers 401 `unauthorized`, an account's key 403
+//! `forbidden`. It is mounted at the host's root, never under the mount
+//! prefix (it administers the whole host).
+
+mod accounts;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use super::auth::bearer;
+use super::error::ApiError;
+
+/// The admin routes, each behind [`authorize`]; none without an operator token.
+pub fn routes(state: Arc<AppState>) -> Router {
+    if state.admin_token_hash.is_none() {
+        return Router::new();
+    }
+    accounts::routes().route_layer(axum::middleware::from_fn_with_state(state.clone(), gate)).with_state(state)
+}
+
+/// Whether a request with `headers` is the operator's (see the module docs).
+pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = &state.admin_token_hash else { return Err(ApiError::not_found()) };
+    let account_key = |key: Option<&str>| key.is_some_and(|k| state.service.accounts().authenticate(k).is_some());
+    match bearer(headers) {
+        Some(token) if blake3::hash(token.as_bytes()) == *expected => Ok(()),
+        given if account_key(given) || account_key(headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)) => {
+            Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", "Account keys cannot use the admin API."))
+        }
+        None => Err(ApiError::unauthorized("The admin API needs the operator token (Authorization: Bearer).")),
+        Some(_) => Err(ApiError::unauthorized("Invalid operator token.")),
+    }
+}
+
+/// [`authorize`] as a route layer.
+async fn gate(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    match authorize(&state, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
