@@ -50,7 +50,9 @@ pub struct AppState {
     /// The compatibility API's rendered `object_info` listing.
     pub object_info: compat::ObjectInfoCache,
     /// The web frontend's settings and files, in the data directory.
-    pub user_files: crate::service::user_files::UserFiles,
+    pub user_files: Arc<crate::service::user_files::UserFiles>,
+    /// Each account's own frontend files (cloud, serverless), by account id.
+    pub account_files: parking_lot::Mutex<std::collections::HashMap<Arc<str>, Arc<crate::service::user_files::UserFiles>>>,
     /// The web frontend served at `/`, when `front_end_root` is set.
     pub frontend: Option<compat::Frontend>,
     /// Every caller of a server without accounts: its one owner.
@@ -68,13 +70,14 @@ impl AppState {
     pub fn new(service: Arc<Service>, mut config: Config, signer: signing::Signer, local: SocketAddr, frontend: Option<compat::Frontend>) -> Arc<AppState> {
         config.mount_prefix = normalize_prefix(&config.mount_prefix);
         let token_hash = config.token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
-        let user_files = crate::service::user_files::UserFiles::new(&config.data_dir, config.user_file_limits());
+        let user_files = Arc::new(crate::service::user_files::UserFiles::new(&config.data_dir, config.user_file_limits()));
         let default_caller = Caller::new(Arc::from(service.options().owner.as_str()));
         let admin_token_hash = config.admin_token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
         Arc::new(AppState {
             default_caller,
             admin_token_hash,
             user_files,
+            account_files: Default::default(),
             frontend,
             api_base: format!("{}/api/v2", config.mount_prefix).into(),
             service,
@@ -86,6 +89,21 @@ impl AppState {
             rendered: parking_lot::Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
             object_info: Default::default(),
         })
+    }
+}
+
+impl AppState {
+    /// The frontend files of `caller`: the one user's without accounts,
+    /// else the account's own (`<data_dir>/users/<account id>`).
+    pub fn files_of(&self, caller: &Caller) -> Arc<crate::service::user_files::UserFiles> {
+        if !self.config.mode.has_accounts() {
+            return self.user_files.clone();
+        }
+        let owner = caller.owner_arc();
+        let mut all = self.account_files.lock();
+        all.entry(owner.clone())
+            .or_insert_with(|| Arc::new(crate::service::user_files::UserFiles::for_user(&self.config.data_dir, &owner, self.config.user_file_limits())))
+            .clone()
     }
 }
 

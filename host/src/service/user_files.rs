@@ -78,7 +78,13 @@ pub struct UserFiles {
 impl UserFiles {
     /// Files under `<data_dir>/users/default` (created on first write).
     pub fn new(data_dir: &Path, limits: UserFileLimits) -> UserFiles {
-        UserFiles { root: data_dir.join("users").join(DEFAULT_USER), limits, settings: Mutex::new(None) }
+        UserFiles::for_user(data_dir, DEFAULT_USER, limits)
+    }
+
+    /// Files under `<data_dir>/users/<user>` (an account's id: letters,
+    /// digits and `_`, never a path of the client's choosing).
+    pub fn for_user(data_dir: &Path, user: &str, limits: UserFileLimits) -> UserFiles {
+        UserFiles { root: data_dir.join("users").join(user), limits, settings: Mutex::new(None) }
     }
 
     pub fn limits(&self) -> UserFileLimits {

@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json_, json};
 
 use crate::api::AppState;
+use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::service::user_files::{FileInfo, UserFilesError};
 
@@ -48,23 +49,23 @@ fn info_json(info: &FileInfo) -> Json_ {
     json!({ "path": info.path, "size": info.size, "modified": info.modified_ms, "created": info.created_ms })
 }
 
-pub async fn settings(State(state): State<Arc<AppState>>) -> Result<Json<Map<String, Json_>>, ApiError> {
-    Ok(Json(blocking(move || state.user_files.settings()).await?))
+pub async fn settings(State(state): State<Arc<AppState>>, caller: Caller) -> Result<Json<Map<String, Json_>>, ApiError> {
+    Ok(Json(blocking(move || state.files_of(&caller).settings()).await?))
 }
 
-pub async fn setting(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
-    Ok(Json(blocking(move || state.user_files.setting(&id)).await?.unwrap_or(Json_::Null)))
+pub async fn setting(State(state): State<Arc<AppState>>, caller: Caller, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
+    Ok(Json(blocking(move || state.files_of(&caller).setting(&id)).await?.unwrap_or(Json_::Null)))
 }
 
 /// `POST /api/settings`: a JSON object of settings, merged into the stored ones.
-pub async fn set_many(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn set_many(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let values = super::object(body, state.user_files.limits().settings_bytes)?;
-    blocking(move || state.user_files.update_settings(values)).await?;
+    blocking(move || state.files_of(&caller).update_settings(values)).await?;
     Ok(super::empty_ok())
 }
 
 /// `POST /api/settings/{id}`: the body is the setting's JSON value.
-pub async fn set_one(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn set_one(State(state): State<Arc<AppState>>, caller: Caller, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let limit = state.user_files.limits().settings_bytes;
     let bytes = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(limit as u64) } else { ApiError::invalid_request(e.body_text()) }
@@ -73,18 +74,18 @@ pub async fn set_one(State(state): State<Arc<AppState>>, Path(id): Path<String>,
     if id.is_empty() || id.len() > 256 {
         return Err(ApiError::invalid_request("A setting id is 1 to 256 bytes."));
     }
-    blocking(move || state.user_files.update_settings(Map::from_iter([(id, value)]))).await?;
+    blocking(move || state.files_of(&caller).update_settings(Map::from_iter([(id, value)]))).await?;
     Ok(super::empty_ok())
 }
 
 /// `GET /api/userdata?dir=...`: relative paths, `[path, part...]` with
 /// `split`, or file descriptions with `full_info`.
-pub async fn list(State(state): State<Arc<AppState>>, Query(params): Params) -> Result<Json<Json_>, ApiError> {
+pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, Query(params): Params) -> Result<Json<Json_>, ApiError> {
     let Some(dir) = params.get("dir").filter(|d| !d.is_empty()).cloned() else {
         return Err(ApiError::invalid_request("Directory not provided"));
     };
     let recurse = flag(&params, "recurse");
-    let files = blocking(move || state.user_files.list(&dir, recurse)).await?;
+    let files = blocking(move || state.files_of(&caller).list(&dir, recurse)).await?;
     let (full, split) = (flag(&params, "full_info"), flag(&params, "split"));
     Ok(Json(Json_::Array(
         files
@@ -98,9 +99,9 @@ pub async fn list(State(state): State<Arc<AppState>>, Query(params): Params) -> 
     )))
 }
 
-pub async fn read(State(state): State<Arc<AppState>>, Path(file): Path<String>) -> Result<Response, ApiError> {
+pub async fn read(State(state): State<Arc<AppState>>, caller: Caller, Path(file): Path<String>) -> Result<Response, ApiError> {
     let name = file.rsplit('/').next().unwrap_or("file").replace(['"', '\\'], "_");
-    let bytes = blocking(move || state.user_files.read(&file)).await?;
+    let bytes = blocking(move || state.files_of(&caller).read(&file)).await?;
     let mut response = bytes.into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(if name.ends_with(".json") { "application/json" } else { "application/octet-stream" }));
@@ -113,7 +114,7 @@ pub async fn read(State(state): State<Arc<AppState>>, Path(file): Path<String>) 
 /// `POST /api/userdata/{file}?overwrite=&full_info=`: the raw body is the
 /// file (`overwrite` defaults to true, as in ComfyUI).
 pub async fn write(
-    State(state): State<Arc<AppState>>,
+    State(state): State<Arc<AppState>>, caller: Caller,
     Path(file): Path<String>,
     Query(params): Params,
     body: Result<Bytes, BytesRejection>,
@@ -122,18 +123,18 @@ pub async fn write(
     let bytes = body
         .map_err(|e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(limit) } else { ApiError::invalid_request(e.body_text()) })?;
     let overwrite = params.get("overwrite").is_none_or(|v| !v.eq_ignore_ascii_case("false"));
-    let info = blocking(move || state.user_files.write(&file, &bytes, overwrite)).await?;
+    let info = blocking(move || state.files_of(&caller).write(&file, &bytes, overwrite)).await?;
     Ok(Json(if flag(&params, "full_info") { info_json(&info) } else { Json_::from(info.path) }))
 }
 
-pub async fn delete(State(state): State<Arc<AppState>>, Path(file): Path<String>) -> Result<Response, ApiError> {
-    blocking(move || state.user_files.delete(&file)).await?;
+pub async fn delete(State(state): State<Arc<AppState>>, caller: Caller, Path(file): Path<String>) -> Result<Response, ApiError> {
+    blocking(move || state.files_of(&caller).delete(&file)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `POST /api/userdata/{file}/move/{dest}?overwrite=&full_info=`.
-pub async fn rename(State(state): State<Arc<AppState>>, Path((file, dest)): Path<(String, String)>, Query(params): Params) -> Result<Json<Json_>, ApiError> {
+pub async fn rename(State(state): State<Arc<AppState>>, caller: Caller, Path((file, dest)): Path<(String, String)>, Query(params): Params) -> Result<Json<Json_>, ApiError> {
     let overwrite = params.get("overwrite").is_none_or(|v| !v.eq_ignore_ascii_case("false"));
-    let info = blocking(move || state.user_files.rename(&file, &dest, overwrite)).await?;
+    let info = blocking(move || state.files_of(&caller).rename(&file, &dest, overwrite)).await?;
     Ok(Json(if flag(&params, "full_info") { info_json(&info) } else { Json_::from(info.path) }))
 }
