@@ -159,6 +159,15 @@ impl Service {
         }
     }
 
+    /// The asset a signed download link names: the signature is its
+    /// authorization (checked by the caller), so it is found whoever owns it.
+    pub fn signed_asset(&self, id: &str) -> Result<AssetRecord, ServiceError> {
+        match self.meta.get_asset(id)? {
+            Some(a) if self.visible(&a.owner, &a) => Ok(a),
+            _ => Err(ServiceError::NotFound),
+        }
+    }
+
     /// The local file holding an asset's bytes.
     pub fn asset_file(&self, asset: &AssetRecord) -> Result<std::path::PathBuf, ServiceError> {
         parse_blob_name(&asset.hash).and_then(|h| self.blobs.path(&h)).ok_or(ServiceError::NotFound)

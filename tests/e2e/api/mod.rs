@@ -9,6 +9,7 @@ mod events;
 mod failures;
 mod idempotency;
 mod jobs;
+mod tenants;
 
 use std::time::Duration;
 

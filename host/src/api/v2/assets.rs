@@ -200,7 +200,7 @@ pub struct Signature {
 }
 
 pub async fn signed_content(
-    State(state): State<Arc<AppState>>, caller: Caller,
+    State(state): State<Arc<AppState>>,
     Segment(id): Segment,
     query: Result<Query<Signature>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
@@ -210,7 +210,7 @@ pub async fn signed_content(
     if !state.signer.verify(&id, sig.expires, &sig.sig, now_micros() / 1_000_000) {
         return Err(forbidden());
     }
-    let asset = state.service.asset(caller.owner(), &id)?;
+    let asset = state.service.signed_asset(&id)?;
     let path = state.service.asset_file(&asset)?;
     content::serve(&path, &asset.content_type, &asset.hash, &headers).await
 }

@@ -1,0 +1,444 @@
+//! Cloud and serverless modes (issue 18) over real HTTP and WebSockets on
+//! loopback: accounts made through the admin API, whose keys open both
+//! surfaces; two accounts that cannot see, download, cancel, reference or
+//! stream each other's work (every route tried with the other's ids);
+//! credits charged when jobs end and 402 at zero; the cloud's subscription
+//! rule (429 on the compatibility API only); the admin API's gate; the
+//! result cache per account; accounts surviving a restart.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use kiln::config::Mode;
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+use super::{TestServer, load_save, png_bytes, start, start_default, start_in, trivial};
+
+const OPERATOR: &str = "operator-token-of-the-tests";
+
+fn cloud(c: &mut kiln::config::Config, o: &mut kiln::service::ServiceOptions) {
+    c.mode = Mode::Cloud;
+    c.admin_token = Some(OPERATOR.into());
+    o.mode = Mode::Cloud;
+}
+
+async fn start_cloud() -> TestServer {
+    start(cloud).await
+}
+
+/// An admin API request with `token` as the bearer.
+fn admin(s: &TestServer, method: Method, path: &str, token: Option<&str>) -> RequestBuilder {
+    let req = s.http.request(method, format!("{}/admin{path}", s.server.url()));
+    match token {
+        Some(t) => req.bearer_auth(t),
+        None => req,
+    }
+}
+
+async fn json_of(req: RequestBuilder) -> (StatusCode, Value) {
+    let resp = req.send().await.unwrap();
+    (resp.status(), resp.json().await.unwrap_or(Value::Null))
+}
+
+/// One account's client.
+struct Tenant<'a> {
+    s: &'a TestServer,
+    name: String,
+    key: String,
+}
+
+async fn tenant<'a>(s: &'a TestServer, name: &str, credits: i64) -> Tenant<'a> {
+    let (status, body) = json_of(admin(s, Method::POST, "/accounts", Some(OPERATOR)).json(&json!({ "name": name, "credits": credits }))).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["account"]["name"], name);
+    let key = body["key"].as_str().unwrap().to_string();
+    Tenant { s, name: name.into(), key }
+}
+
+impl Tenant<'_> {
+    /// A Jobs API request (`Authorization: Bearer`).
+    fn v2(&self, method: Method, path: &str) -> RequestBuilder {
+        self.s.http.request(method, self.s.url(path)).bearer_auth(&self.key)
+    }
+    /// A compatibility API request (`X-API-Key`), `path` from the root.
+    fn compat(&self, method: Method, path: &str) -> RequestBuilder {
+        self.s.http.request(method, format!("{}{path}", self.s.server.url())).header("X-API-Key", &self.key)
+    }
+    async fn submit(&self, workflow: Value) -> (StatusCode, Value) {
+        json_of(self.v2(Method::POST, "/jobs").json(&json!({ "workflow": workflow }))).await
+    }
+    async fn wait(&self, id: &str) -> Value {
+        for _ in 0..600 {
+            let (status, job) = json_of(self.v2(Method::GET, &format!("/jobs/{id}"))).await;
+            assert_eq!(status, 200, "{job}");
+            if ["succeeded", "failed", "canceled", "expired"].contains(&job["status"].as_str().unwrap()) {
+                return job;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("job {id} did not finish");
+    }
+    async fn upload(&self, bytes: Vec<u8>) -> Value {
+        let form = reqwest::multipart::Form::new()
+            .text("content_type", "image/png")
+            .text("file_path", "in.png")
+            .part("file", reqwest::multipart::Part::bytes(bytes).file_name("in.png").mime_str("image/png").unwrap());
+        let (status, asset) = json_of(self.v2(Method::POST, "/assets").multipart(form)).await;
+        assert!(status.is_success(), "{asset}");
+        asset
+    }
+    async fn compat_upload(&self, name: &str, bytes: Vec<u8>) -> Value {
+        let form = reqwest::multipart::Form::new().part("image", reqwest::multipart::Part::bytes(bytes).file_name(name.to_string()).mime_str("image/png").unwrap());
+        let (status, body) = json_of(self.compat(Method::POST, "/api/upload/image").multipart(form)).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+    async fn prompt(&self, workflow: Value) -> (StatusCode, Value) {
+        json_of(self.compat(Method::POST, "/api/prompt").json(&json!({ "prompt": workflow }))).await
+    }
+    async fn account(&self) -> Value {
+        let (status, body) = json_of(admin(self.s, Method::GET, &format!("/accounts/{}", self.name), Some(OPERATOR))).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+    async fn ws(&self) -> Socket {
+        let url = format!("{}/ws?clientId=c&token={}", self.s.server.url().replacen("http://", "ws://", 1), self.key);
+        tokio_tungstenite::connect_async(url).await.expect("the WebSocket opens").0
+    }
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The JSON messages a socket receives until it has been quiet for `quiet`.
+async fn drain(ws: &mut Socket, quiet: Duration) -> Vec<Value> {
+    let mut out = Vec::new();
+    while let Ok(Some(Ok(message))) = tokio::time::timeout(quiet, ws.next()).await {
+        if let Message::Text(text) = message {
+            out.push(serde_json::from_str(&text).unwrap());
+        }
+    }
+    out
+}
+
+/// The JSON messages up to `executing {node: null}` of `prompt_id`.
+async fn until_done(ws: &mut Socket, prompt_id: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(30), ws.next()).await.expect("a frame within 30 s").unwrap().unwrap();
+        let Message::Text(text) = message else { continue };
+        let value: Value = serde_json::from_str(&text).unwrap();
+        let done = value["type"] == "executing" && value["data"]["node"].is_null() && value["data"]["prompt_id"] == prompt_id;
+        out.push(value);
+        if done {
+            return out;
+        }
+    }
+}
+
+/// LoadImage(name) → SaveImage.
+fn load_named(name: &str) -> Value {
+    json!({
+        "1": { "class_type": "LoadImage", "inputs": { "image": name } },
+        "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "tenant" } },
+    })
+}
+
+#[tokio::test]
+async fn accounts_cannot_reach_each_others_jobs_or_assets_on_v2() {
+    let s = start_cloud().await;
+    let (a, b) = (tenant(&s, "alice", 1000).await, tenant(&s, "bob", 1000).await);
+    let asset = a.upload(png_bytes(8, 8, 1)).await;
+    let (status, job) = json_of(a.v2(Method::POST, "/jobs").header("Idempotency-Key", "shared-key").json(&json!({ "workflow": load_save(&asset) }))).await;
+    assert_eq!(status, 201, "{job}");
+    let ja = job["id"].as_str().unwrap().to_string();
+    let done = a.wait(&ja).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let output = done["outputs"][0]["id"].as_str().unwrap().to_string();
+    let (aid, hash) = (asset["id"].as_str().unwrap().to_string(), asset["hash"].as_str().unwrap().to_string());
+
+    // Alice reaches all of it (the control) ...
+    for path in [format!("/jobs/{ja}"), format!("/jobs/{ja}/workflow"), format!("/assets/{aid}"), format!("/assets/{output}"), format!("/assets/{aid}/content")] {
+        let status = a.v2(Method::GET, &path).send().await.unwrap().status();
+        assert_eq!(status, 200, "alice: {path}");
+    }
+    // ... Bob none of it: the answer is the one a made-up id gets.
+    let nobody = uuid::Uuid::new_v4().to_string();
+    let (_, unknown) = json_of(b.v2(Method::GET, &format!("/jobs/{nobody}"))).await;
+    assert_eq!(unknown["error"]["code"], "not_found");
+    let theirs = [
+        (Method::GET, format!("/jobs/{ja}")),
+        (Method::GET, format!("/jobs/{ja}/workflow")),
+        (Method::POST, format!("/jobs/{ja}/cancel")),
+        (Method::GET, format!("/jobs/{ja}/events")),
+        (Method::GET, format!("/assets/{aid}")),
+        (Method::GET, format!("/assets/{aid}/content")),
+        (Method::DELETE, format!("/assets/{aid}")),
+        (Method::GET, format!("/assets/{output}")),
+        (Method::GET, format!("/assets/{output}/content")),
+        (Method::DELETE, format!("/assets/{output}")),
+    ];
+    for (method, path) in theirs {
+        let (status, body) = json_of(b.v2(method.clone(), &path)).await;
+        assert_eq!(status, 404, "bob: {method} {path}: {body}");
+        assert_eq!(body, unknown, "bob: {method} {path} must look like an unknown id");
+    }
+    let head = b.v2(Method::HEAD, &format!("/assets/by-hash/{hash}")).send().await.unwrap().status();
+    assert_eq!(head, 404, "another account's bytes are not 'known' to bob");
+    assert_eq!(a.v2(Method::HEAD, &format!("/assets/by-hash/{hash}")).send().await.unwrap().status(), 200);
+    let (status, body) = json_of(b.v2(Method::POST, "/assets/from-hash").json(&json!({ "hash": hash }))).await;
+    assert_eq!((status.as_u16(), body["error"]["code"].as_str()), (404, Some("blob_not_found")), "{body}");
+    let (_, listed) = json_of(b.v2(Method::GET, "/jobs")).await;
+    assert!(!listed.to_string().contains(&ja), "bob's listing shows alice's job: {listed}");
+    // Referencing her asset is a missing asset.
+    let (status, body) = b.submit(load_save(&asset)).await;
+    assert_eq!((status.as_u16(), body["error"]["code"].as_str()), (422, Some("missing_asset")), "{body}");
+    // Idempotency keys are per account: the key alice used is free for bob.
+    let (status, body) = json_of(b.v2(Method::POST, "/jobs").header("Idempotency-Key", "shared-key").json(&json!({ "workflow": trivial(1) }))).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = json_of(a.v2(Method::POST, "/jobs").header("Idempotency-Key", "shared-key").json(&json!({ "workflow": trivial(1) }))).await;
+    assert_eq!((status.as_u16(), body["error"]["code"].as_str()), (422, Some("idempotency_key_reuse")), "{body}");
+    // Alice's job is untouched by bob's cancel and delete attempts.
+    assert_eq!(a.wait(&ja).await["status"], "succeeded");
+    assert_eq!(a.v2(Method::GET, &format!("/assets/{aid}")).send().await.unwrap().status(), 200);
+
+    // Keys: none or a wrong one is 401; the same key opens the compat API.
+    let (status, body) = json_of(s.http.get(s.url("/jobs"))).await;
+    assert_eq!((status.as_u16(), body["error"]["code"].as_str()), (401, Some("unauthorized")), "{body}");
+    let (status, _) = json_of(s.http.get(s.url("/jobs")).bearer_auth("kiln_not-a-key")).await;
+    assert_eq!(status, 401);
+    assert_eq!(s.http.get(s.url("/health")).send().await.unwrap().status(), 200, "health stays public");
+    assert_eq!(a.compat(Method::GET, &format!("/api/job/{ja}/status")).send().await.unwrap().status(), 200);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn accounts_cannot_reach_each_others_work_on_the_compat_api_or_websocket() {
+    let s = start_cloud().await;
+    let (a, b) = (tenant(&s, "alice", 1000).await, tenant(&s, "bob", 1000).await);
+    let (mut wa, mut wb) = (a.ws().await, b.ws().await);
+    // Each socket opens with its own (empty) queue.
+    let first = drain(&mut wb, Duration::from_millis(300)).await;
+    assert_eq!(first[0]["data"]["status"]["exec_info"]["queue_remaining"], 0, "{first:?}");
+    drain(&mut wa, Duration::from_millis(100)).await;
+
+    // The same upload name is each account's own: no renaming, no sharing.
+    assert_eq!(a.compat_upload("same.png", png_bytes(8, 8, 1)).await["name"], "same.png");
+    assert_eq!(b.compat_upload("same.png", png_bytes(8, 8, 2)).await["name"], "same.png", "bob's name is not taken by alice's file");
+    let (status, body) = a.prompt(load_named("same.png")).await;
+    assert_eq!(status, 200, "{body}");
+    let pa = body["prompt_id"].as_str().unwrap().to_string();
+    let messages = until_done(&mut wa, &pa).await;
+    let saved = messages.iter().find(|m| m["type"] == "executed").expect("alice hears her output")["data"]["output"]["images"][0].clone();
+    let filename = saved["filename"].as_str().unwrap().to_string();
+    // Alice's job read alice's bytes (seed 1), not bob's.
+    let view = |t: &Tenant, query: String| t.compat(Method::GET, &format!("/api/view?{query}"));
+    let no_redirect = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let resp = no_redirect.execute(view(&a, format!("filename={filename}&type=output")).build().unwrap()).await.unwrap();
+    assert_eq!(resp.status(), 302, "alice views her output");
+    let resp = no_redirect.execute(view(&b, format!("filename={filename}&type=output")).build().unwrap()).await.unwrap();
+    assert_eq!(resp.status(), 404, "bob cannot view alice's output");
+    let fetch_input = |t: &Tenant| view(t, "filename=same.png&type=input".into()).send();
+    let (ia, ib) = (fetch_input(&a).await.unwrap().bytes().await.unwrap(), fetch_input(&b).await.unwrap().bytes().await.unwrap());
+    assert_eq!((ia.to_vec(), ib.to_vec()), (png_bytes(8, 8, 1), png_bytes(8, 8, 2)), "each sees its own same.png");
+
+    // Bob's view of alice's prompt: nothing, on every route.
+    let (_, history) = json_of(b.compat(Method::GET, &format!("/api/history/{pa}"))).await;
+    assert_eq!(history, json!({}));
+    for path in ["/api/history", "/history", "/api/queue", "/api/jobs"] {
+        let (status, body) = json_of(b.compat(Method::GET, path)).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(!body.to_string().contains(&pa), "bob's {path} shows alice's prompt: {body}");
+    }
+    let (_, own_history) = json_of(a.compat(Method::GET, &format!("/api/history/{pa}"))).await;
+    assert!(own_history.get(&pa).is_some(), "alice's history has it (control)");
+    for path in [format!("/api/job/{pa}/status"), format!("/api/jobs/{pa}")] {
+        assert_eq!(b.compat(Method::GET, &path).send().await.unwrap().status(), 404, "{path}");
+    }
+    // Cancels and deletes of alice's running job by bob do nothing.
+    let (status, body) = a.submit(super::spinner(1)).await;
+    assert_eq!(status, 201, "{body}");
+    let running = body["id"].as_str().unwrap().to_string();
+    for _ in 0..200 {
+        let (_, j) = json_of(a.v2(Method::GET, &format!("/jobs/{running}"))).await;
+        if j["status"] == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    b.compat(Method::POST, "/api/queue").json(&json!({ "delete": [running] })).send().await.unwrap();
+    b.compat(Method::POST, "/api/interrupt").send().await.unwrap();
+    let (_, cancelled) = json_of(b.compat(Method::POST, &format!("/api/jobs/{running}/cancel"))).await;
+    assert_eq!(cancelled["cancelled"], false);
+    b.compat(Method::POST, "/api/history").json(&json!({ "clear": true })).send().await.unwrap();
+    let finished = a.wait(&running).await;
+    assert_eq!(finished["status"], "failed", "the spinner ran to its time limit, not cancelled: {finished}");
+    assert_eq!(finished["error"]["code"], "node_timeout", "{finished}");
+    let (_, still) = json_of(a.compat(Method::GET, &format!("/api/history/{pa}"))).await;
+    assert!(still.get(&pa).is_some(), "bob's history clear left alice's history alone");
+
+    // Bob's socket heard nothing of alice's jobs: no message names them,
+    // and no queue count moved.
+    let heard = drain(&mut wb, Duration::from_millis(500)).await;
+    assert!(heard.is_empty(), "bob's socket heard alice's work: {heard:?}");
+    // (Control: bob's socket hears bob's own job.)
+    let (status, body) = b.prompt(load_named("same.png")).await;
+    assert_eq!(status, 200, "{body}");
+    let pb = body["prompt_id"].as_str().unwrap().to_string();
+    let mine = until_done(&mut wb, &pb).await;
+    assert!(mine.iter().any(|m| m["type"] == "execution_success"), "{mine:?}");
+    assert!(mine.iter().all(|m| m["data"]["prompt_id"].as_str().is_none_or(|p| p == pb)), "{mine:?}");
+    assert!(mine.iter().filter(|m| m["type"] == "status").all(|m| m["data"]["status"]["exec_info"]["queue_remaining"].as_u64() <= Some(1)), "{mine:?}");
+
+    // Keys on the compat API: none → 401; `?token=` works like X-API-Key;
+    // a bad WebSocket token is refused at the handshake.
+    assert_eq!(s.http.get(format!("{}/api/queue", s.server.url())).send().await.unwrap().status(), 401);
+    let with_query = s.http.get(format!("{}/api/queue?token={}", s.server.url(), a.key)).send().await.unwrap();
+    assert_eq!(with_query.status(), 200);
+    let bad = format!("{}/ws?token=kiln_nope", s.server.url().replacen("http://", "ws://", 1));
+    assert!(tokio_tungstenite::connect_async(bad).await.is_err());
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_result_cache_is_per_account() {
+    let s = start_cloud().await;
+    let (a, b) = (tenant(&s, "alice", 1000).await, tenant(&s, "bob", 1000).await);
+    let (mut wa, mut wb) = (a.ws().await, b.ws().await);
+    let cached = |messages: &[Value]| messages.iter().find(|m| m["type"] == "execution_cached").map(|m| m["data"]["nodes"].as_array().unwrap().len()).unwrap();
+    let workflow = trivial(42);
+    let (_, first) = a.prompt(workflow.clone()).await;
+    let m = until_done(&mut wa, first["prompt_id"].as_str().unwrap()).await;
+    assert_eq!(cached(&m), 0);
+    let (_, again) = a.prompt(workflow.clone()).await;
+    let m = until_done(&mut wa, again["prompt_id"].as_str().unwrap()).await;
+    assert_eq!(cached(&m), 2, "alice's second run is served from her cache (control): {m:?}");
+    let (_, other) = b.prompt(workflow).await;
+    let m = until_done(&mut wb, other["prompt_id"].as_str().unwrap()).await;
+    assert_eq!(cached(&m), 0, "bob's run is never served alice's results: {m:?}");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn jobs_are_charged_and_an_empty_balance_is_402_on_both_surfaces() {
+    let s = start(|c, o| {
+        cloud(c, o);
+        o.pricing = kiln::accounts::Pricing { credits_per_second: 1000, min_per_job: 5 };
+    })
+    .await;
+    let t = tenant(&s, "payer", 7).await;
+    let (status, job) = t.submit(trivial(1)).await;
+    assert_eq!(status, 201, "{job}");
+    let done = t.wait(job["id"].as_str().unwrap()).await;
+    let ms = done["metrics"]["execution_ms"].as_i64().unwrap();
+    // A job costs its execution time at 1000 credits/s, at least 5.
+    let cost = ms.max(5);
+    let mut balance = 7 - cost;
+    for _ in 0..100 {
+        if t.account().await["credits"] == balance {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(t.account().await["credits"], balance, "charged {cost} for {ms} ms");
+    if balance > 0 {
+        // Still funded: one more job takes it to zero or below (by at most that job).
+        let (status, job) = t.submit(trivial(2)).await;
+        assert_eq!(status, 201);
+        let done = t.wait(job["id"].as_str().unwrap()).await;
+        balance -= done["metrics"]["execution_ms"].as_i64().unwrap().max(5);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(t.account().await["credits"], balance);
+    }
+    assert!(balance <= 0);
+    // At zero or below: 402 on v2 (the Idempotency-Key stays free) and on the compat API.
+    let keyed = || t.v2(Method::POST, "/jobs").header("Idempotency-Key", "after-top-up").json(&json!({ "workflow": trivial(3) }));
+    let (status, body) = json_of(keyed()).await;
+    assert_eq!((status.as_u16(), body["error"]["code"].as_str()), (402, Some("insufficient_credits")), "{body}");
+    let (status, body) = t.prompt(trivial(3)).await;
+    assert_eq!(status, 402, "{body}");
+    // Topped up: the same key goes through.
+    let (status, body) = json_of(admin(&s, Method::POST, "/accounts/payer/credits", Some(OPERATOR)).json(&json!({ "amount": 100 }))).await;
+    assert_eq!((status.as_u16(), body["credits"].as_i64()), (200, Some(balance + 100)), "{body}");
+    let (status, body) = json_of(keyed()).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = t.prompt(trivial(4)).await;
+    assert_eq!(status, 200, "{body}");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_inactive_subscription_stops_the_cloud_compat_api_only() {
+    let s = start_cloud().await;
+    let t = tenant(&s, "lapsed", 1000).await;
+    let (status, body) = json_of(admin(&s, Method::POST, "/accounts/lapsed/subscription", Some(OPERATOR)).json(&json!({ "active": false }))).await;
+    assert_eq!((status.as_u16(), body["subscription"].as_str()), (200, Some("inactive")), "{body}");
+    let mut ws = t.ws().await;
+    drain(&mut ws, Duration::from_millis(200)).await;
+    let id = uuid::Uuid::new_v4().to_string();
+    let (status, body) = json_of(t.compat(Method::POST, "/api/prompt").json(&json!({ "prompt": trivial(1), "prompt_id": id }))).await;
+    assert_eq!(status, 429, "{body}");
+    let heard = drain(&mut ws, Duration::from_millis(500)).await;
+    let error = heard.iter().find(|m| m["type"] == "execution_error").unwrap_or_else(|| panic!("{heard:?}"));
+    assert_eq!(error["data"]["exception_type"], "InactiveSubscriptionError");
+    assert_eq!(error["data"]["prompt_id"], id.as_str());
+    // /api/v2 is unaffected; reading the compat API too.
+    let (status, job) = t.submit(trivial(1)).await;
+    assert_eq!(status, 201, "{job}");
+    assert_eq!(t.compat(Method::GET, "/api/queue").send().await.unwrap().status(), 200);
+    // Active again: the compat API runs workflows.
+    admin(&s, Method::POST, "/accounts/lapsed/subscription", Some(OPERATOR)).json(&json!({ "active": true })).send().await.unwrap();
+    let (status, body) = t.prompt(trivial(2)).await;
+    assert_eq!(status, 200, "{body}");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_admin_api_is_the_operators_only_and_accounts_survive_a_restart() {
+    // No operator token: no admin API at all.
+    let plain = start_default().await;
+    assert_eq!(admin(&plain, Method::GET, "/accounts", Some("anything")).send().await.unwrap().status(), 404);
+    plain.shutdown().await;
+
+    let s = start_cloud().await;
+    let t = tenant(&s, "member", 10).await;
+    for (token, status) in [(None, 401), (Some("wrong"), 401), (Some(t.key.as_str()), 403), (Some(OPERATOR), 200)] {
+        let (got, body) = json_of(admin(&s, Method::GET, "/accounts", token)).await;
+        assert_eq!(got, status, "{token:?}: {body}");
+        if status == 403 {
+            assert_eq!(body["error"]["code"], "forbidden");
+        }
+    }
+    let (status, _) = json_of(admin(&s, Method::GET, "/accounts", None).header("X-API-Key", &t.key)).await;
+    assert_eq!(status, 403, "an account key as X-API-Key is refused as forbidden too");
+    let (status, body) = json_of(admin(&s, Method::POST, "/accounts", Some(OPERATOR)).json(&json!({ "name": "member" }))).await;
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = json_of(admin(&s, Method::POST, "/accounts", Some(OPERATOR)).json(&json!({ "name": "../x" }))).await;
+    assert_eq!(status, 400, "{body}");
+    let (_, listed) = json_of(admin(&s, Method::GET, "/accounts", Some(OPERATOR))).await;
+    assert!(!listed.to_string().contains(&t.key), "keys are never listed");
+    let (status, job) = t.submit(trivial(1)).await;
+    assert_eq!(status, 201);
+    let id = job["id"].as_str().unwrap().to_string();
+    t.wait(&id).await;
+
+    // A restart keeps the account, its key, its balance and its jobs.
+    let before = t.account().await;
+    let key = t.key.clone();
+    let data = s.shutdown().await;
+    let s = start_in(data, cloud).await;
+    let t = Tenant { s: &s, name: "member".into(), key };
+    assert_eq!(t.account().await, before);
+    assert_eq!(t.v2(Method::GET, &format!("/jobs/{id}")).send().await.unwrap().status(), 200);
+
+    // Disabled: its key is forbidden everywhere.
+    let (status, body) = json_of(admin(&s, Method::POST, "/accounts/member/disable", Some(OPERATOR))).await;
+    assert_eq!((status.as_u16(), body["disabled"].as_bool()), (200, Some(true)));
+    let (status, body) = json_of(t.v2(Method::GET, "/jobs")).await;
+    assert_eq!((status.as_u16(), body["error"]["code"].as_str()), (403, Some("forbidden")), "{body}");
+    assert_eq!(t.compat(Method::GET, "/api/queue").send().await.unwrap().status(), 403);
+    let url = format!("{}/ws?token={}", s.server.url().replacen("http://", "ws://", 1), t.key);
+    assert!(tokio_tungstenite::connect_async(url).await.is_err());
+    s.shutdown().await;
+}
