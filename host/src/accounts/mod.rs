@@ -293,7 +293,9 @@ mod tests {
         assert_eq!(PRICE.cost(250), 3);
         assert_eq!(PRICE.cost(301), 4);
         assert_eq!(PRICE.cost(2000), 20);
-        assert_eq!(Pricing { credits_per_second: u64::MAX, min_per_job: 0 }.cost(u64::MAX), i64::MAX);
+        // Saturating, never wrapping.
+        assert_eq!(Pricing { credits_per_second: u64::MAX, min_per_job: 0 }.cost(u64::MAX), (u64::MAX / 1000 + 1) as i64);
+        assert_eq!(Pricing { credits_per_second: 1, min_per_job: u64::MAX }.cost(1), i64::MAX);
     }
 
     #[test]
