@@ -393,3 +393,55 @@ fn the_official_frontend_runs_a_workflow_in_a_real_browser() {
     let settings = std::fs::read_to_string(data.path().join("users/default/comfy.settings.json")).unwrap();
     assert!(settings.contains("Comfy.InstalledVersion"), "{settings}");
 }
+
+/// `kiln accounts …` (the real binary) against `kiln serve --mode cloud`
+/// (the real binary): the key it prints once opens both surfaces, and
+/// `list`, `credit`, `subscription`, `disable` change what the server does.
+#[tokio::test]
+async fn the_accounts_cli_manages_a_cloud_server() {
+    const OPERATOR: &str = "cli-operator-token";
+    let data = tempfile::tempdir().unwrap();
+    let kiln = spawn(data.path(), &[("KILN_ADMIN_TOKEN", OPERATOR)], &["--mode", "cloud"]);
+    let cli = |args: &[&str], token: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        cmd.arg("accounts").arg("--url").arg(&kiln.base).args(args).env_remove("KILN_ADMIN_TOKEN");
+        if let Some(t) = token {
+            cmd.env("KILN_ADMIN_TOKEN", t);
+        }
+        let out = cmd.output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, stdout, stderr) = cli(&["create", "carol", "--credits", "50", "--tier", "pro"], Some(OPERATOR));
+    assert!(ok, "{stdout}{stderr}");
+    let key = stdout.lines().find_map(|l| l.strip_prefix("key: ")).unwrap_or_else(|| panic!("{stdout}")).to_string();
+    assert!(key.starts_with("kiln_") && stdout.contains("carol") && stdout.contains("pro"), "{stdout}");
+    // The same key on both surfaces.
+    let http = reqwest::Client::new();
+    let v2 = http.get(format!("{}/api/v2/jobs", kiln.base)).bearer_auth(&key).send().await.unwrap();
+    assert_eq!(v2.status(), 200);
+    let compat = http.get(format!("{}/api/queue", kiln.base)).header("X-API-Key", &key).send().await.unwrap();
+    assert_eq!(compat.status(), 200);
+    let (ok, stdout, _) = cli(&["list"], Some(OPERATOR));
+    assert!(ok && stdout.contains("carol") && stdout.contains("50") && !stdout.contains(&key), "{stdout}");
+    let (ok, stdout, _) = cli(&["credit", "carol", "-60"], Some(OPERATOR));
+    assert!(ok && stdout.contains("-10"), "{stdout}");
+    let prompt = json!({ "prompt": heavy(1) });
+    let refused = http.post(format!("{}/api/prompt", kiln.base)).header("X-API-Key", &key).json(&prompt).send().await.unwrap();
+    assert_eq!(refused.status(), 402, "no credits");
+    cli(&["credit", "carol", "100"], Some(OPERATOR));
+    let (ok, stdout, _) = cli(&["subscription", "carol", "inactive"], Some(OPERATOR));
+    assert!(ok && stdout.contains("inactive"), "{stdout}");
+    let refused = http.post(format!("{}/api/prompt", kiln.base)).header("X-API-Key", &key).json(&prompt).send().await.unwrap();
+    assert_eq!(refused.status(), 429, "inactive subscription");
+    let (ok, _, _) = cli(&["disable", "carol"], Some(OPERATOR));
+    assert!(ok);
+    let v2 = http.get(format!("{}/api/v2/jobs", kiln.base)).bearer_auth(&key).send().await.unwrap();
+    assert_eq!(v2.status(), 403);
+    // Without the operator token, or with an account key, the CLI is refused.
+    let (ok, _, stderr) = cli(&["list"], None);
+    assert!(!ok && stderr.contains("KILN_ADMIN_TOKEN"), "{stderr}");
+    let (ok, _, stderr) = cli(&["list"], Some("wrong"));
+    assert!(!ok && stderr.contains("401"), "{stderr}");
+    let (ok, _, stderr) = cli(&["create", "carol"], Some(OPERATOR));
+    assert!(!ok && stderr.contains("409"), "{stderr}");
+}
