@@ -23,7 +23,11 @@ pub struct AdminClient {
 impl AdminClient {
     /// A client for `target`, authenticated with the configured operator token.
     pub fn new(target: &AdminTarget, config: &crate::config::Config) -> anyhow::Result<AdminClient> {
-        let token = config.admin_token.clone().filter(|t| !t.is_empty()).context("set KILN_ADMIN_TOKEN (or admin_token in the config file) to the server's operator token")?;
+        let token = config
+            .admin_token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .context("set KILN_ADMIN_TOKEN (or admin_token in the config file) to the server's operator token")?;
         let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30)).build()?;
         Ok(AdminClient { http, base: target.url.trim_end_matches('/').to_string(), token })
     }

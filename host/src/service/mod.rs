@@ -198,7 +198,8 @@ impl Service {
         std::fs::create_dir_all(data_dir).map_err(crate::store::StoreError::from)?;
         let sled = SledMeta::open(&data_dir.join("meta"))?;
         let hasher = crate::accounts::KeyHasher::load_or_create(data_dir).map_err(crate::store::StoreError::from)?;
-        let accounts = crate::accounts::Accounts::open(sled.open_tree("accounts")?, hasher, opts.pricing).map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
+        let accounts =
+            crate::accounts::Accounts::open(sled.open_tree("accounts")?, hasher, opts.pricing).map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
         let meta: Arc<dyn MetaStore> = Arc::new(sled);
         let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(data_dir.join("blobs"))?);
         Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), registry, executor)

@@ -90,7 +90,8 @@ impl Tenant<'_> {
         asset
     }
     async fn compat_upload(&self, name: &str, bytes: Vec<u8>) -> Value {
-        let form = reqwest::multipart::Form::new().part("image", reqwest::multipart::Part::bytes(bytes).file_name(name.to_string()).mime_str("image/png").unwrap());
+        let form =
+            reqwest::multipart::Form::new().part("image", reqwest::multipart::Part::bytes(bytes).file_name(name.to_string()).mime_str("image/png").unwrap());
         let (status, body) = json_of(self.compat(Method::POST, "/api/upload/image").multipart(form)).await;
         assert_eq!(status, 200, "{body}");
         body
@@ -159,7 +160,8 @@ async fn accounts_cannot_reach_each_others_jobs_or_assets_on_v2() {
     let (aid, hash) = (asset["id"].as_str().unwrap().to_string(), asset["hash"].as_str().unwrap().to_string());
 
     // Alice reaches all of it (the control) ...
-    for path in [format!("/jobs/{ja}"), format!("/jobs/{ja}/workflow"), format!("/assets/{aid}"), format!("/assets/{output}"), format!("/assets/{aid}/content")] {
+    for path in [format!("/jobs/{ja}"), format!("/jobs/{ja}/workflow"), format!("/assets/{aid}"), format!("/assets/{output}"), format!("/assets/{aid}/content")]
+    {
         let status = a.v2(Method::GET, &path).send().await.unwrap().status();
         assert_eq!(status, 200, "alice: {path}");
     }

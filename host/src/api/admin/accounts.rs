@@ -63,7 +63,8 @@ struct NewAccount {
 async fn create(State(state): State<Arc<AppState>>, b: Result<Json<NewAccount>, JsonRejection>) -> Result<Response, ApiError> {
     let b = body(b)?;
     let accounts = state.service.accounts().clone();
-    let (account, key) = tokio::task::spawn_blocking(move || accounts.create(&b.name, b.credits, b.tier.as_deref())).await.map_err(|e| ApiError::internal(&e))??;
+    let (account, key) =
+        tokio::task::spawn_blocking(move || accounts.create(&b.name, b.credits, b.tier.as_deref())).await.map_err(|e| ApiError::internal(&e))??;
     tracing::info!(account = %account.id, name = %account.name, "account created");
     Ok((StatusCode::CREATED, Json(json!({ "account": view(&account), "key": key }))).into_response())
 }
@@ -94,7 +95,11 @@ struct Subscription {
     active: bool,
 }
 
-async fn subscription(State(state): State<Arc<AppState>>, Path(name): Path<String>, b: Result<Json<Subscription>, JsonRejection>) -> Result<Json<Json_>, ApiError> {
+async fn subscription(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    b: Result<Json<Subscription>, JsonRejection>,
+) -> Result<Json<Json_>, ApiError> {
     let active = body(b)?.active;
     write(&state, move |a| a.set_subscription(&name, active)).await
 }

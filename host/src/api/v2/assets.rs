@@ -14,11 +14,11 @@ use serde_json::Value as Json_;
 
 use super::jobs::json_object;
 use super::{Segment, check_id, wire};
+use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links, content};
 use crate::service::{AssetLabels, NewAsset, ServiceError, UploadMeta};
 use crate::store::{BlobUpload, now_micros, parse_blob_name};
-use crate::api::Caller;
 
 fn created(asset: NewAsset, links: &Links) -> Response {
     let status = if asset.created_new { StatusCode::CREATED } else { StatusCode::OK };
@@ -89,7 +89,12 @@ fn check_file_path(path: &str) -> Result<&str, ApiError> {
     Ok(path)
 }
 
-pub async fn upload(State(state): State<Arc<AppState>>, caller: Caller, links: Links, multipart: Result<Multipart, MultipartRejection>) -> Result<impl IntoResponse, ApiError> {
+pub async fn upload(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    links: Links,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<impl IntoResponse, ApiError> {
     let limit = state.service.options().max_upload_bytes;
     let mut multipart = multipart.map_err(|e| ApiError::invalid_request(format!("Expected a multipart/form-data upload: {}", e.body_text())))?;
     let mut meta = UploadMeta::default();
@@ -135,7 +140,12 @@ pub async fn head_by_hash(State(state): State<Arc<AppState>>, caller: Caller, Se
     if known { StatusCode::OK.into_response() } else { StatusCode::NOT_FOUND.into_response() }
 }
 
-pub async fn from_hash(State(state): State<Arc<AppState>>, caller: Caller, links: Links, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
+pub async fn from_hash(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    links: Links,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<impl IntoResponse, ApiError> {
     let body = json_object(body, state.service.options().workflow_limits.max_bytes)?;
     let hash = body.get("hash").and_then(Json_::as_str).ok_or_else(|| ApiError::invalid_request("`hash` (blake3:<hex>) is required."))?;
     if parse_blob_name(hash).is_none() {

@@ -17,11 +17,11 @@ use base64::Engine;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{Segment, check_id, wire};
+use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::service::JobEvent;
 use crate::store::JobRecord;
-use crate::api::Caller;
 
 fn frame(name: &str, data: &impl serde::Serialize) -> Event {
     Event::default().event(name).data(serde_json::to_string(data).unwrap_or_else(|_| "{}".into()))

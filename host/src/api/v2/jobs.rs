@@ -11,11 +11,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json_, json};
 
 use super::{Segment, check_id, wire};
+use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::service::{ExtraData, ListQuery, Submission};
 use crate::store::JobStatus;
-use crate::api::Caller;
 
 pub async fn health(State(state): State<Arc<AppState>>) -> Json<Json_> {
     Json(json!({ "status": "healthy", "version": env!("CARGO_PKG_VERSION"), "nodes": state.service.registry().definitions().count() }))
@@ -86,7 +86,13 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// worker that received them; larger ones on the blocking pool.
 const INLINE_SUBMIT_BYTES: usize = 32 << 10;
 
-pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, links: Links, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn submit(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    links: Links,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     // A used key is refused whatever else the request holds (spec: any
     // later request with the key is 422); the claim itself is atomic with
     // the job's record in `Service::submit`.
@@ -179,7 +185,12 @@ pub async fn cancel(State(state): State<Arc<AppState>>, caller: Caller, links: L
     Ok(Json(wire::job(&record, position, &links, false)).into_response())
 }
 
-pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, links: Links, query: Result<Query<Vec<(String, String)>>, QueryRejection>) -> Result<Response, ApiError> {
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    links: Links,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Response, ApiError> {
     let Query(pairs) = query.map_err(|e| ApiError::invalid_request(e.body_text()))?;
     let mut q = ListQuery { limit: 50, ..ListQuery::default() };
     for (k, v) in pairs {

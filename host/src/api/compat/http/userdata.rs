@@ -65,7 +65,12 @@ pub async fn set_many(State(state): State<Arc<AppState>>, caller: Caller, body: 
 }
 
 /// `POST /api/settings/{id}`: the body is the setting's JSON value.
-pub async fn set_one(State(state): State<Arc<AppState>>, caller: Caller, Path(id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn set_one(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let limit = state.user_files.limits().settings_bytes;
     let bytes = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(limit as u64) } else { ApiError::invalid_request(e.body_text()) }
@@ -114,7 +119,8 @@ pub async fn read(State(state): State<Arc<AppState>>, caller: Caller, Path(file)
 /// `POST /api/userdata/{file}?overwrite=&full_info=`: the raw body is the
 /// file (`overwrite` defaults to true, as in ComfyUI).
 pub async fn write(
-    State(state): State<Arc<AppState>>, caller: Caller,
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(file): Path<String>,
     Query(params): Params,
     body: Result<Bytes, BytesRejection>,
@@ -133,7 +139,12 @@ pub async fn delete(State(state): State<Arc<AppState>>, caller: Caller, Path(fil
 }
 
 /// `POST /api/userdata/{file}/move/{dest}?overwrite=&full_info=`.
-pub async fn rename(State(state): State<Arc<AppState>>, caller: Caller, Path((file, dest)): Path<(String, String)>, Query(params): Params) -> Result<Json<Json_>, ApiError> {
+pub async fn rename(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path((file, dest)): Path<(String, String)>,
+    Query(params): Params,
+) -> Result<Json<Json_>, ApiError> {
     let overwrite = params.get("overwrite").is_none_or(|v| !v.eq_ignore_ascii_case("false"));
     let info = blocking(move || state.files_of(&caller).rename(&file, &dest, overwrite)).await?;
     Ok(Json(if flag(&params, "full_info") { info_json(&info) } else { Json_::from(info.path) }))

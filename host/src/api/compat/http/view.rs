@@ -16,10 +16,10 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::blocking;
+use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::store::now_micros;
-use crate::api::Caller;
 
 #[derive(serde::Deserialize)]
 pub struct ViewQuery {
@@ -61,7 +61,12 @@ fn parse(q: ViewQuery) -> Result<(String, String, String), ApiError> {
     Ok((kind, subfolder.trim_end_matches(['/', '\\']).to_string(), name))
 }
 
-pub async fn view(State(state): State<Arc<AppState>>, caller: Caller, links: Links, query: Result<Query<ViewQuery>, QueryRejection>) -> Result<Response, ApiError> {
+pub async fn view(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    links: Links,
+    query: Result<Query<ViewQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|_| ApiError::invalid_request("Bad query string."))?;
     let (kind, subfolder, filename) = parse(q)?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
