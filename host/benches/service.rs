@@ -15,6 +15,9 @@
 //! `KILN_BENCH_SERVER=/path/to/kiln` runs another build (A/B comparisons).
 //! A machine probe (hashing speed, loopback round trip) is printed first
 //! and last: compare figures only between runs whose probes agree.
+//! `-- tenants` compares a self-hosted server with a cloud one (account
+//! key on every request: authentication and scoping) in interleaved
+//! rounds: submit latency (POST → 201) and `GET /api/v2/jobs/{id}` req/s.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -138,6 +141,11 @@ async fn run_one(http: &reqwest::Client, base: &str, workflow: &Value) -> (f64, 
 fn main() {
     raise_fd_limit();
     println!("{}", machine_probe());
+    if std::env::args().any(|a| a == "tenants") {
+        tenants_ab();
+        println!("{}", machine_probe());
+        return;
+    }
     // `cargo bench -p kiln --bench service -- latency`: only the latency
     // figure, over more jobs (for comparing builds back to back).
     let latency_only = std::env::args().any(|a| a == "latency");
@@ -342,4 +350,149 @@ fn main() {
         drop(open);
     });
     println!("{}", machine_probe());
+}
+
+/// One side of the `-- tenants` comparison: a server and a client that
+/// sends its credential (none self-hosted, an account key in the cloud).
+struct Side {
+    name: &'static str,
+    _server: common::Server,
+    base: String,
+    http: reqwest::Client,
+}
+
+fn side(name: &'static str, env: &[(&str, &str)], cache: &str) -> Side {
+    let mut env = env.to_vec();
+    env.push(("KILN_CACHE_DIR", cache));
+    let server = start_with(&env);
+    let base = server.base.clone();
+    let mut headers = reqwest::header::HeaderMap::new();
+    if name == "cloud" {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let key = rt.block_on(async {
+            let created: Value = reqwest::Client::new()
+                .post(format!("{base}/admin/accounts"))
+                .bearer_auth("bench-operator")
+                .json(&json!({ "name": "bench", "credits": 1_000_000_000 }))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            created["key"].as_str().expect("an account key").to_string()
+        });
+        headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {key}").parse().unwrap());
+    }
+    let http = reqwest::Client::builder().default_headers(headers).pool_max_idle_per_host(256).build().unwrap();
+    Side { name, _server: server, base, http }
+}
+
+/// POST → 201 of `n` small jobs, one at a time, each followed to its end
+/// (so the queue never grows); returns the sorted latencies in ms.
+async fn submit_latencies(side: &Side, n: usize) -> Vec<f64> {
+    let workflow = json!({
+        "1": { "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": 1 } },
+        "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "ab" } },
+    });
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let resp = side.http.post(format!("{}/api/v2/jobs", side.base)).json(&json!({ "workflow": workflow })).send().await.unwrap();
+        assert_eq!(resp.status(), 201);
+        let job: Value = resp.json().await.unwrap();
+        out.push(t0.elapsed().as_secs_f64() * 1e3);
+        let url = format!("{}/api/v2/jobs/{}", side.base, job["id"].as_str().unwrap());
+        loop {
+            let now: Value = side.http.get(&url).send().await.unwrap().json().await.unwrap();
+            if now["status"] == "succeeded" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+    }
+    out.sort_by(f64::total_cmp);
+    out
+}
+
+/// GETs of `url` on 64 connections for `secs`; requests/s.
+async fn get_rate_of(http: &reqwest::Client, url: &str, secs: u64) -> f64 {
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (http, url, count, stop) = (http.clone(), url.to_string(), count.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let r = http.get(&url).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+                r.bytes().await.unwrap();
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    count.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// `-- tenants`: self-hosted vs cloud, interleaved rounds (the order
+/// alternating), so drifts of this VM's speed hit both sides alike.
+fn tenants_ab() {
+    let cache = tempfile::tempdir().unwrap();
+    let cache = cache.path().to_str().unwrap().to_string();
+    let rounds: usize = std::env::var("KILN_BENCH_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(6);
+    let jobs: usize = std::env::var("KILN_BENCH_JOBS").ok().and_then(|n| n.parse().ok()).unwrap_or(300);
+    let sides = [
+        side("self-hosted", &[], &cache),
+        side("cloud", &[("KILN_MODE", "cloud"), ("KILN_ADMIN_TOKEN", "bench-operator")], &cache),
+    ];
+    // Submit latency on a current-thread client (no hand-offs in the
+    // client); GET rate on a 2-thread one, as the other figures.
+    let single = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let urls: Vec<String> = sides
+        .iter()
+        .map(|s| {
+            single.block_on(submit_latencies(s, 30)); // warm-up
+            let job: Value = single
+                .block_on(async { s.http.get(format!("{}/api/v2/jobs?limit=1", s.base)).send().await.unwrap().json::<Value>().await.unwrap() });
+            format!("{}/api/v2/jobs/{}", s.base, job["jobs"][0]["id"].as_str().expect("a finished job"))
+        })
+        .collect();
+    let mut p50 = [Vec::new(), Vec::new()];
+    let mut gets = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for &i in &order {
+            let lat = single.block_on(submit_latencies(&sides[i], jobs));
+            let rate = multi.block_on(get_rate_of(&sides[i].http, &urls[i], 3));
+            println!(
+                "round {round} {:<11}: submit (POST→201) p50 {:.3} ms p95 {:.3} ms over {jobs} jobs; GET /jobs/{{id}} {rate:.0} req/s",
+                sides[i].name,
+                percentile(&lat, 0.5),
+                percentile(&lat, 0.95)
+            );
+            p50[i].push(percentile(&lat, 0.5));
+            gets[i].push(rate);
+        }
+    }
+    let median = |xs: &[f64]| {
+        let mut v = xs.to_vec();
+        v.sort_by(f64::total_cmp);
+        percentile(&v, 0.5)
+    };
+    println!(
+        "tenants A/B, medians of {rounds} rounds: submit p50 self-hosted {:.3} ms, cloud {:.3} ms ({:+.1} %); GET self-hosted {:.0} req/s, cloud {:.0} req/s ({:+.1} %)",
+        median(&p50[0]),
+        median(&p50[1]),
+        (median(&p50[1]) / median(&p50[0]) - 1.0) * 100.0,
+        median(&gets[0]),
+        median(&gets[1]),
+        (median(&gets[1]) / median(&gets[0]) - 1.0) * 100.0
+    );
 }
