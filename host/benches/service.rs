@@ -358,7 +358,15 @@ struct Side {
     name: &'static str,
     _server: common::Server,
     base: String,
-    http: reqwest::Client,
+    headers: reqwest::header::HeaderMap,
+}
+
+impl Side {
+    /// A client for the runtime it is first used on (a pooled connection
+    /// belongs to the runtime that opened it).
+    fn client(&self) -> reqwest::Client {
+        reqwest::Client::builder().default_headers(self.headers.clone()).pool_max_idle_per_host(256).build().unwrap()
+    }
 }
 
 fn side(name: &'static str, env: &[(&str, &str)], cache: &str) -> Side {
@@ -384,8 +392,7 @@ fn side(name: &'static str, env: &[(&str, &str)], cache: &str) -> Side {
         });
         headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {key}").parse().unwrap());
     }
-    let http = reqwest::Client::builder().default_headers(headers).pool_max_idle_per_host(256).build().unwrap();
-    Side { name, _server: server, base, http }
+    Side { name, _server: server, base, headers }
 }
 
 /// POST → 201 of `n` small jobs, one at a time, each followed to its end
@@ -395,16 +402,17 @@ async fn submit_latencies(side: &Side, n: usize) -> Vec<f64> {
         "1": { "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": 1 } },
         "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "ab" } },
     });
+    let http = side.client();
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let t0 = Instant::now();
-        let resp = side.http.post(format!("{}/api/v2/jobs", side.base)).json(&json!({ "workflow": workflow })).send().await.unwrap();
+        let resp = http.post(format!("{}/api/v2/jobs", side.base)).json(&json!({ "workflow": workflow })).send().await.unwrap();
         assert_eq!(resp.status(), 201);
         let job: Value = resp.json().await.unwrap();
         out.push(t0.elapsed().as_secs_f64() * 1e3);
         let url = format!("{}/api/v2/jobs/{}", side.base, job["id"].as_str().unwrap());
         loop {
-            let now: Value = side.http.get(&url).send().await.unwrap().json().await.unwrap();
+            let now: Value = http.get(&url).send().await.unwrap().json().await.unwrap();
             if now["status"] == "succeeded" {
                 break;
             }
@@ -447,10 +455,7 @@ fn tenants_ab() {
     let cache = cache.path().to_str().unwrap().to_string();
     let rounds: usize = std::env::var("KILN_BENCH_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(6);
     let jobs: usize = std::env::var("KILN_BENCH_JOBS").ok().and_then(|n| n.parse().ok()).unwrap_or(300);
-    let sides = [
-        side("self-hosted", &[], &cache),
-        side("cloud", &[("KILN_MODE", "cloud"), ("KILN_ADMIN_TOKEN", "bench-operator")], &cache),
-    ];
+    let sides = [side("self-hosted", &[], &cache), side("cloud", &[("KILN_MODE", "cloud"), ("KILN_ADMIN_TOKEN", "bench-operator")], &cache)];
     // Submit latency on a current-thread client (no hand-offs in the
     // client); GET rate on a 2-thread one, as the other figures.
     let single = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -459,8 +464,8 @@ fn tenants_ab() {
         .iter()
         .map(|s| {
             single.block_on(submit_latencies(s, 30)); // warm-up
-            let job: Value = single
-                .block_on(async { s.http.get(format!("{}/api/v2/jobs?limit=1", s.base)).send().await.unwrap().json::<Value>().await.unwrap() });
+            let job: Value =
+                single.block_on(async { s.client().get(format!("{}/api/v2/jobs?limit=1", s.base)).send().await.unwrap().json::<Value>().await.unwrap() });
             format!("{}/api/v2/jobs/{}", s.base, job["jobs"][0]["id"].as_str().expect("a finished job"))
         })
         .collect();
@@ -470,7 +475,7 @@ fn tenants_ab() {
         let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for &i in &order {
             let lat = single.block_on(submit_latencies(&sides[i], jobs));
-            let rate = multi.block_on(get_rate_of(&sides[i].http, &urls[i], 3));
+            let rate = multi.block_on(get_rate_of(&sides[i].client(), &urls[i], 3));
             println!(
                 "round {round} {:<11}: submit (POST→201) p50 {:.3} ms p95 {:.3} ms over {jobs} jobs; GET /jobs/{{id}} {rate:.0} req/s",
                 sides[i].name,

@@ -102,7 +102,20 @@ impl Service {
         // Running jobs still count as remaining (as ComfyUI counts them).
         self.publish_queue(&snapshot.owner);
 
-        let prepared = live.prepared.lock().take().map_or_else(|| self.prepare(&snapshot), Ok);
+        // A job whose account ran out of credits while it waited does not
+        // run (so a balance goes below zero by at most the jobs running when
+        // it crossed zero): it fails, never executed, never charged.
+        let prepared = if self.opts.mode.has_accounts() && !self.accounts.has_funds(&snapshot.owner) {
+            Err(JobErrorRecord {
+                code: NO_CREDITS.into(),
+                message: "the account ran out of credits before the job started".into(),
+                node_id: None,
+                class_type: None,
+                traceback: None,
+            })
+        } else {
+            live.prepared.lock().take().map_or_else(|| self.prepare(&snapshot), Ok)
+        };
         let outcome = match prepared {
             Ok((workflow, plan)) => {
                 let total = plan.nodes.len() as u64;
@@ -218,6 +231,7 @@ impl Service {
         // started costs nothing).
         if self.opts.mode.has_accounts()
             && let Some(ms) = terminal.execution_ms
+            && terminal.error.as_ref().is_none_or(|e| e.code != NO_CREDITS)
         {
             let balance = self.accounts.charge(&terminal.owner, u64::try_from(ms).unwrap_or(0));
             tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, execution_ms = ms, ?balance, "job charged");
@@ -243,6 +257,10 @@ impl Service {
         self.bus.job(&Arc::from(terminal.id.as_str()), &Arc::from(terminal.owner.as_str()), ExecBody::Executing { node: None });
     }
 }
+
+/// The JobError code of a job whose account had no credits left when its
+/// turn came.
+const NO_CREDITS: &str = "insufficient_credits";
 
 /// Turns one job's executor events into record updates, Jobs API stream
 /// events and execution messages on the bus. Every method runs on the

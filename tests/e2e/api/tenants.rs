@@ -444,3 +444,28 @@ async fn the_admin_api_is_the_operators_only_and_accounts_survive_a_restart() {
     assert!(tokio_tungstenite::connect_async(url).await.is_err());
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_job_queued_when_the_balance_ran_out_fails_uncharged() {
+    let s = start(|c, o| {
+        cloud(c, o);
+        (c.max_running_jobs, o.max_running_jobs) = (1, 1);
+        o.pricing = kiln::accounts::Pricing { credits_per_second: 1, min_per_job: 5 };
+    })
+    .await;
+    let t = tenant(&s, "thin", 1).await;
+    // The spinner runs to its 2 s node limit; the second job waits behind it.
+    let (status, first) = t.submit(super::spinner(7)).await;
+    assert_eq!(status, 201, "{first}");
+    let (status, second) = t.submit(trivial(7)).await;
+    assert_eq!(status, 201, "accepted while the balance is still positive: {second}");
+    let first = t.wait(first["id"].as_str().unwrap()).await;
+    assert_eq!(first["error"]["code"], "node_timeout", "{first}");
+    let second = t.wait(second["id"].as_str().unwrap()).await;
+    assert_eq!((second["status"].as_str(), second["error"]["code"].as_str()), (Some("failed"), Some("insufficient_credits")), "{second}");
+    assert!(second["outputs"].as_array().unwrap().is_empty());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Only the job that crossed zero was charged (2 s at 1/s, at least 5).
+    assert_eq!(t.account().await["credits"], 1 - 5);
+    s.shutdown().await;
+}

@@ -26,7 +26,11 @@ pub fn routes(state: Arc<AppState>) -> Router {
     if state.admin_token_hash.is_none() {
         return Router::new();
     }
-    accounts::routes().route_layer(axum::middleware::from_fn_with_state(state.clone(), gate)).with_state(state)
+    Router::new()
+        .merge(accounts::routes())
+        // Every admin area's routes join here, behind the one gate.
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), gate))
+        .with_state(state)
 }
 
 /// Whether a request with `headers` is the operator's (see the module docs).
