@@ -469,3 +469,20 @@ async fn a_job_queued_when_the_balance_ran_out_fails_uncharged() {
     assert_eq!(t.account().await["credits"], 1 - 5);
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn serverless_mode_has_accounts_but_no_subscription_rule() {
+    let s = start(|c, o| {
+        (c.mode, o.mode) = (Mode::Serverless, Mode::Serverless);
+        c.admin_token = Some(OPERATOR.into());
+    })
+    .await;
+    let t = tenant(&s, "fn-owner", 100).await;
+    assert_eq!(s.http.get(s.url("/jobs")).send().await.unwrap().status(), 401, "keys are required");
+    admin(&s, Method::POST, "/accounts/fn-owner/subscription", Some(OPERATOR)).json(&json!({ "active": false })).send().await.unwrap();
+    let (status, body) = t.prompt(trivial(5)).await;
+    assert_eq!(status, 200, "only the hosted cloud requires a subscription: {body}");
+    let done = t.wait(body["prompt_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "succeeded");
+    s.shutdown().await;
+}
