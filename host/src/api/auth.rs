@@ -199,7 +199,22 @@ fn check_api_key(state: &AppState, request: &Request, expected: &blake3::Hash) -
 
 #[cfg(test)]
 mod tests {
-    use super::is_compat;
+    use super::{bearer, is_compat, query_token};
+
+    #[test]
+    fn keys_are_read_from_the_bearer_header_and_the_token_parameter() {
+        let uri = |s: &str| s.parse::<axum::http::Uri>().unwrap();
+        assert_eq!(query_token(&uri("/ws?clientId=x&token=kiln_abc")), Some("kiln_abc"));
+        assert_eq!(query_token(&uri("/api/queue?token=k&x=1")), Some("k"));
+        assert_eq!(query_token(&uri("/api/queue?xtoken=k")), None);
+        assert_eq!(query_token(&uri("/api/queue")), None);
+        let mut headers = axum::http::HeaderMap::new();
+        assert_eq!(bearer(&headers), None);
+        headers.insert("authorization", "bEaReR  kiln_k ".parse().unwrap());
+        assert_eq!(bearer(&headers), Some("kiln_k"));
+        headers.insert("authorization", "Basic a2lsbg==".parse().unwrap());
+        assert_eq!(bearer(&headers), None);
+    }
 
     #[test]
     fn compat_routes_are_recognised_in_both_forms() {
