@@ -10,6 +10,7 @@ mod assets;
 pub mod bus;
 pub mod compat;
 mod error;
+pub mod fair;
 pub mod job_files;
 mod live;
 mod preview;
@@ -18,7 +19,7 @@ pub mod submit;
 pub mod user_files;
 mod worker;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -62,9 +63,19 @@ pub struct ServiceOptions {
     /// `logs` to serverless jobs only; self-hosted (the one mode today)
     /// captures and stores them all the same and leaves them out of reads.
     pub logs_on_read: bool,
+    /// Named tiers and the default tier (issue 18; see `fair`).
+    pub tiers: fair::Tiers,
+    /// The tail of a job's stdout + stderr kept as its log, bytes.
+    pub job_log_bytes: usize,
 }
 
 impl ServiceOptions {
+    /// The limits of a key with no tier of its own: the default tier, else
+    /// the global ones.
+    pub fn global_limits(&self) -> fair::OwnerLimits {
+        self.tiers.resolve(None, fair::OwnerLimits { max_running: self.max_running_jobs, max_queued: self.max_queued_jobs })
+    }
+
     pub fn from_config(config: &Config) -> ServiceOptions {
         ServiceOptions {
             max_queued_jobs: config.max_queued_jobs,
@@ -77,8 +88,17 @@ impl ServiceOptions {
             workflow_limits: config.workflow_limits(),
             job_limits: config.job_limits(),
             logs_on_read: false,
+            tiers: config.tiers(),
+            job_log_bytes: (config.job_log_kb as usize).saturating_mul(1024),
         }
     }
+}
+
+/// 429 `queue_full` for a key (or the server) with these limits: retry
+/// after about the time a queue this deep takes to drain, 1 to 60 s.
+fn queue_full(limits: fair::OwnerLimits) -> ServiceError {
+    let per_job = (limits.max_queued / limits.max_running.max(1)).max(1);
+    ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) }
 }
 
 /// A job submission, already parsed from the wire.
@@ -98,6 +118,8 @@ pub struct Submission {
     pub front: bool,
     /// ComfyUI's queue fields (compatibility submissions).
     pub compat: Option<crate::store::CompatFields>,
+    /// The serverless deployment it was submitted to, if any.
+    pub deployment: Option<String>,
 }
 
 /// Filters of a job listing.
@@ -137,7 +159,10 @@ pub struct Service {
     executor: Arc<Executor>,
     registry: Arc<NodeRegistry>,
     live: RwLock<HashMap<String, Arc<LiveJob>>>,
-    queue: Mutex<VecDeque<String>>,
+    /// Queued jobs per scheduling key, served round-robin (see `fair`).
+    queue: Mutex<fair::FairQueue>,
+    /// The limits of each scheduling key (tiers; see [`Service::set_tenant_limits`]).
+    limits: RwLock<Arc<dyn fair::TenantLimits>>,
     queued: AtomicUsize,
     queue_notify: Notify,
     seq: AtomicU64,
@@ -206,6 +231,7 @@ impl Service {
             .enable_all()
             .build()
             .map_err(crate::store::StoreError::from)?;
+        let limits = fair::uniform(opts.global_limits());
         let service = Arc::new(Service {
             opts,
             meta,
@@ -213,7 +239,8 @@ impl Service {
             executor,
             registry,
             live: RwLock::new(HashMap::new()),
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(fair::FairQueue::default()),
+            limits: RwLock::new(limits),
             queued: AtomicUsize::new(0),
             queue_notify: Notify::new(),
             seq: AtomicU64::new(1),
@@ -276,6 +303,17 @@ impl Service {
 
     pub fn options(&self) -> &ServiceOptions {
         &self.opts
+    }
+
+    /// Replaces how a scheduling key's limits are found (accounts feed
+    /// their tier here: `|key| tiers.resolve(tier_of(key), global)`).
+    pub fn set_tenant_limits(&self, limits: Arc<dyn fair::TenantLimits>) {
+        *self.limits.write() = limits;
+    }
+
+    /// The limits of scheduling key `key`.
+    pub fn limits_for(&self, key: &str) -> fair::OwnerLimits {
+        self.limits.read().limits(key)
     }
 
     pub fn registry(&self) -> &Arc<NodeRegistry> {
@@ -354,10 +392,11 @@ impl Service {
         let now = now_micros();
         self.activity.fetch_add(1, Ordering::Relaxed);
         // Reserve a queue slot; a full queue releases everything (no claim).
+        let key = fair::sched_key(&sub.owner, sub.deployment.as_deref());
+        let limits = self.limits_for(&key);
         if self.queued.fetch_add(1, Ordering::SeqCst) >= self.opts.max_queued_jobs {
             self.queued.fetch_sub(1, Ordering::SeqCst);
-            let per_job = (self.opts.max_queued_jobs / self.opts.max_running_jobs.max(1)).max(1);
-            return Err(ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) });
+            return Err(queue_full(fair::OwnerLimits { max_running: self.opts.max_running_jobs, max_queued: self.opts.max_queued_jobs }));
         }
         let id = sub.id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         // A client-chosen id must be new (checked again, atomically, when
@@ -386,6 +425,7 @@ impl Service {
             execution_ms: None,
             metadata: sub.metadata,
             surface: sub.surface.to_string(),
+            deployment: sub.deployment.clone(),
             had_extra_data: !sub.extra.secrets.is_empty(),
             compat: sub.compat,
         };
@@ -416,15 +456,11 @@ impl Service {
                 }
                 jobs.insert(id.clone(), live.clone());
             }
-            let position = {
-                let mut q = self.queue.lock();
-                if sub.front {
-                    q.push_front(id.clone());
-                    1
-                } else {
-                    q.push_back(id.clone());
-                    q.len()
-                }
+            let pushed = self.queue.lock().push(&key, id.clone(), sub.front, limits.max_queued);
+            let Ok(position) = pushed else {
+                self.live.write().remove(&id);
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                return Err(queue_full(limits));
             };
             self.queue_notify.notify_one();
             // Before the worker can start it (it waits for this lock), so
@@ -470,12 +506,7 @@ impl Service {
     /// Takes back a job whose submission was not written (already marked
     /// so that a worker that took it meanwhile skips it).
     fn withdraw(&self, id: &str) {
-        let removed = {
-            let mut q = self.queue.lock();
-            let before = q.len();
-            q.retain(|q| q != id);
-            before != q.len()
-        };
+        let removed = self.queue.lock().remove(id);
         if removed {
             self.queued.fetch_sub(1, Ordering::SeqCst);
         }
@@ -485,7 +516,7 @@ impl Service {
 
     /// 1-based position of a queued job.
     pub fn queue_position(&self, id: &str) -> Option<usize> {
-        self.queue.lock().iter().position(|q| q == id).map(|p| p + 1)
+        self.queue.lock().position(id)
     }
 
     /// The current record of a job the caller owns.
@@ -581,12 +612,7 @@ impl Service {
     /// A worker that took it meanwhile sees the status and skips it.
     fn stop_queued(&self, live: &Arc<LiveJob>, status: JobStatus) -> Result<JobRecord, ServiceError> {
         let id = live.record.lock().id.clone();
-        let removed = {
-            let mut q = self.queue.lock();
-            let before = q.len();
-            q.retain(|q| *q != id);
-            before != q.len()
-        };
+        let removed = self.queue.lock().remove(&id);
         if removed {
             self.queued.fetch_sub(1, Ordering::SeqCst);
         }
@@ -667,7 +693,7 @@ impl Service {
     fn publish_queue_positions(&self) {
         let watched: Vec<Arc<LiveJob>> = {
             let live = self.live.read();
-            let queue = self.queue.lock();
+            let queue = self.queue.lock().ordered();
             queue.iter().filter_map(|id| live.get(id)).filter(|job| job.events.receiver_count() > 0).cloned().collect()
         };
         for job in watched {

@@ -22,8 +22,6 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
 const BUS_PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 /// Preview frames per job go out at most this often.
 const PREVIEW_INTERVAL: Duration = Duration::from_millis(250);
-/// The job log keeps this much of its tail.
-const LOG_LIMIT: usize = 1 << 20;
 
 /// The JobError code of a node failure.
 pub fn failure_code(kind: FailureKind) -> &'static str {
@@ -45,7 +43,11 @@ impl Service {
                 _ = self.shutdown.cancelled() => return,
                 id = self.next_job() => id,
             };
-            let Some(live) = self.live_job(&next) else { continue };
+            let (next, key) = next;
+            let Some(live) = self.live_job(&next) else {
+                self.queue.lock().done(&key);
+                continue;
+            };
             tokio::select! {
                 _ = self.shutdown.cancelled() => {
                     // Leave the job `running` in the store: the next start re-runs it.
@@ -54,19 +56,26 @@ impl Service {
                 }
                 () = self.run_job(live.clone()) => {}
             }
+            // The key may run another job now; this worker looks first, any
+            // other idle one too.
+            self.queue.lock().done(&key);
+            self.queue_notify.notify_one();
         }
     }
 
-    async fn next_job(&self) -> String {
+    /// The next job to run, round-robin across scheduling keys (see
+    /// `fair`), with its key.
+    async fn next_job(&self) -> (String, String) {
         loop {
             // Registered before the queue is checked, so a push in between
             // still wakes this worker.
             let notified = self.queue_notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(id) = self.queue.lock().pop_front() {
+            let limits = self.limits.read().clone();
+            if let Some(next) = self.queue.lock().pop(limits.as_ref()) {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
-                return id;
+                return next;
             }
             notified.await;
         }
@@ -199,7 +208,7 @@ impl Service {
             let rec = live.record.lock();
             live.finishing.store(true, Ordering::SeqCst);
             let mut terminal = rec.clone();
-            end_record(&mut terminal, outcome, live.expire_on_stop.load(Ordering::SeqCst), now_micros());
+            end_record(&mut terminal, outcome, live.expire_on_stop.load(Ordering::SeqCst), now_micros(), self.opts.job_log_bytes);
             terminal
         };
         let terminal = Arc::new(terminal);
@@ -485,7 +494,7 @@ struct NotRun {
 }
 
 /// Sets the terminal state of a job record from how its run ended.
-fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired: bool, now: Micros) {
+fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired: bool, now: Micros, log_limit: usize) {
     let canceling = rec.status == JobStatus::Canceling;
     match outcome {
         Ok(outcome) => {
@@ -508,7 +517,7 @@ fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired:
                 }
                 RunStatus::Interrupted => rec.status = JobStatus::Canceled,
             }
-            rec.logs = Some(log_record(outcome.log, outcome.log_truncated, now));
+            rec.logs = Some(log_record(outcome.log, outcome.log_truncated, now, log_limit));
         }
         Err(NotRun { error, output_lost }) => {
             rec.status = JobStatus::Failed;
@@ -531,12 +540,13 @@ fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired:
     rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
 }
 
-/// The job log: the tail of the plugins' output when it is long;
-/// `truncated` when any of it was shed (here or in a node's own log).
-fn log_record(mut text: String, node_truncated: bool, now: Micros) -> JobLogRecord {
-    let cut = text.len() > LOG_LIMIT;
+/// The job log: the tail of the plugins' output when it is longer than
+/// `limit` bytes; `truncated` when any of it was shed (here or in a node's
+/// own log).
+fn log_record(mut text: String, node_truncated: bool, now: Micros, limit: usize) -> JobLogRecord {
+    let cut = text.len() > limit;
     if cut {
-        let mut at = text.len() - LOG_LIMIT;
+        let mut at = text.len() - limit;
         while !text.is_char_boundary(at) {
             at += 1;
         }
@@ -625,11 +635,18 @@ mod tests {
 
     #[test]
     fn long_logs_keep_their_tail() {
-        let text = format!("{}end", "x".repeat(LOG_LIMIT + 10));
-        let log = log_record(text, false, 7);
-        assert!(log.truncated && log.text.len() == LOG_LIMIT && log.text.ends_with("end"));
-        let short = log_record("ok".into(), false, 7);
+        const LIMIT: usize = 1 << 20;
+        let text = format!("{}end", "x".repeat(LIMIT + 10));
+        let log = log_record(text, false, 7, LIMIT);
+        assert!(log.truncated && log.text.len() == LIMIT && log.text.ends_with("end"));
+        let short = log_record("ok".into(), false, 7, LIMIT);
         assert!(!short.truncated && short.text == "ok");
-        assert!(log_record("ok".into(), true, 7).truncated, "a node's own log was cut");
+        assert!(log_record("ok".into(), true, 7, LIMIT).truncated, "a node's own log was cut");
+        // A multi-byte character on the cut is dropped whole.
+        let cut = log_record("é".repeat(10), false, 7, 5);
+        assert!(cut.truncated && cut.text == "éé", "{:?}", cut.text);
+        // A limit of 0 sheds everything: truncated with empty text.
+        let shed = log_record("abc".into(), false, 7, 0);
+        assert!(shed.truncated && shed.text.is_empty());
     }
 }

@@ -7,6 +7,7 @@ mod auth;
 mod durability;
 mod events;
 mod failures;
+mod fair;
 mod idempotency;
 mod jobs;
 

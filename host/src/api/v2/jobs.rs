@@ -121,7 +121,8 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
     let extra = body.get("extra_data").filter(|m| !m.is_null()).map(check_extra_data).transpose()?.unwrap_or_default();
     let service = state.service.clone();
     let owner = state.owner().to_string();
-    let submission = Submission { workflow, extra, idempotency_key: key, metadata, owner, surface: "v2", id: None, front: false, compat: None };
+    let submission =
+        Submission { workflow, extra, idempotency_key: key, metadata, owner, surface: "v2", id: None, front: false, compat: None, deployment: None };
     // Validation, the store writes and the commit log's sync (~50 µs on a
     // local disk) run right here for a typical workflow: a hand-off to the
     // blocking pool and back costs more than that on a small machine
