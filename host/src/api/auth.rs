@@ -22,6 +22,10 @@ fn is_public(path: &str) -> bool {
 /// with the right bearer token.
 pub fn check(state: &AppState, request: &Request) -> Result<(), ApiError> {
     let Some(expected) = &state.token_hash else { return Ok(()) };
+    // A public demo deployment takes callers without credentials.
+    if request.extensions().get::<super::deployment::DeploymentCtx>().is_some_and(|d| d.public_demo) {
+        return Ok(());
+    }
     let Some(path) = request.uri().path().strip_prefix(&*state.api_base) else { return check_api_key(state, request, expected) };
     if !(path.is_empty() || path.starts_with('/')) || request.method() == Method::OPTIONS || is_public(path) {
         return Ok(());

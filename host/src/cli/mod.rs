@@ -1,5 +1,6 @@
 //! The `kiln` command line: argument parsing and the subcommands.
 
+mod deployments;
 mod front_end;
 mod run;
 mod serve;
@@ -31,6 +32,8 @@ pub enum Command {
     Nodes,
     /// Serve the Jobs API (`/api/v2`) until interrupted.
     Serve(serve::ServeArgs),
+    /// Manage serverless deployments through a server's admin API.
+    Deployments(deployments::DeploymentsArgs),
     /// Compile one component (kiln runs itself so to compile plugins under
     /// limits; see `plugins::compile`).
     #[command(name = "compile-component", hide = true)]
@@ -90,6 +93,7 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
     match cli.command {
         Command::Run(args) => run::run(config, args).await,
         Command::Serve(args) => serve::serve(config, args).await,
+        Command::Deployments(args) => deployments::run(&config, args).await,
         Command::CompileComponent(args) => Ok(i32::from(compile_component(&args))),
         Command::Nodes => {
             let (_, registry) = run::load(&config).await?;

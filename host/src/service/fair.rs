@@ -13,7 +13,8 @@ use std::sync::Arc;
 /// What one scheduling key may have at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OwnerLimits {
-    /// Jobs running at once; more wait in the queue (never refused).
+    /// Jobs running at once; more wait in the queue (never refused). 0
+    /// holds the key's jobs (a deployment that is not ready).
     pub max_running: usize,
     /// Jobs waiting in the queue; more are refused with 429 `queue_full`.
     pub max_queued: usize,
@@ -105,7 +106,7 @@ impl FairQueue {
         for turn in 0..self.rotation.len() {
             let key = &self.rotation[turn];
             let Some(entry) = self.keys.get_mut(key) else { continue };
-            if entry.running >= limits.limits(key).max_running.max(1) {
+            if entry.running >= limits.limits(key).max_running {
                 continue;
             }
             let Some(id) = entry.jobs.pop_front() else { continue };

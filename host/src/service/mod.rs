@@ -9,6 +9,7 @@
 mod assets;
 pub mod bus;
 pub mod compat;
+pub mod deployments;
 mod error;
 pub mod fair;
 pub mod job_files;
@@ -197,6 +198,8 @@ pub struct Service {
     /// The compatibility API's own state (its queue counter, the index of
     /// ComfyUI-style uploads).
     compat: compat::CompatState,
+    /// Serverless deployments and their loaded plugins.
+    deployments: deployments::Deployments,
 }
 
 impl Drop for Service {
@@ -214,7 +217,8 @@ impl Service {
         std::fs::create_dir_all(data_dir).map_err(crate::store::StoreError::from)?;
         let meta: Arc<dyn MetaStore> = Arc::new(SledMeta::open(&data_dir.join("meta"))?);
         let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(data_dir.join("blobs"))?);
-        Service::start_with_stores(opts, meta, blobs, registry, executor)
+        let deployments = deployments::Deployments::open(Some(data_dir.join("deployments.json"))).map_err(|e| ServiceError::InvalidRequest(e.to_string()))?;
+        Service::start_inner(opts, meta, blobs, registry, executor, deployments)
     }
 
     /// [`Service::start`] on given stores (another backend, or a test double).
@@ -224,6 +228,18 @@ impl Service {
         blobs: Arc<dyn BlobStore>,
         registry: Arc<NodeRegistry>,
         executor: Arc<Executor>,
+    ) -> Result<Arc<Service>, ServiceError> {
+        let deployments = deployments::Deployments::open(None).map_err(|e| ServiceError::InvalidRequest(e.to_string()))?;
+        Service::start_inner(opts, meta, blobs, registry, executor, deployments)
+    }
+
+    fn start_inner(
+        opts: ServiceOptions,
+        meta: Arc<dyn MetaStore>,
+        blobs: Arc<dyn BlobStore>,
+        registry: Arc<NodeRegistry>,
+        executor: Arc<Executor>,
+        deployments: deployments::Deployments,
     ) -> Result<Arc<Service>, ServiceError> {
         let branches = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
@@ -255,8 +271,12 @@ impl Service {
             finished_gen: AtomicU64::new(0),
             bus: Arc::default(),
             compat: compat::CompatState::default(),
+            deployments,
         });
         service.recover()?;
+        for (id, generation) in service.deployments.starting() {
+            service.load_deployment(&id, generation);
+        }
         let mut workers = Vec::new();
         for i in 0..service.opts.max_running_jobs {
             let worker = service.clone();
@@ -311,9 +331,38 @@ impl Service {
         *self.limits.write() = limits;
     }
 
-    /// The limits of scheduling key `key`.
+    /// The limits of scheduling key `key`: a deployment's own (none of its
+    /// jobs starts until it is ready), else the tenant lookup's.
     pub fn limits_for(&self, key: &str) -> fair::OwnerLimits {
-        self.limits.read().limits(key)
+        match key.strip_prefix("deployment/") {
+            Some(id) => self.deployments.limits(id, self.opts.global_limits()),
+            None => self.limits.read().limits(key),
+        }
+    }
+
+    /// Whether a read of this job shows its `logs` (the spec: jobs run on
+    /// the serverless platform — a serverless server's, or a deployment's —
+    /// except on a public demo, which stores the log and withholds it).
+    pub fn shows_logs(&self, job: &JobRecord) -> bool {
+        (self.opts.logs_on_read || job.deployment.is_some()) && !job.logs_withheld
+    }
+
+    /// The account a job's execution is billed to: a public demo job's
+    /// deployment owner, else the job's owner.
+    pub fn billed_account(&self, job: &JobRecord) -> String {
+        match job.deployment.as_deref().and_then(|d| self.deployments.get(d)) {
+            Some(d) if job.logs_withheld => d.spec.owner,
+            _ => job.owner.clone(),
+        }
+    }
+
+    /// The node classes and executor of a job: its deployment's (`None`
+    /// when that deployment no longer serves), else the server's.
+    pub(crate) fn engine(&self, deployment: Option<&str>) -> Option<(Arc<NodeRegistry>, Arc<Executor>)> {
+        match deployment {
+            None => Some((self.registry.clone(), self.executor.clone())),
+            Some(id) => self.deployments.loaded(id).map(|l| (l.registry.clone(), l.executor.clone())),
+        }
     }
 
     pub fn registry(&self) -> &Arc<NodeRegistry> {
@@ -374,9 +423,13 @@ impl Service {
         {
             return Err(ServiceError::WorkflowFormatUi);
         }
+        let registry = match &sub.deployment {
+            None => self.registry.clone(),
+            Some(id) => self.deployment_serving(id)?.registry.clone(),
+        };
         let resolved = submit::resolve_assets(&sub.workflow, self.meta.as_ref(), &sub.owner, now)?;
         let inputs = job_files::JobInputs::new(&resolved.inputs, self.blobs.clone());
-        let (_, plan) = submit::check(&resolved.workflow, &self.registry, &inputs, &self.opts.workflow_limits)?;
+        let (_, plan) = submit::check(&resolved.workflow, &registry, &inputs, &self.opts.workflow_limits)?;
         self.enqueue(sub, resolved.workflow, resolved.inputs, plan)
     }
 
@@ -425,6 +478,7 @@ impl Service {
             execution_ms: None,
             metadata: sub.metadata,
             surface: sub.surface.to_string(),
+            logs_withheld: sub.deployment.as_deref().and_then(|d| self.deployments.get(d)).is_some_and(|d| d.spec.public_demo),
             deployment: sub.deployment.clone(),
             had_extra_data: !sub.extra.secrets.is_empty(),
             compat: sub.compat,

@@ -72,8 +72,8 @@ impl Service {
             let notified = self.queue_notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let limits = self.limits.read().clone();
-            if let Some(next) = self.queue.lock().pop(limits.as_ref()) {
+            let limits = |key: &str| self.limits_for(key);
+            if let Some(next) = self.queue.lock().pop(&limits) {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 return next;
             }
@@ -111,9 +111,20 @@ impl Service {
         // Running jobs still count as remaining (as ComfyUI counts them).
         self.publish_queue();
 
-        let prepared = live.prepared.lock().take().map_or_else(|| self.prepare(&snapshot), Ok);
+        // The job's classes and executor: its deployment's, or the server's.
+        let engine = self.engine(snapshot.deployment.as_deref()).ok_or_else(|| JobErrorRecord {
+            code: "deployment_stopped".into(),
+            message: "the job's deployment was stopped before the job could run".into(),
+            node_id: None,
+            class_type: None,
+            traceback: None,
+        });
+        let prepared = engine.and_then(|(registry, executor)| {
+            let prepared = live.prepared.lock().take().map_or_else(|| self.prepare(&snapshot, &registry), Ok)?;
+            Ok((prepared, executor))
+        });
         let outcome = match prepared {
-            Ok((workflow, plan)) => {
+            Ok(((workflow, plan), executor)) => {
                 let total = plan.nodes.len() as u64;
                 live.record.lock().progress = Some(ProgressSnapshot {
                     value: 0.0,
@@ -137,7 +148,7 @@ impl Service {
                     branches: self.branches.lock().as_ref().map(|rt| rt.handle().clone()),
                     budget: crate::budget::JobBudget::new(self.opts.job_limits),
                 };
-                let run = std::panic::AssertUnwindSafe(self.executor.run(&plan, ctx));
+                let run = std::panic::AssertUnwindSafe(executor.run(&plan, ctx));
                 futures_util::FutureExt::catch_unwind(run).await.map_err(|_| NotRun {
                     error: JobErrorRecord {
                         code: "internal_error".into(),
@@ -160,7 +171,7 @@ impl Service {
 
     /// Loads and re-validates the job's workflow (plugins may have changed
     /// since it was submitted, e.g. across a restart).
-    fn prepare(&self, job: &JobRecord) -> Result<(serde_json::Value, crate::workflow::Plan), JobErrorRecord> {
+    fn prepare(&self, job: &JobRecord, registry: &crate::plugins::NodeRegistry) -> Result<(serde_json::Value, crate::workflow::Plan), JobErrorRecord> {
         let error = |code: &str, message: String| JobErrorRecord { code: code.into(), message, node_id: None, class_type: None, traceback: None };
         let workflow = match self.meta.get_workflow(&job.id) {
             Ok(Some(w)) => w,
@@ -168,7 +179,7 @@ impl Service {
             Err(e) => return Err(error("internal_error", format!("cannot read the job's workflow: {e}"))),
         };
         let inputs = JobInputs::new(&job.inputs, self.blobs.clone());
-        match submit::check(&workflow, &self.registry, &inputs, &self.opts.workflow_limits) {
+        match submit::check(&workflow, registry, &inputs, &self.opts.workflow_limits) {
             Ok((_, plan)) => Ok((workflow, plan)),
             Err(e) => Err(error("invalid_workflow", e.to_string())),
         }

@@ -145,6 +145,9 @@ pub struct JobRecord {
     /// its `logs` are shown on read (unless the deployment is a public demo).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment: Option<String>,
+    /// Ran on a public demo deployment: its log is stored, never shown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logs_withheld: bool,
 }
 
 /// What `POST /api/prompt` gave a job besides its workflow.
@@ -185,6 +188,7 @@ impl JobRecord {
             had_extra_data: false,
             compat: None,
             deployment: None,
+            logs_withheld: false,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 mod assets;
 mod auth;
+mod deployments;
 mod durability;
 mod events;
 mod failures;

@@ -14,6 +14,7 @@ use serde_json::Value as Json_;
 
 use super::jobs::json_object;
 use super::{Segment, check_id, wire};
+use crate::api::deployment::Caller;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links, content};
 use crate::service::{AssetLabels, NewAsset, ServiceError, UploadMeta};
@@ -88,7 +89,12 @@ fn check_file_path(path: &str) -> Result<&str, ApiError> {
     Ok(path)
 }
 
-pub async fn upload(State(state): State<Arc<AppState>>, links: Links, multipart: Result<Multipart, MultipartRejection>) -> Result<impl IntoResponse, ApiError> {
+pub async fn upload(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    links: Links,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<impl IntoResponse, ApiError> {
     let limit = state.service.options().max_upload_bytes;
     let mut multipart = multipart.map_err(|e| ApiError::invalid_request(format!("Expected a multipart/form-data upload: {}", e.body_text())))?;
     let mut meta = UploadMeta::default();
@@ -124,17 +130,22 @@ pub async fn upload(State(state): State<Arc<AppState>>, links: Links, multipart:
     // part's file name: an upload without it is refused (contract, scenario 29).
     check_file_path(meta.file_path.as_deref().ok_or_else(|| ApiError::invalid_request("The upload has no `file_path` part."))?)?;
     let service = state.service.clone();
-    let owner = state.owner().to_string();
+    let owner = caller.owner.clone();
     let asset = tokio::task::spawn_blocking(move || service.commit_upload(&owner, file, meta)).await.map_err(|e| ApiError::internal(&e))??;
     Ok(created(asset, &links))
 }
 
-pub async fn head_by_hash(State(state): State<Arc<AppState>>, Segment(hash): Segment) -> Response {
-    let known = parse_blob_name(&hash).is_some() && state.service.has_blob(state.owner(), &hash).unwrap_or(false);
+pub async fn head_by_hash(State(state): State<Arc<AppState>>, caller: Caller, Segment(hash): Segment) -> Response {
+    let known = parse_blob_name(&hash).is_some() && state.service.has_blob(caller.owner.as_str(), &hash).unwrap_or(false);
     if known { StatusCode::OK.into_response() } else { StatusCode::NOT_FOUND.into_response() }
 }
 
-pub async fn from_hash(State(state): State<Arc<AppState>>, links: Links, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
+pub async fn from_hash(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    links: Links,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<impl IntoResponse, ApiError> {
     let body = json_object(body, state.service.options().workflow_limits.max_bytes)?;
     let hash = body.get("hash").and_then(Json_::as_str).ok_or_else(|| ApiError::invalid_request("`hash` (blake3:<hex>) is required."))?;
     if parse_blob_name(hash).is_none() {
@@ -161,27 +172,27 @@ pub async fn from_hash(State(state): State<Arc<AppState>>, links: Links, body: R
         Some(v) => expires_in(Some(v.as_u64().ok_or_else(|| ApiError::invalid_request("`expires_in` must be a whole number of seconds."))?))?,
     };
     let service = state.service.clone();
-    let (owner, hash) = (state.owner().to_string(), hash.to_string());
+    let (owner, hash) = (caller.owner.clone(), hash.to_string());
     let asset = tokio::task::spawn_blocking(move || service.asset_from_hash(&owner, &hash, file_path, labels)).await.map_err(|e| ApiError::internal(&e))??;
     Ok(created(asset, &links))
 }
 
-pub async fn get_asset(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
+pub async fn get_asset(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
-    Ok(Json(wire::asset(&state.service.asset(state.owner(), &id)?, &links, None)).into_response())
+    Ok(Json(wire::asset(&state.service.asset(caller.owner.as_str(), &id)?, &links, None)).into_response())
 }
 
-pub async fn delete_asset(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<StatusCode, ApiError> {
+pub async fn delete_asset(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<StatusCode, ApiError> {
     check_id(&id)?;
     let service = state.service.clone();
-    let owner = state.owner().to_string();
+    let owner = caller.owner.clone();
     tokio::task::spawn_blocking(move || service.delete_asset(&owner, &id)).await.map_err(|e| ApiError::internal(&e))??;
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn content(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn content(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment, headers: HeaderMap) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let asset = state.service.asset(state.owner(), &id)?;
+    let asset = state.service.asset(caller.owner.as_str(), &id)?;
     if state.config.download_redirect {
         let expires = now_micros() / 1_000_000 + state.config.signed_url_ttl_s as i64;
         let sig = state.signer.sign(&asset.id, expires);
@@ -200,6 +211,7 @@ pub struct Signature {
 
 pub async fn signed_content(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Segment(id): Segment,
     query: Result<Query<Signature>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
@@ -209,7 +221,7 @@ pub async fn signed_content(
     if !state.signer.verify(&id, sig.expires, &sig.sig, now_micros() / 1_000_000) {
         return Err(forbidden());
     }
-    let asset = state.service.asset(state.owner(), &id)?;
+    let asset = state.service.asset(caller.owner.as_str(), &id)?;
     let path = state.service.asset_file(&asset)?;
     content::serve(&path, &asset.content_type, &asset.hash, &headers).await
 }

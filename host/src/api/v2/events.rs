@@ -17,6 +17,7 @@ use base64::Engine;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{Segment, check_id, wire};
+use crate::api::deployment::Caller;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::service::JobEvent;
@@ -43,9 +44,9 @@ fn event_frame(state: &AppState, event: &JobEvent, links: &Links, job: &JobRecor
     }
 }
 
-pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
+pub async fn stream(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let opened = state.service.open_stream(state.owner(), &id)?;
+    let opened = state.service.open_stream(caller.owner.as_str(), &id)?;
     let closing = state.closing.clone();
     let state_keepalive = state.config.sse_keepalive_s.max(1);
     let stream = async_stream::stream! {
@@ -93,7 +94,7 @@ pub async fn stream(State(state): State<Arc<AppState>>, links: Links, Segment(id
                 }
                 Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => {
                     // Fell behind (or the job finished): re-sync from the record.
-                    let Ok((now, _)) = state.service.get(state.owner(), &job.id) else { return };
+                    let Ok((now, _)) = state.service.get(caller.owner.as_str(), &job.id) else { return };
                     for o in now.outputs.iter().filter(|o| sent.insert(o.asset_id.clone())) {
                         yield Ok(frame("output", &wire::output(o, &now, &links)));
                     }

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json_, json};
 
 use super::{Segment, check_id, wire};
+use crate::api::deployment::Caller;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::service::{ExtraData, ListQuery, Submission};
@@ -85,7 +86,13 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// worker that received them; larger ones on the blocking pool.
 const INLINE_SUBMIT_BYTES: usize = 32 << 10;
 
-pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn submit(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    links: Links,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     // A used key is refused whatever else the request holds (spec: any
     // later request with the key is 422); the claim itself is atomic with
     // the job's record in `Service::submit`.
@@ -120,9 +127,19 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
     let metadata = body.get("metadata").filter(|m| !m.is_null()).map(check_metadata).transpose()?;
     let extra = body.get("extra_data").filter(|m| !m.is_null()).map(check_extra_data).transpose()?.unwrap_or_default();
     let service = state.service.clone();
-    let owner = state.owner().to_string();
-    let submission =
-        Submission { workflow, extra, idempotency_key: key, metadata, owner, surface: "v2", id: None, front: false, compat: None, deployment: None };
+    let owner = caller.owner.clone();
+    let submission = Submission {
+        workflow,
+        extra,
+        idempotency_key: key,
+        metadata,
+        owner,
+        surface: "v2",
+        id: None,
+        front: false,
+        compat: None,
+        deployment: caller.deployment_id(),
+    };
     // Validation, the store writes and the commit log's sync (~50 µs on a
     // local disk) run right here for a typical workflow: a hand-off to the
     // blocking pool and back costs more than that on a small machine
@@ -141,23 +158,28 @@ pub async fn submit(State(state): State<Arc<AppState>>, links: Links, headers: H
 /// Largest rendered job body kept for later polls.
 const MAX_CACHED_BODY: usize = 64 << 10;
 
-pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
+pub async fn get_job(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let (record, position) = state.service.get_shared(state.owner(), &id)?;
+    let (record, position) = state.service.get_shared(caller.owner.as_str(), &id)?;
+    // The one read that may show `logs` (serverless jobs only).
+    let with_logs = state.service.shows_logs(&record);
     if !record.status.is_terminal() {
-        return Ok(Json(wire::job(&record, position, &links, state.service.options().logs_on_read)).into_response());
+        return Ok(Json(wire::job(&record, position, &links, with_logs)).into_response());
     }
-    let cached =
-        state.rendered.lock().get(id.as_str()).filter(|(r, origin, _)| Arc::ptr_eq(r, &record) && *origin == links.origin).map(|(_, _, body)| body.clone());
+    // Links differ by origin and by surface (a deployment's prefix).
+    let cached = state
+        .rendered
+        .lock()
+        .get(id.as_str())
+        .filter(|(r, origin, _)| Arc::ptr_eq(r, &record) && origin.strip_prefix(links.origin.as_str()) == Some(links.v2()))
+        .map(|(_, _, body)| body.clone());
     let body = match cached {
         Some(body) => body,
         None => {
-            let body = Bytes::from(
-                serde_json::to_vec(&wire::job(&record, position, &links, state.service.options().logs_on_read)).map_err(|e| ApiError::internal(&e))?,
-            );
+            let body = Bytes::from(serde_json::to_vec(&wire::job(&record, position, &links, with_logs)).map_err(|e| ApiError::internal(&e))?);
             // Bodies with long logs are rendered per request, not kept.
             if body.len() <= MAX_CACHED_BODY {
-                state.rendered.lock().put(id, (record, links.origin, body.clone()));
+                state.rendered.lock().put(id, (record, format!("{}{}", links.origin, links.v2()), body.clone()));
             }
             body
         }
@@ -165,21 +187,26 @@ pub async fn get_job(State(state): State<Arc<AppState>>, links: Links, Segment(i
     Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-pub async fn workflow(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
+pub async fn workflow(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
     check_id(&id)?;
-    let workflow = state.service.workflow(state.owner(), &id)?;
+    let workflow = state.service.workflow(caller.owner.as_str(), &id)?;
     Ok(Json(json!({ "workflow": workflow, "format": "api" })))
 }
 
-pub async fn cancel(State(state): State<Arc<AppState>>, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
+pub async fn cancel(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     let service = state.service.clone();
-    let owner = state.owner().to_string();
+    let owner = caller.owner.clone();
     let (record, position) = tokio::task::spawn_blocking(move || service.cancel(&owner, &id)).await.map_err(|e| ApiError::internal(&e))??;
     Ok(Json(wire::job(&record, position, &links, false)).into_response())
 }
 
-pub async fn list(State(state): State<Arc<AppState>>, links: Links, query: Result<Query<Vec<(String, String)>>, QueryRejection>) -> Result<Response, ApiError> {
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    links: Links,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Response, ApiError> {
     let Query(pairs) = query.map_err(|e| ApiError::invalid_request(e.body_text()))?;
     let mut q = ListQuery { limit: 50, ..ListQuery::default() };
     for (k, v) in pairs {
@@ -211,7 +238,7 @@ pub async fn list(State(state): State<Arc<AppState>>, links: Links, query: Resul
         }
     }
     let service = state.service.clone();
-    let owner = state.owner().to_string();
+    let owner = caller.owner.clone();
     let (jobs, next) = tokio::task::spawn_blocking(move || service.list(&owner, &q)).await.map_err(|e| ApiError::internal(&e))??;
     let items: Vec<wire::JobView> = jobs
         .iter()
