@@ -297,6 +297,9 @@ fn check_spec(spec: &DeploymentSpec) -> Result<(), DeploymentError> {
     if spec.plugin_dirs.len() > MAX_PLUGIN_DIRS {
         return Err(DeploymentError::Invalid(format!("a deployment has at most {MAX_PLUGIN_DIRS} plugin directories")));
     }
+    if spec.plugin_dirs.iter().any(|d| d.as_os_str().is_empty() || d.as_os_str().len() > 4096) {
+        return Err(DeploymentError::Invalid("each plugin directory must be a path of 1-4096 bytes".into()));
+    }
     if let Some(l) = spec.limits
         && l.max_running == 0
     {

@@ -71,7 +71,7 @@ pub struct FairQueue {
 pub struct KeyQueueFull;
 
 impl FairQueue {
-    /// Queues `id` under `key` (at the front of everything with `front`);
+    /// Queues `id` under `key` (ahead of the key's other jobs with `front`);
     /// refuses it when `key` already has `max_queued` jobs waiting. Returns
     /// the job's 1-based position in the dispatch order.
     pub fn push(&mut self, key: &str, id: String, front: bool, max_queued: usize) -> Result<usize, KeyQueueFull> {
@@ -88,10 +88,9 @@ impl FairQueue {
         } else {
             entry.jobs.push_back(id.clone());
         }
-        if front {
-            self.rotation.retain(|k| k != key);
-            self.rotation.push_front(key.to_string());
-        } else if !was_waiting {
+        // `front` reorders the key's own jobs only: moving the key itself
+        // ahead would let one account's `front` flood starve the others.
+        if !was_waiting {
             self.rotation.push_back(key.to_string());
         }
         self.key_of.insert(id.clone(), key.to_string());
@@ -263,8 +262,9 @@ mod tests {
         assert_eq!(q.position("a1"), Some(1));
         assert!(q.remove("a1"));
         assert_eq!(q.ordered(), ["b0"]);
-        assert_eq!(q.push("a", "a3".into(), true, 2), Ok(1), "front goes first");
-        assert_eq!(pop_all(&mut q, &|_: &str| OPEN), ["a3", "b0"]);
+        q.push("a", "a4".into(), false, 2).unwrap();
+        assert_eq!(q.push("a", "a3".into(), true, 2), Ok(2), "front goes ahead of its own key's jobs, not of other keys'");
+        assert_eq!(pop_all(&mut q, &|_: &str| OPEN), ["b0", "a3", "a4"]);
         assert!(q.is_empty());
     }
 
