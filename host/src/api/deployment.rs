@@ -31,10 +31,7 @@ pub struct DeploymentCtx {
     pub base: Arc<str>,
 }
 
-/// The demo identity every caller of public demo deployment `id` shares.
-pub fn demo_owner(id: &str) -> String {
-    format!("demo/{id}")
-}
+pub use crate::service::deployments::demo_owner;
 
 /// Rewrites a deployment-scoped request onto the Jobs API (see the module
 /// doc); other requests pass unchanged. The deployment's state is checked

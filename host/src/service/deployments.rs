@@ -315,6 +315,12 @@ pub async fn load(runtime: Arc<PluginRuntime>, plugin_dirs: Vec<PathBuf>, concur
     Ok(Loaded { registry, executor })
 }
 
+/// The demo identity every caller of public demo deployment `id` shares
+/// (no account is named so: account names have no `/`).
+pub fn demo_owner(id: &str) -> String {
+    format!("demo/{id}")
+}
+
 /// Seconds a caller is told to wait while a deployment starts.
 pub const NOT_READY_RETRY_S: u64 = 2;
 

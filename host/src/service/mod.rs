@@ -351,7 +351,7 @@ impl Service {
     /// deployment owner, else the job's owner.
     pub fn billed_account(&self, job: &JobRecord) -> String {
         match job.deployment.as_deref().and_then(|d| self.deployments.get(d)) {
-            Some(d) if job.logs_withheld => d.spec.owner,
+            Some(d) if job.owner == deployments::demo_owner(&d.spec.id) => d.spec.owner,
             _ => job.owner.clone(),
         }
     }

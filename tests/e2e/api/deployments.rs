@@ -274,13 +274,20 @@ async fn a_public_demo_takes_anonymous_callers_and_withholds_logs() {
 
 #[tokio::test]
 async fn a_serverless_servers_own_jobs_show_logs_on_get_only() {
-    let s = start(|_, o| o.logs_on_read = true).await;
+    let s = start(|_, o| {
+        o.logs_on_read = true;
+        o.job_log_bytes = 1000;
+    })
+    .await;
     let (status, job, _) = s.post_job(&json!({ "workflow": chatty() }), None).await;
     assert_eq!(status, 201);
     assert!(job.get("logs").is_none());
     let id = job["id"].as_str().unwrap();
     let done = s.wait(id).await;
     assert_eq!(done["logs"]["truncated"], true, "{done}");
+    // The job's bound (job_log_kb) keeps the tail: the last line printed.
+    let text = done["logs"]["text"].as_str().unwrap();
+    assert!(text.len() <= 1000 && text.contains("line 19999 of noise"), "{text:?}");
     let (_, list) = s.get("/jobs").await;
     assert!(list["jobs"].as_array().unwrap().iter().all(|j| j.get("logs").is_none()));
     let canceled: Value = s.http.post(s.url(&format!("/jobs/{id}/cancel"))).send().await.unwrap().json().await.unwrap();
