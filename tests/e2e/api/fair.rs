@@ -149,3 +149,64 @@ async fn a_full_tier_queue_is_429_queue_full_with_retry_after() {
     }
     panic!("the queue never drained");
 }
+
+#[tokio::test]
+async fn over_http_a_deployments_jobs_are_scheduled_apart_from_the_servers_flood() {
+    let s = start(|c, o| {
+        c.max_running_jobs = 1;
+        o.max_running_jobs = 1;
+        c.admin_token = Some("fair-admin".into());
+    })
+    .await;
+    let resp = s
+        .http
+        .post(format!("{}/admin/deployments", s.server.url()))
+        .bearer_auth("fair-admin")
+        .json(&json!({ "id": "other", "owner": "local" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let dep = format!("{}/deployment/other/api/v2", s.server.url());
+    let mut ready = false;
+    for _ in 0..1200 {
+        if s.http.get(format!("{dep}/jobs")).send().await.unwrap().status() == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(ready);
+    let blocker = s.submit(spinner(5)).await;
+    s.wait_for(blocker["id"].as_str().unwrap(), "running").await;
+    let mut flood = Vec::new();
+    for i in 0..10 {
+        flood.push(s.submit(trivial(i)).await);
+    }
+    assert_eq!(flood[9]["queue_position"], 10);
+    let mut theirs = Vec::new();
+    for i in 0..2 {
+        let resp = s.http.post(format!("{dep}/jobs")).json(&json!({ "workflow": trivial(50 + i) })).send().await.unwrap();
+        assert_eq!(resp.status(), 201);
+        theirs.push(resp.json::<Value>().await.unwrap());
+    }
+    // The deployment's jobs are 2nd and 4th in line, not 11th and 12th.
+    assert_eq!(theirs.iter().map(|j| j["queue_position"].as_u64().unwrap()).collect::<Vec<_>>(), [2, 4]);
+    // And the server's own 10th job moved back by the two.
+    assert_eq!(s.job(flood[9]["id"].as_str().unwrap()).await["queue_position"], 12);
+    for j in &theirs {
+        // Followed by its own (prefixed) link.
+        let url = format!("{}{}", s.server.url(), j["urls"]["self"].as_str().unwrap());
+        let mut succeeded = false;
+        for _ in 0..1200 {
+            let job: Value = s.http.get(&url).send().await.unwrap().json().await.unwrap();
+            if job["status"] == "succeeded" {
+                succeeded = true;
+                break;
+            }
+            assert!(["queued", "running"].contains(&job["status"].as_str().unwrap()), "{job}");
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        assert!(succeeded, "{url} never succeeded");
+    }
+}
