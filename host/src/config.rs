@@ -196,6 +196,28 @@ pub struct Config {
     pub credits_per_second: u64,
     /// Least a job that executed costs, credits. Default 1.
     pub credits_min_per_job: u64,
+
+    // --- Issue 18 (branch `fair`): tiers, job logs, deployments. ---
+    /// Named tiers of per-account limits, `[tiers.NAME]` with `max_running`
+    /// (jobs running at once; more wait in the queue) and `max_queued`
+    /// (jobs waiting; more are 429 `queue_full`). An account's tier comes
+    /// from its record. Default: none.
+    pub tiers: std::collections::BTreeMap<String, TierConfig>,
+    /// The tier of accounts without one (and of a self-hosted server's one
+    /// owner). Default: none, which means `max_running_jobs` /
+    /// `max_queued_jobs` for each.
+    pub default_tier: Option<String>,
+    /// The tail of a job's stdout + stderr kept as its `logs`, KiB.
+    /// Default 1024.
+    pub job_log_kb: u64,
+}
+
+/// One tier's limits (`[tiers.NAME]`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TierConfig {
+    pub max_running: usize,
+    pub max_queued: usize,
 }
 
 /// The deployment kind a server runs as.
@@ -270,6 +292,9 @@ impl Default for Config {
             admin_token: None,
             credits_per_second: 1,
             credits_min_per_job: 1,
+            tiers: Default::default(),
+            default_tier: None,
+            job_log_kb: 1024,
         }
     }
 }
@@ -323,6 +348,24 @@ impl Config {
             total_bytes: self.max_userdata_mb.saturating_mul(1 << 20),
             max_files: self.max_userdata_files,
             settings_bytes: self.max_settings_kb.saturating_mul(1024),
+        }
+    }
+
+    /// The tiers of per-account limits; an unknown `default_tier` is
+    /// refused at start (see `check_tiers`).
+    pub fn tiers(&self) -> crate::service::fair::Tiers {
+        let limits = |t: &TierConfig| crate::service::fair::OwnerLimits { max_running: t.max_running.max(1), max_queued: t.max_queued };
+        crate::service::fair::Tiers {
+            tiers: self.tiers.iter().map(|(name, t)| (name.clone(), limits(t))).collect(),
+            default: self.default_tier.as_ref().and_then(|d| self.tiers.get(d)).map(limits),
+        }
+    }
+
+    /// `default_tier` must name a configured tier.
+    pub fn check_tiers(&self) -> Result<(), String> {
+        match &self.default_tier {
+            Some(d) if !self.tiers.contains_key(d) => Err(format!("default_tier {d:?} is not one of the configured [tiers.NAME]")),
+            _ => Ok(()),
         }
     }
 
@@ -416,6 +459,8 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "admin_token",
         "credits_per_second",
         "credits_min_per_job",
+        "default_tier",
+        "job_log_kb",
     ];
     for (var, value) in vars {
         let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };
@@ -424,7 +469,9 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         }
         let parsed = match field.as_str() {
             "plugin_dirs" | "secret_plugins" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
-            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" => toml::Value::String(value),
+            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" => {
+                toml::Value::String(value)
+            }
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),

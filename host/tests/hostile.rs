@@ -276,3 +276,91 @@ async fn a_node_sees_the_hosts_virtual_clock_not_the_real_one() {
     assert!(report.starts_with("wall=946684800.000000000 "), "{report}");
     kiln.assert_contained().await;
 }
+
+/// Two tenants on one server: a public demo deployment running the hostile
+/// plugin (a flood of jobs that spin, exhaust memory, panic and spam their
+/// logs) beside the server's own caller running small jobs. The second
+/// tenant's jobs all succeed, the deployment's limit keeps the flood to one
+/// worker, and the server stays contained. The second tenant's job latency
+/// (server-side `queue_ms + execution_ms`) alone and under the flood is
+/// printed for BENCHMARKS.md (no timed assertion).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_tenants_deployment_does_not_stop_another_tenants_jobs() {
+    let data = tempfile::tempdir().unwrap();
+    let plugins = tempfile::tempdir().unwrap();
+    let dir = plugins.path().join("hostile");
+    install(&dir, "hostile");
+    let mut child = serve(data.path(), plugins.path(), &dir)
+        .env("KILN_MAX_RUNNING_JOBS", "2")
+        .env("KILN_ADMIN_TOKEN", "hostile-suite-operator")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("kiln serve starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let root = line.trim().strip_prefix("kiln listening on ").unwrap().to_string();
+    let mut kiln = Kiln { child, base: format!("{root}/api/v2"), http: reqwest::Client::new(), _plugins: plugins, _data: data };
+    let spec = json!({ "id": "evil", "owner": "someone-else", "plugin_dirs": [dir], "public_demo": true,
+                       "limits": { "max_running": 1, "max_queued": 100 } });
+    let resp = kiln.http.post(format!("{root}/admin/deployments")).bearer_auth("hostile-suite-operator").json(&spec).send().await.unwrap();
+    assert_eq!(resp.status(), 201);
+    let evil = format!("{root}/deployment/evil/api/v2");
+    let mut ready = false;
+    for _ in 0..2400 {
+        if kiln.http.get(format!("{evil}/health")).send().await.unwrap().status() == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(ready, "the deployment never became ready");
+
+    let small = |i: i64| {
+        json!({ "1": { "class_type": "EmptyImage", "inputs": { "width": 64, "height": 64, "batch_size": 1, "color": i } },
+                                 "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "ok" } } })
+    };
+    let latency = |job: &Value| job["metrics"]["queue_ms"].as_i64().unwrap() + job["metrics"]["execution_ms"].as_i64().unwrap();
+    let mut alone = Vec::new();
+    for i in 0..20 {
+        let job = kiln.run(small(i)).await;
+        assert_eq!(job["status"], "succeeded", "{job}");
+        alone.push(latency(&job));
+    }
+    // The flood: 24 hostile jobs queued on the deployment at once.
+    let classes = ["HostileInfiniteLoop", "HostileMemoryBomb", "HostilePanic", "HostileChatty"];
+    let mut flood = Vec::new();
+    for i in 0..24 {
+        let wf = json!({ "1": { "class_type": classes[i % classes.len()], "inputs": { "trigger": i } } });
+        let resp = kiln.http.post(format!("{evil}/jobs")).json(&json!({ "workflow": wf })).send().await.unwrap();
+        assert_eq!(resp.status(), 201);
+        flood.push(resp.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string());
+    }
+    let mut loaded = Vec::new();
+    for i in 0..20 {
+        let job = kiln.run(small(100 + i)).await;
+        assert_eq!(job["status"], "succeeded", "the other tenant's job: {job}");
+        loaded.push(latency(&job));
+    }
+    // The flood was still going while the other tenant ran (it takes ~2 s per spinning job on its one slot).
+    let (_, still) = {
+        let resp = kiln.http.get(format!("{evil}/jobs?status=queued,running")).send().await.unwrap();
+        (resp.status(), resp.json::<Value>().await.unwrap())
+    };
+    assert!(!still["jobs"].as_array().unwrap().is_empty(), "the flood outlasted the other tenant's jobs");
+    kiln.assert_contained().await;
+    let stats = |v: &mut Vec<i64>| {
+        v.sort();
+        (v[v.len() / 2], v[v.len() * 95 / 100], v[v.len() - 1])
+    };
+    let (a50, a95, amax) = stats(&mut alone);
+    let (l50, l95, lmax) = stats(&mut loaded);
+    eprintln!(
+        "other tenant's job latency (queue_ms + execution_ms), 20 jobs: alone p50 {a50} p95 {a95} max {amax} ms; beside the hostile deployment p50 {l50} p95 {l95} max {lmax} ms"
+    );
+    // Cancel the rest of the flood: every cancel answers.
+    for id in &flood {
+        let resp = kiln.http.post(format!("{evil}/jobs/{id}/cancel")).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+}

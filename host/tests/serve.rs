@@ -445,3 +445,69 @@ async fn the_accounts_cli_manages_a_cloud_server() {
     let (ok, _, stderr) = cli(&["create", "carol"], Some(OPERATOR));
     assert!(!ok && stderr.contains("409"), "{stderr}");
 }
+
+/// `kiln deployments` against a real `kiln serve`: the admin token from
+/// `KILN_ADMIN_TOKEN` on both sides, create → ready, stop → 422
+/// `deployment_stopped`, start → serving again, and the deployments are
+/// still there after a SIGKILL and restart.
+#[tokio::test]
+async fn the_deployments_cli_creates_stops_and_starts_a_deployment_that_survives_sigkill() {
+    let data = tempfile::tempdir().unwrap();
+    let token = "cli-operator-token";
+    let env = [("KILN_ADMIN_TOKEN", token)];
+    let http = reqwest::Client::new();
+    let cli = |base: &str, args: &[&str], token: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        cmd.arg("deployments").args(["--url", base]).args(args).env_remove("KILN_ADMIN_TOKEN");
+        if let Some(t) = token {
+            cmd.env("KILN_ADMIN_TOKEN", t);
+        }
+        cmd.output().unwrap()
+    };
+    let kiln = spawn(data.path(), &env, &[]);
+    let base = kiln.base.clone();
+    let out = cli(&base, &["create", "cli-dep", "--owner", "local", "--max-running", "1", "--max-queued", "4"], Some(token));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let created: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((created["id"].as_str(), created["state"].as_str()), (Some("cli-dep"), Some("starting")));
+    assert_eq!(created["limits"], json!({ "max_running": 1, "max_queued": 4 }));
+    // A wrong token is refused (exit 1, the server's message); none at all never reaches the server.
+    let out = cli(&base, &["stop", "cli-dep"], Some("wrong"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("403"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!cli(&base, &["list"], None).status.success());
+
+    let jobs = format!("{base}/deployment/cli-dep/api/v2/jobs");
+    let mut ready = false;
+    for _ in 0..400 {
+        if http.get(&jobs).send().await.unwrap().status() == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(ready, "the deployment never became ready");
+    let out = cli(&base, &["stop", "cli-dep"], Some(token));
+    assert!(out.status.success());
+    let resp = http.get(&jobs).send().await.unwrap();
+    assert_eq!(resp.status(), 422);
+    assert_eq!(resp.json::<Value>().await.unwrap()["error"]["code"], "deployment_stopped");
+
+    // SIGKILL: the stopped deployment is still there, still stopped.
+    drop(kiln);
+    let kiln = spawn(data.path(), &env, &[]);
+    let base = kiln.base.clone();
+    let out = cli(&base, &["list"], Some(token));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list["deployments"][0]["state"], "stopped", "{list}");
+    let out = cli(&base, &["start", "cli-dep"], Some(token));
+    assert!(out.status.success());
+    let jobs = format!("{base}/deployment/cli-dep/api/v2/jobs");
+    for _ in 0..400 {
+        if http.get(&jobs).send().await.unwrap().status() == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the restarted deployment never served");
+}

@@ -19,6 +19,7 @@ use axum::http::request::Parts;
 use axum::http::{Method, header};
 
 use super::AppState;
+use super::deployment::{DeploymentCtx, demo_owner};
 use super::error::ApiError;
 
 /// The account a request acts for: the `owner` of what it creates and
@@ -26,11 +27,18 @@ use super::error::ApiError;
 #[derive(Clone, Debug)]
 pub struct Caller {
     owner: Arc<str>,
+    /// The deployment the request was addressed to (its prefix).
+    deployment: Option<DeploymentCtx>,
 }
 
 impl Caller {
     pub fn new(owner: Arc<str>) -> Caller {
-        Caller { owner }
+        Caller { owner, deployment: None }
+    }
+
+    /// The id of the deployment the request was addressed to.
+    pub fn deployment_id(&self) -> Option<String> {
+        self.deployment.as_ref().map(|d| d.id.clone())
     }
 
     pub fn owner(&self) -> &str {
@@ -92,6 +100,28 @@ pub fn query_token(uri: &axum::http::Uri) -> Option<&str> {
 /// Authenticates `request` (see the module docs) and attaches its
 /// [`Caller`]; public paths and other routes pass without one.
 pub fn check(state: &AppState, request: &mut Request) -> Result<(), ApiError> {
+    let Some(deployment) = request.extensions().get::<DeploymentCtx>().cloned() else { return check_host(state, request) };
+    // A public demo deployment takes callers without credentials: they
+    // share its demo identity.
+    if deployment.public_demo {
+        let caller = Caller { owner: Arc::from(demo_owner(&deployment.id)), deployment: Some(deployment) };
+        request.extensions_mut().insert(caller);
+        return Ok(());
+    }
+    check_host(state, request)?;
+    // (Public paths pass without a caller.)
+    let Some(caller) = request.extensions_mut().remove::<Caller>() else { return Ok(()) };
+    // A deployment serves its owner's account only.
+    if *caller.owner != *deployment.owner {
+        return Err(ApiError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", "This deployment belongs to another account."));
+    }
+    request.extensions_mut().insert(Caller { deployment: Some(deployment), ..caller });
+    Ok(())
+}
+
+/// [`check`] of a request to the host's own APIs (or a deployment's, whose
+/// path was rewritten onto them).
+fn check_host(state: &AppState, request: &mut Request) -> Result<(), ApiError> {
     if !state.config.mode.has_accounts() {
         check_self_hosted(state, request)?;
         request.extensions_mut().insert(state.default_caller.clone());
@@ -132,6 +162,10 @@ fn is_public(path: &str) -> bool {
 /// paths, or with the right bearer token.
 fn check_self_hosted(state: &AppState, request: &Request) -> Result<(), ApiError> {
     let Some(expected) = &state.token_hash else { return Ok(()) };
+    // A public demo deployment takes callers without credentials.
+    if request.extensions().get::<super::deployment::DeploymentCtx>().is_some_and(|d| d.public_demo) {
+        return Ok(());
+    }
     let Some(path) = request.uri().path().strip_prefix(&*state.api_base) else { return check_api_key(state, request, expected) };
     if !(path.is_empty() || path.starts_with('/')) || request.method() == Method::OPTIONS || is_public(path) {
         return Ok(());

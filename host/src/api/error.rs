@@ -32,6 +32,10 @@ impl ApiError {
     pub fn not_found() -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", "Not found.")
     }
+    pub fn forbidden(message: &str) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
     pub fn unauthorized(message: &str) -> ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
     }
@@ -77,6 +81,10 @@ impl From<ServiceError> for ApiError {
             ServiceError::AssetInUse => ApiError::new(S::CONFLICT, "asset_in_use", "The asset is in use and cannot be deleted."),
             ServiceError::PayloadTooLarge { limit_bytes } => ApiError::payload_too_large(limit_bytes),
             ServiceError::TooManyStreams => ApiError::new(S::TOO_MANY_REQUESTS, "too_many_streams", message).retry_after(5),
+            ServiceError::DeploymentNotReady { retry_after_s } => {
+                ApiError::new(S::TOO_MANY_REQUESTS, "deployment_not_ready", message).retry_after(retry_after_s)
+            }
+            ServiceError::DeploymentStopped => ApiError::new(S::UNPROCESSABLE_ENTITY, "deployment_stopped", message),
             ServiceError::Store(crate::store::StoreError::TooLarge { limit }) => ApiError::payload_too_large(limit),
             ServiceError::Store(cause) => ApiError::internal(&cause),
         }

@@ -44,6 +44,8 @@ impl FromRequestParts<Arc<AppState>> for Links {
             .or_else(|| parts.uri.authority().map(|a| a.as_str()))
             .filter(valid)
             .unwrap_or(&state.local_authority);
-        Ok(Links { origin: format!("{scheme}://{host}"), base: state.api_base.clone() })
+        // A deployment's surface links under its own prefix.
+        let base = parts.extensions.get::<super::deployment::DeploymentCtx>().map_or_else(|| state.api_base.clone(), |d| d.base.clone());
+        Ok(Links { origin: format!("{scheme}://{host}"), base })
     }
 }

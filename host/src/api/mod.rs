@@ -6,6 +6,7 @@ pub mod admin;
 pub mod auth;
 pub mod compat;
 mod content;
+pub mod deployment;
 pub mod error;
 mod links;
 #[cfg(test)]
@@ -126,7 +127,7 @@ pub fn check_mount_prefix(prefix: &str) -> Result<(), String> {
 /// The whole HTTP surface, mounted under the configured prefix. Routes are
 /// registered with their full paths (one lookup per request, no nesting).
 pub fn router(state: Arc<AppState>) -> Router {
-    v2::routes(&state.api_base, state.clone())
+    let inner = v2::routes(&state.api_base, state.clone())
         .merge(compat::routes(state.clone()))
         .merge(admin::routes(state.clone()))
         .fallback({
@@ -134,7 +135,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             move |request| compat::static_file(state.clone(), request)
         })
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
-        .layer(axum::middleware::from_fn_with_state(state, edge))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), edge));
+    // Deployment-scoped paths are rewritten onto the Jobs API before the
+    // routes above (and their token check) see them.
+    Router::new().fallback_service(inner).layer(axum::middleware::from_fn_with_state(state, deployment::rewrite))
 }
 
 /// A handler that panicked: the generic 500 envelope — the panic's message
@@ -160,7 +164,7 @@ fn next_request_id() -> String {
 async fn edge(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let id = next_request_id();
     state.service.touch();
-    let mut response = match auth::check(&state, &mut request) {
+    let mut response = match auth::check(&state, &mut request).and_then(|()| deployment::check_state(&state, &request)) {
         Ok(()) => {
             let span = tracing::debug_span!("request", request_id = %id, method = %request.method(), path = %request.uri().path());
             tracing::Instrument::instrument(next.run(request), span).await

@@ -2,6 +2,7 @@
 
 mod accounts;
 pub mod admin;
+mod deployments;
 mod front_end;
 mod run;
 mod serve;
@@ -35,6 +36,8 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Manage the accounts of a cloud or serverless server (admin API).
     Accounts(accounts::AccountsArgs),
+    /// Manage serverless deployments through a server's admin API.
+    Deployments(deployments::DeploymentsArgs),
     /// Compile one component (kiln runs itself so to compile plugins under
     /// limits; see `plugins::compile`).
     #[command(name = "compile-component", hide = true)]
@@ -95,6 +98,7 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
         Command::Run(args) => run::run(config, args).await,
         Command::Serve(args) => serve::serve(config, args).await,
         Command::Accounts(args) => accounts::run(config, args).await,
+        Command::Deployments(args) => deployments::run(&config, args).await,
         Command::CompileComponent(args) => Ok(i32::from(compile_component(&args))),
         Command::Nodes => {
             let (_, registry) = run::load(&config).await?;

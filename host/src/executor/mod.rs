@@ -98,6 +98,16 @@ impl Executor {
         &self.registry
     }
 
+    /// The plugin runtime it runs nodes on.
+    pub fn runtime(&self) -> &Arc<PluginRuntime> {
+        &self.runtime
+    }
+
+    /// Node calls of one job that may run at once.
+    pub fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
     /// The result cache.
     pub fn cache(&self) -> &ResultCache {
         &self.cache

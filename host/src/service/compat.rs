@@ -292,6 +292,7 @@ impl Service {
             id: prompt.id,
             front: prompt.front,
             compat: Some(CompatFields { number: prompt.number, client_id: prompt.client_id }),
+            deployment: None,
         };
         let (record, _) = self.enqueue(sub, workflow, inputs, plan)?;
         Ok(PromptAccepted { record, dropped })
@@ -320,7 +321,7 @@ impl Service {
 
     /// ComfyUI's queue: (running, pending), pending in queue order.
     pub fn compat_queue(&self, owner: &str) -> Result<(Vec<CompatJob>, Vec<CompatJob>), ServiceError> {
-        let order: Vec<String> = self.queue.lock().iter().cloned().collect();
+        let order: Vec<String> = self.queue.lock().ordered();
         let live: Vec<JobRecord> = self.live.read().values().map(|j| j.snapshot()).filter(|r| r.owner == owner).collect();
         let mut running: Vec<JobRecord> = live.iter().filter(|r| matches!(r.status, JobStatus::Running | JobStatus::Canceling)).cloned().collect();
         running.sort_by_key(|r| (r.started_at, r.seq));
@@ -390,7 +391,7 @@ impl Service {
 
     /// Cancels every pending job.
     pub fn clear_queue(&self, owner: &str) -> Result<(), ServiceError> {
-        let queued: Vec<String> = self.queue.lock().iter().cloned().collect();
+        let queued: Vec<String> = self.queue.lock().ordered();
         for id in queued {
             self.cancel_if_known(owner, &id)?;
         }

@@ -41,6 +41,12 @@ pub enum ServiceError {
     PayloadTooLarge { limit_bytes: u64 },
     #[error("too many event streams are open; retry later")]
     TooManyStreams,
+    /// The deployment's plugins are still loading (429 `deployment_not_ready`).
+    #[error("the deployment is starting (its plugins are loading); retry after {retry_after_s} s")]
+    DeploymentNotReady { retry_after_s: u64 },
+    /// The deployment was stopped, or failed to load (422 `deployment_stopped`).
+    #[error("the deployment is stopped; an operator must start it")]
+    DeploymentStopped,
     /// Anything unexpected (500 `upstream_error`, never detailed on the wire).
     #[error("storage failure: {0}")]
     Store(#[from] StoreError),

@@ -9,7 +9,9 @@
 mod assets;
 pub mod bus;
 pub mod compat;
+pub mod deployments;
 mod error;
+pub mod fair;
 pub mod job_files;
 mod live;
 mod preview;
@@ -18,7 +20,7 @@ pub mod submit;
 pub mod user_files;
 mod worker;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -67,9 +69,19 @@ pub struct ServiceOptions {
     pub mode: crate::config::Mode,
     /// What a job costs its account.
     pub pricing: crate::accounts::Pricing,
+    /// Named tiers and the default tier (issue 18; see `fair`).
+    pub tiers: fair::Tiers,
+    /// The tail of a job's stdout + stderr kept as its log, bytes.
+    pub job_log_bytes: usize,
 }
 
 impl ServiceOptions {
+    /// The limits of a key with no tier of its own: the default tier, else
+    /// the global ones.
+    pub fn global_limits(&self) -> fair::OwnerLimits {
+        self.tiers.resolve(None, fair::OwnerLimits { max_running: self.max_running_jobs, max_queued: self.max_queued_jobs })
+    }
+
     pub fn from_config(config: &Config) -> ServiceOptions {
         ServiceOptions {
             max_queued_jobs: config.max_queued_jobs,
@@ -84,8 +96,17 @@ impl ServiceOptions {
             logs_on_read: false,
             mode: config.mode,
             pricing: crate::accounts::Pricing { credits_per_second: config.credits_per_second, min_per_job: config.credits_min_per_job },
+            tiers: config.tiers(),
+            job_log_bytes: (config.job_log_kb as usize).saturating_mul(1024),
         }
     }
+}
+
+/// 429 `queue_full` for a key (or the server) with these limits: retry
+/// after about the time a queue this deep takes to drain, 1 to 60 s.
+fn queue_full(limits: fair::OwnerLimits) -> ServiceError {
+    let per_job = (limits.max_queued / limits.max_running.max(1)).max(1);
+    ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) }
 }
 
 /// A job submission, already parsed from the wire.
@@ -105,6 +126,8 @@ pub struct Submission {
     pub front: bool,
     /// ComfyUI's queue fields (compatibility submissions).
     pub compat: Option<crate::store::CompatFields>,
+    /// The serverless deployment it was submitted to, if any.
+    pub deployment: Option<String>,
 }
 
 /// Filters of a job listing.
@@ -144,7 +167,10 @@ pub struct Service {
     executor: Arc<Executor>,
     registry: Arc<NodeRegistry>,
     live: RwLock<HashMap<String, Arc<LiveJob>>>,
-    queue: Mutex<VecDeque<String>>,
+    /// Queued jobs per scheduling key, served round-robin (see `fair`).
+    queue: Mutex<fair::FairQueue>,
+    /// The limits of each scheduling key (tiers; see [`Service::set_tenant_limits`]).
+    limits: RwLock<Arc<dyn fair::TenantLimits>>,
     queued: AtomicUsize,
     queue_notify: Notify,
     seq: AtomicU64,
@@ -181,6 +207,8 @@ pub struct Service {
     compat: compat::CompatState,
     /// The accounts jobs belong to (cloud, serverless; empty self-hosted).
     accounts: Arc<crate::accounts::Accounts>,
+    /// Serverless deployments and their loaded plugins.
+    deployments: deployments::Deployments,
 }
 
 impl Drop for Service {
@@ -202,7 +230,8 @@ impl Service {
             crate::accounts::Accounts::open(sled.open_tree("accounts")?, hasher, opts.pricing).map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
         let meta: Arc<dyn MetaStore> = Arc::new(sled);
         let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(data_dir.join("blobs"))?);
-        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), registry, executor)
+        let deployments = deployments::Deployments::open(Some(data_dir.join("deployments.json"))).map_err(|e| ServiceError::InvalidRequest(e.to_string()))?;
+        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), deployments, registry, executor)
     }
 
     /// [`Service::start`] on given stores (another backend, or a test
@@ -215,7 +244,8 @@ impl Service {
         executor: Arc<Executor>,
     ) -> Result<Arc<Service>, ServiceError> {
         let accounts = crate::accounts::Accounts::in_memory(opts.pricing).map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
-        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), registry, executor)
+        let deployments = deployments::Deployments::open(None).map_err(|e| ServiceError::InvalidRequest(e.to_string()))?;
+        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), deployments, registry, executor)
     }
 
     /// [`Service::start_with_stores`] with a given account store.
@@ -223,6 +253,7 @@ impl Service {
         opts: ServiceOptions,
         (meta, blobs): (Arc<dyn MetaStore>, Arc<dyn BlobStore>),
         accounts: Arc<crate::accounts::Accounts>,
+        deployments: deployments::Deployments,
         registry: Arc<NodeRegistry>,
         executor: Arc<Executor>,
     ) -> Result<Arc<Service>, ServiceError> {
@@ -232,6 +263,11 @@ impl Service {
             .enable_all()
             .build()
             .map_err(crate::store::StoreError::from)?;
+        // A key's limits: its account's tier (or the default tier).
+        let limits: Arc<dyn fair::TenantLimits> = {
+            let (accounts, tiers, global) = (accounts.clone(), opts.tiers.clone(), opts.global_limits());
+            Arc::new(move |key: &str| tiers.resolve(accounts.tier(key).as_deref(), global))
+        };
         let service = Arc::new(Service {
             opts,
             meta,
@@ -239,7 +275,8 @@ impl Service {
             executor,
             registry,
             live: RwLock::new(HashMap::new()),
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(fair::FairQueue::default()),
+            limits: RwLock::new(limits),
             queued: AtomicUsize::new(0),
             queue_notify: Notify::new(),
             seq: AtomicU64::new(1),
@@ -255,8 +292,12 @@ impl Service {
             bus: Arc::default(),
             compat: compat::CompatState::default(),
             accounts,
+            deployments,
         });
         service.recover()?;
+        for (id, generation) in service.deployments.starting() {
+            service.load_deployment(&id, generation);
+        }
         let mut workers = Vec::new();
         for i in 0..service.opts.max_running_jobs {
             let worker = service.clone();
@@ -303,6 +344,51 @@ impl Service {
 
     pub fn options(&self) -> &ServiceOptions {
         &self.opts
+    }
+
+    /// Replaces how a scheduling key's limits are found (accounts feed
+    /// their tier here: `|key| tiers.resolve(tier_of(key), global)`).
+    pub fn set_tenant_limits(&self, limits: Arc<dyn fair::TenantLimits>) {
+        *self.limits.write() = limits;
+    }
+
+    /// The limits of scheduling key `key`: a deployment's own (none of its
+    /// jobs starts until it is ready), else the tenant lookup's.
+    pub fn limits_for(&self, key: &str) -> fair::OwnerLimits {
+        match key.strip_prefix("deployment/") {
+            Some(id) => self.deployments.limits(id, self.opts.global_limits()),
+            None => self.limits.read().limits(key),
+        }
+    }
+
+    /// Whether a read of this job shows its `logs` (the spec: jobs run on
+    /// the serverless platform — a serverless server's, or a deployment's —
+    /// except on a public demo, which stores the log and withholds it).
+    pub fn shows_logs(&self, job: &JobRecord) -> bool {
+        (self.opts.logs_on_read || job.deployment.is_some()) && !job.logs_withheld
+    }
+
+    /// The account a job's execution is billed to: a public demo job's
+    /// deployment owner, else the job's owner.
+    pub fn billed_account(&self, job: &JobRecord) -> String {
+        self.billed_owner(&job.owner, job.deployment.as_deref())
+    }
+
+    /// [`Service::billed_account`] of a job of `owner` on `deployment`.
+    fn billed_owner(&self, owner: &str, deployment: Option<&str>) -> String {
+        match deployment.and_then(|d| self.deployments.get(d)) {
+            Some(d) if owner == deployments::demo_owner(&d.spec.id) => d.spec.owner,
+            _ => owner.to_string(),
+        }
+    }
+
+    /// The node classes and executor of a job: its deployment's (`None`
+    /// when that deployment no longer serves), else the server's.
+    pub(crate) fn engine(&self, deployment: Option<&str>) -> Option<(Arc<NodeRegistry>, Arc<Executor>)> {
+        match deployment {
+            None => Some((self.registry.clone(), self.executor.clone())),
+            Some(id) => self.deployments.loaded(id).map(|l| (l.registry.clone(), l.executor.clone())),
+        }
     }
 
     pub fn registry(&self) -> &Arc<NodeRegistry> {
@@ -390,9 +476,13 @@ impl Service {
         {
             return Err(ServiceError::WorkflowFormatUi);
         }
+        let registry = match &sub.deployment {
+            None => self.registry.clone(),
+            Some(id) => self.deployment_serving(id)?.registry.clone(),
+        };
         let resolved = submit::resolve_assets(&sub.workflow, self.meta.as_ref(), &sub.owner, now)?;
         let inputs = job_files::JobInputs::new(&resolved.inputs, self.blobs.clone());
-        let (_, plan) = submit::check(&resolved.workflow, &self.registry, &inputs, &self.opts.workflow_limits)?;
+        let (_, plan) = submit::check(&resolved.workflow, &registry, &inputs, &self.opts.workflow_limits)?;
         self.enqueue(sub, resolved.workflow, resolved.inputs, plan)
     }
 
@@ -409,14 +499,15 @@ impl Service {
         self.activity.fetch_add(1, Ordering::Relaxed);
         // An account without credits submits nothing (no claim is made, so
         // its Idempotency-Key stays free).
-        if !self.accounts.has_funds(&sub.owner) {
+        if !self.accounts.has_funds(&self.billed_owner(&sub.owner, sub.deployment.as_deref())) {
             return Err(ServiceError::InsufficientCredits);
         }
         // Reserve a queue slot; a full queue releases everything (no claim).
+        let key = fair::sched_key(&sub.owner, sub.deployment.as_deref());
+        let limits = self.limits_for(&key);
         if self.queued.fetch_add(1, Ordering::SeqCst) >= self.opts.max_queued_jobs {
             self.queued.fetch_sub(1, Ordering::SeqCst);
-            let per_job = (self.opts.max_queued_jobs / self.opts.max_running_jobs.max(1)).max(1);
-            return Err(ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) });
+            return Err(queue_full(fair::OwnerLimits { max_running: self.opts.max_running_jobs, max_queued: self.opts.max_queued_jobs }));
         }
         let id = sub.id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         // A client-chosen id must be new (checked again, atomically, when
@@ -445,6 +536,8 @@ impl Service {
             execution_ms: None,
             metadata: sub.metadata,
             surface: sub.surface.to_string(),
+            logs_withheld: sub.deployment.as_deref().and_then(|d| self.deployments.get(d)).is_some_and(|d| d.spec.public_demo),
+            deployment: sub.deployment.clone(),
             had_extra_data: !sub.extra.secrets.is_empty(),
             compat: sub.compat,
         };
@@ -475,15 +568,11 @@ impl Service {
                 }
                 jobs.insert(id.clone(), live.clone());
             }
-            let position = {
-                let mut q = self.queue.lock();
-                if sub.front {
-                    q.push_front(id.clone());
-                    1
-                } else {
-                    q.push_back(id.clone());
-                    q.len()
-                }
+            let pushed = self.queue.lock().push(&key, id.clone(), sub.front, limits.max_queued);
+            let Ok(position) = pushed else {
+                self.live.write().remove(&id);
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                return Err(queue_full(limits));
             };
             self.queue_notify.notify_one();
             // Before the worker can start it (it waits for this lock), so
@@ -529,12 +618,7 @@ impl Service {
     /// Takes back a job whose submission was not written (already marked
     /// so that a worker that took it meanwhile skips it).
     fn withdraw(&self, id: &str) {
-        let removed = {
-            let mut q = self.queue.lock();
-            let before = q.len();
-            q.retain(|q| q != id);
-            before != q.len()
-        };
+        let removed = self.queue.lock().remove(id);
         if removed {
             self.queued.fetch_sub(1, Ordering::SeqCst);
         }
@@ -546,7 +630,7 @@ impl Service {
 
     /// 1-based position of a queued job.
     pub fn queue_position(&self, id: &str) -> Option<usize> {
-        self.queue.lock().iter().position(|q| q == id).map(|p| p + 1)
+        self.queue.lock().position(id)
     }
 
     /// The current record of a job the caller owns.
@@ -642,12 +726,7 @@ impl Service {
     /// A worker that took it meanwhile sees the status and skips it.
     fn stop_queued(&self, live: &Arc<LiveJob>, status: JobStatus) -> Result<JobRecord, ServiceError> {
         let id = live.record.lock().id.clone();
-        let removed = {
-            let mut q = self.queue.lock();
-            let before = q.len();
-            q.retain(|q| *q != id);
-            before != q.len()
-        };
+        let removed = self.queue.lock().remove(&id);
         if removed {
             self.queued.fetch_sub(1, Ordering::SeqCst);
         }
@@ -728,7 +807,7 @@ impl Service {
     fn publish_queue_positions(&self) {
         let watched: Vec<Arc<LiveJob>> = {
             let live = self.live.read();
-            let queue = self.queue.lock();
+            let queue = self.queue.lock().ordered();
             queue.iter().filter_map(|id| live.get(id)).filter(|job| job.events.receiver_count() > 0).cloned().collect()
         };
         for job in watched {

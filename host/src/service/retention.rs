@@ -86,7 +86,9 @@ impl Service {
                 _ => continue,
             }
             self.queued.fetch_add(1, Ordering::SeqCst);
-            self.queue.lock().push_back(job.id.clone());
+            // Recovered jobs are queued whatever their key's limit.
+            let key = super::fair::sched_key(&job.owner, job.deployment.as_deref());
+            let _ = self.queue.lock().push(&key, job.id.clone(), false, usize::MAX);
             self.live.write().insert(job.id.clone(), Arc::new(LiveJob::new(job, ExtraData::default())));
         }
         self.meta.flush()?;

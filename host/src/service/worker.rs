@@ -22,8 +22,6 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
 const BUS_PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 /// Preview frames per job go out at most this often.
 const PREVIEW_INTERVAL: Duration = Duration::from_millis(250);
-/// The job log keeps this much of its tail.
-const LOG_LIMIT: usize = 1 << 20;
 
 /// The JobError code of a node failure.
 pub fn failure_code(kind: FailureKind) -> &'static str {
@@ -45,7 +43,11 @@ impl Service {
                 _ = self.shutdown.cancelled() => return,
                 id = self.next_job() => id,
             };
-            let Some(live) = self.live_job(&next) else { continue };
+            let (next, key) = next;
+            let Some(live) = self.live_job(&next) else {
+                self.queue.lock().done(&key);
+                continue;
+            };
             tokio::select! {
                 _ = self.shutdown.cancelled() => {
                     // Leave the job `running` in the store: the next start re-runs it.
@@ -54,19 +56,26 @@ impl Service {
                 }
                 () = self.run_job(live.clone()) => {}
             }
+            // The key may run another job now; this worker looks first, any
+            // other idle one too.
+            self.queue.lock().done(&key);
+            self.queue_notify.notify_one();
         }
     }
 
-    async fn next_job(&self) -> String {
+    /// The next job to run, round-robin across scheduling keys (see
+    /// `fair`), with its key.
+    async fn next_job(&self) -> (String, String) {
         loop {
             // Registered before the queue is checked, so a push in between
             // still wakes this worker.
             let notified = self.queue_notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(id) = self.queue.lock().pop_front() {
+            let limits = |key: &str| self.limits_for(key);
+            if let Some(next) = self.queue.lock().pop(&limits) {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
-                return id;
+                return next;
             }
             notified.await;
         }
@@ -104,8 +113,10 @@ impl Service {
 
         // A job whose account ran out of credits while it waited does not
         // run (so a balance goes below zero by at most the jobs running when
-        // it crossed zero): it fails, never executed, never charged.
-        let prepared = if self.opts.mode.has_accounts() && !self.accounts.has_funds(&snapshot.owner) {
+        // it crossed zero): it fails, never executed, never charged. Else
+        // the job's classes and executor: its deployment's, or the server's.
+        let no_funds = self.opts.mode.has_accounts() && !self.accounts.has_funds(&self.billed_account(&snapshot));
+        let engine = if no_funds {
             Err(JobErrorRecord {
                 code: NO_CREDITS.into(),
                 message: "the account ran out of credits before the job started".into(),
@@ -114,10 +125,20 @@ impl Service {
                 traceback: None,
             })
         } else {
-            live.prepared.lock().take().map_or_else(|| self.prepare(&snapshot), Ok)
+            self.engine(snapshot.deployment.as_deref()).ok_or_else(|| JobErrorRecord {
+                code: "deployment_stopped".into(),
+                message: "the job's deployment was stopped before the job could run".into(),
+                node_id: None,
+                class_type: None,
+                traceback: None,
+            })
         };
+        let prepared = engine.and_then(|(registry, executor)| {
+            let prepared = live.prepared.lock().take().map_or_else(|| self.prepare(&snapshot, &registry), Ok)?;
+            Ok((prepared, executor))
+        });
         let outcome = match prepared {
-            Ok((workflow, plan)) => {
+            Ok(((workflow, plan), executor)) => {
                 let total = plan.nodes.len() as u64;
                 live.record.lock().progress = Some(ProgressSnapshot {
                     value: 0.0,
@@ -143,7 +164,7 @@ impl Service {
                     // With accounts, results are never shared between them.
                     cache_scope: if self.opts.mode.has_accounts() { snapshot.owner.clone() } else { String::new() },
                 };
-                let run = std::panic::AssertUnwindSafe(self.executor.run(&plan, ctx));
+                let run = std::panic::AssertUnwindSafe(executor.run(&plan, ctx));
                 futures_util::FutureExt::catch_unwind(run).await.map_err(|_| NotRun {
                     error: JobErrorRecord {
                         code: "internal_error".into(),
@@ -166,7 +187,7 @@ impl Service {
 
     /// Loads and re-validates the job's workflow (plugins may have changed
     /// since it was submitted, e.g. across a restart).
-    fn prepare(&self, job: &JobRecord) -> Result<(serde_json::Value, crate::workflow::Plan), JobErrorRecord> {
+    fn prepare(&self, job: &JobRecord, registry: &crate::plugins::NodeRegistry) -> Result<(serde_json::Value, crate::workflow::Plan), JobErrorRecord> {
         let error = |code: &str, message: String| JobErrorRecord { code: code.into(), message, node_id: None, class_type: None, traceback: None };
         let workflow = match self.meta.get_workflow(&job.id) {
             Ok(Some(w)) => w,
@@ -174,7 +195,7 @@ impl Service {
             Err(e) => return Err(error("internal_error", format!("cannot read the job's workflow: {e}"))),
         };
         let inputs = JobInputs::new(&job.inputs, self.blobs.clone());
-        match submit::check(&workflow, &self.registry, &inputs, &self.opts.workflow_limits) {
+        match submit::check(&workflow, registry, &inputs, &self.opts.workflow_limits) {
             Ok((_, plan)) => Ok((workflow, plan)),
             Err(e) => Err(error("invalid_workflow", e.to_string())),
         }
@@ -214,7 +235,7 @@ impl Service {
             let rec = live.record.lock();
             live.finishing.store(true, Ordering::SeqCst);
             let mut terminal = rec.clone();
-            end_record(&mut terminal, outcome, live.expire_on_stop.load(Ordering::SeqCst), now_micros());
+            end_record(&mut terminal, outcome, live.expire_on_stop.load(Ordering::SeqCst), now_micros(), self.opts.job_log_bytes);
             terminal
         };
         let terminal = Arc::new(terminal);
@@ -233,8 +254,9 @@ impl Service {
             && let Some(ms) = terminal.execution_ms
             && terminal.error.as_ref().is_none_or(|e| e.code != NO_CREDITS)
         {
-            let balance = self.accounts.charge(&terminal.owner, u64::try_from(ms).unwrap_or(0));
-            tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, execution_ms = ms, ?balance, "job charged");
+            let billed = self.billed_account(&terminal);
+            let balance = self.accounts.charge(&billed, u64::try_from(ms).unwrap_or(0));
+            tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, %billed, execution_ms = ms, ?balance, "job charged");
         }
         // Served from memory from now on (the sweeper forgets it when it
         // expires it; a live job is never expired under it).
@@ -513,7 +535,7 @@ struct NotRun {
 }
 
 /// Sets the terminal state of a job record from how its run ended.
-fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired: bool, now: Micros) {
+fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired: bool, now: Micros, log_limit: usize) {
     let canceling = rec.status == JobStatus::Canceling;
     match outcome {
         Ok(outcome) => {
@@ -536,7 +558,7 @@ fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired:
                 }
                 RunStatus::Interrupted => rec.status = JobStatus::Canceled,
             }
-            rec.logs = Some(log_record(outcome.log, outcome.log_truncated, now));
+            rec.logs = Some(log_record(outcome.log, outcome.log_truncated, now, log_limit));
         }
         Err(NotRun { error, output_lost }) => {
             rec.status = JobStatus::Failed;
@@ -559,12 +581,13 @@ fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired:
     rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
 }
 
-/// The job log: the tail of the plugins' output when it is long;
-/// `truncated` when any of it was shed (here or in a node's own log).
-fn log_record(mut text: String, node_truncated: bool, now: Micros) -> JobLogRecord {
-    let cut = text.len() > LOG_LIMIT;
+/// The job log: the tail of the plugins' output when it is longer than
+/// `limit` bytes; `truncated` when any of it was shed (here or in a node's
+/// own log).
+fn log_record(mut text: String, node_truncated: bool, now: Micros, limit: usize) -> JobLogRecord {
+    let cut = text.len() > limit;
     if cut {
-        let mut at = text.len() - LOG_LIMIT;
+        let mut at = text.len() - limit;
         while !text.is_char_boundary(at) {
             at += 1;
         }
@@ -653,11 +676,18 @@ mod tests {
 
     #[test]
     fn long_logs_keep_their_tail() {
-        let text = format!("{}end", "x".repeat(LOG_LIMIT + 10));
-        let log = log_record(text, false, 7);
-        assert!(log.truncated && log.text.len() == LOG_LIMIT && log.text.ends_with("end"));
-        let short = log_record("ok".into(), false, 7);
+        const LIMIT: usize = 1 << 20;
+        let text = format!("{}end", "x".repeat(LIMIT + 10));
+        let log = log_record(text, false, 7, LIMIT);
+        assert!(log.truncated && log.text.len() == LIMIT && log.text.ends_with("end"));
+        let short = log_record("ok".into(), false, 7, LIMIT);
         assert!(!short.truncated && short.text == "ok");
-        assert!(log_record("ok".into(), true, 7).truncated, "a node's own log was cut");
+        assert!(log_record("ok".into(), true, 7, LIMIT).truncated, "a node's own log was cut");
+        // A multi-byte character on the cut is dropped whole.
+        let cut = log_record("é".repeat(10), false, 7, 5);
+        assert!(cut.truncated && cut.text == "éé", "{:?}", cut.text);
+        // A limit of 0 sheds everything: truncated with empty text.
+        let shed = log_record("abc".into(), false, 7, 0);
+        assert!(shed.truncated && shed.text.is_empty());
     }
 }

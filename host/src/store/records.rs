@@ -140,6 +140,14 @@ pub struct JobRecord {
     /// API (`POST /api/prompt`); other jobs show their `seq` as number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compat: Option<CompatFields>,
+    /// The serverless deployment it was submitted to (issue 18): its
+    /// scheduling key and allowed node classes are the deployment's, and
+    /// its `logs` are shown on read (unless the deployment is a public demo).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    /// Ran on a public demo deployment: its log is stored, never shown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logs_withheld: bool,
 }
 
 /// What `POST /api/prompt` gave a job besides its workflow.
@@ -179,6 +187,8 @@ impl JobRecord {
             surface: "v2".into(),
             had_extra_data: false,
             compat: None,
+            deployment: None,
+            logs_withheld: false,
         }
     }
 }

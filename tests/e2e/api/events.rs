@@ -9,13 +9,13 @@ use super::{TestServer, spinner, start, start_default, trivial};
 
 /// One SSE frame: an event with JSON data, or a comment.
 #[derive(Debug)]
-enum Frame {
+pub(super) enum Frame {
     Event { name: String, data: Value, has_id: bool },
     Comment(String),
 }
 
 /// Reads frames until the server ends the stream (or `limit` passes).
-async fn read_stream(s: &TestServer, url: &str, limit: Duration) -> (Vec<Frame>, bool, reqwest::header::HeaderMap) {
+pub(super) async fn read_stream(s: &TestServer, url: &str, limit: Duration) -> (Vec<Frame>, bool, reqwest::header::HeaderMap) {
     let resp = s.http.get(url).header("accept", "text/event-stream").send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let headers = resp.headers().clone();
@@ -53,7 +53,7 @@ async fn read_stream(s: &TestServer, url: &str, limit: Duration) -> (Vec<Frame>,
     (frames, ended, headers)
 }
 
-fn events(frames: &[Frame]) -> Vec<(&str, &Value)> {
+pub(super) fn events(frames: &[Frame]) -> Vec<(&str, &Value)> {
     frames
         .iter()
         .filter_map(|f| match f {

@@ -4,9 +4,11 @@
 
 mod assets;
 mod auth;
+mod deployments;
 mod durability;
 mod events;
 mod failures;
+mod fair;
 mod idempotency;
 mod jobs;
 mod tenants;

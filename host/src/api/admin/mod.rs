@@ -8,6 +8,7 @@
 //! prefix (it administers the whole host).
 
 mod accounts;
+mod deployments;
 
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ pub fn routes(state: Arc<AppState>) -> Router {
     }
     Router::new()
         .merge(accounts::routes())
+        .merge(deployments::routes())
         // Every admin area's routes join here, behind the one gate.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), gate))
         .with_state(state)

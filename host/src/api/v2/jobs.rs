@@ -128,7 +128,18 @@ pub async fn submit(
     let extra = body.get("extra_data").filter(|m| !m.is_null()).map(check_extra_data).transpose()?.unwrap_or_default();
     let service = state.service.clone();
     let owner = caller.owner().to_string();
-    let submission = Submission { workflow, extra, idempotency_key: key, metadata, owner, surface: "v2", id: None, front: false, compat: None };
+    let submission = Submission {
+        workflow,
+        extra,
+        idempotency_key: key,
+        metadata,
+        owner,
+        surface: "v2",
+        id: None,
+        front: false,
+        compat: None,
+        deployment: caller.deployment_id(),
+    };
     // Validation, the store writes and the commit log's sync (~50 µs on a
     // local disk) run right here for a typical workflow: a hand-off to the
     // blocking pool and back costs more than that on a small machine
@@ -150,20 +161,25 @@ const MAX_CACHED_BODY: usize = 64 << 10;
 pub async fn get_job(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     let (record, position) = state.service.get_shared(caller.owner(), &id)?;
+    // The one read that may show `logs` (serverless jobs only).
+    let with_logs = state.service.shows_logs(&record);
     if !record.status.is_terminal() {
-        return Ok(Json(wire::job(&record, position, &links, state.service.options().logs_on_read)).into_response());
+        return Ok(Json(wire::job(&record, position, &links, with_logs)).into_response());
     }
-    let cached =
-        state.rendered.lock().get(id.as_str()).filter(|(r, origin, _)| Arc::ptr_eq(r, &record) && *origin == links.origin).map(|(_, _, body)| body.clone());
+    // Links differ by origin and by surface (a deployment's prefix).
+    let cached = state
+        .rendered
+        .lock()
+        .get(id.as_str())
+        .filter(|(r, origin, _)| Arc::ptr_eq(r, &record) && origin.strip_prefix(links.origin.as_str()) == Some(links.v2()))
+        .map(|(_, _, body)| body.clone());
     let body = match cached {
         Some(body) => body,
         None => {
-            let body = Bytes::from(
-                serde_json::to_vec(&wire::job(&record, position, &links, state.service.options().logs_on_read)).map_err(|e| ApiError::internal(&e))?,
-            );
+            let body = Bytes::from(serde_json::to_vec(&wire::job(&record, position, &links, with_logs)).map_err(|e| ApiError::internal(&e))?);
             // Bodies with long logs are rendered per request, not kept.
             if body.len() <= MAX_CACHED_BODY {
-                state.rendered.lock().put(id, (record, links.origin, body.clone()));
+                state.rendered.lock().put(id, (record, format!("{}{}", links.origin, links.v2()), body.clone()));
             }
             body
         }

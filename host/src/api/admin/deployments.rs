@@ -1,0 +1,86 @@
+//! Admin routes of serverless deployments: create, list, show, stop, start.
+//! The service owns the rules (`service::deployments`); these handlers
+//! parse and render (the admin gate in `admin/mod.rs` checked the token).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::api::AppState;
+use crate::api::error::ApiError;
+use crate::api::v2::Segment;
+use crate::service::deployments::{DeploymentError, DeploymentRecord, DeploymentSpec};
+
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/admin/deployments", post(create).get(list))
+        .route("/admin/deployments/{id}", get(get_one))
+        .route("/admin/deployments/{id}/stop", post(stop))
+        .route("/admin/deployments/{id}/start", post(start))
+}
+
+/// Largest create request.
+const MAX_BODY: usize = 64 << 10;
+
+fn error(e: DeploymentError) -> ApiError {
+    match e {
+        DeploymentError::Invalid(m) => ApiError::invalid_request(m),
+        DeploymentError::Exists(_) => ApiError::new(StatusCode::CONFLICT, "deployment_exists", e.to_string()),
+        DeploymentError::NotFound(_) => ApiError::not_found(),
+        DeploymentError::Io(e) => ApiError::internal(&e),
+    }
+}
+
+/// A deployment as the admin API shows it: its record and its prefix.
+fn view(state: &AppState, record: &DeploymentRecord) -> serde_json::Value {
+    let mut value = serde_json::to_value(record).unwrap_or_default();
+    if let Some(map) = value.as_object_mut() {
+        map.insert("api_base".into(), format!("{}/deployment/{}/api/v2", state.config.mount_prefix, record.spec.id).into());
+    }
+    value
+}
+
+async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let bytes = body.map_err(|e| ApiError::invalid_request(e.body_text()))?;
+    if bytes.len() > MAX_BODY {
+        return Err(ApiError::payload_too_large(MAX_BODY as u64));
+    }
+    let mut spec: DeploymentSpec = serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid_request(format!("Invalid deployment: {e}")))?;
+    // With accounts, the owner is an account (named by name or id): its id
+    // is what jobs and billing use.
+    if state.config.mode.has_accounts() {
+        let accounts = state.service.accounts();
+        let account = accounts.by_name(&spec.owner).or_else(|| accounts.get(&spec.owner));
+        spec.owner = account.ok_or_else(|| ApiError::invalid_request(format!("No account {:?} to own the deployment.", spec.owner)))?.id.clone();
+    }
+    let record = state.service.create_deployment(spec).map_err(error)?;
+    Ok((StatusCode::CREATED, Json(view(&state, &record))).into_response())
+}
+
+async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let all: Vec<serde_json::Value> = state.service.deployments().iter().map(|d| view(&state, d)).collect();
+    Ok(Json(serde_json::json!({ "deployments": all })).into_response())
+}
+
+async fn get_one(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
+    let record = state.service.deployment(&id).ok_or_else(ApiError::not_found)?;
+    Ok(Json(view(&state, &record)).into_response())
+}
+
+async fn stop(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
+    let service = state.service.clone();
+    let record = tokio::task::spawn_blocking(move || service.stop_deployment(&id)).await.map_err(|e| ApiError::internal(&e))?.map_err(error)?;
+    Ok(Json(view(&state, &record)).into_response())
+}
+
+async fn start(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
+    let record = state.service.start_deployment(&id).map_err(error)?;
+    Ok(Json(view(&state, &record)).into_response())
+}

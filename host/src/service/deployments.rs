@@ -1,0 +1,481 @@
+//! Serverless deployments (issue 18): a named set of plugins plus limits,
+//! owned by an account, served under `/deployment/{id}/api/v2`.
+//!
+//! This module owns a deployment's record, its state machine
+//! (`starting` → `ready`, `failed`; `stop` → `stopped`; `start` →
+//! `starting` again), its persistence (one JSON file in the data directory,
+//! replaced atomically) and its loaded plugins: each deployment has a node
+//! registry of its own — the bundled plugins plus its `plugin_dirs`, loaded
+//! in the background while it is `starting` — so its jobs validate and run
+//! against exactly those classes, and one deployment's plugins are never
+//! visible to another's jobs or to the host's.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+
+use super::fair::OwnerLimits;
+use crate::executor::Executor;
+use crate::plugins::{NodeRegistry, PluginRuntime};
+use crate::store::{Micros, now_micros};
+
+/// Longest deployment id.
+pub const MAX_ID_LEN: usize = 64;
+/// Most deployments one server keeps.
+pub const MAX_DEPLOYMENTS: usize = 1000;
+/// Most plugin directories of one deployment.
+pub const MAX_PLUGIN_DIRS: usize = 32;
+/// Result cache of one deployment's executor (each deployment has its own:
+/// results never cross deployments).
+const DEPLOYMENT_CACHE_BYTES: u64 = 64 << 20;
+
+/// Where a deployment is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeploymentState {
+    /// Its plugins compile or load: requests get 429 `deployment_not_ready`.
+    Starting,
+    /// Serving.
+    Ready,
+    /// Stopped by the operator: requests get 422 `deployment_stopped`.
+    Stopped,
+    /// Its plugins failed to load (see `error`): as stopped until an
+    /// operator starts it again.
+    Failed,
+}
+
+/// What the operator asks for when creating a deployment.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentSpec {
+    pub id: String,
+    /// The account that owns it (and is billed for its public-demo jobs).
+    pub owner: String,
+    /// Plugin directories (on the server) loaded for it, besides the
+    /// bundled plugins.
+    #[serde(default)]
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Callers need no credentials; they share one demo identity, and the
+    /// logs of its jobs are stored but never shown.
+    #[serde(default)]
+    pub public_demo: bool,
+    /// Its jobs' limits (running at once, waiting); default: the server's.
+    #[serde(default)]
+    pub limits: Option<OwnerLimits>,
+}
+
+/// A deployment as stored and shown.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeploymentRecord {
+    #[serde(flatten)]
+    pub spec: DeploymentSpec,
+    pub state: DeploymentState,
+    /// Why its plugins failed to load (state `failed`).
+    #[serde(default)]
+    pub error: Option<String>,
+    pub created_at: Micros,
+    pub updated_at: Micros,
+}
+
+/// Why a deployment operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DeploymentError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("a deployment with id {0:?} already exists")]
+    Exists(String),
+    #[error("no deployment {0:?}")]
+    NotFound(String),
+    #[error("cannot save the deployments: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A deployment's loaded plugins and the executor of its jobs.
+pub struct Loaded {
+    pub registry: Arc<NodeRegistry>,
+    pub executor: Arc<Executor>,
+}
+
+struct Entry {
+    record: DeploymentRecord,
+    loaded: Option<Arc<Loaded>>,
+    /// Bumped by each start and stop: a load that finishes after a newer
+    /// one began (or after a stop) is dropped.
+    generation: u64,
+}
+
+/// Every deployment of the server.
+pub struct Deployments {
+    /// `deployments.json` in the data directory; `None`: kept in memory.
+    file: Option<PathBuf>,
+    entries: RwLock<HashMap<String, Entry>>,
+    /// Serializes writes of the file.
+    save: Mutex<()>,
+}
+
+impl Deployments {
+    /// The deployments saved in `file` (none when it does not exist yet).
+    /// Those that were serving start again (`starting`).
+    pub fn open(file: Option<PathBuf>) -> Result<Deployments, DeploymentError> {
+        let mut entries = HashMap::new();
+        if let Some(path) = &file
+            && path.exists()
+        {
+            let text = std::fs::read(path)?;
+            let records: Vec<DeploymentRecord> =
+                serde_json::from_slice(&text).map_err(|e| DeploymentError::Invalid(format!("{} is not a deployments file: {e}", path.display())))?;
+            for mut record in records {
+                if record.state == DeploymentState::Ready {
+                    record.state = DeploymentState::Starting;
+                }
+                entries.insert(record.spec.id.clone(), Entry { record, loaded: None, generation: 0 });
+            }
+        }
+        Ok(Deployments { file, entries: RwLock::new(entries), save: Mutex::new(()) })
+    }
+
+    /// Ids of deployments that must load their plugins now (after `open`).
+    pub fn starting(&self) -> Vec<(String, u64)> {
+        self.entries.read().values().filter(|e| e.record.state == DeploymentState::Starting).map(|e| (e.record.spec.id.clone(), e.generation)).collect()
+    }
+
+    pub fn get(&self, id: &str) -> Option<DeploymentRecord> {
+        self.entries.read().get(id).map(|e| e.record.clone())
+    }
+
+    /// All deployments, by id.
+    pub fn list(&self) -> Vec<DeploymentRecord> {
+        let mut all: Vec<DeploymentRecord> = self.entries.read().values().map(|e| e.record.clone()).collect();
+        all.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+        all
+    }
+
+    /// The loaded plugins of a ready deployment.
+    pub fn loaded(&self, id: &str) -> Option<Arc<Loaded>> {
+        self.entries.read().get(id).filter(|e| e.record.state == DeploymentState::Ready).and_then(|e| e.loaded.clone())
+    }
+
+    /// The limits of a deployment's jobs: none may start unless it is ready.
+    pub fn limits(&self, id: &str, fallback: OwnerLimits) -> OwnerLimits {
+        match self.entries.read().get(id) {
+            Some(e) if e.record.state == DeploymentState::Ready => e.record.spec.limits.unwrap_or(fallback),
+            Some(e) => OwnerLimits { max_running: 0, ..e.record.spec.limits.unwrap_or(fallback) },
+            None => OwnerLimits { max_running: 0, max_queued: 0 },
+        }
+    }
+
+    /// Records a new deployment, `starting`; returns it and the load's
+    /// generation.
+    pub fn create(&self, spec: DeploymentSpec) -> Result<(DeploymentRecord, u64), DeploymentError> {
+        check_spec(&spec)?;
+        let now = now_micros();
+        let record = DeploymentRecord { spec, state: DeploymentState::Starting, error: None, created_at: now, updated_at: now };
+        {
+            let mut entries = self.entries.write();
+            if entries.contains_key(&record.spec.id) {
+                return Err(DeploymentError::Exists(record.spec.id.clone()));
+            }
+            if entries.len() >= MAX_DEPLOYMENTS {
+                return Err(DeploymentError::Invalid(format!("this server keeps at most {MAX_DEPLOYMENTS} deployments")));
+            }
+            entries.insert(record.spec.id.clone(), Entry { record: record.clone(), loaded: None, generation: 0 });
+        }
+        if let Err(e) = self.persist() {
+            self.entries.write().remove(&record.spec.id);
+            return Err(e);
+        }
+        Ok((record, 0))
+    }
+
+    /// Stops a deployment: its plugins are released (running jobs keep
+    /// theirs until they end).
+    pub fn stop(&self, id: &str) -> Result<DeploymentRecord, DeploymentError> {
+        let record = self.transition(id, |e| {
+            e.record.state = DeploymentState::Stopped;
+            e.loaded = None;
+            e.generation += 1;
+        })?;
+        Ok(record.0)
+    }
+
+    /// Starts a stopped or failed deployment again (`starting`); a
+    /// deployment already starting or ready is left as it is. Returns the
+    /// generation of the load to run, if one must.
+    pub fn start(&self, id: &str) -> Result<(DeploymentRecord, Option<u64>), DeploymentError> {
+        let mut load = None;
+        let (record, _) = self.transition(id, |e| {
+            if matches!(e.record.state, DeploymentState::Stopped | DeploymentState::Failed) {
+                e.record.state = DeploymentState::Starting;
+                e.record.error = None;
+                e.generation += 1;
+                load = Some(e.generation);
+            }
+        })?;
+        Ok((record, load))
+    }
+
+    /// Ends a load of generation `generation`: ready with its plugins, or
+    /// failed. A load overtaken by a stop or a newer start changes nothing.
+    pub fn finish_load(&self, id: &str, generation: u64, result: Result<Loaded, String>) -> Result<(), DeploymentError> {
+        let changed = {
+            let mut entries = self.entries.write();
+            let Some(e) = entries.get_mut(id) else { return Ok(()) };
+            if e.generation != generation || e.record.state != DeploymentState::Starting {
+                false
+            } else {
+                match result {
+                    Ok(loaded) => {
+                        e.record.state = DeploymentState::Ready;
+                        e.loaded = Some(Arc::new(loaded));
+                    }
+                    Err(message) => {
+                        e.record.state = DeploymentState::Failed;
+                        e.record.error = Some(message);
+                    }
+                }
+                e.record.updated_at = now_micros();
+                true
+            }
+        };
+        if changed { self.persist() } else { Ok(()) }
+    }
+
+    fn transition(&self, id: &str, f: impl FnOnce(&mut Entry)) -> Result<(DeploymentRecord, u64), DeploymentError> {
+        let out = {
+            let mut entries = self.entries.write();
+            let e = entries.get_mut(id).ok_or_else(|| DeploymentError::NotFound(id.to_string()))?;
+            f(e);
+            e.record.updated_at = now_micros();
+            (e.record.clone(), e.generation)
+        };
+        self.persist()?;
+        Ok(out)
+    }
+
+    /// Writes every record to the file: a temporary file, synced, renamed
+    /// over the old one (a crash leaves the old or the new, whole).
+    fn persist(&self) -> Result<(), DeploymentError> {
+        let Some(path) = &self.file else { return Ok(()) };
+        let _writing = self.save.lock();
+        let records = self.list();
+        let bytes = serde_json::to_vec_pretty(&records).map_err(|e| DeploymentError::Invalid(e.to_string()))?;
+        write_atomically(path, &bytes)?;
+        Ok(())
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("json.tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Ids are 1–64 of `[a-z0-9-]` (one path segment, one subdomain label).
+fn check_spec(spec: &DeploymentSpec) -> Result<(), DeploymentError> {
+    let id_ok = !spec.id.is_empty()
+        && spec.id.len() <= MAX_ID_LEN
+        && spec.id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !spec.id.starts_with('-');
+    if !id_ok {
+        return Err(DeploymentError::Invalid(format!("deployment id must be 1-{MAX_ID_LEN} characters of a-z 0-9 - (not starting with -)")));
+    }
+    if spec.owner.is_empty() || spec.owner.len() > 256 {
+        return Err(DeploymentError::Invalid("owner must be 1-256 bytes".into()));
+    }
+    if spec.plugin_dirs.len() > MAX_PLUGIN_DIRS {
+        return Err(DeploymentError::Invalid(format!("a deployment has at most {MAX_PLUGIN_DIRS} plugin directories")));
+    }
+    if spec.plugin_dirs.iter().any(|d| d.as_os_str().is_empty() || d.as_os_str().len() > 4096) {
+        return Err(DeploymentError::Invalid("each plugin directory must be a path of 1-4096 bytes".into()));
+    }
+    if let Some(l) = spec.limits
+        && l.max_running == 0
+    {
+        return Err(DeploymentError::Invalid("limits.max_running must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// Loads a deployment's plugins: the bundled ones and its directories.
+pub async fn load(runtime: Arc<PluginRuntime>, plugin_dirs: Vec<PathBuf>, concurrency: usize) -> Result<Loaded, String> {
+    let registry = Arc::new(NodeRegistry::load_all(&runtime, &plugin_dirs).await.map_err(|e| e.to_string())?);
+    let executor = Arc::new(Executor::new(runtime, registry.clone(), DEPLOYMENT_CACHE_BYTES, concurrency));
+    Ok(Loaded { registry, executor })
+}
+
+/// The demo identity every caller of public demo deployment `id` shares
+/// (no account is named so: account names have no `/`).
+pub fn demo_owner(id: &str) -> String {
+    format!("demo/{id}")
+}
+
+/// Seconds a caller is told to wait while a deployment starts.
+pub const NOT_READY_RETRY_S: u64 = 2;
+
+impl From<DeploymentError> for super::ServiceError {
+    fn from(e: DeploymentError) -> super::ServiceError {
+        match e {
+            DeploymentError::NotFound(_) => super::ServiceError::NotFound,
+            DeploymentError::Io(e) => super::ServiceError::Store(crate::store::StoreError::from(e)),
+            e => super::ServiceError::InvalidRequest(e.to_string()),
+        }
+    }
+}
+
+impl super::Service {
+    /// A deployment, if it exists.
+    pub fn deployment(&self, id: &str) -> Option<DeploymentRecord> {
+        self.deployments.get(id)
+    }
+
+    /// Every deployment.
+    pub fn deployments(&self) -> Vec<DeploymentRecord> {
+        self.deployments.list()
+    }
+
+    /// The loaded plugins of a deployment that serves; otherwise why not
+    /// (404, 429 `deployment_not_ready`, 422 `deployment_stopped`).
+    pub fn deployment_serving(&self, id: &str) -> Result<Arc<Loaded>, super::ServiceError> {
+        match self.deployments.get(id).map(|d| d.state) {
+            None => Err(super::ServiceError::NotFound),
+            Some(DeploymentState::Starting) => Err(super::ServiceError::DeploymentNotReady { retry_after_s: NOT_READY_RETRY_S }),
+            Some(DeploymentState::Stopped | DeploymentState::Failed) => Err(super::ServiceError::DeploymentStopped),
+            Some(DeploymentState::Ready) => self.deployments.loaded(id).ok_or(super::ServiceError::DeploymentNotReady { retry_after_s: NOT_READY_RETRY_S }),
+        }
+    }
+
+    /// Creates a deployment and starts loading its plugins.
+    pub fn create_deployment(self: &Arc<Self>, spec: DeploymentSpec) -> Result<DeploymentRecord, DeploymentError> {
+        let (record, generation) = self.deployments.create(spec)?;
+        self.load_deployment(&record.spec.id, generation);
+        Ok(record)
+    }
+
+    /// Stops a deployment: its queued jobs are canceled; running ones end
+    /// as they run.
+    pub fn stop_deployment(&self, id: &str) -> Result<DeploymentRecord, DeploymentError> {
+        let record = self.deployments.stop(id)?;
+        let queued: Vec<Arc<super::LiveJob>> = self
+            .live
+            .read()
+            .values()
+            .filter(|j| {
+                let r = j.record.lock();
+                r.deployment.as_deref() == Some(id) && r.status == crate::store::JobStatus::Queued
+            })
+            .cloned()
+            .collect();
+        for job in queued {
+            if let Err(e) = self.stop_queued(&job, crate::store::JobStatus::Canceled) {
+                tracing::error!(deployment = id, error = %e, "cannot cancel a queued job of a stopped deployment");
+            }
+        }
+        tracing::info!(deployment = id, "deployment stopped");
+        Ok(record)
+    }
+
+    /// Starts a stopped (or failed) deployment again.
+    pub fn start_deployment(self: &Arc<Self>, id: &str) -> Result<DeploymentRecord, DeploymentError> {
+        let (record, load) = self.deployments.start(id)?;
+        if let Some(generation) = load {
+            self.load_deployment(id, generation);
+        }
+        Ok(record)
+    }
+
+    /// Loads a deployment's plugins in the background; when they are
+    /// loaded it is ready and its queued jobs may start.
+    pub(super) fn load_deployment(self: &Arc<Self>, id: &str, generation: u64) {
+        let Some(record) = self.deployments.get(id) else { return };
+        let runtime = self.executor.runtime().clone();
+        let concurrency = self.executor.concurrency();
+        let id = id.to_string();
+        let service = self.clone();
+        let handle = tokio::runtime::Handle::current();
+        // On a blocking thread: reading and compiling plugins blocks, and
+        // must not hold up the HTTP reactor's threads.
+        tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let result = handle.block_on(load(runtime, record.spec.plugin_dirs.clone(), concurrency));
+            match &result {
+                Ok(_) => tracing::info!(deployment = %id, ms = started.elapsed().as_millis() as u64, "deployment ready"),
+                Err(e) => tracing::error!(deployment = %id, error = %e, "deployment's plugins failed to load"),
+            }
+            if let Err(e) = service.deployments.finish_load(&id, generation, result) {
+                tracing::error!(deployment = %id, error = %e, "cannot save the deployment's state");
+            }
+            // Its queued jobs may run now.
+            service.queue_notify.notify_waiters();
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str) -> DeploymentSpec {
+        DeploymentSpec { id: id.into(), owner: "acme".into(), plugin_dirs: vec![], public_demo: false, limits: None }
+    }
+
+    const FALLBACK: OwnerLimits = OwnerLimits { max_running: 4, max_queued: 40 };
+
+    #[test]
+    fn ids_are_checked_and_unique() {
+        let d = Deployments::open(None).unwrap();
+        for bad in ["", "Upper", "a/b", "-x", &"x".repeat(65)] {
+            assert!(matches!(d.create(spec(bad)), Err(DeploymentError::Invalid(_))), "{bad}");
+        }
+        d.create(spec("demo-1")).unwrap();
+        assert!(matches!(d.create(spec("demo-1")), Err(DeploymentError::Exists(_))));
+        assert!(matches!(d.stop("nope"), Err(DeploymentError::NotFound(_))));
+    }
+
+    #[test]
+    fn states_move_and_stale_loads_are_dropped() {
+        let d = Deployments::open(None).unwrap();
+        let (rec, generation) = d.create(spec("a")).unwrap();
+        assert_eq!(rec.state, DeploymentState::Starting);
+        assert_eq!(d.limits("a", FALLBACK).max_running, 0, "no job starts before it is ready");
+        d.stop("a").unwrap();
+        // The load that began before the stop finishes after it: ignored.
+        d.finish_load("a", generation, Err("late".into())).unwrap();
+        assert_eq!(d.get("a").unwrap().state, DeploymentState::Stopped);
+        let (rec, load) = d.start("a").unwrap();
+        assert_eq!((rec.state, load), (DeploymentState::Starting, Some(generation + 2)));
+        assert_eq!(d.start("a").unwrap().1, None, "already starting");
+        d.finish_load("a", generation + 2, Err("bad plugin".into())).unwrap();
+        let rec = d.get("a").unwrap();
+        assert_eq!((rec.state, rec.error.as_deref()), (DeploymentState::Failed, Some("bad plugin")));
+        assert!(d.loaded("a").is_none());
+    }
+
+    #[test]
+    fn deployments_survive_a_reopen_and_serving_ones_start_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("deployments.json");
+        {
+            let d = Deployments::open(Some(file.clone())).unwrap();
+            d.create(spec("keep")).unwrap();
+            d.create(DeploymentSpec { public_demo: true, limits: Some(FALLBACK), ..spec("off") }).unwrap();
+            d.stop("off").unwrap();
+        }
+        let d = Deployments::open(Some(file)).unwrap();
+        assert_eq!(d.list().len(), 2);
+        let off = d.get("off").unwrap();
+        assert!(off.spec.public_demo && off.state == DeploymentState::Stopped && off.spec.limits == Some(FALLBACK));
+        assert_eq!(d.starting().into_iter().map(|(id, _)| id).collect::<Vec<_>>(), ["keep"]);
+    }
+}

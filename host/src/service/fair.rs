@@ -1,0 +1,281 @@
+//! The job queue and its fairness: queued jobs wait per scheduling key (an
+//! account, or a deployment), and workers take the next runnable job
+//! round-robin across keys, skipping a key whose running jobs are at its
+//! tier's limit. One key's flood therefore delays another key's jobs by at
+//! most one job per other waiting key, never by the flood's length.
+//!
+//! It also owns the per-key limits ([`OwnerLimits`]) and how they are looked
+//! up ([`TenantLimits`]): tiers from the configuration, resolved per key.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// What one scheduling key may have at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OwnerLimits {
+    /// Jobs running at once; more wait in the queue (never refused). 0
+    /// holds the key's jobs (a deployment that is not ready).
+    pub max_running: usize,
+    /// Jobs waiting in the queue; more are refused with 429 `queue_full`.
+    pub max_queued: usize,
+}
+
+/// Resolves the limits of a scheduling key (an owner, or `deployment/ID`).
+/// The service asks it when a job is queued and each time a worker looks
+/// for work, so it must be cheap (a map lookup).
+pub trait TenantLimits: Send + Sync {
+    fn limits(&self, key: &str) -> OwnerLimits;
+}
+
+/// Any `Fn(&str) -> OwnerLimits` is a lookup.
+impl<F: Fn(&str) -> OwnerLimits + Send + Sync> TenantLimits for F {
+    fn limits(&self, key: &str) -> OwnerLimits {
+        self(key)
+    }
+}
+
+/// Named tiers (config `[tiers.NAME]`) and the limits of a key without one.
+#[derive(Debug, Clone, Default)]
+pub struct Tiers {
+    pub tiers: HashMap<String, OwnerLimits>,
+    pub default: Option<OwnerLimits>,
+}
+
+impl Tiers {
+    /// The limits of tier `name`; an unknown or absent tier gets `fallback`
+    /// (the default tier when configured, else the global limits).
+    pub fn resolve(&self, name: Option<&str>, fallback: OwnerLimits) -> OwnerLimits {
+        name.and_then(|n| self.tiers.get(n)).copied().or(self.default).unwrap_or(fallback)
+    }
+}
+
+/// One key's waiting jobs and how many of its jobs run now.
+#[derive(Default)]
+struct KeyQueue {
+    jobs: VecDeque<String>,
+    running: usize,
+}
+
+/// The queue: job ids per scheduling key, and the round-robin order of the
+/// keys that have jobs waiting (the front one is served next).
+#[derive(Default)]
+pub struct FairQueue {
+    keys: HashMap<String, KeyQueue>,
+    rotation: VecDeque<String>,
+    /// The key of every queued job.
+    key_of: HashMap<String, String>,
+}
+
+/// Why a job was not queued.
+#[derive(Debug, PartialEq, Eq)]
+pub struct KeyQueueFull;
+
+impl FairQueue {
+    /// Queues `id` under `key` (ahead of the key's other jobs with `front`);
+    /// refuses it when `key` already has `max_queued` jobs waiting. Returns
+    /// the job's 1-based position in the dispatch order.
+    pub fn push(&mut self, key: &str, id: String, front: bool, max_queued: usize) -> Result<usize, KeyQueueFull> {
+        let entry = self.keys.entry(key.to_string()).or_default();
+        if entry.jobs.len() >= max_queued {
+            if entry.jobs.is_empty() && entry.running == 0 {
+                self.keys.remove(key);
+            }
+            return Err(KeyQueueFull);
+        }
+        let was_waiting = !entry.jobs.is_empty();
+        if front {
+            entry.jobs.push_front(id.clone());
+        } else {
+            entry.jobs.push_back(id.clone());
+        }
+        // `front` reorders the key's own jobs only: moving the key itself
+        // ahead would let one account's `front` flood starve the others.
+        if !was_waiting {
+            self.rotation.push_back(key.to_string());
+        }
+        self.key_of.insert(id.clone(), key.to_string());
+        Ok(self.position(&id).unwrap_or(1))
+    }
+
+    /// Takes the next job whose key is below its running limit, round-robin
+    /// across keys; the job counts as running for its key until [`done`].
+    ///
+    /// [`done`]: FairQueue::done
+    pub fn pop(&mut self, limits: &dyn TenantLimits) -> Option<(String, String)> {
+        for turn in 0..self.rotation.len() {
+            let key = &self.rotation[turn];
+            let Some(entry) = self.keys.get_mut(key) else { continue };
+            if entry.running >= limits.limits(key).max_running {
+                continue;
+            }
+            let Some(id) = entry.jobs.pop_front() else { continue };
+            entry.running += 1;
+            let Some(key) = self.rotation.remove(turn) else { continue };
+            if !entry.jobs.is_empty() {
+                self.rotation.push_back(key.clone());
+            }
+            self.key_of.remove(&id);
+            return Some((id, key));
+        }
+        None
+    }
+
+    /// A job taken by [`FairQueue::pop`] under `key` stopped running.
+    pub fn done(&mut self, key: &str) {
+        if let Some(entry) = self.keys.get_mut(key) {
+            entry.running = entry.running.saturating_sub(1);
+            if entry.running == 0 && entry.jobs.is_empty() {
+                self.keys.remove(key);
+            }
+        }
+    }
+
+    /// Takes a queued job out (canceled, expired, not written); whether it
+    /// was queued.
+    pub fn remove(&mut self, id: &str) -> bool {
+        let Some(key) = self.key_of.remove(id) else { return false };
+        if let Some(entry) = self.keys.get_mut(&key) {
+            entry.jobs.retain(|j| j != id);
+            if entry.jobs.is_empty() {
+                self.rotation.retain(|k| *k != key);
+                if entry.running == 0 {
+                    self.keys.remove(&key);
+                }
+            }
+        }
+        true
+    }
+
+    /// Queued jobs of all keys.
+    pub fn len(&self) -> usize {
+        self.key_of.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.key_of.is_empty()
+    }
+
+    /// Jobs of `key` running now.
+    pub fn running_of(&self, key: &str) -> usize {
+        self.keys.get(key).map_or(0, |e| e.running)
+    }
+
+    /// 1-based position of a queued job in the round-robin dispatch order
+    /// (running limits aside): the jobs of each key ahead of it in its own
+    /// queue's depth, plus the keys served before its own in that round.
+    pub fn position(&self, id: &str) -> Option<usize> {
+        let key = self.key_of.get(id)?;
+        let depth = self.keys.get(key)?.jobs.iter().position(|j| j == id)?;
+        let mut ahead = 0;
+        let mut before_own = true;
+        for k in &self.rotation {
+            let len = self.keys.get(k).map_or(0, |e| e.jobs.len());
+            ahead += len.min(depth);
+            if k == key {
+                before_own = false;
+            } else if before_own && len > depth {
+                ahead += 1;
+            }
+        }
+        Some(ahead + 1)
+    }
+
+    /// Every queued job in dispatch order (round-robin across keys).
+    pub fn ordered(&self) -> Vec<String> {
+        let mut out = Vec::with_capacity(self.len());
+        let queues: Vec<&VecDeque<String>> = self.rotation.iter().filter_map(|k| self.keys.get(k).map(|e| &e.jobs)).collect();
+        let deepest = queues.iter().map(|q| q.len()).max().unwrap_or(0);
+        for depth in 0..deepest {
+            out.extend(queues.iter().filter_map(|q| q.get(depth)).cloned());
+        }
+        out
+    }
+}
+
+/// The scheduling key of a job: its deployment's (`deployment/ID`), whose
+/// limits are the deployment's, else its owner's.
+pub fn sched_key(owner: &str, deployment: Option<&str>) -> String {
+    match deployment {
+        Some(d) => format!("deployment/{d}"),
+        None => owner.to_string(),
+    }
+}
+
+/// The limits lookup a service starts with: every key gets `limits`.
+pub fn uniform(limits: OwnerLimits) -> Arc<dyn TenantLimits> {
+    Arc::new(move |_: &str| limits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OPEN: OwnerLimits = OwnerLimits { max_running: 100, max_queued: 100 };
+
+    fn pop_all(q: &mut FairQueue, limits: &dyn TenantLimits) -> Vec<String> {
+        std::iter::from_fn(|| q.pop(limits).map(|(id, _)| id)).collect()
+    }
+
+    #[test]
+    fn a_flood_does_not_starve_a_second_key() {
+        let mut q = FairQueue::default();
+        for i in 0..50 {
+            q.push("a", format!("a{i}"), false, 100).unwrap();
+        }
+        let positions: Vec<usize> = (0..3).map(|i| q.push("b", format!("b{i}"), false, 100).unwrap()).collect();
+        // b's jobs alternate with a's: 2nd, 4th and 6th to run.
+        assert_eq!(positions, [2, 4, 6]);
+        assert_eq!(q.position("a0"), Some(1));
+        assert_eq!(q.position("a3"), Some(7));
+        let order = q.ordered();
+        let dispatched = pop_all(&mut q, &|_: &str| OPEN);
+        assert_eq!(order, dispatched, "positions and listing follow the dispatch order");
+        assert_eq!(&dispatched[..7], ["a0", "b0", "a1", "b1", "a2", "b2", "a3"]);
+        assert_eq!(dispatched.len(), 53);
+    }
+
+    #[test]
+    fn running_limits_hold_a_key_back_and_done_releases_it() {
+        let mut q = FairQueue::default();
+        let limits = |k: &str| OwnerLimits { max_running: if k == "a" { 2 } else { 5 }, max_queued: 10 };
+        for i in 0..4 {
+            q.push("a", format!("a{i}"), false, 10).unwrap();
+        }
+        q.push("b", "b0".into(), false, 10).unwrap();
+        assert_eq!(pop_all(&mut q, &limits), ["a0", "b0", "a1"], "a stops at 2 running");
+        assert_eq!(q.running_of("a"), 2);
+        assert!(q.pop(&limits).is_none());
+        q.done("a");
+        assert_eq!(q.pop(&limits).map(|(id, _)| id).as_deref(), Some("a2"));
+        assert!(q.pop(&limits).is_none());
+        assert_eq!(q.len(), 1);
+    }
+
+    #[test]
+    fn queued_limit_per_key_and_removal() {
+        let mut q = FairQueue::default();
+        q.push("a", "a0".into(), false, 2).unwrap();
+        q.push("a", "a1".into(), false, 2).unwrap();
+        assert_eq!(q.push("a", "a2".into(), false, 2), Err(KeyQueueFull));
+        assert_eq!(q.push("b", "b0".into(), false, 2), Ok(2));
+        assert!(q.remove("a0") && !q.remove("a0"));
+        assert_eq!(q.position("a1"), Some(1));
+        assert!(q.remove("a1"));
+        assert_eq!(q.ordered(), ["b0"]);
+        q.push("a", "a4".into(), false, 2).unwrap();
+        assert_eq!(q.push("a", "a3".into(), true, 2), Ok(2), "front goes ahead of its own key's jobs, not of other keys'");
+        assert_eq!(pop_all(&mut q, &|_: &str| OPEN), ["b0", "a3", "a4"]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn tiers_resolve_by_name_then_default_then_fallback() {
+        let gold = OwnerLimits { max_running: 8, max_queued: 800 };
+        let fallback = OwnerLimits { max_running: 2, max_queued: 20 };
+        let mut tiers = Tiers { tiers: HashMap::from([("gold".to_string(), gold)]), default: None };
+        assert_eq!(tiers.resolve(Some("gold"), fallback), gold);
+        assert_eq!(tiers.resolve(Some("nope"), fallback), fallback);
+        tiers.default = Some(OwnerLimits { max_running: 1, max_queued: 5 });
+        assert_eq!(tiers.resolve(None, fallback).max_running, 1);
+    }
+}
