@@ -474,7 +474,7 @@ async fn the_deployments_cli_creates_stops_and_starts_a_deployment_that_survives
     // A wrong token is refused (exit 1, the server's message); none at all never reaches the server.
     let out = cli(&base, &["stop", "cli-dep"], Some("wrong"));
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("403"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("401"), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!cli(&base, &["list"], None).status.success());
 
     let jobs = format!("{base}/deployment/cli-dep/api/v2/jobs");

@@ -486,3 +486,85 @@ async fn serverless_mode_has_accounts_but_no_subscription_rule() {
     assert_eq!(done["status"], "succeeded");
     s.shutdown().await;
 }
+
+/// Serverless deployments owned by accounts: the owner is named by its
+/// account (an unknown one is 400), only the owner's key opens its
+/// deployment (another account's is 403, none 401), and a public demo's
+/// anonymous jobs are billed to the owning account.
+#[tokio::test]
+async fn deployments_belong_to_accounts_and_a_public_demo_bills_its_owner() {
+    let s = start(|c, o| {
+        (c.mode, o.mode) = (Mode::Serverless, Mode::Serverless);
+        c.admin_token = Some(OPERATOR.into());
+    })
+    .await;
+    let alice = tenant(&s, "dep-alice", 1000).await;
+    let bob = tenant(&s, "dep-bob", 1000).await;
+    let alice_id = alice.account().await["id"].as_str().unwrap().to_string();
+    let create = |body: Value| json_of(admin(&s, Method::POST, "/deployments", Some(OPERATOR)).json(&body));
+    let (status, body) = create(json!({ "id": "nobodys", "owner": "no-such-account" })).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = create(json!({ "id": "alice-fn", "owner": "dep-alice" })).await;
+    assert_eq!((status, body["spec"]["owner"].as_str().or(body["owner"].as_str())), (StatusCode::CREATED, Some(alice_id.as_str())), "{body}");
+    let (status, body) = create(json!({ "id": "alice-demo", "owner": alice_id, "public_demo": true })).await;
+    assert_eq!(status, 201, "{body}");
+    for id in ["alice-fn", "alice-demo"] {
+        let mut ready = false;
+        for _ in 0..1200 {
+            let (_, rec) = json_of(admin(&s, Method::GET, &format!("/deployments/{id}"), Some(OPERATOR))).await;
+            if rec["state"] == "ready" {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(ready, "deployment {id} never became ready");
+    }
+    let jobs = |id: &str| format!("{}/deployment/{id}/api/v2/jobs", s.server.url());
+    let submit = json!({ "workflow": trivial(4) });
+    let anonymous = s.http.post(jobs("alice-fn")).json(&submit).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let by_bob = s.http.post(jobs("alice-fn")).bearer_auth(&bob.key).json(&submit).send().await.unwrap();
+    assert_eq!(by_bob.status(), 403);
+    assert_eq!(by_bob.json::<Value>().await.unwrap()["error"]["code"], "forbidden");
+    let (status, job) = json_of(s.http.post(jobs("alice-fn")).bearer_auth(&alice.key).json(&submit)).await;
+    assert_eq!(status, 201, "{job}");
+    let url = format!("{}{}", s.server.url(), job["urls"]["self"].as_str().unwrap());
+    assert!(url.contains("/deployment/alice-fn/api/v2/jobs/"), "{url}");
+    let mut done = Value::Null;
+    for _ in 0..600 {
+        done = json_of(s.http.get(&url).bearer_auth(&alice.key)).await.1;
+        if done["status"] == "succeeded" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert!(done.get("logs").is_some_and(Value::is_object), "a serverless deployment's job shows its logs: {done}");
+    assert_eq!(json_of(s.http.get(&url).bearer_auth(&bob.key)).await.0, 403, "bob cannot read alice's deployment");
+    // The demo: no key, billed to alice.
+    let before = alice.account().await["credits"].as_i64().unwrap();
+    let (status, job) = json_of(s.http.post(jobs("alice-demo")).json(&submit)).await;
+    assert_eq!(status, 201, "{job}");
+    let url = format!("{}{}", s.server.url(), job["urls"]["self"].as_str().unwrap());
+    for _ in 0..600 {
+        done = json_of(s.http.get(&url)).await.1;
+        if done["status"] == "succeeded" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert!(done.get("logs").is_none(), "a public demo withholds logs: {done}");
+    let mut after = before;
+    for _ in 0..200 {
+        after = alice.account().await["credits"].as_i64().unwrap();
+        if after < before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(after < before, "the demo's job is charged to its owner: {before} → {after}");
+    assert_eq!(bob.account().await["credits"], 1000, "nobody else pays");
+    s.shutdown().await;
+}
