@@ -98,7 +98,8 @@ pub struct Accounts {
     hasher: KeyHasher,
     pricing: Pricing,
     by_id: RwLock<HashMap<String, Arc<Account>>>,
-    by_key: RwLock<HashMap<[u8; 32], String>>,
+    /// Key hash → account id (shared: a request's caller takes no allocation).
+    by_key: RwLock<HashMap<[u8; 32], Arc<str>>>,
     /// Serializes writes (read, change, store, publish).
     writing: Mutex<()>,
 }
@@ -130,9 +131,15 @@ impl Accounts {
     /// The account `key` belongs to (disabled ones too: the caller tells
     /// 401 from 403).
     pub fn authenticate(&self, key: &str) -> Option<Arc<Account>> {
+        self.authenticate_id(key).map(|(_, account)| account)
+    }
+
+    /// [`Accounts::authenticate`] with the account's id as a shared string.
+    pub fn authenticate_id(&self, key: &str) -> Option<(Arc<str>, Arc<Account>)> {
         let hash = self.hasher.hash(key);
         let id = self.by_key.read().get(&hash).cloned()?;
-        self.by_id.read().get(&id).cloned()
+        let account = self.by_id.read().get(&*id).cloned()?;
+        Some((id, account))
     }
 
     /// The account with id `id` (a job's owner).
@@ -265,7 +272,8 @@ impl Accounts {
     }
 }
 
-fn index_keys(by_key: &mut HashMap<[u8; 32], String>, account: &Account) {
+fn index_keys(by_key: &mut HashMap<[u8; 32], Arc<str>>, account: &Account) {
+    let id: Arc<str> = Arc::from(account.id.as_str());
     for h in &account.key_hashes {
         let mut bytes = [0u8; 32];
         let parsed = (0..32).all(|i| match h.get(2 * i..2 * i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()) {
@@ -276,7 +284,7 @@ fn index_keys(by_key: &mut HashMap<[u8; 32], String>, account: &Account) {
             None => false,
         });
         if parsed {
-            by_key.insert(bytes, account.id.clone());
+            by_key.insert(bytes, id.clone());
         }
     }
 }

@@ -73,10 +73,10 @@ pub fn authenticate(state: &AppState, key: Option<&str>) -> Result<Caller, ApiEr
         };
     }
     let key = key.ok_or_else(|| ApiError::unauthorized("Missing API key."))?;
-    match state.service.accounts().authenticate(key) {
+    match state.service.accounts().authenticate_id(key) {
         None => Err(ApiError::unauthorized("Invalid API key.")),
-        Some(account) if account.disabled => Err(ApiError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", "This account is disabled.")),
-        Some(account) => Ok(Caller::new(Arc::from(account.id.as_str()))),
+        Some((_, account)) if account.disabled => Err(ApiError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", "This account is disabled.")),
+        Some((id, _)) => Ok(Caller::new(id)),
     }
 }
 

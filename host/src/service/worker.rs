@@ -248,16 +248,6 @@ impl Service {
             // Ended either way: a store failure only means a restart may run it again.
             tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job");
         }
-        // Its account pays for the time it executed (a job that never
-        // started costs nothing).
-        if self.opts.mode.has_accounts()
-            && let Some(ms) = terminal.execution_ms
-            && terminal.error.as_ref().is_none_or(|e| e.code != NO_CREDITS)
-        {
-            let billed = self.billed_account(&terminal);
-            let balance = self.accounts.charge(&billed, u64::try_from(ms).unwrap_or(0));
-            tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, %billed, execution_ms = ms, ?balance, "job charged");
-        }
         // Served from memory from now on (the sweeper forgets it when it
         // expires it; a live job is never expired under it).
         self.remember_finished(terminal.clone(), None);
@@ -277,6 +267,17 @@ impl Service {
         // the job is over.
         self.publish_queue(&terminal.owner);
         self.bus.job(&Arc::from(terminal.id.as_str()), &Arc::from(terminal.owner.as_str()), ExecBody::Executing { node: None });
+        // Its account pays for the time it executed (a job that never
+        // started costs nothing). After it is shown finished, before this
+        // worker takes its next job (which checks the balance).
+        if self.opts.mode.has_accounts()
+            && let Some(ms) = terminal.execution_ms
+            && terminal.error.as_ref().is_none_or(|e| e.code != NO_CREDITS)
+        {
+            let billed = self.billed_account(&terminal);
+            let balance = self.accounts.charge(&billed, u64::try_from(ms).unwrap_or(0));
+            tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, %billed, execution_ms = ms, ?balance, "job charged");
+        }
     }
 }
 
