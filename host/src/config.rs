@@ -489,6 +489,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tiers_come_from_the_file_and_default_tier_must_name_one() {
+        let table = toml::from_str::<toml::Table>(
+            "default_tier = \"free\"\n[tiers.free]\nmax_running = 1\nmax_queued = 20\n[tiers.pro]\nmax_running = 0\nmax_queued = 5\n",
+        )
+        .unwrap();
+        let config = Config::deserialize(toml::Value::Table(table)).unwrap();
+        assert!(config.check_tiers().is_ok());
+        let tiers = config.tiers();
+        let free = crate::service::fair::OwnerLimits { max_running: 1, max_queued: 20 };
+        assert_eq!(tiers.default, Some(free));
+        assert_eq!(tiers.tiers["pro"].max_running, 1, "a tier runs at least one job");
+        let unknown = Config { default_tier: Some("gold".into()), ..config.clone() };
+        assert!(unknown.check_tiers().unwrap_err().contains("gold"));
+        let bad = toml::from_str::<toml::Table>("[tiers.free]\nmax_running = 1\n").unwrap();
+        assert!(Config::deserialize(toml::Value::Table(bad)).is_err(), "both limits are required");
+    }
+
+    #[test]
     fn file_then_env_override_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kiln.toml");

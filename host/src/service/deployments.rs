@@ -386,6 +386,28 @@ impl super::Service {
         Ok(record)
     }
 
+    /// Cancels recovered queued jobs of deployments that are stopped or
+    /// gone (a crash between a stop and its cancels leaves them): as the
+    /// stop would have. A failed deployment's jobs wait for its restart.
+    pub(super) fn cancel_orphaned_deployment_jobs(&self) {
+        let orphaned: Vec<Arc<super::LiveJob>> = self
+            .live
+            .read()
+            .values()
+            .filter(|j| {
+                let r = j.record.lock();
+                r.status == crate::store::JobStatus::Queued
+                    && r.deployment.as_deref().is_some_and(|d| self.deployments.get(d).is_none_or(|d| d.state == DeploymentState::Stopped))
+            })
+            .cloned()
+            .collect();
+        for job in orphaned {
+            if let Err(e) = self.stop_queued(&job, crate::store::JobStatus::Canceled) {
+                tracing::error!(error = %e, "cannot cancel a queued job of a stopped deployment");
+            }
+        }
+    }
+
     /// Starts a stopped (or failed) deployment again.
     pub fn start_deployment(self: &Arc<Self>, id: &str) -> Result<DeploymentRecord, DeploymentError> {
         let (record, load) = self.deployments.start(id)?;

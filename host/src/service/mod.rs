@@ -298,6 +298,7 @@ impl Service {
         for (id, generation) in service.deployments.starting() {
             service.load_deployment(&id, generation);
         }
+        service.cancel_orphaned_deployment_jobs();
         let mut workers = Vec::new();
         for i in 0..service.opts.max_running_jobs {
             let worker = service.clone();

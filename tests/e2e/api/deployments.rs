@@ -299,3 +299,33 @@ async fn a_serverless_servers_own_jobs_show_logs_on_get_only() {
     let seen = s.wait_for(running["id"].as_str().unwrap(), "running").await;
     assert!(seen.get("logs").is_none(), "{seen}");
 }
+
+#[tokio::test]
+async fn queued_jobs_of_a_deployment_stopped_across_a_restart_are_canceled_not_left_waiting() {
+    let s = start(|c, _| server_with_admin(c)).await;
+    let plugins = tempfile::tempdir().unwrap();
+    let hostile = plugins.path().join("hostile");
+    install_plugin(&hostile, HOSTILE_MANIFEST, HOSTILE_WASM);
+    create(&s, json!({ "id": "gone", "owner": "local", "plugin_dirs": [hostile], "limits": { "max_running": 1, "max_queued": 10 } })).await;
+    wait_state(&s, "gone", "ready").await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let (status, job, _) = dep_post(&s, "gone", "/jobs", &json!({ "workflow": super::spinner(i) })).await;
+        assert_eq!(status, 201);
+        ids.push(job["id"].as_str().unwrap().to_string());
+    }
+    let data = s.shutdown().await;
+    // As if the server died between a stop's record and its cancels.
+    let file = data.path().join("deployments.json");
+    let mut records: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    records[0]["state"] = json!("stopped");
+    std::fs::write(&file, serde_json::to_vec(&records).unwrap()).unwrap();
+    let s = start_in(data, |c, _| server_with_admin(c)).await;
+    for id in &ids {
+        // Through the server's own surface (the deployment's answers 422).
+        let job = s.job(id).await;
+        assert_eq!(job["status"], "canceled", "{job}");
+    }
+    let (status, _, _) = dep_get(&s, "gone", "/jobs").await;
+    assert_eq!(status, 422);
+}
