@@ -61,8 +61,9 @@ pub struct ServiceOptions {
     /// What each job may consume while it runs.
     pub job_limits: crate::budget::JobLimits,
     /// Whether `GET /jobs/{id}` shows the job's captured log. The spec gives
-    /// `logs` to serverless jobs only; self-hosted (the one mode today)
-    /// captures and stores them all the same and leaves them out of reads.
+    /// `logs` to serverless jobs only: on in serverless mode; other modes
+    /// capture and store them all the same and leave them out of reads
+    /// (except a deployment's jobs: [`Service::shows_logs`]).
     pub logs_on_read: bool,
     /// The deployment kind (issue 18): with accounts, each job's owner is
     /// an account, charged when its job ends; the result cache is per owner.
@@ -93,7 +94,7 @@ impl ServiceOptions {
             owner: "local".into(),
             workflow_limits: config.workflow_limits(),
             job_limits: config.job_limits(),
-            logs_on_read: false,
+            logs_on_read: config.mode == crate::config::Mode::Serverless,
             mode: config.mode,
             pricing: crate::accounts::Pricing { credits_per_second: config.credits_per_second, min_per_job: config.credits_min_per_job },
             tiers: config.tiers(),
