@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::plugins::compile::CompileConfig;
 use crate::plugins::identity::PluginGrant;
+use crate::plugins::network::{HostPattern, NetGrant, OutboundLimits};
 use crate::plugins::{OperatorLimits, RuntimeConfig};
 
 /// kiln's settings.
@@ -181,6 +182,55 @@ pub struct Config {
     /// Largest settings document (`/api/settings`, serialized), KiB.
     /// Default 1024 (the frontend's settings take a few KiB).
     pub max_settings_kb: usize,
+    // Issue 16: plugin network capabilities and the bundled partner proxy.
+    /// The partner provider's base URL (`KILN_PARTNER_BASE_URL`), e.g.
+    /// `https://api.freepik.com` or `http://127.0.0.1:9999`. The bundled
+    /// partner plugin may reach this host and port only (an IP literal
+    /// names an internal address explicitly; a name must resolve to public
+    /// addresses). Default: none — its routes answer 503.
+    pub partner_base_url: Option<String>,
+    /// The provider key (`KILN_PARTNER_API_KEY`), sent as
+    /// `x-freepik-api-key`; only the partner plugin sees it. Default: none.
+    pub partner_api_key: Option<String>,
+    /// Tokens the partner routes (and the partner node, as a job's
+    /// `api_key_svc_org`) accept (`KILN_PARTNER_TOKENS`, comma-separated).
+    /// Default: none (every request is 401).
+    pub partner_tokens: Vec<String>,
+    /// Further hosts (`host` or `host:port`) the partner node may download
+    /// results from, e.g. the provider's CDN (`KILN_PARTNER_DOWNLOAD_HOSTS`,
+    /// comma-separated). Default: none.
+    pub partner_download_hosts: Vec<String>,
+    /// Network grants to other plugins (config file only): each names a
+    /// plugin by directory or `blake3:` component hash, with the hosts it
+    /// may reach (intersected with its manifest's `outbound_hosts`),
+    /// whether its manifest's routes are mounted, and its configuration
+    /// (handed to it, and only to it, as its WASI environment).
+    pub plugin_network: Vec<PluginNetwork>,
+    /// Connect timeout of a plugin's outbound request (name resolution, TCP,
+    /// TLS), ms; a plugin may ask for less. Default 10000.
+    pub outbound_connect_timeout_ms: u64,
+    /// Most time from an outbound request sent to its response's first
+    /// byte, and between two chunks of its body, ms. Default 60000.
+    pub outbound_first_byte_timeout_ms: u64,
+    /// Largest response body a plugin may receive, MiB. Default 64.
+    pub outbound_max_response_mb: u64,
+    /// Largest request body a plugin route accepts (413 beyond), MiB, and
+    /// largest response it may give. Default 64 (a base64 image).
+    pub route_max_body_mb: u64,
+}
+
+/// One `[[plugin_network]]` grant (see [`Config::plugin_network`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginNetwork {
+    /// The plugin: its directory or `blake3:<hex>` (as `secret_plugins`).
+    pub plugin: String,
+    /// `host` or `host:port` entries.
+    pub outbound_hosts: Vec<String>,
+    /// Mount the routes its manifest declares.
+    pub routes: bool,
+    /// Its configuration.
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for Config {
@@ -231,6 +281,15 @@ impl Default for Config {
             max_userdata_mb: 1024,
             max_userdata_files: 10_000,
             max_settings_kb: 1024,
+            partner_base_url: None,
+            partner_api_key: None,
+            partner_tokens: Vec::new(),
+            partner_download_hosts: Vec::new(),
+            plugin_network: Vec::new(),
+            outbound_connect_timeout_ms: 10_000,
+            outbound_first_byte_timeout_ms: 60_000,
+            outbound_max_response_mb: 64,
+            route_max_body_mb: 64,
         }
     }
 }
@@ -246,6 +305,8 @@ pub enum ConfigError {
     Env { var: String, value: String },
     #[error("invalid secret_plugins entry: {0}")]
     SecretPlugins(#[from] crate::plugins::identity::GrantError),
+    #[error("invalid {field}: {reason}")]
+    Network { field: &'static str, reason: String },
 }
 
 impl Config {
@@ -322,8 +383,66 @@ impl Config {
                 timeout: Duration::from_secs(self.compile_timeout_s.max(1)),
                 memory_bytes: mb(self.compile_memory_mb.max(1)),
             },
+            net_grants: self.net_grants()?,
+            outbound: OutboundLimits {
+                connect_timeout: Duration::from_millis(self.outbound_connect_timeout_ms.max(1)),
+                first_byte_timeout: Duration::from_millis(self.outbound_first_byte_timeout_ms.max(1)),
+                max_response_bytes: mb(self.outbound_max_response_mb),
+            },
+            route_response_bytes: usize::try_from(mb(self.route_max_body_mb)).unwrap_or(usize::MAX),
         })
     }
+
+    /// Largest request body a plugin route accepts, bytes.
+    pub fn route_body_bytes(&self) -> usize {
+        usize::try_from(self.route_max_body_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
+
+    /// The operator's network grants: `plugin_network`, and the bundled
+    /// partner plugin's (its provider's host and port, the download hosts,
+    /// its routes, and the partner settings as its configuration).
+    fn net_grants(&self) -> Result<Vec<NetGrant>, ConfigError> {
+        let hosts = |field: &'static str, list: &[String]| {
+            list.iter().map(|h| HostPattern::parse(h).map_err(|reason| ConfigError::Network { field, reason })).collect::<Result<Vec<_>, _>>()
+        };
+        let mut grants = Vec::new();
+        for entry in &self.plugin_network {
+            grants.push(NetGrant {
+                plugin: PluginGrant::parse(&entry.plugin)?,
+                outbound_hosts: hosts("plugin_network.outbound_hosts", &entry.outbound_hosts)?,
+                routes: entry.routes,
+                env: entry.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            });
+        }
+        let mut partner_hosts = hosts("partner_download_hosts", &self.partner_download_hosts)?;
+        let mut env = vec![("KILN_PARTNER_TOKENS".to_string(), self.partner_tokens.join(","))];
+        if let Some(url) = self.partner_base_url.as_deref().map(str::trim).filter(|u| !u.is_empty()) {
+            partner_hosts.push(base_url_host(url)?);
+            env.push(("KILN_PARTNER_BASE_URL".into(), url.trim_end_matches('/').to_string()));
+        }
+        if let Some(key) = &self.partner_api_key {
+            env.push(("KILN_PARTNER_API_KEY".into(), key.clone()));
+        }
+        grants.push(NetGrant { plugin: PluginGrant::Bundled("partner".into()), outbound_hosts: partner_hosts, routes: true, env });
+        Ok(grants)
+    }
+}
+
+/// The `host:port` of a provider base URL (`http(s)://host[:port][/path]`).
+fn base_url_host(url: &str) -> Result<HostPattern, ConfigError> {
+    let bad = |reason: &str| ConfigError::Network { field: "partner_base_url", reason: format!("{url:?} {reason}") };
+    let uri: http::Uri = url.parse().map_err(|_| bad("is not a URL"))?;
+    let port = match uri.scheme_str() {
+        Some("http") => uri.port_u16().unwrap_or(80),
+        Some("https") => uri.port_u16().unwrap_or(443),
+        _ => return Err(bad("must start with http:// or https://")),
+    };
+    if uri.query().is_some() {
+        return Err(bad("must not have a query"));
+    }
+    let host = uri.host().ok_or_else(|| bad("has no host"))?;
+    let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
+    HostPattern::parse(&format!("{host}:{port}")).map_err(|reason| ConfigError::Network { field: "partner_base_url", reason })
 }
 
 /// Overlays `KILN_<FIELD>` variables on `table` (lists are `:`-separated).
@@ -373,6 +492,14 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "max_userdata_mb",
         "max_userdata_files",
         "max_settings_kb",
+        "partner_base_url",
+        "partner_api_key",
+        "partner_tokens",
+        "partner_download_hosts",
+        "outbound_connect_timeout_ms",
+        "outbound_first_byte_timeout_ms",
+        "outbound_max_response_mb",
+        "route_max_body_mb",
     ];
     for (var, value) in vars {
         let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };
@@ -381,6 +508,10 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         }
         let parsed = match field.as_str() {
             "plugin_dirs" | "secret_plugins" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
+            "partner_tokens" | "partner_download_hosts" => {
+                toml::Value::Array(value.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect())
+            }
+            "partner_base_url" | "partner_api_key" => toml::Value::String(value),
             "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" => toml::Value::String(value),
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
@@ -424,6 +555,34 @@ mod tests {
         assert!(err.contains("secret_plugins") && err.contains("`partner` looks like a plugin name") && err.contains("blake3:"), "{err}");
         // Not settable from a file: only the binary names itself.
         assert!(toml::from_str::<Config>("compiler_exe = '/bin/sh'").is_err());
+    }
+
+    #[test]
+    fn partner_settings_become_the_partner_plugins_grant() {
+        let mut table = toml::Table::new();
+        let vars = [
+            ("KILN_PARTNER_BASE_URL", "http://127.0.0.1:9999/"),
+            ("KILN_PARTNER_API_KEY", "pk"),
+            ("KILN_PARTNER_TOKENS", "t1, t2"),
+            ("KILN_PARTNER_DOWNLOAD_HOSTS", "cdn.example.com,10.0.0.5:8080"),
+        ];
+        apply_env(&mut table, vars.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
+        let config = Config::deserialize(toml::Value::Table(table)).unwrap();
+        assert_eq!(config.partner_tokens, ["t1", "t2"]);
+        let grants = config.runtime().unwrap().net_grants;
+        let partner = grants.iter().find(|g| g.plugin == PluginGrant::Bundled("partner".into())).unwrap();
+        let hosts: Vec<String> = partner.outbound_hosts.iter().map(|h| h.to_string()).collect();
+        assert_eq!(hosts, ["cdn.example.com", "10.0.0.5:8080", "127.0.0.1:9999"]);
+        assert!(partner.routes);
+        assert!(partner.env.contains(&("KILN_PARTNER_BASE_URL".into(), "http://127.0.0.1:9999".into())));
+        assert!(partner.env.contains(&("KILN_PARTNER_API_KEY".into(), "pk".into())));
+        assert_eq!(base_url_host("https://api.freepik.com").unwrap().to_string(), "api.freepik.com:443");
+        for bad in ["ftp://x", "x.com", "http://x.com/?a=1"] {
+            assert!(base_url_host(bad).is_err(), "{bad}");
+        }
+        let unset = Config::default().runtime().unwrap().net_grants;
+        let partner = unset.iter().find(|g| g.plugin == PluginGrant::Bundled("partner".into())).unwrap();
+        assert!(partner.outbound_hosts.is_empty(), "no base URL: no host");
     }
 
     #[test]

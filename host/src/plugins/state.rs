@@ -8,9 +8,11 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::determinism::GuestWorld;
 use super::log_pipe::LogPipe;
+use super::network::OutboundPolicy;
 use super::secrets::JobSecrets;
 use crate::budget::{JobBudget, MemoryCharge};
 use crate::files::{InputFiles, OutputFiles, SavedFile};
@@ -120,6 +122,9 @@ impl StopState {
 /// The data of one node call's `Store`.
 pub struct NodeState {
     pub(crate) wasi: WasiCtx,
+    pub(crate) http: WasiHttpCtx,
+    /// Where the plugin's outbound requests may go (see `network`).
+    pub(crate) outbound: OutboundPolicy,
     pub(crate) table: ResourceTable,
     pub(crate) memory: MemoryLimiter,
     pub(crate) limits: StoreLimits,
@@ -137,17 +142,22 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    /// A fresh state: no filesystem, network, environment or arguments; stdout
-    /// and stderr go to a bounded log; clocks and randomness as `world` says.
-    pub fn new(limits: StoreLimits, io: Option<NodeIo>, world: GuestWorld, stop: StopState) -> NodeState {
+    /// A fresh state: no filesystem, sockets or arguments; the environment
+    /// is the plugin's granted configuration (`env`); HTTP only as
+    /// `outbound` allows; stdout and stderr go to a bounded log; clocks and
+    /// randomness as `world` says.
+    pub fn new(limits: StoreLimits, io: Option<NodeIo>, world: GuestWorld, stop: StopState, outbound: OutboundPolicy, env: &[(String, String)]) -> NodeState {
         let log = LogPipe::new(limits.log_bytes);
         let mut wasi = WasiCtx::builder();
         wasi.stdout(log.clone()).stderr(log.clone());
+        wasi.envs(env);
         world.apply(&mut wasi);
         let wasi = wasi.build();
         let charge = io.as_ref().map_or_else(MemoryCharge::none, |io| io.budget.reserve(0).unwrap_or_default());
         NodeState {
             wasi,
+            http: WasiHttpCtx::new(),
+            outbound,
             table: ResourceTable::new(),
             memory: MemoryLimiter { limit: limits.memory_bytes, used: 0, charge, denied: None },
             limits,
@@ -192,5 +202,11 @@ impl NodeState {
 impl WasiView for NodeState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl WasiHttpView for NodeState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.outbound }
     }
 }
