@@ -377,7 +377,8 @@ impl Config {
             decommit_batch: self.decommit_batch,
             keep_resident_bytes: usize::try_from(self.node_keep_resident_kb.saturating_mul(1024)).unwrap_or(usize::MAX),
             perf_map: self.guest_perf_map,
-            secret_plugins: PluginGrant::parse_all(&self.secret_plugins)?,
+            // The bundled partner plugin reads the partner key (issue 16).
+            secret_plugins: PluginGrant::parse_all(&self.secret_plugins)?.into_iter().chain([PluginGrant::Bundled("partner".into())]).collect(),
             compile: CompileConfig {
                 exe: self.compiler_exe.clone(),
                 timeout: Duration::from_secs(self.compile_timeout_s.max(1)),
@@ -549,7 +550,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hash = format!("blake3:{}", blake3::hash(b"wasm").to_hex());
         let config = Config { secret_plugins: vec![dir.path().display().to_string(), hash], ..Config::default() };
-        assert_eq!(config.runtime().unwrap().secret_plugins.len(), 2);
+        assert_eq!(config.runtime().unwrap().secret_plugins.len(), 3, "the two, and the bundled partner plugin");
         let old_style = Config { secret_plugins: vec!["partner".into()], ..Config::default() };
         let err = old_style.runtime().unwrap_err().to_string();
         assert!(err.contains("secret_plugins") && err.contains("`partner` looks like a plugin name") && err.contains("blake3:"), "{err}");

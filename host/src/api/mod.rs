@@ -9,6 +9,7 @@ pub mod error;
 mod links;
 #[cfg(test)]
 mod proptests;
+pub mod proxy;
 pub mod signing;
 pub mod v2;
 
@@ -104,6 +105,7 @@ pub fn check_mount_prefix(prefix: &str) -> Result<(), String> {
 pub fn router(state: Arc<AppState>) -> Router {
     v2::routes(&state.api_base, state.clone())
         .merge(compat::routes(state.clone()))
+        .merge(Router::new().route(&format!("{}/proxy/{{*rest}}", state.config.mount_prefix), axum::routing::any(proxy::serve)).with_state(state.clone()))
         .fallback({
             let state = state.clone();
             move |request| compat::static_file(state.clone(), request)

@@ -89,6 +89,11 @@ impl Executor {
         Executor { runtime, registry, cache: ResultCache::new(cache_bytes), concurrency: concurrency.max(1) }
     }
 
+    /// The plugin runtime (plugin routes are served through it too).
+    pub fn runtime(&self) -> &Arc<PluginRuntime> {
+        &self.runtime
+    }
+
     /// The node registry.
     pub fn registry(&self) -> &Arc<NodeRegistry> {
         &self.registry

@@ -90,6 +90,8 @@ pub enum FailureKind {
     Failed,
     /// The call was cancelled.
     Interrupted,
+    /// A partner service refused for lack of credits (`host.insufficient-funds`).
+    InsufficientFunds,
 }
 
 /// A failed node call.
@@ -356,6 +358,9 @@ impl PluginRuntime {
         // whatever the node made of the refusal.
         if let Some(oom) = state.job_out_of_memory.take() {
             return Err(failure(FailureKind::JobOutOfMemory, oom, log));
+        }
+        if let (Err(_), Some(message)) = (&result, state.insufficient_funds.take()) {
+            return Err(failure(FailureKind::InsufficientFunds, message, log));
         }
         let values = match result {
             Err(node::NodeError::InvalidInput(m)) => return Err(failure(FailureKind::Failed, format!("invalid input: {m}"), log)),

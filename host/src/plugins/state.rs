@@ -133,6 +133,8 @@ pub struct NodeState {
     pub(crate) over_budget: Option<String>,
     /// Set when the job's memory limit refused the node (reported as out of memory).
     pub(crate) job_out_of_memory: Option<String>,
+    /// Set by `host.insufficient-funds`: the node's failure is reported as such.
+    pub(crate) insufficient_funds: Option<String>,
     pub(crate) io: Option<NodeIo>,
     pub(crate) saved: Vec<SavedFile>,
     /// Bytes of the files in `saved` (kept, not re-summed per save).
@@ -164,6 +166,7 @@ impl NodeState {
             tensor_bytes: 0,
             over_budget: None,
             job_out_of_memory: None,
+            insufficient_funds: None,
             io,
             saved: Vec::new(),
             saved_bytes: 0,

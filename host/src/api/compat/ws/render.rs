@@ -62,6 +62,7 @@ pub fn exception_type(code: &str) -> &'static str {
         "node_out_of_memory" | "job_out_of_memory" => "OOMError",
         "node_timeout" => "TimeoutError",
         "interrupted" => "InterruptProcessingException",
+        "insufficient_funds" => "InsufficientFundsError",
         _ => "RuntimeError",
     }
 }
