@@ -68,7 +68,11 @@ async fn refuses_duplicate_classes_missing_components_and_ungranted_capabilities
     let greedy = tempfile::tempdir().unwrap();
     install_plugin(greedy.path(), &format!("{EXAMPLE_MANIFEST}\n[capabilities]\noutbound_hosts = [\"evil.example\"]\n"), EXAMPLE_WASM);
     let err = NodeRegistry::load_all(&env.runtime, &[greedy.path().to_path_buf()]).await.err().expect("ungranted capability");
-    assert!(err.to_string().contains("outbound_hosts"), "{err}");
+    assert!(err.to_string().contains("outbound_hosts: evil.example") && err.to_string().contains("[[plugin_network]]"), "{err}");
+    let router = tempfile::tempdir().unwrap();
+    install_plugin(router.path(), &format!("{EXAMPLE_MANIFEST}\n[capabilities]\nroutes = [\"/proxy/example/\"]\n"), EXAMPLE_WASM);
+    let err = NodeRegistry::load_all(&env.runtime, &[router.path().to_path_buf()]).await.err().expect("ungranted routes");
+    assert!(err.to_string().contains("routes: /proxy/example/"), "{err}");
 
     let garbage = tempfile::tempdir().unwrap();
     install_plugin(garbage.path(), EXAMPLE_MANIFEST, b"\0asm not really a component");

@@ -161,8 +161,9 @@ pub struct PluginNet {
 
 impl PluginNet {
     /// What `grants` give plugin `id` of the manifest asking for
-    /// `asked_hosts` and `asked_routes`. Routes asked for and not granted
-    /// are an error (`Err` with the first one).
+    /// `asked_hosts` and `asked_routes`. Asking for outbound hosts when no
+    /// grant names the plugin, or for routes when none grants it routes, is
+    /// an error (`Err` names the capability, e.g. `routes: /proxy/x/`).
     pub fn resolve(
         grants: &[NetGrant],
         id: &PluginId,
@@ -175,10 +176,15 @@ impl PluginNet {
         let asked: Vec<HostPattern> = asked_hosts.iter().filter_map(|h| HostPattern::parse(h).ok()).collect();
         let allowed: Vec<HostPattern> =
             granted.iter().flat_map(|g| g.outbound_hosts.iter()).filter(|g| any_host || asked.contains(g)).cloned().collect();
+        if let Some(host) = asked_hosts.first()
+            && granted.is_empty()
+        {
+            return Err(format!("outbound_hosts: {host}"));
+        }
         if let Some(route) = asked_routes.first()
             && !granted.iter().any(|g| g.routes)
         {
-            return Err(route.clone());
+            return Err(format!("routes: {route}"));
         }
         let env: Vec<(String, String)> = granted.iter().flat_map(|g| g.env.iter().cloned()).collect();
         Ok(PluginNet { allowed: allowed.into(), routes: asked_routes.to_vec(), env: env.into() })
@@ -346,8 +352,11 @@ mod tests {
         let any = PluginNet::resolve(std::slice::from_ref(&grant), &id, &hash, &["*".into()], &[]).unwrap();
         assert_eq!(any.allowed.len(), 2);
         let other = PluginId::Bundled("q".into());
-        let none = PluginNet::resolve(std::slice::from_ref(&grant), &other, &hash, &["*".into()], &[]).unwrap();
+        let none = PluginNet::resolve(std::slice::from_ref(&grant), &other, &hash, &[], &[]).unwrap();
         assert!(none.allowed.is_empty() && none.env.is_empty(), "a grant names one plugin");
-        assert_eq!(PluginNet::resolve(&[], &id, &hash, &[], &["/proxy/p/".into()]).unwrap_err(), "/proxy/p/");
+        assert_eq!(PluginNet::resolve(&[], &id, &hash, &[], &["/proxy/p/".into()]).unwrap_err(), "routes: /proxy/p/");
+        assert_eq!(PluginNet::resolve(&[], &id, &hash, &["x.com".into()], &[]).unwrap_err(), "outbound_hosts: x.com");
+        let no_routes = NetGrant { routes: false, ..grant.clone() };
+        assert!(PluginNet::resolve(&[no_routes], &id, &hash, &["*".into()], &["/proxy/p/".into()]).is_err());
     }
 }

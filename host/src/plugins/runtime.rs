@@ -134,10 +134,10 @@ pub enum LoadError {
     )]
     SecretNotGranted { plugin: String, secret: String, hash_grant: String },
     #[error(
-        "plugin `{plugin}` declares route `{route}`, but the operator has not granted it routes; \
-         to grant them, add a [[plugin_network]] entry naming its directory or \"{hash_grant}\" with routes = true"
+        "plugin `{plugin}` asks for {capability}, which the operator has not granted it; \
+         to grant it, add a [[plugin_network]] entry naming its directory or \"{hash_grant}\" (with the hosts it may reach, routes = true for routes)"
     )]
-    RoutesNotGranted { plugin: String, route: String, hash_grant: String },
+    NetworkNotGranted { plugin: String, capability: String, hash_grant: String },
     #[error("plugin `{plugin}` declares routes but does not export wasi:http/incoming-handler: {message}")]
     NoHttpHandler { plugin: String, message: String },
     #[error("plugin `{plugin}` imports `{import}`, which kiln does not provide")]
@@ -252,7 +252,7 @@ impl PluginRuntime {
         })?;
         let caps = &manifest.capabilities;
         let net = PluginNet::resolve(&self.config.net_grants, &id, &component_hash, &caps.outbound_hosts, &caps.routes)
-            .map_err(|route| LoadError::RoutesNotGranted { plugin: plugin.clone(), route, hash_grant: hash_grant(&component_hash) })?;
+            .map_err(|capability| LoadError::NetworkNotGranted { plugin: plugin.clone(), capability, hash_grant: hash_grant(&component_hash) })?;
         let wants_http = !caps.outbound_hosts.is_empty() || !caps.routes.is_empty();
         for (name, _) in component.component_type().imports(&self.engine) {
             if !ALLOWED_IMPORTS.iter().any(|p| name.starts_with(p)) && !(wants_http && name.starts_with(HTTP_IMPORTS)) {
