@@ -217,6 +217,9 @@ pub struct Config {
     /// Largest request body a plugin route accepts (413 beyond), MiB, and
     /// largest response it may give. Default 64 (a base64 image).
     pub route_max_body_mb: u64,
+    /// Most time one route call may take, ms (the plugin's own time limit
+    /// if lower); 504 beyond. Default 120000.
+    pub route_timeout_ms: u64,
 }
 
 /// One `[[plugin_network]]` grant (see [`Config::plugin_network`]).
@@ -290,6 +293,7 @@ impl Default for Config {
             outbound_first_byte_timeout_ms: 60_000,
             outbound_max_response_mb: 64,
             route_max_body_mb: 64,
+            route_timeout_ms: 120_000,
         }
     }
 }
@@ -391,6 +395,7 @@ impl Config {
                 max_response_bytes: mb(self.outbound_max_response_mb),
             },
             route_response_bytes: usize::try_from(mb(self.route_max_body_mb)).unwrap_or(usize::MAX),
+            route_timeout: Duration::from_millis(self.route_timeout_ms.max(1)),
         })
     }
 
@@ -501,6 +506,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "outbound_first_byte_timeout_ms",
         "outbound_max_response_mb",
         "route_max_body_mb",
+        "route_timeout_ms",
     ];
     for (var, value) in vars {
         let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };

@@ -59,7 +59,7 @@ pub mod bindings {
     #![allow(missing_docs)]
     wit_bindgen::generate!({
         path: "../wit",
-        world: "kiln:plugin/plugin",
+        world: "kiln:plugin/plugin-with-meta",
         pub_export_macro: true,
         export_macro_name: "__export_kiln_plugin",
         default_bindings_module: "kiln_sdk::bindings",
@@ -69,7 +69,7 @@ pub mod bindings {
 pub use def::{Hidden, Kind, NodeDef};
 pub use dispatch::NodeClass;
 #[doc(hidden)]
-pub use dispatch::{definitions, execute};
+pub use dispatch::{definitions, describe, execute};
 pub use image::{Image, Mask};
 pub use io::{Error, Inputs, Output, Outputs, Result, Tensor};
 
@@ -100,6 +100,11 @@ macro_rules! export_plugin {
                 $crate::bindings::exports::kiln::plugin::node::NodeError,
             > {
                 $crate::execute(__KILN_NODES, &class_type, inputs)
+            }
+        }
+        impl $crate::bindings::exports::kiln::plugin::node_meta::Guest for __KilnPlugin {
+            fn describe() -> ::std::vec::Vec<$crate::bindings::exports::kiln::plugin::node_meta::ClassMeta> {
+                $crate::describe(__KILN_NODES)
             }
         }
         // Component exports exist only in the WebAssembly build; natively the

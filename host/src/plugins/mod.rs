@@ -2,6 +2,7 @@
 //! load them and call their nodes safely.
 //!
 //! - [`manifest`]: what a plugin asks for; the capability policy.
+//! - [`meta`]: the optional `node-meta` export (API nodes, dynamic combos).
 //! - [`network`]: outbound HTTP policy and route prefixes (operator grants).
 //! - [`routes`]: serving a plugin's routes through its `wasi:http/incoming-handler`.
 //! - [`identity`]: who a plugin is (its directory, its component hash,
@@ -28,6 +29,7 @@ mod imports;
 mod kernels;
 mod log_pipe;
 pub mod manifest;
+pub mod meta;
 pub mod network;
 pub mod registry;
 pub mod routes;

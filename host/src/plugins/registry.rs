@@ -89,6 +89,12 @@ impl NodeRegistry {
         self.order.iter().filter_map(|c| self.get(c).map(|(_, d)| d))
     }
 
+    /// What the plugin of `class_type` says about it beyond its definition.
+    pub fn meta(&self, class_type: &str) -> Option<&super::meta::ClassMeta> {
+        let (plugin, _) = self.get(class_type)?;
+        plugin.meta.iter().find(|m| m.class_type == class_type)
+    }
+
     /// The plugin serving `path` (below the mount prefix), by route prefix
     /// (prefixes never overlap, see `add`).
     pub fn route(&self, path: &str) -> Option<&Arc<Plugin>> {

@@ -1,6 +1,7 @@
 //! Serving a plugin's routes: each request goes to the plugin's
 //! `wasi:http/incoming-handler` export in a fresh store, with the same
-//! memory ceiling, deadline and pool slot as a node call of the plugin. The
+//! memory ceiling and pool slot as a node call of the plugin, and its
+//! deadline capped by `route_timeout_ms`. The
 //! request body arrives whole and bounded (the API edge limits it); the
 //! response body is collected up to `route_response_bytes`.
 
@@ -10,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use wasmtime_wasi_http::WasiHttpView;
 
 use super::determinism::GuestWorld;
+use super::manifest::EffectiveLimits;
 use super::network::full_body;
 use super::runtime::{CallSetup, FailureKind, NodeFailure, Plugin, PluginRuntime};
 
@@ -42,7 +44,8 @@ impl PluginRuntime {
     pub async fn serve_route(&self, plugin: &Plugin, request: http::Request<Bytes>, cancel: &CancellationToken) -> Result<http::Response<Bytes>, RouteError> {
         let Some(proxy) = plugin.proxy.clone() else { return Err(RouteError::NoRoutes) };
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let setup = CallSetup { limits: plugin.limits, io: None, guest_world: GuestWorld::Real, name: plugin.manifest.name.as_str().into(), net: plugin.net.clone() };
+        let limits = EffectiveLimits { memory_bytes: plugin.limits.memory_bytes, timeout: plugin.limits.timeout.min(self.config.route_timeout) };
+        let setup = CallSetup { limits, io: None, guest_world: GuestWorld::Real, name: plugin.manifest.name.as_str().into(), net: plugin.net.clone() };
         let run = async {
             // The store (and with it the response's sender) is dropped as
             // soon as the handler returns, so `collect` cannot wait forever.

@@ -68,6 +68,8 @@ pub struct RuntimeConfig {
     pub outbound: OutboundLimits,
     /// Largest response a plugin's route may give.
     pub route_response_bytes: usize,
+    /// Most time a route call may take (the plugin's own limit if lower).
+    pub route_timeout: Duration,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -144,6 +146,8 @@ pub enum LoadError {
     ForbiddenImport { plugin: String, import: String },
     #[error("plugin `{plugin}` failed to describe its nodes: {failure}")]
     Definitions { plugin: String, failure: NodeFailure },
+    #[error("plugin `{plugin}` failed to describe its nodes' extras: {failure}")]
+    Meta { plugin: String, failure: NodeFailure },
     #[error("plugin `{plugin}` defines an invalid node: {reason}")]
     InvalidDefinition { plugin: String, reason: String },
 }
@@ -162,6 +166,8 @@ pub struct Plugin {
     pub from_cache: bool,
     /// Its network capabilities, as granted.
     pub net: PluginNet,
+    /// What its `node-meta` export says about its classes (empty without one).
+    pub meta: Vec<super::meta::ClassMeta>,
     pre: PluginPre<NodeState>,
     /// Its `wasi:http/incoming-handler`, when it serves routes.
     pub(super) proxy: Option<ProxyPre<NodeState>>,
@@ -264,6 +270,8 @@ impl PluginRuntime {
             true => None,
             false => Some(ProxyPre::new(instance_pre.clone()).map_err(|e| LoadError::NoHttpHandler { plugin: plugin.clone(), message: format!("{e:#}") })?),
         };
+        // Absent from components built against 0.1.0 / 0.1.1.
+        let meta_pre = super::meta::MetaPre::new(instance_pre.clone()).ok();
         let pre = PluginPre::new(instance_pre).map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
         if !caps.outbound_hosts.is_empty() && net.allowed.is_empty() {
             tracing::warn!(plugin = %plugin, "the plugin asks for outbound hosts, but the operator granted it none: its requests will be refused");
@@ -282,8 +290,24 @@ impl PluginRuntime {
             .map_err(|failure| LoadError::Definitions { plugin: plugin.clone(), failure })?
             .0;
         super::registry::check_definitions(&definitions).map_err(|reason| LoadError::InvalidDefinition { plugin: plugin.clone(), reason })?;
+        let meta = match meta_pre {
+            None => Vec::new(),
+            Some(meta_pre) => {
+                let setup = CallSetup { limits: DEFINITIONS_LIMITS, io: None, guest_world: DEFINITIONS_WORLD, name: manifest.name.as_str().into(), net: net.clone() };
+                self.call(setup, &CancellationToken::new(), |store| {
+                    Box::pin(async move {
+                        let world = meta_pre.instantiate_async(&mut *store).await?;
+                        world.kiln_plugin_node_meta().call_describe(store).await
+                    })
+                })
+                .await
+                .map_err(|failure| LoadError::Meta { plugin: plugin.clone(), failure })?
+                .0
+            }
+        };
+        super::meta::check(&meta, &definitions).map_err(|reason| LoadError::InvalidDefinition { plugin: plugin.clone(), reason })?;
         manifest.check_nondeterministic(&definitions).map_err(|source| LoadError::Manifest { plugin, source })?;
-        Ok(Plugin { id, manifest, component_hash, definitions, limits, from_cache, net, pre, proxy })
+        Ok(Plugin { id, manifest, component_hash, definitions, limits, from_cache, net, meta, pre, proxy })
     }
 
     /// Runs node `class_type` of `plugin` with `inputs`.

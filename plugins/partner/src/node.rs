@@ -40,6 +40,8 @@ fn define() -> NodeDef {
         .required("mode.optimized_for", Kind::combo(&OPTIMIZED_FOR))
         .hidden(Hidden::UniqueId)
         .output("IMAGE", "IMAGE")
+        .api_node()
+        .dynamic_combo("mode", &[("flexible", &["mode.optimized_for"])])
 }
 
 fn run(inputs: &mut Inputs) -> Result<Outputs> {

@@ -391,3 +391,27 @@ async fn a_job_cancelled_mid_poll_ends_canceled_and_polls_no_more() {
     let late: Vec<_> = p.fake.seen().into_iter().filter(|r| r.task_sharpen == Some(fake::SHARPEN_NEVER_ENDS) && r.at > cancelled_at).collect();
     assert!(late.is_empty(), "status requests after the cancel: {late:#?}");
 }
+
+#[tokio::test]
+async fn object_info_shows_an_api_node_with_a_dynamic_mode_combo() {
+    let (s, _) = server(|_| {}).await;
+    let info: Value = s.http.get(format!("{}/object_info/MagnificImageSkinEnhancerNode", s.server.url())).send().await.unwrap().json().await.unwrap();
+    let node = &info["MagnificImageSkinEnhancerNode"];
+    assert_eq!(node["api_node"], true, "{node}");
+    assert_eq!(node["category"], "partner/image/Magnific");
+    assert_eq!(node["display_name"], "Magnific Image Skin Enhancer");
+    let mode = &node["input"]["required"]["mode"];
+    assert_eq!(mode[0], "COMFY_DYNAMICCOMBO_V3", "{mode}");
+    let options = mode[1]["options"].as_array().unwrap();
+    assert_eq!(options.len(), 1, "flexible only: {mode}");
+    assert_eq!(options[0]["key"], "flexible");
+    let optimized_for = &options[0]["inputs"]["required"]["optimized_for"][0];
+    assert_eq!(optimized_for, &json!(["enhance_skin", "improve_lighting", "enhance_everything", "transform_to_real", "no_make_up"]));
+    assert!(node["input"]["required"].get("mode.optimized_for").is_none(), "the sub-input shows under its choice only");
+    assert_eq!(node["input_order"]["required"], json!(["image", "sharpen", "smart_grain", "mode"]));
+    assert_eq!(node["input"]["required"]["sharpen"], json!(["INT", { "default": 0, "min": 0, "max": 100, "display": "slider" }]));
+    assert_eq!(node["output"], json!(["IMAGE"]));
+    // Other nodes are not API nodes.
+    let empty: Value = s.http.get(format!("{}/object_info/EmptyImage", s.server.url())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(empty["EmptyImage"]["api_node"], false);
+}
