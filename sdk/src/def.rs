@@ -268,7 +268,8 @@ impl NodeDef {
     /// Makes combo input `input` a dynamic combo: each `(key, inputs)`
     /// choice shows `inputs`, declared like any other as `<input>.<name>`.
     pub fn dynamic_combo(mut self, input: &str, options: &[(&str, &[&str])]) -> NodeDef {
-        let options = options.iter().map(|(key, inputs)| meta::DynamicOption { key: key.to_string(), inputs: inputs.iter().map(|i| i.to_string()).collect() }).collect();
+        let options =
+            options.iter().map(|(key, inputs)| meta::DynamicOption { key: key.to_string(), inputs: inputs.iter().map(|i| i.to_string()).collect() }).collect();
         self.meta.dynamic_combos.push(meta::DynamicCombo { input: input.to_string(), options });
         self
     }

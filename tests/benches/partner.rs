@@ -98,6 +98,10 @@ async fn main() {
         t.await.unwrap();
     }
     let n = done.load(std::sync::atomic::Ordering::Relaxed);
-    println!("{CLIENTS} concurrent clients through the route: {:.0} requests/s ({n} in {:.1} s)", n as f64 / start.elapsed().as_secs_f64(), start.elapsed().as_secs_f64());
+    println!(
+        "{CLIENTS} concurrent clients through the route: {:.0} requests/s ({n} in {:.1} s)",
+        n as f64 / start.elapsed().as_secs_f64(),
+        start.elapsed().as_secs_f64()
+    );
     server.shutdown().await.unwrap();
 }

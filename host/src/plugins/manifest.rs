@@ -183,10 +183,22 @@ mod tests {
         assert!(Manifest::parse("name='a b'\nversion='1'\ncomponent='a.wasm'").is_err());
         assert!(Manifest::parse("name='a'\nversion='1'\ncomponent='../a.wasm'").is_err());
         assert!(Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\nsurprise=1").is_err());
-        let net = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\noutbound_hosts=['x.com', '127.0.0.1:9', '*']\nroutes=['/proxy/a/']").unwrap();
+        let net =
+            Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\noutbound_hosts=['x.com', '127.0.0.1:9', '*']\nroutes=['/proxy/a/']")
+                .unwrap();
         assert_eq!(net.capabilities.outbound_hosts.len(), 3);
-        for bad in ["outbound_hosts=['http://x.com']", "outbound_hosts=['x.com:99999']", "routes=['/api/x/']", "routes=['/proxy/']", "routes=['/proxy/a']", "routes=['/proxy/{a}/']"] {
-            assert!(matches!(Manifest::parse(&format!("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\n{bad}")), Err(ManifestError::Invalid { .. })), "{bad}");
+        for bad in [
+            "outbound_hosts=['http://x.com']",
+            "outbound_hosts=['x.com:99999']",
+            "routes=['/api/x/']",
+            "routes=['/proxy/']",
+            "routes=['/proxy/a']",
+            "routes=['/proxy/{a}/']",
+        ] {
+            assert!(
+                matches!(Manifest::parse(&format!("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\n{bad}")), Err(ManifestError::Invalid { .. })),
+                "{bad}"
+            );
         }
         // Secrets: only ones kiln knows (the operator's grant is checked at load).
         let asks = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\nsecrets=['api_key_svc_org']").unwrap();

@@ -43,7 +43,10 @@ pub fn check(metas: &[ClassMeta], defs: &[NodeDef]) -> Result<(), String> {
             let prefix = format!("{}.", combo.input);
             for name in combo.options.iter().flat_map(|o| &o.inputs) {
                 if !name.starts_with(&prefix) || !inputs().any(|i| &i.name == name) {
-                    return Err(format!("class `{}`: dynamic combo `{}` shows `{name}`, which is not a declared input named `{prefix}…`", def.class_type, combo.input));
+                    return Err(format!(
+                        "class `{}`: dynamic combo `{}` shows `{name}`, which is not a declared input named `{prefix}…`",
+                        def.class_type, combo.input
+                    ));
                 }
             }
         }

@@ -103,7 +103,14 @@ pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
             let [a, b, ..] = v4.octets();
-            v4.is_loopback() || v4.is_private() || v4.is_link_local() || v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast() || a == 0 || (a == 100 && (64..128).contains(&b))
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
         }
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
@@ -174,8 +181,7 @@ impl PluginNet {
         let granted: Vec<&NetGrant> = grants.iter().filter(|g| g.plugin.matches(id, component_hash)).collect();
         let any_host = asked_hosts.iter().any(|h| h == "*");
         let asked: Vec<HostPattern> = asked_hosts.iter().filter_map(|h| HostPattern::parse(h).ok()).collect();
-        let allowed: Vec<HostPattern> =
-            granted.iter().flat_map(|g| g.outbound_hosts.iter()).filter(|g| any_host || asked.contains(g)).cloned().collect();
+        let allowed: Vec<HostPattern> = granted.iter().flat_map(|g| g.outbound_hosts.iter()).filter(|g| any_host || asked.contains(g)).cloned().collect();
         if let Some(host) = asked_hosts.first()
             && granted.is_empty()
         {
@@ -259,7 +265,8 @@ impl OutboundPolicy {
     ) -> Result<(http::Response<WasiBody>, Box<dyn Future<Output = Result<(), HttpError>> + Send>), HttpError> {
         if let Some(addr) = self.check(request.uri()).await? {
             let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
-            *request.uri_mut() = http::Uri::builder().scheme("http").authority(addr.to_string()).path_and_query(path).build().map_err(|_| HttpError::HttpRequestUriInvalid)?;
+            *request.uri_mut() =
+                http::Uri::builder().scheme("http").authority(addr.to_string()).path_and_query(path).build().map_err(|_| HttpError::HttpRequestUriInvalid)?;
         }
         let max = self.limits.max_response_bytes;
         let (response, io) = wasmtime_wasi_http::default_send_request(request, Some(self.capped(options))).await?;
@@ -320,7 +327,9 @@ mod tests {
 
     #[test]
     fn internal_addresses_are_recognised() {
-        for ip in ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0", "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1"] {
+        for ip in
+            ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0", "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1"]
+        {
             assert!(is_internal(ip.parse().unwrap()), "{ip}");
         }
         for ip in ["93.184.216.34", "8.8.8.8", "2606:4700::1111"] {

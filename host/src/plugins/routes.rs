@@ -51,7 +51,8 @@ impl PluginRuntime {
             // soon as the handler returns, so `collect` cannot wait forever.
             self.call(setup, cancel, move |store| {
                 Box::pin(async move {
-                    let req = store.data_mut().http().new_incoming_request(wasmtime_wasi_http::p2::bindings::http::types::Scheme::Http, request.map(full_body))?;
+                    let req =
+                        store.data_mut().http().new_incoming_request(wasmtime_wasi_http::p2::bindings::http::types::Scheme::Http, request.map(full_body))?;
                     let out = store.data_mut().http().new_response_outparam(tx)?;
                     let proxy = proxy.instantiate_async(&mut *store).await?;
                     proxy.wasi_http_incoming_handler().call_handle(store, req, out).await

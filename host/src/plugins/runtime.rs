@@ -16,7 +16,6 @@ use wasmtime::{Engine, Store, Trap};
 
 use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
-use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use super::compile::{CompileConfig, CompileError};
 use super::deadlines::Deadlines;
 use super::determinism::{GuestWorld, seed_from_inputs, seed_from_key};
@@ -29,6 +28,7 @@ use super::state::{NodeIo, NodeState, StopState, Stopped, StoreLimits};
 use crate::files::SavedFile;
 use crate::tensor::Tensor;
 use crate::value::Value;
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
 pub use node::NodeDef;
 
@@ -293,7 +293,8 @@ impl PluginRuntime {
         let meta = match meta_pre {
             None => Vec::new(),
             Some(meta_pre) => {
-                let setup = CallSetup { limits: DEFINITIONS_LIMITS, io: None, guest_world: DEFINITIONS_WORLD, name: manifest.name.as_str().into(), net: net.clone() };
+                let setup =
+                    CallSetup { limits: DEFINITIONS_LIMITS, io: None, guest_world: DEFINITIONS_WORLD, name: manifest.name.as_str().into(), net: net.clone() };
                 self.call(setup, &CancellationToken::new(), |store| {
                     Box::pin(async move {
                         let world = meta_pre.instantiate_async(&mut *store).await?;

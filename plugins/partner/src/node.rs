@@ -144,7 +144,8 @@ fn sleep_ms(ms: u64) {
 
 /// The downloaded image as a 1×H×W×3 IMAGE.
 fn decode(bytes: &[u8]) -> Result<Tensor> {
-    let reader = image::ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().map_err(|e| Error::failed(format!("The result is not an image: {e}")))?;
+    let reader =
+        image::ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().map_err(|e| Error::failed(format!("The result is not an image: {e}")))?;
     let (w, h) = reader.into_dimensions().map_err(|e| Error::failed(format!("The result is not an image: {e}")))?;
     if u64::from(w) * u64::from(h) > MAX_RESULT_PIXELS {
         return Err(Error::failed(format!("The result image is too large ({w}×{h})")));

@@ -99,7 +99,10 @@ mod tests {
     fn defaults_are_filled_in() {
         let v = check(r#"{"image":"aGVsbG8="}"#).unwrap();
         assert_eq!(v, serde_json::json!({"image":"aGVsbG8=","optimized_for":"enhance_skin","sharpen":0,"smart_grain":2}));
-        let v = check(r#"{"image":"https://cdn.example.com/a.png","optimized_for":"no_make_up","sharpen":100,"smart_grain":0,"webhook_url":"http://h.example/cb"}"#).unwrap();
+        let v = check(
+            r#"{"image":"https://cdn.example.com/a.png","optimized_for":"no_make_up","sharpen":100,"smart_grain":0,"webhook_url":"http://h.example/cb"}"#,
+        )
+        .unwrap();
         assert_eq!(v["webhook_url"], "http://h.example/cb");
         assert_eq!(v["sharpen"], 100);
     }

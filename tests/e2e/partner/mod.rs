@@ -156,7 +156,8 @@ async fn every_validation_rule_answers_400_and_reaches_no_provider() {
     assert_eq!((status, answer["error"].as_str()), (400, Some("invalid_request")), "{answer}");
     assert!(p.fake.seen_with(m).is_empty(), "invalid requests never reach the provider");
     // The bounds themselves are valid.
-    let (status, answer) = create(&s, Auth::Bearer(TOKEN), &json!({ "image": m, "sharpen": 100, "smart_grain": 0, "webhook_url": "https://h.example/cb?x=1" })).await;
+    let (status, answer) =
+        create(&s, Auth::Bearer(TOKEN), &json!({ "image": m, "sharpen": 100, "smart_grain": 0, "webhook_url": "https://h.example/cb?x=1" })).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(p.fake.seen_with(m).len(), 1);
 }
