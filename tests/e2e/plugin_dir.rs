@@ -45,6 +45,34 @@ async fn example_plugin_loads_from_a_directory_and_runs() {
     assert_eq!(&px[..3], &[0, 255, 255]);
 }
 
+/// A component built against `kiln:plugin@0.1.0` (no `node-meta` export)
+/// loads on the 0.1.2 host and runs.
+#[tokio::test]
+async fn a_component_built_against_contract_0_1_0_still_loads_and_runs() {
+    let wasm = include_bytes!("../fixtures/plugins/custom-node-kiln-plugin-0.1.0.wasm");
+    let env = env().await;
+    let plugins = tempfile::tempdir().unwrap();
+    install_plugin(&plugins.path().join("posterize"), EXAMPLE_MANIFEST, wasm);
+    let registry = Arc::new(NodeRegistry::load_all(&env.runtime, &[plugins.path().to_path_buf()]).await.expect("a 0.1.0 component loads"));
+    let (plugin, _) = registry.get("ExamplePosterize").expect("its node is registered");
+    assert!(plugin.meta.is_empty(), "no node-meta export, no extras");
+    let executor = Executor::new(env.runtime.clone(), registry, 16 << 20, 2);
+    let out = tempfile::tempdir().unwrap();
+    let ran = run_with(
+        &executor,
+        json!({
+            "1": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 2, "batch_size": 1, "color": 0x4080c0}},
+            "2": {"class_type": "ExamplePosterize", "inputs": {"image": ["1", 0], "levels": 2}},
+            "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "p"}}
+        }),
+        RunOpts::new(out.path()),
+    )
+    .await;
+    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
+    let (_, _, _, px, _) = read_png(&out.path().join("p_00001_.png"));
+    assert_eq!(&px[..3], &[0, 255, 255]);
+}
+
 #[tokio::test]
 async fn refuses_duplicate_classes_missing_components_and_ungranted_capabilities() {
     let env = env().await;

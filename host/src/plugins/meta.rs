@@ -53,3 +53,54 @@ pub fn check(metas: &[ClassMeta], defs: &[NodeDef]) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugins::node::{ComboSource, ComboSpec, InputSpec};
+
+    fn combo(name: &str, choices: &[&str]) -> InputSpec {
+        let choices = choices.iter().map(|c| c.to_string()).collect();
+        InputSpec { name: name.into(), kind: InputKind::Combo(ComboSpec { choices, default: None, source: ComboSource::Fixed }), tooltip: None }
+    }
+
+    fn def() -> NodeDef {
+        NodeDef {
+            class_type: "P".into(),
+            display_name: None,
+            description: String::new(),
+            category: "c".into(),
+            required: vec![combo("mode", &["flexible"]), combo("mode.optimized_for", &["a", "b"]), InputSpec { name: "x".into(), kind: InputKind::Link("IMAGE".into()), tooltip: None }],
+            optional: vec![],
+            hidden: vec![],
+            outputs: vec![],
+            output_node: false,
+            deprecated: false,
+            experimental: false,
+            search_aliases: vec![],
+        }
+    }
+
+    fn meta(class: &str, input: &str, key: &str, inputs: &[&str]) -> ClassMeta {
+        let options = vec![DynamicOption { key: key.into(), inputs: inputs.iter().map(|i| i.to_string()).collect() }];
+        ClassMeta { class_type: class.into(), api_node: true, dynamic_combos: vec![DynamicCombo { input: input.into(), options }] }
+    }
+
+    #[test]
+    fn meta_must_match_the_definitions() {
+        let defs = [def()];
+        assert!(check(&[meta("P", "mode", "flexible", &["mode.optimized_for"])], &defs).is_ok());
+        assert!(check(&[], &defs).is_ok());
+        for (bad, says) in [
+            (vec![meta("Q", "mode", "flexible", &[])], "does not define"),
+            (vec![meta("P", "mode", "flexible", &[]), meta("P", "mode", "flexible", &[])], "twice"),
+            (vec![meta("P", "x", "flexible", &[])], "not a combo input"),
+            (vec![meta("P", "mode", "creative", &[])], "not its choices"),
+            (vec![meta("P", "mode", "flexible", &["x"])], "not a declared input"),
+            (vec![meta("P", "mode", "flexible", &["mode.missing"])], "not a declared input"),
+        ] {
+            let err = check(&bad, &defs).unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
+    }
+}

@@ -41,8 +41,8 @@ pub fn flexible_body(body: &[u8]) -> Result<Value, String> {
 fn image(value: Option<&Value>) -> Result<String, String> {
     let Some(value) = value.filter(|v| !v.is_null()) else { return Err("`image` is required.".into()) };
     let Value::String(image) = value else { return Err("`image` must be a string: base64 data or an https:// URL.".into()) };
-    if image.starts_with("https://") {
-        return match url_host(&image["https://".len()..]) {
+    if let Some(rest) = image.strip_prefix("https://") {
+        return match url_host(rest) {
             true => Ok(image.clone()),
             false => Err("`image` is not a valid https:// URL.".into()),
         };
