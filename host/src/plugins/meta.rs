@@ -70,7 +70,11 @@ mod tests {
             display_name: None,
             description: String::new(),
             category: "c".into(),
-            required: vec![combo("mode", &["flexible"]), combo("mode.optimized_for", &["a", "b"]), InputSpec { name: "x".into(), kind: InputKind::Link("IMAGE".into()), tooltip: None }],
+            required: vec![
+                combo("mode", &["flexible"]),
+                combo("mode.optimized_for", &["a", "b"]),
+                InputSpec { name: "x".into(), kind: InputKind::Link("IMAGE".into()), tooltip: None },
+            ],
             optional: vec![],
             hidden: vec![],
             outputs: vec![],

@@ -261,7 +261,8 @@ impl PluginRuntime {
             .map_err(|capability| LoadError::NetworkNotGranted { plugin: plugin.clone(), capability, hash_grant: hash_grant(&component_hash) })?;
         let wants_http = !caps.outbound_hosts.is_empty() || !caps.routes.is_empty();
         for (name, _) in component.component_type().imports(&self.engine) {
-            if !ALLOWED_IMPORTS.iter().any(|p| name.starts_with(p)) && !(wants_http && name.starts_with(HTTP_IMPORTS)) {
+            let allowed = ALLOWED_IMPORTS.iter().any(|p| name.starts_with(p)) || (wants_http && name.starts_with(HTTP_IMPORTS));
+            if !allowed {
                 return Err(LoadError::ForbiddenImport { plugin, import: name.to_string() });
             }
         }
