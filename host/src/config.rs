@@ -593,6 +593,27 @@ mod tests {
     }
 
     #[test]
+    fn plugin_network_grants_name_plugins_by_directory_or_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[[plugin_network]]\nplugin = \"{}\"\noutbound_hosts = [\"api.example.com\", \"10.0.0.7:8080\"]\nroutes = true\nenv = {{ K = \"v\" }}\n",
+            dir.path().display()
+        );
+        let config: Config = toml::from_str(&text).unwrap();
+        let grants = config.runtime().unwrap().net_grants;
+        let grant = grants.iter().find(|g| matches!(g.plugin, PluginGrant::Dir(_))).unwrap();
+        assert_eq!(grant.outbound_hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>(), ["api.example.com", "10.0.0.7:8080"]);
+        assert!(grant.routes);
+        assert_eq!(grant.env, [("K".to_string(), "v".to_string())]);
+        let by_name: Config = toml::from_str("[[plugin_network]]\nplugin = \"myplugin\"\n").unwrap();
+        assert!(by_name.runtime().is_err(), "a bare name is refused");
+        let bad_host: Config =
+            toml::from_str(&format!("[[plugin_network]]\nplugin = \"{}\"\noutbound_hosts = [\"http://x\"]\n", dir.path().display())).unwrap();
+        assert!(bad_host.runtime().unwrap_err().to_string().contains("plugin_network.outbound_hosts"));
+        assert!(toml::from_str::<Config>("[[plugin_network]]\nplugin = \"/x\"\nsurprise = 1\n").is_err());
+    }
+
+    #[test]
     fn rejects_unknown_fields_and_bad_env() {
         assert!(toml::from_str::<Config>("surprise = 1").is_err());
         let mut table = toml::Table::new();
