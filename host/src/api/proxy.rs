@@ -16,6 +16,10 @@ use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 
+/// Response headers about the connection or the framing, which a plugin
+/// does not set (the server frames the collected body itself).
+const HOP_BY_HOP: &[&str] = &["connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade", "proxy-connection"];
+
 /// `{error, message}` with `status`.
 fn proxy_error(status: StatusCode, error: &str, message: &str) -> Response {
     (status, axum::Json(serde_json::json!({ "error": error, "message": message }))).into_response()
@@ -50,7 +54,11 @@ pub async fn serve(State(state): State<Arc<AppState>>, request: Request) -> Resp
     let _stop = cancel.clone().drop_guard();
     match state.service.plugin_runtime().serve_route(&plugin, forwarded, &cancel).await {
         Ok(response) => {
-            let (parts, body) = response.into_parts();
+            let (mut parts, body) = response.into_parts();
+            // The body is whole: framing is the server's, not the plugin's.
+            for name in HOP_BY_HOP {
+                parts.headers.remove(*name);
+            }
             Response::from_parts(parts, Body::from(body))
         }
         Err(e) if e.is_timeout() => {

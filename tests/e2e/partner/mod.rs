@@ -416,3 +416,24 @@ async fn object_info_shows_an_api_node_with_a_dynamic_mode_combo() {
     let empty: Value = s.http.get(format!("{}/object_info/EmptyImage", s.server.url())).send().await.unwrap().json().await.unwrap();
     assert_eq!(empty["EmptyImage"]["api_node"], false);
 }
+
+#[tokio::test]
+async fn a_route_call_past_its_deadline_is_stopped_with_504() {
+    let p = partner().await;
+    let data = tempfile::tempdir().unwrap();
+    // A runtime of its own: the route deadline is a runtime setting.
+    let config = Config { route_timeout_ms: 300, outbound_first_byte_timeout_ms: 10_000, ..partner_config(&p.fake, data.path()) };
+    let runtime = Arc::new(PluginRuntime::new(config.runtime().unwrap()).unwrap());
+    let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.unwrap());
+    let options = ServiceOptions::from_config(&config);
+    let server = Server::start_with(config, options, runtime, registry).await.unwrap();
+    let base = format!("{}/api/v2", server.url());
+    let s = TestServer { server, base, http: reqwest::Client::new(), data };
+    let started = Instant::now();
+    // The provider answers after 3 s; the call is stopped at 0.3 s.
+    let (status, answer) = create(&s, Auth::Bearer(TOKEN), &json!({ "image": fake::SLOW })).await;
+    assert_eq!(status, 504, "{answer}");
+    assert_eq!(answer["error"], "timeout", "the host's deadline, not the plugin's own mapping: {answer}");
+    assert_error_shape(&answer);
+    assert!(started.elapsed() < Duration::from_secs(3), "stopped before the provider answered");
+}
