@@ -29,7 +29,9 @@
 //! What a node can reach is only what the host imports provide: host-owned
 //! tensors ([`Tensor`]), progress and previews, uploaded input files and saved
 //! output files ([`host`]), and native pixel kernels over tensors ([`kernels`]).
-//! No filesystem, network or environment. A plugin that calls a partner
+//! No filesystem; HTTP (`wasi:http`, e.g. through the `wasip2` crate) and an
+//! environment only as the operator grants them to the plugin (its
+//! manifest's `outbound_hosts` and `routes`, see the README). A plugin that calls a partner
 //! service can read the job's partner key with [`host::secret`], once its
 //! manifest asks for it (`[capabilities] secrets = ["api_key_svc_org"]`)
 //! and the operator lists the plugin (its directory or component hash) in
