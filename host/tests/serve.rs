@@ -401,7 +401,9 @@ fn the_official_frontend_runs_a_workflow_in_a_real_browser() {
 #[tokio::test]
 async fn the_partner_proxy_is_configured_from_the_environment() {
     use axum::http::HeaderMap;
-    let seen: std::sync::Arc<std::sync::Mutex<Vec<(Option<String>, Value)>>> = Default::default();
+    /// What the provider received: its key header and the body.
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<(Option<String>, Value)>>>;
+    let seen: Seen = Default::default();
     let record = seen.clone();
     let provider = axum::Router::new().route(
         "/v1/ai/skin-enhancer/flexible",
