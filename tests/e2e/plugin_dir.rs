@@ -2,7 +2,8 @@
 //! plugin directory and runs like any bundled node; bad plugin directories
 //! are refused with clear errors; grants bind to a plugin's directory or
 //! component hash, never to the name it claims; a manifest's
-//! nondeterministic classes see the real clock and are never cached.
+//! nondeterministic classes see the real clock and are never cached; network
+//! grants meet manifests; a component built against contract 0.1.0 loads.
 
 use std::sync::Arc;
 
@@ -328,4 +329,38 @@ async fn components_over_the_pools_per_component_limits_are_refused_at_load() {
     // Within the limits, the same shape loads as far as its (missing) exports.
     let err = env.runtime.load(PluginId::Dir("/plugins/greedy".into()), manifest(), &component_of_instances(2, 1, 1)).await.err().unwrap();
     assert!(!err.to_string().contains("maximum of"), "{err}");
+}
+
+/// Network grants bind to a plugin's directory: the hosts it may reach are
+/// its manifest's list intersected with the grant, and a plugin granted
+/// routes must export `wasi:http/incoming-handler`.
+#[tokio::test]
+async fn network_grants_intersect_manifests_and_routes_need_a_handler() {
+    let plugins = tempfile::tempdir().unwrap();
+    let dir = plugins.path().join("net");
+    let manifest = format!("{EXAMPLE_MANIFEST}\n[capabilities]\noutbound_hosts = [\"api.example.com\", \"other.example.com:8443\"]\n");
+    install_plugin(&dir, &manifest, EXAMPLE_WASM);
+    let grant = |routes: bool| kiln::config::PluginNetwork {
+        plugin: dir.display().to_string(),
+        outbound_hosts: vec!["api.example.com".into(), "cdn.example.com".into()],
+        routes,
+        env: [("NET_KEY".to_string(), "v".to_string())].into(),
+    };
+    let config = kiln::config::Config { plugin_network: vec![grant(false)], ..test_config() };
+    let runtime = PluginRuntime::new(config.runtime().unwrap()).unwrap();
+    let registry = NodeRegistry::load_all(&runtime, &[plugins.path().to_path_buf()]).await.expect("a granted plugin loads");
+    let (plugin, _) = registry.get("ExamplePosterize").unwrap();
+    let allowed: Vec<String> = plugin.net.allowed.iter().map(|h| h.to_string()).collect();
+    assert_eq!(allowed, ["api.example.com"], "only what both the manifest and the grant name");
+    assert_eq!(&plugin.net.env[..], &[("NET_KEY".to_string(), "v".to_string())]);
+    assert!(plugin.net.routes.is_empty());
+
+    std::fs::write(dir.join("kiln-plugin.toml"), format!("{manifest}routes = [\"/proxy/net/\"]\n")).unwrap();
+    let config = kiln::config::Config { plugin_network: vec![grant(true)], ..test_config() };
+    let runtime = PluginRuntime::new(config.runtime().unwrap()).unwrap();
+    match NodeRegistry::load_all(&runtime, &[plugins.path().to_path_buf()]).await {
+        Err(RegistryError::Load(LoadError::NoHttpHandler { plugin, .. })) => assert!(plugin.contains("example-posterize"), "{plugin}"),
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("routes without an incoming handler must be refused"),
+    }
 }
