@@ -55,7 +55,8 @@ pub fn create(settings: &Settings, base: &str, body: &[u8]) -> Answer {
     };
     let body = forward.to_string();
     let url = format!("{base}/v1/ai/skin-enhancer/flexible");
-    task_answer(provider::send(Method::Post, &url, &provider_headers(settings, true), Some(body.as_bytes()), MAX_PROVIDER_ANSWER), false)
+    let reply = provider::send(Method::Post, &url, &provider_headers(settings, true), Some(body.as_bytes()), MAX_PROVIDER_ANSWER);
+    redacted(task_answer(reply, false), settings)
 }
 
 /// The status and results of task `task_id`.
@@ -65,7 +66,18 @@ pub fn status(settings: &Settings, base: &str, task_id: &str) -> Answer {
         return Answer::error(404, "not_found", "Task not found.");
     }
     let url = format!("{base}/v1/ai/skin-enhancer/{task_id}");
-    task_answer(provider::send(Method::Get, &url, &provider_headers(settings, false), None, MAX_PROVIDER_ANSWER), true)
+    let reply = provider::send(Method::Get, &url, &provider_headers(settings, false), None, MAX_PROVIDER_ANSWER);
+    redacted(task_answer(reply, true), settings)
+}
+
+/// `answer` without the provider key in its message (providers may echo it).
+fn redacted(mut answer: Answer, settings: &Settings) -> Answer {
+    if let (Some(key), Some(Value::String(message))) = (settings.api_key.as_deref().filter(|k| !k.is_empty()), answer.body.get_mut("message"))
+        && message.contains(key)
+    {
+        *message = message.replace(key, "[redacted]");
+    }
+    answer
 }
 
 fn provider_headers(settings: &Settings, json_body: bool) -> Vec<(&'static str, &str)> {
@@ -160,6 +172,13 @@ mod tests {
         assert!(!failed.message().contains("10.0.0.3"), "no internal detail");
         assert_eq!(task_answer(Err(ProviderError::Timeout), false).status, 504);
         assert_eq!(task_answer(Err(ProviderError::Unreachable("x".into())), false).status, 502);
+    }
+
+    #[test]
+    fn the_provider_key_never_appears_in_a_message() {
+        let settings = Settings { base_url: None, api_key: Some("pk-123".into()), tokens: vec![] };
+        let answer = redacted(task_answer(reply(401, r#"{"message":"Invalid API key pk-123"}"#), false), &settings);
+        assert_eq!((answer.status, answer.message()), (401, "Invalid API key [redacted]"));
     }
 
     #[test]
