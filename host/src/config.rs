@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::plugins::compile::CompileConfig;
 use crate::plugins::identity::PluginGrant;
+use crate::plugins::network::{HostPattern, NetGrant, OutboundLimits};
 use crate::plugins::{OperatorLimits, RuntimeConfig};
 
 /// kiln's settings.
@@ -210,6 +211,59 @@ pub struct Config {
     /// The tail of a job's stdout + stderr kept as its `logs`, KiB.
     /// Default 1024.
     pub job_log_kb: u64,
+
+    // Issue 16: plugin network capabilities and the bundled partner proxy.
+    /// The partner provider's base URL (`KILN_PARTNER_BASE_URL`), e.g.
+    /// `https://api.freepik.com` or `http://127.0.0.1:9999`. The bundled
+    /// partner plugin may reach this host and port only (an IP literal
+    /// names an internal address explicitly; a name must resolve to public
+    /// addresses). Default: none — its routes answer 503.
+    pub partner_base_url: Option<String>,
+    /// The provider key (`KILN_PARTNER_API_KEY`), sent as
+    /// `x-freepik-api-key`; only the partner plugin sees it. Default: none.
+    pub partner_api_key: Option<String>,
+    /// Tokens the partner routes (and the partner node, as a job's
+    /// `api_key_svc_org`) accept (`KILN_PARTNER_TOKENS`, comma-separated).
+    /// Default: none (every request is 401).
+    pub partner_tokens: Vec<String>,
+    /// Further hosts (`host` or `host:port`) the partner node may download
+    /// results from, e.g. the provider's CDN (`KILN_PARTNER_DOWNLOAD_HOSTS`,
+    /// comma-separated). Default: none.
+    pub partner_download_hosts: Vec<String>,
+    /// Network grants to other plugins (config file only): each names a
+    /// plugin by directory or `blake3:` component hash, with the hosts it
+    /// may reach (intersected with its manifest's `outbound_hosts`),
+    /// whether its manifest's routes are mounted, and its configuration
+    /// (handed to it, and only to it, as its WASI environment).
+    pub plugin_network: Vec<PluginNetwork>,
+    /// Connect timeout of a plugin's outbound request (name resolution, TCP,
+    /// TLS), ms; a plugin may ask for less. Default 10000.
+    pub outbound_connect_timeout_ms: u64,
+    /// Most time from an outbound request sent to its response's first
+    /// byte, and between two chunks of its body, ms. Default 60000.
+    pub outbound_first_byte_timeout_ms: u64,
+    /// Largest response body a plugin may receive, MiB. Default 64.
+    pub outbound_max_response_mb: u64,
+    /// Largest request body a plugin route accepts (413 beyond), MiB, and
+    /// largest response it may give. Default 64 (a base64 image).
+    pub route_max_body_mb: u64,
+    /// Most time one route call may take, ms (the plugin's own time limit
+    /// if lower); 504 beyond. Default 120000.
+    pub route_timeout_ms: u64,
+}
+
+/// One `[[plugin_network]]` grant (see [`Config::plugin_network`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginNetwork {
+    /// The plugin: its directory or `blake3:<hex>` (as `secret_plugins`).
+    pub plugin: String,
+    /// `host` or `host:port` entries.
+    pub outbound_hosts: Vec<String>,
+    /// Mount the routes its manifest declares.
+    pub routes: bool,
+    /// Its configuration.
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// One tier's limits (`[tiers.NAME]`).
@@ -295,6 +349,16 @@ impl Default for Config {
             tiers: Default::default(),
             default_tier: None,
             job_log_kb: 1024,
+            partner_base_url: None,
+            partner_api_key: None,
+            partner_tokens: Vec::new(),
+            partner_download_hosts: Vec::new(),
+            plugin_network: Vec::new(),
+            outbound_connect_timeout_ms: 10_000,
+            outbound_first_byte_timeout_ms: 60_000,
+            outbound_max_response_mb: 64,
+            route_max_body_mb: 64,
+            route_timeout_ms: 120_000,
         }
     }
 }
@@ -310,6 +374,8 @@ pub enum ConfigError {
     Env { var: String, value: String },
     #[error("invalid secret_plugins entry: {0}")]
     SecretPlugins(#[from] crate::plugins::identity::GrantError),
+    #[error("invalid {field}: {reason}")]
+    Network { field: &'static str, reason: String },
 }
 
 impl Config {
@@ -398,14 +464,74 @@ impl Config {
             decommit_batch: self.decommit_batch,
             keep_resident_bytes: usize::try_from(self.node_keep_resident_kb.saturating_mul(1024)).unwrap_or(usize::MAX),
             perf_map: self.guest_perf_map,
-            secret_plugins: PluginGrant::parse_all(&self.secret_plugins)?,
+            // The bundled partner plugin reads the partner key (issue 16).
+            secret_plugins: PluginGrant::parse_all(&self.secret_plugins)?.into_iter().chain([PluginGrant::Bundled("partner".into())]).collect(),
             compile: CompileConfig {
                 exe: self.compiler_exe.clone(),
                 timeout: Duration::from_secs(self.compile_timeout_s.max(1)),
                 memory_bytes: mb(self.compile_memory_mb.max(1)),
             },
+            net_grants: self.net_grants()?,
+            outbound: OutboundLimits {
+                connect_timeout: Duration::from_millis(self.outbound_connect_timeout_ms.max(1)),
+                first_byte_timeout: Duration::from_millis(self.outbound_first_byte_timeout_ms.max(1)),
+                max_response_bytes: mb(self.outbound_max_response_mb),
+            },
+            route_response_bytes: usize::try_from(mb(self.route_max_body_mb)).unwrap_or(usize::MAX),
+            route_timeout: Duration::from_millis(self.route_timeout_ms.max(1)),
         })
     }
+
+    /// Largest request body a plugin route accepts, bytes.
+    pub fn route_body_bytes(&self) -> usize {
+        usize::try_from(self.route_max_body_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
+
+    /// The operator's network grants: `plugin_network`, and the bundled
+    /// partner plugin's (its provider's host and port, the download hosts,
+    /// its routes, and the partner settings as its configuration).
+    fn net_grants(&self) -> Result<Vec<NetGrant>, ConfigError> {
+        let hosts = |field: &'static str, list: &[String]| {
+            list.iter().map(|h| HostPattern::parse(h).map_err(|reason| ConfigError::Network { field, reason })).collect::<Result<Vec<_>, _>>()
+        };
+        let mut grants = Vec::new();
+        for entry in &self.plugin_network {
+            grants.push(NetGrant {
+                plugin: PluginGrant::parse(&entry.plugin)?,
+                outbound_hosts: hosts("plugin_network.outbound_hosts", &entry.outbound_hosts)?,
+                routes: entry.routes,
+                env: entry.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            });
+        }
+        let mut partner_hosts = hosts("partner_download_hosts", &self.partner_download_hosts)?;
+        let mut env = vec![("KILN_PARTNER_TOKENS".to_string(), self.partner_tokens.join(","))];
+        if let Some(url) = self.partner_base_url.as_deref().map(str::trim).filter(|u| !u.is_empty()) {
+            partner_hosts.push(base_url_host(url)?);
+            env.push(("KILN_PARTNER_BASE_URL".into(), url.trim_end_matches('/').to_string()));
+        }
+        if let Some(key) = &self.partner_api_key {
+            env.push(("KILN_PARTNER_API_KEY".into(), key.clone()));
+        }
+        grants.push(NetGrant { plugin: PluginGrant::Bundled("partner".into()), outbound_hosts: partner_hosts, routes: true, env });
+        Ok(grants)
+    }
+}
+
+/// The `host:port` of a provider base URL (`http(s)://host[:port][/path]`).
+fn base_url_host(url: &str) -> Result<HostPattern, ConfigError> {
+    let bad = |reason: &str| ConfigError::Network { field: "partner_base_url", reason: format!("{url:?} {reason}") };
+    let uri: http::Uri = url.parse().map_err(|_| bad("is not a URL"))?;
+    let port = match uri.scheme_str() {
+        Some("http") => uri.port_u16().unwrap_or(80),
+        Some("https") => uri.port_u16().unwrap_or(443),
+        _ => return Err(bad("must start with http:// or https://")),
+    };
+    if uri.query().is_some() {
+        return Err(bad("must not have a query"));
+    }
+    let host = uri.host().ok_or_else(|| bad("has no host"))?;
+    let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
+    HostPattern::parse(&format!("{host}:{port}")).map_err(|reason| ConfigError::Network { field: "partner_base_url", reason })
 }
 
 /// Overlays `KILN_<FIELD>` variables on `table` (lists are `:`-separated).
@@ -461,6 +587,15 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "credits_min_per_job",
         "default_tier",
         "job_log_kb",
+        "partner_base_url",
+        "partner_api_key",
+        "partner_tokens",
+        "partner_download_hosts",
+        "outbound_connect_timeout_ms",
+        "outbound_first_byte_timeout_ms",
+        "outbound_max_response_mb",
+        "route_max_body_mb",
+        "route_timeout_ms",
     ];
     for (var, value) in vars {
         let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };
@@ -469,6 +604,10 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         }
         let parsed = match field.as_str() {
             "plugin_dirs" | "secret_plugins" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
+            "partner_tokens" | "partner_download_hosts" => {
+                toml::Value::Array(value.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect())
+            }
+            "partner_base_url" | "partner_api_key" => toml::Value::String(value),
             "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" => {
                 toml::Value::String(value)
             }
@@ -526,12 +665,61 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hash = format!("blake3:{}", blake3::hash(b"wasm").to_hex());
         let config = Config { secret_plugins: vec![dir.path().display().to_string(), hash], ..Config::default() };
-        assert_eq!(config.runtime().unwrap().secret_plugins.len(), 2);
+        assert_eq!(config.runtime().unwrap().secret_plugins.len(), 3, "the two, and the bundled partner plugin");
         let old_style = Config { secret_plugins: vec!["partner".into()], ..Config::default() };
         let err = old_style.runtime().unwrap_err().to_string();
         assert!(err.contains("secret_plugins") && err.contains("`partner` looks like a plugin name") && err.contains("blake3:"), "{err}");
         // Not settable from a file: only the binary names itself.
         assert!(toml::from_str::<Config>("compiler_exe = '/bin/sh'").is_err());
+    }
+
+    #[test]
+    fn partner_settings_become_the_partner_plugins_grant() {
+        let mut table = toml::Table::new();
+        let vars = [
+            ("KILN_PARTNER_BASE_URL", "http://127.0.0.1:9999/"),
+            ("KILN_PARTNER_API_KEY", "pk"),
+            ("KILN_PARTNER_TOKENS", "t1, t2"),
+            ("KILN_PARTNER_DOWNLOAD_HOSTS", "cdn.example.com,10.0.0.5:8080"),
+        ];
+        apply_env(&mut table, vars.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
+        let config = Config::deserialize(toml::Value::Table(table)).unwrap();
+        assert_eq!(config.partner_tokens, ["t1", "t2"]);
+        let grants = config.runtime().unwrap().net_grants;
+        let partner = grants.iter().find(|g| g.plugin == PluginGrant::Bundled("partner".into())).unwrap();
+        let hosts: Vec<String> = partner.outbound_hosts.iter().map(|h| h.to_string()).collect();
+        assert_eq!(hosts, ["cdn.example.com", "10.0.0.5:8080", "127.0.0.1:9999"]);
+        assert!(partner.routes);
+        assert!(partner.env.contains(&("KILN_PARTNER_BASE_URL".into(), "http://127.0.0.1:9999".into())));
+        assert!(partner.env.contains(&("KILN_PARTNER_API_KEY".into(), "pk".into())));
+        assert_eq!(base_url_host("https://api.freepik.com").unwrap().to_string(), "api.freepik.com:443");
+        for bad in ["ftp://x", "x.com", "http://x.com/?a=1"] {
+            assert!(base_url_host(bad).is_err(), "{bad}");
+        }
+        let unset = Config::default().runtime().unwrap().net_grants;
+        let partner = unset.iter().find(|g| g.plugin == PluginGrant::Bundled("partner".into())).unwrap();
+        assert!(partner.outbound_hosts.is_empty(), "no base URL: no host");
+    }
+
+    #[test]
+    fn plugin_network_grants_name_plugins_by_directory_or_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[[plugin_network]]\nplugin = \"{}\"\noutbound_hosts = [\"api.example.com\", \"10.0.0.7:8080\"]\nroutes = true\nenv = {{ K = \"v\" }}\n",
+            dir.path().display()
+        );
+        let config: Config = toml::from_str(&text).unwrap();
+        let grants = config.runtime().unwrap().net_grants;
+        let grant = grants.iter().find(|g| matches!(g.plugin, PluginGrant::Dir(_))).unwrap();
+        assert_eq!(grant.outbound_hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>(), ["api.example.com", "10.0.0.7:8080"]);
+        assert!(grant.routes);
+        assert_eq!(grant.env, [("K".to_string(), "v".to_string())]);
+        let by_name: Config = toml::from_str("[[plugin_network]]\nplugin = \"myplugin\"\n").unwrap();
+        assert!(by_name.runtime().is_err(), "a bare name is refused");
+        let bad_host: Config =
+            toml::from_str(&format!("[[plugin_network]]\nplugin = \"{}\"\noutbound_hosts = [\"http://x\"]\n", dir.path().display())).unwrap();
+        assert!(bad_host.runtime().unwrap_err().to_string().contains("plugin_network.outbound_hosts"));
+        assert!(toml::from_str::<Config>("[[plugin_network]]\nplugin = \"/x\"\nsurprise = 1\n").is_err());
     }
 
     #[test]

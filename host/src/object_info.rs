@@ -4,16 +4,26 @@ use serde_json::{Map, Value as Json, json};
 
 use crate::files::InputFiles;
 use crate::plugins::NodeDef;
+use crate::plugins::meta::ClassMeta;
 use crate::plugins::node::{ComboSource, InputKind, InputSpec};
 use crate::plugins::registry::hidden_name;
 
-/// The `object_info` entry of `def`. Image-upload combos list `files`' images.
-pub fn node_info(def: &NodeDef, files: &dyn InputFiles) -> Json {
+/// The `object_info` entry of `def`, with what its plugin's `node-meta`
+/// says (`meta`: the API-node flag, dynamic combos, whose choices' inputs
+/// show under the combo instead of beside it). Image-upload combos list
+/// `files`' images.
+pub fn node_info(def: &NodeDef, meta: Option<&ClassMeta>, files: &dyn InputFiles) -> Json {
+    let combos = meta.map_or(&[][..], |m| &m.dynamic_combos[..]);
+    let nested = |name: &str| combos.iter().any(|c| c.options.iter().any(|o| o.inputs.iter().any(|i| i == name)));
+    let spec = |input: &InputSpec| match combos.iter().find(|c| c.input == input.name) {
+        Some(combo) => dynamic_combo_spec(def, combo, files),
+        None => input_spec(input, files),
+    };
     let section = |inputs: &[InputSpec]| -> (Map<String, Json>, Vec<Json>) {
         let mut map = Map::new();
         let mut order = Vec::new();
-        for input in inputs {
-            map.insert(input.name.clone(), input_spec(input, files));
+        for input in inputs.iter().filter(|i| !nested(&i.name)) {
+            map.insert(input.name.clone(), spec(input));
             order.push(Json::String(input.name.clone()));
         }
         (map, order)
@@ -57,9 +67,29 @@ pub fn node_info(def: &NodeDef, files: &dyn InputFiles) -> Json {
         "output_node": def.output_node,
         "deprecated": def.deprecated,
         "experimental": def.experimental,
-        "api_node": false,
+        "api_node": meta.is_some_and(|m| m.api_node),
         "search_aliases": def.search_aliases,
     })
+}
+
+/// `["COMFY_DYNAMICCOMBO_V3", {"options": [{"key", "inputs": {"required":
+/// {name: spec}}}]}]`, each option's inputs named without the combo's prefix.
+fn dynamic_combo_spec(def: &NodeDef, combo: &crate::plugins::meta::DynamicCombo, files: &dyn InputFiles) -> Json {
+    let prefix = format!("{}.", combo.input);
+    let options: Vec<Json> = combo
+        .options
+        .iter()
+        .map(|option| {
+            let mut required = Map::new();
+            for name in &option.inputs {
+                if let Some(input) = def.required.iter().chain(&def.optional).find(|i| &i.name == name) {
+                    required.insert(name.strip_prefix(&prefix).unwrap_or(name).to_string(), input_spec(input, files));
+                }
+            }
+            json!({ "key": option.key, "inputs": { "required": required } })
+        })
+        .collect();
+    json!(["COMFY_DYNAMICCOMBO_V3", { "options": options }])
 }
 
 /// The spec of input `name` of `def` as `object_info` shows it (ComfyUI's

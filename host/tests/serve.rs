@@ -511,3 +511,52 @@ async fn the_deployments_cli_creates_stops_and_starts_a_deployment_that_survives
     }
     panic!("the restarted deployment never served");
 }
+
+/// The partner proxy configured the way an operator does it, through the
+/// environment of the real binary: the route accepts the configured tokens
+/// only, and the provider (a small loopback server here) sees the provider
+/// key and the validated body; without a provider URL the route answers 503.
+#[tokio::test]
+async fn the_partner_proxy_is_configured_from_the_environment() {
+    use axum::http::HeaderMap;
+    /// What the provider received: its key header and the body.
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<(Option<String>, Value)>>>;
+    let seen: Seen = Default::default();
+    let record = seen.clone();
+    let provider = axum::Router::new().route(
+        "/v1/ai/skin-enhancer/flexible",
+        axum::routing::post(move |headers: HeaderMap, axum::Json(body): axum::Json<Value>| {
+            let record = record.clone();
+            async move {
+                record.lock().unwrap().push((headers.get("x-freepik-api-key").and_then(|v| v.to_str().ok()).map(String::from), body));
+                axum::Json(json!({ "data": { "task_id": "t-1", "status": "CREATED", "generated": [] } }))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, provider).await.unwrap() });
+
+    let data = tempfile::tempdir().unwrap();
+    let base_url = format!("http://127.0.0.1:{port}");
+    let env = [("KILN_PARTNER_BASE_URL", base_url.as_str()), ("KILN_PARTNER_API_KEY", "pk-env"), ("KILN_PARTNER_TOKENS", "tok-a, tok-b")];
+    let kiln = spawn(data.path(), &env, &[]);
+    let http = reqwest::Client::new();
+    let route = format!("{}/proxy/partner/v1/ai/skin-enhancer/flexible", kiln.base);
+    let body = json!({ "image": "aGVsbG8=" });
+    let refused = http.post(&route).bearer_auth("tok-c").json(&body).send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    let created = http.post(&route).header("X-API-KEY", "tok-b").json(&body).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    assert_eq!(created.json::<Value>().await.unwrap(), json!({ "data": { "task_id": "t-1", "status": "CREATED", "generated": [] } }));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "the refused request never reached the provider");
+    assert_eq!(seen[0].0.as_deref(), Some("pk-env"));
+    assert_eq!(seen[0].1, json!({ "image": "aGVsbG8=", "optimized_for": "enhance_skin", "sharpen": 0, "smart_grain": 2 }));
+
+    // Without a provider URL the same binary answers 503.
+    let unconfigured_data = tempfile::tempdir().unwrap();
+    let unconfigured = spawn(unconfigured_data.path(), &[("KILN_PARTNER_TOKENS", "tok-a")], &[]);
+    let resp = http.post(format!("{}/proxy/partner/v1/ai/skin-enhancer/flexible", unconfigured.base)).bearer_auth("tok-a").json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 503);
+}

@@ -1,6 +1,7 @@
 //! Node definitions: the builder behind a node's `object_info` entry.
 
 use crate::bindings::exports::kiln::plugin::node as wit;
+use crate::bindings::exports::kiln::plugin::node_meta as meta;
 
 /// A hidden input the host fills in (see [`NodeDef::hidden`]).
 pub type Hidden = wit::HiddenInput;
@@ -177,6 +178,7 @@ impl From<bool> for DefaultValue {
 #[derive(Clone, Debug)]
 pub struct NodeDef {
     pub(crate) def: wit::NodeDef,
+    pub(crate) meta: meta::ClassMeta,
 }
 
 impl NodeDef {
@@ -197,6 +199,7 @@ impl NodeDef {
                 experimental: false,
                 search_aliases: Vec::new(),
             },
+            meta: meta::ClassMeta { class_type: String::new(), api_node: false, dynamic_combos: Vec::new() },
         }
     }
     /// The name the frontend shows (defaults to the class name).
@@ -255,6 +258,19 @@ impl NodeDef {
     /// Extra words the node library search matches.
     pub fn search_aliases(mut self, aliases: &[&str]) -> NodeDef {
         self.def.search_aliases = aliases.iter().map(|a| a.to_string()).collect();
+        self
+    }
+    /// Marks the node as a partner (API) node (`api_node` in `object_info`).
+    pub fn api_node(mut self) -> NodeDef {
+        self.meta.api_node = true;
+        self
+    }
+    /// Makes combo input `input` a dynamic combo: each `(key, inputs)`
+    /// choice shows `inputs`, declared like any other as `<input>.<name>`.
+    pub fn dynamic_combo(mut self, input: &str, options: &[(&str, &[&str])]) -> NodeDef {
+        let options =
+            options.iter().map(|(key, inputs)| meta::DynamicOption { key: key.to_string(), inputs: inputs.iter().map(|i| i.to_string()).collect() }).collect();
+        self.meta.dynamic_combos.push(meta::DynamicCombo { input: input.to_string(), options });
         self
     }
 }

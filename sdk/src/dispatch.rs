@@ -30,6 +30,19 @@ pub fn definitions(nodes: &[NodeClass]) -> Vec<wit::NodeDef> {
 }
 
 #[doc(hidden)]
+pub fn describe(nodes: &[NodeClass]) -> Vec<crate::bindings::exports::kiln::plugin::node_meta::ClassMeta> {
+    nodes
+        .iter()
+        .map(|n| {
+            let mut meta = (n.define)().meta;
+            meta.class_type = n.class_type.to_string();
+            meta
+        })
+        .filter(|m| m.api_node || !m.dynamic_combos.is_empty())
+        .collect()
+}
+
+#[doc(hidden)]
 pub fn execute(nodes: &[NodeClass], class_type: &str, inputs: Vec<wit::Input>) -> std::result::Result<Vec<wit::Value>, wit::NodeError> {
     let node = nodes
         .iter()

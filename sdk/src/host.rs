@@ -35,6 +35,12 @@ pub fn secret(name: &str) -> Option<String> {
     wit::secret(name)
 }
 
+/// Marks the node's coming failure as "insufficient funds" (a partner
+/// service answered 402): clients see `InsufficientFundsError`.
+pub fn insufficient_funds(message: &str) {
+    wit::insufficient_funds(message)
+}
+
 /// Stores a file; the host names it `<prefix>_<counter:05>_.<extension>`.
 pub fn save_file(kind: FileKind, prefix: &str, extension: &str, data: &[u8]) -> Result<SavedFile, String> {
     wit::save_file(kind, prefix, extension, data)

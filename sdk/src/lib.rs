@@ -29,7 +29,9 @@
 //! What a node can reach is only what the host imports provide: host-owned
 //! tensors ([`Tensor`]), progress and previews, uploaded input files and saved
 //! output files ([`host`]), and native pixel kernels over tensors ([`kernels`]).
-//! No filesystem, network or environment. A plugin that calls a partner
+//! No filesystem; HTTP (`wasi:http`, e.g. through the `wasip2` crate) and an
+//! environment only as the operator grants them to the plugin (its
+//! manifest's `outbound_hosts` and `routes`, see the README). A plugin that calls a partner
 //! service can read the job's partner key with [`host::secret`], once its
 //! manifest asks for it (`[capabilities] secrets = ["api_key_svc_org"]`)
 //! and the operator lists the plugin (its directory or component hash) in
@@ -59,7 +61,7 @@ pub mod bindings {
     #![allow(missing_docs)]
     wit_bindgen::generate!({
         path: "../wit",
-        world: "kiln:plugin/plugin",
+        world: "kiln:plugin/plugin-with-meta",
         pub_export_macro: true,
         export_macro_name: "__export_kiln_plugin",
         default_bindings_module: "kiln_sdk::bindings",
@@ -69,7 +71,7 @@ pub mod bindings {
 pub use def::{Hidden, Kind, NodeDef};
 pub use dispatch::NodeClass;
 #[doc(hidden)]
-pub use dispatch::{definitions, execute};
+pub use dispatch::{definitions, describe, execute};
 pub use image::{Image, Mask};
 pub use io::{Error, Inputs, Output, Outputs, Result, Tensor};
 
@@ -100,6 +102,11 @@ macro_rules! export_plugin {
                 $crate::bindings::exports::kiln::plugin::node::NodeError,
             > {
                 $crate::execute(__KILN_NODES, &class_type, inputs)
+            }
+        }
+        impl $crate::bindings::exports::kiln::plugin::node_meta::Guest for __KilnPlugin {
+            fn describe() -> ::std::vec::Vec<$crate::bindings::exports::kiln::plugin::node_meta::ClassMeta> {
+                $crate::describe(__KILN_NODES)
             }
         }
         // Component exports exist only in the WebAssembly build; natively the

@@ -16,5 +16,6 @@ mod files;
 mod hostile;
 mod object_info;
 mod parity;
+mod partner;
 mod plugin_dir;
 mod validation;

@@ -81,7 +81,7 @@ async fn core_nodes_match_the_reference_object_info() {
             mismatches.push(format!("{class}: not provided"));
             continue;
         };
-        let ours = normalize(&node_info(def, &files));
+        let ours = normalize(&node_info(def, registry.meta(class), &files));
         let theirs = normalize(&reference[class.as_str()]);
         if ours != theirs {
             mismatches.push(format!("{class}:\n  ours:   {ours}\n  theirs: {theirs}"));

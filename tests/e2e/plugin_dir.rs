@@ -2,7 +2,8 @@
 //! plugin directory and runs like any bundled node; bad plugin directories
 //! are refused with clear errors; grants bind to a plugin's directory or
 //! component hash, never to the name it claims; a manifest's
-//! nondeterministic classes see the real clock and are never cached.
+//! nondeterministic classes see the real clock and are never cached; network
+//! grants meet manifests; a component built against contract 0.1.0 loads.
 
 use std::sync::Arc;
 
@@ -45,6 +46,34 @@ async fn example_plugin_loads_from_a_directory_and_runs() {
     assert_eq!(&px[..3], &[0, 255, 255]);
 }
 
+/// A component built against `kiln:plugin@0.1.0` (no `node-meta` export)
+/// loads on the 0.1.2 host and runs.
+#[tokio::test]
+async fn a_component_built_against_contract_0_1_0_still_loads_and_runs() {
+    let wasm = include_bytes!("../fixtures/plugins/custom-node-kiln-plugin-0.1.0.wasm");
+    let env = env().await;
+    let plugins = tempfile::tempdir().unwrap();
+    install_plugin(&plugins.path().join("posterize"), EXAMPLE_MANIFEST, wasm);
+    let registry = Arc::new(NodeRegistry::load_all(&env.runtime, &[plugins.path().to_path_buf()]).await.expect("a 0.1.0 component loads"));
+    let (plugin, _) = registry.get("ExamplePosterize").expect("its node is registered");
+    assert!(plugin.meta.is_empty(), "no node-meta export, no extras");
+    let executor = Executor::new(env.runtime.clone(), registry, 16 << 20, 2);
+    let out = tempfile::tempdir().unwrap();
+    let ran = run_with(
+        &executor,
+        json!({
+            "1": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 2, "batch_size": 1, "color": 0x4080c0}},
+            "2": {"class_type": "ExamplePosterize", "inputs": {"image": ["1", 0], "levels": 2}},
+            "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "p"}}
+        }),
+        RunOpts::new(out.path()),
+    )
+    .await;
+    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
+    let (_, _, _, px, _) = read_png(&out.path().join("p_00001_.png"));
+    assert_eq!(&px[..3], &[0, 255, 255]);
+}
+
 #[tokio::test]
 async fn refuses_duplicate_classes_missing_components_and_ungranted_capabilities() {
     let env = env().await;
@@ -68,7 +97,11 @@ async fn refuses_duplicate_classes_missing_components_and_ungranted_capabilities
     let greedy = tempfile::tempdir().unwrap();
     install_plugin(greedy.path(), &format!("{EXAMPLE_MANIFEST}\n[capabilities]\noutbound_hosts = [\"evil.example\"]\n"), EXAMPLE_WASM);
     let err = NodeRegistry::load_all(&env.runtime, &[greedy.path().to_path_buf()]).await.err().expect("ungranted capability");
-    assert!(err.to_string().contains("outbound_hosts"), "{err}");
+    assert!(err.to_string().contains("outbound_hosts: evil.example") && err.to_string().contains("[[plugin_network]]"), "{err}");
+    let router = tempfile::tempdir().unwrap();
+    install_plugin(router.path(), &format!("{EXAMPLE_MANIFEST}\n[capabilities]\nroutes = [\"/proxy/example/\"]\n"), EXAMPLE_WASM);
+    let err = NodeRegistry::load_all(&env.runtime, &[router.path().to_path_buf()]).await.err().expect("ungranted routes");
+    assert!(err.to_string().contains("routes: /proxy/example/"), "{err}");
 
     let garbage = tempfile::tempdir().unwrap();
     install_plugin(garbage.path(), EXAMPLE_MANIFEST, b"\0asm not really a component");
@@ -296,4 +329,38 @@ async fn components_over_the_pools_per_component_limits_are_refused_at_load() {
     // Within the limits, the same shape loads as far as its (missing) exports.
     let err = env.runtime.load(PluginId::Dir("/plugins/greedy".into()), manifest(), &component_of_instances(2, 1, 1)).await.err().unwrap();
     assert!(!err.to_string().contains("maximum of"), "{err}");
+}
+
+/// Network grants bind to a plugin's directory: the hosts it may reach are
+/// its manifest's list intersected with the grant, and a plugin granted
+/// routes must export `wasi:http/incoming-handler`.
+#[tokio::test]
+async fn network_grants_intersect_manifests_and_routes_need_a_handler() {
+    let plugins = tempfile::tempdir().unwrap();
+    let dir = plugins.path().join("net");
+    let manifest = format!("{EXAMPLE_MANIFEST}\n[capabilities]\noutbound_hosts = [\"api.example.com\", \"other.example.com:8443\"]\n");
+    install_plugin(&dir, &manifest, EXAMPLE_WASM);
+    let grant = |routes: bool| kiln::config::PluginNetwork {
+        plugin: dir.display().to_string(),
+        outbound_hosts: vec!["api.example.com".into(), "cdn.example.com".into()],
+        routes,
+        env: [("NET_KEY".to_string(), "v".to_string())].into(),
+    };
+    let config = kiln::config::Config { plugin_network: vec![grant(false)], ..test_config() };
+    let runtime = PluginRuntime::new(config.runtime().unwrap()).unwrap();
+    let registry = NodeRegistry::load_all(&runtime, &[plugins.path().to_path_buf()]).await.expect("a granted plugin loads");
+    let (plugin, _) = registry.get("ExamplePosterize").unwrap();
+    let allowed: Vec<String> = plugin.net.allowed.iter().map(|h| h.to_string()).collect();
+    assert_eq!(allowed, ["api.example.com"], "only what both the manifest and the grant name");
+    assert_eq!(&plugin.net.env[..], &[("NET_KEY".to_string(), "v".to_string())]);
+    assert!(plugin.net.routes.is_empty());
+
+    std::fs::write(dir.join("kiln-plugin.toml"), format!("{manifest}routes = [\"/proxy/net/\"]\n")).unwrap();
+    let config = kiln::config::Config { plugin_network: vec![grant(true)], ..test_config() };
+    let runtime = PluginRuntime::new(config.runtime().unwrap()).unwrap();
+    match NodeRegistry::load_all(&runtime, &[plugins.path().to_path_buf()]).await {
+        Err(RegistryError::Load(LoadError::NoHttpHandler { plugin, .. })) => assert!(plugin.contains("example-posterize"), "{plugin}"),
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("routes without an incoming handler must be refused"),
+    }
 }

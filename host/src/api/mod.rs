@@ -11,6 +11,7 @@ pub mod error;
 mod links;
 #[cfg(test)]
 mod proptests;
+pub mod proxy;
 pub mod signing;
 pub mod v2;
 
@@ -130,6 +131,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let inner = v2::routes(&state.api_base, state.clone())
         .merge(compat::routes(state.clone()))
         .merge(admin::routes(state.clone()))
+        .merge(Router::new().route(&format!("{}/proxy/{{*rest}}", state.config.mount_prefix), axum::routing::any(proxy::serve)).with_state(state.clone()))
         .fallback({
             let state = state.clone();
             move |request| compat::static_file(state.clone(), request)

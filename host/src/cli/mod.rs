@@ -105,7 +105,7 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
             let files = crate::files::NamedInputs::new();
             let mut all = serde_json::Map::new();
             for def in registry.definitions() {
-                all.insert(def.class_type.clone(), crate::object_info::node_info(def, &files));
+                all.insert(def.class_type.clone(), crate::object_info::node_info(def, registry.meta(&def.class_type), &files));
             }
             println!("{}", serde_json::to_string_pretty(&all)?);
             Ok(0)

@@ -93,14 +93,15 @@ impl Executor {
         Executor { runtime, registry, cache: ResultCache::new(cache_bytes), concurrency: concurrency.max(1) }
     }
 
+    /// The plugin runtime it runs nodes on (plugin routes are served
+    /// through it too).
+    pub fn runtime(&self) -> &Arc<PluginRuntime> {
+        &self.runtime
+    }
+
     /// The node registry.
     pub fn registry(&self) -> &Arc<NodeRegistry> {
         &self.registry
-    }
-
-    /// The plugin runtime it runs nodes on.
-    pub fn runtime(&self) -> &Arc<PluginRuntime> {
-        &self.runtime
     }
 
     /// Node calls of one job that may run at once.

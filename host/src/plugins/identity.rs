@@ -51,6 +51,9 @@ pub enum PluginGrant {
     Dir(PathBuf),
     /// Any plugin whose component has this blake3 hash.
     Hash(blake3::Hash),
+    /// The bundled plugin of this name (kiln's own grants to its bundled
+    /// plugins; never parsed from configuration).
+    Bundled(String),
 }
 
 /// Why a grant entry was refused.
@@ -97,7 +100,8 @@ impl PluginGrant {
         match (self, id) {
             (PluginGrant::Hash(h), _) => h == component_hash,
             (PluginGrant::Dir(granted), PluginId::Dir(dir)) => granted == dir,
-            (PluginGrant::Dir(_), PluginId::Bundled(_)) => false,
+            (PluginGrant::Bundled(granted), PluginId::Bundled(name)) => granted == name,
+            (PluginGrant::Dir(_), PluginId::Bundled(_)) | (PluginGrant::Bundled(_), PluginId::Dir(_)) => false,
         }
     }
 }

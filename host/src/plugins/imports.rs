@@ -92,6 +92,11 @@ impl host::Host for NodeState {
         Ok(self.io.as_ref().and_then(|io| io.secrets.get(&name)).map(str::to_string))
     }
 
+    fn insufficient_funds(&mut self, message: String) -> wasmtime::Result<()> {
+        self.insufficient_funds = Some(bounded_text(message));
+        Ok(())
+    }
+
     fn preview(&mut self, image: Resource<Tensor>) -> wasmtime::Result<()> {
         let tensor = self.table.get(&image)?.clone();
         if let Some(io) = &self.io {

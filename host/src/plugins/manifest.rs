@@ -45,18 +45,26 @@ pub struct RequestedLimits {
     pub timeout_ms: Option<u64>,
 }
 
-/// Capabilities beyond pure computation. None is granted yet except what the
-/// GPU milestone and the partner proxy will implement; a plugin asking for one
-/// the host cannot grant is refused at load.
+/// Capabilities beyond pure computation. The manifest asks; the operator
+/// grants (see `network` for outbound hosts and routes, `secrets`); a plugin
+/// asking for one the host cannot grant at all is refused at load.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Capabilities {
     /// GPU kernels.
     #[serde(default)]
     pub gpu: bool,
-    /// Hosts the plugin may call over HTTPS.
+    /// Hosts the plugin may call through `wasi:http/outgoing-handler`:
+    /// `host` (the scheme's default port) or `host:port`, or `"*"`: any
+    /// host the operator grants it. What it may really reach is this list
+    /// intersected with the operator's grant (see `network`).
     #[serde(default)]
     pub outbound_hosts: Vec<String>,
+    /// Path prefixes under `/proxy/` the plugin serves through its
+    /// `wasi:http/incoming-handler` export (e.g. `"/proxy/partner/"`),
+    /// mounted only when the operator grants the plugin routes.
+    #[serde(default)]
+    pub routes: Vec<String>,
     /// Secrets the plugin may receive from a job's `extra_data` (see
     /// `secrets`); the operator must grant the plugin (`secret_plugins`).
     #[serde(default)]
@@ -107,8 +115,14 @@ impl Manifest {
         if manifest.capabilities.gpu {
             return Err(ManifestError::CapabilityNotGranted("gpu".into()));
         }
-        if let Some(host) = manifest.capabilities.outbound_hosts.first() {
-            return Err(ManifestError::CapabilityNotGranted(format!("outbound_hosts: {host}")));
+        if let Some(bad) = manifest.capabilities.outbound_hosts.iter().find(|h| h.as_str() != "*" && super::network::HostPattern::parse(h).is_err()) {
+            return Err(ManifestError::Invalid { field: "capabilities.outbound_hosts", reason: format!("{bad:?} is not `host`, `host:port` or \"*\"") });
+        }
+        if let Some(bad) = manifest.capabilities.routes.iter().find(|r| !super::network::is_route_prefix(r)) {
+            return Err(ManifestError::Invalid {
+                field: "capabilities.routes",
+                reason: format!("{bad:?} is not a path prefix under /proxy/ (letters, digits and -._~/, ending with /)"),
+            });
         }
         if let Some(unknown) = manifest.capabilities.secrets.iter().find(|s| !super::secrets::KNOWN_SECRETS.contains(&s.as_str())) {
             return Err(ManifestError::Invalid {
@@ -169,10 +183,23 @@ mod tests {
         assert!(Manifest::parse("name='a b'\nversion='1'\ncomponent='a.wasm'").is_err());
         assert!(Manifest::parse("name='a'\nversion='1'\ncomponent='../a.wasm'").is_err());
         assert!(Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\nsurprise=1").is_err());
-        assert!(matches!(
-            Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\noutbound_hosts=['x.com']"),
-            Err(ManifestError::CapabilityNotGranted(_))
-        ));
+        let net =
+            Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\noutbound_hosts=['x.com', '127.0.0.1:9', '*']\nroutes=['/proxy/a/']")
+                .unwrap();
+        assert_eq!(net.capabilities.outbound_hosts.len(), 3);
+        for bad in [
+            "outbound_hosts=['http://x.com']",
+            "outbound_hosts=['x.com:99999']",
+            "routes=['/api/x/']",
+            "routes=['/proxy/']",
+            "routes=['/proxy/a']",
+            "routes=['/proxy/{a}/']",
+        ] {
+            assert!(
+                matches!(Manifest::parse(&format!("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\n{bad}")), Err(ManifestError::Invalid { .. })),
+                "{bad}"
+            );
+        }
         // Secrets: only ones kiln knows (the operator's grant is checked at load).
         let asks = Manifest::parse("name='a'\nversion='1'\ncomponent='a.wasm'\n[capabilities]\nsecrets=['api_key_svc_org']").unwrap();
         assert_eq!(asks.capabilities.secrets, ["api_key_svc_org"]);

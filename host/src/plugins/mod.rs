@@ -2,6 +2,9 @@
 //! load them and call their nodes safely.
 //!
 //! - [`manifest`]: what a plugin asks for; the capability policy.
+//! - [`meta`]: the optional `node-meta` export (API nodes, dynamic combos).
+//! - [`network`]: outbound HTTP policy and route prefixes (operator grants).
+//! - [`routes`]: serving a plugin's routes through its `wasi:http/incoming-handler`.
 //! - [`identity`]: who a plugin is (its directory, its component hash,
 //!   `bundled:<name>`) and the operator's grants that name it.
 //! - [`engine`]: the one wasmtime engine, its allocator and epoch ticker.
@@ -26,7 +29,10 @@ mod imports;
 mod kernels;
 mod log_pipe;
 pub mod manifest;
+pub mod meta;
+pub mod network;
 pub mod registry;
+pub mod routes;
 pub mod runtime;
 pub mod secrets;
 pub mod state;

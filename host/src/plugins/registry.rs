@@ -35,6 +35,8 @@ pub enum RegistryError {
          plugin names must be unique (bundled plugins' included): rename one or remove it"
     )]
     DuplicateName { name: String, plugin: PluginId, existing: PluginId },
+    #[error("route `{route}` of plugin `{plugin}` overlaps a route of plugin `{existing}`")]
+    RouteTaken { route: String, plugin: String, existing: String },
     #[error("cannot read plugin directory {path}: {source}")]
     Dir { path: PathBuf, source: std::io::Error },
 }
@@ -50,6 +52,11 @@ impl NodeRegistry {
     pub fn add(&mut self, plugin: Plugin) -> Result<(), RegistryError> {
         if let Some(existing) = self.plugins.iter().find(|p| p.manifest.name == plugin.manifest.name) {
             return Err(RegistryError::DuplicateName { name: plugin.manifest.name.clone(), plugin: plugin.id.clone(), existing: existing.id.clone() });
+        }
+        for route in &plugin.net.routes {
+            if let Some(existing) = self.plugins.iter().find(|p| p.net.routes.iter().any(|r| r.starts_with(route.as_str()) || route.starts_with(r.as_str()))) {
+                return Err(RegistryError::RouteTaken { route: route.clone(), plugin: plugin.manifest.name.clone(), existing: existing.manifest.name.clone() });
+            }
         }
         for def in &plugin.definitions {
             if let Some(&(p, _)) = self.classes.get(&def.class_type) {
@@ -80,6 +87,18 @@ impl NodeRegistry {
     /// All definitions in load order.
     pub fn definitions(&self) -> impl Iterator<Item = &NodeDef> {
         self.order.iter().filter_map(|c| self.get(c).map(|(_, d)| d))
+    }
+
+    /// What the plugin of `class_type` says about it beyond its definition.
+    pub fn meta(&self, class_type: &str) -> Option<&super::meta::ClassMeta> {
+        let (plugin, _) = self.get(class_type)?;
+        plugin.meta.iter().find(|m| m.class_type == class_type)
+    }
+
+    /// The plugin serving `path` (below the mount prefix), by route prefix
+    /// (prefixes never overlap, see `add`).
+    pub fn route(&self, path: &str) -> Option<&Arc<Plugin>> {
+        self.plugins.iter().find(|p| p.net.routes.iter().any(|r| path.starts_with(r.as_str())))
     }
 
     /// The loaded plugins.

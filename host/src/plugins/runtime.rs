@@ -23,10 +23,12 @@ use super::engine::{Allocator, PoolSizing, build_engine, spawn_epoch_ticker};
 use super::identity::{PluginGrant, PluginId, hash_grant};
 pub use super::log_pipe::CapturedLog;
 use super::manifest::{EffectiveLimits, Manifest, OperatorLimits};
+use super::network::{NetGrant, OutboundLimits, OutboundPolicy, PluginNet};
 use super::state::{NodeIo, NodeState, StopState, Stopped, StoreLimits};
 use crate::files::SavedFile;
 use crate::tensor::Tensor;
 use crate::value::Value;
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
 pub use node::NodeDef;
 
@@ -59,6 +61,15 @@ pub struct RuntimeConfig {
     pub secret_plugins: Vec<PluginGrant>,
     /// How components are compiled (in a child process under limits, or here).
     pub compile: CompileConfig,
+    // Issue 16 (plugin network capabilities).
+    /// What the operator grants plugins: outbound hosts, routes, configuration.
+    pub net_grants: Vec<NetGrant>,
+    /// Ceilings on every outbound request of a plugin.
+    pub outbound: OutboundLimits,
+    /// Largest response a plugin's route may give.
+    pub route_response_bytes: usize,
+    /// Most time a route call may take (the plugin's own limit if lower).
+    pub route_timeout: Duration,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -81,6 +92,8 @@ pub enum FailureKind {
     Failed,
     /// The call was cancelled.
     Interrupted,
+    /// A partner service refused for lack of credits (`host.insufficient-funds`).
+    InsufficientFunds,
 }
 
 /// A failed node call.
@@ -122,10 +135,19 @@ pub enum LoadError {
          to grant it, add its directory or \"{hash_grant}\" to secret_plugins"
     )]
     SecretNotGranted { plugin: String, secret: String, hash_grant: String },
+    #[error(
+        "plugin `{plugin}` asks for {capability}, which the operator has not granted it; \
+         to grant it, add a [[plugin_network]] entry naming its directory or \"{hash_grant}\" (with the hosts it may reach, routes = true for routes)"
+    )]
+    NetworkNotGranted { plugin: String, capability: String, hash_grant: String },
+    #[error("plugin `{plugin}` declares routes but does not export wasi:http/incoming-handler: {message}")]
+    NoHttpHandler { plugin: String, message: String },
     #[error("plugin `{plugin}` imports `{import}`, which kiln does not provide")]
     ForbiddenImport { plugin: String, import: String },
     #[error("plugin `{plugin}` failed to describe its nodes: {failure}")]
     Definitions { plugin: String, failure: NodeFailure },
+    #[error("plugin `{plugin}` failed to describe its nodes' extras: {failure}")]
+    Meta { plugin: String, failure: NodeFailure },
     #[error("plugin `{plugin}` defines an invalid node: {reason}")]
     InvalidDefinition { plugin: String, reason: String },
 }
@@ -142,7 +164,13 @@ pub struct Plugin {
     pub limits: EffectiveLimits,
     /// Whether the compiled component came from the on-disk cache.
     pub from_cache: bool,
+    /// Its network capabilities, as granted.
+    pub net: PluginNet,
+    /// What its `node-meta` export says about its classes (empty without one).
+    pub meta: Vec<super::meta::ClassMeta>,
     pre: PluginPre<NodeState>,
+    /// Its `wasi:http/incoming-handler`, when it serves routes.
+    pub(super) proxy: Option<ProxyPre<NodeState>>,
 }
 
 impl Plugin {
@@ -167,15 +195,17 @@ pub struct PluginRuntime {
     engine: Engine,
     linker: Linker<NodeState>,
     permits: Arc<Semaphore>,
-    config: RuntimeConfig,
+    pub(super) config: RuntimeConfig,
     artifacts: ArtifactCache,
     allocator: Allocator,
     deadlines: Arc<Deadlines>,
 }
 
 /// Imports a plugin may have: the kiln contract and the WASI p2 runtime
-/// (whose filesystem, sockets and environment are empty or denied).
+/// (whose filesystem and sockets are empty or denied), and `wasi:http` for
+/// a plugin whose manifest asks for outbound hosts or routes.
 const ALLOWED_IMPORTS: &[&str] = &["kiln:plugin/", "wasi:cli/", "wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "wasi:sockets/"];
+const HTTP_IMPORTS: &str = "wasi:http/";
 
 /// Limits for a plugin's `definitions` call at load.
 const DEFINITIONS_LIMITS: EffectiveLimits = EffectiveLimits { memory_bytes: 64 << 20, timeout: Duration::from_secs(10) };
@@ -201,6 +231,7 @@ impl PluginRuntime {
         spawn_epoch_ticker(&engine, deadlines.clone()).map_err(wasmtime::Error::from)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
         PluginWorld::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         let artifacts = ArtifactCache::new(config.artifact_dir.clone());
         tracing::debug!(?allocator, slots, "plugin runtime ready");
@@ -225,27 +256,60 @@ impl PluginRuntime {
             CompileError::Invalid(message) => LoadError::Compile { plugin: plugin.clone(), message },
             reason => LoadError::Component { plugin: plugin.clone(), reason },
         })?;
+        let caps = &manifest.capabilities;
+        let net = PluginNet::resolve(&self.config.net_grants, &id, &component_hash, &caps.outbound_hosts, &caps.routes)
+            .map_err(|capability| LoadError::NetworkNotGranted { plugin: plugin.clone(), capability, hash_grant: hash_grant(&component_hash) })?;
+        let wants_http = !caps.outbound_hosts.is_empty() || !caps.routes.is_empty();
         for (name, _) in component.component_type().imports(&self.engine) {
-            if !ALLOWED_IMPORTS.iter().any(|p| name.starts_with(p)) {
+            let allowed = ALLOWED_IMPORTS.iter().any(|p| name.starts_with(p)) || (wants_http && name.starts_with(HTTP_IMPORTS));
+            if !allowed {
                 return Err(LoadError::ForbiddenImport { plugin, import: name.to_string() });
             }
         }
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .and_then(PluginPre::new)
-            .map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
+        let proxy = match caps.routes.is_empty() {
+            true => None,
+            false => Some(ProxyPre::new(instance_pre.clone()).map_err(|e| LoadError::NoHttpHandler { plugin: plugin.clone(), message: format!("{e:#}") })?),
+        };
+        // Absent from components built against 0.1.0 / 0.1.1.
+        let meta_pre = super::meta::MetaPre::new(instance_pre.clone()).ok();
+        let pre = PluginPre::new(instance_pre).map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
+        if !caps.outbound_hosts.is_empty() && net.allowed.is_empty() {
+            tracing::warn!(plugin = %plugin, "the plugin asks for outbound hosts, but the operator granted it none: its requests will be refused");
+        }
         let limits = manifest.effective_limits(&self.config.limits);
+        let setup = CallSetup { limits: DEFINITIONS_LIMITS, io: None, guest_world: DEFINITIONS_WORLD, name: manifest.name.as_str().into(), net: net.clone() };
         let definitions = self
-            .call(&pre, DEFINITIONS_LIMITS, None, DEFINITIONS_WORLD, &CancellationToken::new(), |world, store| {
-                Box::pin(async move { world.kiln_plugin_node().call_definitions(store).await })
+            .call(setup, &CancellationToken::new(), |store| {
+                let pre = pre.clone();
+                Box::pin(async move {
+                    let world = pre.instantiate_async(&mut *store).await?;
+                    world.kiln_plugin_node().call_definitions(store).await
+                })
             })
             .await
             .map_err(|failure| LoadError::Definitions { plugin: plugin.clone(), failure })?
             .0;
         super::registry::check_definitions(&definitions).map_err(|reason| LoadError::InvalidDefinition { plugin: plugin.clone(), reason })?;
+        let meta = match meta_pre {
+            None => Vec::new(),
+            Some(meta_pre) => {
+                let setup =
+                    CallSetup { limits: DEFINITIONS_LIMITS, io: None, guest_world: DEFINITIONS_WORLD, name: manifest.name.as_str().into(), net: net.clone() };
+                self.call(setup, &CancellationToken::new(), |store| {
+                    Box::pin(async move {
+                        let world = meta_pre.instantiate_async(&mut *store).await?;
+                        world.kiln_plugin_node_meta().call_describe(store).await
+                    })
+                })
+                .await
+                .map_err(|failure| LoadError::Meta { plugin: plugin.clone(), failure })?
+                .0
+            }
+        };
+        super::meta::check(&meta, &definitions).map_err(|reason| LoadError::InvalidDefinition { plugin: plugin.clone(), reason })?;
         manifest.check_nondeterministic(&definitions).map_err(|source| LoadError::Manifest { plugin, source })?;
-        Ok(Plugin { id, manifest, component_hash, definitions, limits, from_cache, pre })
+        Ok(Plugin { id, manifest, component_hash, definitions, limits, from_cache, net, meta, pre, proxy })
     }
 
     /// Runs node `class_type` of `plugin` with `inputs`.
@@ -300,9 +364,12 @@ impl PluginRuntime {
         };
         let class = class_type.to_string();
         let inputs = inputs.to_vec();
+        let pre = plugin.pre.clone();
+        let setup = CallSetup { limits: plugin.limits, io: Some(io), guest_world, name: plugin.manifest.name.as_str().into(), net: plugin.net.clone() };
         let (result, mut called) = self
-            .call(&plugin.pre, plugin.limits, Some(io), guest_world, cancel, move |world, store| {
+            .call(setup, cancel, move |store| {
                 Box::pin(async move {
+                    let world = pre.instantiate_async(&mut *store).await?;
                     let wit_inputs = inputs
                         .into_iter()
                         .map(|(name, value)| Ok(node::Input { name, value: to_wit(value, store.data_mut())? }))
@@ -317,6 +384,9 @@ impl PluginRuntime {
         // whatever the node made of the refusal.
         if let Some(oom) = state.job_out_of_memory.take() {
             return Err(failure(FailureKind::JobOutOfMemory, oom, log));
+        }
+        if let (Err(_), Some(message)) = (&result, state.insufficient_funds.take()) {
+            return Err(failure(FailureKind::InsufficientFunds, message, log));
         }
         let values = match result {
             Err(node::NodeError::InvalidInput(m)) => return Err(failure(FailureKind::Failed, format!("invalid input: {m}"), log)),
@@ -339,17 +409,14 @@ impl PluginRuntime {
         Ok(NodeOutput { values, saved: std::mem::take(&mut state.saved), log })
     }
 
-    /// Instantiates `pre` in a fresh store and runs `f` under the limits.
-    async fn call<R: Send + 'static>(
+    /// Runs `f` (which instantiates the plugin) in a fresh store under the limits.
+    pub(super) async fn call<R: Send + 'static>(
         &self,
-        pre: &PluginPre<NodeState>,
-        limits: EffectiveLimits,
-        io: Option<NodeIo>,
-        guest_world: GuestWorld,
+        setup: CallSetup,
         cancel: &CancellationToken,
-        f: impl for<'a> FnOnce(PluginWorld, &'a mut Store<NodeState>) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>>
-        + Send,
+        f: impl for<'a> FnOnce(&'a mut Store<NodeState>) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>> + Send,
     ) -> Result<(R, Called), NodeFailure> {
+        let CallSetup { limits, io, guest_world, name, net } = setup;
         // Held until the store (and with it the pool slot) is dropped: see `Called`.
         let permit = self
             .permits
@@ -365,7 +432,9 @@ impl PluginRuntime {
             log_bytes: self.config.log_bytes,
         };
         let deadline_at = std::time::Instant::now() + limits.timeout;
-        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at)));
+        let outbound = OutboundPolicy::new(name, net.allowed.clone(), self.config.outbound);
+        let state = NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at), outbound, &net.env);
+        let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.memory);
         // wasmtime caps what one guest→host call may transfer (128 MiB by
         // default), which refused a 4096² RGB image (201 MB). A guest cannot
@@ -376,10 +445,7 @@ impl PluginRuntime {
         store.epoch_deadline_async_yield_and_update(1);
 
         let outcome = {
-            let run = async {
-                let world = pre.instantiate_async(&mut store).await?;
-                f(world, &mut store).await
-            };
+            let run = f(&mut store);
             // Fired by the epoch ticker (see `deadlines`), not a tokio timer.
             let deadline = self.deadlines.arm(deadline_at);
             tokio::select! {
@@ -402,12 +468,22 @@ impl PluginRuntime {
     }
 }
 
+/// What a call runs with besides its code.
+pub(super) struct CallSetup {
+    pub(super) limits: EffectiveLimits,
+    pub(super) io: Option<NodeIo>,
+    pub(super) guest_world: GuestWorld,
+    /// The plugin's manifest name (for the logs of refused requests).
+    pub(super) name: Arc<str>,
+    pub(super) net: PluginNet,
+}
+
 /// A finished call's store with the pool permit it was instantiated under.
 /// Fields drop in order: the store (releasing its instance slot) before the
 /// permit, so no more instances are ever live than the pool has slots (a
 /// permit released first let another call instantiate into a full pool and
 /// fail with "maximum concurrent limit … reached").
-struct Called {
+pub(super) struct Called {
     store: Store<NodeState>,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }

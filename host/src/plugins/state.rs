@@ -8,9 +8,11 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::determinism::GuestWorld;
 use super::log_pipe::LogPipe;
+use super::network::OutboundPolicy;
 use super::secrets::JobSecrets;
 use crate::budget::{JobBudget, MemoryCharge};
 use crate::files::{InputFiles, OutputFiles, SavedFile};
@@ -120,6 +122,9 @@ impl StopState {
 /// The data of one node call's `Store`.
 pub struct NodeState {
     pub(crate) wasi: WasiCtx,
+    pub(crate) http: WasiHttpCtx,
+    /// Where the plugin's outbound requests may go (see `network`).
+    pub(crate) outbound: OutboundPolicy,
     pub(crate) table: ResourceTable,
     pub(crate) memory: MemoryLimiter,
     pub(crate) limits: StoreLimits,
@@ -128,6 +133,8 @@ pub struct NodeState {
     pub(crate) over_budget: Option<String>,
     /// Set when the job's memory limit refused the node (reported as out of memory).
     pub(crate) job_out_of_memory: Option<String>,
+    /// Set by `host.insufficient-funds`: the node's failure is reported as such.
+    pub(crate) insufficient_funds: Option<String>,
     pub(crate) io: Option<NodeIo>,
     pub(crate) saved: Vec<SavedFile>,
     /// Bytes of the files in `saved` (kept, not re-summed per save).
@@ -137,23 +144,29 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    /// A fresh state: no filesystem, network, environment or arguments; stdout
-    /// and stderr go to a bounded log; clocks and randomness as `world` says.
-    pub fn new(limits: StoreLimits, io: Option<NodeIo>, world: GuestWorld, stop: StopState) -> NodeState {
+    /// A fresh state: no filesystem, sockets or arguments; the environment
+    /// is the plugin's granted configuration (`env`); HTTP only as
+    /// `outbound` allows; stdout and stderr go to a bounded log; clocks and
+    /// randomness as `world` says.
+    pub fn new(limits: StoreLimits, io: Option<NodeIo>, world: GuestWorld, stop: StopState, outbound: OutboundPolicy, env: &[(String, String)]) -> NodeState {
         let log = LogPipe::new(limits.log_bytes);
         let mut wasi = WasiCtx::builder();
         wasi.stdout(log.clone()).stderr(log.clone());
+        wasi.envs(env);
         world.apply(&mut wasi);
         let wasi = wasi.build();
         let charge = io.as_ref().map_or_else(MemoryCharge::none, |io| io.budget.reserve(0).unwrap_or_default());
         NodeState {
             wasi,
+            http: WasiHttpCtx::new(),
+            outbound,
             table: ResourceTable::new(),
             memory: MemoryLimiter { limit: limits.memory_bytes, used: 0, charge, denied: None },
             limits,
             tensor_bytes: 0,
             over_budget: None,
             job_out_of_memory: None,
+            insufficient_funds: None,
             io,
             saved: Vec::new(),
             saved_bytes: 0,
@@ -192,5 +205,11 @@ impl NodeState {
 impl WasiView for NodeState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl WasiHttpView for NodeState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.outbound }
     }
 }

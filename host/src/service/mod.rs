@@ -397,6 +397,11 @@ impl Service {
         &self.registry
     }
 
+    /// The plugin runtime (plugin routes, see `api::proxy`).
+    pub fn plugin_runtime(&self) -> &Arc<crate::plugins::PluginRuntime> {
+        self.executor.runtime()
+    }
+
     pub fn blobs(&self) -> &Arc<dyn BlobStore> {
         &self.blobs
     }

@@ -33,6 +33,7 @@ pub fn failure_code(kind: FailureKind) -> &'static str {
         FailureKind::InvalidOutput => "node_invalid_output",
         FailureKind::Failed => "node_execution_error",
         FailureKind::Interrupted => "interrupted",
+        FailureKind::InsufficientFunds => "insufficient_funds",
     }
 }
 

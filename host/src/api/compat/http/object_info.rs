@@ -66,7 +66,7 @@ fn render(state: &AppState, owner: &str, generation: u64) -> Result<Rendered, Ap
     let files = uploads(state, owner)?;
     let mut all = Map::new();
     for def in state.service.registry().definitions() {
-        all.insert(def.class_type.clone(), crate::object_info::node_info(def, &files));
+        all.insert(def.class_type.clone(), crate::object_info::node_info(def, state.service.registry().meta(&def.class_type), &files));
     }
     let json = serde_json::to_vec(&Json::Object(all)).map_err(|e| ApiError::internal(&e))?;
     let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(json.len() / 4), flate2::Compression::default());
@@ -125,7 +125,7 @@ pub async fn one(State(state): State<Arc<AppState>>, caller: Caller, Segment(cla
     let mut out = Map::new();
     if let Some((_, def)) = state.service.registry().get(&class) {
         let files = uploads(&state, caller.owner())?;
-        out.insert(def.class_type.clone(), crate::object_info::node_info(def, &files));
+        out.insert(def.class_type.clone(), crate::object_info::node_info(def, state.service.registry().meta(&class), &files));
     }
     Ok(axum::Json(Json::Object(out)).into_response())
 }
