@@ -181,6 +181,28 @@ pub struct Config {
     /// Largest settings document (`/api/settings`, serialized), KiB.
     /// Default 1024 (the frontend's settings take a few KiB).
     pub max_settings_kb: usize,
+
+    // Issue 17: GPU compute (see `gpu`).
+    /// `"auto"` (the default): use a GPU adapter when there is one — host
+    /// kernels run on it when it is a real GPU and the tensor is large
+    /// enough, or when their input is already on the device; `"off"`: never;
+    /// `"required"`: fail start-up without an adapter (Mesa's software
+    /// Vulkan counts) and run every host kernel that has a GPU version on it.
+    /// `KILN_GPU`.
+    pub gpu: crate::gpu::GpuMode,
+    /// Largest single device tensor, MiB. Default 1024.
+    pub gpu_max_buffer_mb: u64,
+    /// Most workgroups along one dimension of a plugin's dispatch. Default 65535.
+    pub gpu_max_workgroups: u32,
+    /// Most invocations of one dispatch. Default 2³⁰.
+    pub gpu_max_invocations: u64,
+    /// Most loop iterations one kernel invocation may run (every loop is
+    /// rewritten to stop there, so a looping kernel ends). Default 2²⁰.
+    pub gpu_loop_budget: u32,
+    /// Longest WGSL source a plugin may compile, KiB. Default 256.
+    pub gpu_max_source_kb: usize,
+    /// Smallest result (values) `auto` sends to a real GPU. Default 65536.
+    pub gpu_min_auto_elements: usize,
 }
 
 impl Default for Config {
@@ -231,6 +253,13 @@ impl Default for Config {
             max_userdata_mb: 1024,
             max_userdata_files: 10_000,
             max_settings_kb: 1024,
+            gpu: crate::gpu::GpuMode::Auto,
+            gpu_max_buffer_mb: 1024,
+            gpu_max_workgroups: 65_535,
+            gpu_max_invocations: 1 << 30,
+            gpu_loop_budget: 1 << 20,
+            gpu_max_source_kb: 256,
+            gpu_min_auto_elements: 1 << 16,
         }
     }
 }
@@ -246,6 +275,8 @@ pub enum ConfigError {
     Env { var: String, value: String },
     #[error("invalid secret_plugins entry: {0}")]
     SecretPlugins(#[from] crate::plugins::identity::GrantError),
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuStartError),
 }
 
 impl Config {
@@ -296,8 +327,23 @@ impl Config {
         }
     }
 
+    /// The bounds on GPU kernels.
+    pub fn gpu_limits(&self) -> crate::gpu::GpuLimits {
+        crate::gpu::GpuLimits {
+            max_buffer_bytes: self.gpu_max_buffer_mb.saturating_mul(1 << 20).max(1 << 20),
+            max_workgroups_per_dim: self.gpu_max_workgroups.max(1),
+            max_invocations: self.gpu_max_invocations.max(1),
+            loop_budget: self.gpu_loop_budget.max(1),
+            max_source_bytes: self.gpu_max_source_kb.saturating_mul(1024),
+            min_auto_elements: self.gpu_min_auto_elements,
+            ..crate::gpu::GpuLimits::default()
+        }
+    }
+
     /// The plugin runtime's slice of the configuration; refuses
-    /// `secret_plugins` entries that do not name a directory or a hash.
+    /// `secret_plugins` entries that do not name a directory or a hash, and
+    /// `gpu = "required"` without an adapter (the GPU is opened here, once
+    /// per process).
     pub fn runtime(&self) -> Result<RuntimeConfig, ConfigError> {
         let mb = |v: u64| v.saturating_mul(1 << 20);
         Ok(RuntimeConfig {
@@ -322,6 +368,7 @@ impl Config {
                 timeout: Duration::from_secs(self.compile_timeout_s.max(1)),
                 memory_bytes: mb(self.compile_memory_mb.max(1)),
             },
+            gpu: crate::gpu::Gpu::start(self.gpu, self.gpu_limits())?,
         })
     }
 }
@@ -373,6 +420,13 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "max_userdata_mb",
         "max_userdata_files",
         "max_settings_kb",
+        "gpu",
+        "gpu_max_buffer_mb",
+        "gpu_max_workgroups",
+        "gpu_max_invocations",
+        "gpu_loop_budget",
+        "gpu_max_source_kb",
+        "gpu_min_auto_elements",
     ];
     for (var, value) in vars {
         let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };
@@ -381,7 +435,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         }
         let parsed = match field.as_str() {
             "plugin_dirs" | "secret_plugins" => toml::Value::Array(value.split(':').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect()),
-            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" => toml::Value::String(value),
+            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "gpu" => toml::Value::String(value),
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),

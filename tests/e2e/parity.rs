@@ -64,7 +64,7 @@ async fn run_case(case: &Json, out: &Path) -> Result<f32, String> {
                 if t.shape() != want.shape() {
                     return Err(format!("output {i}: shape {:?}, expected {:?}", t.shape(), want.shape()));
                 }
-                for (a, b) in t.data().iter().zip(want.data()) {
+                for (a, b) in t.data().unwrap().iter().zip(want.data().unwrap()) {
                     worst = worst.max((a - b).abs());
                 }
             }

@@ -59,6 +59,8 @@ pub struct RuntimeConfig {
     pub secret_plugins: Vec<PluginGrant>,
     /// How components are compiled (in a child process under limits, or here).
     pub compile: CompileConfig,
+    /// The host's GPU, when there is one and it is not turned off.
+    pub gpu: Option<Arc<crate::gpu::Gpu>>,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -102,6 +104,8 @@ pub struct NodeOutput {
     pub saved: Vec<SavedFile>,
     /// What the plugin printed (its tail, when long).
     pub log: CapturedLog,
+    /// Whether any of the node's work ran on the GPU.
+    pub on_gpu: bool,
 }
 
 /// Why a plugin could not be loaded. `plugin` names it by manifest name and
@@ -336,7 +340,7 @@ impl PluginRuntime {
         }
         let values = from_wit(values, state).map_err(|m| failure(FailureKind::InvalidOutput, m, log.clone()))?;
         check_outputs(def, &values).map_err(|m| failure(FailureKind::InvalidOutput, m, log.clone()))?;
-        Ok(NodeOutput { values, saved: std::mem::take(&mut state.saved), log })
+        Ok(NodeOutput { values, saved: std::mem::take(&mut state.saved), log, on_gpu: state.gpu.ran })
     }
 
     /// Instantiates `pre` in a fresh store and runs `f` under the limits.
@@ -365,7 +369,9 @@ impl PluginRuntime {
             log_bytes: self.config.log_bytes,
         };
         let deadline_at = std::time::Instant::now() + limits.timeout;
-        let mut store = Store::new(&self.engine, NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at)));
+        let mut state = NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at));
+        state.gpu.gpu = self.config.gpu.clone();
+        let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.memory);
         // wasmtime caps what one guest→host call may transfer (128 MiB by
         // default), which refused a 4096² RGB image (201 MB). A guest cannot

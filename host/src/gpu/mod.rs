@@ -1,0 +1,224 @@
+//! GPU compute: the one wgpu device the host owns, and the rules every
+//! kernel on it runs under.
+//!
+//! Plugins never see the adapter, its features or its limits: they hand the
+//! host WGSL and tensor handles (`kiln:plugin/gpu`), and the host's own pixel
+//! kernels (`kiln:plugin/kernels`) run here too when the device is worth it.
+//!
+//! - [`device`]: the device, its loss and re-creation, device buffers.
+//! - [`kernel`]: WGSL validation, loop bounding ([`loops`]), the pipeline cache.
+//! - [`dispatch`]: binding checks, bounded dispatch, captured errors.
+//! - [`ops`]: the host's WGSL versions of the pixel kernels.
+
+mod device;
+pub mod dispatch;
+pub mod kernel;
+pub mod loops;
+pub mod ops;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+pub use device::{Device, DeviceBuffer};
+pub use kernel::Kernel;
+
+/// Whether kiln uses a GPU (`gpu` in the config, `KILN_GPU`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    /// Use an adapter when there is one; host kernels run on it when it is a
+    /// real GPU and the tensor is large enough (or already on the device).
+    #[default]
+    Auto,
+    /// Never touch a GPU: `gpu.available()` is false, every kernel runs on the CPU.
+    Off,
+    /// Fail start-up without an adapter (a software one counts); every host
+    /// kernel that has a GPU version runs on it.
+    Required,
+}
+
+/// The bounds on what plugins' kernels may ask of the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GpuLimits {
+    /// Largest single device tensor, bytes.
+    pub max_buffer_bytes: u64,
+    /// Most workgroups along one dispatch dimension.
+    pub max_workgroups_per_dim: u32,
+    /// Most invocations (workgroups × workgroup size) of one dispatch.
+    pub max_invocations: u64,
+    /// Most loop iterations one invocation may run, all its loops together:
+    /// the host rewrites every loop of a kernel to stop there.
+    pub loop_budget: u32,
+    /// Longest WGSL source, bytes.
+    pub max_source_bytes: usize,
+    /// Compiled pipelines kept per device.
+    pub max_cached_kernels: usize,
+    /// Smallest result (elements) for which `auto` runs a host kernel on a
+    /// real GPU when its input is not already there.
+    pub min_auto_elements: usize,
+}
+
+impl Default for GpuLimits {
+    fn default() -> GpuLimits {
+        GpuLimits {
+            max_buffer_bytes: 1 << 30,
+            max_workgroups_per_dim: 65_535,
+            max_invocations: 1 << 30,
+            loop_budget: 1 << 20,
+            max_source_bytes: 256 << 10,
+            max_cached_kernels: 256,
+            min_auto_elements: 1 << 16,
+        }
+    }
+}
+
+/// Why a GPU operation failed. Each maps onto `kiln:plugin/gpu.gpu-error`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU is available")]
+    Unavailable,
+    #[error("invalid kernel: {0}")]
+    InvalidKernel(String),
+    #[error("invalid dispatch: {0}")]
+    InvalidDispatch(String),
+    #[error("the GPU work did not finish within the node's time limit")]
+    Timeout,
+    #[error("the GPU device was lost; the host recreates it")]
+    DeviceLost,
+    #[error("the GPU reported: {0}")]
+    Driver(String),
+}
+
+/// What `kiln doctor` and the start-up log say about the adapter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    /// A CPU implementation (Mesa lavapipe, SwiftShader).
+    pub software: bool,
+}
+
+impl std::fmt::Display for GpuInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}, {})", self.name, self.backend, self.device_type)
+    }
+}
+
+/// The host's GPU: the adapter chosen at start and the current device.
+pub struct Gpu {
+    mode: GpuMode,
+    limits: GpuLimits,
+    info: GpuInfo,
+    adapter: wgpu::Adapter,
+    current: Mutex<Arc<Device>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("mode", &self.mode).field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+/// Why `gpu = "required"` could not be honoured.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("gpu = \"required\" but {0}")]
+pub struct GpuStartError(pub String);
+
+/// The adapter wgpu offers on this machine: a real GPU when there is one
+/// (high-performance preference), else a software Vulkan one; why none otherwise.
+pub fn probe() -> Result<(wgpu::Adapter, GpuInfo), String> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor { backends: wgpu::Backends::VULKAN, ..wgpu::InstanceDescriptor::new_without_display_handle() });
+    let options = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
+    let adapter = pollster::block_on(instance.request_adapter(&options))
+        .map_err(|e| format!("no Vulkan adapter found ({e}); install a GPU driver or Mesa's software Vulkan (Debian: mesa-vulkan-drivers)"))?;
+    let raw = adapter.get_info();
+    let info = GpuInfo {
+        name: raw.name.clone(),
+        backend: format!("{:?}", raw.backend).to_lowercase(),
+        device_type: format!("{:?}", raw.device_type),
+        software: raw.device_type == wgpu::DeviceType::Cpu,
+    };
+    Ok((adapter, info))
+}
+
+/// One GPU per process and setting: devices are expensive, and every
+/// runtime of a process shares the adapter.
+static SHARED: Mutex<Vec<((GpuMode, GpuLimits), Arc<Gpu>)>> = Mutex::new(Vec::new());
+
+impl Gpu {
+    /// The GPU for `mode`: `None` when off, or `auto` found no adapter
+    /// (logged with the reason); an error when `required` found none.
+    pub fn start(mode: GpuMode, limits: GpuLimits) -> Result<Option<Arc<Gpu>>, GpuStartError> {
+        if mode == GpuMode::Off {
+            return Ok(None);
+        }
+        let mut shared = SHARED.lock();
+        if let Some((_, gpu)) = shared.iter().find(|(key, _)| *key == (mode, limits)) {
+            return Ok(Some(gpu.clone()));
+        }
+        let started = probe().and_then(|(adapter, info)| {
+            let device = Device::create(&adapter, &limits, 0)?;
+            Ok(Arc::new(Gpu { mode, limits, info, adapter, current: Mutex::new(Arc::new(device)) }))
+        });
+        match started {
+            Ok(gpu) => {
+                tracing::info!(adapter = %gpu.info, ?mode, "GPU ready");
+                shared.push(((mode, limits), gpu.clone()));
+                Ok(Some(gpu))
+            }
+            Err(reason) if mode == GpuMode::Required => Err(GpuStartError(reason)),
+            Err(reason) => {
+                tracing::info!(%reason, "no GPU: kernels run on the CPU");
+                Ok(None)
+            }
+        }
+    }
+
+    /// The adapter in use.
+    pub fn info(&self) -> &GpuInfo {
+        &self.info
+    }
+
+    /// The configured mode.
+    pub fn mode(&self) -> GpuMode {
+        self.mode
+    }
+
+    /// The bounds on plugins' kernels.
+    pub fn limits(&self) -> &GpuLimits {
+        &self.limits
+    }
+
+    /// The live device, re-created first if the current one was lost.
+    pub fn device(&self) -> Result<Arc<Device>, GpuError> {
+        let mut current = self.current.lock();
+        if current.is_lost() {
+            let generation = current.generation() + 1;
+            tracing::warn!(generation, "GPU device lost: recreating it");
+            let device = Device::create(&self.adapter, &self.limits, generation).map_err(|e| {
+                tracing::error!(error = %e, "cannot recreate the GPU device");
+                GpuError::DeviceLost
+            })?;
+            *current = Arc::new(device);
+        }
+        Ok(current.clone())
+    }
+
+    /// Whether a host kernel producing `elements` values runs here: always
+    /// under `required`; under `auto` when an input already lives on the
+    /// device, or on a real GPU for results of at least `min_auto_elements`.
+    pub fn prefers(&self, elements: usize, input_on_device: bool) -> bool {
+        match self.mode {
+            GpuMode::Off => false,
+            GpuMode::Required => true,
+            GpuMode::Auto => input_on_device || (!self.info.software && elements >= self.limits.min_auto_elements),
+        }
+    }
+}
+
+/// How long to wait for GPU work that has no node deadline (read-backs).
+pub(crate) const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
