@@ -15,6 +15,8 @@ pub mod dispatch;
 pub mod kernel;
 pub mod loops;
 pub mod ops;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
