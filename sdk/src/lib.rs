@@ -28,7 +28,8 @@
 //!
 //! What a node can reach is only what the host imports provide: host-owned
 //! tensors ([`Tensor`]), progress and previews, uploaded input files and saved
-//! output files ([`host`]), and native pixel kernels over tensors ([`kernels`]).
+//! output files ([`host`]), native pixel kernels over tensors ([`kernels`]),
+//! and WGSL kernels on the host's GPU with a CPU fallback ([`gpu`]).
 //! No filesystem, network or environment. A plugin that calls a partner
 //! service can read the job's partner key with [`host::secret`], once its
 //! manifest asks for it (`[capabilities] secrets = ["api_key_svc_org"]`)
@@ -48,6 +49,7 @@
 
 mod def;
 mod dispatch;
+pub mod gpu;
 pub mod host;
 mod image;
 mod io;
@@ -75,6 +77,7 @@ pub use io::{Error, Inputs, Output, Outputs, Result, Tensor};
 
 /// Everything a node plugin usually needs.
 pub mod prelude {
+    pub use crate::gpu;
     pub use crate::host;
     pub use crate::kernels;
     pub use crate::{Error, Hidden, Image, Inputs, Kind, Mask, NodeClass, NodeDef, Output, Outputs, Result};

@@ -123,7 +123,7 @@ pub fn doctor(config: &crate::config::Config) -> Vec<String> {
         GpuMode::Off => "gpu: none (gpu = \"off\")".to_string(),
         _ => match crate::gpu::probe() {
             Ok((_, info)) if info.software && config.gpu == GpuMode::Auto => {
-                format!("gpu: {info} (gpu = \"auto\": software adapter, used for plugins' kernels and device-resident tensors; host kernels stay on the CPU)")
+                format!("gpu: {info} (gpu = \"auto\": a software adapter, so nodes compute on the CPU; gpu = \"required\" uses it)")
             }
             Ok((_, info)) => format!("gpu: {info} (gpu = \"{mode}\")"),
             Err(reason) => format!("gpu: none ({reason})"),

@@ -210,6 +210,17 @@ impl Gpu {
         Ok(current.clone())
     }
 
+    /// Whether nodes see the GPU at all (`gpu.available()`): under
+    /// `required`, or under `auto` on a real GPU (a software adapter is
+    /// slower than the host's CPU kernels, so `auto` keeps to the CPU there).
+    pub fn offered(&self) -> bool {
+        match self.mode {
+            GpuMode::Off => false,
+            GpuMode::Required => true,
+            GpuMode::Auto => !self.info.software,
+        }
+    }
+
     /// Whether a host kernel producing `elements` values runs here: always
     /// under `required`; under `auto` when an input already lives on the
     /// device, or on a real GPU for results of at least `min_auto_elements`.

@@ -370,7 +370,7 @@ impl PluginRuntime {
         };
         let deadline_at = std::time::Instant::now() + limits.timeout;
         let mut state = NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at));
-        state.gpu.gpu = self.config.gpu.clone();
+        state.gpu.gpu = self.config.gpu.clone().filter(|gpu| gpu.offered());
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.memory);
         // wasmtime caps what one guest→host call may transfer (128 MiB by
