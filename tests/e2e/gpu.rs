@@ -124,6 +124,21 @@ async fn hostile_kernels_are_contained() {
 }
 
 #[tokio::test]
+async fn only_plugins_that_ask_get_the_gpu() {
+    let Some(env) = gpu_env().await else { return };
+    // The hostile plugin without its `[capabilities]` section (no `gpu = true`).
+    let plugins = tempfile::tempdir().unwrap();
+    install_plugin(&plugins.path().join("quiet"), HOSTILE_MANIFEST.split("[capabilities]").next().unwrap(), HOSTILE_WASM);
+    let registry = NodeRegistry::load_all(&env.runtime, &[plugins.path().to_path_buf()]).await.expect("plugins load");
+    let (plugin, _) = registry.get("HostileGpu").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let inputs = [("attack".to_string(), Value::String("spin".into()))];
+    let done = env.runtime.execute(plugin, "HostileGpu", &inputs, io(out.path(), kiln::budget::JobLimits::UNLIMITED), &Default::default()).await.unwrap();
+    assert!(matches!(&done.values[..], [Value::String(s)] if s == "unavailable"), "{:?}", done.values);
+    assert!(!done.on_gpu);
+}
+
+#[tokio::test]
 async fn device_memory_counts_against_the_job() {
     let Some(env) = gpu_env().await else { return };
     let (plugin, _) = env.registry.get("ImageInvert").unwrap();

@@ -1,5 +1,6 @@
 //! The host side of `kiln:plugin/gpu`: plugins' WGSL kernels over host
-//! tensors on the host's device (see [`crate::gpu`] for the rules).
+//! tensors on the host's device (see [`crate::gpu`] for the rules). Only
+//! plugins whose manifest asks (`[capabilities] gpu = true`) get it.
 //!
 //! A node may bind read-write only the tensors it allocated itself
 //! (`gpu.allocate`): every other tensor is immutable — it may be another
@@ -24,8 +25,10 @@ pub struct KernelHandle(pub(crate) Arc<Kernel>);
 /// A node call's view of the GPU.
 #[derive(Default)]
 pub struct NodeGpu {
-    /// `None`: `gpu.available()` is false and every call answers `unavailable`.
+    /// The host's GPU (host kernels may use it whatever the plugin asked).
     pub(crate) gpu: Option<Arc<Gpu>>,
+    /// The plugin's manifest asks for the GPU (`capabilities.gpu`).
+    pub(crate) granted: bool,
     /// Device buffers this node allocated (the only ones it may write).
     writable: HashSet<u64>,
     /// Whether any work of the node ran on the GPU.
@@ -52,8 +55,10 @@ fn to_wit(e: GpuError) -> wit::GpuError {
 type GpuResult<T> = wasmtime::Result<Result<T, wit::GpuError>>;
 
 impl NodeState {
+    /// The GPU, if this node may use it: its plugin asked, and the host
+    /// offers it (see `Gpu::offered`).
     fn gpu(&self) -> Result<Arc<Gpu>, GpuError> {
-        self.gpu.gpu.clone().ok_or(GpuError::Unavailable)
+        self.gpu.gpu.clone().filter(|gpu| self.gpu.granted && gpu.offered()).ok_or(GpuError::Unavailable)
     }
 
     fn allocate_on_gpu(&mut self, shape: Vec<u32>) -> Result<Tensor, GpuError> {
@@ -100,7 +105,7 @@ impl NodeState {
 
 impl wit::Host for NodeState {
     fn available(&mut self) -> wasmtime::Result<bool> {
-        Ok(self.gpu.gpu.is_some())
+        Ok(self.gpu().is_ok())
     }
 
     fn compile(&mut self, wgsl: String, entry_point: String) -> GpuResult<Resource<KernelHandle>> {

@@ -45,13 +45,13 @@ pub struct RequestedLimits {
     pub timeout_ms: Option<u64>,
 }
 
-/// Capabilities beyond pure computation. None is granted yet except what the
-/// GPU milestone and the partner proxy will implement; a plugin asking for one
-/// the host cannot grant is refused at load.
+/// Capabilities beyond pure computation; a plugin asking for one the host
+/// cannot grant is refused at load.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Capabilities {
-    /// GPU kernels.
+    /// Its own WGSL kernels on the host's GPU (`kiln:plugin/gpu`): without
+    /// it `gpu.available()` is false. Bounded like host kernels (see `gpu`).
     #[serde(default)]
     pub gpu: bool,
     /// Hosts the plugin may call over HTTPS.
@@ -103,9 +103,6 @@ impl Manifest {
             !manifest.component.is_empty() && !manifest.component.contains(['/', '\\']) && manifest.component != ".." && manifest.component.ends_with(".wasm");
         if !component_ok {
             return Err(ManifestError::Invalid { field: "component", reason: "a .wasm file name beside the manifest".into() });
-        }
-        if manifest.capabilities.gpu {
-            return Err(ManifestError::CapabilityNotGranted("gpu".into()));
         }
         if let Some(host) = manifest.capabilities.outbound_hosts.first() {
             return Err(ManifestError::CapabilityNotGranted(format!("outbound_hosts: {host}")));

@@ -241,7 +241,7 @@ impl PluginRuntime {
             .map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
         let limits = manifest.effective_limits(&self.config.limits);
         let definitions = self
-            .call(&pre, DEFINITIONS_LIMITS, None, DEFINITIONS_WORLD, &CancellationToken::new(), |world, store| {
+            .call(&pre, DEFINITIONS_LIMITS, None, false, DEFINITIONS_WORLD, &CancellationToken::new(), |world, store| {
                 Box::pin(async move { world.kiln_plugin_node().call_definitions(store).await })
             })
             .await
@@ -305,7 +305,7 @@ impl PluginRuntime {
         let class = class_type.to_string();
         let inputs = inputs.to_vec();
         let (result, mut called) = self
-            .call(&plugin.pre, plugin.limits, Some(io), guest_world, cancel, move |world, store| {
+            .call(&plugin.pre, plugin.limits, Some(io), plugin.manifest.capabilities.gpu, guest_world, cancel, move |world, store| {
                 Box::pin(async move {
                     let wit_inputs = inputs
                         .into_iter()
@@ -343,12 +343,14 @@ impl PluginRuntime {
         Ok(NodeOutput { values, saved: std::mem::take(&mut state.saved), log, on_gpu: state.gpu.ran })
     }
 
-    /// Instantiates `pre` in a fresh store and runs `f` under the limits.
+    /// Instantiates `pre` in a fresh store and runs `f` under the limits;
+    /// `gpu_granted`: the plugin's manifest asks for the GPU.
     async fn call<R: Send + 'static>(
         &self,
         pre: &PluginPre<NodeState>,
         limits: EffectiveLimits,
         io: Option<NodeIo>,
+        gpu_granted: bool,
         guest_world: GuestWorld,
         cancel: &CancellationToken,
         f: impl for<'a> FnOnce(PluginWorld, &'a mut Store<NodeState>) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>>
@@ -370,7 +372,8 @@ impl PluginRuntime {
         };
         let deadline_at = std::time::Instant::now() + limits.timeout;
         let mut state = NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at));
-        state.gpu.gpu = self.config.gpu.clone().filter(|gpu| gpu.offered());
+        state.gpu.gpu = self.config.gpu.clone();
+        state.gpu.granted = gpu_granted;
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.memory);
         // wasmtime caps what one guest→host call may transfer (128 MiB by
