@@ -468,6 +468,21 @@ mod tests {
     }
 
     #[test]
+    fn gpu_mode_comes_from_kiln_gpu() {
+        let parse = |value: &str| {
+            let mut table = toml::Table::new();
+            apply_env(&mut table, [("KILN_GPU".to_string(), value.to_string())].into_iter()).unwrap();
+            Config::deserialize(toml::Value::Table(table))
+        };
+        assert_eq!(parse("required").unwrap().gpu, crate::gpu::GpuMode::Required);
+        assert_eq!(parse("off").unwrap().gpu, crate::gpu::GpuMode::Off);
+        assert!(parse("fast").is_err(), "only auto, off, required");
+        assert_eq!(Config::default().gpu, crate::gpu::GpuMode::Auto);
+        let config = Config { gpu: crate::gpu::GpuMode::Off, ..Config::default() };
+        assert!(config.runtime().unwrap().gpu.is_none(), "off opens no device");
+    }
+
+    #[test]
     fn secret_plugins_name_directories_or_hashes() {
         let dir = tempfile::tempdir().unwrap();
         let hash = format!("blake3:{}", blake3::hash(b"wasm").to_hex());

@@ -24,6 +24,9 @@ pub struct Device {
     pub(crate) kernels: Mutex<LruCache<blake3::Hash, Arc<Kernel>>>,
     /// Kernels compiled (not fetched from the cache) on this device.
     pub(crate) compiled: AtomicU64,
+    /// Largest buffer a kernel may bind: the adapter's storage-binding
+    /// limit, capped by `gpu_max_buffer_mb`.
+    max_binding_bytes: u64,
 }
 
 /// Unique ids for device buffers (which node may write which).
@@ -46,6 +49,7 @@ impl Device {
             max_compute_workgroup_storage_size: supported.max_compute_workgroup_storage_size,
             ..wgpu::Limits::downlevel_defaults()
         };
+        let max_binding_bytes = required.max_storage_buffer_binding_size.min(required.max_buffer_size);
         let descriptor = wgpu::DeviceDescriptor { label: Some("kiln"), required_limits: required, ..Default::default() };
         let (device, queue) = pollster::block_on(adapter.request_device(&descriptor)).map_err(|e| format!("cannot open the GPU device: {e}"))?;
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| tracing::warn!(error = %e, "GPU error outside any operation")));
@@ -56,7 +60,7 @@ impl Device {
             flag.store(true, Ordering::Release);
         });
         let capacity = std::num::NonZeroUsize::new(limits.max_cached_kernels.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);
-        Ok(Device { device, queue, lost, generation, kernels: Mutex::new(LruCache::new(capacity)), compiled: AtomicU64::new(0) })
+        Ok(Device { device, queue, lost, generation, kernels: Mutex::new(LruCache::new(capacity)), compiled: AtomicU64::new(0), max_binding_bytes })
     }
 
     /// Whether the device was lost (its buffers are gone).
@@ -108,10 +112,22 @@ impl Device {
         }
     }
 
+    /// Largest tensor a kernel may bind, bytes.
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.max_binding_bytes
+    }
+
     /// A zero-filled storage buffer of `len` f32 values (wgpu clears every
     /// new buffer before first use, so no job sees another's data).
     pub fn zeroed(self: &Arc<Self>, len: usize) -> Result<DeviceBuffer, GpuError> {
         let size = byte_size(len)?;
+        if size > self.max_binding_bytes {
+            return Err(GpuError::InvalidDispatch(format!(
+                "a {} MiB tensor: the GPU binds at most {} MiB (the adapter's limit, or gpu_max_buffer_mb)",
+                size >> 20,
+                self.max_binding_bytes >> 20
+            )));
+        }
         let buffer = self.scoped(|| {
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: None,
@@ -144,7 +160,12 @@ fn byte_size(len: usize) -> Result<u64, GpuError> {
 fn error_text(e: &wgpu::Error) -> String {
     match e {
         wgpu::Error::OutOfMemory { .. } => "out of device memory".to_string(),
-        wgpu::Error::Validation { description, .. } | wgpu::Error::Internal { description, .. } => description.lines().next().unwrap_or("").trim().to_string(),
+        // The description's first line is a heading ("Validation Error"); the
+        // cause follows. One line, bounded.
+        wgpu::Error::Validation { description, .. } | wgpu::Error::Internal { description, .. } => {
+            let text = description.split_whitespace().collect::<Vec<_>>().join(" ");
+            text.chars().take(2000).collect()
+        }
     }
 }
 

@@ -199,6 +199,8 @@ fn dispatch_sizes_and_bindings_are_bounded() {
     assert!(refused(run(&device, &kernel, &extra, &uniforms, (1, 1, 1), limits, soon())), "unknown binding");
     run(&device, &kernel, &ok, &uniforms, (1, 1, 1), limits, soon()).unwrap();
     assert_eq!(b.read().unwrap(), vec![6.0; 64]);
+    let too_big = (device.max_binding_bytes() / 4 + 1) as usize;
+    assert!(matches!(device.zeroed(too_big), Err(GpuError::InvalidDispatch(m)) if m.contains("binds at most")), "tensors over the binding limit are refused");
 }
 
 #[test]
@@ -213,7 +215,8 @@ fn driver_errors_are_captured_not_panics() {
     let kernel = compile(&device, gpu.limits(), src, "main").unwrap();
     let b = device.zeroed(4).unwrap();
     let err = run(&device, &kernel, &[Bound { index: 1, buffer: &b, writable: true }], &[0; 16], (1, 1, 1), gpu.limits(), soon()).unwrap_err();
-    assert!(matches!(&err, GpuError::Driver(m) if !m.is_empty()), "{err:?}");
+    assert!(matches!(&err, GpuError::Driver(m) if m.contains("Validation Error") && m.len() > "Validation Error".len() + 10), "the cause, not just the heading: {err:?}");
+    eprintln!("captured: {err}");
     // The device is still usable afterwards.
     assert_eq!(device.upload(&[5.0]).unwrap().read().unwrap(), vec![5.0]);
 }
@@ -237,4 +240,23 @@ fn the_policy_follows_the_mode() {
         assert!(!auto.prefers(1, false) || !auto.info().software);
     }
     assert!(Gpu::start(GpuMode::Off, GpuLimits::default()).unwrap().is_none());
+}
+
+#[test]
+fn a_lost_device_is_recreated_and_its_buffers_say_so() {
+    // Limits of its own: this GPU is not the one the other tests share.
+    let Some(gpu) = gpu_with(GpuLimits { max_cached_kernels: 7, ..GpuLimits::default() }) else { return };
+    let lost = gpu.device().unwrap();
+    let buffer = lost.upload(&[1.0, 2.0]).unwrap();
+    lost.device.destroy();
+    let _ = lost.device.poll(wgpu::PollType::Poll);
+    assert!(lost.is_lost());
+    assert_eq!(buffer.read().unwrap_err(), GpuError::DeviceLost);
+    let kernel = compile(&gpu.device().unwrap(), gpu.limits(), "@group(0) @binding(1) var<storage, read_write> a: array<f32>;\n@compute @workgroup_size(1) fn main() { a[0] = 1.0; }", "main").unwrap();
+    let fresh = gpu.device().unwrap();
+    assert_eq!(fresh.generation(), lost.generation() + 1);
+    assert_eq!(fresh.upload(&[3.0]).unwrap().read().unwrap(), vec![3.0]);
+    // A buffer of the lost device cannot be bound on the new one.
+    let err = run(&fresh, &kernel, &[Bound { index: 1, buffer: &buffer, writable: true }], &[], (1, 1, 1), gpu.limits(), soon()).unwrap_err();
+    assert_eq!(err, GpuError::DeviceLost);
 }
