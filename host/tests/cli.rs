@@ -193,7 +193,13 @@ fn timings_say_where_each_node_ran_and_doctor_names_the_gpu() {
     )
     .unwrap();
     let doctor = |gpu: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(["doctor"]).current_dir(dir.path()).env("KILN_GPU", gpu).env("KILN_DATA_DIR", "/srv/kiln-data").output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["doctor"])
+            .current_dir(dir.path())
+            .env("KILN_GPU", gpu)
+            .env("KILN_DATA_DIR", "/srv/kiln-data")
+            .output()
+            .unwrap();
         assert!(out.status.success());
         String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect::<Vec<_>>()
     };

@@ -94,7 +94,14 @@ impl From<GpuError> for Error {
 
 /// Runs `kernel` over `inputs` into a new tensor of `shape` (see the module
 /// docs for the bindings), or `cpu()` when the GPU is unavailable or was lost.
-pub fn run_or_cpu(kernel: &GpuKernel, inputs: &[&Tensor], shape: &[usize], uniforms: &Uniforms, workgroups: (u32, u32, u32), cpu: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
+pub fn run_or_cpu(
+    kernel: &GpuKernel,
+    inputs: &[&Tensor],
+    shape: &[usize],
+    uniforms: &Uniforms,
+    workgroups: (u32, u32, u32),
+    cpu: impl FnOnce() -> Result<Tensor>,
+) -> Result<Tensor> {
     if !wit::available() {
         return cpu();
     }
@@ -106,10 +113,14 @@ pub fn run_or_cpu(kernel: &GpuKernel, inputs: &[&Tensor], shape: &[usize], unifo
 
 /// [`run_or_cpu`] without the fallback.
 pub fn run(kernel: &GpuKernel, inputs: &[&Tensor], shape: &[usize], uniforms: &Uniforms, workgroups: (u32, u32, u32)) -> std::result::Result<Tensor, GpuError> {
-    let shape = shape.iter().map(|&d| u32::try_from(d).map_err(|_| GpuError::InvalidDispatch(format!("dimension {d} is too large")))).collect::<std::result::Result<Vec<u32>, _>>()?;
+    let shape = shape
+        .iter()
+        .map(|&d| u32::try_from(d).map_err(|_| GpuError::InvalidDispatch(format!("dimension {d} is too large"))))
+        .collect::<std::result::Result<Vec<u32>, _>>()?;
     let compiled = wit::compile(kernel.wgsl, kernel.entry)?;
     let out = wit::allocate(&shape)?;
-    let mut bindings: Vec<wit::Binding<'_>> = inputs.iter().enumerate().map(|(i, t)| wit::Binding { index: i as u32 + 1, tensor: t, access: wit::Access::Read }).collect();
+    let mut bindings: Vec<wit::Binding<'_>> =
+        inputs.iter().enumerate().map(|(i, t)| wit::Binding { index: i as u32 + 1, tensor: t, access: wit::Access::Read }).collect();
     bindings.push(wit::Binding { index: inputs.len() as u32 + 1, tensor: &out, access: wit::Access::ReadWrite });
     wit::dispatch(&compiled, &bindings, uniforms.bytes(), workgroups)?;
     Ok(out)

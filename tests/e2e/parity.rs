@@ -39,7 +39,12 @@ async fn run_case(case: &Json, out: &Path) -> Result<f32, String> {
 
 /// Runs one case on `runtime`; returns the worst absolute error over its
 /// tensor outputs and whether the node ran on the GPU.
-pub async fn run_case_on(runtime: &kiln::plugins::PluginRuntime, registry: &kiln::plugins::NodeRegistry, case: &Json, out: &Path) -> Result<(f32, bool), String> {
+pub async fn run_case_on(
+    runtime: &kiln::plugins::PluginRuntime,
+    registry: &kiln::plugins::NodeRegistry,
+    case: &Json,
+    out: &Path,
+) -> Result<(f32, bool), String> {
     let class = case["class_type"].as_str().ok_or("no class_type")?;
     let (plugin, def) = registry.get(class).ok_or(format!("{class} is not provided"))?;
     let given = case["inputs"].as_object().ok_or("no inputs")?;

@@ -37,14 +37,20 @@ pub fn check(device: &Device, kernel: &Kernel, bindings: &[Bound<'_>], uniforms:
         return refuse(format!("{} bytes of uniforms: at most {MAX_UNIFORM_BYTES}", uniforms.len()));
     }
     if wants_uniform == uniforms.is_empty() {
-        return refuse(if wants_uniform { "the kernel reads uniforms at binding 0 but none were given".into() } else { "uniforms were given but the kernel declares none at binding 0".into() });
+        return refuse(if wants_uniform {
+            "the kernel reads uniforms at binding 0 but none were given".into()
+        } else {
+            "uniforms were given but the kernel declares none at binding 0".into()
+        });
     }
     for (index, slot) in &kernel.slots {
         let Slot::Storage { writable } = *slot else { continue };
         let given: Vec<&Bound<'_>> = bindings.iter().filter(|b| b.index == *index).collect();
         match given.as_slice() {
             [] => return refuse(format!("the kernel reads @binding({index}) but no tensor is bound there")),
-            [b] if writable && !b.writable => return refuse(format!("@binding({index}) is read_write in the kernel: bind a tensor this node allocated, as read-write")),
+            [b] if writable && !b.writable => {
+                return refuse(format!("@binding({index}) is read_write in the kernel: bind a tensor this node allocated, as read-write"));
+            }
             [b] if b.buffer.device().generation() != device.generation() => return Err(GpuError::DeviceLost),
             [_] => {}
             _ => return refuse(format!("@binding({index}) is bound twice")),
@@ -57,7 +63,15 @@ pub fn check(device: &Device, kernel: &Kernel, bindings: &[Bound<'_>], uniforms:
 }
 
 /// Runs `kernel` (after [`check`]) and waits for it until `deadline`.
-pub fn run(device: &Device, kernel: &Kernel, bindings: &[Bound<'_>], uniforms: &[u8], groups: (u32, u32, u32), limits: &GpuLimits, deadline: Instant) -> Result<(), GpuError> {
+pub fn run(
+    device: &Device,
+    kernel: &Kernel,
+    bindings: &[Bound<'_>],
+    uniforms: &[u8],
+    groups: (u32, u32, u32),
+    limits: &GpuLimits,
+    deadline: Instant,
+) -> Result<(), GpuError> {
     check(device, kernel, bindings, uniforms, groups, limits)?;
     if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
         return Ok(());
@@ -76,7 +90,8 @@ pub fn run(device: &Device, kernel: &Kernel, bindings: &[Bound<'_>], uniforms: &
             device.queue.write_buffer(&buffer, 0, &bytes);
             buffer
         });
-        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = bindings.iter().map(|b| wgpu::BindGroupEntry { binding: b.index, resource: b.buffer.buffer.as_entire_binding() }).collect();
+        let mut entries: Vec<wgpu::BindGroupEntry<'_>> =
+            bindings.iter().map(|b| wgpu::BindGroupEntry { binding: b.index, resource: b.buffer.buffer.as_entire_binding() }).collect();
         if let Some(u) = &uniform {
             entries.push(wgpu::BindGroupEntry { binding: 0, resource: u.as_entire_binding() });
         }

@@ -107,9 +107,7 @@ fn front_end(wgsl: &str, entry: &str, budget: u32) -> Result<FrontEnd, GpuError>
 
 fn parse_and_check(wgsl: &str, entry: &str, budget: u32) -> Result<FrontEnd, GpuError> {
     let mut module = naga::front::wgsl::parse_str(wgsl).map_err(|e| GpuError::InvalidKernel(e.emit_to_string(wgsl)))?;
-    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
-        .validate(&module)
-        .map_err(|e| GpuError::InvalidKernel(e.emit_to_string(wgsl)))?;
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty()).validate(&module).map_err(|e| GpuError::InvalidKernel(e.emit_to_string(wgsl)))?;
     let (index, point) = module
         .entry_points
         .iter()

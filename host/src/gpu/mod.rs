@@ -149,7 +149,10 @@ pub fn probe() -> Result<(wgpu::Adapter, GpuInfo), String> {
 
 /// One GPU per process and setting: devices are expensive, and every
 /// runtime of a process shares the adapter.
-static SHARED: Mutex<Vec<((GpuMode, GpuLimits), Arc<Gpu>)>> = Mutex::new(Vec::new());
+static SHARED: Mutex<Vec<SharedGpu>> = Mutex::new(Vec::new());
+
+/// A started GPU and the setting it was started with.
+type SharedGpu = ((GpuMode, GpuLimits), Arc<Gpu>);
 
 impl Gpu {
     /// The GPU for `mode`: `None` when off, or `auto` found no adapter

@@ -52,7 +52,15 @@ pub fn affine(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, scal
 
 /// Separable convolution of every image of `src` (`dims`) with `taps` under
 /// reflect padding, finished as `finish`.
-pub fn convolve(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, dims: Dims, taps: &[f32], finish: Finish, deadline: Instant) -> Result<DeviceBuffer, GpuError> {
+pub fn convolve(
+    device: &Arc<Device>,
+    limits: &GpuLimits,
+    src: &DeviceBuffer,
+    dims: Dims,
+    taps: &[f32],
+    finish: Finish,
+    deadline: Instant,
+) -> Result<DeviceBuffer, GpuError> {
     let vertical = compile(device, limits, CONVOLVE, "vertical")?;
     let horizontal = compile(device, limits, CONVOLVE, "horizontal")?;
     let tap_buffer = device.upload(taps)?;
@@ -63,16 +71,8 @@ pub fn convolve(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, di
         Finish::Blur => (0, 0.0f32),
         Finish::Sharpen(s) => (1, s),
     };
-    let uniforms = words(&[
-        as_u32(src.len())?,
-        gx,
-        as_u32(dims.height)?,
-        as_u32(dims.width)?,
-        as_u32(dims.channels)?,
-        as_u32(taps.len() / 2)?,
-        mode,
-        strength.to_bits(),
-    ]);
+    let uniforms =
+        words(&[as_u32(src.len())?, gx, as_u32(dims.height)?, as_u32(dims.width)?, as_u32(dims.channels)?, as_u32(taps.len() / 2)?, mode, strength.to_bits()]);
     let bindings = [
         Bound { index: 1, buffer: src, writable: false },
         Bound { index: 2, buffer: &tap_buffer, writable: false },
@@ -95,7 +95,16 @@ pub type Region = (usize, usize, usize, usize);
 /// Resizes the `region` of every image of `src` (`dims`) to `out` with a
 /// linear `method` (lanczos stays on the CPU: it works on 8-bit values).
 #[allow(clippy::too_many_arguments)]
-pub fn resize(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, dims: Dims, region: Region, out: Dims, method: Method, deadline: Instant) -> Result<DeviceBuffer, GpuError> {
+pub fn resize(
+    device: &Arc<Device>,
+    limits: &GpuLimits,
+    src: &DeviceBuffer,
+    dims: Dims,
+    region: Region,
+    out: Dims,
+    method: Method,
+    deadline: Instant,
+) -> Result<DeviceBuffer, GpuError> {
     if method == Method::Lanczos {
         return Err(GpuError::InvalidDispatch("lanczos has no GPU kernel".into()));
     }

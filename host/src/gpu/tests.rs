@@ -215,7 +215,10 @@ fn driver_errors_are_captured_not_panics() {
     let kernel = compile(&device, gpu.limits(), src, "main").unwrap();
     let b = device.zeroed(4).unwrap();
     let err = run(&device, &kernel, &[Bound { index: 1, buffer: &b, writable: true }], &[0; 16], (1, 1, 1), gpu.limits(), soon()).unwrap_err();
-    assert!(matches!(&err, GpuError::Driver(m) if m.contains("Validation Error") && m.len() > "Validation Error".len() + 10), "the cause, not just the heading: {err:?}");
+    assert!(
+        matches!(&err, GpuError::Driver(m) if m.contains("Validation Error") && m.len() > "Validation Error".len() + 10),
+        "the cause, not just the heading: {err:?}"
+    );
     eprintln!("captured: {err}");
     // The device is still usable afterwards.
     assert_eq!(device.upload(&[5.0]).unwrap().read().unwrap(), vec![5.0]);
@@ -252,7 +255,13 @@ fn a_lost_device_is_recreated_and_its_buffers_say_so() {
     let _ = lost.device.poll(wgpu::PollType::Poll);
     assert!(lost.is_lost());
     assert_eq!(buffer.read().unwrap_err(), GpuError::DeviceLost);
-    let kernel = compile(&gpu.device().unwrap(), gpu.limits(), "@group(0) @binding(1) var<storage, read_write> a: array<f32>;\n@compute @workgroup_size(1) fn main() { a[0] = 1.0; }", "main").unwrap();
+    let kernel = compile(
+        &gpu.device().unwrap(),
+        gpu.limits(),
+        "@group(0) @binding(1) var<storage, read_write> a: array<f32>;\n@compute @workgroup_size(1) fn main() { a[0] = 1.0; }",
+        "main",
+    )
+    .unwrap();
     let fresh = gpu.device().unwrap();
     assert_eq!(fresh.generation(), lost.generation() + 1);
     assert_eq!(fresh.upload(&[3.0]).unwrap().read().unwrap(), vec![3.0]);

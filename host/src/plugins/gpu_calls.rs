@@ -66,7 +66,11 @@ impl NodeState {
         let values = element_count(&shape)?;
         let bytes = values.saturating_mul(4);
         if bytes > gpu.limits().max_buffer_bytes {
-            return Err(GpuError::InvalidDispatch(format!("a {} MiB tensor: at most {} MiB on the GPU (gpu_max_buffer_mb)", bytes >> 20, gpu.limits().max_buffer_bytes >> 20)));
+            return Err(GpuError::InvalidDispatch(format!(
+                "a {} MiB tensor: at most {} MiB on the GPU (gpu_max_buffer_mb)",
+                bytes >> 20,
+                gpu.limits().max_buffer_bytes >> 20
+            )));
         }
         let charge = self.charge(bytes).map_err(GpuError::InvalidDispatch)?;
         let made = gpu.device().and_then(|device| device.zeroed(values as usize)).and_then(|buffer| {

@@ -241,7 +241,7 @@ impl PluginRuntime {
             .map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
         let limits = manifest.effective_limits(&self.config.limits);
         let definitions = self
-            .call(&pre, DEFINITIONS_LIMITS, None, false, DEFINITIONS_WORLD, &CancellationToken::new(), |world, store| {
+            .call(&pre, DEFINITIONS_LIMITS, None, Sees { world: DEFINITIONS_WORLD, gpu: false }, &CancellationToken::new(), |world, store| {
                 Box::pin(async move { world.kiln_plugin_node().call_definitions(store).await })
             })
             .await
@@ -305,7 +305,7 @@ impl PluginRuntime {
         let class = class_type.to_string();
         let inputs = inputs.to_vec();
         let (result, mut called) = self
-            .call(&plugin.pre, plugin.limits, Some(io), plugin.manifest.capabilities.gpu, guest_world, cancel, move |world, store| {
+            .call(&plugin.pre, plugin.limits, Some(io), Sees { world: guest_world, gpu: plugin.manifest.capabilities.gpu }, cancel, move |world, store| {
                 Box::pin(async move {
                     let wit_inputs = inputs
                         .into_iter()
@@ -344,14 +344,13 @@ impl PluginRuntime {
     }
 
     /// Instantiates `pre` in a fresh store and runs `f` under the limits;
-    /// `gpu_granted`: the plugin's manifest asks for the GPU.
+    /// `sees`: its clocks and randomness, and whether it may use the GPU.
     async fn call<R: Send + 'static>(
         &self,
         pre: &PluginPre<NodeState>,
         limits: EffectiveLimits,
         io: Option<NodeIo>,
-        gpu_granted: bool,
-        guest_world: GuestWorld,
+        sees: Sees,
         cancel: &CancellationToken,
         f: impl for<'a> FnOnce(PluginWorld, &'a mut Store<NodeState>) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>>
         + Send,
@@ -371,9 +370,9 @@ impl PluginRuntime {
             log_bytes: self.config.log_bytes,
         };
         let deadline_at = std::time::Instant::now() + limits.timeout;
-        let mut state = NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at));
+        let mut state = NodeState::new(store_limits, io, sees.world, StopState::new(cancel.clone(), deadline_at));
         state.gpu.gpu = self.config.gpu.clone();
-        state.gpu.granted = gpu_granted;
+        state.gpu.granted = sees.gpu;
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.memory);
         // wasmtime caps what one guest→host call may transfer (128 MiB by
@@ -409,6 +408,14 @@ impl PluginRuntime {
             Outcome::Trapped(e) => Err(classify_trap(&e, store.data(), limits, log)),
         }
     }
+}
+
+/// What a node call sees besides its inputs.
+struct Sees {
+    /// Virtual or real clocks and randomness.
+    world: GuestWorld,
+    /// The plugin's manifest asks for the GPU (`capabilities.gpu`).
+    gpu: bool,
 }
 
 /// A finished call's store with the pool permit it was instantiated under.

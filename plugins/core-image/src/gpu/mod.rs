@@ -5,8 +5,8 @@
 //! this case" and the node runs its CPU code, which it also does when no GPU
 //! is available to it.
 
-use kiln_sdk::gpu::{GpuKernel, Uniforms, groups_for, run_or_cpu};
 use kiln_sdk::Tensor;
+use kiln_sdk::gpu::{GpuKernel, Uniforms, groups_for, run_or_cpu};
 use kiln_sdk::prelude::*;
 
 const BLEND: GpuKernel = GpuKernel { wgsl: include_str!("blend.wgsl"), entry: "main" };
@@ -45,7 +45,15 @@ pub fn blend(i1: &Tensor, i2: &Tensor, factor: f32, mode: &str, cpu: impl FnOnce
 /// ImageCompositeMasked when the source has the destination's channels and
 /// needs no resize, and the mask (if any) has the source's size.
 #[allow(clippy::too_many_arguments)]
-pub fn composite(dst: &Tensor, src: &Tensor, mask: Option<&Tensor>, x: usize, y: usize, resize_source: bool, cpu: impl FnOnce() -> Result<Tensor>) -> Option<Result<Tensor>> {
+pub fn composite(
+    dst: &Tensor,
+    src: &Tensor,
+    mask: Option<&Tensor>,
+    x: usize,
+    y: usize,
+    resize_source: bool,
+    cpu: impl FnOnce() -> Result<Tensor>,
+) -> Option<Result<Tensor>> {
     let (d, s) = (shape_of(dst), shape_of(src));
     if d.len() != 4 || s.len() != 4 || d[3] != s[3] || (resize_source && d[1..3] != s[1..3]) {
         return None;
@@ -63,7 +71,20 @@ pub fn composite(dst: &Tensor, src: &Tensor, mask: Option<&Tensor>, x: usize, y:
     }
     let len = len_of(&d)?;
     let (gx, gy) = groups_for(len as usize, GROUP);
-    let fields = [len, gx, d[3] as u32, d[1] as u32, d[2] as u32, s[1] as u32, s[2] as u32, s[0] as u32, u32::try_from(x).ok()?, u32::try_from(y).ok()?, vis_w as u32, vis_h as u32];
+    let fields = [
+        len,
+        gx,
+        d[3] as u32,
+        d[1] as u32,
+        d[2] as u32,
+        s[1] as u32,
+        s[2] as u32,
+        s[0] as u32,
+        u32::try_from(x).ok()?,
+        u32::try_from(y).ok()?,
+        vis_w as u32,
+        vis_h as u32,
+    ];
     let mut uniforms = fields.iter().fold(Uniforms::new(), |u, &v| u.u32(v));
     uniforms = uniforms.u32(m.as_ref().map_or(1, |m| m[0] as u32)).u32(u32::from(mask.is_some())).u32(0).u32(0);
     let placeholder;

@@ -395,7 +395,10 @@ pub const GPU_ATTACK: NodeClass = NodeClass {
                         small[arrayLength(&small) + 3u] = 42.0; }";
                 match gpu::compile(src, "main").and_then(|k| {
                     let small = gpu::allocate(&[16])?;
-                    let bindings = [gpu::Binding { index: 1, tensor: &small, access: gpu::Access::ReadWrite }, gpu::Binding { index: 2, tensor: &canary, access: gpu::Access::Read }];
+                    let bindings = [
+                        gpu::Binding { index: 1, tensor: &small, access: gpu::Access::ReadWrite },
+                        gpu::Binding { index: 2, tensor: &canary, access: gpu::Access::Read },
+                    ];
                     gpu::dispatch(&k, &bindings, &[], (1, 1, 1))?;
                     Ok(small.read())
                 }) {
@@ -426,7 +429,9 @@ pub const GPU_ATTACK: NodeClass = NodeClass {
                 let input = tensors::create(&[4], &[1.0; 4]).map_err(|e| Error::failed(format!("{e:?}")))?;
                 let src = "@group(0) @binding(1) var<storage, read_write> t: array<f32>;
                     @compute @workgroup_size(1) fn main() { t[0] = 9.0; }";
-                match gpu::compile(src, "main").and_then(|k| gpu::dispatch(&k, &[gpu::Binding { index: 1, tensor: &input, access: gpu::Access::ReadWrite }], &[], (1, 1, 1))) {
+                match gpu::compile(src, "main")
+                    .and_then(|k| gpu::dispatch(&k, &[gpu::Binding { index: 1, tensor: &input, access: gpu::Access::ReadWrite }], &[], (1, 1, 1)))
+                {
                     Ok(()) => format!("written: {}", input.read()[0]),
                     Err(e) => refused(e),
                 }
