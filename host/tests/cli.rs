@@ -238,3 +238,31 @@ fn timings_say_where_each_node_ran_and_doctor_names_the_gpu() {
         assert_eq!(empty[2], "cpu", "EmptyImage has no GPU kernel");
     }
 }
+
+#[test]
+fn required_without_an_adapter_fails_start_up_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("wf.json"), r#"{"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}}, "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}}}"#).unwrap();
+    // No Vulkan driver for the loader to find: no adapter.
+    let without_drivers = |args: &[&str], gpu: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(args)
+            .current_dir(dir.path())
+            .env("KILN_GPU", gpu)
+            .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
+            .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+            .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
+            .output()
+            .unwrap()
+    };
+    let out = without_drivers(&["run", "wf.json", "--out", "o"], "required");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("gpu = \"required\" but no Vulkan adapter found"), "{stderr}");
+    // `auto` runs on the CPU instead, and doctor says why there is no GPU.
+    let out = without_drivers(&["run", "wf.json", "--out", "o"], "auto");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = without_drivers(&["doctor"], "required");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("gpu: none (no Vulkan adapter found"), "{stdout}");
+}

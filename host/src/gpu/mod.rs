@@ -116,7 +116,10 @@ pub struct Gpu {
     limits: GpuLimits,
     info: GpuInfo,
     adapter: wgpu::Adapter,
-    current: Mutex<Arc<Device>>,
+    /// Opened on first use (at start under `required`): under `auto` on a
+    /// software adapter nothing uses it, and an idle lavapipe device alone
+    /// costs ~70 MiB of RSS.
+    current: Mutex<Option<Arc<Device>>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -148,39 +151,48 @@ pub fn probe() -> Result<(wgpu::Adapter, GpuInfo), String> {
 }
 
 /// One GPU per process and setting: devices are expensive, and every
-/// runtime of a process shares the adapter.
+/// runtime of a process shares the adapter. `None`: the setting found no
+/// GPU to use (kept, so it is not probed again).
 static SHARED: Mutex<Vec<SharedGpu>> = Mutex::new(Vec::new());
 
-/// A started GPU and the setting it was started with.
-type SharedGpu = ((GpuMode, GpuLimits), Arc<Gpu>);
+/// A setting and the GPU it started (if any).
+type SharedGpu = ((GpuMode, GpuLimits), Option<Arc<Gpu>>);
 
 impl Gpu {
-    /// The GPU for `mode`: `None` when off, or `auto` found no adapter
-    /// (logged with the reason); an error when `required` found none.
+    /// The GPU for `mode`: `None` when off, or when `auto` found no adapter
+    /// or only a software one (slower than the host's CPU kernels; dropped at
+    /// once, since an idle lavapipe instance alone holds ~60 MiB of RSS);
+    /// an error when `required` found none. Logged either way.
     pub fn start(mode: GpuMode, limits: GpuLimits) -> Result<Option<Arc<Gpu>>, GpuStartError> {
         if mode == GpuMode::Off {
             return Ok(None);
         }
         let mut shared = SHARED.lock();
         if let Some((_, gpu)) = shared.iter().find(|(key, _)| *key == (mode, limits)) {
-            return Ok(Some(gpu.clone()));
+            return Ok(gpu.clone());
         }
         let started = probe().and_then(|(adapter, info)| {
-            let device = Device::create(&adapter, &limits, 0)?;
-            Ok(Arc::new(Gpu { mode, limits, info, adapter, current: Mutex::new(Arc::new(device)) }))
+            if mode == GpuMode::Auto && info.software {
+                tracing::info!(adapter = %info, "only a software GPU adapter: under gpu = \"auto\" nodes compute on the CPU (gpu = \"required\" uses it)");
+                return Ok(None);
+            }
+            let device = match mode {
+                GpuMode::Required => Some(Arc::new(Device::create(&adapter, &limits, 0)?)),
+                _ => None,
+            };
+            tracing::info!(adapter = %info, ?mode, "GPU ready");
+            Ok(Some(Arc::new(Gpu { mode, limits, info, adapter, current: Mutex::new(device) })))
         });
-        match started {
-            Ok(gpu) => {
-                tracing::info!(adapter = %gpu.info, ?mode, "GPU ready");
-                shared.push(((mode, limits), gpu.clone()));
-                Ok(Some(gpu))
-            }
-            Err(reason) if mode == GpuMode::Required => Err(GpuStartError(reason)),
+        let gpu = match started {
+            Ok(gpu) => gpu,
+            Err(reason) if mode == GpuMode::Required => return Err(GpuStartError(reason)),
             Err(reason) => {
-                tracing::info!(%reason, "no GPU: kernels run on the CPU");
-                Ok(None)
+                tracing::info!(%reason, "no GPU: nodes compute on the CPU");
+                None
             }
-        }
+        };
+        shared.push(((mode, limits), gpu.clone()));
+        Ok(gpu)
     }
 
     /// The adapter in use.
@@ -198,19 +210,24 @@ impl Gpu {
         &self.limits
     }
 
-    /// The live device, re-created first if the current one was lost.
+    /// The live device: opened on first use, re-created first if the
+    /// current one was lost.
     pub fn device(&self) -> Result<Arc<Device>, GpuError> {
         let mut current = self.current.lock();
-        if current.is_lost() {
-            let generation = current.generation() + 1;
-            tracing::warn!(generation, "GPU device lost: recreating it");
-            let device = Device::create(&self.adapter, &self.limits, generation).map_err(|e| {
-                tracing::error!(error = %e, "cannot recreate the GPU device");
-                GpuError::DeviceLost
-            })?;
-            *current = Arc::new(device);
-        }
-        Ok(current.clone())
+        let generation = match current.as_ref() {
+            Some(device) if !device.is_lost() => return Ok(device.clone()),
+            Some(lost) => {
+                tracing::warn!(generation = lost.generation() + 1, "GPU device lost: recreating it");
+                lost.generation() + 1
+            }
+            None => 0,
+        };
+        let device = Arc::new(Device::create(&self.adapter, &self.limits, generation).map_err(|e| {
+            tracing::error!(error = %e, "cannot open the GPU device");
+            if generation == 0 { GpuError::Driver(e) } else { GpuError::DeviceLost }
+        })?);
+        *current = Some(device.clone());
+        Ok(device)
     }
 
     /// Whether nodes see the GPU at all (`gpu.available()`): under

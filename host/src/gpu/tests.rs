@@ -237,10 +237,12 @@ fn fresh_buffers_are_zeroed() {
 fn the_policy_follows_the_mode() {
     let Some(gpu) = gpu() else { return };
     assert!(gpu.prefers(1, false), "required runs everything with a GPU kernel there");
-    if let Ok(Some(auto)) = Gpu::start(GpuMode::Auto, GpuLimits::default()) {
-        assert!(auto.prefers(1, true), "a resident input stays on the device");
-        assert_eq!(auto.prefers(1 << 20, false), !auto.info().software, "large results go to a real GPU only");
-        assert!(!auto.prefers(1, false) || !auto.info().software);
+    let auto = Gpu::start(GpuMode::Auto, GpuLimits::default()).unwrap();
+    assert_eq!(auto.is_some(), !gpu.info().software, "auto keeps a real GPU only");
+    if let Some(auto) = auto {
+        assert!(auto.offered() && auto.prefers(1, true), "a resident input stays on the device");
+        assert!(auto.prefers(1 << 20, false), "large results go to the GPU");
+        assert!(!auto.prefers(1, false), "tiny ones stay on the CPU");
     }
     assert!(Gpu::start(GpuMode::Off, GpuLimits::default()).unwrap().is_none());
 }
