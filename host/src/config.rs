@@ -250,6 +250,28 @@ pub struct Config {
     /// Most time one route call may take, ms (the plugin's own time limit
     /// if lower); 504 beyond. Default 120000.
     pub route_timeout_ms: u64,
+
+    // Issue 17: GPU compute (see `gpu`).
+    /// `"auto"` (the default): use a GPU adapter when there is one — host
+    /// kernels run on it when it is a real GPU and the tensor is large
+    /// enough, or when their input is already on the device; `"off"`: never;
+    /// `"required"`: fail start-up without an adapter (Mesa's software
+    /// Vulkan counts) and run every host kernel that has a GPU version on it.
+    /// `KILN_GPU`.
+    pub gpu: crate::gpu::GpuMode,
+    /// Largest single device tensor, MiB. Default 1024.
+    pub gpu_max_buffer_mb: u64,
+    /// Most workgroups along one dimension of a plugin's dispatch. Default 65535.
+    pub gpu_max_workgroups: u32,
+    /// Most invocations of one dispatch. Default 2³⁰.
+    pub gpu_max_invocations: u64,
+    /// Most loop iterations one kernel invocation may run (every loop is
+    /// rewritten to stop there, so a looping kernel ends). Default 2²⁰.
+    pub gpu_loop_budget: u32,
+    /// Longest WGSL source a plugin may compile, KiB. Default 256.
+    pub gpu_max_source_kb: usize,
+    /// Smallest result (values) `auto` sends to a real GPU. Default 65536.
+    pub gpu_min_auto_elements: usize,
 }
 
 /// One `[[plugin_network]]` grant (see [`Config::plugin_network`]).
@@ -359,6 +381,13 @@ impl Default for Config {
             outbound_max_response_mb: 64,
             route_max_body_mb: 64,
             route_timeout_ms: 120_000,
+            gpu: crate::gpu::GpuMode::Auto,
+            gpu_max_buffer_mb: 1024,
+            gpu_max_workgroups: 65_535,
+            gpu_max_invocations: 1 << 30,
+            gpu_loop_budget: 1 << 20,
+            gpu_max_source_kb: 256,
+            gpu_min_auto_elements: 1 << 16,
         }
     }
 }
@@ -376,6 +405,8 @@ pub enum ConfigError {
     SecretPlugins(#[from] crate::plugins::identity::GrantError),
     #[error("invalid {field}: {reason}")]
     Network { field: &'static str, reason: String },
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuStartError),
 }
 
 impl Config {
@@ -444,8 +475,23 @@ impl Config {
         }
     }
 
+    /// The bounds on GPU kernels.
+    pub fn gpu_limits(&self) -> crate::gpu::GpuLimits {
+        crate::gpu::GpuLimits {
+            max_buffer_bytes: self.gpu_max_buffer_mb.saturating_mul(1 << 20).max(1 << 20),
+            max_workgroups_per_dim: self.gpu_max_workgroups.max(1),
+            max_invocations: self.gpu_max_invocations.max(1),
+            loop_budget: self.gpu_loop_budget.max(1),
+            max_source_bytes: self.gpu_max_source_kb.saturating_mul(1024),
+            min_auto_elements: self.gpu_min_auto_elements,
+            ..crate::gpu::GpuLimits::default()
+        }
+    }
+
     /// The plugin runtime's slice of the configuration; refuses
-    /// `secret_plugins` entries that do not name a directory or a hash.
+    /// `secret_plugins` entries that do not name a directory or a hash, and
+    /// `gpu = "required"` without an adapter (the GPU is opened here, once
+    /// per process).
     pub fn runtime(&self) -> Result<RuntimeConfig, ConfigError> {
         let mb = |v: u64| v.saturating_mul(1 << 20);
         Ok(RuntimeConfig {
@@ -479,6 +525,7 @@ impl Config {
             },
             route_response_bytes: usize::try_from(mb(self.route_max_body_mb)).unwrap_or(usize::MAX),
             route_timeout: Duration::from_millis(self.route_timeout_ms.max(1)),
+            gpu: crate::gpu::Gpu::start(self.gpu, self.gpu_limits())?,
         })
     }
 
@@ -596,6 +643,13 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "outbound_max_response_mb",
         "route_max_body_mb",
         "route_timeout_ms",
+        "gpu",
+        "gpu_max_buffer_mb",
+        "gpu_max_workgroups",
+        "gpu_max_invocations",
+        "gpu_loop_budget",
+        "gpu_max_source_kb",
+        "gpu_min_auto_elements",
     ];
     for (var, value) in vars {
         let Some(field) = var.strip_prefix("KILN_").map(str::to_ascii_lowercase) else { continue };
@@ -608,7 +662,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
                 toml::Value::Array(value.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect())
             }
             "partner_base_url" | "partner_api_key" => toml::Value::String(value),
-            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" => {
+            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" | "gpu" => {
                 toml::Value::String(value)
             }
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
@@ -658,6 +712,21 @@ mod tests {
         assert_eq!(config.plugin_dirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(config.node_memory_mb, Config::default().node_memory_mb);
         assert_eq!(config.runtime().unwrap().limits.default_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn gpu_mode_comes_from_kiln_gpu() {
+        let parse = |value: &str| {
+            let mut table = toml::Table::new();
+            apply_env(&mut table, [("KILN_GPU".to_string(), value.to_string())].into_iter()).unwrap();
+            Config::deserialize(toml::Value::Table(table))
+        };
+        assert_eq!(parse("required").unwrap().gpu, crate::gpu::GpuMode::Required);
+        assert_eq!(parse("off").unwrap().gpu, crate::gpu::GpuMode::Off);
+        assert!(parse("fast").is_err(), "only auto, off, required");
+        assert_eq!(Config::default().gpu, crate::gpu::GpuMode::Auto);
+        let config = Config { gpu: crate::gpu::GpuMode::Off, ..Config::default() };
+        assert!(config.runtime().unwrap().gpu.is_none(), "off opens no device");
     }
 
     #[test]

@@ -19,6 +19,9 @@
 //!    [`store`], a bounded queue, workers, idempotency, assets, retention;
 //!    [`server`] wires them into `kiln serve`.
 //!
+//! [`gpu`] owns the wgpu device: plugins' WGSL kernels and the GPU versions
+//! of the host's pixel kernels run there, over tensors that stay on the device.
+//!
 //! [`config`] is the one typed configuration; [`cli`] is the `kiln` binary's
 //! front end; [`object_info`] renders node definitions in ComfyUI's format.
 
@@ -29,6 +32,7 @@ pub mod cli;
 pub mod config;
 pub mod executor;
 pub mod files;
+pub mod gpu;
 pub mod logging;
 pub mod memory;
 pub mod object_info;

@@ -181,3 +181,88 @@ fn a_plugin_compile_over_the_memory_limit_fails_naming_it() {
     assert!(!out.status.success(), "must fail: {stderr}");
     assert!(stderr.contains("plugin `big (") && stderr.contains("compile_memory_mb = 100"), "names the plugin and the limit: {stderr}");
 }
+
+#[test]
+fn timings_say_where_each_node_ran_and_doctor_names_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("wf.json"),
+        r#"{"1": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 32, "batch_size": 1, "color": 255}},
+            "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+            "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "t"}}}"#,
+    )
+    .unwrap();
+    let doctor = |gpu: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["doctor"])
+            .current_dir(dir.path())
+            .env("KILN_GPU", gpu)
+            .env("KILN_DATA_DIR", "/srv/kiln-data")
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect::<Vec<_>>()
+    };
+    let off = doctor("off");
+    assert_eq!(off.len(), 3, "{off:?}");
+    assert_eq!(off[0], "gpu: none (gpu = \"off\")");
+    assert!(off[1].starts_with("plugin cache: "), "{off:?}");
+    assert_eq!(off[2], "data dir: /srv/kiln-data");
+    let auto = doctor("auto");
+    let has_adapter = !auto[0].starts_with("gpu: none");
+    assert!(auto[0].starts_with("gpu: "), "{auto:?}");
+    if !has_adapter && std::env::var_os("CI").is_some() {
+        panic!("CI needs a GPU adapter (Mesa lavapipe): {}", auto[0]);
+    }
+
+    for (gpu, place) in [("off", "cpu"), ("required", "gpu")] {
+        if gpu == "required" && !has_adapter {
+            eprintln!("skipped the GPU run: {}", auto[0]);
+            continue;
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["run", "wf.json", "--out", gpu, "--timings"])
+            .current_dir(dir.path())
+            .env("KILN_GPU", gpu)
+            .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let timings: Vec<Vec<&str>> = stderr.lines().filter_map(|l| l.strip_prefix("timing ")).map(|l| l.split(' ').collect()).collect();
+        assert_eq!(timings.len(), 3, "one line per executed node: {stderr}");
+        let invert = timings.iter().find(|t| t[0] == "2").unwrap();
+        assert_eq!((invert[1], invert[2], invert[4]), ("ImageInvert", place, "ms"), "{stderr}");
+        assert!(invert[3].parse::<f64>().unwrap() >= 0.0);
+        let empty = timings.iter().find(|t| t[0] == "1").unwrap();
+        assert_eq!(empty[2], "cpu", "EmptyImage has no GPU kernel");
+    }
+}
+
+#[test]
+fn required_without_an_adapter_fails_start_up_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("wf.json"), r#"{"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}}, "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}}}"#).unwrap();
+    // No Vulkan driver for the loader to find: no adapter.
+    let without_drivers = |args: &[&str], gpu: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(args)
+            .current_dir(dir.path())
+            .env("KILN_GPU", gpu)
+            .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
+            .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+            .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
+            .output()
+            .unwrap()
+    };
+    let out = without_drivers(&["run", "wf.json", "--out", "o"], "required");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("gpu = \"required\" but no Vulkan adapter found"), "{stderr}");
+    // `auto` runs on the CPU instead, and doctor says why there is no GPU.
+    let out = without_drivers(&["run", "wf.json", "--out", "o"], "auto");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = without_drivers(&["doctor"], "required");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("gpu: none (no Vulkan adapter found"), "{stdout}");
+}

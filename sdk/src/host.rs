@@ -1,5 +1,5 @@
 //! Services the host offers a running node: progress, previews, input and
-//! output files, GPU kernels.
+//! output files (GPU kernels: [`crate::gpu`]).
 
 pub use crate::bindings::kiln::plugin::gpu;
 use crate::bindings::kiln::plugin::host as wit;

@@ -93,6 +93,13 @@ impl crate::Image {
     }
 }
 
+impl crate::Mask {
+    /// Hands the values to the host as a `B×H×W` tensor.
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        Ok(tensors::create(&dims(&self.shape())?, &self.data)?)
+    }
+}
+
 impl Output {
     pub(crate) fn into_wit(self) -> Result<wit::Value> {
         Ok(match self {

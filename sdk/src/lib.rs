@@ -28,7 +28,8 @@
 //!
 //! What a node can reach is only what the host imports provide: host-owned
 //! tensors ([`Tensor`]), progress and previews, uploaded input files and saved
-//! output files ([`host`]), and native pixel kernels over tensors ([`kernels`]).
+//! output files ([`host`]), native pixel kernels over tensors ([`kernels`]),
+//! and WGSL kernels on the host's GPU with a CPU fallback ([`gpu`]).
 //! No filesystem; HTTP (`wasi:http`, e.g. through the `wasip2` crate) and an
 //! environment only as the operator grants them to the plugin (its
 //! manifest's `outbound_hosts` and `routes`, see the README). A plugin that calls a partner
@@ -50,6 +51,7 @@
 
 mod def;
 mod dispatch;
+pub mod gpu;
 pub mod host;
 mod image;
 mod io;
@@ -77,6 +79,7 @@ pub use io::{Error, Inputs, Output, Outputs, Result, Tensor};
 
 /// Everything a node plugin usually needs.
 pub mod prelude {
+    pub use crate::gpu;
     pub use crate::host;
     pub use crate::kernels;
     pub use crate::{Error, Hidden, Image, Inputs, Kind, Mask, NodeClass, NodeDef, Output, Outputs, Result};

@@ -34,8 +34,19 @@ fn input_value(kind: &InputKind, json: &Json) -> Value {
 /// Runs one case; returns the worst absolute error over its tensor outputs.
 async fn run_case(case: &Json, out: &Path) -> Result<f32, String> {
     let env = env().await;
+    Ok(run_case_on(&env.runtime, &env.registry, case, out).await?.0)
+}
+
+/// Runs one case on `runtime`; returns the worst absolute error over its
+/// tensor outputs and whether the node ran on the GPU.
+pub async fn run_case_on(
+    runtime: &kiln::plugins::PluginRuntime,
+    registry: &kiln::plugins::NodeRegistry,
+    case: &Json,
+    out: &Path,
+) -> Result<(f32, bool), String> {
     let class = case["class_type"].as_str().ok_or("no class_type")?;
-    let (plugin, def) = env.registry.get(class).ok_or(format!("{class} is not provided"))?;
+    let (plugin, def) = registry.get(class).ok_or(format!("{class} is not provided"))?;
     let given = case["inputs"].as_object().ok_or("no inputs")?;
     let mut inputs = Vec::new();
     for spec in def.required.iter().chain(&def.optional) {
@@ -51,7 +62,7 @@ async fn run_case(case: &Json, out: &Path) -> Result<f32, String> {
         budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED),
         cache_key: None,
     };
-    let output = env.runtime.execute(plugin, class, &inputs, io, &Default::default()).await.map_err(|f| format!("{:?}: {}", f.kind, f.message))?;
+    let output = runtime.execute(plugin, class, &inputs, io, &Default::default()).await.map_err(|f| format!("{:?}: {}", f.kind, f.message))?;
     let expected = case["outputs"].as_array().ok_or("no outputs")?;
     if expected.len() != output.values.len() {
         return Err(format!("{} outputs, expected {}", output.values.len(), expected.len()));
@@ -64,7 +75,7 @@ async fn run_case(case: &Json, out: &Path) -> Result<f32, String> {
                 if t.shape() != want.shape() {
                     return Err(format!("output {i}: shape {:?}, expected {:?}", t.shape(), want.shape()));
                 }
-                for (a, b) in t.data().iter().zip(want.data()) {
+                for (a, b) in t.data().unwrap().iter().zip(want.data().unwrap()) {
                     worst = worst.max((a - b).abs());
                 }
             }
@@ -75,7 +86,7 @@ async fn run_case(case: &Json, out: &Path) -> Result<f32, String> {
             other => return Err(format!("output {i}: {other:?}, expected {want}")),
         }
     }
-    Ok(worst)
+    Ok((worst, output.on_gpu))
 }
 
 #[tokio::test]

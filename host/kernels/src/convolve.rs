@@ -65,6 +65,18 @@ pub enum Finish {
 /// height (torch's reflect-padding limit).
 pub fn separable(src: &[f32], dims: Dims, k: &[f32], finish: Finish, stop: Stop<'_>) -> Result<Vec<f32>, KernelError> {
     dims.check(src)?;
+    check(dims, k, finish)?;
+    let mut out = vec![0.0f32; src.len()];
+    let (frame_len, row_len) = (dims.frame_len(), dims.row_len());
+    for_each_band(&mut out, frame_len, row_len, stop, |frame, first_row, band| {
+        let frame = &src[frame * frame_len..(frame + 1) * frame_len];
+        convolve_rows(frame, dims, k, finish, first_row, band);
+    })?;
+    Ok(out)
+}
+
+/// Whether [`separable`] accepts the kernel `k` and `finish` for images of `dims`.
+pub fn check(dims: Dims, k: &[f32], finish: Finish) -> Result<(), KernelError> {
     if k.len().is_multiple_of(2) || k.len() > MAX_TAPS {
         return Err(KernelError::Invalid(format!("a kernel has an odd number of taps up to {MAX_TAPS}, got {}", k.len())));
     }
@@ -85,13 +97,7 @@ pub fn separable(src: &[f32], dims: Dims, k: &[f32], finish: Finish, stop: Stop<
             dims.width, dims.height
         )));
     }
-    let mut out = vec![0.0f32; src.len()];
-    let (frame_len, row_len) = (dims.frame_len(), dims.row_len());
-    for_each_band(&mut out, frame_len, row_len, stop, |frame, first_row, band| {
-        let frame = &src[frame * frame_len..(frame + 1) * frame_len];
-        convolve_rows(frame, dims, k, finish, first_row, band);
-    })?;
-    Ok(out)
+    Ok(())
 }
 
 /// Output rows `first_row..` of one frame into `band` (whole rows).

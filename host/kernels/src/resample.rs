@@ -139,6 +139,18 @@ fn taps(n_in: usize, n_out: usize, method: Method) -> Taps {
     }
 }
 
+/// The taps of resizing `n_in` samples to `n_out` as a table, for other
+/// implementations of the same resize (the GPU's): taps per output `n`, then
+/// `n` source indices and `n` weights per output position. A size that does
+/// not change gives the identity (the CPU skips that pass).
+pub fn tap_table(n_in: usize, n_out: usize, method: Method) -> (usize, Vec<usize>, Vec<f32>) {
+    if n_in == n_out {
+        return (1, (0..n_out).collect(), vec![1.0; n_out]);
+    }
+    let t = taps(n_in, n_out, method);
+    (t.n, t.index, t.weight)
+}
+
 /// Most rows or columns a resize may produce: 8× ComfyUI's `MAX_RESOLUTION`
 /// (ImageScaleBy's largest factor); the tensor budget bounds the rest.
 pub const MAX_SIDE: usize = 16384 * 8;
@@ -347,7 +359,8 @@ pub fn crop(src: &[f32], dims: Dims, x: usize, y: usize, cw: usize, ch: usize) -
     Some((data, Dims { height: ch, width: cw, ..dims }))
 }
 
-fn check_target(dims: Dims, width: usize, height: usize) -> Result<Dims, KernelError> {
+/// The output of resizing `dims` to `width × height`, or why it cannot be.
+pub fn check_target(dims: Dims, width: usize, height: usize) -> Result<Dims, KernelError> {
     if width == 0 || height == 0 || width > MAX_SIDE || height > MAX_SIDE {
         return Err(KernelError::Invalid(format!("cannot resize to {width}×{height}: sides are 1 to {MAX_SIDE}")));
     }

@@ -32,6 +32,9 @@ pub enum Command {
     Run(run::RunArgs),
     /// Print the node definitions as ComfyUI `object_info` JSON.
     Nodes,
+    /// Print what kiln will use, one line each: the GPU adapter, the plugin
+    /// cache, the data directory.
+    Doctor,
     /// Serve the Jobs API (`/api/v2`) until interrupted.
     Serve(serve::ServeArgs),
     /// Manage the accounts of a cloud or serverless server (admin API).
@@ -100,6 +103,12 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
         Command::Accounts(args) => accounts::run(config, args).await,
         Command::Deployments(args) => deployments::run(&config, args).await,
         Command::CompileComponent(args) => Ok(i32::from(compile_component(&args))),
+        Command::Doctor => {
+            for line in doctor(&config) {
+                println!("{line}");
+            }
+            Ok(0)
+        }
         Command::Nodes => {
             let (_, registry) = run::load(&config).await?;
             let files = crate::files::NamedInputs::new();
@@ -111,4 +120,24 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
             Ok(0)
         }
     }
+}
+
+/// `kiln doctor`'s lines: the GPU adapter (or `none` and why), the plugin
+/// cache, the data directory. Probes the adapter itself, so it answers even
+/// where `gpu = "required"` would refuse to start.
+pub fn doctor(config: &crate::config::Config) -> Vec<String> {
+    use crate::gpu::GpuMode;
+    let mode = serde_json::to_value(config.gpu).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    let gpu = match config.gpu {
+        GpuMode::Off => "gpu: none (gpu = \"off\")".to_string(),
+        _ => match crate::gpu::probe() {
+            Ok((_, info)) if info.software && config.gpu == GpuMode::Auto => {
+                format!("gpu: {info} (gpu = \"auto\": a software adapter, so nodes compute on the CPU; gpu = \"required\" uses it)")
+            }
+            Ok((_, info)) => format!("gpu: {info} (gpu = \"{mode}\")"),
+            Err(reason) => format!("gpu: none ({reason})"),
+        },
+    };
+    let cache = config.artifact_dir().map_or_else(|| "none (components compile on every start)".to_string(), |d| d.display().to_string());
+    vec![gpu, format!("plugin cache: {cache}"), format!("data dir: {}", config.data_dir.display())]
 }

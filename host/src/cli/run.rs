@@ -29,6 +29,18 @@ pub struct RunArgs {
     /// Plain progress lines even on a terminal.
     #[arg(long)]
     pub no_progress_bar: bool,
+    /// After the run, print one line per executed node on stderr: node id,
+    /// class, where it ran (`cpu` or `gpu`) and milliseconds.
+    #[arg(long)]
+    pub timings: bool,
+}
+
+/// One executed node, for `--timings`.
+struct Timing {
+    node: String,
+    class_type: String,
+    on_gpu: bool,
+    elapsed_ms: f64,
 }
 
 fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
@@ -113,9 +125,16 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
         );
         bar
     });
+    let timings = Arc::new(parking_lot::Mutex::new(Vec::<Timing>::new()));
     let events = {
         let bar = bar.clone();
-        Arc::new(move |event: Event| report(&bar, &event))
+        let timings = timings.clone();
+        Arc::new(move |event: Event| {
+            if let Event::Executed { node, class_type, elapsed_ms, on_gpu } = &event {
+                timings.lock().push(Timing { node: node.clone(), class_type: class_type.clone(), on_gpu: *on_gpu, elapsed_ms: *elapsed_ms });
+            }
+            report(&bar, &event)
+        })
     };
     let ctx = RunContext {
         job_id: uuid::Uuid::new_v4().to_string(),
@@ -136,6 +155,11 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     }
     if !outcome.log.is_empty() {
         eprint!("{}", outcome.log);
+    }
+    if args.timings {
+        for t in timings.lock().iter() {
+            eprintln!("timing {} {} {} {:.1} ms", t.node, t.class_type, if t.on_gpu { "gpu" } else { "cpu" }, t.elapsed_ms);
+        }
     }
     match outcome.status {
         RunStatus::Succeeded => {

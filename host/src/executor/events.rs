@@ -27,8 +27,8 @@ pub enum Event {
     /// A node finished and saved files (output nodes; also sent for cached
     /// output nodes, with their earlier files).
     Output { node: String, class_type: String, files: Vec<SavedFile>, cached: bool },
-    /// A node finished running.
-    Executed { node: String, class_type: String, elapsed_ms: f64 },
+    /// A node finished running; `on_gpu` when any of its work ran on the GPU.
+    Executed { node: String, class_type: String, elapsed_ms: f64, on_gpu: bool },
     /// The whole run finished.
     Succeeded { job_id: String },
     /// A node failed; the run stopped.

@@ -266,6 +266,7 @@ impl<'a> Run<'a> {
     fn completed(&mut self, node: &PlannedNode, output: NodeOutput, elapsed_ms: f64, unread: bool) {
         let id = &node.id;
         append_log(&mut self.log, &mut self.log_truncated, id, &node.class_type, &output.log);
+        let on_gpu = output.on_gpu;
         let result = Arc::new(CachedResult { values: output.values, saved: output.saved });
         if let Some(key) = self.keys.get(id) {
             self.executor.cache.put(*key, result.clone());
@@ -278,7 +279,7 @@ impl<'a> Run<'a> {
             self.saved.insert(id.clone(), result.saved.clone());
         }
         self.executed.push(id.clone());
-        self.emit(Event::Executed { node: id.clone(), class_type: node.class_type.clone(), elapsed_ms });
+        self.emit(Event::Executed { node: id.clone(), class_type: node.class_type.clone(), elapsed_ms, on_gpu });
         let overall = {
             let mut p = self.progress.lock();
             p.running.remove(id);

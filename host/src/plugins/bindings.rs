@@ -11,7 +11,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
     with: {
         "kiln:plugin/tensors.tensor": crate::tensor::Tensor,
-        "kiln:plugin/gpu.kernel": super::imports::Kernel,
+        "kiln:plugin/gpu.kernel": super::gpu_calls::KernelHandle,
     },
 });
 

@@ -1,11 +1,11 @@
-//! The host side of the plugin imports: tensors, host services and the GPU
-//! placeholder. Every function checks what the guest passes; refusals are
+//! The host side of the plugin imports: tensors and host services (the GPU
+//! is `gpu_calls`, pixel kernels `kernels`). Every function checks what the guest passes; refusals are
 //! returned to the guest as errors, and budget overruns are also recorded so
 //! the node fails with `invalid_output` even if the guest ignores the error.
 
 use wasmtime::component::Resource;
 
-use super::bindings::kiln::plugin::{gpu, host, tensors};
+use super::bindings::kiln::plugin::{host, tensors};
 use super::state::{NodeSignal, NodeState};
 use crate::files::FileKind;
 use crate::tensor::{Tensor, TensorError};
@@ -25,15 +25,11 @@ fn bounded_text(mut text: String) -> String {
     text
 }
 
-/// A compiled GPU kernel (placeholder until the GPU milestone: never created).
-pub struct Kernel {
-    id: String,
-}
-
 fn tensor_error(e: TensorError) -> tensors::TensorError {
     match e {
         TensorError::BadShape(_) => tensors::TensorError::BadShape(e.to_string()),
         TensorError::LengthMismatch { .. } => tensors::TensorError::LengthMismatch(e.to_string()),
+        TensorError::Device(_) => tensors::TensorError::OutOfRange(e.to_string()),
     }
 }
 
@@ -60,11 +56,14 @@ impl tensors::HostTensor for NodeState {
         // The copy is the job's while the guest takes it in (its linear
         // memory, charged as it grows, then holds it).
         let _copy = self.charge_job(tensor.byte_len()).map_err(wasmtime::Error::msg)?;
-        Ok(tensor.data().to_vec())
+        Ok(tensor.data().map_err(wasmtime::Error::msg)?.to_vec())
     }
     fn read_range(&mut self, this: Resource<Tensor>, offset: u64, len: u32) -> wasmtime::Result<Result<Vec<f32>, tensors::TensorError>> {
         let tensor = self.table.get(&this)?.clone();
-        let data = tensor.data();
+        let data = match tensor.data() {
+            Ok(data) => data,
+            Err(e) => return Ok(Err(tensor_error(e))),
+        };
         let range = usize::try_from(offset).ok().and_then(|start| start.checked_add(len as usize).map(|end| start..end)).filter(|r| r.end <= data.len());
         let Some(range) = range else {
             return Ok(Err(tensors::TensorError::OutOfRange(format!("{len} elements at {offset} of {}", data.len()))));
@@ -167,37 +166,6 @@ impl host::Host for NodeState {
             }
             Err(e) => Ok(Err(e.to_string())),
         }
-    }
-}
-
-impl gpu::Host for NodeState {
-    fn available(&mut self) -> wasmtime::Result<bool> {
-        Ok(false)
-    }
-    fn compile(&mut self, _wgsl: String, _entry_point: String) -> wasmtime::Result<Result<Resource<Kernel>, gpu::GpuError>> {
-        Ok(Err(gpu::GpuError::Unavailable))
-    }
-    fn allocate(&mut self, _shape: Vec<u32>) -> wasmtime::Result<Result<Resource<Tensor>, gpu::GpuError>> {
-        Ok(Err(gpu::GpuError::Unavailable))
-    }
-    fn dispatch(
-        &mut self,
-        _kernel: Resource<Kernel>,
-        _bindings: Vec<gpu::Binding>,
-        _uniforms: Vec<u8>,
-        _workgroups: (u32, u32, u32),
-    ) -> wasmtime::Result<Result<(), gpu::GpuError>> {
-        Ok(Err(gpu::GpuError::Unavailable))
-    }
-}
-
-impl gpu::HostKernel for NodeState {
-    fn id(&mut self, this: Resource<Kernel>) -> wasmtime::Result<String> {
-        Ok(self.table.get(&this)?.id.clone())
-    }
-    fn drop(&mut self, this: Resource<Kernel>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
-        Ok(())
     }
 }
 

@@ -7,7 +7,15 @@
 //! with a stop check wired to the node's cancellation and deadline: host code
 //! is not interrupted by epochs, so a kernel gives up between bands instead,
 //! and the node then ends as `interrupted` or `timeout` like any guest code.
+//!
+//! Affine maps, convolutions and the linear resizes also have GPU versions
+//! ([`crate::gpu::ops`]): a call runs there when the host's GPU policy says
+//! so (`Gpu::prefers`: the input already on the device, or a result large
+//! enough for a real GPU, or always under `gpu = "required"`). Its result
+//! stays on the device. A GPU failure other than a timeout falls back to the
+//! CPU path.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_kernels::convolve::{self, Finish};
@@ -18,7 +26,11 @@ use wasmtime::component::Resource;
 
 use super::bindings::kiln::plugin::kernels;
 use super::state::{NodeState, Stopped};
+use crate::gpu::{Device, DeviceBuffer, Gpu, GpuError};
 use crate::tensor::Tensor;
+
+/// A GPU version of a host kernel: from the device and the input's buffer to the result's.
+type GpuOp<'a> = Box<dyn FnOnce(&Arc<Device>, &DeviceBuffer, Instant) -> Result<DeviceBuffer, GpuError> + 'a>;
 
 type KernelResult<T> = wasmtime::Result<Result<T, kernels::KernelError>>;
 
@@ -44,6 +56,11 @@ fn method(m: kernels::Resample) -> Method {
         kernels::Resample::Bicubic => Method::Bicubic,
         kernels::Resample::Lanczos => Method::Lanczos,
     }
+}
+
+/// The tensor's elements on the host (read back from the GPU if needed).
+fn host_data(t: &Tensor) -> Result<&[f32], KernelError> {
+    t.data().map_err(|e| KernelError::Invalid(e.to_string()))
 }
 
 fn shape_of(d: Dims, mask: bool) -> Vec<u32> {
@@ -112,6 +129,62 @@ impl NodeState {
     }
 }
 
+impl NodeState {
+    /// The GPU a host kernel with a result of `values` elements over `input`
+    /// runs on, if the policy picks it.
+    fn gpu_for(&self, values: Option<usize>, input: &Tensor) -> Option<Arc<Gpu>> {
+        let gpu = self.gpu.gpu.as_ref()?;
+        let resident = input.device().is_some_and(|b| !b.device().is_lost());
+        gpu.prefers(values?, resident).then(|| gpu.clone())
+    }
+
+    /// Runs `op` on the GPU with the same charges as [`Self::compute`]; the
+    /// result stays on the device. `None`: the GPU failed (logged), run the CPU path.
+    fn compute_gpu(&mut self, gpu: &Gpu, input: &Tensor, shape: Vec<u32>, op: GpuOp<'_>) -> Option<KernelResult<Resource<Tensor>>> {
+        let values = crate::tensor::element_count(&shape).ok()?;
+        let bytes = values.saturating_mul(4);
+        let charge = match self.charge(bytes) {
+            Ok(charge) => charge,
+            Err(m) => return Some(Ok(Err(kernels::KernelError::BudgetExceeded(m)))),
+        };
+        // The device scratch (a convolution's intermediate, tap tables) is
+        // at most the result's size.
+        let scratch = match self.charge_job(bytes) {
+            Ok(scratch) => scratch,
+            Err(m) => {
+                self.tensor_bytes -= bytes;
+                return Some(Ok(Err(kernels::KernelError::BudgetExceeded(m))));
+            }
+        };
+        let made = gpu.device().and_then(|device| {
+            let src = input.device_or_upload(|data| device.upload(data))?;
+            if src.device().generation() != device.generation() {
+                return Err(GpuError::DeviceLost);
+            }
+            let out = op(&device, src, self.stop.deadline)?;
+            Ok(Tensor::on_device(shape, out)?)
+        });
+        drop(scratch);
+        match made {
+            Ok(t) => {
+                t.attach_charge(charge);
+                self.gpu.ran = true;
+                Some(self.table.push(t).map(Ok).map_err(wasmtime::Error::from))
+            }
+            Err(GpuError::Timeout) => {
+                let why = if self.stop.cancel.is_cancelled() { Stopped::Cancelled } else { Stopped::Deadline };
+                self.stop.stopped = Some(why);
+                Some(Err(wasmtime::Error::msg("GPU kernel stopped")))
+            }
+            Err(e) => {
+                self.tensor_bytes -= bytes;
+                tracing::warn!(error = %e, "GPU kernel failed: running it on the CPU");
+                None
+            }
+        }
+    }
+}
+
 impl kernels::Host for NodeState {
     fn convolve(&mut self, image: Resource<Tensor>, taps: Vec<f32>, finish: kernels::Finish) -> KernelResult<Resource<Tensor>> {
         let t = self.table.get(&image)?.clone();
@@ -123,7 +196,17 @@ impl kernels::Host for NodeState {
             kernels::Finish::Blur => Finish::Blur,
             kernels::Finish::Sharpen(s) => Finish::Sharpen(s),
         };
-        self.compute(Some(t.data().len()), |stop| Ok((t.shape().to_vec(), convolve::separable(t.data(), dims, &taps, finish, stop)?)))
+        if let Err(KernelError::Invalid(m)) = convolve::check(dims, &taps, finish) {
+            return invalid(m);
+        }
+        if let Some(gpu) = self.gpu_for(Some(t.len()), &t) {
+            let limits = *gpu.limits();
+            let op: GpuOp<'_> = Box::new(|device, src, deadline| crate::gpu::ops::convolve(device, &limits, src, dims, &taps, finish, deadline));
+            if let Some(done) = self.compute_gpu(&gpu, &t, t.shape().to_vec(), op) {
+                return done;
+            }
+        }
+        self.compute(Some(t.len()), |stop| Ok((t.shape().to_vec(), convolve::separable(host_data(&t)?, dims, &taps, finish, stop)?)))
     }
 
     fn resize_image(&mut self, image: Resource<Tensor>, width: u32, height: u32, m: kernels::Resample, crop_center: bool) -> KernelResult<Resource<Tensor>> {
@@ -136,12 +219,22 @@ impl kernels::Host for NodeState {
 
     fn affine(&mut self, t: Resource<Tensor>, scale: f32, offset: f32) -> KernelResult<Resource<Tensor>> {
         let t = self.table.get(&t)?.clone();
-        self.compute(Some(t.data().len()), |stop| Ok((t.shape().to_vec(), convert::affine(t.data(), scale, offset, stop)?)))
+        if let Some(gpu) = self.gpu_for(Some(t.len()), &t) {
+            let limits = *gpu.limits();
+            let op: GpuOp<'_> = Box::new(|device, src, deadline| crate::gpu::ops::affine(device, &limits, src, scale, offset, deadline));
+            if let Some(done) = self.compute_gpu(&gpu, &t, t.shape().to_vec(), op) {
+                return done;
+            }
+        }
+        self.compute(Some(t.len()), |stop| Ok((t.shape().to_vec(), convert::affine(host_data(&t)?, scale, offset, stop)?)))
     }
 
     fn read_u8(&mut self, t: Resource<Tensor>, offset: u64, len: u32) -> KernelResult<Vec<u8>> {
         let t = self.table.get(&t)?.clone();
-        let data = t.data();
+        let data = match t.data() {
+            Ok(data) => data,
+            Err(e) => return invalid(e.to_string()),
+        };
         let range = usize::try_from(offset).ok().and_then(|start| start.checked_add(len as usize).map(|end| start..end)).filter(|r| r.end <= data.len());
         let Some(range) = range else { return invalid(format!("{len} elements at {offset} of {}", data.len())) };
         let _copy = match self.charge_job(range.len() as u64) {
@@ -166,7 +259,7 @@ impl kernels::Host for NodeState {
             Ok(buffers) => buffers,
             Err(m) => return Ok(Err(kernels::KernelError::BudgetExceeded(m))),
         };
-        Ok(self.run_kernel(|stop| codec::encode_png(t.data(), dims, index as usize, text, stop))?.map_err(kernels::KernelError::Invalid))
+        Ok(self.run_kernel(|stop| codec::encode_png(host_data(&t)?, dims, index as usize, text, stop))?.map_err(kernels::KernelError::Invalid))
     }
 }
 
@@ -184,10 +277,27 @@ impl NodeState {
         if !(1..=resample::MAX_SIDE).contains(&width) || !(1..=resample::MAX_SIDE).contains(&height) {
             return invalid(format!("cannot resize to {width}×{height}: sides are 1 to {}", resample::MAX_SIDE));
         }
-        self.compute(Dims { width, height, ..dims }.len(), |stop| {
+        let out = match resample::check_target(dims, width, height) {
+            Ok(out) => out,
+            Err(e) => return invalid(e.to_string()),
+        };
+        if method != Method::Lanczos
+            && let Some(gpu) = self.gpu_for(out.len(), &t)
+        {
+            let region = match crop_center {
+                Some(true) => resample::center_crop(dims.width, dims.height, width, height),
+                _ => (0, 0, dims.width, dims.height),
+            };
+            let limits = *gpu.limits();
+            let op: GpuOp<'_> = Box::new(move |device, src, deadline| crate::gpu::ops::resize(device, &limits, src, dims, region, out, method, deadline));
+            if let Some(done) = self.compute_gpu(&gpu, &t, shape_of(out, mask), op) {
+                return done;
+            }
+        }
+        self.compute(out.len(), |stop| {
             let (data, out) = match crop_center {
-                Some(crop) => resample::resize_image(t.data(), dims, width, height, method, crop, stop)?,
-                None => resample::resize_mask(t.data(), dims, width, height, method, stop)?,
+                Some(crop) => resample::resize_image(host_data(&t)?, dims, width, height, method, crop, stop)?,
+                None => resample::resize_mask(host_data(&t)?, dims, width, height, method, stop)?,
             };
             Ok((shape_of(out, mask), data))
         })

@@ -51,7 +51,8 @@ pub struct RequestedLimits {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Capabilities {
-    /// GPU kernels.
+    /// Its own WGSL kernels on the host's GPU (`kiln:plugin/gpu`): without
+    /// it `gpu.available()` is false. Bounded like host kernels (see `gpu`).
     #[serde(default)]
     pub gpu: bool,
     /// Hosts the plugin may call through `wasi:http/outgoing-handler`:
@@ -111,9 +112,6 @@ impl Manifest {
             !manifest.component.is_empty() && !manifest.component.contains(['/', '\\']) && manifest.component != ".." && manifest.component.ends_with(".wasm");
         if !component_ok {
             return Err(ManifestError::Invalid { field: "component", reason: "a .wasm file name beside the manifest".into() });
-        }
-        if manifest.capabilities.gpu {
-            return Err(ManifestError::CapabilityNotGranted("gpu".into()));
         }
         if let Some(bad) = manifest.capabilities.outbound_hosts.iter().find(|h| h.as_str() != "*" && super::network::HostPattern::parse(h).is_err()) {
             return Err(ManifestError::Invalid { field: "capabilities.outbound_hosts", reason: format!("{bad:?} is not `host`, `host:port` or \"*\"") });

@@ -13,8 +13,9 @@
 //! - [`determinism`]: the virtual clocks and seeded randomness of node calls.
 //! - [`runtime`]: loading plugins and calling nodes under limits.
 //! - [`registry`]: which plugin provides each node class.
-//! - `state`, `imports`, `kernels`, `log_pipe`: a node store's data and the
-//!   host side of the imports (`kernels`: native pixel kernels over host tensors).
+//! - `state`, `imports`, `kernels`, `gpu_calls`, `log_pipe`: a node store's data and the
+//!   host side of the imports (`kernels`: pixel kernels over host tensors, on
+//!   the CPU or the GPU; `gpu_calls`: plugins' own WGSL kernels).
 //! - [`bundled`]: the plugins shipped inside the binary.
 
 pub mod artifacts;
@@ -24,6 +25,7 @@ pub mod compile;
 mod deadlines;
 pub mod determinism;
 pub mod engine;
+mod gpu_calls;
 pub mod identity;
 mod imports;
 mod kernels;

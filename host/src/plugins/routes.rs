@@ -45,7 +45,8 @@ impl PluginRuntime {
         let Some(proxy) = plugin.proxy.clone() else { return Err(RouteError::NoRoutes) };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let limits = EffectiveLimits { memory_bytes: plugin.limits.memory_bytes, timeout: plugin.limits.timeout.min(self.config.route_timeout) };
-        let setup = CallSetup { limits, io: None, guest_world: GuestWorld::Real, name: plugin.manifest.name.as_str().into(), net: plugin.net.clone() };
+        let setup =
+            CallSetup { limits, io: None, guest_world: GuestWorld::Real, name: plugin.manifest.name.as_str().into(), net: plugin.net.clone(), gpu: false };
         let run = async {
             // The store (and with it the response's sender) is dropped as
             // soon as the handler returns, so `collect` cannot wait forever.

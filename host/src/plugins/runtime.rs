@@ -70,6 +70,8 @@ pub struct RuntimeConfig {
     pub route_response_bytes: usize,
     /// Most time a route call may take (the plugin's own limit if lower).
     pub route_timeout: Duration,
+    /// The host's GPU, when there is one and it is not turned off.
+    pub gpu: Option<Arc<crate::gpu::Gpu>>,
 }
 
 /// How a node call failed. Each kind maps to its own error code on the wire.
@@ -115,6 +117,8 @@ pub struct NodeOutput {
     pub saved: Vec<SavedFile>,
     /// What the plugin printed (its tail, when long).
     pub log: CapturedLog,
+    /// Whether any of the node's work ran on the GPU.
+    pub on_gpu: bool,
 }
 
 /// Why a plugin could not be loaded. `plugin` names it by manifest name and
@@ -278,7 +282,14 @@ impl PluginRuntime {
             tracing::warn!(plugin = %plugin, "the plugin asks for outbound hosts, but the operator granted it none: its requests will be refused");
         }
         let limits = manifest.effective_limits(&self.config.limits);
-        let setup = CallSetup { limits: DEFINITIONS_LIMITS, io: None, guest_world: DEFINITIONS_WORLD, name: manifest.name.as_str().into(), net: net.clone() };
+        let setup = CallSetup {
+            limits: DEFINITIONS_LIMITS,
+            io: None,
+            guest_world: DEFINITIONS_WORLD,
+            name: manifest.name.as_str().into(),
+            net: net.clone(),
+            gpu: false,
+        };
         let definitions = self
             .call(setup, &CancellationToken::new(), |store| {
                 let pre = pre.clone();
@@ -294,8 +305,14 @@ impl PluginRuntime {
         let meta = match meta_pre {
             None => Vec::new(),
             Some(meta_pre) => {
-                let setup =
-                    CallSetup { limits: DEFINITIONS_LIMITS, io: None, guest_world: DEFINITIONS_WORLD, name: manifest.name.as_str().into(), net: net.clone() };
+                let setup = CallSetup {
+                    limits: DEFINITIONS_LIMITS,
+                    io: None,
+                    guest_world: DEFINITIONS_WORLD,
+                    name: manifest.name.as_str().into(),
+                    net: net.clone(),
+                    gpu: false,
+                };
                 self.call(setup, &CancellationToken::new(), |store| {
                     Box::pin(async move {
                         let world = meta_pre.instantiate_async(&mut *store).await?;
@@ -365,7 +382,14 @@ impl PluginRuntime {
         let class = class_type.to_string();
         let inputs = inputs.to_vec();
         let pre = plugin.pre.clone();
-        let setup = CallSetup { limits: plugin.limits, io: Some(io), guest_world, name: plugin.manifest.name.as_str().into(), net: plugin.net.clone() };
+        let setup = CallSetup {
+            limits: plugin.limits,
+            io: Some(io),
+            guest_world,
+            name: plugin.manifest.name.as_str().into(),
+            net: plugin.net.clone(),
+            gpu: plugin.manifest.capabilities.gpu,
+        };
         let (result, mut called) = self
             .call(setup, cancel, move |store| {
                 Box::pin(async move {
@@ -406,7 +430,7 @@ impl PluginRuntime {
         }
         let values = from_wit(values, state).map_err(|m| failure(FailureKind::InvalidOutput, m, log.clone()))?;
         check_outputs(def, &values).map_err(|m| failure(FailureKind::InvalidOutput, m, log.clone()))?;
-        Ok(NodeOutput { values, saved: std::mem::take(&mut state.saved), log })
+        Ok(NodeOutput { values, saved: std::mem::take(&mut state.saved), log, on_gpu: state.gpu.ran })
     }
 
     /// Runs `f` (which instantiates the plugin) in a fresh store under the limits.
@@ -416,7 +440,7 @@ impl PluginRuntime {
         cancel: &CancellationToken,
         f: impl for<'a> FnOnce(&'a mut Store<NodeState>) -> std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<R>> + Send + 'a>> + Send,
     ) -> Result<(R, Called), NodeFailure> {
-        let CallSetup { limits, io, guest_world, name, net } = setup;
+        let CallSetup { limits, io, guest_world, name, net, gpu } = setup;
         // Held until the store (and with it the pool slot) is dropped: see `Called`.
         let permit = self
             .permits
@@ -433,7 +457,9 @@ impl PluginRuntime {
         };
         let deadline_at = std::time::Instant::now() + limits.timeout;
         let outbound = OutboundPolicy::new(name, net.allowed.clone(), self.config.outbound);
-        let state = NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at), outbound, &net.env);
+        let mut state = NodeState::new(store_limits, io, guest_world, StopState::new(cancel.clone(), deadline_at), outbound, &net.env);
+        state.gpu.gpu = self.config.gpu.clone();
+        state.gpu.granted = gpu;
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.memory);
         // wasmtime caps what one guest→host call may transfer (128 MiB by
@@ -476,6 +502,8 @@ pub(super) struct CallSetup {
     /// The plugin's manifest name (for the logs of refused requests).
     pub(super) name: Arc<str>,
     pub(super) net: PluginNet,
+    /// The plugin's manifest asks for the GPU (`capabilities.gpu`).
+    pub(super) gpu: bool,
 }
 
 /// A finished call's store with the pool permit it was instantiated under.

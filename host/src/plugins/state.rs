@@ -141,6 +141,8 @@ pub struct NodeState {
     pub(crate) saved_bytes: u64,
     pub(crate) log: LogPipe,
     pub(crate) stop: StopState,
+    /// The GPU as this node sees it (set by the runtime).
+    pub(crate) gpu: super::gpu_calls::NodeGpu,
 }
 
 impl NodeState {
@@ -172,6 +174,7 @@ impl NodeState {
             saved_bytes: 0,
             log,
             stop,
+            gpu: Default::default(),
         }
     }
 

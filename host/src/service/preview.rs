@@ -20,7 +20,7 @@ pub fn encode(tensor: &Tensor) -> Option<Vec<u8>> {
     }
     let scale = (h.max(w) as f64 / MAX_SIDE as f64).max(1.0);
     let (oh, ow) = (((h as f64 / scale) as usize).max(1), ((w as f64 / scale) as usize).max(1));
-    let data = tensor.data();
+    let data = tensor.data().ok()?;
     let mut pixels = Vec::with_capacity(oh * ow * c);
     for y in 0..oh {
         let sy = ((y as f64 * scale) as usize).min(h - 1);

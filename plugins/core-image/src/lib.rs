@@ -12,6 +12,7 @@
 //! [`Mask`]: kiln_sdk::Mask
 
 pub mod files;
+pub mod gpu;
 pub mod nodes;
 pub mod ops;
 

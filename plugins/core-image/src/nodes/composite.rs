@@ -21,10 +21,16 @@ pub const IMAGE_COMPOSITE_MASKED: NodeClass = NodeClass {
             .output("IMAGE", "IMAGE")
     },
     run: |inputs| {
-        let (dst, src) = (inputs.image("destination")?, inputs.image("source")?);
-        let mask = inputs.opt_mask("mask")?;
-        let (x, y) = (inputs.usize("x")?, inputs.usize("y")?);
-        Ok(vec![Output::Image(composite_masked(dst, src, x, y, inputs.boolean("resize_source")?, mask.as_ref())?)])
+        let (x, y, resize) = (inputs.usize("x")?, inputs.usize("y")?, inputs.boolean("resize_source")?);
+        let on_cpu = || {
+            let (dst, src) = (inputs.image("destination")?, inputs.image("source")?);
+            composite_masked(dst, src, x, y, resize, inputs.opt_mask("mask")?.as_ref())
+        };
+        let mask = if inputs.has("mask") { Some(inputs.tensor("mask")?) } else { None };
+        if let Some(out) = crate::gpu::composite(inputs.tensor("destination")?, inputs.tensor("source")?, mask, x, y, resize, || on_cpu()?.to_tensor()) {
+            return Ok(vec![Output::Tensor(out?)]);
+        }
+        Ok(vec![Output::Image(on_cpu()?)])
     },
 };
 

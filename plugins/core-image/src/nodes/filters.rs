@@ -87,7 +87,7 @@ pub fn sharpen(image: Image, radius: usize, sigma: f64, alpha: f64) -> Result<Im
     convolve_here(image, radius, sigma, Finish::Sharpen((alpha * 10.0) as f32))
 }
 
-const BLEND_MODES: [&str; 6] = ["normal", "multiply", "screen", "overlay", "soft_light", "difference"];
+use crate::gpu::BLEND_MODES;
 
 /// `ImageBlend`: blends `image2` over `image1` by a mode and a factor.
 pub const IMAGE_BLEND: NodeClass = NodeClass {
@@ -101,8 +101,12 @@ pub const IMAGE_BLEND: NodeClass = NodeClass {
             .output("IMAGE", "IMAGE")
     },
     run: |inputs| {
-        let (i1, i2) = (inputs.image("image1")?, inputs.image("image2")?);
-        Ok(vec![Output::Image(blend(i1, i2, inputs.float("blend_factor")? as f32, inputs.string("blend_mode")?)?)])
+        let (factor, mode) = (inputs.float("blend_factor")? as f32, inputs.string("blend_mode")?);
+        let on_cpu = || blend(inputs.image("image1")?, inputs.image("image2")?, factor, mode);
+        if let Some(out) = crate::gpu::blend(inputs.tensor("image1")?, inputs.tensor("image2")?, factor, mode, || on_cpu()?.to_tensor()) {
+            return Ok(vec![Output::Tensor(out?)]);
+        }
+        Ok(vec![Output::Image(on_cpu()?)])
     },
 };
 

@@ -316,7 +316,14 @@ pub const THRESHOLD_MASK: NodeClass = NodeClass {
             .required("value", Kind::float().default(0.5).min(0.0).max(1.0).step(0.01))
             .output("MASK", "MASK")
     },
-    run: |inputs| Ok(vec![Output::Mask(threshold_mask(inputs.mask("mask")?, inputs.float("value")?))]),
+    run: |inputs| {
+        let value = inputs.float("value")?;
+        let on_cpu = || -> Result<Mask> { Ok(threshold_mask(inputs.mask("mask")?, value)) };
+        if let Some(out) = crate::gpu::threshold(inputs.tensor("mask")?, value as f32, || on_cpu()?.to_tensor()) {
+            return Ok(vec![Output::Tensor(out?)]);
+        }
+        Ok(vec![Output::Mask(on_cpu()?)])
+    },
 };
 
 /// 1 where `m > value`, else 0; the comparison is in f32, as torch compares

@@ -295,7 +295,8 @@ kiln_sdk::export_plugin!(
     KERNEL_HOG,
     REMEMBER,
     CLOCK_PROBE,
-    PREVIEW_TEXT
+    PREVIEW_TEXT,
+    GPU_ATTACK
 );
 
 /// Reports what a watching client is shown: a preview image (a 4×4 tensor
@@ -344,6 +345,103 @@ pub const CLOCK_PROBE: NodeClass = NodeClass {
         let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
         let report = format!("wall={}.{:09} step={} random={hex} keyed={:016x}", wall.as_secs(), wall.subsec_nanos(), step.as_nanos(), keyed.finish());
         kiln_sdk::host::save_file(kiln_sdk::host::FileKind::Output, "clock-probe", "txt", report.as_bytes()).map_err(Error::failed)?;
+        Ok(vec![Output::String(report)])
+    },
+};
+
+/// Attacks the host's GPU one way per `attack` and reports what happened
+/// (`unavailable` without a GPU; `refused: …` with the host's error):
+/// - `spin`: a kernel that loops forever; reports the value it wrote.
+/// - `oob`: writes far outside its buffer; reports whether a neighbouring
+///   tensor changed and what its own buffer holds.
+/// - `huge_dispatch`: 65535³ workgroups.
+/// - `bad_kernel`: WGSL that does not parse.
+/// - `write_input`: binds a tensor it did not allocate as read-write.
+/// - `huge_buffer`: allocates a 64 GiB tensor.
+pub const GPU_ATTACK: NodeClass = NodeClass {
+    class_type: "HostileGpu",
+    define: || {
+        NodeDef::new("testing/hostile")
+            .required("attack", Kind::combo(&["spin", "oob", "huge_dispatch", "bad_kernel", "write_input", "huge_buffer"]))
+            .output("report", "STRING")
+            .output_node()
+    },
+    run: |inputs| {
+        use kiln_sdk::bindings::kiln::plugin::{gpu, tensors};
+        if !gpu::available() {
+            return Ok(vec![Output::String("unavailable".into())]);
+        }
+        let refused = |e: gpu::GpuError| format!("refused: {e:?}");
+        let report = match inputs.string("attack")? {
+            "spin" => {
+                let src = "@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+                    @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                        var n = 0.0; loop { n += 1.0; } out[id.x] = n; }";
+                match gpu::compile(src, "main").and_then(|k| {
+                    let out = gpu::allocate(&[64])?;
+                    gpu::dispatch(&k, &[gpu::Binding { index: 1, tensor: &out, access: gpu::Access::ReadWrite }], &[], (1, 1, 1))?;
+                    Ok(out.read()[0])
+                }) {
+                    Ok(v) => format!("finished: {v}"),
+                    Err(e) => refused(e),
+                }
+            }
+            "oob" => {
+                let canary = tensors::create(&[1024], &[1.0; 1024]).map_err(|e| Error::failed(format!("{e:?}")))?;
+                let src = "@group(0) @binding(1) var<storage, read_write> small: array<f32>;
+                    @group(0) @binding(2) var<storage, read> canary: array<f32>;
+                    @compute @workgroup_size(1) fn main() {
+                        for (var i = 0u; i < 4096u; i++) { small[i * 7919u + 1000000u] = canary[i] * 42.0; }
+                        small[arrayLength(&small) + 3u] = 42.0; }";
+                match gpu::compile(src, "main").and_then(|k| {
+                    let small = gpu::allocate(&[16])?;
+                    let bindings = [
+                        gpu::Binding { index: 1, tensor: &small, access: gpu::Access::ReadWrite },
+                        gpu::Binding { index: 2, tensor: &canary, access: gpu::Access::Read },
+                    ];
+                    gpu::dispatch(&k, &bindings, &[], (1, 1, 1))?;
+                    Ok(small.read())
+                }) {
+                    Ok(small) => {
+                        let intact = canary.read().iter().all(|&v| v == 1.0);
+                        let own = small.iter().all(|&v| v == 0.0 || v == 42.0);
+                        format!("canary intact: {intact}; own buffer only 0 or 42: {own}")
+                    }
+                    Err(e) => refused(e),
+                }
+            }
+            "huge_dispatch" => {
+                let src = "@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+                    @compute @workgroup_size(256) fn main(@builtin(global_invocation_id) id: vec3<u32>) { out[id.x] = 1.0; }";
+                match gpu::compile(src, "main").and_then(|k| {
+                    let out = gpu::allocate(&[16])?;
+                    gpu::dispatch(&k, &[gpu::Binding { index: 1, tensor: &out, access: gpu::Access::ReadWrite }], &[], (65_535, 65_535, 65_535))
+                }) {
+                    Ok(()) => "dispatched".into(),
+                    Err(e) => refused(e),
+                }
+            }
+            "bad_kernel" => match gpu::compile("@compute @workgroup_size(1) fn main( {", "main") {
+                Ok(_) => "compiled".into(),
+                Err(e) => refused(e),
+            },
+            "write_input" => {
+                let input = tensors::create(&[4], &[1.0; 4]).map_err(|e| Error::failed(format!("{e:?}")))?;
+                let src = "@group(0) @binding(1) var<storage, read_write> t: array<f32>;
+                    @compute @workgroup_size(1) fn main() { t[0] = 9.0; }";
+                match gpu::compile(src, "main")
+                    .and_then(|k| gpu::dispatch(&k, &[gpu::Binding { index: 1, tensor: &input, access: gpu::Access::ReadWrite }], &[], (1, 1, 1)))
+                {
+                    Ok(()) => format!("written: {}", input.read()[0]),
+                    Err(e) => refused(e),
+                }
+            }
+            "huge_buffer" => match gpu::allocate(&[1 << 16, 1 << 16, 4]) {
+                Ok(_) => "allocated".into(),
+                Err(e) => refused(e),
+            },
+            other => return Err(Error::invalid(format!("unknown attack `{other}`"))),
+        };
         Ok(vec![Output::String(report)])
     },
 };

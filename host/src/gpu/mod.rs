@@ -1,0 +1,257 @@
+//! GPU compute: the one wgpu device the host owns, and the rules every
+//! kernel on it runs under.
+//!
+//! Plugins never see the adapter, its features or its limits: they hand the
+//! host WGSL and tensor handles (`kiln:plugin/gpu`), and the host's own pixel
+//! kernels (`kiln:plugin/kernels`) run here too when the device is worth it.
+//!
+//! - [`device`]: the device, its loss and re-creation, device buffers.
+//! - [`kernel`]: WGSL validation, loop bounding ([`loops`]), the pipeline cache.
+//! - [`dispatch`]: binding checks, bounded dispatch, captured errors.
+//! - [`ops`]: the host's WGSL versions of the pixel kernels.
+
+mod device;
+pub mod dispatch;
+pub mod kernel;
+pub mod loops;
+pub mod ops;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+pub use device::{Device, DeviceBuffer};
+pub use kernel::Kernel;
+
+/// Whether kiln uses a GPU (`gpu` in the config, `KILN_GPU`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    /// Use an adapter when there is one; host kernels run on it when it is a
+    /// real GPU and the tensor is large enough (or already on the device).
+    #[default]
+    Auto,
+    /// Never touch a GPU: `gpu.available()` is false, every kernel runs on the CPU.
+    Off,
+    /// Fail start-up without an adapter (a software one counts); every host
+    /// kernel that has a GPU version runs on it.
+    Required,
+}
+
+/// The bounds on what plugins' kernels may ask of the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GpuLimits {
+    /// Largest single device tensor, bytes.
+    pub max_buffer_bytes: u64,
+    /// Most workgroups along one dispatch dimension.
+    pub max_workgroups_per_dim: u32,
+    /// Most invocations (workgroups × workgroup size) of one dispatch.
+    pub max_invocations: u64,
+    /// Most loop iterations one invocation may run, all its loops together:
+    /// the host rewrites every loop of a kernel to stop there.
+    pub loop_budget: u32,
+    /// Longest WGSL source, bytes.
+    pub max_source_bytes: usize,
+    /// Compiled pipelines kept per device.
+    pub max_cached_kernels: usize,
+    /// Smallest result (elements) for which `auto` runs a host kernel on a
+    /// real GPU when its input is not already there.
+    pub min_auto_elements: usize,
+}
+
+impl Default for GpuLimits {
+    fn default() -> GpuLimits {
+        GpuLimits {
+            max_buffer_bytes: 1 << 30,
+            max_workgroups_per_dim: 65_535,
+            max_invocations: 1 << 30,
+            loop_budget: 1 << 20,
+            max_source_bytes: 256 << 10,
+            max_cached_kernels: 256,
+            min_auto_elements: 1 << 16,
+        }
+    }
+}
+
+/// Why a GPU operation failed. Each maps onto `kiln:plugin/gpu.gpu-error`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU is available")]
+    Unavailable,
+    #[error("invalid kernel: {0}")]
+    InvalidKernel(String),
+    #[error("invalid dispatch: {0}")]
+    InvalidDispatch(String),
+    #[error("the GPU work did not finish within the node's time limit")]
+    Timeout,
+    #[error("the GPU device was lost; the host recreates it")]
+    DeviceLost,
+    #[error("the GPU reported: {0}")]
+    Driver(String),
+}
+
+/// What `kiln doctor` and the start-up log say about the adapter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    /// A CPU implementation (Mesa lavapipe, SwiftShader).
+    pub software: bool,
+}
+
+impl std::fmt::Display for GpuInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}, {})", self.name, self.backend, self.device_type)
+    }
+}
+
+/// The host's GPU: the adapter chosen at start and the current device.
+pub struct Gpu {
+    mode: GpuMode,
+    limits: GpuLimits,
+    info: GpuInfo,
+    adapter: wgpu::Adapter,
+    /// Opened on first use (at start under `required`): under `auto` on a
+    /// software adapter nothing uses it, and an idle lavapipe device alone
+    /// costs ~70 MiB of RSS.
+    current: Mutex<Option<Arc<Device>>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("mode", &self.mode).field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+/// Why `gpu = "required"` could not be honoured.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("gpu = \"required\" but {0}")]
+pub struct GpuStartError(pub String);
+
+/// The adapter wgpu offers on this machine: a real GPU when there is one
+/// (high-performance preference), else a software Vulkan one; why none otherwise.
+pub fn probe() -> Result<(wgpu::Adapter, GpuInfo), String> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor { backends: wgpu::Backends::VULKAN, ..wgpu::InstanceDescriptor::new_without_display_handle() });
+    let options = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
+    let adapter = pollster::block_on(instance.request_adapter(&options))
+        .map_err(|e| format!("no Vulkan adapter found ({e}); install a GPU driver or Mesa's software Vulkan (Debian: mesa-vulkan-drivers)"))?;
+    let raw = adapter.get_info();
+    let info = GpuInfo {
+        name: raw.name.clone(),
+        backend: format!("{:?}", raw.backend).to_lowercase(),
+        device_type: format!("{:?}", raw.device_type),
+        software: raw.device_type == wgpu::DeviceType::Cpu,
+    };
+    Ok((adapter, info))
+}
+
+/// One GPU per process and setting: devices are expensive, and every
+/// runtime of a process shares the adapter. `None`: the setting found no
+/// GPU to use (kept, so it is not probed again).
+static SHARED: Mutex<Vec<SharedGpu>> = Mutex::new(Vec::new());
+
+/// A setting and the GPU it started (if any).
+type SharedGpu = ((GpuMode, GpuLimits), Option<Arc<Gpu>>);
+
+impl Gpu {
+    /// The GPU for `mode`: `None` when off, or when `auto` found no adapter
+    /// or only a software one (slower than the host's CPU kernels; dropped at
+    /// once, since an idle lavapipe instance alone holds ~60 MiB of RSS);
+    /// an error when `required` found none. Logged either way.
+    pub fn start(mode: GpuMode, limits: GpuLimits) -> Result<Option<Arc<Gpu>>, GpuStartError> {
+        if mode == GpuMode::Off {
+            return Ok(None);
+        }
+        let mut shared = SHARED.lock();
+        if let Some((_, gpu)) = shared.iter().find(|(key, _)| *key == (mode, limits)) {
+            return Ok(gpu.clone());
+        }
+        let started = probe().and_then(|(adapter, info)| {
+            if mode == GpuMode::Auto && info.software {
+                tracing::info!(adapter = %info, "only a software GPU adapter: under gpu = \"auto\" nodes compute on the CPU (gpu = \"required\" uses it)");
+                return Ok(None);
+            }
+            let device = match mode {
+                GpuMode::Required => Some(Arc::new(Device::create(&adapter, &limits, 0)?)),
+                _ => None,
+            };
+            tracing::info!(adapter = %info, ?mode, "GPU ready");
+            Ok(Some(Arc::new(Gpu { mode, limits, info, adapter, current: Mutex::new(device) })))
+        });
+        let gpu = match started {
+            Ok(gpu) => gpu,
+            Err(reason) if mode == GpuMode::Required => return Err(GpuStartError(reason)),
+            Err(reason) => {
+                tracing::info!(%reason, "no GPU: nodes compute on the CPU");
+                None
+            }
+        };
+        shared.push(((mode, limits), gpu.clone()));
+        Ok(gpu)
+    }
+
+    /// The adapter in use.
+    pub fn info(&self) -> &GpuInfo {
+        &self.info
+    }
+
+    /// The configured mode.
+    pub fn mode(&self) -> GpuMode {
+        self.mode
+    }
+
+    /// The bounds on plugins' kernels.
+    pub fn limits(&self) -> &GpuLimits {
+        &self.limits
+    }
+
+    /// The live device: opened on first use, re-created first if the
+    /// current one was lost.
+    pub fn device(&self) -> Result<Arc<Device>, GpuError> {
+        let mut current = self.current.lock();
+        let generation = match current.as_ref() {
+            Some(device) if !device.is_lost() => return Ok(device.clone()),
+            Some(lost) => {
+                tracing::warn!(generation = lost.generation() + 1, "GPU device lost: recreating it");
+                lost.generation() + 1
+            }
+            None => 0,
+        };
+        let device = Arc::new(Device::create(&self.adapter, &self.limits, generation).map_err(|e| {
+            tracing::error!(error = %e, "cannot open the GPU device");
+            if generation == 0 { GpuError::Driver(e) } else { GpuError::DeviceLost }
+        })?);
+        *current = Some(device.clone());
+        Ok(device)
+    }
+
+    /// Whether nodes see the GPU at all (`gpu.available()`): under
+    /// `required`, or under `auto` on a real GPU (a software adapter is
+    /// slower than the host's CPU kernels, so `auto` keeps to the CPU there).
+    pub fn offered(&self) -> bool {
+        match self.mode {
+            GpuMode::Off => false,
+            GpuMode::Required => true,
+            GpuMode::Auto => !self.info.software,
+        }
+    }
+
+    /// Whether a host kernel producing `elements` values runs here: always
+    /// under `required`; under `auto` when an input already lives on the
+    /// device, or on a real GPU for results of at least `min_auto_elements`.
+    pub fn prefers(&self, elements: usize, input_on_device: bool) -> bool {
+        match self.mode {
+            GpuMode::Off => false,
+            GpuMode::Required => true,
+            GpuMode::Auto => input_on_device || (!self.info.software && elements >= self.limits.min_auto_elements),
+        }
+    }
+}
+
+/// How long to wait for GPU work that has no node deadline (read-backs).
+pub(crate) const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);

@@ -1,0 +1,159 @@
+//! The GPU path end to end (`gpu = "required"`, on Mesa lavapipe in CI):
+//! every node with a GPU kernel against the reference pixels of the parity
+//! fixtures, proven to have run on the GPU; hostile kernels from a real
+//! plugin contained; device memory charged to the job. Without an adapter
+//! these tests say so and pass, unless `CI` is set: then they fail.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kiln::files::{DirOutputs, NamedInputs};
+use kiln::plugins::{FailureKind, NodeIo, NodeRegistry, PluginRuntime};
+use kiln::value::Value;
+use serde_json::Value as Json;
+use tokio::sync::OnceCell;
+
+use crate::support::{HOSTILE_MANIFEST, HOSTILE_WASM, install_plugin, test_config};
+
+/// The node classes with a GPU path.
+const GPU_CLASSES: [&str; 9] =
+    ["ImageScale", "ImageScaleBy", "ImageBlur", "ImageSharpen", "ImageInvert", "ImageBlend", "ImageCompositeMasked", "InvertMask", "ThresholdMask"];
+
+/// The iterations one kernel invocation may run in the GPU suite.
+const LOOP_BUDGET: u32 = 50_000;
+
+struct GpuEnv {
+    runtime: Arc<PluginRuntime>,
+    registry: Arc<NodeRegistry>,
+    _plugins: tempfile::TempDir,
+}
+
+static GPU_ENV: OnceCell<Option<GpuEnv>> = OnceCell::const_new();
+
+async fn gpu_env() -> Option<&'static GpuEnv> {
+    GPU_ENV
+        .get_or_init(|| async {
+            // A loop budget under lavapipe's own cap of 65535 iterations per
+            // loop (gallivm's loop limiter), so the host's bound is what shows.
+            let config = kiln::config::Config { gpu: kiln::gpu::GpuMode::Required, gpu_loop_budget: LOOP_BUDGET, ..test_config() };
+            let runtime = match config.runtime() {
+                Ok(r) => r,
+                Err(e) if std::env::var_os("CI").is_some() => panic!("CI needs a GPU adapter (Mesa lavapipe): {e}"),
+                Err(e) => {
+                    eprintln!("skipped: {e}");
+                    return None;
+                }
+            };
+            let runtime = Arc::new(PluginRuntime::new(runtime).expect("runtime"));
+            let plugins = tempfile::tempdir().unwrap();
+            install_plugin(&plugins.path().join("hostile"), HOSTILE_MANIFEST, HOSTILE_WASM);
+            let registry = Arc::new(NodeRegistry::load_all(&runtime, &[plugins.path().to_path_buf()]).await.expect("plugins load"));
+            Some(GpuEnv { runtime, registry, _plugins: plugins })
+        })
+        .await
+        .as_ref()
+}
+
+fn io(out: &Path, budget: kiln::budget::JobLimits) -> NodeIo {
+    NodeIo {
+        inputs: Arc::new(NamedInputs::new()),
+        outputs: Arc::new(DirOutputs::new(out, out.join("temp"))),
+        signals: Arc::new(|_| {}),
+        secrets: Default::default(),
+        budget: kiln::budget::JobBudget::new(budget),
+        cache_key: None,
+    }
+}
+
+#[tokio::test]
+async fn gpu_nodes_match_reference_pixels_and_run_on_the_gpu() {
+    let Some(env) = gpu_env().await else { return };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/parity");
+    let out = tempfile::tempdir().unwrap();
+    let (mut failures, mut on_gpu) = (Vec::new(), std::collections::BTreeMap::<&str, usize>::new());
+    let mut cases = 0;
+    for class in GPU_CLASSES {
+        let file = dir.join(format!("{class}.json"));
+        let fixture: Json = serde_json::from_str(&std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()))).unwrap();
+        for case in fixture.as_array().expect("a list of cases") {
+            cases += 1;
+            let name = format!("{class}/{}", case["name"].as_str().unwrap_or("?"));
+            let tolerance = case["tolerance"].as_f64().unwrap_or(1.0 / 255.0) as f32;
+            match crate::parity::run_case_on(&env.runtime, &env.registry, case, out.path()).await {
+                Ok((worst, gpu)) if worst <= tolerance + 1e-6 => *on_gpu.entry(class).or_default() += usize::from(gpu),
+                Ok((worst, _)) => failures.push(format!("{name}: max error {worst} > tolerance {tolerance}")),
+                Err(e) => failures.push(format!("{name}: {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {cases} cases failed on the GPU path:\n{}", failures.len(), failures.join("\n"));
+    let cpu_only: Vec<&str> = GPU_CLASSES.iter().copied().filter(|c| on_gpu.get(c).copied().unwrap_or(0) == 0).collect();
+    assert!(cpu_only.is_empty(), "no case of {cpu_only:?} ran on the GPU ({on_gpu:?})");
+    eprintln!("gpu parity: {cases} cases passed; ran on the GPU: {on_gpu:?}");
+}
+
+async fn attack(env: &GpuEnv, attack: &str) -> String {
+    let (plugin, _) = env.registry.get("HostileGpu").expect("hostile plugin loaded");
+    let out = tempfile::tempdir().unwrap();
+    let inputs = [("attack".to_string(), Value::String(attack.into()))];
+    let started = std::time::Instant::now();
+    let output = env.runtime.execute(plugin, "HostileGpu", &inputs, io(out.path(), kiln::budget::JobLimits::UNLIMITED), &Default::default()).await;
+    let output = output.unwrap_or_else(|f| panic!("{attack}: the node failed: {:?}: {}", f.kind, f.message));
+    eprintln!("{attack}: {:?} in {:?}", output.values, started.elapsed());
+    match &output.values[..] {
+        [Value::String(report)] => report.clone(),
+        other => panic!("{attack}: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn hostile_kernels_are_contained() {
+    let Some(env) = gpu_env().await else { return };
+    // The loop is cut at the host's budget within the node's 2 s.
+    assert_eq!(attack(env, "spin").await, format!("finished: {LOOP_BUDGET}"));
+    assert_eq!(attack(env, "oob").await, "canary intact: true; own buffer only 0 or 42: true");
+    let huge = attack(env, "huge_dispatch").await;
+    assert!(huge.contains("refused: GpuError::InvalidDispatch") && huge.contains("gpu_max_invocations"), "{huge}");
+    let bad = attack(env, "bad_kernel").await;
+    assert!(bad.contains("refused: GpuError::InvalidKernel") && bad.contains("wgsl:1:"), "{bad}");
+    let write = attack(env, "write_input").await;
+    assert!(write.contains("refused: GpuError::InvalidDispatch") && write.contains("only tensors this node allocated"), "{write}");
+    let big = attack(env, "huge_buffer").await;
+    assert!(big.contains("refused: GpuError::InvalidDispatch") && big.contains("gpu_max_buffer_mb"), "{big}");
+    // The device still works for everyone afterwards.
+    assert_eq!(attack(env, "spin").await, format!("finished: {LOOP_BUDGET}"));
+}
+
+#[tokio::test]
+async fn only_plugins_that_ask_get_the_gpu() {
+    let Some(env) = gpu_env().await else { return };
+    // The hostile plugin without its `[capabilities]` section (no `gpu = true`).
+    let plugins = tempfile::tempdir().unwrap();
+    install_plugin(&plugins.path().join("quiet"), HOSTILE_MANIFEST.split("[capabilities]").next().unwrap(), HOSTILE_WASM);
+    let registry = NodeRegistry::load_all(&env.runtime, &[plugins.path().to_path_buf()]).await.expect("plugins load");
+    let (plugin, _) = registry.get("HostileGpu").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let inputs = [("attack".to_string(), Value::String("spin".into()))];
+    let done = env.runtime.execute(plugin, "HostileGpu", &inputs, io(out.path(), kiln::budget::JobLimits::UNLIMITED), &Default::default()).await.unwrap();
+    assert!(matches!(&done.values[..], [Value::String(s)] if s == "unavailable"), "{:?}", done.values);
+    assert!(!done.on_gpu);
+}
+
+#[tokio::test]
+async fn device_memory_counts_against_the_job() {
+    let Some(env) = gpu_env().await else { return };
+    let (plugin, _) = env.registry.get("ImageInvert").unwrap();
+    let image = kiln::tensor::Tensor::new(vec![1, 512, 512, 3], vec![0.25; 512 * 512 * 3]).unwrap();
+    let inputs = [("image".to_string(), Value::Tensor(image))];
+    let out = tempfile::tempdir().unwrap();
+    // 3 MiB of result (and as much of scratch) do not fit in 4 MiB.
+    let tight = kiln::budget::JobLimits { memory_bytes: 4 << 20, ..kiln::budget::JobLimits::UNLIMITED };
+    let failed = env.runtime.execute(plugin, "ImageInvert", &inputs, io(out.path(), tight), &Default::default()).await.unwrap_err();
+    assert_eq!(failed.kind, FailureKind::JobOutOfMemory, "{}", failed.message);
+    let roomy = kiln::budget::JobLimits { memory_bytes: 64 << 20, ..kiln::budget::JobLimits::UNLIMITED };
+    let done = env.runtime.execute(plugin, "ImageInvert", &inputs, io(out.path(), roomy), &Default::default()).await.unwrap();
+    assert!(done.on_gpu);
+    let Value::Tensor(t) = &done.values[0] else { panic!("{:?}", done.values) };
+    assert!(t.device().is_some() && !t.is_on_host(), "the result stays on the device until read");
+    assert!(t.data().unwrap().iter().all(|&v| v == 0.75));
+}
