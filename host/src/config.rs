@@ -268,6 +268,10 @@ pub struct Config {
     /// Most loop iterations one kernel invocation may run (every loop is
     /// rewritten to stop there, so a looping kernel ends). Default 2²⁰.
     pub gpu_loop_budget: u32,
+    /// Most loop iterations one plugin dispatch may run, all invocations
+    /// together (each invocation's budget is this over their number, at
+    /// most `gpu_loop_budget`). Default 2³².
+    pub gpu_max_dispatch_iterations: u64,
     /// Longest WGSL source a plugin may compile, KiB. Default 256.
     pub gpu_max_source_kb: usize,
     /// Smallest result (values) `auto` sends to a real GPU. Default 65536.
@@ -386,6 +390,7 @@ impl Default for Config {
             gpu_max_workgroups: 65_535,
             gpu_max_invocations: 1 << 30,
             gpu_loop_budget: 1 << 20,
+            gpu_max_dispatch_iterations: 1 << 32,
             gpu_max_source_kb: 256,
             gpu_min_auto_elements: 1 << 16,
         }
@@ -482,6 +487,7 @@ impl Config {
             max_workgroups_per_dim: self.gpu_max_workgroups.max(1),
             max_invocations: self.gpu_max_invocations.max(1),
             loop_budget: self.gpu_loop_budget.max(1),
+            max_dispatch_iterations: self.gpu_max_dispatch_iterations.max(1),
             max_source_bytes: self.gpu_max_source_kb.saturating_mul(1024),
             min_auto_elements: self.gpu_min_auto_elements,
             ..crate::gpu::GpuLimits::default()
@@ -648,6 +654,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "gpu_max_workgroups",
         "gpu_max_invocations",
         "gpu_loop_budget",
+        "gpu_max_dispatch_iterations",
         "gpu_max_source_kb",
         "gpu_min_auto_elements",
     ];

@@ -28,7 +28,7 @@ pub fn check(device: &Device, kernel: &Kernel, bindings: &[Bound<'_>], uniforms:
     if [x, y, z].iter().any(|&d| d > limits.max_workgroups_per_dim) {
         return refuse(format!("{x}×{y}×{z} workgroups: at most {} per dimension", limits.max_workgroups_per_dim));
     }
-    let invocations = u64::from(x) * u64::from(y) * u64::from(z) * kernel.invocations_per_group();
+    let invocations = invocations(kernel, groups);
     if invocations > limits.max_invocations {
         return refuse(format!("{invocations} invocations: at most {} per dispatch (gpu_max_invocations)", limits.max_invocations));
     }
@@ -62,6 +62,18 @@ pub fn check(device: &Device, kernel: &Kernel, bindings: &[Bound<'_>], uniforms:
     Ok(())
 }
 
+/// Invocations of `kernel` over `groups`.
+fn invocations(kernel: &Kernel, (x, y, z): (u32, u32, u32)) -> u64 {
+    u64::from(x).saturating_mul(u64::from(y)).saturating_mul(u64::from(z)).saturating_mul(kernel.invocations_per_group())
+}
+
+/// Loop iterations each of `invocations` may run: the dispatch's cap shared
+/// out, at most `loop_budget`, at least 1.
+pub fn loop_budget(limits: &GpuLimits, invocations: u64) -> u32 {
+    let share = limits.max_dispatch_iterations / invocations.max(1);
+    u32::try_from(share.clamp(1, u64::from(limits.loop_budget.max(1)))).unwrap_or(u32::MAX)
+}
+
 /// Runs `kernel` (after [`check`]) and waits for it until `deadline`.
 pub fn run(
     device: &Device,
@@ -90,8 +102,25 @@ pub fn run(
             device.queue.write_buffer(&buffer, 0, &bytes);
             buffer
         });
+        // A kernel with loops reads its per-invocation budget (see `loops`).
+        let budget = kernel.bounded.then(|| {
+            let value = loop_budget(limits, invocations(kernel, groups));
+            let buffer = device.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("loop budget"),
+                size: 16,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut bytes = [0u8; 16];
+            bytes[..4].copy_from_slice(&value.to_le_bytes());
+            device.queue.write_buffer(&buffer, 0, &bytes);
+            buffer
+        });
         let mut entries: Vec<wgpu::BindGroupEntry<'_>> =
             bindings.iter().map(|b| wgpu::BindGroupEntry { binding: b.index, resource: b.buffer.buffer.as_entire_binding() }).collect();
+        if let Some(b) = &budget {
+            entries.push(wgpu::BindGroupEntry { binding: super::loops::BUDGET_BINDING, resource: b.as_entire_binding() });
+        }
         if let Some(u) = &uniform {
             entries.push(wgpu::BindGroupEntry { binding: 0, resource: u.as_entire_binding() });
         }

@@ -1,7 +1,7 @@
 //! Compiling WGSL compute kernels: validation by naga before anything
-//! reaches the driver, loop bounding, and a per-device pipeline cache keyed by
-//! the hash of the source, entry point and loop budget (a second compile of
-//! the same kernel costs a hash).
+//! reaches the driver, loop bounding (the budget is bound per dispatch), and
+//! a per-device pipeline cache keyed by the hash of the source and entry
+//! point (a second compile of the same kernel costs a hash).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ pub enum Slot {
 
 /// A validated, bounded and compiled compute kernel.
 pub struct Kernel {
-    /// `blake3` of the source, entry point and loop budget.
+    /// `blake3` of the source and entry point.
     pub id: blake3::Hash,
     pub(crate) pipeline: wgpu::ComputePipeline,
     /// `None` when the kernel binds nothing.
@@ -31,6 +31,8 @@ pub struct Kernel {
     pub slots: Vec<(u32, Slot)>,
     /// `@workgroup_size`.
     pub workgroup_size: [u32; 3],
+    /// Its loops were bounded: each dispatch binds the loop budget.
+    pub(crate) bounded: bool,
     /// The device it was compiled on.
     pub(crate) generation: u64,
 }
@@ -58,13 +60,12 @@ pub fn compile(device: &Device, limits: &GpuLimits, wgsl: &str, entry: &str) -> 
         h.update(&(wgsl.len() as u64).to_le_bytes());
         h.update(wgsl.as_bytes());
         h.update(entry.as_bytes());
-        h.update(&limits.loop_budget.to_le_bytes());
         h.finalize()
     };
     if let Some(kernel) = device.kernels.lock().get(&id) {
         return Ok(kernel.clone());
     }
-    let (module, slots, workgroup_size) = front_end(wgsl, entry, limits.loop_budget)?;
+    let (module, slots, workgroup_size, bounded) = front_end(wgsl, entry)?;
     let kernel = device
         .scoped(|| {
             let shader = device.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Naga(Cow::Owned(module)) });
@@ -76,36 +77,37 @@ pub fn compile(device: &Device, limits: &GpuLimits, wgsl: &str, entry: &str) -> 
                 compilation_options: Default::default(),
                 cache: None,
             });
-            let layout = (!slots.is_empty()).then(|| pipeline.get_bind_group_layout(0));
+            let layout = (!slots.is_empty() || bounded).then(|| pipeline.get_bind_group_layout(0));
             (pipeline, layout)
         })
         .map_err(|e| match e {
             GpuError::Driver(m) => GpuError::InvalidKernel(m),
             other => other,
         })?;
-    let kernel = Arc::new(Kernel { id, pipeline: kernel.0, layout: kernel.1, slots, workgroup_size, generation: device.generation() });
+    let kernel = Arc::new(Kernel { id, pipeline: kernel.0, layout: kernel.1, slots, workgroup_size, bounded, generation: device.generation() });
     device.compiled.fetch_add(1, Ordering::Relaxed);
     device.kernels.lock().put(id, kernel.clone());
     Ok(kernel)
 }
 
-type FrontEnd = (naga::Module, Vec<(u32, Slot)>, [u32; 3]);
+/// The bounded module, its slots, its workgroup size, whether it has loops.
+type FrontEnd = (naga::Module, Vec<(u32, Slot)>, [u32; 3], bool);
 
 /// Parses and validates on a thread with a large stack (naga's parser
 /// recurses over the source's nesting), then checks bindings and bounds loops.
-fn front_end(wgsl: &str, entry: &str, budget: u32) -> Result<FrontEnd, GpuError> {
+fn front_end(wgsl: &str, entry: &str) -> Result<FrontEnd, GpuError> {
     std::thread::scope(|s| {
         std::thread::Builder::new()
             .name("kiln-wgsl".into())
             .stack_size(64 << 20)
-            .spawn_scoped(s, || parse_and_check(wgsl, entry, budget))
+            .spawn_scoped(s, || parse_and_check(wgsl, entry))
             .map_err(|e| GpuError::Driver(format!("cannot start the WGSL compiler thread: {e}")))?
             .join()
             .map_err(|_| GpuError::InvalidKernel("the WGSL front end failed".into()))?
     })
 }
 
-fn parse_and_check(wgsl: &str, entry: &str, budget: u32) -> Result<FrontEnd, GpuError> {
+fn parse_and_check(wgsl: &str, entry: &str) -> Result<FrontEnd, GpuError> {
     let mut module = naga::front::wgsl::parse_str(wgsl).map_err(|e| GpuError::InvalidKernel(e.emit_to_string(wgsl)))?;
     let info = Validator::new(ValidationFlags::all(), Capabilities::empty()).validate(&module).map_err(|e| GpuError::InvalidKernel(e.emit_to_string(wgsl)))?;
     let (index, point) = module
@@ -122,6 +124,9 @@ fn parse_and_check(wgsl: &str, entry: &str, budget: u32) -> Result<FrontEnd, Gpu
             continue;
         }
         let Some(binding) = &global.binding else { continue };
+        if binding.binding >= loops::BUDGET_BINDING {
+            return Err(GpuError::InvalidKernel(format!("@binding({}): kernels bind below {} (the host's own above)", binding.binding, loops::BUDGET_BINDING)));
+        }
         if binding.group != 0 {
             return Err(GpuError::InvalidKernel(format!("binding {} of group {}: kernels bind only @group(0)", binding.binding, binding.group)));
         }
@@ -133,12 +138,12 @@ fn parse_and_check(wgsl: &str, entry: &str, budget: u32) -> Result<FrontEnd, Gpu
         slots.push((binding.binding, slot));
     }
     slots.sort_by_key(|(i, _)| *i);
-    loops::bound_loops(&mut module, budget).map_err(GpuError::InvalidKernel)?;
+    let bounded = loops::bound_loops(&mut module).map_err(GpuError::InvalidKernel)? > 0;
     // The counter's value is the same in every invocation that runs the same
     // loops, so the new branches do not change uniformity; the source itself
     // was checked with every flag above.
     Validator::new(ValidationFlags::all() - ValidationFlags::CONTROL_FLOW_UNIFORMITY, Capabilities::empty())
         .validate(&module)
         .map_err(|e| GpuError::InvalidKernel(format!("after bounding loops: {e}")))?;
-    Ok((module, slots, workgroup_size))
+    Ok((module, slots, workgroup_size, bounded))
 }

@@ -54,6 +54,11 @@ pub struct GpuLimits {
     /// Most loop iterations one invocation may run, all its loops together:
     /// the host rewrites every loop of a kernel to stop there.
     pub loop_budget: u32,
+    /// Most loop iterations one dispatch may run, all its invocations
+    /// together: each invocation's budget is this over the dispatch's
+    /// invocations (at most `loop_budget`, at least 1), so a looping
+    /// kernel's whole dispatch is bounded before it runs.
+    pub max_dispatch_iterations: u64,
     /// Longest WGSL source, bytes.
     pub max_source_bytes: usize,
     /// Compiled pipelines kept per device.
@@ -70,6 +75,7 @@ impl Default for GpuLimits {
             max_workgroups_per_dim: 65_535,
             max_invocations: 1 << 30,
             loop_budget: 1 << 20,
+            max_dispatch_iterations: 1 << 32,
             max_source_bytes: 256 << 10,
             max_cached_kernels: 256,
             min_auto_elements: 1 << 16,

@@ -157,6 +157,31 @@ fn an_infinite_loop_ends_at_the_loop_budget() {
 }
 
 #[test]
+fn a_large_dispatch_shares_the_dispatch_iteration_budget() {
+    // 256 invocations sharing 256 × 100 iterations: 100 each, not 10000.
+    let limits = GpuLimits { loop_budget: 10_000, max_dispatch_iterations: 256 * 100, ..GpuLimits::default() };
+    assert_eq!(super::dispatch::loop_budget(&limits, 256), 100);
+    assert_eq!(super::dispatch::loop_budget(&limits, 1), 10_000, "never above loop_budget");
+    assert_eq!(super::dispatch::loop_budget(&limits, u64::MAX), 1, "never below one");
+    let Some(gpu) = gpu_with(limits) else { return };
+    let device = gpu.device().unwrap();
+    let src = "@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+        @compute @workgroup_size(64) fn spin(@builtin(global_invocation_id) id: vec3<u32>) {
+            var n = 0.0;
+            loop { n += 1.0; }
+            out[id.x] = n;
+        }";
+    let kernel = compile(&device, gpu.limits(), src, "spin").unwrap();
+    let out = device.zeroed(256).unwrap();
+    run(&device, &kernel, &[Bound { index: 1, buffer: &out, writable: true }], &[], (4, 1, 1), gpu.limits(), soon()).unwrap();
+    let values = out.read().unwrap();
+    assert!(values.iter().all(|&v| v == 100.0), "{:?}", &values[..4]);
+    // The host's own binding is not the plugin's to use.
+    let reserved = "@group(0) @binding(999) var<storage, read_write> x: array<f32>;\n@compute @workgroup_size(1) fn main() { x[0] = 1.0; }";
+    assert!(matches!(compile(&device, gpu.limits(), reserved, "main"), Err(GpuError::InvalidKernel(m)) if m.contains("999")));
+}
+
+#[test]
 fn out_of_bounds_writes_stay_inside_the_buffer() {
     let Some(gpu) = gpu() else { return };
     let device = gpu.device().unwrap();

@@ -568,3 +568,59 @@ async fn deployments_belong_to_accounts_and_a_public_demo_bills_its_owner() {
     assert_eq!(bob.account().await["credits"], 1000, "nobody else pays");
     s.shutdown().await;
 }
+
+/// Tiers come from each account's record: an account in a small tier runs
+/// one job at a time (more queue) and may have two waiting (more are 429
+/// `queue_full`), while another account's jobs start beside its flood.
+#[tokio::test]
+async fn an_accounts_tier_bounds_its_running_and_queued_jobs_and_never_starves_another() {
+    let s = start(|c, o| {
+        cloud(c, o);
+        (c.max_running_jobs, o.max_running_jobs) = (2, 2);
+        o.tiers.tiers.insert("small".into(), kiln::service::fair::OwnerLimits { max_running: 1, max_queued: 2 });
+    })
+    .await;
+    let body = json!({ "name": "tier-small", "credits": 1_000_000, "tier": "small" });
+    let (status, created) = json_of(admin(&s, Method::POST, "/accounts", Some(OPERATOR)).json(&body)).await;
+    assert_eq!((status, created["account"]["tier"].as_str()), (StatusCode::CREATED, Some("small")), "{created}");
+    let small = Tenant { s: &s, name: "tier-small".into(), key: created["key"].as_str().unwrap().into() };
+    let other = tenant(&s, "tier-default", 1_000_000).await;
+
+    let (status, spinning) = small.submit(super::spinner(1)).await;
+    assert_eq!(status, 201, "{spinning}");
+    let spinning = spinning["id"].as_str().unwrap().to_string();
+    for _ in 0..400 {
+        if json_of(small.v2(Method::GET, &format!("/jobs/{spinning}"))).await.1["status"] == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mut waiting = Vec::new();
+    for n in 0..2 {
+        let (status, job) = small.submit(trivial(n)).await;
+        assert_eq!((status, job["status"].as_str()), (StatusCode::CREATED, Some("queued")), "{job}");
+        waiting.push(job["id"].as_str().unwrap().to_string());
+    }
+    let (status, refused) = small.submit(trivial(9)).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("queue_full")), "{refused}");
+
+    // The other account runs beside the flood, while the small tier's
+    // queued jobs still wait for its one running slot.
+    let (status, job) = other.submit(trivial(5)).await;
+    assert_eq!(status, 201, "{job}");
+    let done = other.wait(job["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    for id in &waiting {
+        assert_eq!(json_of(small.v2(Method::GET, &format!("/jobs/{id}"))).await.1["status"], "queued");
+    }
+    // Released, the small tier's jobs run one at a time.
+    let (status, _) = json_of(small.v2(Method::POST, &format!("/jobs/{spinning}/cancel"))).await;
+    assert_eq!(status, 200);
+    let first = small.wait(&waiting[0]).await;
+    let second = small.wait(&waiting[1]).await;
+    assert_eq!((first["status"].as_str(), second["status"].as_str()), (Some("succeeded"), Some("succeeded")));
+    // RFC 3339 with a fixed microsecond width and one zone: they order as strings.
+    let at = |job: &Value, field: &str| job[field].as_str().unwrap().to_string();
+    assert!(at(&second, "started_at") >= at(&first, "completed_at"), "never two at once: {first} {second}");
+    s.shutdown().await;
+}

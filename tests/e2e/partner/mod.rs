@@ -437,3 +437,25 @@ async fn a_route_call_past_its_deadline_is_stopped_with_504() {
     assert_error_shape(&answer);
     assert!(started.elapsed() < Duration::from_secs(3), "stopped before the provider answered");
 }
+
+/// A provider that cannot be reached (nothing listens on its port) is a 502
+/// in the error shape, naming neither its address nor the connection error.
+#[tokio::test]
+async fn an_unreachable_provider_is_502_without_internal_detail() {
+    let p = partner().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let data = tempfile::tempdir().unwrap();
+    let config = Config { partner_base_url: Some(format!("http://127.0.0.1:{port}")), ..partner_config(&p.fake, data.path()) };
+    let runtime = Arc::new(PluginRuntime::new(config.runtime().expect("config")).expect("runtime"));
+    let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("bundled plugins load"));
+    let options = ServiceOptions::from_config(&config);
+    let server = Server::start_with(config, options, runtime, registry).await.expect("server starts");
+    let s = TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data };
+    let (status, answer) = create(&s, Auth::Bearer(TOKEN), &json!({ "image": "aGk=" })).await;
+    assert_eq!(status, 502, "{answer}");
+    assert_error_shape(&answer);
+    let text = answer.to_string();
+    assert!(!text.contains("127.0.0.1") && !text.contains(&port.to_string()) && !text.to_lowercase().contains("refused"), "no internal detail: {text}");
+}
