@@ -423,31 +423,6 @@ async fn submit_latencies(side: &Side, n: usize) -> Vec<f64> {
     out
 }
 
-/// GETs of `url` on 64 connections for `secs`; requests/s.
-async fn get_rate_of(http: &reqwest::Client, url: &str, secs: u64) -> f64 {
-    let count = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let t0 = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..64 {
-        let (http, url, count, stop) = (http.clone(), url.to_string(), count.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let r = http.get(&url).send().await.unwrap();
-                assert_eq!(r.status(), 200);
-                r.bytes().await.unwrap();
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    count.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64()
-}
-
 /// `-- tenants`: self-hosted vs cloud, interleaved rounds (the order
 /// alternating), so drifts of this VM's speed hit both sides alike.
 fn tenants_ab() {
@@ -475,7 +450,7 @@ fn tenants_ab() {
         let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for &i in &order {
             let lat = single.block_on(submit_latencies(&sides[i], jobs));
-            let rate = multi.block_on(get_rate_of(&sides[i].client(), &urls[i], 3));
+            let rate = multi.block_on(common::rate_of(&sides[i].client(), &urls[i], 3));
             println!(
                 "round {round} {:<11}: submit (POST→201) p50 {:.3} ms p95 {:.3} ms over {jobs} jobs; GET /jobs/{{id}} {rate:.0} req/s",
                 sides[i].name,

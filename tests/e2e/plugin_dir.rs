@@ -28,22 +28,7 @@ async fn example_plugin_loads_from_a_directory_and_runs() {
     assert_eq!(def.category, "examples");
     assert!(registry.get("ImageInvert").is_some(), "bundled plugins are still there");
 
-    let executor = Executor::new(env.runtime.clone(), registry, 16 << 20, 2);
-    let out = tempfile::tempdir().unwrap();
-    let ran = run_with(
-        &executor,
-        json!({
-            "1": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 2, "batch_size": 1, "color": 0x4080c0}},
-            "2": {"class_type": "ExamplePosterize", "inputs": {"image": ["1", 0], "levels": 2}},
-            "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "p"}}
-        }),
-        RunOpts::new(out.path()),
-    )
-    .await;
-    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
-    let (_, _, _, px, _) = read_png(&out.path().join("p_00001_.png"));
-    // 0x40 → 0, 0x80 → 255 (0.502 rounds up), 0xc0 → 255 with two levels.
-    assert_eq!(&px[..3], &[0, 255, 255]);
+    posterizes(env, registry).await;
 }
 
 /// A component built against `kiln:plugin@0.1.0` (no `node-meta` export)
@@ -57,21 +42,7 @@ async fn a_component_built_against_contract_0_1_0_still_loads_and_runs() {
     let registry = Arc::new(NodeRegistry::load_all(&env.runtime, &[plugins.path().to_path_buf()]).await.expect("a 0.1.0 component loads"));
     let (plugin, _) = registry.get("ExamplePosterize").expect("its node is registered");
     assert!(plugin.meta.is_empty(), "no node-meta export, no extras");
-    let executor = Executor::new(env.runtime.clone(), registry, 16 << 20, 2);
-    let out = tempfile::tempdir().unwrap();
-    let ran = run_with(
-        &executor,
-        json!({
-            "1": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 2, "batch_size": 1, "color": 0x4080c0}},
-            "2": {"class_type": "ExamplePosterize", "inputs": {"image": ["1", 0], "levels": 2}},
-            "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "p"}}
-        }),
-        RunOpts::new(out.path()),
-    )
-    .await;
-    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
-    let (_, _, _, px, _) = read_png(&out.path().join("p_00001_.png"));
-    assert_eq!(&px[..3], &[0, 255, 255]);
+    posterizes(env, registry).await;
 }
 
 #[tokio::test]
@@ -363,4 +334,24 @@ async fn network_grants_intersect_manifests_and_routes_need_a_handler() {
         Err(other) => panic!("{other}"),
         Ok(_) => panic!("routes without an incoming handler must be refused"),
     }
+}
+
+/// Runs EmptyImage → ExamplePosterize(2 levels) → SaveImage on `registry`
+/// and checks the pixels: 0x40 → 0, 0x80 → 255 (0.502 rounds up), 0xc0 → 255.
+async fn posterizes(env: &crate::support::Env, registry: Arc<NodeRegistry>) {
+    let executor = Executor::new(env.runtime.clone(), registry, 16 << 20, 2);
+    let out = tempfile::tempdir().unwrap();
+    let ran = run_with(
+        &executor,
+        json!({
+            "1": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 2, "batch_size": 1, "color": 0x4080c0}},
+            "2": {"class_type": "ExamplePosterize", "inputs": {"image": ["1", 0], "levels": 2}},
+            "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "p"}}
+        }),
+        RunOpts::new(out.path()),
+    )
+    .await;
+    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
+    let (_, _, _, px, _) = read_png(&out.path().join("p_00001_.png"));
+    assert_eq!(&px[..3], &[0, 255, 255]);
 }

@@ -120,10 +120,9 @@ pub fn machine_probe() -> String {
     format!("machine probe: blake3 of 64 MiB {hash_ms:.1} ms, loopback TCP round trip {trip_us:.1} µs, branchy pointer chase {chase_ms:.0} ms")
 }
 
-/// GETs of `url` with 64 connections for 5 s: requests/s from this
-/// process's client, and from `wrk` (a C load generator that leaves more of
-/// the CPU to the server) when it is installed.
-pub async fn get_rate(http: &reqwest::Client, url: &str, what: &str) {
+/// GETs of `url` on 64 connections for `secs` from this process's client;
+/// requests/s (each answer must be 200).
+pub async fn rate_of(http: &reqwest::Client, url: &str, secs: u64) -> f64 {
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
@@ -139,12 +138,20 @@ pub async fn get_rate(http: &reqwest::Client, url: &str, what: &str) {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(secs)).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
     }
-    println!("{what}, 64 connections, in-process reqwest client: {:.0} req/s", count.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64());
+    count.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// GETs of `url` with 64 connections for 5 s: requests/s from this
+/// process's client, and from `wrk` (a C load generator that leaves more of
+/// the CPU to the server) when it is installed.
+pub async fn get_rate(http: &reqwest::Client, url: &str, what: &str) {
+    let rate = rate_of(http, url, 5).await;
+    println!("{what}, 64 connections, in-process reqwest client: {rate:.0} req/s");
     match Command::new("wrk").args(["-t1", "-c64", "-d5s", url]).output() {
         Ok(out) if out.status.success() => {
             let text = String::from_utf8_lossy(&out.stdout);

@@ -136,17 +136,19 @@ fn invalid_wgsl_is_refused_before_the_driver_with_a_location() {
     assert!(matches!(compile(&device, limits, &big, "main"), Err(GpuError::InvalidKernel(m)) if m.contains("gpu_max_source_kb")));
 }
 
+/// A kernel that loops forever, then writes how far it got.
+const SPIN: &str = "@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+    @compute @workgroup_size(64) fn spin(@builtin(global_invocation_id) id: vec3<u32>) {
+        var n = 0.0;
+        loop { n += 1.0; }
+        out[id.x] = n;
+    }";
+
 #[test]
 fn an_infinite_loop_ends_at_the_loop_budget() {
     let Some(gpu) = gpu_with(GpuLimits { loop_budget: 10_000, ..GpuLimits::default() }) else { return };
     let device = gpu.device().unwrap();
-    let src = "@group(0) @binding(1) var<storage, read_write> out: array<f32>;
-        @compute @workgroup_size(64) fn spin(@builtin(global_invocation_id) id: vec3<u32>) {
-            var n = 0.0;
-            loop { n += 1.0; }
-            out[id.x] = n;
-        }";
-    let kernel = compile(&device, gpu.limits(), src, "spin").unwrap();
+    let kernel = compile(&device, gpu.limits(), SPIN, "spin").unwrap();
     let out = device.zeroed(64 * 4).unwrap();
     let started = Instant::now();
     run(&device, &kernel, &[Bound { index: 1, buffer: &out, writable: true }], &[], (4, 1, 1), gpu.limits(), soon()).unwrap();
@@ -165,13 +167,7 @@ fn a_large_dispatch_shares_the_dispatch_iteration_budget() {
     assert_eq!(super::dispatch::loop_budget(&limits, u64::MAX), 1, "never below one");
     let Some(gpu) = gpu_with(limits) else { return };
     let device = gpu.device().unwrap();
-    let src = "@group(0) @binding(1) var<storage, read_write> out: array<f32>;
-        @compute @workgroup_size(64) fn spin(@builtin(global_invocation_id) id: vec3<u32>) {
-            var n = 0.0;
-            loop { n += 1.0; }
-            out[id.x] = n;
-        }";
-    let kernel = compile(&device, gpu.limits(), src, "spin").unwrap();
+    let kernel = compile(&device, gpu.limits(), SPIN, "spin").unwrap();
     let out = device.zeroed(256).unwrap();
     run(&device, &kernel, &[Bound { index: 1, buffer: &out, writable: true }], &[], (4, 1, 1), gpu.limits(), soon()).unwrap();
     let values = out.read().unwrap();

@@ -282,7 +282,8 @@ impl PluginRuntime {
             tracing::warn!(plugin = %plugin, "the plugin asks for outbound hosts, but the operator granted it none: its requests will be refused");
         }
         let limits = manifest.effective_limits(&self.config.limits);
-        let setup = CallSetup {
+        // The load-time calls (definitions, meta): no inputs, no GPU.
+        let load_setup = || CallSetup {
             limits: DEFINITIONS_LIMITS,
             io: None,
             guest_world: DEFINITIONS_WORLD,
@@ -290,6 +291,7 @@ impl PluginRuntime {
             net: net.clone(),
             gpu: false,
         };
+        let setup = load_setup();
         let definitions = self
             .call(setup, &CancellationToken::new(), |store| {
                 let pre = pre.clone();
@@ -305,14 +307,7 @@ impl PluginRuntime {
         let meta = match meta_pre {
             None => Vec::new(),
             Some(meta_pre) => {
-                let setup = CallSetup {
-                    limits: DEFINITIONS_LIMITS,
-                    io: None,
-                    guest_world: DEFINITIONS_WORLD,
-                    name: manifest.name.as_str().into(),
-                    net: net.clone(),
-                    gpu: false,
-                };
+                let setup = load_setup();
                 self.call(setup, &CancellationToken::new(), |store| {
                     Box::pin(async move {
                         let world = meta_pre.instantiate_async(&mut *store).await?;
