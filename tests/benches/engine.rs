@@ -55,6 +55,7 @@ async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInpu
         branches: None,
         budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED),
         cache_scope: String::new(),
+        funds: None,
     };
     let outcome = executor.run(&plan, ctx).await;
     let elapsed = start.elapsed();

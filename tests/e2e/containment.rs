@@ -162,6 +162,7 @@ async fn a_planned_node_without_a_provider_fails_the_run() {
         branches: None,
         budget: JobBudget::new(JobLimits::UNLIMITED),
         cache_scope: String::new(),
+        funds: None,
     };
     match env.executor.run(&plan, ctx).await.status {
         RunStatus::Failed { node, failure, .. } => {

@@ -84,11 +84,19 @@ pub struct RunOpts<'a> {
     /// The run's account (the test config's job limits by default); keep a
     /// clone to read its peak afterwards.
     pub budget: Arc<kiln::budget::JobBudget>,
+    /// The account's funds check (none by default: no accounts).
+    pub funds: Option<kiln::executor::FundsCheck>,
 }
 
 impl<'a> RunOpts<'a> {
     pub fn new(out: &'a Path) -> RunOpts<'a> {
-        RunOpts { inputs: NamedInputs::new(), out, cancel: CancellationToken::new(), budget: kiln::budget::JobBudget::new(test_config().job_limits()) }
+        RunOpts {
+            inputs: NamedInputs::new(),
+            out,
+            cancel: CancellationToken::new(),
+            budget: kiln::budget::JobBudget::new(test_config().job_limits()),
+            funds: None,
+        }
     }
 }
 
@@ -111,6 +119,7 @@ pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: Ru
         branches: None,
         budget: opts.budget,
         cache_scope: String::new(),
+        funds: opts.funds,
     };
     let outcome = executor.run(&plan, ctx).await;
     let events = std::mem::take(&mut *events.lock().unwrap());

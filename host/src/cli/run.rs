@@ -148,6 +148,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
         branches: None,
         budget: crate::budget::JobBudget::new(config.job_limits()),
         cache_scope: String::new(),
+        funds: None,
     };
     let outcome = executor.run(&plan, ctx).await;
     if let Some(bar) = &bar {

@@ -52,7 +52,14 @@ pub struct RunContext {
     /// run is served only results computed for the same scope (an account;
     /// empty: the one owner of a self-hosted server or `kiln run`).
     pub cache_scope: String,
+    /// Whether the job's account may still start an API node (one that
+    /// spends money at a partner, `api_node` in its class's meta), asked
+    /// before each such node starts; `None`: always (no accounts).
+    pub funds: Option<FundsCheck>,
 }
+
+/// See [`RunContext::funds`].
+pub type FundsCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// How a run ended.
 #[derive(Debug, Clone)]

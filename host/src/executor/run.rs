@@ -236,6 +236,13 @@ impl<'a> Run<'a> {
         let Some((plugin, _)) = self.executor.registry.get(&node.class_type) else {
             return Err(failed(format!("node class `{}` is not provided by any loaded plugin", node.class_type)));
         };
+        // An API node spends money at a partner: not for an account
+        // without funds (InsufficientFundsError on the compatibility API).
+        let paid = self.executor.registry.meta(&node.class_type).is_some_and(|m| m.api_node);
+        if paid && self.ctx.funds.as_ref().is_some_and(|has_funds| !has_funds()) {
+            let message = format!("`{}` is an API node and the account has no credits left", node.class_type);
+            return Err(NodeFailure { kind: FailureKind::InsufficientFunds, message, log: Default::default() });
+        }
         let inputs = self.resolve_inputs(node).map_err(failed)?;
         self.emit(Event::Executing { node: node.id.clone(), class_type: node.class_type.clone() });
         self.progress.lock().running.insert(node.id.clone(), 0.0);

@@ -164,6 +164,10 @@ impl Service {
                     budget: crate::budget::JobBudget::new(self.opts.job_limits),
                     // With accounts, results are never shared between them.
                     cache_scope: if self.opts.mode.has_accounts() { snapshot.owner.clone() } else { String::new() },
+                    funds: self.opts.mode.has_accounts().then(|| {
+                        let (accounts, billed) = (self.accounts.clone(), self.billed_account(&snapshot));
+                        Arc::new(move || accounts.has_funds(&billed)) as crate::executor::FundsCheck
+                    }),
                 };
                 let run = std::panic::AssertUnwindSafe(executor.run(&plan, ctx));
                 futures_util::FutureExt::catch_unwind(run).await.map_err(|_| NotRun {

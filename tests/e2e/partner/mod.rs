@@ -459,3 +459,30 @@ async fn an_unreachable_provider_is_502_without_internal_detail() {
     let text = answer.to_string();
     assert!(!text.contains("127.0.0.1") && !text.contains(&port.to_string()) && !text.to_lowercase().contains("refused"), "no internal detail: {text}");
 }
+
+/// An API node does not start for an account without funds: the run fails
+/// on it as `insufficient_funds` (InsufficientFundsError on the WebSocket)
+/// and the provider never hears of it; the check is asked when it starts.
+#[tokio::test]
+async fn an_api_node_of_an_account_without_funds_is_insufficient_funds() {
+    let p = partner().await;
+    let executor = kiln::executor::Executor::new(p.runtime.clone(), p.registry.clone(), 16 << 20, 2);
+    let out = tempfile::tempdir().unwrap();
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = asked.clone();
+    let mut opts = crate::support::RunOpts::new(out.path());
+    opts.funds = Some(Arc::new(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        false
+    }));
+    let ran = crate::support::run_with(&executor, node_workflow(41), opts).await;
+    match &ran.outcome.status {
+        kiln::executor::RunStatus::Failed { node, class_type, failure } => {
+            assert_eq!((node.as_str(), class_type.as_str()), ("2", "MagnificImageSkinEnhancerNode"));
+            assert_eq!(failure.kind, kiln::plugins::runtime::FailureKind::InsufficientFunds, "{failure:?}");
+        }
+        other => panic!("the API node must fail: {other:?}"),
+    }
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1, "asked once, for the API node only");
+    assert!(p.fake.seen().iter().all(|s| s.body.get("sharpen") != Some(&json!(41))), "the provider never heard of it");
+}
