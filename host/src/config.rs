@@ -531,7 +531,7 @@ impl Config {
             },
             route_response_bytes: usize::try_from(mb(self.route_max_body_mb)).unwrap_or(usize::MAX),
             route_timeout: Duration::from_millis(self.route_timeout_ms.max(1)),
-            gpu: crate::gpu::Gpu::start(self.gpu, self.gpu_limits())?,
+            gpu: crate::gpu::Gpu::start(self.gpu, self.gpu_limits(), self.compiler_exe.as_deref())?,
         })
     }
 

@@ -8,6 +8,11 @@ fn main() -> std::process::ExitCode {
     if let kiln::cli::Command::CompileComponent(args) = &cli.command {
         return std::process::ExitCode::from(kiln::cli::compile_component(args));
     }
+    // Nor does the GPU probe child (see `gpu::Gpu::start`).
+    if let kiln::cli::Command::ProbeGpu = &cli.command {
+        println!("{}", kiln::gpu::probe_report());
+        return std::process::ExitCode::SUCCESS;
+    }
     kiln::memory::tune_allocator();
     // The server logs a line per job (id, status, times) by default; the
     // one-shot commands only warnings. `KILN_LOG` overrides either

@@ -214,6 +214,16 @@ fn timings_say_where_each_node_ran_and_doctor_names_the_gpu() {
     if !has_adapter && std::env::var_os("CI").is_some() {
         panic!("CI needs a GPU adapter (Mesa lavapipe): {}", auto[0]);
     }
+    // The child `kiln serve` asks under `auto` before loading a driver:
+    // the same adapter, classed as `auto` treats it.
+    let probe = Command::new(env!("CARGO_BIN_EXE_kiln")).arg("probe-gpu").output().unwrap();
+    let probe = String::from_utf8_lossy(&probe.stdout).trim().to_string();
+    let (kind, rest) = probe.split_once(' ').unwrap_or_else(|| panic!("{probe}"));
+    match kind {
+        "hardware" | "software" => assert!(has_adapter && auto[0].contains(rest.split(" (").next().unwrap()), "{probe} vs {auto:?}"),
+        "none" => assert!(!has_adapter, "{probe} vs {auto:?}"),
+        other => panic!("unknown probe answer {other}: {probe}"),
+    }
 
     for (gpu, place) in [("off", "cpu"), ("required", "gpu")] {
         if gpu == "required" && !has_adapter {

@@ -62,11 +62,17 @@ fn serve(data: &Path, plugins: &Path, granted: &Path) -> Command {
 
 /// `kiln serve` with the hostile plugin (granted the partner key).
 fn spawn() -> Kiln {
+    spawn_with(&[])
+}
+
+/// [`spawn`] with more settings (`KILN_*` variables).
+fn spawn_with(env: &[(&str, &str)]) -> Kiln {
     let data = tempfile::tempdir().unwrap();
     let plugins = tempfile::tempdir().unwrap();
     let dir = plugins.path().join("hostile");
     install(&dir, "hostile");
-    let mut child = serve(data.path(), plugins.path(), &dir).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("kiln serve starts");
+    let mut child =
+        serve(data.path(), plugins.path(), &dir).envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("kiln serve starts");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let base = line.trim().strip_prefix("kiln listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
@@ -206,7 +212,10 @@ fn wide_tree(leaves: usize, size: u32) -> Value {
 
 #[tokio::test]
 async fn a_job_holds_at_most_its_memory_bound_and_gives_it_back() {
-    let mut kiln = spawn();
+    // Without a result cache: what it keeps (up to its bound, by design)
+    // pinned 0–110 MiB more from run to run (138–252 MiB after idle with
+    // 64 MiB of cache, 139–150 without); this measures what jobs leave.
+    let mut kiln = spawn_with(&[("KILN_RESULT_CACHE_MB", "0")]);
     let before = kiln.status_mb("VmRSS:");
     // 16 branches of 48 MiB each (768 MiB if all leaves ran first; 1.5 GB
     // peak before the bound): run branch by branch within 256 MiB.
@@ -225,16 +234,21 @@ async fn a_job_holds_at_most_its_memory_bound_and_gives_it_back() {
     kiln.assert_contained().await;
     // Memory goes back once the server is idle (the trimmer runs after a
     // few quiet seconds): read /proc only, no requests meanwhile.
+    // What stays is the allocator's and the runtime's (measured +67–80 MiB
+    // when this test runs alone, up to +173 beside the other tests of this
+    // binary: RELIABILITY.md), far below the peak of the 48 MiB branches
+    // (300–500 MiB).
+    const KEPT_MB: u64 = 192;
     let mut rss = u64::MAX;
     for _ in 0..40 {
         tokio::time::sleep(Duration::from_millis(500)).await;
         rss = kiln.status_mb("VmRSS:");
-        if rss < before + 128 {
+        if rss < before + KEPT_MB {
             break;
         }
     }
     eprintln!("RSS before {before} MiB, after the jobs and an idle pause {rss} MiB");
-    assert!(rss < before + 128, "memory returned after the jobs: {before} → {rss} MiB");
+    assert!(rss < before + KEPT_MB, "memory returned after the jobs: {before} → {rss} MiB");
 }
 
 #[tokio::test]

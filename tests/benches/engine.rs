@@ -291,7 +291,7 @@ async fn gpu_bench() {
     }
     let cpu = start.elapsed().as_secs_f64() / 5.0;
     println!("invert 4096² (one channel, 64 MiB) on the CPU kernel (host memory, all cores): {:.1} ms, {:.2} GB/s", cpu * 1e3, bytes / cpu / 1e9);
-    let Ok(Some(gpu)) = Gpu::start(GpuMode::Required, GpuLimits::default()) else {
+    let Ok(Some(gpu)) = Gpu::start(GpuMode::Required, GpuLimits::default(), None) else {
         println!("no GPU adapter: no GPU figures");
         return;
     };

@@ -45,6 +45,10 @@ pub enum Command {
     /// limits; see `plugins::compile`).
     #[command(name = "compile-component", hide = true)]
     CompileComponent(CompileArgs),
+    /// Print the GPU adapter `gpu = "auto"` would use (kiln runs itself so,
+    /// to keep a software driver out of the server; see `gpu::Gpu::start`).
+    #[command(name = "probe-gpu", hide = true)]
+    ProbeGpu,
 }
 
 /// Arguments of the hidden `kiln compile-component`.
@@ -103,6 +107,11 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
         Command::Accounts(args) => accounts::run(config, args).await,
         Command::Deployments(args) => deployments::run(&config, args).await,
         Command::CompileComponent(args) => Ok(i32::from(compile_component(&args))),
+        // (Handled by `main` before any set-up; here for completeness.)
+        Command::ProbeGpu => {
+            println!("{}", crate::gpu::probe_report());
+            Ok(0)
+        }
         Command::Doctor => {
             for line in doctor(&config) {
                 println!("{line}");

@@ -156,6 +156,50 @@ pub fn probe() -> Result<(wgpu::Adapter, GpuInfo), String> {
     Ok((adapter, info))
 }
 
+/// What `kiln probe-gpu` prints: the adapter `auto` would use (`hardware
+/// NAME`), or why there is none (`software NAME`, `none REASON`).
+pub fn probe_report() -> String {
+    match probe() {
+        Ok((_, info)) if info.software => format!("software {info}"),
+        Ok((_, info)) => format!("hardware {info}"),
+        Err(reason) => format!("none {reason}"),
+    }
+}
+
+/// Runs `exe probe-gpu` (at most 60 s): `Ok` when it found a real GPU,
+/// else why not.
+fn probe_in_child(exe: &std::path::Path) -> Result<(), String> {
+    let mut child = std::process::Command::new(exe)
+        .arg("probe-gpu")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run {} probe-gpu: {e}", exe.display()))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("the GPU probe did not finish in 60 s".into());
+            }
+        }
+    }
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&mut stdout, 64 << 10), &mut out);
+    }
+    match out.lines().next().unwrap_or("none the probe printed nothing").split_once(' ') {
+        Some(("hardware", _)) => Ok(()),
+        Some(("software", info)) => Err(format!("only a software adapter ({info}); gpu = \"required\" uses it")),
+        Some((_, reason)) => Err(reason.to_string()),
+        None => Err("the probe printed nothing".into()),
+    }
+}
+
 /// One GPU per process and setting: devices are expensive, and every
 /// runtime of a process shares the adapter. `None`: the setting found no
 /// GPU to use (kept, so it is not probed again).
@@ -169,13 +213,28 @@ impl Gpu {
     /// or only a software one (slower than the host's CPU kernels; dropped at
     /// once, since an idle lavapipe instance alone holds ~60 MiB of RSS);
     /// an error when `required` found none. Logged either way.
-    pub fn start(mode: GpuMode, limits: GpuLimits) -> Result<Option<Arc<Gpu>>, GpuStartError> {
+    ///
+    /// `probe_exe` (the kiln executable, when kiln runs as one): under `auto`
+    /// the adapter is first probed in a child (`kiln probe-gpu`), and the
+    /// driver is loaded into this process only for a real GPU — loading Mesa's
+    /// software Vulkan costs ~50 MiB here and keeps ~110 MiB more of a busy
+    /// server's memory from returning to the system (measured by the hostile
+    /// suite), for an adapter `auto` would drop anyway.
+    pub fn start(mode: GpuMode, limits: GpuLimits, probe_exe: Option<&std::path::Path>) -> Result<Option<Arc<Gpu>>, GpuStartError> {
         if mode == GpuMode::Off {
             return Ok(None);
         }
         let mut shared = SHARED.lock();
         if let Some((_, gpu)) = shared.iter().find(|(key, _)| *key == (mode, limits)) {
             return Ok(gpu.clone());
+        }
+        if mode == GpuMode::Auto
+            && let Some(exe) = probe_exe
+            && let Err(reason) = probe_in_child(exe)
+        {
+            tracing::info!(%reason, "no GPU to use under gpu = \"auto\": nodes compute on the CPU");
+            shared.push(((mode, limits), None));
+            return Ok(None);
         }
         let started = probe().and_then(|(adapter, info)| {
             if mode == GpuMode::Auto && info.software {

@@ -14,7 +14,7 @@ use super::kernel::compile;
 use super::*;
 
 fn gpu_with(limits: GpuLimits) -> Option<Arc<Gpu>> {
-    match Gpu::start(GpuMode::Required, limits) {
+    match Gpu::start(GpuMode::Required, limits, None) {
         Ok(gpu) => gpu,
         Err(e) if std::env::var_os("CI").is_some() => panic!("CI needs a GPU adapter (Mesa lavapipe): {e}"),
         Err(e) => {
@@ -258,14 +258,14 @@ fn fresh_buffers_are_zeroed() {
 fn the_policy_follows_the_mode() {
     let Some(gpu) = gpu() else { return };
     assert!(gpu.prefers(1, false), "required runs everything with a GPU kernel there");
-    let auto = Gpu::start(GpuMode::Auto, GpuLimits::default()).unwrap();
+    let auto = Gpu::start(GpuMode::Auto, GpuLimits::default(), None).unwrap();
     assert_eq!(auto.is_some(), !gpu.info().software, "auto keeps a real GPU only");
     if let Some(auto) = auto {
         assert!(auto.offered() && auto.prefers(1, true), "a resident input stays on the device");
         assert!(auto.prefers(1 << 20, false), "large results go to the GPU");
         assert!(!auto.prefers(1, false), "tiny ones stay on the CPU");
     }
-    assert!(Gpu::start(GpuMode::Off, GpuLimits::default()).unwrap().is_none());
+    assert!(Gpu::start(GpuMode::Off, GpuLimits::default(), None).unwrap().is_none());
 }
 
 #[test]
