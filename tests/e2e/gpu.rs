@@ -16,8 +16,18 @@ use tokio::sync::OnceCell;
 use crate::support::{HOSTILE_MANIFEST, HOSTILE_WASM, install_plugin, test_config};
 
 /// The node classes with a GPU path.
-const GPU_CLASSES: [&str; 9] =
-    ["ImageScale", "ImageScaleBy", "ImageBlur", "ImageSharpen", "ImageInvert", "ImageBlend", "ImageCompositeMasked", "InvertMask", "ThresholdMask"];
+const GPU_CLASSES: [&str; 10] = [
+    "ImageScale",
+    "ImageScaleBy",
+    "ImageBlur",
+    "ImageSharpen",
+    "ImageInvert",
+    "ImageBlend",
+    "ImageCompositeMasked",
+    "InvertMask",
+    "ThresholdMask",
+    "MaskComposite",
+];
 
 /// The iterations one kernel invocation may run in the GPU suite.
 const LOOP_BUDGET: u32 = 50_000;

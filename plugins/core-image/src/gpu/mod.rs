@@ -1,5 +1,5 @@
 //! GPU versions of the pixel nodes that have no host kernel: ImageBlend,
-//! ImageCompositeMasked, ThresholdMask. Each takes the common case (shapes
+//! ImageCompositeMasked, ThresholdMask, MaskComposite. Each takes the common case (shapes
 //! that need no resize or channel change) to the host's GPU through
 //! [`kiln_sdk::gpu`], whose results stay on the device; `None` means "not
 //! this case" and the node runs its CPU code, which it also does when no GPU
@@ -12,6 +12,7 @@ use kiln_sdk::prelude::*;
 const BLEND: GpuKernel = GpuKernel { wgsl: include_str!("blend.wgsl"), entry: "main" };
 const COMPOSITE: GpuKernel = GpuKernel { wgsl: include_str!("composite.wgsl"), entry: "main" };
 const THRESHOLD: GpuKernel = GpuKernel { wgsl: include_str!("threshold.wgsl"), entry: "main" };
+const MASK_COMPOSITE: GpuKernel = GpuKernel { wgsl: include_str!("mask_composite.wgsl"), entry: "main" };
 
 /// Threads per workgroup of the kernels here.
 const GROUP: u32 = 256;
@@ -111,4 +112,36 @@ pub fn threshold(mask: &Tensor, value: f32, cpu: impl FnOnce() -> Result<Tensor>
     let (gx, gy) = groups_for(len as usize, GROUP);
     let uniforms = Uniforms::new().u32(len).u32(gx).f32(value).u32(0);
     Some(run_or_cpu(&THRESHOLD, &[mask], &shape, &uniforms, (gx, gy, 1), cpu))
+}
+
+/// MaskComposite's operations, in the kernel's numbering.
+pub const MASK_OPS: [&str; 6] = ["multiply", "add", "subtract", "and", "or", "xor"];
+
+/// MaskComposite when the source's batch is 1 or the destination's.
+pub fn mask_composite(dst: &Tensor, src: &Tensor, x: usize, y: usize, op: &str, cpu: impl FnOnce() -> Result<Tensor>) -> Option<Result<Tensor>> {
+    let (d, s) = (shape_of(dst), shape_of(src));
+    let op = MASK_OPS.iter().position(|o| *o == op)? as u32;
+    if d.len() != 3 || s.len() != 3 || !(s[0] == 1 || s[0] == d[0]) {
+        return None;
+    }
+    let vis_w = s[2].min(d[2].saturating_sub(x));
+    let vis_h = s[1].min(d[1].saturating_sub(y));
+    let len = len_of(&d)?;
+    let (gx, gy) = groups_for(len as usize, GROUP);
+    let fields = [
+        len,
+        gx,
+        u32::try_from(d[1]).ok()?,
+        u32::try_from(d[2]).ok()?,
+        u32::try_from(s[1]).ok()?,
+        u32::try_from(s[2]).ok()?,
+        u32::from(s[0] == 1),
+        u32::try_from(x).ok()?,
+        u32::try_from(y).ok()?,
+        u32::try_from(vis_w).ok()?,
+        u32::try_from(vis_h).ok()?,
+        op,
+    ];
+    let uniforms = fields.iter().fold(Uniforms::new(), |u, &v| u.u32(v));
+    Some(run_or_cpu(&MASK_COMPOSITE, &[dst, src], &d, &uniforms, (gx, gy, 1), cpu))
 }

@@ -163,8 +163,12 @@ pub const MASK_COMPOSITE: NodeClass = NodeClass {
             .output("MASK", "MASK")
     },
     run: |inputs| {
-        let (dst, src) = (inputs.mask("destination")?, inputs.mask("source")?);
-        Ok(vec![Output::Mask(mask_composite(&dst, &src, inputs.usize("x")?, inputs.usize("y")?, inputs.string("operation")?)?)])
+        let (x, y, op) = (inputs.usize("x")?, inputs.usize("y")?, inputs.string("operation")?);
+        let on_cpu = || -> Result<Mask> { mask_composite(&inputs.mask("destination")?, &inputs.mask("source")?, x, y, op) };
+        if let Some(out) = crate::gpu::mask_composite(inputs.tensor("destination")?, inputs.tensor("source")?, x, y, op, || on_cpu()?.to_tensor()) {
+            return Ok(vec![Output::Tensor(out?)]);
+        }
+        Ok(vec![Output::Mask(on_cpu()?)])
     },
 };
 
