@@ -80,6 +80,12 @@ pub fn available() -> bool {
     wit::available()
 }
 
+/// Whether the host would rather run a kernel producing `elements` values
+/// from `inputs` on the GPU (see [`run_or_cpu`]).
+pub fn prefers(elements: u64, inputs: &[&Tensor]) -> bool {
+    wit::prefers(elements, inputs)
+}
+
 impl From<GpuError> for Error {
     fn from(e: GpuError) -> Error {
         match e {
@@ -93,7 +99,9 @@ impl From<GpuError> for Error {
 }
 
 /// Runs `kernel` over `inputs` into a new tensor of `shape` (see the module
-/// docs for the bindings), or `cpu()` when the GPU is unavailable or was lost.
+/// docs for the bindings), or `cpu()` when the host does not prefer the GPU
+/// for this size and these inputs (`gpu.prefers`: unavailable, or under
+/// `auto` a small result whose inputs are not on the device) or it was lost.
 pub fn run_or_cpu(
     kernel: &GpuKernel,
     inputs: &[&Tensor],
@@ -102,7 +110,8 @@ pub fn run_or_cpu(
     workgroups: (u32, u32, u32),
     cpu: impl FnOnce() -> Result<Tensor>,
 ) -> Result<Tensor> {
-    if !wit::available() {
+    let elements = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64)).unwrap_or(u64::MAX);
+    if !wit::prefers(elements, inputs) {
         return cpu();
     }
     match run(kernel, inputs, shape, uniforms, workgroups) {

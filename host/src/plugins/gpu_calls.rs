@@ -112,6 +112,15 @@ impl wit::Host for NodeState {
         Ok(self.gpu().is_ok())
     }
 
+    fn prefers(&mut self, elements: u64, inputs: Vec<Resource<Tensor>>) -> wasmtime::Result<bool> {
+        let Ok(gpu) = self.gpu() else { return Ok(false) };
+        let mut resident = false;
+        for input in &inputs {
+            resident |= self.table.get(input)?.device().is_some();
+        }
+        Ok(gpu.prefers(usize::try_from(elements).unwrap_or(usize::MAX), resident))
+    }
+
     fn compile(&mut self, wgsl: String, entry_point: String) -> GpuResult<Resource<KernelHandle>> {
         let compiled = self.gpu().and_then(|gpu| gpu.device().and_then(|device| kernel::compile(&device, gpu.limits(), &wgsl, &entry_point)));
         match compiled {
