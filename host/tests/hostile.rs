@@ -62,17 +62,11 @@ fn serve(data: &Path, plugins: &Path, granted: &Path) -> Command {
 
 /// `kiln serve` with the hostile plugin (granted the partner key).
 fn spawn() -> Kiln {
-    spawn_with(&[])
-}
-
-/// [`spawn`] with more settings (`KILN_*` variables).
-fn spawn_with(env: &[(&str, &str)]) -> Kiln {
     let data = tempfile::tempdir().unwrap();
     let plugins = tempfile::tempdir().unwrap();
     let dir = plugins.path().join("hostile");
     install(&dir, "hostile");
-    let mut child =
-        serve(data.path(), plugins.path(), &dir).envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("kiln serve starts");
+    let mut child = serve(data.path(), plugins.path(), &dir).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("kiln serve starts");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let base = line.trim().strip_prefix("kiln listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
@@ -212,10 +206,7 @@ fn wide_tree(leaves: usize, size: u32) -> Value {
 
 #[tokio::test]
 async fn a_job_holds_at_most_its_memory_bound_and_gives_it_back() {
-    // Without a result cache: what it keeps (up to its bound, by design)
-    // pinned 0–110 MiB more from run to run (138–252 MiB after idle with
-    // 64 MiB of cache, 139–150 without); this measures what jobs leave.
-    let mut kiln = spawn_with(&[("KILN_RESULT_CACHE_MB", "0")]);
+    let mut kiln = spawn();
     let before = kiln.status_mb("VmRSS:");
     // 16 branches of 48 MiB each (768 MiB if all leaves ran first; 1.5 GB
     // peak before the bound): run branch by branch within 256 MiB.
@@ -234,10 +225,10 @@ async fn a_job_holds_at_most_its_memory_bound_and_gives_it_back() {
     kiln.assert_contained().await;
     // Memory goes back once the server is idle (the trimmer runs after a
     // few quiet seconds): read /proc only, no requests meanwhile.
-    // What stays is the allocator's and the runtime's (measured +67–80 MiB
-    // when this test runs alone, up to +173 beside the other tests of this
-    // binary: RELIABILITY.md), far below the peak of the 48 MiB branches
-    // (300–500 MiB).
+    // What stays after the idle trim varied from +67 to +181 MiB between
+    // runs (steady state, session 9; why is not understood yet:
+    // RELIABILITY.md); the peak of the 48 MiB branches is 300–500 MiB, and
+    // the trim itself returned ~50 MiB in a traced run.
     const KEPT_MB: u64 = 192;
     let mut rss = u64::MAX;
     for _ in 0..40 {
