@@ -4,15 +4,15 @@
 Writes ``tests/fixtures/parity/<ClassType>.json`` (run from the repository root:
 ``python3 tests/parity/generate.py``). Every case gives a node's inputs and the
 outputs ComfyUI computes for them, re-derived here from ComfyUI's formulas
-(``/work/shared/spec/compat-protocol.md`` sections 5.4, 6.1b, 6.2; edge details
+(the compatibility protocol spec, sections 5.4, 6.1b, 6.2; edge details
 checked against ComfyUI's public node source) and written independently of it.
 
 Dependencies: numpy, Pillow (what ComfyUI itself uses for lanczos resizing and
 ImageQuantize) and torch (``F.interpolate``, ``F.pad(mode="reflect")`` +
 ``conv2d``, ``rot90`` -- the calls ComfyUI makes). Install them into a venv
 outside the repository, e.g.
-``python3 -m venv /work/venv-parity && /work/venv-parity/bin/pip install numpy
-pillow torch`` (PyTorch's CPU-only wheel
+``python3 -m venv ~/.cache/kiln-parity-venv && ~/.cache/kiln-parity-venv/bin/pip
+install numpy pillow torch`` (PyTorch's CPU-only wheel
 index gives a much smaller install where it is reachable). Optional cross-checks, used when importable: scipy
 (GrowMask against ``scipy.ndimage.grey_dilation``/``grey_erosion``, which
 ComfyUI calls) and OpenCV (bilinear/bicubic against ``cv2.resize``, blur and
@@ -76,7 +76,7 @@ except Exception:  # pragma: no cover
 F32 = np.float32
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT_DIR = os.path.join(ROOT, "tests", "fixtures", "parity")
-OBJECT_INFO = os.environ.get("KILN_OBJECT_INFO", "/work/shared/reference/comfyui/object_info.json")
+OBJECT_INFO = os.environ.get("KILN_OBJECT_INFO", os.path.join(ROOT, "tests", "fixtures", "comfyui", "object_info-core.json"))
 
 TOL_PIXEL = 1.0 / 255.0
 TOL_RESAMPLE = 2.0 / 255.0
