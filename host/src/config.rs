@@ -79,9 +79,27 @@ pub struct Config {
     /// for `kiln run`). Default 5000 (ComfyUI graphs have tens to hundreds).
     pub max_workflow_nodes: usize,
     /// Largest workflow (the request body on `/api/v2/jobs`, the file for
-    /// `kiln run`), KiB. Default 8192. A parsed JSON document takes several
-    /// times its size in memory.
+    /// `kiln run`), KiB. Default 8192.
     pub max_workflow_kb: usize,
+    /// Most JSON values (objects, arrays, strings, numbers, literals) one
+    /// submission may hold, counted on its bytes before it is parsed; more
+    /// is `invalid_workflow` naming this setting. Default 262144. A parsed
+    /// value takes up to ~256 bytes (a one-element array or object, with
+    /// its allocation), so a body's tree is bounded by this, not by its
+    /// size alone (a 7 MiB body of tiny arrays parsed to 700 MiB). A
+    /// 5,000-node chain holds ~30,000 values.
+    pub max_workflow_values: usize,
+    /// Memory, MiB, that submissions being parsed and validated and
+    /// uploads being decoded (`/upload/mask`) may hold at once, server-wide,
+    /// estimated before the work from the request (its bytes and value
+    /// count, an image's dimensions): a request waits until its estimate
+    /// fits. Default 512.
+    pub intake_memory_mb: u64,
+    /// Memory, MiB, that queued jobs may hold as parsed workflows and
+    /// plans so they start without parsing again. A queued job over it
+    /// keeps only its stored bytes and is parsed and validated when it
+    /// starts. Default 64.
+    pub queued_parsed_mb: u64,
     /// Memory one job may hold at once, MiB: its live tensors (node results
     /// not yet read by their last reader, host copies made for nodes) and
     /// its nodes' linear memories. Past it the node asking fails with
@@ -339,6 +357,9 @@ impl Default for Config {
             node_keep_resident_kb: 1024,
             max_workflow_nodes: 5_000,
             max_workflow_kb: 8192,
+            max_workflow_values: 1 << 18,
+            intake_memory_mb: 512,
+            queued_parsed_mb: 64,
             job_memory_mb: 4096,
             node_max_files: 4096,
             job_max_files: 10_000,
@@ -440,7 +461,11 @@ impl Config {
 
     /// Bounds on a workflow's size.
     pub fn workflow_limits(&self) -> crate::workflow::WorkflowLimits {
-        crate::workflow::WorkflowLimits { max_nodes: self.max_workflow_nodes.max(1), max_bytes: self.max_workflow_kb.saturating_mul(1024).max(1024) }
+        crate::workflow::WorkflowLimits {
+            max_nodes: self.max_workflow_nodes.max(1),
+            max_bytes: self.max_workflow_kb.saturating_mul(1024).max(1024),
+            max_values: self.max_workflow_values.max(16),
+        }
     }
 
     /// What the frontend's user may keep (`/api/userdata`, `/api/settings`).
@@ -609,6 +634,9 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "guest_perf_map",
         "max_workflow_nodes",
         "max_workflow_kb",
+        "max_workflow_values",
+        "intake_memory_mb",
+        "queued_parsed_mb",
         "job_memory_mb",
         "node_max_files",
         "job_max_files",

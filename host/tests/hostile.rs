@@ -62,11 +62,18 @@ fn serve(data: &Path, plugins: &Path, granted: &Path) -> Command {
 
 /// `kiln serve` with the hostile plugin (granted the partner key).
 fn spawn() -> Kiln {
+    spawn_with(&[])
+}
+
+/// [`spawn`] with more settings (`KILN_*` variables).
+fn spawn_with(env: &[(&str, &str)]) -> Kiln {
     let data = tempfile::tempdir().unwrap();
     let plugins = tempfile::tempdir().unwrap();
     let dir = plugins.path().join("hostile");
     install(&dir, "hostile");
-    let mut child = serve(data.path(), plugins.path(), &dir).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("kiln serve starts");
+    let mut cmd = serve(data.path(), plugins.path(), &dir);
+    cmd.envs(env.iter().copied());
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("kiln serve starts");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let base = line.trim().strip_prefix("kiln listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
@@ -98,6 +105,22 @@ impl Kiln {
         assert!(peak < PEAK_CEILING_MB, "server peak {peak} MiB over the {PEAK_CEILING_MB} MiB ceiling");
     }
 
+    async fn post_owned(&self, body: Value) -> (u16, Value) {
+        self.post(&body).await
+    }
+
+    /// Waits for job `id` to end; returns it.
+    async fn wait(&self, id: &str) -> Value {
+        for _ in 0..2400 {
+            let job: Value = self.http.get(format!("{}/jobs/{id}", self.base)).send().await.unwrap().json().await.unwrap();
+            if ["succeeded", "failed", "canceled"].contains(&job["status"].as_str().unwrap_or("")) {
+                return job;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("job {id} never finished");
+    }
+
     async fn post(&self, body: &Value) -> (u16, Value) {
         let resp = self.http.post(format!("{}/jobs", self.base)).json(body).send().await.unwrap();
         (resp.status().as_u16(), resp.json().await.unwrap())
@@ -107,15 +130,7 @@ impl Kiln {
     async fn run(&self, workflow: Value) -> Value {
         let (status, job) = self.post(&json!({ "workflow": workflow })).await;
         assert_eq!(status, 201, "{job}");
-        let id = job["id"].as_str().unwrap();
-        for _ in 0..2400 {
-            let job: Value = self.http.get(format!("{}/jobs/{id}", self.base)).send().await.unwrap().json().await.unwrap();
-            if ["succeeded", "failed", "canceled"].contains(&job["status"].as_str().unwrap_or("")) {
-                return job;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("job {id} never finished");
+        self.wait(job["id"].as_str().unwrap()).await
     }
 }
 
@@ -368,4 +383,112 @@ async fn a_hostile_tenants_deployment_does_not_stop_another_tenants_jobs() {
         let resp = kiln.http.post(format!("{evil}/jobs/{id}/cancel")).send().await.unwrap();
         assert_eq!(resp.status(), 200);
     }
+}
+
+/// `EmptyImage → SaveImage` whose EmptyImage carries an input no class
+/// reads: `values` one-element arrays (`[1]`, the shape that costs the most
+/// parsed: ~90× its text).
+fn padded(n: i64, values: usize) -> Value {
+    let mut w = json!({
+        "1": { "class_type": "EmptyImage", "inputs": { "width": 8, "height": 8, "batch_size": 1, "color": n } },
+        "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "p" } },
+    });
+    w["1"]["inputs"]["pad"] = Value::Array(vec![json!([1]); values]);
+    w
+}
+
+#[tokio::test]
+async fn a_submission_costs_a_bounded_multiple_of_its_bytes_and_listings_read_only_what_they_return() {
+    let mut kiln = spawn_with(&[("KILN_INTAKE_MEMORY_MB", "160")]);
+    let root = kiln.base.trim_end_matches("/api/v2").to_string();
+    let start = kiln.status_mb("VmHWM:");
+    // 7.4 MiB of one-element arrays: 3.7 M values (it used to parse to
+    // +715 MiB); refused on the count, before it is parsed.
+    let (status, body) = kiln.post(&json!({ "workflow": padded(0, 1_850_000) })).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("max_workflow_values"), "{body}");
+    let refused = kiln.status_mb("VmHWM:");
+    eprintln!("peak {start} MiB at start, {refused} MiB after the refused 7.4 MiB body");
+    assert!(refused < start + 48, "a refused body is not parsed: {start} -> {refused} MiB");
+    // Four at once just under the count (262,000 values, 1 MiB each):
+    // admitted one at a time by the intake budget (160 MiB: one estimate).
+    let jobs = futures_util::future::join_all((1..=4).map(|i| kiln.post_owned(json!({ "workflow": padded(i, 130_000) })))).await;
+    let mut ids = Vec::new();
+    for (status, job) in jobs {
+        assert_eq!(status, 201, "{job}");
+        ids.push(job["id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        kiln.wait(id).await;
+    }
+    let admitted = kiln.status_mb("VmHWM:");
+    eprintln!("peak {admitted} MiB after four concurrent 1 MiB submissions");
+    // Parsing (submissions, and jobs preparing from their stored bytes) is
+    // within the 160 MiB intake budget; all four at once took ~4×.
+    assert!(admitted < refused + 200, "one parse at a time: {refused} -> {admitted} MiB");
+    // Listings page on the records; only what they return is read, and
+    // written as it goes (ComfyUI's items carry whole workflows).
+    for path in ["/history?max_items=1", "/api/jobs?limit=1", "/history"] {
+        let resp = kiln.http.get(format!("{root}{path}")).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        let text = resp.text().await.unwrap();
+        let body: Value = serde_json::from_str(&text).unwrap();
+        if path == "/history" {
+            assert_eq!(body.as_object().unwrap().len(), 4);
+            assert!(text.len() > 4 * 500_000, "whole workflows: {} bytes", text.len());
+        }
+    }
+    let listed = kiln.status_mb("VmHWM:");
+    eprintln!("peak {listed} MiB after the listings");
+    assert!(listed < admitted + 32, "listings parse no workflow: {admitted} -> {listed} MiB");
+    kiln.assert_contained().await;
+}
+
+#[tokio::test]
+async fn a_mask_upload_composes_row_by_row() {
+    let mut kiln = spawn();
+    let root = kiln.base.trim_end_matches("/api/v2").to_string();
+    // 6000×6000 canvases of one color: ~150 KiB files, 144 MB decoded each.
+    let big = |alpha: u8| {
+        let (w, h) = (6000u32, 6000u32);
+        let row: Vec<u8> = (0..w).flat_map(|_| [90, 120, 200, alpha]).collect();
+        let mut out = Vec::new();
+        let mut e = png::Encoder::new(&mut out, w, h);
+        e.set_color(png::ColorType::Rgba);
+        e.set_depth(png::BitDepth::Eight);
+        let mut writer = e.write_header().unwrap();
+        let mut stream = writer.stream_writer().unwrap();
+        for _ in 0..h {
+            std::io::Write::write_all(&mut stream, &row).unwrap();
+        }
+        stream.finish().unwrap();
+        writer.finish().unwrap();
+        out
+    };
+    let (original, mask) = (big(255), big(7));
+    let form = reqwest::multipart::Form::new().part("image", reqwest::multipart::Part::bytes(original).file_name("orig.png"));
+    let resp = kiln.http.post(format!("{root}/upload/image")).multipart(form).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let start = kiln.status_mb("VmHWM:");
+    // Three at once (each used to peak at +275 MiB).
+    let uploads = (0..3).map(|i| {
+        let form = reqwest::multipart::Form::new()
+            .part("image", reqwest::multipart::Part::bytes(mask.clone()).file_name(format!("mask{i}.png")))
+            .text("original_ref", r#"{"filename": "orig.png", "type": "input"}"#);
+        kiln.http.post(format!("{root}/upload/mask")).multipart(form).send()
+    });
+    for resp in futures_util::future::join_all(uploads).await {
+        let resp = resp.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let peak = kiln.status_mb("VmHWM:");
+    eprintln!("three 6000² mask uploads: peak {start} -> {peak} MiB");
+    assert!(peak < start + 64, "composed by rows, not canvases: {start} -> {peak} MiB");
+    // The composed image is the original with the mask's alpha.
+    let bytes = kiln.http.get(format!("{root}/view?filename=mask0.png&type=input")).send().await.unwrap().bytes().await.unwrap();
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes.to_vec())).read_info().unwrap();
+    assert_eq!((reader.info().width, reader.info().height), (6000, 6000));
+    let row = reader.next_row().unwrap().unwrap().data().to_vec();
+    assert_eq!(&row[..8], &[90, 120, 200, 7, 90, 120, 200, 7]);
+    kiln.assert_contained().await;
 }

@@ -152,7 +152,7 @@ async fn a_planned_node_without_a_provider_fails_the_run() {
     let plan = Plan::new(vec![PlannedNode { id: "1".into(), class_type: "NoSuchClass".into(), inputs: vec![] }], vec!["1".into()]);
     let ctx = kiln::executor::RunContext {
         job_id: "missing".into(),
-        prompt: Arc::new(json!({})),
+        prompt: Arc::from("{}"),
         extra_pnginfo: None,
         inputs: Arc::new(NamedInputs::new()),
         outputs: Arc::new(kiln::files::DirOutputs::new(out.path(), out.path())),

@@ -109,7 +109,7 @@ pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: Ru
     let sink = events.clone();
     let ctx = RunContext {
         job_id: "test".into(),
-        prompt: Arc::new(workflow),
+        prompt: Arc::from(workflow.to_string()),
         extra_pnginfo: None,
         inputs: Arc::new(opts.inputs),
         outputs: Arc::new(DirOutputs::new(opts.out, opts.out.join("temp"))),

@@ -138,7 +138,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     };
     let ctx = RunContext {
         job_id: uuid::Uuid::new_v4().to_string(),
-        prompt: Arc::new(json),
+        prompt: Arc::from(json.to_string()),
         extra_pnginfo: None,
         inputs: Arc::new(inputs),
         outputs,

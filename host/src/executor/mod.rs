@@ -32,8 +32,9 @@ use crate::workflow::{Plan, PlannedInput};
 /// Everything one run needs besides the plan.
 pub struct RunContext {
     pub job_id: String,
-    /// The workflow JSON, for the `prompt` hidden input.
-    pub prompt: Arc<serde_json::Value>,
+    /// The workflow's JSON text, for the `prompt` hidden input (the run
+    /// holds the text, not a parsed tree).
+    pub prompt: Arc<str>,
     /// `extra_data.extra_pnginfo`, for the `extra_pnginfo` hidden input.
     pub extra_pnginfo: Option<serde_json::Value>,
     pub inputs: Arc<dyn InputFiles>,

@@ -57,7 +57,7 @@ pub(super) struct Run<'a> {
     log_truncated: bool,
     progress: Arc<Mutex<Progress>>,
     /// The workflow text for `prompt` hidden inputs, rendered once.
-    prompt_text: String,
+    prompt_text: Arc<str>,
 }
 
 impl<'a> Run<'a> {
@@ -76,7 +76,7 @@ impl<'a> Run<'a> {
             log: String::new(),
             log_truncated: false,
             progress: Arc::new(Mutex::new(progress)),
-            prompt_text: ctx.prompt.to_string(),
+            prompt_text: ctx.prompt.clone(),
         }
     }
 
@@ -334,7 +334,7 @@ impl<'a> Run<'a> {
                         .and_then(|r| r.values.get(*output as usize))
                         .cloned()
                         .ok_or_else(|| format!("input `{name}`: node {up} produced no output {output}"))?,
-                    PlannedInput::Hidden(HiddenInput::Prompt) => Value::String(self.prompt_text.clone()),
+                    PlannedInput::Hidden(HiddenInput::Prompt) => Value::String(self.prompt_text.to_string()),
                     PlannedInput::Hidden(HiddenInput::ExtraPnginfo) => {
                         Value::String(self.ctx.extra_pnginfo.as_ref().map_or_else(|| "null".to_string(), |v| v.to_string()))
                     }

@@ -123,10 +123,56 @@ impl From<ServiceError> for PromptRejection {
 /// A job as ComfyUI's queue and history show it.
 pub struct CompatJob {
     pub record: JobRecord,
-    /// The graph as it runs (asset references resolved).
-    pub workflow: Json,
+    /// The graph as it runs (asset references resolved), as stored: JSON
+    /// text rendered into a listing without being parsed (a tree of a
+    /// large workflow costs many times its text).
+    pub workflow: Box<serde_json::value::RawValue>,
     /// Output nodes of the graph (`outputs_to_execute`).
     pub outputs_to_execute: Vec<String>,
+}
+
+/// A blob upload as `std::io::Write` (an encoder writes into it).
+struct UploadWriter<'a>(&'a mut BlobUpload);
+
+impl std::io::Write for UploadWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0.write(data).map_err(std::io::Error::other)?;
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A workflow's nodes as `(id, class_type)`, in document order; every
+/// other value is skipped by the parser without being built.
+struct NodeClasses(Vec<(String, Option<String>)>);
+
+impl<'de> serde::Deserialize<'de> for NodeClasses {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<NodeClasses, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct Node {
+            class_type: Option<String>,
+        }
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = NodeClasses;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a workflow object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<NodeClasses, A::Error> {
+                let mut nodes = Vec::new();
+                // Stored graphs were validated: each node is an object
+                // whose `class_type` is a string.
+                while let Some(id) = map.next_key::<String>()? {
+                    let node: Node = map.next_value()?;
+                    nodes.push((id, node.class_type));
+                }
+                Ok(NodeClasses(nodes))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 /// One output file of a job, as ComfyUI names it.
@@ -244,7 +290,7 @@ impl Service {
 
     /// Validates and queues a prompt the ComfyUI way: outputs that fail
     /// validation are dropped (and reported) as long as one remains.
-    pub fn submit_prompt(&self, prompt: Prompt) -> Result<PromptAccepted, PromptRejection> {
+    pub fn submit_prompt(&self, mut prompt: Prompt) -> Result<PromptAccepted, PromptRejection> {
         // The hosted cloud runs workflows of this API only for an active
         // subscription; the account's sockets hear why (the prompt id is
         // the one asked for, or a fresh one no job will have).
@@ -266,7 +312,7 @@ impl Service {
         {
             return Err(ServiceError::WorkflowFormatUi.into());
         }
-        let resolved = submit::resolve_assets(&prompt.workflow, self.meta.as_ref(), &prompt.owner, now_micros())?;
+        let resolved = submit::resolve_assets(std::mem::take(&mut prompt.workflow), self.meta.as_ref(), &prompt.owner, now_micros())?;
         let mut inputs = resolved.inputs;
         let named = self.uploads_named_in(&prompt.owner, &resolved.workflow, &inputs)?;
         inputs.extend(named);
@@ -303,40 +349,47 @@ impl Service {
         self.live.read().values().filter(|j| &*j.owner == owner).count()
     }
 
-    /// The output node ids of a graph.
-    fn output_nodes(&self, workflow: &Json) -> Vec<String> {
-        let Some(nodes) = workflow.as_object() else { return Vec::new() };
+    /// The output node ids of a graph, read from its JSON text (node ids
+    /// and class names only: every other value is skipped unparsed).
+    fn output_nodes(&self, workflow: &[u8]) -> Vec<String> {
+        let Ok(nodes) = serde_json::from_slice::<NodeClasses>(workflow) else { return Vec::new() };
         nodes
-            .iter()
-            .filter(|(_, node)| node.get("class_type").and_then(Json::as_str).and_then(|c| self.registry.get(c)).is_some_and(|(_, def)| def.output_node))
-            .map(|(id, _)| id.clone())
+            .0
+            .into_iter()
+            .filter(|(_, class)| class.as_deref().and_then(|c| self.registry.get(c)).is_some_and(|(_, def)| def.output_node))
+            .map(|(id, _)| id)
             .collect()
     }
 
-    fn compat_job(&self, record: JobRecord) -> Result<CompatJob, ServiceError> {
-        let workflow = self.meta.get_workflow(&record.id)?.unwrap_or(Json::Null);
-        let outputs_to_execute = self.output_nodes(&workflow);
+    /// A job with its stored workflow, for ComfyUI's queue and history
+    /// (one at a time: a listing renders each as it goes).
+    pub fn compat_job(&self, record: JobRecord) -> Result<CompatJob, ServiceError> {
+        let bytes = self.meta.get_workflow_bytes(&record.id)?.unwrap_or_else(|| b"null".to_vec());
+        let outputs_to_execute = self.output_nodes(&bytes);
+        let text = String::from_utf8(bytes).map_err(|_| crate::store::StoreError::Corrupt(record.id.clone()))?;
+        let workflow = serde_json::value::RawValue::from_string(text).map_err(|_| crate::store::StoreError::Corrupt(record.id.clone()))?;
         Ok(CompatJob { record, workflow, outputs_to_execute })
     }
 
-    /// ComfyUI's queue: (running, pending), pending in queue order.
-    pub fn compat_queue(&self, owner: &str) -> Result<(Vec<CompatJob>, Vec<CompatJob>), ServiceError> {
+    /// ComfyUI's queue of `owner`: (running, pending), pending in queue
+    /// order; records only (see [`Service::compat_job`]).
+    pub fn compat_queue(&self, owner: &str) -> (Vec<JobRecord>, Vec<JobRecord>) {
         let order: Vec<String> = self.queue.lock().ordered();
-        let live: Vec<JobRecord> = self.live.read().values().map(|j| j.snapshot()).filter(|r| r.owner == owner).collect();
+        let live: Vec<JobRecord> = self.live.read().values().filter(|j| &*j.owner == owner).map(|j| j.snapshot()).collect();
         let mut running: Vec<JobRecord> = live.iter().filter(|r| matches!(r.status, JobStatus::Running | JobStatus::Canceling)).cloned().collect();
         running.sort_by_key(|r| (r.started_at, r.seq));
-        let pending: Vec<JobRecord> = order.iter().filter_map(|id| live.iter().find(|r| &r.id == id && r.status == JobStatus::Queued).cloned()).collect();
-        let running = running.into_iter().map(|r| self.compat_job(r)).collect::<Result<_, _>>()?;
-        let pending = pending.into_iter().map(|r| self.compat_job(r)).collect::<Result<_, _>>()?;
-        Ok((running, pending))
+        let mut queued: HashMap<&str, &JobRecord> = live.iter().filter(|r| r.status == JobStatus::Queued).map(|r| (r.id.as_str(), r)).collect();
+        let pending: Vec<JobRecord> = order.iter().filter_map(|id| queued.remove(id.as_str()).cloned()).collect();
+        (running, pending)
     }
 
-    /// Finished jobs (not expired), oldest first; at most [`MAX_HISTORY`],
-    /// the newest ones.
-    pub fn compat_history(&self, owner: &str) -> Result<Vec<CompatJob>, ServiceError> {
-        let keep = |j: &JobRecord| j.owner == owner && j.status.is_terminal() && j.status != JobStatus::Expired;
-        let page = self.meta.list_jobs(None, MAX_HISTORY, &keep)?;
-        page.jobs.into_iter().rev().map(|r| self.compat_job(r)).collect()
+    /// `owner`'s finished jobs (not expired), oldest first; at most
+    /// [`MAX_HISTORY`], the newest ones; records only, without logs (see
+    /// [`Service::compat_job`]).
+    pub fn compat_history(&self, owner: &str) -> Result<Vec<JobRecord>, ServiceError> {
+        let keep = |j: &JobRecord| j.status.is_terminal() && j.status != JobStatus::Expired;
+        let page = self.meta.list_jobs(Some(owner), None, MAX_HISTORY, &keep)?;
+        Ok(page.jobs.into_iter().rev().collect())
     }
 
     /// One finished job; `None` while it is queued or running (ComfyUI
@@ -495,10 +548,15 @@ impl Service {
     pub fn commit_compat_mask(&self, owner: &str, mask: &[u8], original: (&str, &str, &str), req: CompatUpload) -> Result<String, ServiceError> {
         let (kind, subfolder, filename) = original;
         let asset = self.compat_file(owner, kind, subfolder, filename)?;
-        let bytes = self.asset_bytes(&asset, self.opts.max_upload_bytes)?;
-        let composed = apply_mask(&bytes, mask).map_err(ServiceError::InvalidRequest)?;
+        let hash = parse_blob_name(&asset.hash).ok_or(ServiceError::NotFound)?;
+        let file = self.blobs.open(&hash)?.ok_or(ServiceError::NotFound)?;
+        let composition = super::mask::Composition::open(std::io::BufReader::new(file), std::io::Cursor::new(mask)).map_err(ServiceError::InvalidRequest)?;
+        // Its memory is taken from the intake budget before any pixel is
+        // decoded (this runs on the blocking pool, where waiting is fine).
+        let gate = tokio::runtime::Handle::try_current().map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
+        let _held = gate.block_on(self.intake.enter(composition.memory())).map_err(|e| ServiceError::PayloadTooLarge { limit_bytes: e.total })?;
         let mut upload = self.begin_upload()?;
-        upload.write(&composed)?;
+        composition.write(UploadWriter(&mut upload)).map_err(ServiceError::InvalidRequest)?;
         self.commit_compat_upload(owner, upload, req)
     }
 
@@ -526,7 +584,7 @@ impl Service {
         // (the client chooses it) must not cost a scan of every record.
         let (mut cursor, mut looked) = (None, 0);
         while looked < MAX_HISTORY {
-            let page = self.meta.list_jobs(cursor.as_deref(), OUTPUT_SCAN_PAGE.min(MAX_HISTORY - looked), &|j: &JobRecord| j.owner == owner)?;
+            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), OUTPUT_SCAN_PAGE.min(MAX_HISTORY - looked), &|_| true)?;
             looked += page.jobs.len();
             for job in &page.jobs {
                 for o in job.outputs.iter().filter(|o| o.name == filename) {
@@ -545,64 +603,6 @@ impl Service {
         }
         Err(ServiceError::NotFound)
     }
-
-    /// The bytes of a stored asset (bounded by the caller's `limit`).
-    pub fn asset_bytes(&self, asset: &AssetRecord, limit: u64) -> Result<Vec<u8>, ServiceError> {
-        use std::io::Read;
-        let hash = parse_blob_name(&asset.hash).ok_or(ServiceError::NotFound)?;
-        let file = self.blobs.open(&hash)?.ok_or(ServiceError::NotFound)?;
-        let mut bytes = Vec::new();
-        file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(crate::store::StoreError::from)?;
-        if bytes.len() as u64 > limit {
-            return Err(ServiceError::PayloadTooLarge { limit_bytes: limit });
-        }
-        Ok(bytes)
-    }
-}
-
-/// Most bytes a decoded image of a mask upload may take (each of the two).
-const MASK_DECODE_LIMIT: usize = 256 << 20;
-
-/// 8-bit RGBA pixels of a PNG: (width, height, pixels, whether it had alpha).
-fn decode_rgba(bytes: &[u8]) -> Result<(u32, u32, Vec<u8>, bool), String> {
-    let mut decoder = png::Decoder::new_with_limits(std::io::Cursor::new(bytes), png::Limits { bytes: MASK_DECODE_LIMIT });
-    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
-    let mut reader = decoder.read_info().map_err(|e| format!("not a PNG image: {e}"))?;
-    let size = reader.output_buffer_size().ok_or("the image is too large")?;
-    let mut buf = vec![0u8; size];
-    let info = reader.next_frame(&mut buf).map_err(|e| format!("cannot decode the PNG image: {e}"))?;
-    buf.truncate(info.buffer_size());
-    let (w, h) = (info.width, info.height);
-    let pixels = w as usize * h as usize;
-    let (rgba, alpha) = match info.color_type {
-        png::ColorType::Rgba => (buf, true),
-        png::ColorType::Rgb => (buf.chunks_exact(3).take(pixels).flat_map(|p| [p[0], p[1], p[2], 255]).collect(), false),
-        png::ColorType::GrayscaleAlpha => (buf.chunks_exact(2).take(pixels).flat_map(|p| [p[0], p[0], p[0], p[1]]).collect(), true),
-        png::ColorType::Grayscale => (buf.iter().take(pixels).flat_map(|&g| [g, g, g, 255]).collect(), false),
-        png::ColorType::Indexed => return Err("cannot expand an indexed PNG".into()),
-    };
-    Ok((w, h, rgba, alpha))
-}
-
-/// ComfyUI's mask upload: the original image as RGBA with its alpha
-/// replaced by the mask's alpha (sizes must agree), encoded as PNG.
-pub fn apply_mask(original: &[u8], mask: &[u8]) -> Result<Vec<u8>, String> {
-    let (w, h, mut pixels, _) = decode_rgba(original)?;
-    let (mw, mh, mask_pixels, mask_alpha) = decode_rgba(mask)?;
-    if (w, h) != (mw, mh) {
-        return Err(format!("the mask is {mw}x{mh}, the image {w}x{h}"));
-    }
-    for (p, m) in pixels.chunks_exact_mut(4).zip(mask_pixels.chunks_exact(4)) {
-        p[3] = if mask_alpha { m[3] } else { 255 };
-    }
-    let mut out = Vec::new();
-    let mut encoder = png::Encoder::new(&mut out, w, h);
-    encoder.set_color(png::ColorType::Rgba);
-    encoder.set_depth(png::BitDepth::Eight);
-    let mut writer = encoder.write_header().map_err(|e| e.to_string())?;
-    writer.write_image_data(&pixels).map_err(|e| e.to_string())?;
-    writer.finish().map_err(|e| e.to_string())?;
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -639,28 +639,6 @@ mod tests {
         assert_eq!(annotated("a.png [output]"), ("output", "a.png"));
         assert_eq!(join_path("", "a.png"), "a.png");
         assert_eq!(join_path("x/y", "a.png"), "x/y/a.png");
-    }
-
-    fn png(w: u32, h: u32, color: png::ColorType, pixels: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut e = png::Encoder::new(&mut out, w, h);
-        e.set_color(color);
-        e.set_depth(png::BitDepth::Eight);
-        let mut wr = e.write_header().unwrap();
-        wr.write_image_data(pixels).unwrap();
-        wr.finish().unwrap();
-        out
-    }
-
-    #[test]
-    fn a_mask_replaces_the_alpha_of_the_image() {
-        let original = png(2, 1, png::ColorType::Rgb, &[10, 20, 30, 40, 50, 60]);
-        let mask = png(2, 1, png::ColorType::Rgba, &[0, 0, 0, 7, 0, 0, 0, 200]);
-        let (w, h, pixels, alpha) = decode_rgba(&apply_mask(&original, &mask).unwrap()).unwrap();
-        assert_eq!((w, h, alpha), (2, 1, true));
-        assert_eq!(pixels, [10, 20, 30, 7, 40, 50, 60, 200]);
-        assert!(apply_mask(&original, &png(1, 1, png::ColorType::Rgba, &[0, 0, 0, 0])).is_err(), "sizes differ");
-        assert!(apply_mask(b"not a png", &mask).is_err());
     }
 
     #[test]

@@ -49,9 +49,11 @@ pub struct LiveJob {
     pub last_progress: Mutex<Option<Instant>>,
     /// The latest preview, replayed to new streams.
     pub last_preview: Mutex<Option<JobEvent>>,
-    /// The validated workflow and plan of a job submitted to this process
-    /// (taken by the worker; after a restart they are rebuilt from the store).
-    pub prepared: Mutex<Option<(serde_json::Value, crate::workflow::Plan)>>,
+    /// The validated workflow and plan of a job submitted to this process,
+    /// while the queued jobs' share of memory (`queued_parsed_mb`) allows
+    /// (taken by the worker; otherwise, and after a restart, they are
+    /// rebuilt from the store).
+    pub prepared: Mutex<Option<Prepared>>,
     /// When the last preview went out (throttling).
     pub last_preview_at: Mutex<Option<Instant>>,
     /// Blobs this job's nodes wrote that no asset record names yet (kept
@@ -64,6 +66,15 @@ pub struct LiveJob {
     pub finishing: std::sync::atomic::AtomicBool,
     /// The job's owner (never changes; read without the record's lock).
     pub owner: Arc<str>,
+}
+
+/// A queued job's plan and workflow text, and the memory they hold.
+pub struct Prepared {
+    /// The workflow's JSON text (the `prompt` nodes may read).
+    pub text: std::sync::Arc<str>,
+    pub plan: crate::workflow::Plan,
+    /// Their estimated size, taken from the queued jobs' share.
+    pub _held: super::memory_gate::GatePermit,
 }
 
 impl LiveJob {

@@ -14,6 +14,8 @@ mod error;
 pub mod fair;
 pub mod job_files;
 mod live;
+mod mask;
+pub mod memory_gate;
 mod preview;
 mod retention;
 pub mod submit;
@@ -74,6 +76,11 @@ pub struct ServiceOptions {
     pub tiers: fair::Tiers,
     /// The tail of a job's stdout + stderr kept as its log, bytes.
     pub job_log_bytes: usize,
+    /// Memory submissions being parsed and uploads being decoded may hold
+    /// at once, bytes (`intake_memory_mb`).
+    pub intake_memory_bytes: u64,
+    /// Memory queued jobs may hold as parsed workflows, bytes (`queued_parsed_mb`).
+    pub queued_parsed_bytes: u64,
 }
 
 impl ServiceOptions {
@@ -99,6 +106,8 @@ impl ServiceOptions {
             pricing: crate::accounts::Pricing { credits_per_second: config.credits_per_second, min_per_job: config.credits_min_per_job },
             tiers: config.tiers(),
             job_log_bytes: (config.job_log_kb as usize).saturating_mul(1024),
+            intake_memory_bytes: config.intake_memory_mb.saturating_mul(1 << 20),
+            queued_parsed_bytes: config.queued_parsed_mb.saturating_mul(1 << 20),
         }
     }
 }
@@ -108,6 +117,13 @@ impl ServiceOptions {
 fn queue_full(limits: fair::OwnerLimits) -> ServiceError {
     let per_job = (limits.max_queued / limits.max_running.max(1)).max(1);
     ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) }
+}
+
+/// What admitting a submission of this shape may hold at once: its parsed
+/// tree, the validated graph's copies of its constants (at most as much
+/// again), the body and its encoding for the store.
+pub fn intake_estimate(cost: crate::workflow::JsonCost) -> u64 {
+    cost.tree_bytes().saturating_mul(2).saturating_add(cost.bytes.saturating_mul(2))
 }
 
 /// A job submission, already parsed from the wire.
@@ -210,6 +226,10 @@ pub struct Service {
     accounts: Arc<crate::accounts::Accounts>,
     /// Serverless deployments and their loaded plugins.
     deployments: deployments::Deployments,
+    /// Memory of submissions being parsed and uploads being decoded.
+    intake: memory_gate::MemoryGate,
+    /// Memory of queued jobs' parsed workflows and plans.
+    queued_parsed: memory_gate::MemoryGate,
 }
 
 impl Drop for Service {
@@ -269,6 +289,7 @@ impl Service {
             let (accounts, tiers, global) = (accounts.clone(), opts.tiers.clone(), opts.global_limits());
             Arc::new(move |key: &str| tiers.resolve(accounts.tier(key).as_deref(), global))
         };
+        let (opts_intake, opts_queued) = (opts.intake_memory_bytes, opts.queued_parsed_bytes);
         let service = Arc::new(Service {
             opts,
             meta,
@@ -294,6 +315,8 @@ impl Service {
             compat: compat::CompatState::default(),
             accounts,
             deployments,
+            intake: memory_gate::MemoryGate::new(opts_intake, "intake_memory_mb"),
+            queued_parsed: memory_gate::MemoryGate::new(opts_queued, "queued_parsed_mb"),
         });
         service.recover()?;
         for (id, generation) in service.deployments.starting() {
@@ -470,8 +493,29 @@ impl Service {
         }
     }
 
+    /// Admits a submission's body to be parsed: checks its size and its
+    /// count of JSON values (`max_workflow_kb`, `max_workflow_values`) on
+    /// the bytes, then waits until the memory its parsing may take fits in
+    /// the intake budget (`intake_memory_mb`). Parse and submit while the
+    /// permit is held.
+    pub async fn admit_body(&self, body: &[u8]) -> Result<memory_gate::GatePermit, ServiceError> {
+        let cost = self.opts.workflow_limits.check_text(body).map_err(|e| ServiceError::InvalidWorkflow { message: e.to_string(), details: None })?;
+        self.intake.enter(intake_estimate(cost)).await.map_err(|e| ServiceError::PayloadTooLarge { limit_bytes: e.total })
+    }
+
+    /// Bytes queued jobs hold now as parsed workflows and plans (estimated;
+    /// at most `queued_parsed_mb`).
+    pub fn queued_parsed_held(&self) -> u64 {
+        self.queued_parsed.total() - self.queued_parsed.available()
+    }
+
+    /// The budget for decodes of uploads (shared with submissions).
+    pub fn intake_gate(&self) -> &memory_gate::MemoryGate {
+        &self.intake
+    }
+
     /// Validates and records a job; it is durable and queued when this returns.
-    pub fn submit(&self, sub: Submission) -> Result<(JobRecord, Option<usize>), ServiceError> {
+    pub fn submit(&self, mut sub: Submission) -> Result<(JobRecord, Option<usize>), ServiceError> {
         let now = now_micros();
         // A key that is already claimed is refused before anything else is
         // looked at (the claim itself happens atomically with the record).
@@ -487,7 +531,7 @@ impl Service {
             None => self.registry.clone(),
             Some(id) => self.deployment_serving(id)?.registry.clone(),
         };
-        let resolved = submit::resolve_assets(&sub.workflow, self.meta.as_ref(), &sub.owner, now)?;
+        let resolved = submit::resolve_assets(std::mem::take(&mut sub.workflow), self.meta.as_ref(), &sub.owner, now)?;
         let inputs = job_files::JobInputs::new(&resolved.inputs, self.blobs.clone());
         let (_, plan) = submit::check(&resolved.workflow, &registry, &inputs, &self.opts.workflow_limits)?;
         self.enqueue(sub, resolved.workflow, resolved.inputs, plan)
@@ -588,7 +632,17 @@ impl Service {
             let written = self.meta.submit(&locked, &workflow, claim.as_ref());
             match &written {
                 // Committed (durable or not): the job exists, so it runs.
-                Ok(()) | Err(crate::store::StoreError::NotDurable(_)) => *live.prepared.lock() = Some((workflow, plan)),
+                // Kept parsed for the worker while the queued jobs' share
+                // allows; otherwise dropped here and parsed again at start.
+                // The plan holds at most the tree's constants; the text is
+                // what nodes read as `prompt`.
+                Ok(()) | Err(crate::store::StoreError::NotDurable(_)) => {
+                    let held = crate::workflow::cost::of_value(&workflow).tree_bytes();
+                    if let Some(permit) = self.queued_parsed.try_enter(held) {
+                        let text = std::sync::Arc::from(workflow.to_string());
+                        *live.prepared.lock() = Some(live::Prepared { text, plan, _held: permit });
+                    }
+                }
                 // Not written: a worker that took it finds it no longer queued.
                 Err(_) => locked.status = JobStatus::Canceled,
             }
@@ -769,7 +823,7 @@ impl Service {
                 && (q.statuses.is_empty() || q.statuses.contains(&self.live_job(&job.id).map_or(job.status, |l| l.record.lock().status)))
                 && q.metadata.iter().all(|(k, v)| job.metadata.as_ref().and_then(|m| m.get(k)).and_then(|x| x.as_str()) == Some(v.as_str()))
         };
-        let page = self.meta.list_jobs(q.cursor.as_deref(), q.limit, &keep)?;
+        let page = self.meta.list_jobs(Some(owner), q.cursor.as_deref(), q.limit, &keep)?;
         let jobs = page.jobs.into_iter().map(|j| self.live_job(&j.id).map_or(j, |l| l.snapshot())).collect();
         Ok((jobs, page.next))
     }

@@ -24,10 +24,12 @@ pub struct Resolved {
 /// by the name its asset is readable under. References that are malformed,
 /// unknown, expired or not owned by `owner` are collected into
 /// [`ServiceError::MissingAsset`].
-pub fn resolve_assets(workflow: &Json, meta: &dyn MetaStore, owner: &str, now: Micros) -> Result<Resolved, ServiceError> {
+/// The graph is changed in place (a submitted graph may be large: it is
+/// never copied).
+pub fn resolve_assets(workflow: Json, meta: &dyn MetaStore, owner: &str, now: Micros) -> Result<Resolved, ServiceError> {
     let mut inputs: Vec<JobInput> = Vec::new();
     let mut missing: Vec<String> = Vec::new();
-    let mut out = workflow.clone();
+    let mut out = workflow;
     walk(&mut out, &mut |value| {
         let info = value.get("info").and_then(Json::as_object);
         let Some(info) = info else {
@@ -157,7 +159,7 @@ mod tests {
             "2": { "class_type": "Custom", "inputs": { "list": [1, { "deep": [reference("b2"), reference("a1")] }] } },
             "3": { "class_type": "Custom", "inputs": { "map": { "k": { "kk": reference("a1") } } }, "_meta": { "note": reference("b2") } },
         });
-        let resolved = resolve_assets(&workflow, &meta, "me", 0).unwrap();
+        let resolved = resolve_assets(workflow.clone(), &meta, "me", 0).unwrap();
         let w = &resolved.workflow;
         assert_eq!(w["1"]["inputs"]["image"], "cat.png");
         assert_eq!(w["2"]["inputs"]["list"][1]["deep"][0], "b2-cat.png", "same name, other bytes: made unique");
@@ -173,7 +175,7 @@ mod tests {
             "1": { "class_type": "Custom", "inputs": { "x": [[reference("nope")]], "y": { "z": reference("c3") } } },
             "2": { "class_type": "Custom", "inputs": { "w": { "__type": ASSET_TYPE, "info": { "hash": a.hash } } } },
         });
-        match resolve_assets(&bad, &meta, "me", 0) {
+        match resolve_assets(bad.clone(), &meta, "me", 0) {
             Err(ServiceError::MissingAsset(mut missing)) => {
                 missing.sort();
                 assert_eq!(missing, ["(reference without id)", "c3", "nope"]);

@@ -134,12 +134,14 @@ impl Service {
                 traceback: None,
             })
         };
-        let prepared = engine.and_then(|(registry, executor)| {
-            let prepared = live.prepared.lock().take().map_or_else(|| self.prepare(&snapshot, &registry), Ok)?;
-            Ok((prepared, executor))
-        });
+        let kept = live.prepared.lock().take().map(|p| (p.text, p.plan));
+        let prepared = match (engine, kept) {
+            (Err(e), _) => Err(e),
+            (Ok((_, executor)), Some(kept)) => Ok((kept, executor)),
+            (Ok((registry, executor)), None) => self.prepare(&snapshot, &registry).await.map(|p| (p, executor)),
+        };
         let outcome = match prepared {
-            Ok(((workflow, plan), executor)) => {
+            Ok(((prompt, plan), executor)) => {
                 let total = plan.nodes.len() as u64;
                 live.record.lock().progress = Some(ProgressSnapshot {
                     value: 0.0,
@@ -153,7 +155,7 @@ impl Service {
                 });
                 let ctx = RunContext {
                     job_id: snapshot.id.clone(),
-                    prompt: Arc::new(workflow),
+                    prompt,
                     extra_pnginfo: live.extra.extra_pnginfo.as_deref().cloned(),
                     inputs: Arc::new(JobInputs::new(&snapshot.inputs, self.blobs.clone())),
                     outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone(), self.blob_gate.clone())),
@@ -192,18 +194,29 @@ impl Service {
 
     /// Loads and re-validates the job's workflow (plugins may have changed
     /// since it was submitted, e.g. across a restart).
-    fn prepare(&self, job: &JobRecord, registry: &crate::plugins::NodeRegistry) -> Result<(serde_json::Value, crate::workflow::Plan), JobErrorRecord> {
+    /// A job's plan and workflow text from the store (a job submitted
+    /// before a restart, or whose parsed form the queued jobs' share could
+    /// not keep): counted, then parsed and validated within the intake
+    /// budget like a submission; the run keeps the text and the plan, not
+    /// the parsed tree.
+    async fn prepare(&self, job: &JobRecord, registry: &crate::plugins::NodeRegistry) -> Result<(Arc<str>, crate::workflow::Plan), JobErrorRecord> {
         let error = |code: &str, message: String| JobErrorRecord { code: code.into(), message, node_id: None, class_type: None, traceback: None };
-        let workflow = match self.meta.get_workflow(&job.id) {
-            Ok(Some(w)) => w,
+        let bytes = match self.meta.get_workflow_bytes(&job.id) {
+            Ok(Some(b)) => b,
             Ok(None) => return Err(error("internal_error", "the job's workflow is missing from the store".into())),
             Err(e) => return Err(error("internal_error", format!("cannot read the job's workflow: {e}"))),
         };
+        let cost = crate::workflow::cost::count_values(&bytes, u64::MAX).unwrap_or_default();
+        let _parsing = self.intake.enter(super::intake_estimate(cost)).await.map_err(|e| error("invalid_workflow", e.to_string()))?;
+        let workflow: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| error("internal_error", format!("the job's stored workflow is unreadable: {e}")))?;
         let inputs = JobInputs::new(&job.inputs, self.blobs.clone());
-        match submit::check(&workflow, registry, &inputs, &self.opts.workflow_limits) {
-            Ok((_, plan)) => Ok((workflow, plan)),
-            Err(e) => Err(error("invalid_workflow", e.to_string())),
-        }
+        let plan = match submit::check(&workflow, registry, &inputs, &self.opts.workflow_limits) {
+            Ok((_, plan)) => plan,
+            Err(e) => return Err(error("invalid_workflow", e.to_string())),
+        };
+        let text = String::from_utf8(bytes).map_err(|_| error("internal_error", "the job's stored workflow is not UTF-8".into()))?;
+        Ok((Arc::from(text), plan))
     }
 
     /// The executor's event sink for one job.

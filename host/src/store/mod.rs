@@ -68,8 +68,14 @@ pub trait MetaStore: Send + Sync {
     /// Removes a job, its workflow and its index entry.
     fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError>;
     fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError>;
-    /// Jobs newest first, starting after `cursor`, keeping those `keep` accepts.
-    fn list_jobs(&self, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError>;
+    /// Jobs newest first (of `owner` only, when given: an index lookup,
+    /// not a scan of everyone's), starting after `cursor`, keeping those
+    /// `keep` accepts. Records come without their logs (no listing shows
+    /// them; [`MetaStore::get_job`] has them).
+    fn list_jobs(&self, owner: Option<&str>, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError>;
+    /// A job's stored workflow as its JSON text (rendered into a listing
+    /// without being parsed).
+    fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// Every job (recovery and retention sweeps).
     fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
     /// Records that an attempt of `job` began: its `running` record, with

@@ -1,7 +1,9 @@
 //! The embedded metadata store on sled.
 //!
 //! Trees: `jobs` (id → JSON), `workflows` (id → JSON), `jobs_by_time`
-//! (created µs big-endian ‖ id → id, for newest-first listing), `assets`
+//! (created µs big-endian ‖ id → id, for newest-first listing),
+//! `jobs_by_owner` (owner ‖ 0 ‖ the same key → id, for one owner's
+//! listing: an index range, however many jobs other owners have), `assets`
 //! (id → JSON), `asset_hashes`
 //! (hash ‖ 0 ‖ id → empty, for dedup and blob reference counts) and
 //! `claims` (Idempotency-Key → JSON); the account store opens `accounts`
@@ -26,6 +28,7 @@ pub struct SledMeta {
     jobs: sled::Tree,
     workflows: sled::Tree,
     by_time: sled::Tree,
+    by_owner: sled::Tree,
     assets: sled::Tree,
     hashes: sled::Tree,
     claims: sled::Tree,
@@ -82,6 +85,18 @@ fn time_key(job: &JobRecord) -> Vec<u8> {
     k
 }
 
+fn owner_key(job: &JobRecord) -> Vec<u8> {
+    let mut k = owner_prefix(&job.owner);
+    k.extend_from_slice(&time_key(job));
+    k
+}
+
+fn owner_prefix(owner: &str) -> Vec<u8> {
+    let mut k = owner.as_bytes().to_vec();
+    k.push(0);
+    k
+}
+
 fn hash_key(hash: &str, id: &str) -> Vec<u8> {
     let mut k = hash.as_bytes().to_vec();
     k.push(0);
@@ -124,17 +139,37 @@ impl SledMeta {
             jobs: tree("jobs")?,
             workflows: tree("workflows")?,
             by_time: tree("jobs_by_time")?,
+            by_owner: tree("jobs_by_owner")?,
             assets: tree("assets")?,
             hashes: tree("asset_hashes")?,
             claims: tree("claims")?,
             log,
             db,
         };
+        meta.index_owners()?;
         meta.replay(entries)?;
         let _ = std::fs::remove_file(dir.join(OLD_JOURNAL_FILE));
         // Written by earlier versions, never read: the queue comes from the job records.
         let _ = meta.db.drop_tree("queue");
         Ok(meta)
+    }
+
+    /// Builds the owner index of a store written before it existed (once:
+    /// the index is empty while jobs exist), then flushes it.
+    fn index_owners(&self) -> Result<(), StoreError> {
+        if !self.by_owner.is_empty() || self.jobs.is_empty() {
+            return Ok(());
+        }
+        let mut count = 0;
+        for item in self.jobs.iter() {
+            let (k, v) = item.map_err(backend)?;
+            let Ok(job) = decode::<JobRecord>(&k, &v) else { continue };
+            self.by_owner.insert(owner_key(&job), job.id.as_bytes()).map_err(backend)?;
+            count += 1;
+        }
+        tracing::info!(jobs = count, "indexed the store's jobs by owner");
+        self.db.flush().map_err(backend)?;
+        Ok(())
     }
 
     fn append(&self, entry: &[u8], sync: bool) -> Result<(), StoreError> {
@@ -147,6 +182,7 @@ impl SledMeta {
     fn write_submission(&self, job: &JobRecord, job_bytes: &[u8], wf_bytes: &[u8]) -> Result<(), sled::Error> {
         self.workflows.insert(job.id.as_bytes(), wf_bytes)?;
         self.by_time.insert(time_key(job), job.id.as_bytes())?;
+        self.by_owner.insert(owner_key(job), job.id.as_bytes())?;
         self.jobs.insert(job.id.as_bytes(), job_bytes)?;
         Ok(())
     }
@@ -236,6 +272,7 @@ impl MetaStore for SledMeta {
             // Undo what can be undone, so the key is free again.
             let _ = self.jobs.remove(job.id.as_bytes());
             let _ = self.by_time.remove(time_key(job));
+            let _ = self.by_owner.remove(owner_key(job));
             let _ = self.workflows.remove(job.id.as_bytes());
             if let (Some(claim), Some(bytes)) = (claim, claimed) {
                 let _ = self.claims.compare_and_swap(claim.key.as_bytes(), Some(bytes), None::<&[u8]>);
@@ -262,6 +299,7 @@ impl MetaStore for SledMeta {
         self.jobs.remove(job.id.as_bytes()).map_err(backend)?;
         self.workflows.remove(job.id.as_bytes()).map_err(backend)?;
         self.by_time.remove(time_key(job)).map_err(backend)?;
+        self.by_owner.remove(owner_key(job)).map_err(backend)?;
         Ok(())
     }
 
@@ -269,23 +307,36 @@ impl MetaStore for SledMeta {
         self.workflows.get(id.as_bytes()).map_err(backend)?.map(|b| decode(id.as_bytes(), &b)).transpose()
     }
 
-    fn list_jobs(&self, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError> {
+    fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.workflows.get(id.as_bytes()).map_err(backend)?.map(|b| b.to_vec()))
+    }
+
+    fn list_jobs(&self, owner: Option<&str>, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError> {
+        // One owner's jobs are a range of the owner index (its keys end
+        // with the time key, which is the cursor either way).
+        let (tree, prefix) = match owner {
+            Some(owner) => (&self.by_owner, owner_prefix(owner)),
+            None => (&self.by_time, Vec::new()),
+        };
         let iter = match cursor {
-            Some(c) => self.by_time.range(..c.to_vec()),
-            None => self.by_time.iter(),
+            Some(c) => tree.range(prefix.clone()..[prefix.as_slice(), c].concat()),
+            None => tree.scan_prefix(&prefix),
         };
         let mut jobs = Vec::new();
         let mut next = None;
         for item in iter.rev() {
             let (_, id) = item.map_err(backend)?;
-            let Some(job) = self.get_job(&String::from_utf8_lossy(&id))? else { continue };
-            if !keep(&job) {
+            let Some(mut job) = self.get_job(&String::from_utf8_lossy(&id))? else { continue };
+            if owner.is_some_and(|o| o != job.owner) || !keep(&job) {
                 continue;
             }
             if jobs.len() == limit {
                 next = Some(time_key(&jobs[limit - 1]));
                 break;
             }
+            // Listings never show logs (up to `job_log_kb` each): dropped
+            // as each record is read.
+            job.logs = None;
             jobs.push(job);
         }
         Ok(JobPage { jobs, next })
@@ -446,9 +497,9 @@ mod tests {
         assert_eq!(queued(&meta), vec!["a".to_string(), "c".to_string()]);
         assert_eq!(meta.get_claim("k").unwrap().unwrap().job_id.as_deref(), Some("c"));
         assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"1": {}})));
-        let page = meta.list_jobs(None, 1, &|_| true).unwrap();
+        let page = meta.list_jobs(None, None, 1, &|_| true).unwrap();
         assert_eq!(page.jobs[0].id, "c");
-        let page = meta.list_jobs(page.next.as_deref(), 5, &|_| true).unwrap();
+        let page = meta.list_jobs(None, page.next.as_deref(), 5, &|_| true).unwrap();
         assert_eq!(page.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec!["a"]);
         assert!(page.next.is_none());
         assert_eq!(meta.purge_claims(1_000).unwrap(), 1);
@@ -574,7 +625,7 @@ mod tests {
         assert_eq!(get("d").status, JobStatus::Queued);
         assert_eq!(meta.get_claim("k").unwrap().and_then(|c| c.job_id).as_deref(), Some("d"), "the claim comes back with its job");
         assert_eq!(queued(&meta), vec!["d".to_string()], "started and finished jobs are off the queue");
-        assert_eq!(meta.list_jobs(None, 10, &|_| true).unwrap().jobs.len(), 4, "listed");
+        assert_eq!(meta.list_jobs(None, None, 10, &|_| true).unwrap().jobs.len(), 4, "listed");
         // Replayed once: sled has it all, the log starts a new cycle.
         drop(meta);
         let (_, left) = CommitLog::open(&dir.path().join(LOG_FILE)).unwrap();

@@ -40,11 +40,13 @@ pub struct WorkflowLimits {
     pub max_nodes: usize,
     /// Most bytes of workflow JSON (config `max_workflow_kb`).
     pub max_bytes: usize,
+    /// Most JSON values in a submission (config `max_workflow_values`).
+    pub max_values: usize,
 }
 
 impl Default for WorkflowLimits {
     fn default() -> WorkflowLimits {
-        WorkflowLimits { max_nodes: 5_000, max_bytes: 8 << 20 }
+        WorkflowLimits { max_nodes: 5_000, max_bytes: 8 << 20, max_values: 1 << 18 }
     }
 }
 
@@ -55,6 +57,13 @@ impl WorkflowLimits {
             return Err(ParseError::TooLarge { limit: self.max_bytes });
         }
         Ok(())
+    }
+
+    /// Checks a submission's text before it is parsed: its size, then its
+    /// value count; returns what its parsed tree may cost.
+    pub fn check_text(&self, text: &[u8]) -> Result<super::JsonCost, ParseError> {
+        self.check_size(text.len())?;
+        super::cost::count_values(text, self.max_values as u64).map_err(|_| ParseError::TooManyValues { limit: self.max_values })
     }
 }
 
@@ -75,12 +84,14 @@ pub enum ParseError {
     TooManyNodes { count: usize, limit: usize },
     #[error("the workflow is larger than the limit of {} KiB (max_workflow_kb)", .limit >> 10)]
     TooLarge { limit: usize },
+    #[error("the submission holds more than {limit} JSON values (max_workflow_values)")]
+    TooManyValues { limit: usize },
 }
 
 impl Workflow {
     /// Parses workflow JSON text under `limits`.
     pub fn from_json_str(text: &str, limits: &WorkflowLimits) -> Result<Workflow, ParseError> {
-        limits.check_size(text.len())?;
+        limits.check_text(text.as_bytes())?;
         let json: Json = serde_json::from_str(text).map_err(|e| ParseError::Json(e.to_string()))?;
         Workflow::from_json(&json, limits)
     }
@@ -184,7 +195,7 @@ mod tests {
 
     #[test]
     fn node_count_and_size_limits_name_their_setting() {
-        let limits = WorkflowLimits { max_nodes: 2, max_bytes: 64 };
+        let limits = WorkflowLimits { max_nodes: 2, max_bytes: 64, max_values: 100 };
         let three = json!({"1": {"class_type": "A"}, "2": {"class_type": "A"}, "3": {"class_type": "A"}});
         let err = Workflow::from_json(&three, &limits).unwrap_err();
         assert_eq!(err, ParseError::TooManyNodes { count: 3, limit: 2 });

@@ -43,8 +43,11 @@ impl MetaStore for NotDurable {
     fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
         self.inner.get_workflow(id)
     }
-    fn list_jobs(&self, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError> {
-        self.inner.list_jobs(cursor, limit, keep)
+    fn list_jobs(&self, owner: Option<&str>, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError> {
+        self.inner.list_jobs(owner, cursor, limit, keep)
+    }
+    fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get_workflow_bytes(id)
     }
     fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
         self.inner.all_jobs()

@@ -10,6 +10,7 @@ mod events;
 mod failures;
 mod fair;
 mod idempotency;
+mod intake;
 mod jobs;
 mod tenants;
 

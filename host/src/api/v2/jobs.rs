@@ -111,6 +111,8 @@ pub async fn submit(
         e => e,
     })?;
     let size = body.len();
+    // Counted before it is parsed; parsed only once its memory fits.
+    let admitted = state.service.admit_body(&body).await?;
     let mut body = json_object(Ok(body), limits.max_bytes)?;
     if body.contains_key("webhook_url") || body.contains_key("inputs") {
         return Err(ApiError::invalid_workflow("'webhook_url' and 'inputs' are reserved and not accepted."));
@@ -152,6 +154,7 @@ pub async fn submit(
     } else {
         tokio::task::spawn_blocking(move || service.submit(submission)).await.map_err(|e| ApiError::internal(&e))??
     };
+    drop(admitted);
     Ok((StatusCode::CREATED, Json(wire::job(&record, position, &links, false))).into_response())
 }
 

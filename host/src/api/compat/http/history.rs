@@ -12,14 +12,13 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json_, json};
 
-use super::{blocking, delete_or_clear, empty_ok, millis, queue_item};
+use super::{QueueItem, blocking, delete_or_clear, empty_ok, millis, queue_item, streamed};
 use crate::api::AppState;
 use crate::api::Caller;
 use crate::api::error::ApiError;
@@ -56,8 +55,17 @@ pub(super) fn group(kind: &str) -> &'static str {
     }
 }
 
+/// A history item: ComfyUI's `{prompt, outputs, status, meta}`.
+#[derive(serde::Serialize)]
+pub(super) struct Item<'a> {
+    pub prompt: QueueItem<'a>,
+    pub outputs: Json_,
+    pub status: Json_,
+    pub meta: Json_,
+}
+
 /// A history item, rendered from a finished job.
-pub(super) fn item(service: &Service, job: &CompatJob) -> Result<Json_, crate::service::ServiceError> {
+pub(super) fn item<'a>(service: &Service, job: &'a CompatJob) -> Result<Item<'a>, crate::service::ServiceError> {
     let r = &job.record;
     let id = &r.id;
     let files = service.compat_outputs(r)?;
@@ -96,49 +104,61 @@ pub(super) fn item(service: &Service, job: &CompatJob) -> Result<Json_, crate::s
         }])),
     }
     let success = r.status == JobStatus::Succeeded;
-    Ok(json!({
-        "prompt": queue_item(job),
-        "outputs": outputs,
-        "status": { "status_str": if success { "success" } else { "error" }, "completed": success, "messages": messages },
-        "meta": meta,
-    }))
+    Ok(Item {
+        prompt: queue_item(job),
+        outputs: Json_::Object(outputs),
+        status: json!({ "status_str": if success { "success" } else { "error" }, "completed": success, "messages": messages }),
+        meta: Json_::Object(meta),
+    })
 }
 
-pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, query: Result<Query<HistoryQuery>, QueryRejection>) -> Result<Json<Json_>, ApiError> {
+/// Writes `{id: item, …}` for `records`, loading and rendering one job at
+/// a time (each item carries its workflow).
+fn write_items(service: &Service, records: Vec<crate::store::JobRecord>, out: &mut streamed::Sink) -> Result<(), crate::service::ServiceError> {
+    out.raw(b"{")?;
+    for (i, record) in records.into_iter().enumerate() {
+        if i > 0 {
+            out.raw(b",")?;
+        }
+        out.json(&record.id)?;
+        out.raw(b":")?;
+        let job = service.compat_job(record)?;
+        out.json(&item(service, &job)?)?;
+    }
+    out.raw(b"}")
+}
+
+pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, query: Result<Query<HistoryQuery>, QueryRejection>) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|_| ApiError::invalid_request("`max_items` and `offset` must be whole numbers."))?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    let body = blocking(move || {
-        let jobs = service.compat_history(&owner)?;
-        // ComfyUI: `offset` skips from the oldest; `max_items` alone keeps the last N.
-        let start = match (q.offset, q.max_items) {
-            (Some(offset), _) => offset.min(jobs.len()),
-            (None, Some(max)) => jobs.len().saturating_sub(max),
-            (None, None) => 0,
-        };
-        let take = q.max_items.unwrap_or(usize::MAX);
-        let mut out = Map::new();
-        for job in jobs.iter().skip(start).take(take) {
-            out.insert(job.record.id.clone(), item(&service, job)?);
-        }
-        Ok(Json_::Object(out))
-    })
-    .await?;
-    Ok(Json(body))
+    // The page is chosen on the records; only its jobs' workflows are read.
+    let mut jobs = blocking(move || service.compat_history(&owner)).await?;
+    // ComfyUI: `offset` skips from the oldest; `max_items` alone keeps the last N.
+    let start = match (q.offset, q.max_items) {
+        (Some(offset), _) => offset.min(jobs.len()),
+        (None, Some(max)) => jobs.len().saturating_sub(max),
+        (None, None) => 0,
+    };
+    jobs.drain(..start);
+    jobs.truncate(q.max_items.unwrap_or(usize::MAX));
+    let service = state.service.clone();
+    Ok(streamed::json(move |out| write_items(&service, jobs, out)))
 }
 
-pub async fn one(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
+pub async fn one(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Response, ApiError> {
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let body = blocking(move || {
-        let mut out = Map::new();
-        if uuid::Uuid::parse_str(&id).is_ok()
-            && let Some(job) = service.compat_history_item(&owner, &id)?
-        {
-            out.insert(id, item(&service, &job)?);
-        }
-        Ok(Json_::Object(out))
+        let mut body = Vec::new();
+        let job = if uuid::Uuid::parse_str(&id).is_ok() { service.compat_history_item(&owner, &id)? } else { None };
+        let rendered = match &job {
+            Some(job) => serde_json::to_writer(&mut body, &std::collections::BTreeMap::from([(&job.record.id, item(&service, job)?)])),
+            None => serde_json::to_writer(&mut body, &Map::new()),
+        };
+        rendered.map_err(|e| crate::service::ServiceError::Store(crate::store::StoreError::Backend(e.to_string())))?;
+        Ok(body)
     })
     .await?;
-    Ok(Json(body))
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 pub async fn edit(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {

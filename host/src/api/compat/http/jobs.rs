@@ -22,7 +22,6 @@ use crate::api::AppState;
 use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::v2::Segment;
-use crate::service::compat::CompatJob;
 use crate::service::{Service, ServiceError};
 use crate::store::{JobRecord, JobStatus};
 
@@ -45,10 +44,10 @@ fn status(record: &JobRecord) -> &'static str {
 
 /// The list form of a job (keys whose value would be null are left out);
 /// a finished job's first output is its `preview_output`.
-fn summary(service: &Service, job: &CompatJob) -> Result<Map<String, Json_>, ServiceError> {
-    let mut out = short(job);
-    if job.record.status.is_terminal()
-        && let (Some(file), Some(rec)) = (service.compat_outputs(&job.record)?.into_iter().next(), job.record.outputs.first())
+fn summary(service: &Service, record: &JobRecord) -> Result<Map<String, Json_>, ServiceError> {
+    let mut out = short(record);
+    if record.status.is_terminal()
+        && let (Some(file), Some(rec)) = (service.compat_outputs(record)?.into_iter().next(), record.outputs.first())
     {
         let media = super::history::group(&rec.kind);
         out.insert(
@@ -60,8 +59,7 @@ fn summary(service: &Service, job: &CompatJob) -> Result<Map<String, Json_>, Ser
 }
 
 /// [`summary`] without the output lookup.
-fn short(job: &CompatJob) -> Map<String, Json_> {
-    let r = &job.record;
+fn short(r: &JobRecord) -> Map<String, Json_> {
     let mut out = Map::new();
     out.insert("id".into(), json!(r.id));
     out.insert("status".into(), json!(status(r)));
@@ -118,18 +116,17 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, Query(q): 
     let by_duration = q.sort_by.as_deref() == Some("execution_duration");
     let ascending = q.sort_order.as_deref() == Some("asc");
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
+    // Records only: no listing here shows a workflow.
     let mut jobs = blocking(move || {
-        let (running, pending) = service.compat_queue(&owner)?;
+        let (running, pending) = service.compat_queue(&owner);
         let mut all = service.compat_history(&owner)?;
         all.extend(running);
         all.extend(pending);
         Ok(all)
     })
     .await?;
-    jobs.retain(|j| wanted.iter().any(|w| w == status(&j.record)));
-    let key = |j: &CompatJob| {
-        if by_duration { j.record.completed_at.zip(j.record.started_at).map_or(0, |(end, start)| end - start) } else { j.record.created_at }
-    };
+    jobs.retain(|j| wanted.iter().any(|w| w == status(j)));
+    let key = |j: &JobRecord| if by_duration { j.completed_at.zip(j.started_at).map_or(0, |(end, start)| end - start) } else { j.created_at };
     jobs.sort_by_key(key);
     if !ascending {
         jobs.reverse();
@@ -155,20 +152,30 @@ pub async fn detail(State(state): State<Arc<AppState>>, caller: Caller, Segment(
             Err(e) => return Err(e),
         };
         let finished = service.compat_history_item(&owner, &id)?;
-        let Some(job) = finished else {
-            let job = CompatJob { record, workflow: Json_::Null, outputs_to_execute: Vec::new() };
-            return Ok(Some(Json_::Object(short(&job))));
-        };
-        let mut out = summary(&service, &job)?;
+        let Some(job) = finished else { return Ok(Some(serde_json::to_vec(&short(&record)))) };
+        let mut out = summary(&service, &job.record)?;
         let item = super::history::item(&service, &job)?;
-        out.insert("outputs".into(), item["outputs"].clone());
-        out.insert("execution_status".into(), item["status"].clone());
-        out.insert("workflow".into(), json!({ "prompt": job.workflow, "extra_data": item["prompt"][3] }));
-        Ok(Some(Json_::Object(out)))
+        out.insert("outputs".into(), item.outputs);
+        out.insert("execution_status".into(), item.status);
+        // The workflow's text is written as stored, never parsed.
+        #[derive(serde::Serialize)]
+        struct Detail<'a> {
+            #[serde(flatten)]
+            summary: Map<String, Json_>,
+            workflow: Workflow<'a>,
+        }
+        #[derive(serde::Serialize)]
+        struct Workflow<'a> {
+            prompt: &'a serde_json::value::RawValue,
+            extra_data: &'a Map<String, Json_>,
+        }
+        let detail = Detail { summary: out, workflow: Workflow { prompt: &job.workflow, extra_data: &item.prompt.3 } };
+        Ok(Some(serde_json::to_vec(&detail)))
     })
     .await?;
     Ok(match found {
-        Some(body) => Json(body).into_response(),
+        Some(Ok(body)) => ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Some(Err(e)) => return Err(ApiError::internal(&e)),
         None => error(StatusCode::NOT_FOUND, "Job not found"),
     })
 }

@@ -13,6 +13,7 @@ mod jobs;
 mod object_info;
 mod prompt;
 mod queue;
+mod streamed;
 mod system;
 mod upload;
 mod userdata;
@@ -176,13 +177,17 @@ pub(super) fn number(record: &JobRecord) -> Json {
 
 /// ComfyUI's queue and history tuple: `[number, prompt_id, prompt,
 /// extra_data, outputs_to_execute]` (no sensitive data: `extra_data` holds
-/// only the client id and the creation time).
-pub(super) fn queue_item(job: &crate::service::compat::CompatJob) -> Json {
+/// only the client id and the creation time). The prompt is the stored
+/// workflow's text, written as it is.
+#[derive(serde::Serialize)]
+pub(super) struct QueueItem<'a>(Json, &'a str, &'a serde_json::value::RawValue, pub(super) Map<String, Json>, &'a [String]);
+
+pub(super) fn queue_item(job: &crate::service::compat::CompatJob) -> QueueItem<'_> {
     let r = &job.record;
     let mut extra = Map::new();
     if let Some(client) = r.compat.as_ref().and_then(|c| c.client_id.clone()) {
         extra.insert("client_id".into(), Json::String(client));
     }
     extra.insert("create_time".into(), json!(millis(r.created_at)));
-    json!([number(r), r.id, job.workflow, extra, job.outputs_to_execute])
+    QueueItem(number(r), &r.id, &job.workflow, extra, &job.outputs_to_execute)
 }

@@ -76,6 +76,17 @@ fn extra_data(value: Option<&Json_>) -> Result<ExtraData, ApiError> {
 
 pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let limit = state.service.options().workflow_limits.max_bytes;
+    // Counted before it is parsed; parsed only once its memory fits.
+    let admitted = match &body {
+        Ok(bytes) => match state.service.admit_body(bytes).await {
+            Ok(permit) => Some(permit),
+            Err(crate::service::ServiceError::InvalidWorkflow { message, .. }) => {
+                return Ok(rejection("invalid_prompt", message, "", json!({}), json!({})));
+            }
+            Err(e) => return Err(e.into()),
+        },
+        Err(_) => None,
+    };
     let mut body = object(body, limit)?;
     let front = body.get("front").and_then(Json_::as_bool).unwrap_or(false);
     // ComfyUI float()s a given number; without one the counter is taken.
@@ -116,6 +127,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     let prompt = Prompt { workflow, id, number: number.clone(), front, client_id, extra, owner: caller.owner().to_string() };
     let service = state.service.clone();
     let outcome = tokio::task::spawn_blocking(move || service.submit_prompt(prompt)).await.map_err(|e| ApiError::internal(&e))?;
+    drop(admitted);
     let registry = state.service.registry();
     match outcome {
         Ok(accepted) => {

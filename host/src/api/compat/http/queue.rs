@@ -7,25 +7,37 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
-use serde_json::{Value as Json_, json};
+use serde_json::Value as Json_;
 
-use super::{blocking, compat_error, delete_or_clear, empty_ok, optional_object, queue_item};
+use super::{blocking, compat_error, delete_or_clear, empty_ok, optional_object, queue_item, streamed};
 use crate::api::AppState;
 use crate::api::Caller;
 use crate::api::error::ApiError;
 
-pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> Result<Json<Json_>, ApiError> {
+pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> Response {
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    let (running, pending) = blocking(move || service.compat_queue(&owner)).await?;
-    Ok(Json(json!({
-        "queue_running": running.iter().map(queue_item).collect::<Vec<_>>(),
-        "queue_pending": pending.iter().map(queue_item).collect::<Vec<_>>(),
-    })))
+    let (running, pending) = service.compat_queue(&owner);
+    // Each entry carries its workflow: written one job at a time.
+    streamed::json(move |out| {
+        for (i, (name, jobs)) in [("queue_running", running), ("queue_pending", pending)].into_iter().enumerate() {
+            out.raw(if i == 0 { b"{" } else { b"," })?;
+            out.json(name)?;
+            out.raw(b":[")?;
+            for (j, record) in jobs.into_iter().enumerate() {
+                if j > 0 {
+                    out.raw(b",")?;
+                }
+                let job = service.compat_job(record)?;
+                out.json(&queue_item(&job))?;
+            }
+            out.raw(b"]")?;
+        }
+        out.raw(b"}")
+    })
 }
 
 pub async fn edit(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
