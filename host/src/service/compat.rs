@@ -13,7 +13,7 @@
 //! - the compatibility API's status names.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde_json::Value as Json;
@@ -35,8 +35,11 @@ const OUTPUT_SCAN_PAGE: usize = 64;
 /// The compatibility API's state in the service.
 #[derive(Default)]
 pub struct CompatState {
-    /// ComfyUI's priority counter: every prompt request takes a number.
-    counter: AtomicI64,
+    /// ComfyUI's priority counter, one per owner: every prompt request
+    /// takes a number of its owner's (a server-wide counter would tell an
+    /// account how many prompts the others sent). One entry per owner that
+    /// sent a prompt (bounded by the accounts).
+    counters: Mutex<HashMap<String, i64>>,
     /// Uploads by `(type, path)`, loaded from the asset records on first use.
     uploads: Mutex<Option<Uploads>>,
     /// Bumped by every upload (what `object_info` lists depends on it).
@@ -169,10 +172,14 @@ pub fn compat_status(record: &JobRecord) -> &'static str {
 }
 
 impl Service {
-    /// The next number of ComfyUI's priority counter (taken by every
-    /// prompt request that parses, accepted or not).
-    pub fn next_prompt_number(&self) -> i64 {
-        self.compat.counter.fetch_add(1, Ordering::SeqCst)
+    /// The next number of `owner`'s ComfyUI priority counter (taken by
+    /// every prompt request that parses, accepted or not).
+    pub fn next_prompt_number(&self, owner: &str) -> i64 {
+        let mut counters = self.compat.counters.lock();
+        let counter = counters.entry(owner.to_string()).or_insert(0);
+        let n = *counter;
+        *counter += 1;
+        n
     }
 
     /// Changes whenever what `object_info` lists may have changed.

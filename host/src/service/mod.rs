@@ -16,6 +16,7 @@ pub mod job_files;
 mod live;
 mod preview;
 mod retention;
+pub mod streams;
 pub mod submit;
 pub mod user_files;
 mod worker;
@@ -24,6 +25,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -33,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 pub use assets::{AssetLabels, NewAsset, UploadMeta};
 pub use error::ServiceError;
 pub use live::{ExtraData, JobEvent, LiveJob};
+pub use streams::{StreamGuard, StreamKind};
 
 use crate::config::Config;
 use crate::executor::Executor;
@@ -55,6 +58,12 @@ pub struct ServiceOptions {
     pub sweep_interval: Duration,
     pub max_upload_bytes: u64,
     pub max_event_streams: usize,
+    /// With accounts: the most jobs one scheduling key may have waiting,
+    /// whatever its tier (config `max_queued_jobs_per_account`).
+    pub max_queued_per_account: usize,
+    /// With accounts: the most streams one owner may hold open (config
+    /// `max_event_streams_per_account`).
+    pub max_streams_per_account: usize,
     pub owner: String,
     /// Bounds on a submitted workflow.
     pub workflow_limits: crate::workflow::WorkflowLimits,
@@ -91,6 +100,8 @@ impl ServiceOptions {
             sweep_interval: Duration::from_secs(config.sweep_interval_s.max(1)),
             max_upload_bytes: config.max_upload_mb.saturating_mul(1 << 20),
             max_event_streams: config.max_event_streams,
+            max_queued_per_account: config.queued_jobs_per_account(),
+            max_streams_per_account: config.event_streams_per_account(),
             owner: "local".into(),
             workflow_limits: config.workflow_limits(),
             job_limits: config.job_limits(),
@@ -148,16 +159,8 @@ pub struct EventStream {
     pub preview: Option<JobEvent>,
     /// `None` when the job had already finished.
     pub events: Option<broadcast::Receiver<JobEvent>>,
+    /// Holds the stream's slot; its `closed` signal ends the stream.
     pub guard: StreamGuard,
-}
-
-/// Counts an open stream until dropped.
-pub struct StreamGuard(Arc<AtomicUsize>);
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// The job service.
@@ -175,7 +178,8 @@ pub struct Service {
     queued: AtomicUsize,
     queue_notify: Notify,
     seq: AtomicU64,
-    streams: Arc<AtomicUsize>,
+    /// Open SSE streams and WebSockets, per owner (see `streams`).
+    streams: Arc<streams::StreamSlots>,
     shutdown: CancellationToken,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Bumped by every submission and stream; the idle trimmer compares it.
@@ -269,6 +273,7 @@ impl Service {
             let (accounts, tiers, global) = (accounts.clone(), opts.tiers.clone(), opts.global_limits());
             Arc::new(move |key: &str| tiers.resolve(accounts.tier(key).as_deref(), global))
         };
+        let streams = Arc::new(streams::StreamSlots::new(opts.max_event_streams, opts.mode.has_accounts().then_some(opts.max_streams_per_account)));
         let service = Arc::new(Service {
             opts,
             meta,
@@ -281,7 +286,7 @@ impl Service {
             queued: AtomicUsize::new(0),
             queue_notify: Notify::new(),
             seq: AtomicU64::new(1),
-            streams: Arc::new(AtomicUsize::new(0)),
+            streams,
             shutdown: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
             workers: Mutex::new(Vec::new()),
@@ -356,11 +361,19 @@ impl Service {
 
     /// The limits of scheduling key `key`: a deployment's own (none of its
     /// jobs starts until it is ready), else the tenant lookup's.
+    ///
+    /// With accounts, no key may keep more than `max_queued_per_account`
+    /// jobs waiting whatever its tier: the server-wide `max_queued_jobs` is
+    /// shared, and one account filling it would lock every other out.
     pub fn limits_for(&self, key: &str) -> fair::OwnerLimits {
-        match key.strip_prefix("deployment/") {
+        let mut limits = match key.strip_prefix("deployment/") {
             Some(id) => self.deployments.limits(id, self.opts.global_limits()),
             None => self.limits.read().limits(key),
+        };
+        if self.opts.mode.has_accounts() {
+            limits.max_queued = limits.max_queued.min(self.opts.max_queued_per_account);
         }
+        limits
     }
 
     /// Whether a read of this job shows its `logs` (the spec: jobs run on
@@ -575,7 +588,15 @@ impl Service {
                 }
                 jobs.insert(id.clone(), live.clone());
             }
-            let pushed = self.queue.lock().push(&key, id.clone(), sub.front, limits.max_queued);
+            // An account disabled meanwhile queues nothing (checked after
+            // the job joined the live set: a disable either sees it there
+            // and cancels it, or is seen here).
+            if self.accounts.is_disabled(&sub.owner) {
+                self.live.write().remove(&id);
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                return Err(ServiceError::AccountDisabled);
+            }
+            let pushed = self.queue.lock().push(&key, &sub.owner, id.clone(), sub.front, limits.max_queued);
             let Ok(position) = pushed else {
                 self.live.write().remove(&id);
                 self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -635,7 +656,8 @@ impl Service {
         }
     }
 
-    /// 1-based position of a queued job.
+    /// 1-based position of a queued job among its owner's queued jobs (see
+    /// [`fair::FairQueue::position`]).
     pub fn queue_position(&self, id: &str) -> Option<usize> {
         self.queue.lock().position(id)
     }
@@ -774,13 +796,10 @@ impl Service {
         Ok((jobs, page.next))
     }
 
-    /// Opens an event stream on a job (bounded by `max_event_streams`).
+    /// Opens an event stream on a job (bounded by `max_event_streams`, and
+    /// per account by `max_event_streams_per_account`).
     pub fn open_stream(&self, owner: &str, id: &str) -> Result<EventStream, ServiceError> {
-        if self.streams.fetch_add(1, Ordering::SeqCst) >= self.opts.max_event_streams {
-            self.streams.fetch_sub(1, Ordering::SeqCst);
-            return Err(ServiceError::TooManyStreams);
-        }
-        let guard = StreamGuard(self.streams.clone());
+        let guard = self.streams.open(owner, StreamKind::Events)?;
         self.activity.fetch_add(1, Ordering::Relaxed);
         if let Some(live) = self.live_job(id) {
             // Subscribe before the snapshot so nothing falls between them.
@@ -804,9 +823,43 @@ impl Service {
         self.activity.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Open event streams.
+    /// Takes a stream slot for a compatibility WebSocket of `owner` (the
+    /// same bounds as event streams); the connection ends when its guard's
+    /// `closed` signal fires.
+    pub fn open_socket(&self, owner: &str) -> Result<StreamGuard, ServiceError> {
+        self.activity.fetch_add(1, Ordering::Relaxed);
+        self.streams.open(owner, StreamKind::Socket)
+    }
+
+    /// Open SSE event streams (WebSockets, which stay open while idle, are
+    /// not counted here).
     pub fn open_streams(&self) -> usize {
-        self.streams.load(Ordering::Relaxed)
+        self.streams.open_events()
+    }
+
+    /// Open streams (SSE and WebSockets) of `owner`.
+    pub fn open_streams_of(&self, owner: &str) -> usize {
+        self.streams.open_of(owner)
+    }
+
+    /// Ends what a disabled account still has going: its open SSE streams
+    /// and WebSockets close at once, its queued jobs are canceled (never
+    /// started, never charged) and its running ones are canceled as a
+    /// client's cancel would (charged for what they ran). Returns the
+    /// number of jobs canceled.
+    pub fn end_account_work(&self, owner: &str) -> usize {
+        let streams = self.streams.close_owner(owner);
+        let jobs: Vec<Arc<LiveJob>> = self.live.read().values().filter(|j| &*j.owner == owner).cloned().collect();
+        let mut canceled = 0;
+        for job in jobs {
+            let id = job.record.lock().id.clone();
+            match self.cancel(owner, &id) {
+                Ok(_) => canceled += 1,
+                Err(e) => tracing::error!(job_id = %id, error = %e, "cannot cancel a job of a disabled account"),
+            }
+        }
+        tracing::info!(account = owner, streams, jobs = canceled, "disabled account's streams closed and jobs canceled");
+        canceled
     }
 
     /// Tells streams of queued jobs their new positions. (Locks are released
