@@ -350,7 +350,7 @@ impl Service {
     /// answers `{}` until its history is written) or when it is unknown.
     pub fn compat_history_item(&self, owner: &str, id: &str) -> Result<Option<CompatJob>, ServiceError> {
         match self.get(owner, id) {
-            Ok((record, _)) if record.status.is_terminal() && record.status != JobStatus::Expired && self.live_job(id).is_none() => {
+            Ok((record, _)) if record.status.is_terminal() && record.status != JobStatus::Expired && self.live_job(&record.id).is_none() => {
                 self.compat_job(record).map(Some)
             }
             Ok(_) | Err(ServiceError::NotFound) => Ok(None),
@@ -377,7 +377,7 @@ impl Service {
             .read()
             .values()
             .map(|j| j.snapshot())
-            .filter(|r| r.owner == owner && r.status == JobStatus::Running && id.is_none_or(|id| id == r.id))
+            .filter(|r| r.owner == owner && r.status == JobStatus::Running && id.is_none_or(|id| id == r.public_id()))
             .map(|r| r.id)
             .collect();
         for id in running {
@@ -389,8 +389,9 @@ impl Service {
     /// Cancels jobs, pending or running (the spec's `POST /api/queue {delete}`).
     pub fn delete_from_queue(&self, owner: &str, ids: &[String]) -> Result<(), ServiceError> {
         for id in ids {
-            if self.live_job(id).is_some() {
-                self.cancel_if_known(owner, id)?;
+            let key = self.job_key(owner, id);
+            if self.live_job(&key).is_some() {
+                self.cancel_if_known(owner, &key)?;
             }
         }
         Ok(())
@@ -417,7 +418,7 @@ impl Service {
     /// retention would. Queued and running jobs are left alone.
     pub fn delete_history(&self, owner: &str, ids: Option<&[String]>) -> Result<(), ServiceError> {
         let jobs: Vec<JobRecord> = match ids {
-            Some(ids) => ids.iter().filter_map(|id| self.meta.get_job(id).transpose()).collect::<Result<_, _>>()?,
+            Some(ids) => ids.iter().filter_map(|id| self.meta.get_job(&self.job_key(owner, id)).transpose()).collect::<Result<_, _>>()?,
             None => self.meta.all_jobs()?,
         };
         let targets: Vec<JobRecord> = jobs

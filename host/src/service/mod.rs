@@ -529,13 +529,16 @@ impl Service {
             self.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(queue_full(fair::OwnerLimits { max_running: self.opts.max_running_jobs, max_queued: self.opts.max_queued_jobs }));
         }
-        let id = sub.id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        // A client-chosen id must be new (checked again, atomically, when
-        // the job joins the live set).
-        if sub.id.is_some() && (self.live_job(&id).is_some() || self.meta.get_job(&id)?.is_some()) {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(ServiceError::InvalidRequest(format!("a job with id {id} already exists")));
-        }
+        let id = match &sub.id {
+            None => uuid::Uuid::now_v7().to_string(),
+            Some(chosen) => match self.key_for_chosen_id(&sub.owner, chosen) {
+                Ok(key) => key,
+                Err(e) => {
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
+                    return Err(e);
+                }
+            },
+        };
         let record = JobRecord {
             id: id.clone(),
             owner: sub.owner.clone(),
@@ -584,7 +587,7 @@ impl Service {
                 if jobs.contains_key(&id) {
                     drop(jobs);
                     self.queued.fetch_sub(1, Ordering::SeqCst);
-                    return Err(ServiceError::InvalidRequest(format!("a job with id {id} already exists")));
+                    return Err(ServiceError::InvalidRequest(format!("a job with id {} already exists", crate::store::public_job_id(&id))));
                 }
                 jobs.insert(id.clone(), live.clone());
             }
@@ -643,6 +646,36 @@ impl Service {
         }
     }
 
+    /// The store key of a new job of `owner` with the client-chosen id
+    /// `chosen`: the id itself, or, when another owner's job holds it, the
+    /// owner-scoped key (`store::scoped_job_key`), so the answer is the one
+    /// an unused id gets. The owner's own job under either is a reuse (400;
+    /// checked again, atomically, when the job joins the live set).
+    fn key_for_chosen_id(&self, owner: &str, chosen: &str) -> Result<String, ServiceError> {
+        let exists = || ServiceError::InvalidRequest(format!("a job with id {chosen} already exists"));
+        let scoped = crate::store::scoped_job_key(owner, chosen);
+        match self.owner_at(chosen)? {
+            Some(holder) if holder == owner => Err(exists()),
+            _ if self.owner_at(&scoped)?.is_some() => Err(exists()),
+            Some(_) => Ok(scoped),
+            None => Ok(chosen.to_string()),
+        }
+    }
+
+    /// The owner of the job stored under `key`, if any.
+    fn owner_at(&self, key: &str) -> Result<Option<String>, ServiceError> {
+        if let Some(live) = self.live_job(key) {
+            return Ok(Some(live.owner.to_string()));
+        }
+        Ok(self.meta.get_job(key)?.map(|r| r.owner))
+    }
+
+    /// The store key of the job `owner` knows as `id` (see
+    /// `store::scoped_job_key`); `id` itself when it names none of theirs.
+    pub(crate) fn job_key(&self, owner: &str, id: &str) -> String {
+        self.get_shared(owner, id).map_or_else(|_| id.to_string(), |(r, _)| r.id.clone())
+    }
+
     /// Takes back a job whose submission was not written (already marked
     /// so that a worker that took it meanwhile skips it).
     fn withdraw(&self, id: &str) {
@@ -669,7 +702,23 @@ impl Service {
 
     /// [`Service::get`] without copying: finished records are served from an
     /// in-memory cache (they only change again at expiry).
+    /// `id` is the id the owner knows: a job stored under its owner-scoped
+    /// key (another owner's job held the id) is found by it too.
     pub fn get_shared(&self, owner: &str, id: &str) -> Result<(Arc<JobRecord>, Option<usize>), ServiceError> {
+        let record = match self.record_at(id)? {
+            Some(r) if r.owner == owner => r,
+            _ => match self.record_at(&crate::store::scoped_job_key(owner, id))? {
+                Some(r) if r.owner == owner => r,
+                _ => return Err(ServiceError::NotFound),
+            },
+        };
+        let position = if record.status == JobStatus::Queued { self.queue_position(&record.id) } else { None };
+        Ok((record, position))
+    }
+
+    /// The record stored under `key` (live, cached or stored), whoever owns it.
+    fn record_at(&self, key: &str) -> Result<Option<Arc<JobRecord>>, ServiceError> {
+        let id = key;
         let record = match self.live_job(id) {
             Some(live) => Arc::new(live.snapshot()),
             None => {
@@ -678,7 +727,8 @@ impl Service {
                     Some(r) => r,
                     None => {
                         let generation = self.finished_gen.load(Ordering::SeqCst);
-                        let r = Arc::new(self.meta.get_job(id)?.ok_or(ServiceError::NotFound)?);
+                        let Some(r) = self.meta.get_job(id)? else { return Ok(None) };
+                        let r = Arc::new(r);
                         if r.status.is_terminal() && self.live_job(id).is_none() {
                             self.remember_finished(r.clone(), Some(generation));
                         }
@@ -687,11 +737,7 @@ impl Service {
                 }
             }
         };
-        if record.owner != owner {
-            return Err(ServiceError::NotFound);
-        }
-        let position = if record.status == JobStatus::Queued { self.queue_position(id) } else { None };
-        Ok((record, position))
+        Ok(Some(record))
     }
 
     /// Drops a record from the finished-jobs cache (after a store write).
@@ -715,13 +761,15 @@ impl Service {
 
     /// The executed (resolved) workflow of a job.
     pub fn workflow(&self, owner: &str, id: &str) -> Result<serde_json::Value, ServiceError> {
-        self.get(owner, id)?;
-        self.meta.get_workflow(id)?.ok_or(ServiceError::NotFound)
+        let (record, _) = self.get_shared(owner, id)?;
+        self.meta.get_workflow(&record.id)?.ok_or(ServiceError::NotFound)
     }
 
     /// Cancels a job: a queued one at once, a running one by interrupting its
     /// node (`canceling` until it has stopped); a finished one is unchanged.
     pub fn cancel(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        let key = self.job_key(owner, id);
+        let id = key.as_str();
         let Some(live) = self.live_job(id) else { return self.get(owner, id) };
         let current = live.snapshot();
         if current.owner != owner {
@@ -800,6 +848,8 @@ impl Service {
     /// per account by `max_event_streams_per_account`).
     pub fn open_stream(&self, owner: &str, id: &str) -> Result<EventStream, ServiceError> {
         let guard = self.streams.open(owner, StreamKind::Events)?;
+        let key = self.job_key(owner, id);
+        let id = key.as_str();
         self.activity.fetch_add(1, Ordering::Relaxed);
         if let Some(live) = self.live_job(id) {
             // Subscribe before the snapshot so nothing falls between them.

@@ -898,3 +898,46 @@ async fn uploading_bytes_another_account_stored_is_a_new_upload_of_ones_own() {
     );
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_prompt_id_another_account_used_is_an_unused_one() {
+    let s = start_cloud().await;
+    let (a, b) = (tenant(&s, "chose-first", 1000).await, tenant(&s, "chose-second", 1000).await);
+    let chosen = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+    let prompt = |t: &Tenant, color: i64| {
+        let body = json!({ "prompt": trivial(color), "prompt_id": chosen });
+        json_of(t.compat(Method::POST, "/api/prompt").json(&body))
+    };
+    let (status, body) = prompt(&a, 1).await;
+    assert_eq!((status, body["prompt_id"].as_str()), (StatusCode::OK, Some(chosen)), "{body}");
+    let theirs = a.wait(chosen).await;
+    // The second account's prompt with the same id is answered as for an
+    // unused id, and the job is its own under that id on every surface.
+    let mut socket = b.ws().await;
+    let (status, body) = prompt(&b, 2).await;
+    assert_eq!((status, body["prompt_id"].as_str()), (StatusCode::OK, Some(chosen)), "{body}");
+    let heard = until_done(&mut socket, chosen).await;
+    assert!(heard.iter().any(|m| m["type"] == "execution_success" && m["data"]["prompt_id"] == chosen), "{heard:?}");
+    assert!(!format!("{heard:?}").contains('~'), "no internal key on the socket: {heard:?}");
+    let mine = b.wait(chosen).await;
+    assert_eq!((mine["id"].as_str(), mine["status"].as_str()), (Some(chosen), Some("succeeded")), "{mine}");
+    assert_ne!(mine["created_at"], theirs["created_at"], "two jobs");
+    assert!(mine["urls"]["self"].as_str().unwrap().ends_with(chosen), "{mine}");
+    for output in mine["outputs"].as_array().unwrap() {
+        let (status, asset) = json_of(b.v2(Method::GET, &format!("/assets/{}", output["id"].as_str().unwrap()))).await;
+        assert_eq!((status, asset["job_id"].as_str()), (StatusCode::OK, Some(chosen)), "{asset}");
+    }
+    let history = |t: &Tenant| json_of(t.compat(Method::GET, &format!("/api/history/{chosen}")));
+    let (_, hb) = history(&b).await;
+    let (_, ha) = history(&a).await;
+    assert_eq!(hb[chosen]["prompt"][2]["1"]["inputs"]["color"], 2, "{hb}");
+    assert_eq!(ha[chosen]["prompt"][2]["1"]["inputs"]["color"], 1, "the first account's job is untouched: {ha}");
+    assert_eq!(a.wait(chosen).await["created_at"], theirs["created_at"]);
+    // Each account's own reuse of the id is refused, as before.
+    for t in [&a, &b] {
+        let (status, body) = prompt(t, 3).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(body.to_string().contains("already exists") && !body.to_string().contains('~'), "{body}");
+    }
+    s.shutdown().await;
+}

@@ -59,7 +59,7 @@ pub(super) fn group(kind: &str) -> &'static str {
 /// A history item, rendered from a finished job.
 pub(super) fn item(service: &Service, job: &CompatJob) -> Result<Json_, crate::service::ServiceError> {
     let r = &job.record;
-    let id = &r.id;
+    let id = r.public_id();
     let files = service.compat_outputs(r)?;
     let mut outputs = Map::new();
     let mut meta = Map::new();
@@ -118,7 +118,7 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, query: Res
         let take = q.max_items.unwrap_or(usize::MAX);
         let mut out = Map::new();
         for job in jobs.iter().skip(start).take(take) {
-            out.insert(job.record.id.clone(), item(&service, job)?);
+            out.insert(job.record.public_id().to_string(), item(&service, job)?);
         }
         Ok(Json_::Object(out))
     })

@@ -63,7 +63,7 @@ fn summary(service: &Service, job: &CompatJob) -> Result<Map<String, Json_>, Ser
 fn short(job: &CompatJob) -> Map<String, Json_> {
     let r = &job.record;
     let mut out = Map::new();
-    out.insert("id".into(), json!(r.id));
+    out.insert("id".into(), json!(r.public_id()));
     out.insert("status".into(), json!(status(r)));
     out.insert("priority".into(), number(r));
     out.insert("create_time".into(), json!(millis(r.created_at)));

@@ -119,7 +119,8 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     let registry = state.service.registry();
     match outcome {
         Ok(accepted) => {
-            Ok(Json(json!({ "prompt_id": accepted.record.id, "number": number, "node_errors": node_errors(&accepted.dropped, registry) })).into_response())
+            Ok(Json(json!({ "prompt_id": accepted.record.public_id(), "number": number, "node_errors": node_errors(&accepted.dropped, registry) }))
+                .into_response())
         }
         // ComfyUI finds no output in an empty prompt.
         Err(PromptRejection::Parse(crate::workflow::ParseError::Empty)) | Err(PromptRejection::Invalid(ValidationError::NoOutputs)) => {
