@@ -162,6 +162,15 @@ pub struct Config {
     /// Jobs that may wait in the queue; beyond it submission gets 429
     /// `queue_full`. Default 1000.
     pub max_queued_jobs: usize,
+    /// With accounts (cloud, serverless): the most jobs one account (or
+    /// deployment) may have waiting, whatever its tier says: its effective
+    /// bound is the lesser of the two. Default: a quarter of
+    /// `max_queued_jobs` (at least 1), so one account without a tier never
+    /// fills the whole queue and locks the others out; raise it (up to
+    /// `max_queued_jobs`) to let tiers give more. A self-hosted server's
+    /// one owner keeps `max_queued_jobs` (or its default tier's).
+    /// `KILN_MAX_QUEUED_JOBS_PER_ACCOUNT`.
+    pub max_queued_jobs_per_account: Option<usize>,
     /// Jobs executing at once. Default: the number of CPUs.
     pub max_running_jobs: usize,
     /// How long a job and its outputs are kept after creation. Default 86400 s.
@@ -170,9 +179,18 @@ pub struct Config {
     pub sweep_interval_s: u64,
     /// Largest asset upload. Default 100 MiB.
     pub max_upload_mb: u64,
-    /// Event streams (SSE) open at once; beyond it 429 `too_many_streams`.
-    /// Default 10000.
+    /// Event streams open at once on the whole server: SSE streams of
+    /// `/api/v2` and WebSocket connections of the compatibility API;
+    /// beyond it 429 `too_many_streams`. Default 10000.
     pub max_event_streams: usize,
+    /// With accounts (cloud, serverless): the most event streams (SSE and
+    /// WebSockets together) one account may hold open; beyond it that
+    /// account's next one is 429 `too_many_streams` while other accounts
+    /// still open theirs. Default: a quarter of `max_event_streams` (at
+    /// least 1), so one account never holds the whole pool. A self-hosted
+    /// server's one owner is bounded by `max_event_streams` only.
+    /// `KILN_MAX_EVENT_STREAMS_PER_ACCOUNT`.
+    pub max_event_streams_per_account: Option<usize>,
     /// Answer `GET /assets/{id}/content` with a 302 to a signed, expiring URL
     /// instead of the bytes. Default false.
     pub download_redirect: bool,
@@ -375,11 +393,13 @@ impl Default for Config {
             token: None,
             mount_prefix: String::new(),
             max_queued_jobs: 1000,
+            max_queued_jobs_per_account: None,
             max_running_jobs: std::thread::available_parallelism().map_or(2, |n| n.get()),
             job_retention_s: 86_400,
             sweep_interval_s: 60,
             max_upload_mb: 100,
             max_event_streams: 10_000,
+            max_event_streams_per_account: None,
             download_redirect: false,
             signed_url_ttl_s: 3600,
             sse_keepalive_s: 15,
@@ -486,6 +506,18 @@ impl Config {
             tiers: self.tiers.iter().map(|(name, t)| (name.clone(), limits(t))).collect(),
             default: self.default_tier.as_ref().and_then(|d| self.tiers.get(d)).map(limits),
         }
+    }
+
+    /// The queued jobs one account may hold (see
+    /// `max_queued_jobs_per_account`).
+    pub fn queued_jobs_per_account(&self) -> usize {
+        self.max_queued_jobs_per_account.unwrap_or(self.max_queued_jobs / 4).max(1)
+    }
+
+    /// The event streams one account may hold open (see
+    /// `max_event_streams_per_account`).
+    pub fn event_streams_per_account(&self) -> usize {
+        self.max_event_streams_per_account.unwrap_or(self.max_event_streams / 4).max(1)
     }
 
     /// `default_tier` must name a configured tier.
@@ -648,11 +680,13 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "token",
         "mount_prefix",
         "max_queued_jobs",
+        "max_queued_jobs_per_account",
         "max_running_jobs",
         "job_retention_s",
         "sweep_interval_s",
         "max_upload_mb",
         "max_event_streams",
+        "max_event_streams_per_account",
         "download_redirect",
         "signed_url_ttl_s",
         "sse_keepalive_s",
@@ -747,6 +781,21 @@ mod tests {
         assert_eq!(config.plugin_dirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(config.node_memory_mb, Config::default().node_memory_mb);
         assert_eq!(config.runtime().unwrap().limits.default_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn per_account_shares_default_to_a_quarter_and_come_from_the_environment() {
+        let defaults = Config::default();
+        assert_eq!((defaults.queued_jobs_per_account(), defaults.event_streams_per_account()), (250, 2500));
+        let tiny = Config { max_queued_jobs: 2, max_event_streams: 0, ..Config::default() };
+        assert_eq!((tiny.queued_jobs_per_account(), tiny.event_streams_per_account()), (1, 1), "never 0");
+        let mut table = toml::Table::new();
+        let vars = [("KILN_MAX_QUEUED_JOBS_PER_ACCOUNT", "40"), ("KILN_MAX_EVENT_STREAMS_PER_ACCOUNT", "7")];
+        apply_env(&mut table, vars.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
+        let config = Config::deserialize(toml::Value::Table(table)).unwrap();
+        assert_eq!((config.queued_jobs_per_account(), config.event_streams_per_account()), (40, 7));
+        let options = crate::service::ServiceOptions::from_config(&config);
+        assert_eq!((options.max_queued_per_account, options.max_streams_per_account), (40, 7));
     }
 
     #[test]

@@ -239,6 +239,11 @@ impl Accounts {
         self.get(owner).is_none_or(|a| a.credits > 0)
     }
 
+    /// Whether `owner` is a disabled account.
+    pub fn is_disabled(&self, owner: &str) -> bool {
+        self.get(owner).is_some_and(|a| a.disabled)
+    }
+
     /// The tier of account `owner` (`None`: no such account).
     pub fn tier(&self, owner: &str) -> Option<String> {
         self.get(owner).map(|a| a.tier.clone())

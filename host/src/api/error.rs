@@ -76,6 +76,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::NotFound => ApiError::not_found(),
             ServiceError::InsufficientCredits => ApiError::new(S::PAYMENT_REQUIRED, "insufficient_credits", message),
             ServiceError::InactiveSubscription => ApiError::new(S::TOO_MANY_REQUESTS, "inactive_subscription", message),
+            ServiceError::AccountDisabled => ApiError::new(S::FORBIDDEN, "forbidden", "This account is disabled."),
             ServiceError::HashMismatch { .. } => ApiError::new(S::CONFLICT, "hash_mismatch", message),
             ServiceError::BlobNotFound(_) => ApiError::new(S::NOT_FOUND, "blob_not_found", message),
             ServiceError::AssetInUse => ApiError::new(S::CONFLICT, "asset_in_use", "The asset is in use and cannot be deleted."),

@@ -13,7 +13,7 @@
 //! - the compatibility API's status names.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde_json::Value as Json;
@@ -35,8 +35,11 @@ const OUTPUT_SCAN_PAGE: usize = 64;
 /// The compatibility API's state in the service.
 #[derive(Default)]
 pub struct CompatState {
-    /// ComfyUI's priority counter: every prompt request takes a number.
-    counter: AtomicI64,
+    /// ComfyUI's priority counter, one per owner: every prompt request
+    /// takes a number of its owner's (a server-wide counter would tell an
+    /// account how many prompts the others sent). One entry per owner that
+    /// sent a prompt (bounded by the accounts).
+    counters: Mutex<HashMap<String, i64>>,
     /// Uploads by `(type, path)`, loaded from the asset records on first use.
     uploads: Mutex<Option<Uploads>>,
     /// Bumped by every upload (what `object_info` lists depends on it).
@@ -215,10 +218,14 @@ pub fn compat_status(record: &JobRecord) -> &'static str {
 }
 
 impl Service {
-    /// The next number of ComfyUI's priority counter (taken by every
-    /// prompt request that parses, accepted or not).
-    pub fn next_prompt_number(&self) -> i64 {
-        self.compat.counter.fetch_add(1, Ordering::SeqCst)
+    /// The next number of `owner`'s ComfyUI priority counter (taken by
+    /// every prompt request that parses, accepted or not).
+    pub fn next_prompt_number(&self, owner: &str) -> i64 {
+        let mut counters = self.compat.counters.lock();
+        let counter = counters.entry(owner.to_string()).or_insert(0);
+        let n = *counter;
+        *counter += 1;
+        n
     }
 
     /// Changes whenever what `object_info` lists may have changed.
@@ -396,7 +403,7 @@ impl Service {
     /// answers `{}` until its history is written) or when it is unknown.
     pub fn compat_history_item(&self, owner: &str, id: &str) -> Result<Option<CompatJob>, ServiceError> {
         match self.get(owner, id) {
-            Ok((record, _)) if record.status.is_terminal() && record.status != JobStatus::Expired && self.live_job(id).is_none() => {
+            Ok((record, _)) if record.status.is_terminal() && record.status != JobStatus::Expired && self.live_job(&record.id).is_none() => {
                 self.compat_job(record).map(Some)
             }
             Ok(_) | Err(ServiceError::NotFound) => Ok(None),
@@ -423,7 +430,7 @@ impl Service {
             .read()
             .values()
             .map(|j| j.snapshot())
-            .filter(|r| r.owner == owner && r.status == JobStatus::Running && id.is_none_or(|id| id == r.id))
+            .filter(|r| r.owner == owner && r.status == JobStatus::Running && id.is_none_or(|id| id == r.public_id()))
             .map(|r| r.id)
             .collect();
         for id in running {
@@ -435,8 +442,9 @@ impl Service {
     /// Cancels jobs, pending or running (the spec's `POST /api/queue {delete}`).
     pub fn delete_from_queue(&self, owner: &str, ids: &[String]) -> Result<(), ServiceError> {
         for id in ids {
-            if self.live_job(id).is_some() {
-                self.cancel_if_known(owner, id)?;
+            let key = self.job_key(owner, id);
+            if self.live_job(&key).is_some() {
+                self.cancel_if_known(owner, &key)?;
             }
         }
         Ok(())
@@ -463,7 +471,7 @@ impl Service {
     /// retention would. Queued and running jobs are left alone.
     pub fn delete_history(&self, owner: &str, ids: Option<&[String]>) -> Result<(), ServiceError> {
         let jobs: Vec<JobRecord> = match ids {
-            Some(ids) => ids.iter().filter_map(|id| self.meta.get_job(id).transpose()).collect::<Result<_, _>>()?,
+            Some(ids) => ids.iter().filter_map(|id| self.meta.get_job(&self.job_key(owner, id)).transpose()).collect::<Result<_, _>>()?,
             None => self.meta.all_jobs()?,
         };
         let targets: Vec<JobRecord> = jobs

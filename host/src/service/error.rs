@@ -31,6 +31,9 @@ pub enum ServiceError {
     /// runs no workflow (429).
     #[error("the account's subscription is not active")]
     InactiveSubscription,
+    /// The caller's account was disabled (403 `forbidden`).
+    #[error("this account is disabled")]
+    AccountDisabled,
     #[error("the uploaded bytes hash to {actual}, not the expected {expected}")]
     HashMismatch { expected: String, actual: String },
     #[error("no blob with hash {0}")]

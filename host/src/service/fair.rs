@@ -64,6 +64,9 @@ pub struct FairQueue {
     rotation: VecDeque<String>,
     /// The key of every queued job.
     key_of: HashMap<String, String>,
+    /// The owner of every queued job (a key's jobs may have several: a
+    /// public demo deployment's callers and its owning account).
+    owner_of: HashMap<String, Arc<str>>,
 }
 
 /// Why a job was not queued.
@@ -71,10 +74,10 @@ pub struct FairQueue {
 pub struct KeyQueueFull;
 
 impl FairQueue {
-    /// Queues `id` under `key` (ahead of the key's other jobs with `front`);
-    /// refuses it when `key` already has `max_queued` jobs waiting. Returns
-    /// the job's 1-based position in the dispatch order.
-    pub fn push(&mut self, key: &str, id: String, front: bool, max_queued: usize) -> Result<usize, KeyQueueFull> {
+    /// Queues `id` of `owner` under `key` (ahead of the key's other jobs
+    /// with `front`); refuses it when `key` already has `max_queued` jobs
+    /// waiting. Returns the job's position ([`FairQueue::position`]).
+    pub fn push(&mut self, key: &str, owner: &str, id: String, front: bool, max_queued: usize) -> Result<usize, KeyQueueFull> {
         let entry = self.keys.entry(key.to_string()).or_default();
         if entry.jobs.len() >= max_queued {
             if entry.jobs.is_empty() && entry.running == 0 {
@@ -94,6 +97,7 @@ impl FairQueue {
             self.rotation.push_back(key.to_string());
         }
         self.key_of.insert(id.clone(), key.to_string());
+        self.owner_of.insert(id.clone(), Arc::from(owner));
         Ok(self.position(&id).unwrap_or(1))
     }
 
@@ -115,6 +119,7 @@ impl FairQueue {
                 self.rotation.push_back(key.clone());
             }
             self.key_of.remove(&id);
+            self.owner_of.remove(&id);
             return Some((id, key));
         }
         None
@@ -134,6 +139,7 @@ impl FairQueue {
     /// was queued.
     pub fn remove(&mut self, id: &str) -> bool {
         let Some(key) = self.key_of.remove(id) else { return false };
+        self.owner_of.remove(id);
         if let Some(entry) = self.keys.get_mut(&key) {
             entry.jobs.retain(|j| j != id);
             if entry.jobs.is_empty() {
@@ -160,22 +166,27 @@ impl FairQueue {
         self.keys.get(key).map_or(0, |e| e.running)
     }
 
-    /// 1-based position of a queued job in the round-robin dispatch order
-    /// (running limits aside): the jobs of each key ahead of it in its own
-    /// queue's depth, plus the keys served before its own in that round.
+    /// 1-based position of a queued job among its owner's own queued jobs,
+    /// in the round-robin dispatch order (running limits aside): how many
+    /// of the owner's jobs start before it, plus one. Other owners' jobs
+    /// interleave with them but are not counted: counting them would tell
+    /// an account how much other accounts have queued. (With one owner, as
+    /// on a self-hosted server, this is the place in the whole queue.)
     pub fn position(&self, id: &str) -> Option<usize> {
         let key = self.key_of.get(id)?;
+        let owner = self.owner_of.get(id)?;
         let depth = self.keys.get(key)?.jobs.iter().position(|j| j == id)?;
         let mut ahead = 0;
         let mut before_own = true;
         for k in &self.rotation {
-            let len = self.keys.get(k).map_or(0, |e| e.jobs.len());
-            ahead += len.min(depth);
+            let Some(entry) = self.keys.get(k) else { continue };
             if k == key {
                 before_own = false;
-            } else if before_own && len > depth {
-                ahead += 1;
             }
+            // A key served before this job's own in each round also goes
+            // first in the job's round.
+            let first = if before_own { depth + 1 } else { depth };
+            ahead += entry.jobs.iter().take(first).filter(|j| self.owner_of.get(*j).is_some_and(|o| o == owner)).count();
         }
         Some(ahead + 1)
     }
@@ -220,13 +231,14 @@ mod tests {
     fn a_flood_does_not_starve_a_second_key() {
         let mut q = FairQueue::default();
         for i in 0..50 {
-            q.push("a", format!("a{i}"), false, 100).unwrap();
+            q.push("a", "a", format!("a{i}"), false, 100).unwrap();
         }
-        let positions: Vec<usize> = (0..3).map(|i| q.push("b", format!("b{i}"), false, 100).unwrap()).collect();
-        // b's jobs alternate with a's: 2nd, 4th and 6th to run.
-        assert_eq!(positions, [2, 4, 6]);
+        let positions: Vec<usize> = (0..3).map(|i| q.push("b", "b", format!("b{i}"), false, 100).unwrap()).collect();
+        // b's jobs alternate with a's (2nd, 4th and 6th to run); each owner
+        // sees its place among its own jobs only.
+        assert_eq!(positions, [1, 2, 3]);
         assert_eq!(q.position("a0"), Some(1));
-        assert_eq!(q.position("a3"), Some(7));
+        assert_eq!(q.position("a3"), Some(4));
         let order = q.ordered();
         let dispatched = pop_all(&mut q, &|_: &str| OPEN);
         assert_eq!(order, dispatched, "positions and listing follow the dispatch order");
@@ -239,9 +251,9 @@ mod tests {
         let mut q = FairQueue::default();
         let limits = |k: &str| OwnerLimits { max_running: if k == "a" { 2 } else { 5 }, max_queued: 10 };
         for i in 0..4 {
-            q.push("a", format!("a{i}"), false, 10).unwrap();
+            q.push("a", "a", format!("a{i}"), false, 10).unwrap();
         }
-        q.push("b", "b0".into(), false, 10).unwrap();
+        q.push("b", "b", "b0".into(), false, 10).unwrap();
         assert_eq!(pop_all(&mut q, &limits), ["a0", "b0", "a1"], "a stops at 2 running");
         assert_eq!(q.running_of("a"), 2);
         assert!(q.pop(&limits).is_none());
@@ -254,18 +266,33 @@ mod tests {
     #[test]
     fn queued_limit_per_key_and_removal() {
         let mut q = FairQueue::default();
-        q.push("a", "a0".into(), false, 2).unwrap();
-        q.push("a", "a1".into(), false, 2).unwrap();
-        assert_eq!(q.push("a", "a2".into(), false, 2), Err(KeyQueueFull));
-        assert_eq!(q.push("b", "b0".into(), false, 2), Ok(2));
+        q.push("a", "a", "a0".into(), false, 2).unwrap();
+        q.push("a", "a", "a1".into(), false, 2).unwrap();
+        assert_eq!(q.push("a", "a", "a2".into(), false, 2), Err(KeyQueueFull));
+        assert_eq!(q.push("b", "b", "b0".into(), false, 2), Ok(1), "b's first job, whatever a has queued");
         assert!(q.remove("a0") && !q.remove("a0"));
         assert_eq!(q.position("a1"), Some(1));
         assert!(q.remove("a1"));
         assert_eq!(q.ordered(), ["b0"]);
-        q.push("a", "a4".into(), false, 2).unwrap();
-        assert_eq!(q.push("a", "a3".into(), true, 2), Ok(2), "front goes ahead of its own key's jobs, not of other keys'");
+        q.push("a", "a", "a4".into(), false, 2).unwrap();
+        assert_eq!(q.push("a", "a", "a3".into(), true, 2), Ok(1), "front goes ahead of its own key's jobs, not of other keys'");
         assert_eq!(pop_all(&mut q, &|_: &str| OPEN), ["b0", "a3", "a4"]);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_position_counts_only_the_owners_jobs_that_start_before_it() {
+        let mut q = FairQueue::default();
+        // A deployment's key holds its owner's jobs and its demo callers'.
+        q.push("x", "x", "x0".into(), false, 10).unwrap();
+        q.push("x", "x", "x1".into(), false, 10).unwrap();
+        q.push("deployment/d", "demo/d", "d0".into(), false, 10).unwrap();
+        q.push("deployment/d", "x", "d1".into(), false, 10).unwrap();
+        q.push("deployment/d", "demo/d", "d2".into(), false, 10).unwrap();
+        // Dispatch order: x0 d0 x1 d1 d2.
+        assert_eq!(q.ordered(), ["x0", "d0", "x1", "d1", "d2"]);
+        let positions: Vec<Option<usize>> = ["x0", "x1", "d1", "d0", "d2"].iter().map(|id| q.position(id)).collect();
+        assert_eq!(positions, [Some(1), Some(2), Some(3), Some(1), Some(2)]);
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod mask;
 pub mod memory_gate;
 mod preview;
 mod retention;
+pub mod streams;
 pub mod submit;
 pub mod user_files;
 mod worker;
@@ -26,6 +27,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -35,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 pub use assets::{AssetLabels, NewAsset, UploadMeta};
 pub use error::ServiceError;
 pub use live::{ExtraData, JobEvent, LiveJob};
+pub use streams::{StreamGuard, StreamKind};
 
 use crate::config::Config;
 use crate::executor::Executor;
@@ -57,6 +60,12 @@ pub struct ServiceOptions {
     pub sweep_interval: Duration,
     pub max_upload_bytes: u64,
     pub max_event_streams: usize,
+    /// With accounts: the most jobs one scheduling key may have waiting,
+    /// whatever its tier (config `max_queued_jobs_per_account`).
+    pub max_queued_per_account: usize,
+    /// With accounts: the most streams one owner may hold open (config
+    /// `max_event_streams_per_account`).
+    pub max_streams_per_account: usize,
     pub owner: String,
     /// Bounds on a submitted workflow.
     pub workflow_limits: crate::workflow::WorkflowLimits,
@@ -98,6 +107,8 @@ impl ServiceOptions {
             sweep_interval: Duration::from_secs(config.sweep_interval_s.max(1)),
             max_upload_bytes: config.max_upload_mb.saturating_mul(1 << 20),
             max_event_streams: config.max_event_streams,
+            max_queued_per_account: config.queued_jobs_per_account(),
+            max_streams_per_account: config.event_streams_per_account(),
             owner: "local".into(),
             workflow_limits: config.workflow_limits(),
             job_limits: config.job_limits(),
@@ -164,16 +175,8 @@ pub struct EventStream {
     pub preview: Option<JobEvent>,
     /// `None` when the job had already finished.
     pub events: Option<broadcast::Receiver<JobEvent>>,
+    /// Holds the stream's slot; its `closed` signal ends the stream.
     pub guard: StreamGuard,
-}
-
-/// Counts an open stream until dropped.
-pub struct StreamGuard(Arc<AtomicUsize>);
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// The job service.
@@ -191,7 +194,8 @@ pub struct Service {
     queued: AtomicUsize,
     queue_notify: Notify,
     seq: AtomicU64,
-    streams: Arc<AtomicUsize>,
+    /// Open SSE streams and WebSockets, per owner (see `streams`).
+    streams: Arc<streams::StreamSlots>,
     shutdown: CancellationToken,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Bumped by every submission and stream; the idle trimmer compares it.
@@ -290,6 +294,7 @@ impl Service {
             Arc::new(move |key: &str| tiers.resolve(accounts.tier(key).as_deref(), global))
         };
         let (opts_intake, opts_queued) = (opts.intake_memory_bytes, opts.queued_parsed_bytes);
+        let streams = Arc::new(streams::StreamSlots::new(opts.max_event_streams, opts.mode.has_accounts().then_some(opts.max_streams_per_account)));
         let service = Arc::new(Service {
             opts,
             meta,
@@ -302,7 +307,7 @@ impl Service {
             queued: AtomicUsize::new(0),
             queue_notify: Notify::new(),
             seq: AtomicU64::new(1),
-            streams: Arc::new(AtomicUsize::new(0)),
+            streams,
             shutdown: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
             workers: Mutex::new(Vec::new()),
@@ -379,11 +384,19 @@ impl Service {
 
     /// The limits of scheduling key `key`: a deployment's own (none of its
     /// jobs starts until it is ready), else the tenant lookup's.
+    ///
+    /// With accounts, no key may keep more than `max_queued_per_account`
+    /// jobs waiting whatever its tier: the server-wide `max_queued_jobs` is
+    /// shared, and one account filling it would lock every other out.
     pub fn limits_for(&self, key: &str) -> fair::OwnerLimits {
-        match key.strip_prefix("deployment/") {
+        let mut limits = match key.strip_prefix("deployment/") {
             Some(id) => self.deployments.limits(id, self.opts.global_limits()),
             None => self.limits.read().limits(key),
+        };
+        if self.opts.mode.has_accounts() {
+            limits.max_queued = limits.max_queued.min(self.opts.max_queued_per_account);
         }
+        limits
     }
 
     /// Whether a read of this job shows its `logs` (the spec: jobs run on
@@ -560,13 +573,16 @@ impl Service {
             self.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(queue_full(fair::OwnerLimits { max_running: self.opts.max_running_jobs, max_queued: self.opts.max_queued_jobs }));
         }
-        let id = sub.id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        // A client-chosen id must be new (checked again, atomically, when
-        // the job joins the live set).
-        if sub.id.is_some() && (self.live_job(&id).is_some() || self.meta.get_job(&id)?.is_some()) {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(ServiceError::InvalidRequest(format!("a job with id {id} already exists")));
-        }
+        let id = match &sub.id {
+            None => uuid::Uuid::now_v7().to_string(),
+            Some(chosen) => match self.key_for_chosen_id(&sub.owner, chosen) {
+                Ok(key) => key,
+                Err(e) => {
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
+                    return Err(e);
+                }
+            },
+        };
         let record = JobRecord {
             id: id.clone(),
             owner: sub.owner.clone(),
@@ -615,11 +631,19 @@ impl Service {
                 if jobs.contains_key(&id) {
                     drop(jobs);
                     self.queued.fetch_sub(1, Ordering::SeqCst);
-                    return Err(ServiceError::InvalidRequest(format!("a job with id {id} already exists")));
+                    return Err(ServiceError::InvalidRequest(format!("a job with id {} already exists", crate::store::public_job_id(&id))));
                 }
                 jobs.insert(id.clone(), live.clone());
             }
-            let pushed = self.queue.lock().push(&key, id.clone(), sub.front, limits.max_queued);
+            // An account disabled meanwhile queues nothing (checked after
+            // the job joined the live set: a disable either sees it there
+            // and cancels it, or is seen here).
+            if self.accounts.is_disabled(&sub.owner) {
+                self.live.write().remove(&id);
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                return Err(ServiceError::AccountDisabled);
+            }
+            let pushed = self.queue.lock().push(&key, &sub.owner, id.clone(), sub.front, limits.max_queued);
             let Ok(position) = pushed else {
                 self.live.write().remove(&id);
                 self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -676,6 +700,36 @@ impl Service {
         }
     }
 
+    /// The store key of a new job of `owner` with the client-chosen id
+    /// `chosen`: the id itself, or, when another owner's job holds it, the
+    /// owner-scoped key (`store::scoped_job_key`), so the answer is the one
+    /// an unused id gets. The owner's own job under either is a reuse (400;
+    /// checked again, atomically, when the job joins the live set).
+    fn key_for_chosen_id(&self, owner: &str, chosen: &str) -> Result<String, ServiceError> {
+        let exists = || ServiceError::InvalidRequest(format!("a job with id {chosen} already exists"));
+        let scoped = crate::store::scoped_job_key(owner, chosen);
+        match self.owner_at(chosen)? {
+            Some(holder) if holder == owner => Err(exists()),
+            _ if self.owner_at(&scoped)?.is_some() => Err(exists()),
+            Some(_) => Ok(scoped),
+            None => Ok(chosen.to_string()),
+        }
+    }
+
+    /// The owner of the job stored under `key`, if any.
+    fn owner_at(&self, key: &str) -> Result<Option<String>, ServiceError> {
+        if let Some(live) = self.live_job(key) {
+            return Ok(Some(live.owner.to_string()));
+        }
+        Ok(self.meta.get_job(key)?.map(|r| r.owner))
+    }
+
+    /// The store key of the job `owner` knows as `id` (see
+    /// `store::scoped_job_key`); `id` itself when it names none of theirs.
+    pub(crate) fn job_key(&self, owner: &str, id: &str) -> String {
+        self.get_shared(owner, id).map_or_else(|_| id.to_string(), |(r, _)| r.id.clone())
+    }
+
     /// Takes back a job whose submission was not written (already marked
     /// so that a worker that took it meanwhile skips it).
     fn withdraw(&self, id: &str) {
@@ -689,7 +743,8 @@ impl Service {
         }
     }
 
-    /// 1-based position of a queued job.
+    /// 1-based position of a queued job among its owner's queued jobs (see
+    /// [`fair::FairQueue::position`]).
     pub fn queue_position(&self, id: &str) -> Option<usize> {
         self.queue.lock().position(id)
     }
@@ -701,7 +756,23 @@ impl Service {
 
     /// [`Service::get`] without copying: finished records are served from an
     /// in-memory cache (they only change again at expiry).
+    /// `id` is the id the owner knows: a job stored under its owner-scoped
+    /// key (another owner's job held the id) is found by it too.
     pub fn get_shared(&self, owner: &str, id: &str) -> Result<(Arc<JobRecord>, Option<usize>), ServiceError> {
+        let record = match self.record_at(id)? {
+            Some(r) if r.owner == owner => r,
+            _ => match self.record_at(&crate::store::scoped_job_key(owner, id))? {
+                Some(r) if r.owner == owner => r,
+                _ => return Err(ServiceError::NotFound),
+            },
+        };
+        let position = if record.status == JobStatus::Queued { self.queue_position(&record.id) } else { None };
+        Ok((record, position))
+    }
+
+    /// The record stored under `key` (live, cached or stored), whoever owns it.
+    fn record_at(&self, key: &str) -> Result<Option<Arc<JobRecord>>, ServiceError> {
+        let id = key;
         let record = match self.live_job(id) {
             Some(live) => Arc::new(live.snapshot()),
             None => {
@@ -710,7 +781,8 @@ impl Service {
                     Some(r) => r,
                     None => {
                         let generation = self.finished_gen.load(Ordering::SeqCst);
-                        let r = Arc::new(self.meta.get_job(id)?.ok_or(ServiceError::NotFound)?);
+                        let Some(r) = self.meta.get_job(id)? else { return Ok(None) };
+                        let r = Arc::new(r);
                         if r.status.is_terminal() && self.live_job(id).is_none() {
                             self.remember_finished(r.clone(), Some(generation));
                         }
@@ -719,11 +791,7 @@ impl Service {
                 }
             }
         };
-        if record.owner != owner {
-            return Err(ServiceError::NotFound);
-        }
-        let position = if record.status == JobStatus::Queued { self.queue_position(id) } else { None };
-        Ok((record, position))
+        Ok(Some(record))
     }
 
     /// Drops a record from the finished-jobs cache (after a store write).
@@ -747,13 +815,15 @@ impl Service {
 
     /// The executed (resolved) workflow of a job.
     pub fn workflow(&self, owner: &str, id: &str) -> Result<serde_json::Value, ServiceError> {
-        self.get(owner, id)?;
-        self.meta.get_workflow(id)?.ok_or(ServiceError::NotFound)
+        let (record, _) = self.get_shared(owner, id)?;
+        self.meta.get_workflow(&record.id)?.ok_or(ServiceError::NotFound)
     }
 
     /// Cancels a job: a queued one at once, a running one by interrupting its
     /// node (`canceling` until it has stopped); a finished one is unchanged.
     pub fn cancel(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        let key = self.job_key(owner, id);
+        let id = key.as_str();
         let Some(live) = self.live_job(id) else { return self.get(owner, id) };
         let current = live.snapshot();
         if current.owner != owner {
@@ -828,13 +898,12 @@ impl Service {
         Ok((jobs, page.next))
     }
 
-    /// Opens an event stream on a job (bounded by `max_event_streams`).
+    /// Opens an event stream on a job (bounded by `max_event_streams`, and
+    /// per account by `max_event_streams_per_account`).
     pub fn open_stream(&self, owner: &str, id: &str) -> Result<EventStream, ServiceError> {
-        if self.streams.fetch_add(1, Ordering::SeqCst) >= self.opts.max_event_streams {
-            self.streams.fetch_sub(1, Ordering::SeqCst);
-            return Err(ServiceError::TooManyStreams);
-        }
-        let guard = StreamGuard(self.streams.clone());
+        let guard = self.streams.open(owner, StreamKind::Events)?;
+        let key = self.job_key(owner, id);
+        let id = key.as_str();
         self.activity.fetch_add(1, Ordering::Relaxed);
         if let Some(live) = self.live_job(id) {
             // Subscribe before the snapshot so nothing falls between them.
@@ -858,9 +927,43 @@ impl Service {
         self.activity.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Open event streams.
+    /// Takes a stream slot for a compatibility WebSocket of `owner` (the
+    /// same bounds as event streams); the connection ends when its guard's
+    /// `closed` signal fires.
+    pub fn open_socket(&self, owner: &str) -> Result<StreamGuard, ServiceError> {
+        self.activity.fetch_add(1, Ordering::Relaxed);
+        self.streams.open(owner, StreamKind::Socket)
+    }
+
+    /// Open SSE event streams (WebSockets, which stay open while idle, are
+    /// not counted here).
     pub fn open_streams(&self) -> usize {
-        self.streams.load(Ordering::Relaxed)
+        self.streams.open_events()
+    }
+
+    /// Open streams (SSE and WebSockets) of `owner`.
+    pub fn open_streams_of(&self, owner: &str) -> usize {
+        self.streams.open_of(owner)
+    }
+
+    /// Ends what a disabled account still has going: its open SSE streams
+    /// and WebSockets close at once, its queued jobs are canceled (never
+    /// started, never charged) and its running ones are canceled as a
+    /// client's cancel would (charged for what they ran). Returns the
+    /// number of jobs canceled.
+    pub fn end_account_work(&self, owner: &str) -> usize {
+        let streams = self.streams.close_owner(owner);
+        let jobs: Vec<Arc<LiveJob>> = self.live.read().values().filter(|j| &*j.owner == owner).cloned().collect();
+        let mut canceled = 0;
+        for job in jobs {
+            let id = job.record.lock().id.clone();
+            match self.cancel(owner, &id) {
+                Ok(_) => canceled += 1,
+                Err(e) => tracing::error!(job_id = %id, error = %e, "cannot cancel a job of a disabled account"),
+            }
+        }
+        tracing::info!(account = owner, streams, jobs = canceled, "disabled account's streams closed and jobs canceled");
+        canceled
     }
 
     /// Tells streams of queued jobs their new positions. (Locks are released

@@ -88,7 +88,7 @@ impl Service {
             self.queued.fetch_add(1, Ordering::SeqCst);
             // Recovered jobs are queued whatever their key's limit.
             let key = super::fair::sched_key(&job.owner, job.deployment.as_deref());
-            let _ = self.queue.lock().push(&key, job.id.clone(), false, usize::MAX);
+            let _ = self.queue.lock().push(&key, &job.owner, job.id.clone(), false, usize::MAX);
             self.live.write().insert(job.id.clone(), Arc::new(LiveJob::new(job, ExtraData::default())));
         }
         self.meta.flush()?;

@@ -150,6 +150,30 @@ pub struct JobRecord {
     pub logs_withheld: bool,
 }
 
+/// The store key of a job whose client-chosen id `id` another owner's job
+/// already holds: `{id}~{16 hex digits of blake3(owner)}`. Client-chosen ids
+/// are unique per owner, not per server: the second owner's job is stored
+/// under this key, and answers to its owner as `id` everywhere
+/// ([`public_job_id`]). No client can name the key itself (ids on the wire
+/// are UUIDs), and no answer shows it, so an owner never learns that
+/// another chose the same id.
+pub fn scoped_job_key(owner: &str, id: &str) -> String {
+    format!("{id}~{}", &blake3::hash(owner.as_bytes()).to_hex()[..16])
+}
+
+/// The id a job (store key `key`) is known by on the wire: the key without
+/// its owner scope ([`scoped_job_key`]).
+pub fn public_job_id(key: &str) -> &str {
+    key.split_once('~').map_or(key, |(id, _)| id)
+}
+
+impl JobRecord {
+    /// The id its owner knows the job by (see [`public_job_id`]).
+    pub fn public_id(&self) -> &str {
+        public_job_id(&self.id)
+    }
+}
+
 /// What `POST /api/prompt` gave a job besides its workflow.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompatFields {

@@ -74,6 +74,40 @@ async fn settings_and_saved_workflows_survive_a_restart() {
     server.shutdown().await;
 }
 
+/// Directories under `dir`, recursively.
+fn directories(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).map(|p| 1 + directories(&p)).sum()
+}
+
+#[tokio::test]
+async fn moves_and_deletes_of_user_data_leave_no_empty_directories() {
+    let server = start(|config, _| config.max_userdata_files = 5).await;
+    let files = server.data.path().join("users/default/files");
+    for name in ["a", "b"] {
+        assert_eq!(post(&server, &format!("/api/userdata/workflows%2F{name}.json"), "{}").await.0, 200);
+    }
+    // 150 moves, each into three fresh directories (the old server kept
+    // every one: 450 here, walked by every later write).
+    let mut at = "workflows%2Fa.json".to_string();
+    for i in 0..150 {
+        let next = format!("m{i}%2Fn{i}%2Fo{i}%2Fa.json");
+        let (status, body) = post(&server, &format!("/api/userdata/{at}/move/{next}"), "").await;
+        assert_eq!(status, 200, "move {i}: {body}");
+        at = next;
+    }
+    assert_eq!(directories(&files), 4, "workflows/ (b.json) and m149/n149/o149/ (a.json), nothing else");
+    assert_eq!(server.http.delete(root(&server, &format!("/api/userdata/{at}"))).send().await.unwrap().status(), 204);
+    assert_eq!(server.http.delete(root(&server, "/api/userdata/workflows%2Fb.json")).send().await.unwrap().status(), 204);
+    assert_eq!(directories(&files), 0);
+    assert!(files.is_dir(), "the user's own directory stays");
+    // Writes work as before, up to the file bound.
+    for i in 0..5 {
+        assert_eq!(post(&server, &format!("/api/userdata/d{i}%2Ff.json"), "{}").await.0, 200);
+    }
+    assert_eq!(post(&server, "/api/userdata/x.json", "{}").await.0, 507);
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn user_data_refuses_escapes_and_bounds_sizes() {
     let server = start(|config, _| {

@@ -104,6 +104,19 @@ async fn subscription(
     write(&state, move |a| a.set_subscription(&name, active)).await
 }
 
+/// Disables an account: its keys answer 403 from now on, and what it has
+/// going ends at once — its queued and running jobs are canceled (as a
+/// client's cancel: a job that never started is not charged) and its open
+/// SSE streams and WebSockets are closed.
 async fn disable(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Json_>, ApiError> {
-    write(&state, move |a| a.disable(&name)).await
+    let service = state.service.clone();
+    let account = tokio::task::spawn_blocking(move || {
+        let account = service.accounts().disable(&name)?;
+        service.end_account_work(&account.id);
+        Ok::<_, AccountError>(account)
+    })
+    .await
+    .map_err(|e| ApiError::internal(&e))??;
+    tracing::info!(account = %account.id, name = %account.name, "account disabled");
+    Ok(Json(view(&account)))
 }

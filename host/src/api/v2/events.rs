@@ -48,6 +48,8 @@ pub async fn stream(State(state): State<Arc<AppState>>, caller: Caller, links: L
     check_id(&id)?;
     let opened = state.service.open_stream(caller.owner(), &id)?;
     let closing = state.closing.clone();
+    // Disabling the account ends the stream at once.
+    let ended = opened.guard.closed();
     let state_keepalive = state.config.sse_keepalive_s.max(1);
     let stream = async_stream::stream! {
         let _guard = opened.guard;
@@ -77,6 +79,7 @@ pub async fn stream(State(state): State<Arc<AppState>>, caller: Caller, links: L
         loop {
             let received = tokio::select! {
                 _ = closing.cancelled() => return,
+                _ = ended.cancelled() => return,
                 r = events.recv() => r,
             };
             match received {

@@ -46,7 +46,7 @@ pub fn output<'a>(o: &'a OutputRecord, job: &'a JobRecord, links: &Links) -> Out
         hash: &o.hash,
         url: links.absolute(&format!("{}/assets/{}/content", links.v2(), o.asset_id)),
         url_expires_at: timestamp(job.expires_at),
-        job_id: &job.id,
+        job_id: job.public_id(),
     }
 }
 
@@ -96,10 +96,10 @@ pub struct JobView<'a> {
 
 /// A Job; `logs` only when asked (GET of one job).
 pub fn job<'a>(rec: &'a JobRecord, queue_position: Option<usize>, links: &Links, with_logs: bool) -> JobView<'a> {
-    let base = format!("{}/jobs/{}", links.v2(), rec.id);
+    let base = format!("{}/jobs/{}", links.v2(), rec.public_id());
     let created = timestamp(rec.created_at);
     JobView {
-        id: &rec.id,
+        id: rec.public_id(),
         status: rec.status.as_str(),
         created_at: created.clone(),
         started_at: rec.started_at.map(timestamp),
@@ -130,7 +130,7 @@ pub struct AssetView<'a> {
     url_expires_at: String,
     file_path: &'a Option<String>,
     expires_at: Option<String>,
-    job_id: &'a Option<String>,
+    job_id: Option<&'a str>,
     tags: &'a [String],
     /// Only on create responses.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -148,7 +148,7 @@ pub fn asset<'a>(a: &'a AssetRecord, links: &Links, created_new: Option<bool>) -
         url_expires_at: timestamp(a.expires_at.unwrap_or_else(|| now_micros() + UPLOAD_URL_TTL_US)),
         file_path: &a.file_path,
         expires_at: a.expires_at.map(timestamp),
-        job_id: &a.job_id,
+        job_id: a.job_id.as_deref().map(crate::store::public_job_id),
         tags: &a.tags,
         created_new,
     }

@@ -67,7 +67,7 @@ pub(super) struct Item<'a> {
 /// A history item, rendered from a finished job.
 pub(super) fn item<'a>(service: &Service, job: &'a CompatJob) -> Result<Item<'a>, crate::service::ServiceError> {
     let r = &job.record;
-    let id = &r.id;
+    let id = r.public_id();
     let files = service.compat_outputs(r)?;
     let mut outputs = Map::new();
     let mut meta = Map::new();
@@ -120,7 +120,7 @@ fn write_items(service: &Service, records: Vec<crate::store::JobRecord>, out: &m
         if i > 0 {
             out.raw(b",")?;
         }
-        out.json(&record.id)?;
+        out.json(record.public_id())?;
         out.raw(b":")?;
         let job = service.compat_job(record)?;
         out.json(&item(service, &job)?)?;
@@ -151,7 +151,7 @@ pub async fn one(State(state): State<Arc<AppState>>, caller: Caller, Segment(id)
         let mut body = Vec::new();
         let job = if uuid::Uuid::parse_str(&id).is_ok() { service.compat_history_item(&owner, &id)? } else { None };
         let rendered = match &job {
-            Some(job) => serde_json::to_writer(&mut body, &std::collections::BTreeMap::from([(&job.record.id, item(&service, job)?)])),
+            Some(job) => serde_json::to_writer(&mut body, &std::collections::BTreeMap::from([(job.record.public_id(), item(&service, job)?)])),
             None => serde_json::to_writer(&mut body, &Map::new()),
         };
         rendered.map_err(|e| crate::service::ServiceError::Store(crate::store::StoreError::Backend(e.to_string())))?;

@@ -61,7 +61,7 @@ fn summary(service: &Service, record: &JobRecord) -> Result<Map<String, Json_>, 
 /// [`summary`] without the output lookup.
 fn short(r: &JobRecord) -> Map<String, Json_> {
     let mut out = Map::new();
-    out.insert("id".into(), json!(r.id));
+    out.insert("id".into(), json!(r.public_id()));
     out.insert("status".into(), json!(status(r)));
     out.insert("priority".into(), number(r));
     out.insert("create_time".into(), json!(millis(r.created_at)));

@@ -189,5 +189,5 @@ pub(super) fn queue_item(job: &crate::service::compat::CompatJob) -> QueueItem<'
         extra.insert("client_id".into(), Json::String(client));
     }
     extra.insert("create_time".into(), json!(millis(r.created_at)));
-    QueueItem(number(r), &r.id, &job.workflow, extra, &job.outputs_to_execute)
+    QueueItem(number(r), r.public_id(), &job.workflow, extra, &job.outputs_to_execute)
 }

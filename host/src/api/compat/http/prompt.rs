@@ -92,7 +92,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     // ComfyUI float()s a given number; without one the counter is taken.
     let number = match body.get("number") {
         None | Some(Json_::Null) => {
-            let n = state.service.next_prompt_number();
+            let n = state.service.next_prompt_number(caller.owner());
             serde_json::Number::from(if front { -n } else { n })
         }
         Some(v) => {
@@ -131,7 +131,8 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     let registry = state.service.registry();
     match outcome {
         Ok(accepted) => {
-            Ok(Json(json!({ "prompt_id": accepted.record.id, "number": number, "node_errors": node_errors(&accepted.dropped, registry) })).into_response())
+            Ok(Json(json!({ "prompt_id": accepted.record.public_id(), "number": number, "node_errors": node_errors(&accepted.dropped, registry) }))
+                .into_response())
         }
         // ComfyUI finds no output in an empty prompt.
         Err(PromptRejection::Parse(crate::workflow::ParseError::Empty)) | Err(PromptRejection::Invalid(ValidationError::NoOutputs)) => {

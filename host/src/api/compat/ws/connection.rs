@@ -52,9 +52,11 @@ fn visible(message: &ExecMessage, owner: &str) -> bool {
     message.owner.as_deref().is_none_or(|o| o == owner)
 }
 
-/// Serves one connection until the client leaves, falls behind, or the
-/// server closes.
-pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: String) {
+/// Serves one connection until the client leaves, falls behind, the server
+/// closes, or its account is disabled (`slot`'s signal; the slot counts the
+/// connection among the owner's streams while it lives).
+pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: String, slot: crate::service::StreamGuard) {
+    let ended = slot.closed();
     let (mut sink, mut incoming) = socket.split();
     // Subscribed before the queue is counted: no change falls in between.
     let mut bus = state.service.bus().subscribe();
@@ -86,6 +88,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: 
     let fell_behind = loop {
         tokio::select! {
             _ = state.closing.cancelled() => break false,
+            _ = ended.cancelled() => break false,
             frame = incoming.next() => match frame {
                 // Only the first text frame is looked at: a `feature_flags`
                 // message is answered with the server's.
@@ -127,6 +130,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: 
     if tokio::time::timeout(CLOSE_GRACE, &mut writer).await.is_err() {
         writer.abort();
     }
+    drop(slot);
 }
 
 #[cfg(test)]

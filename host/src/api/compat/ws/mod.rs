@@ -73,10 +73,15 @@ async fn upgrade(State(state): State<Arc<AppState>>, Query(query): Query<WsQuery
     };
     let sid = query.client_id.filter(|c| !c.is_empty() && c.len() <= MAX_CLIENT_ID).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
     let owner = caller.owner_arc();
+    // A connection holds an event-stream slot (server-wide and per account).
+    let slot = match state.service.open_socket(&owner) {
+        Ok(slot) => slot,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
     ws.max_message_size(MAX_CLIENT_FRAME)
         .max_frame_size(MAX_CLIENT_FRAME)
         .read_buffer_size(READ_BUFFER)
         // Each frame goes out as it is sent (the outbox is the buffer).
         .write_buffer_size(0)
-        .on_upgrade(move |socket| connection::run(socket, state, owner, sid))
+        .on_upgrade(move |socket| connection::run(socket, state, owner, sid, slot))
 }

@@ -94,7 +94,7 @@ pub fn ui_output(files: &[SavedFile]) -> Value {
 /// The frame of `message` for a connection (`preview_metadata`: it asked
 /// for type-4 previews); `None` for what ComfyUI does not show.
 pub fn message(message: &ExecMessage, preview_metadata: bool) -> Option<Frame> {
-    let id = &*message.job_id;
+    let id = crate::store::public_job_id(&message.job_id);
     Some(match &message.body {
         ExecBody::Queue { remaining } => status(*remaining, None),
         ExecBody::Started { at_ms } => text("execution_start", json!({ "prompt_id": id, "timestamp": at_ms })),
