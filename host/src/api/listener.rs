@@ -423,7 +423,7 @@ fn is_health_check(path: &str) -> bool {
 /// A response body that keeps its request in flight until it is sent
 /// (or dropped): an event stream is a request in flight for as long as it
 /// streams.
-pub struct Tracked {
+struct Tracked {
     body: Body,
     _in_flight: InFlight,
 }

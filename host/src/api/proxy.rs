@@ -1,5 +1,6 @@
 //! Plugin routes (`/proxy/...`): the request, its body bounded
-//! (`route_max_body_mb`, 413 beyond), goes to the plugin whose manifest
+//! (`route_max_body_mb`, 413 beyond, a declared length before the body is
+//! read: `body_limit`), goes to the plugin whose manifest
 //! declares the longest matching prefix and the operator granted routes;
 //! the plugin's response is returned as it gave it. Failures of the call
 //! itself answer in the proxy routes' shape `{error, message}`, with no
