@@ -199,6 +199,9 @@ pub struct Config {
     /// waits for one; past it the request fails with 408
     /// `request_timeout` and the connection is closed. Default 30. A
     /// handler busy elsewhere (writing an upload to disk) does not count.
+    /// Also how long a response may wait for the client to read any of
+    /// it (a client that stops reading a download or an event stream);
+    /// past it the connection is closed.
     pub http_body_timeout_s: u64,
     /// Connections served at once, all clients together. Past it a new
     /// connection only gets `/api/v2/health` (from a small reserve), else

@@ -189,6 +189,23 @@ async fn idle_connections_half_sent_requests_and_stalled_bodies_are_closed() {
     assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("request_timeout"), "{answer}");
     assert!(start.elapsed() >= Duration::from_millis(800) && closed < Duration::from_millis(2500), "{closed:?}");
 
+    // A response the client stops reading: a 16 MiB download into a 4 KiB
+    // receive buffer, not read for 3 s, is cut (1 s without write progress).
+    let size = 16 << 20;
+    let form = reqwest::multipart::Form::new()
+        .text("file_path", "big.bin")
+        .part("file", reqwest::multipart::Part::bytes((0..size).map(|i| (i * 7919 % 251) as u8).collect::<Vec<u8>>()).file_name("big.bin"));
+    let asset: Value = kiln.http.post(format!("{}/api/v2/assets", kiln.root)).multipart(form).send().await.unwrap().json().await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut reader = socket.connect(kiln.addr).await.unwrap().into_std().unwrap();
+    reader.set_nonblocking(false).unwrap();
+    write!(reader, "GET /api/v2/assets/{}/content HTTP/1.1\r\nHost: kiln\r\n\r\n", asset["id"].as_str().unwrap()).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let (got, closed) = read_until_closed(&mut reader, limit);
+    eprintln!("(c) a 16 MiB download not read for 3 s: cut after {} bytes (http_body_timeout_s = 1)", got.len());
+    assert!(closed.is_some() && got.len() < size, "{} bytes", got.len());
+
     // A client that is merely slow but steady gets through.
     let mut steady = kiln.connect();
     let body = br#"{"workflow": {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}}, "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}}}}"#;

@@ -19,8 +19,10 @@
 //!   with no request in flight and nothing read is closed after
 //!   `http_idle_timeout_s`; a request body that a handler waits on and
 //!   that brings nothing for `http_body_timeout_s` fails the request (408
-//!   `request_timeout`) and closes the connection. A request in flight —
-//!   an event stream, a slow job submission — is never cut by these.
+//!   `request_timeout`) and closes the connection; so does a response the
+//!   client stops reading (no write progress for as long). A request in
+//!   flight — an event stream, a slow job submission — is never cut by the
+//!   header and idle timeouts.
 //!   hyper's own `header_read_timeout` is off: in hyper 1.12 its timer runs
 //!   whenever hyper waits for a request head, the gap between kept-alive
 //!   requests included, so it cannot tell a slow request from an idle
@@ -204,7 +206,7 @@ impl Connection {
         tokio::pin!(conn);
         let evicted = reserve.unwrap_or_default();
         // While a request is in flight nothing expires; look again this often.
-        let busy_check = header_timeout.min(limits.idle_timeout);
+        let busy_check = header_timeout.min(limits.idle_timeout).min(limits.body_timeout);
         let mut next_check = tokio::time::Instant::now() + busy_check;
         let mut draining = false;
         loop {
@@ -221,12 +223,12 @@ impl Connection {
                 }
                 () = evicted.cancelled() => return,
                 () = tokio::time::sleep_until(next_check) => {
-                    match activity.deadline(header_timeout, limits.idle_timeout) {
+                    match activity.deadline(header_timeout, limits.idle_timeout, limits.body_timeout) {
                         None => next_check = tokio::time::Instant::now() + busy_check,
                         Some(at) => {
                             let at = tokio::time::Instant::from_std(at);
                             if at <= tokio::time::Instant::now() {
-                                tracing::debug!("closing a connection: no request within its header or idle timeout");
+                                tracing::debug!("closing a connection: no request within its header or idle timeout, or its response not read");
                                 return;
                             }
                             next_check = at;
@@ -256,6 +258,9 @@ struct Activity {
     head_since: AtomicU64,
     /// The current request's body stalled past the body timeout.
     body_stalled: AtomicBool,
+    /// Since when a write has waited for the client to read; [`NONE`]
+    /// while writes go through.
+    write_blocked_since: AtomicU64,
 }
 
 const NONE: u64 = u64::MAX;
@@ -269,6 +274,7 @@ impl Activity {
             last_read: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
             body_stalled: AtomicBool::new(false),
+            write_blocked_since: AtomicU64::new(NONE),
         }
     }
 
@@ -288,6 +294,16 @@ impl Activity {
         }
     }
 
+    /// A write waits for the client to read (`blocked`) or went through.
+    fn on_write(&self, blocked: bool) {
+        let since = self.write_blocked_since.load(Ordering::Relaxed);
+        if blocked && since == NONE {
+            self.write_blocked_since.store(self.now_ms(), Ordering::Relaxed);
+        } else if !blocked && since != NONE {
+            self.write_blocked_since.store(NONE, Ordering::Relaxed);
+        }
+    }
+
     /// A request's headers arrived: it is in flight until the returned
     /// guard (carried by its response body) is dropped.
     fn request_started(self: &Arc<Self>) -> InFlight {
@@ -303,20 +319,23 @@ impl Activity {
         self.in_flight.load(Ordering::Relaxed) == 0 && self.head_since.load(Ordering::Relaxed) != NONE
     }
 
-    /// When the connection is to be closed if no request arrives: `None`
-    /// while one is in flight.
-    fn deadline(&self, header_timeout: Duration, idle_timeout: Duration) -> Option<Instant> {
-        if self.in_flight.load(Ordering::Relaxed) != 0 {
-            return None;
-        }
+    /// When the connection is to be closed: when no request arrives in
+    /// time, or a blocked write makes no progress for `stall_timeout`;
+    /// `None` while a request is in flight and its writes go through.
+    fn deadline(&self, header_timeout: Duration, idle_timeout: Duration, stall_timeout: Duration) -> Option<Instant> {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(NONE / 2);
-        let quiet_since = self.idle_since.load(Ordering::Relaxed).max(self.last_read.load(Ordering::Relaxed));
-        let mut at = quiet_since.saturating_add(ms(idle_timeout));
-        let head = self.head_since.load(Ordering::Relaxed);
-        if head != NONE {
-            at = at.min(head.saturating_add(ms(header_timeout)));
+        let blocked = self.write_blocked_since.load(Ordering::Relaxed);
+        let mut at = (blocked != NONE).then(|| blocked.saturating_add(ms(stall_timeout)));
+        if self.in_flight.load(Ordering::Relaxed) == 0 {
+            let quiet_since = self.idle_since.load(Ordering::Relaxed).max(self.last_read.load(Ordering::Relaxed));
+            let mut idle_at = quiet_since.saturating_add(ms(idle_timeout));
+            let head = self.head_since.load(Ordering::Relaxed);
+            if head != NONE {
+                idle_at = idle_at.min(head.saturating_add(ms(header_timeout)));
+            }
+            at = Some(at.map_or(idle_at, |a| a.min(idle_at)));
         }
-        Some(self.opened + Duration::from_millis(at))
+        at.map(|at| self.opened + Duration::from_millis(at))
     }
 }
 
@@ -354,10 +373,14 @@ impl AsyncRead for Watched {
 
 impl AsyncWrite for Watched {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.activity.on_write(polled.is_pending());
+        polled
     }
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.activity.on_write(polled.is_pending());
+        polled
     }
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
@@ -673,22 +696,27 @@ mod tests {
     }
 
     #[test]
-    fn headers_are_timed_from_the_opening_then_from_the_first_byte_and_idle_from_the_last_response() {
+    fn headers_are_timed_from_the_opening_then_from_the_first_byte_idle_from_the_last_response_and_writes_while_blocked() {
         let activity = Arc::new(Activity::new());
-        let (header, idle) = (Duration::from_secs(10), Duration::from_secs(60));
+        let (header, idle, stall) = (Duration::from_secs(10), Duration::from_secs(60), Duration::from_secs(30));
         let opened = activity.opened;
-        assert_eq!(activity.deadline(header, idle), Some(opened + header), "first request: from the opening");
+        assert_eq!(activity.deadline(header, idle, stall), Some(opened + header), "first request: from the opening");
         let request = activity.request_started();
         activity.on_read(); // its body: not the watchdog's
-        assert_eq!(activity.deadline(header, idle), None, "in flight");
+        assert_eq!(activity.deadline(header, idle, stall), None, "in flight");
+        activity.on_write(true);
+        let blocked = activity.write_blocked_since.load(Ordering::Relaxed);
+        assert_eq!(activity.deadline(header, idle, stall), Some(opened + Duration::from_millis(blocked) + stall), "a response not read");
+        activity.on_write(false);
+        assert_eq!(activity.deadline(header, idle, stall), None, "read again");
         drop(request);
         let idle_since = activity.idle_since.load(Ordering::Relaxed);
-        assert_eq!(activity.deadline(header, idle), Some(opened + Duration::from_millis(idle_since) + idle), "kept alive: idle");
+        assert_eq!(activity.deadline(header, idle, stall), Some(opened + Duration::from_millis(idle_since) + idle), "kept alive: idle");
         activity.on_read();
         let head = activity.head_since.load(Ordering::Relaxed);
-        let deadline = activity.deadline(header, idle).unwrap();
+        let deadline = activity.deadline(header, idle, stall).unwrap();
         assert_eq!(deadline, opened + Duration::from_millis(head) + header, "a request begun: its headers' deadline");
         activity.on_read();
-        assert_eq!(activity.deadline(header, idle), Some(deadline), "more bytes do not extend it");
+        assert_eq!(activity.deadline(header, idle, stall), Some(deadline), "more bytes do not extend it");
     }
 }
