@@ -219,6 +219,39 @@ pub struct Config {
     /// Default 1024 (the frontend's settings take a few KiB).
     pub max_settings_kb: usize,
 
+    // --- HTTP connections (`api::listener`) ---
+    /// Seconds a request's headers may take to arrive, counted from the
+    /// connection's opening for its first request and from the first byte
+    /// of each later one. Past it the connection is closed: a client that
+    /// sends half a request (slowloris) holds a connection this long at
+    /// most. Default 10 (a browser or SDK sends its headers in one write).
+    pub http_header_timeout_s: u64,
+    /// Seconds a kept-alive connection may sit between requests with
+    /// nothing read (no request in flight) before the server closes it.
+    /// Default 60. Responses that stream (event streams) and WebSockets
+    /// are requests in flight, never idle.
+    pub http_idle_timeout_s: u64,
+    /// Seconds a request body may go without a byte while its handler
+    /// waits for one; past it the request fails with 408
+    /// `request_timeout` and the connection is closed. Default 30. A
+    /// handler busy elsewhere (writing an upload to disk) does not count.
+    /// Also how long a response may wait for the client to read any of
+    /// it (a client that stops reading a download or an event stream);
+    /// past it the connection is closed.
+    pub http_body_timeout_s: u64,
+    /// Connections served at once, all clients together. Past it a new
+    /// connection only gets `/api/v2/health` (from a small reserve), else
+    /// 503 `too_many_connections`, and is closed. Default 4096; `kiln serve`
+    /// lowers it to what the open-file limit (`RLIMIT_NOFILE`, raised to
+    /// its hard limit at start) leaves after a descriptor per connection
+    /// for the file it may stream and a margin for the store and plugins,
+    /// with a warning.
+    pub max_connections: usize,
+    /// Connections one client address holds at once (IPv6: one /64
+    /// network); past it as past `max_connections`. Default 256. Behind a
+    /// reverse proxy every client is the proxy's address: raise it there.
+    pub max_connections_per_ip: usize,
+
     // --- issue 18 (branch `tenants`): deployment kinds, accounts, credits ---
     /// `self-hosted` (the default: open, or the one static `token`),
     /// `cloud` or `serverless` (callers are accounts, each with its own
@@ -409,6 +442,11 @@ impl Default for Config {
             max_userdata_mb: 1024,
             max_userdata_files: 10_000,
             max_settings_kb: 1024,
+            http_header_timeout_s: 10,
+            http_idle_timeout_s: 60,
+            http_body_timeout_s: 30,
+            max_connections: 4096,
+            max_connections_per_ip: 256,
             mode: Mode::SelfHosted,
             admin_token: None,
             credits_per_second: 1,
@@ -696,6 +734,11 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
         "max_userdata_mb",
         "max_userdata_files",
         "max_settings_kb",
+        "http_header_timeout_s",
+        "http_idle_timeout_s",
+        "http_body_timeout_s",
+        "max_connections",
+        "max_connections_per_ip",
         "mode",
         "admin_token",
         "credits_per_second",

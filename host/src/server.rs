@@ -7,11 +7,29 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use crate::api::listener::ConnectionLimits;
 use crate::api::{self, AppState};
 use crate::config::Config;
 use crate::executor::Executor;
 use crate::plugins::{NodeRegistry, PluginRuntime};
 use crate::service::{Service, ServiceOptions};
+
+/// The configured connection limits, `max_connections` fitted under this
+/// process's open-file limit (with a warning when that lowers it).
+fn connection_limits(config: &Config) -> ConnectionLimits {
+    let limits = ConnectionLimits::from_config(config);
+    let Some(open_files) = api::listener::open_file_limit() else { return limits };
+    let (fitted, lowered) = limits.within_open_files(open_files);
+    if lowered {
+        tracing::warn!(
+            max_connections = fitted.max_connections,
+            configured = limits.max_connections,
+            open_files,
+            "max_connections lowered to fit the open-file limit (RLIMIT_NOFILE): a descriptor per connection and one for the file it may stream, besides the store's and the plugins'"
+        );
+    }
+    fitted
+}
 
 /// A running server.
 pub struct Server {
@@ -50,10 +68,10 @@ impl Server {
         let addr = listener.local_addr()?;
         let signer = api::signing::Signer::load_or_create(&config.data_dir).context("signing key")?;
         let frontend = config.front_end_root.as_deref().map(api::compat::Frontend::load).transpose()?;
+        let limits = connection_limits(&config);
         let state = AppState::new(service, config, signer, addr, frontend);
-        let closing = state.closing.clone();
         let router = api::router(state.clone());
-        let task = tokio::spawn(api::serve(listener, router, async move { closing.cancelled().await }));
+        let task = tokio::spawn(api::listener::serve(listener, router, limits, state.closing.clone()));
         Ok(Server { addr, state, task })
     }
 

@@ -42,6 +42,19 @@ impl ApiError {
     pub fn payload_too_large(limit: u64) -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("The request body exceeds {limit} bytes."))
     }
+    /// A request body that stopped arriving (`http_body_timeout_s`).
+    pub fn request_timeout(after: std::time::Duration) -> ApiError {
+        ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", format!("The request body stalled for {} s.", after.as_secs()))
+    }
+    /// A connection over `max_connections` or `max_connections_per_ip`.
+    pub fn too_many_connections() -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_connections",
+            "The server holds as many connections as it serves; only health checks are answered.",
+        )
+        .retry_after(1)
+    }
     pub fn internal(cause: &dyn std::fmt::Display) -> ApiError {
         tracing::error!(error = %cause, "request failed");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "upstream_error", "The server could not complete the request.")

@@ -4,11 +4,13 @@
 
 pub mod admin;
 pub mod auth;
+pub mod body_limit;
 pub mod compat;
 mod content;
 pub mod deployment;
 pub mod error;
 mod links;
+pub mod listener;
 #[cfg(test)]
 mod proptests;
 pub mod proxy;
@@ -131,7 +133,11 @@ pub fn router(state: Arc<AppState>) -> Router {
     let inner = v2::routes(&state.api_base, state.clone())
         .merge(compat::routes(state.clone()))
         .merge(admin::routes(state.clone()))
-        .merge(Router::new().route(&format!("{}/proxy/{{*rest}}", state.config.mount_prefix), axum::routing::any(proxy::serve)).with_state(state.clone()))
+        .merge(
+            body_limit::BodyLimit::refusing(state.config.route_body_bytes(), proxy::too_large)
+                .on(Router::new().route(&format!("{}/proxy/{{*rest}}", state.config.mount_prefix), axum::routing::any(proxy::serve)))
+                .with_state(state.clone()),
+        )
         .fallback({
             let state = state.clone();
             move |request| compat::static_file(state.clone(), request)
@@ -177,17 +183,6 @@ async fn edge(State(state): State<Arc<AppState>>, mut request: Request, next: Ne
         response.headers_mut().insert("x-comfy-request-id", v);
     }
     response
-}
-
-/// Serves `router` on `listener` until `shutdown` resolves, then lets
-/// in-flight requests finish.
-pub async fn serve(listener: tokio::net::TcpListener, router: Router, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // Small writes (SSE frames, JSON replies) must not wait for Nagle.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
 }
 
 #[cfg(test)]

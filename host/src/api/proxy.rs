@@ -1,5 +1,6 @@
 //! Plugin routes (`/proxy/...`): the request, its body bounded
-//! (`route_max_body_mb`, 413 beyond), goes to the plugin whose manifest
+//! (`route_max_body_mb`, 413 beyond, a declared length before the body is
+//! read: `body_limit`), goes to the plugin whose manifest
 //! declares the longest matching prefix and the operator granted routes;
 //! the plugin's response is returned as it gave it. Failures of the call
 //! itself answer in the proxy routes' shape `{error, message}`, with no
@@ -25,6 +26,23 @@ fn proxy_error(status: StatusCode, error: &str, message: &str) -> Response {
     (status, axum::Json(serde_json::json!({ "error": error, "message": message }))).into_response()
 }
 
+/// A request body over `max` bytes: 413 in the proxy routes' shape.
+pub fn too_large(max: usize) -> Response {
+    proxy_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &format!("The request body exceeds {max} bytes."))
+}
+
+/// Whether a body read failed on its length limit (not a broken or stalled body).
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// Serves one request of a plugin route.
 pub async fn serve(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let full = request.uri().path();
@@ -37,9 +55,12 @@ pub async fn serve(State(state): State<Arc<AppState>>, request: Request) -> Resp
         None => path.to_string(),
     };
     let (parts, body) = request.into_parts();
+    // A declared length over the limit was refused before this (`router`);
+    // this cuts a body longer than it declared, or sent without a length.
     let body = match axum::body::to_bytes(body, state.config.route_body_bytes()).await {
         Ok(body) => body,
-        Err(_) => return proxy_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "The request body is too large."),
+        Err(e) if is_length_limit(&e) => return too_large(state.config.route_body_bytes()),
+        Err(_) => return proxy_error(StatusCode::BAD_REQUEST, "invalid_request", "The request body could not be read."),
     };
     let uri = format!("http://{}{path_and_query}", state.local_authority);
     let mut builder = http::Request::builder().method(parts.method).uri(uri);

@@ -65,6 +65,7 @@ pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
         let root = tokio::task::spawn_blocking(move || super::front_end::ensure(&data_dir, super::front_end::FRONT_END_VERSION)).await??;
         config.front_end_root = Some(root);
     }
+    raise_open_file_limit();
     let server = Server::start(config).await?;
     println!("kiln listening on {}", server.url());
     tracing::info!(addr = %server.addr, "listening");
@@ -72,6 +73,27 @@ pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
     eprintln!("shutting down");
     server.shutdown().await?;
     Ok(0)
+}
+
+/// Raises this process's soft limit on open files to its hard limit: the
+/// common soft default (1024) is what a few hundred idle connections and
+/// the server's own files exhaust, and `max_connections` is fitted under
+/// whatever limit is in force (`Server::start`).
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit to a valid, exclusive pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 || limit.rlim_cur >= limit.rlim_max {
+        return;
+    }
+    let soft = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: setrlimit reads one rlimit from a valid pointer; raising the
+    // soft limit up to the hard one needs no privilege.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } == 0 {
+        tracing::debug!(from = soft, to = limit.rlim_max, "raised the open-file limit (RLIMIT_NOFILE)");
+    } else {
+        tracing::warn!(soft, hard = limit.rlim_max, error = %std::io::Error::last_os_error(), "could not raise the open-file limit (RLIMIT_NOFILE)");
+    }
 }
 
 async fn shutdown_signal() {

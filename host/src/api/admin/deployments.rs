@@ -26,9 +26,6 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/admin/deployments/{id}/start", post(start))
 }
 
-/// Largest create request.
-const MAX_BODY: usize = 64 << 10;
-
 fn error(e: DeploymentError) -> ApiError {
     match e {
         DeploymentError::Invalid(m) => ApiError::invalid_request(m),
@@ -48,10 +45,10 @@ fn view(state: &AppState, record: &DeploymentRecord) -> serde_json::Value {
 }
 
 async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let bytes = body.map_err(|e| ApiError::invalid_request(e.body_text()))?;
-    if bytes.len() > MAX_BODY {
-        return Err(ApiError::payload_too_large(MAX_BODY as u64));
-    }
+    // Over `MAX_BODY`: refused before it is read, or cut while read.
+    let bytes = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(super::MAX_BODY as u64) } else { ApiError::invalid_request(e.body_text()) }
+    })?;
     let mut spec: DeploymentSpec = serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid_request(format!("Invalid deployment: {e}")))?;
     // With accounts, the owner is an account (named by name or id): its id
     // is what jobs and billing use.

@@ -20,16 +20,20 @@ use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use super::auth::bearer;
+use super::body_limit::BodyLimit;
 use super::error::ApiError;
 
 /// The admin routes, each behind [`authorize`]; none without an operator token.
+/// Largest admin request body.
+pub const MAX_BODY: usize = 64 << 10;
+
 pub fn routes(state: Arc<AppState>) -> Router {
     if state.admin_token_hash.is_none() {
         return Router::new();
     }
-    Router::new()
-        .merge(accounts::routes())
-        .merge(deployments::routes())
+    // Operator input: small objects with known fields.
+    BodyLimit::new(MAX_BODY)
+        .on(Router::new().merge(accounts::routes()).merge(deployments::routes()))
         // Every admin area's routes join here, behind the one gate.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), gate))
         .with_state(state)

@@ -21,6 +21,11 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Json<Json_> {
     Json(json!({ "status": "healthy", "version": env!("CARGO_PKG_VERSION"), "nodes": state.service.registry().definitions().count() }))
 }
 
+/// A submission over `max` bytes: a workflow over its size limit, named.
+pub(super) fn workflow_too_large(max: usize) -> ApiError {
+    ApiError::invalid_workflow(crate::workflow::ParseError::TooLarge { limit: max }.to_string())
+}
+
 /// Maps a body-read failure (over `limit` bytes, broken stream) to the envelope.
 pub(super) fn body_error(e: BytesRejection, limit: usize) -> ApiError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -105,9 +110,7 @@ pub async fn submit(
     // setting, as a workflow with too many nodes is.
     let limits = state.service.options().workflow_limits;
     let body = body.map_err(|e| match body_error(e, limits.max_bytes) {
-        e if e.status == StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::invalid_workflow(crate::workflow::ParseError::TooLarge { limit: limits.max_bytes }.to_string())
-        }
+        e if e.status == StatusCode::PAYLOAD_TOO_LARGE => workflow_too_large(limits.max_bytes),
         e => e,
     })?;
     let size = body.len();

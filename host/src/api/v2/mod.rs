@@ -8,11 +8,11 @@ pub mod wire;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
 use axum::response::IntoResponse;
 use axum::routing::{get, head, post};
 
 use super::AppState;
+use super::body_limit::BodyLimit;
 use super::error::ApiError;
 
 /// The Jobs API's routes at `base` (the mount prefix and `/api/v2`).
@@ -22,20 +22,24 @@ pub fn routes(base: &str, state: Arc<AppState>) -> Router {
     // size limit; uploads have their own.
     let json_limit = state.service.options().workflow_limits.max_bytes;
     let at = |path: &str| format!("{base}{path}");
-    Router::new()
+    // A submission over the limit is a workflow over it (`jobs::submit`).
+    let submit = BodyLimit::refusing(json_limit, |max| jobs::workflow_too_large(max).into_response())
+        .on(Router::new().route(&at("/jobs"), post(jobs::submit).get(jobs::list)));
+    let json = BodyLimit::new(json_limit).on(Router::new()
         .route(&at("/health"), get(jobs::health))
-        .route(&at("/jobs"), post(jobs::submit).get(jobs::list))
         .route(&at("/jobs/{id}"), get(jobs::get_job))
         .route(&at("/jobs/{id}/workflow"), get(jobs::workflow))
         .route(&at("/jobs/{id}/cancel"), post(jobs::cancel))
         .route(&at("/jobs/{id}/events"), get(events::stream))
-        .route(&at("/assets"), post(assets::upload).layer(DefaultBodyLimit::max(upload_limit)))
         .route(&at("/assets/by-hash/{hash}"), head(assets::head_by_hash))
         .route(&at("/assets/from-hash"), post(assets::from_hash))
         .route(&at("/assets/{id}"), get(assets::get_asset).delete(assets::delete_asset))
         .route(&at("/assets/{id}/content"), get(assets::content))
-        .route(&at("/signed/assets/{id}"), get(assets::signed_content))
-        .layer(DefaultBodyLimit::max(json_limit))
+        .route(&at("/signed/assets/{id}"), get(assets::signed_content)));
+    let uploads = BodyLimit::new(upload_limit).on(Router::new().route(&at("/assets"), post(assets::upload)));
+    submit
+        .merge(json)
+        .merge(uploads)
         .method_not_allowed_fallback(|| async {
             ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed.").into_response()
         })

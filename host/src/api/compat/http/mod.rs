@@ -23,7 +23,6 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -31,6 +30,7 @@ use axum::routing::{get, post};
 use serde_json::{Map, Value as Json, json};
 
 use crate::api::AppState;
+use crate::api::body_limit::BodyLimit;
 use crate::api::error::ApiError;
 use crate::service::ServiceError;
 use crate::store::JobRecord;
@@ -43,14 +43,16 @@ pub fn routes(state: Arc<AppState>) -> Router {
     let upload_limit = (state.service.options().max_upload_bytes as usize).saturating_add(1 << 20);
     let json_limit = state.service.options().workflow_limits.max_bytes.max(state.user_files.limits().settings_bytes);
     let userdata_limit = usize::try_from(state.user_files.limits().file_bytes).unwrap_or(usize::MAX);
-    let mut router = Router::new();
+    let mut json = Router::new();
+    let mut uploads = Router::new();
+    let mut userdata = Router::new();
     for base in [format!("{prefix}/api"), prefix.clone()] {
         let at = |path: &str| format!("{base}{path}");
-        router = router
+        uploads = uploads.route(&at("/upload/image"), post(upload::image)).route(&at("/upload/mask"), post(upload::mask));
+        userdata = userdata.route(&at("/userdata/{file}"), get(userdata::read).post(userdata::write).delete(userdata::delete));
+        json = json
             .route(&at("/object_info"), get(object_info::all))
             .route(&at("/object_info/{class}"), get(object_info::one))
-            .route(&at("/upload/image"), post(upload::image).layer(DefaultBodyLimit::max(upload_limit)))
-            .route(&at("/upload/mask"), post(upload::mask).layer(DefaultBodyLimit::max(upload_limit)))
             .route(&at("/prompt"), get(prompt::remaining).post(prompt::submit))
             .route(&at("/view"), get(view::view))
             .route(&at("/queue"), get(queue::list).post(queue::edit))
@@ -66,7 +68,6 @@ pub fn routes(state: Arc<AppState>) -> Router {
             .route(&at("/settings"), get(userdata::settings).post(userdata::set_many))
             .route(&at("/settings/{id}"), get(userdata::setting).post(userdata::set_one))
             .route(&at("/userdata"), get(userdata::list))
-            .route(&at("/userdata/{file}"), get(userdata::read).post(userdata::write).delete(userdata::delete).layer(DefaultBodyLimit::max(userdata_limit)))
             .route(&at("/userdata/{file}/move/{dest}"), post(userdata::rename))
             .route(&at("/i18n"), get(system::empty_object))
             .route(&at("/experiment/models"), get(system::empty_list))
@@ -78,14 +79,13 @@ pub fn routes(state: Arc<AppState>) -> Router {
             .route(&at("/free"), post(system::free));
     }
     let api = |path: &str| format!("{prefix}/api{path}");
-    router
+    json = json
         .route(&api("/job/{id}/status"), get(prompt::status))
         .route(&api("/jobs"), get(jobs::list))
         .route(&api("/jobs/cancel"), post(jobs::cancel_many))
         .route(&api("/jobs/{id}"), get(jobs::detail))
-        .route(&api("/jobs/{id}/cancel"), post(jobs::cancel))
-        .layer(DefaultBodyLimit::max(json_limit))
-        .with_state(state)
+        .route(&api("/jobs/{id}/cancel"), post(jobs::cancel));
+    BodyLimit::new(json_limit).on(json).merge(BodyLimit::new(upload_limit).on(uploads)).merge(BodyLimit::new(userdata_limit).on(userdata)).with_state(state)
 }
 
 /// The one mapping of service failures on these routes: the envelope, with
