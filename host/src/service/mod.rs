@@ -770,9 +770,9 @@ impl Service {
         Ok((record, position))
     }
 
-    /// The record stored under `key` (live, cached or stored), whoever owns it.
-    fn record_at(&self, key: &str) -> Result<Option<Arc<JobRecord>>, ServiceError> {
-        let id = key;
+    /// The record stored under the key `id` (live, cached or stored),
+    /// whoever owns it.
+    fn record_at(&self, id: &str) -> Result<Option<Arc<JobRecord>>, ServiceError> {
         let record = match self.live_job(id) {
             Some(live) => Arc::new(live.snapshot()),
             None => {
