@@ -369,6 +369,12 @@ fn a_long_blur_ends_at_its_deadline() {
         Ok(_) => assert!(!gpu.info().software, "a software adapter cannot do this in {limit:?}: the deadline was ignored"),
     }
     assert!(took < limit + Duration::from_secs(2), "{took:?}: more than a band past the deadline");
+    // The device is idle soon after too: what was submitted is one band,
+    // not the rest of the blur.
+    device.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let idle = started.elapsed();
+    eprintln!("idle after {idle:?}");
+    assert!(idle < limit + Duration::from_secs(2), "the GPU ran until {idle:?}");
 }
 
 #[test]
