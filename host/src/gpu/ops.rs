@@ -8,9 +8,10 @@
 //! of output values (whole rows for a convolution), its offset passed as a
 //! uniform; each band is one submission, waited for before the next, and
 //! the node's [`Cutoff`] (deadline, cancellation) is asked between bands.
-//! GPU work cannot be preempted, and a software adapter (Mesa lavapipe)
-//! runs a whole submission inside `submit`, so a band is all that can run
-//! past the deadline. Bands are sized by work — output values × taps read
+//! A submitted dispatch runs to its end whether anyone waits or not (a
+//! driver may even run it inside `submit`), so a band is all that can run
+//! past the deadline: one huge dispatch had the node fail in time on
+//! lavapipe while the rest of the blur kept the queue busy for seconds. Bands are sized by work — output values × taps read
 //! per value — see [`BandSizer`]: the first is [`FIRST_BAND_WORK`], each
 //! next one aims at [`BAND_TIME`] at the rate the last one ran (never below
 //! [`MIN_BAND_WORK`], at most [`BAND_GROWTH`] times the last). A real GPU

@@ -400,3 +400,23 @@ fn banded_kernels_match_the_cpu_across_bands() {
     let got = ops::resize(&device, limits, &src, small, (0, 0, 150, 100), out, Method::Bicubic, &in_time()).unwrap().read().unwrap();
     assert_close(&got, &want, "bicubic to 700×530");
 }
+
+#[test]
+fn concurrent_read_backs_each_wait_for_their_own_mapping() {
+    let Some(gpu) = gpu() else { return };
+    let device = gpu.device().unwrap();
+    // Threads polling one device fire each other's map callbacks; each read
+    // waits for its own, not for its poll to return.
+    std::thread::scope(|s| {
+        for t in 0..6u32 {
+            let device = device.clone();
+            s.spawn(move || {
+                for i in 0..40u32 {
+                    let values = pattern(4096 + (t * 40 + i) as usize, t * 1000 + i);
+                    let buffer = device.upload(&values).unwrap();
+                    assert_eq!(buffer.read().unwrap(), values, "thread {t}, read {i}");
+                }
+            });
+        }
+    });
+}
