@@ -141,9 +141,12 @@ fn as_u32(v: usize) -> Result<u32, GpuError> {
     u32::try_from(v).map_err(|_| GpuError::InvalidDispatch(format!("{v} is too large for a GPU index")))
 }
 
+/// A dispatch's workgroups, `(x, y, z)`.
+type Workgroups = (u32, u32, u32);
+
 /// A band's first three uniform words: its first value, its end and the
 /// workgroups along x; and its workgroups.
-fn band_header(first: usize, end: usize, limits: &GpuLimits) -> Result<([u32; 3], (u32, u32, u32)), GpuError> {
+fn band_header(first: usize, end: usize, limits: &GpuLimits) -> Result<([u32; 3], Workgroups), GpuError> {
     let (gx, gy) = groups(end - first, limits)?;
     Ok(([as_u32(first)?, as_u32(end)?, gx], (gx, gy, 1)))
 }
