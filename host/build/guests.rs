@@ -11,7 +11,8 @@ pub fn build_guests(packages: &[(&str, &str)]) {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let root = manifest_dir.parent().expect("workspace root").to_path_buf();
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
-    for path in ["wit", "sdk", "plugins", "examples/custom-node", "tests/guests", "Cargo.lock"] {
+    // host/kernels: the guests link kiln-kernels (the same code the host runs).
+    for path in ["wit", "sdk", "plugins", "examples/custom-node", "tests/guests", "host/kernels", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(path).display());
     }
     println!("cargo:rerun-if-env-changed=KILN_GUEST_TARGET_DIR");

@@ -297,15 +297,15 @@ async fn gpu_bench() {
     };
     let device = gpu.device().expect("device");
     let src = device.upload(&data).expect("upload");
-    let deadline = || Instant::now() + Duration::from_secs(120);
-    let _ = kiln::gpu::ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, deadline()).expect("warm-up");
+    let deadline = || kiln::gpu::dispatch::Cutoff::at(Instant::now() + Duration::from_secs(120));
+    let _ = kiln::gpu::ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, &deadline()).expect("warm-up");
     let start = Instant::now();
     for _ in 0..5 {
-        drop(kiln::gpu::ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, deadline()).expect("invert"));
+        drop(kiln::gpu::ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, &deadline()).expect("invert"));
     }
     let t = start.elapsed().as_secs_f64() / 5.0;
     println!(
-        "invert 4096² (one channel) on the GPU, data resident ({}; binds at most {} MiB): {:.1} ms per dispatch (allocation + dispatch + wait), {:.2} GB/s",
+        "invert 4096² (one channel) on the GPU, data resident ({}; binds at most {} MiB): {:.1} ms per call (allocation + dispatches in bands + waits), {:.2} GB/s",
         gpu.info(),
         device.max_binding_bytes() >> 20,
         t * 1e3,

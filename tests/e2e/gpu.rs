@@ -1,8 +1,9 @@
 //! The GPU path end to end (`gpu = "required"`, on Mesa lavapipe in CI):
 //! every node with a GPU kernel against the reference pixels of the parity
 //! fixtures, proven to have run on the GPU; hostile kernels from a real
-//! plugin contained; device memory charged to the job. Without an adapter
-//! these tests say so and pass, unless `CI` is set: then they fail.
+//! plugin contained; device memory charged to the job; a host kernel's GPU
+//! work ends at the node's deadline. Without an adapter these tests say so
+//! and pass, unless `CI` is set: then they fail.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -166,4 +167,91 @@ async fn device_memory_counts_against_the_job() {
     let Value::Tensor(t) = &done.values[0] else { panic!("{:?}", done.values) };
     assert!(t.device().is_some() && !t.is_on_host(), "the result stays on the device until read");
     assert!(t.data().unwrap().iter().all(|&v| v == 0.75));
+}
+
+/// ImageBlur's inputs: `image`, `radius`, `sigma`.
+fn blur_inputs(image: kiln::tensor::Tensor, radius: i64, sigma: f64) -> [(String, Value); 3] {
+    [("image".to_string(), Value::Tensor(image)), ("blur_radius".to_string(), Value::Int(radius)), ("sigma".to_string(), Value::Float(sigma))]
+}
+
+#[tokio::test]
+async fn a_long_gpu_blur_fails_at_the_node_deadline() {
+    let Some(_) = gpu_env().await else { return };
+    // The suite's GPU (same settings, so the same device) with every node
+    // limited to 1 s: the operator's ceiling caps core-image's own 120 s.
+    let limit = std::time::Duration::from_secs(1);
+    let config = kiln::config::Config {
+        gpu: kiln::gpu::GpuMode::Required,
+        gpu_loop_budget: LOOP_BUDGET,
+        max_node_timeout_ms: limit.as_millis() as u64,
+        ..test_config()
+    };
+    let config = config.runtime().expect("config");
+    let software = config.gpu.as_ref().is_some_and(|g| g.info().software);
+    let runtime = PluginRuntime::new(config).expect("runtime");
+    let registry = NodeRegistry::load_all(&runtime, &[]).await.expect("plugins load");
+    let (plugin, _) = registry.get("ImageBlur").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    // A first call sets the runtime up (instance, pipelines) outside the
+    // measurement.
+    let tiny = kiln::tensor::Tensor::new(vec![1, 64, 64, 3], vec![0.5; 64 * 64 * 3]).unwrap();
+    runtime.execute(plugin, "ImageBlur", &blur_inputs(tiny, 31, 5.0), io(out.path(), kiln::budget::JobLimits::UNLIMITED), &Default::default()).await.unwrap();
+    // 3072² RGB at radius 31: 3.6·10⁹ multiply-adds, 6–9 s on lavapipe
+    // (12 CPU-seconds), which ran it as one dispatch to the end before.
+    let side = 3072;
+    let image = kiln::tensor::Tensor::new(vec![1, side, side, 3], vec![0.5; (side * side * 3) as usize]).unwrap();
+    let started = std::time::Instant::now();
+    let result =
+        runtime.execute(plugin, "ImageBlur", &blur_inputs(image, 31, 5.0), io(out.path(), kiln::budget::JobLimits::UNLIMITED), &Default::default()).await;
+    let took = started.elapsed();
+    eprintln!("3072² r31 ImageBlur under a {limit:?} limit: {:?} after {took:?}", result.as_ref().map(|o| o.on_gpu).map_err(|f| f.kind));
+    match result {
+        Err(failure) => {
+            assert_eq!(failure.kind, FailureKind::Timeout, "{}", failure.message);
+            assert!(failure.message.contains("time limit"), "{}", failure.message);
+        }
+        // A real GPU may finish in time; a software one cannot.
+        Ok(output) => assert!(!software && output.on_gpu && took < limit, "finished after {took:?}: the deadline was not enforced"),
+    }
+    // Stopped between bands: the limit, a band (~50 ms) and the set-up
+    // before the node's clock starts (~0.5 s in a debug build), not the
+    // seconds the whole blur takes.
+    assert!(took < limit + std::time::Duration::from_secs(3), "{took:?}");
+    // And the GPU stopped too, not only the wait: the next node's work on
+    // the same queue runs at once. (A driver that runs a submission in the
+    // background let the node fail in time while the rest of one huge
+    // dispatch kept the device, and a CPU, busy for seconds.)
+    let (invert, _) = registry.get("ImageInvert").unwrap();
+    let small = kiln::tensor::Tensor::new(vec![1, 64, 64, 3], vec![0.25; 64 * 64 * 3]).unwrap();
+    let started = std::time::Instant::now();
+    let next = runtime
+        .execute(invert, "ImageInvert", &[("image".to_string(), Value::Tensor(small))], io(out.path(), kiln::budget::JobLimits::UNLIMITED), &Default::default())
+        .await;
+    let waited = started.elapsed();
+    eprintln!("the next GPU node: {:?} after {waited:?}", next.as_ref().map(|o| o.on_gpu).map_err(|f| f.kind));
+    let next = next.unwrap_or_else(|f| panic!("the next GPU node failed after {waited:?} (the device was still busy): {:?}: {}", f.kind, f.message));
+    assert!(next.on_gpu && waited < limit, "{waited:?}");
+}
+
+#[tokio::test]
+async fn a_blur_over_many_bands_matches_the_cpu() {
+    let Some(env) = gpu_env().await else { return };
+    let (plugin, _) = env.registry.get("ImageBlur").unwrap();
+    // Two 150×400 RGB images at radius 31, sigma at ComfyUI's minimum:
+    // 4.5·10⁷ multiply-adds, several bands.
+    let dims = kiln_kernels::Dims { batch: 2, height: 150, width: 400, channels: 3 };
+    let data: Vec<f32> = (0..dims.len().unwrap()).map(|i| ((i * 7919) % 255) as f32 / 255.0).collect();
+    let image = kiln::tensor::Tensor::new(vec![2, 150, 400, 3], data.clone()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let done = env
+        .runtime
+        .execute(plugin, "ImageBlur", &blur_inputs(image, 31, 0.1), io(out.path(), kiln::budget::JobLimits::UNLIMITED), &Default::default())
+        .await
+        .unwrap_or_else(|f| panic!("{:?}: {}", f.kind, f.message));
+    assert!(done.on_gpu);
+    let Value::Tensor(t) = &done.values[0] else { panic!("{:?}", done.values) };
+    let taps = kiln_kernels::convolve::gaussian_1d(31, 0.1);
+    let want = kiln_kernels::convolve::separable(&data, dims, &taps, kiln_kernels::convolve::Finish::Blur, &|| false).unwrap();
+    let worst = t.data().unwrap().iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(worst < 1e-5, "GPU differs from the CPU by {worst}");
 }

@@ -849,6 +849,12 @@ def build_cases():
     case("ImageBlur", "r3_sigma2_9x12", dict(image=I(202, 1, 9, 12), blur_radius=3, sigma=2.0), R)
     case("ImageBlur", "r4_near_side_limit", dict(image=I(203, 1, 5, 7), blur_radius=4, sigma=1.5), R)
     case("ImageBlur", "rgba_batch2", dict(image=I(204, 2, 5, 6, 4), blur_radius=1, sigma=0.3), R)
+    # The corners of ComfyUI's ranges (radius 1..31, sigma 0.1..10): at radius
+    # 31 and sigma 0.1 the tails are ~1e-23 of the centre.
+    case("ImageBlur", "r1_sigma_min", dict(image=I(205, 1, 6, 8), blur_radius=1, sigma=0.1), R)
+    case("ImageBlur", "r1_sigma_max", dict(image=I(206, 1, 6, 8), blur_radius=1, sigma=10.0), R)
+    case("ImageBlur", "r31_sigma_min", dict(image=I(207, 1, 32, 34), blur_radius=31, sigma=0.1), R)
+    case("ImageBlur", "r31_sigma_max", dict(image=I(208, 1, 33, 32), blur_radius=31, sigma=10.0), R)
 
     # ImageSharpen
     case("ImageSharpen", "defaults", dict(image=I(210, 1, 6, 8), sharpen_radius=1, sigma=1.0, alpha=1.0), R)
@@ -856,6 +862,11 @@ def build_cases():
     case("ImageSharpen", "alpha0_identity", dict(image=I(212, 1, 5, 7), sharpen_radius=1, sigma=1.0, alpha=0.0), R)
     case("ImageSharpen", "r3_sigma2_alpha2_clamps", dict(image=I(213, 1, 9, 12), sharpen_radius=3, sigma=2.0, alpha=2.0), R)
     case("ImageSharpen", "rgba_batch2", dict(image=I(214, 2, 5, 6, 4), sharpen_radius=1, sigma=0.7, alpha=0.5), R)
+    # The corners of ComfyUI's ranges (radius 1..31, sigma 0.1..10, alpha 0..5).
+    case("ImageSharpen", "r1_sigma_min_alpha_max", dict(image=I(215, 1, 6, 8), sharpen_radius=1, sigma=0.1, alpha=5.0), R)
+    case("ImageSharpen", "r1_sigma_max_alpha_max", dict(image=I(216, 1, 6, 8), sharpen_radius=1, sigma=10.0, alpha=5.0), R)
+    case("ImageSharpen", "r31_sigma_min_alpha_max", dict(image=I(217, 1, 32, 34), sharpen_radius=31, sigma=0.1, alpha=5.0), R)
+    case("ImageSharpen", "r31_sigma_max_alpha_0_3", dict(image=I(218, 1, 33, 32), sharpen_radius=31, sigma=10.0, alpha=0.3), R)
 
     # ImageQuantize -- unambiguous palettes only (distinct colours <= colors)
     four = [(0, 0, 0), (255, 255, 255), (200, 30, 40), (20, 120, 220)]

@@ -112,6 +112,15 @@ impl Device {
         }
     }
 
+    /// Processes finished work without blocking: runs the callbacks due.
+    fn poll_now(&self) -> Result<(), GpuError> {
+        let polled = self.device.poll(wgpu::PollType::Poll);
+        if self.is_lost() {
+            return Err(GpuError::DeviceLost);
+        }
+        polled.map(|_| ()).map_err(|e| GpuError::Driver(e.to_string()))
+    }
+
     /// Largest tensor a kernel may bind, bytes.
     pub fn max_binding_bytes(&self) -> u64 {
         self.max_binding_bytes
@@ -224,14 +233,25 @@ impl DeviceBuffer {
             let submission = device.queue.submit([encoder.finish()]);
             (staging, submission)
         })?;
-        let mapped = Arc::new(Mutex::new(None));
-        let done = mapped.clone();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| *done.lock() = Some(r));
-        device.wait(submission, Instant::now() + TRANSFER_TIMEOUT)?;
-        match mapped.lock().take() {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(GpuError::Driver(e.to_string())),
-            None => return Err(GpuError::Timeout),
+        // The callback, not the poll, says the mapping is done: when another
+        // thread polls the device too, it may run the callback after our
+        // wait returned.
+        let (sender, mapped) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = sender.send(r);
+        });
+        let deadline = Instant::now() + TRANSFER_TIMEOUT;
+        device.wait(submission, deadline)?;
+        loop {
+            match mapped.recv_timeout(Duration::from_millis(1)) {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => return Err(GpuError::Driver(e.to_string())),
+                Err(_) if device.is_lost() => return Err(GpuError::DeviceLost),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(GpuError::Driver("the read-back mapping was dropped".into())),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if Instant::now() >= deadline => return Err(GpuError::Timeout),
+                // Not fired yet: poll so that this thread fires it if no other does.
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => device.poll_now()?,
+            }
         }
         let values = {
             let view = staging.get_mapped_range(..).map_err(|e| GpuError::Driver(e.to_string()))?;

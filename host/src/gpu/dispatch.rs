@@ -1,6 +1,8 @@
 //! Running a kernel: the bindings and sizes it is given are checked against
 //! what it declares and the host's bounds, then it is submitted inside error
-//! scopes and waited for until the node's deadline.
+//! scopes and waited for until the node's deadline. A plugin's dispatch is
+//! one submission; the host's own kernels submit theirs band by band
+//! ([`super::ops`]) and stop between bands at the node's [`Cutoff`].
 
 use std::time::Instant;
 
@@ -74,6 +76,42 @@ pub fn loop_budget(limits: &GpuLimits, invocations: u64) -> u32 {
     u32::try_from(share.clamp(1, u64::from(limits.loop_budget.max(1)))).unwrap_or(u32::MAX)
 }
 
+/// One dispatch of a kernel: the tensors it binds, its uniform bytes and
+/// its workgroups.
+pub struct Dispatch<'a> {
+    pub kernel: &'a Kernel,
+    pub bindings: &'a [Bound<'a>],
+    pub uniforms: &'a [u8],
+    pub groups: (u32, u32, u32),
+}
+
+/// When a node's GPU work must stop: every wait ends at its `deadline`, and
+/// the host's kernels ask [`Cutoff::reached`] between bands (the node's
+/// deadline or its cancellation).
+#[derive(Clone, Copy)]
+pub struct Cutoff<'a> {
+    pub deadline: Instant,
+    pub cancelled: &'a dyn Fn() -> bool,
+}
+
+fn never_cancelled() -> bool {
+    false
+}
+
+impl Cutoff<'static> {
+    /// A cutoff at `deadline` only.
+    pub fn at(deadline: Instant) -> Cutoff<'static> {
+        Cutoff { deadline, cancelled: &never_cancelled }
+    }
+}
+
+impl Cutoff<'_> {
+    /// Whether the work should stop now.
+    pub fn reached(&self) -> bool {
+        (self.cancelled)() || Instant::now() >= self.deadline
+    }
+}
+
 /// Runs `kernel` (after [`check`]) and waits for it until `deadline`.
 pub fn run(
     device: &Device,
@@ -84,57 +122,74 @@ pub fn run(
     limits: &GpuLimits,
     deadline: Instant,
 ) -> Result<(), GpuError> {
-    check(device, kernel, bindings, uniforms, groups, limits)?;
-    if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
-        return Ok(());
+    match submit(device, &[Dispatch { kernel, bindings, uniforms, groups }], limits)? {
+        Some(submission) => device.wait(submission, deadline),
+        None => Ok(()),
+    }
+}
+
+/// Checks every dispatch (see [`check`]), then submits them as one
+/// submission, in order (each sees what the previous ones wrote), inside
+/// error scopes; does not wait. `None`: nothing to run (no workgroups).
+pub fn submit(device: &Device, dispatches: &[Dispatch<'_>], limits: &GpuLimits) -> Result<Option<wgpu::SubmissionIndex>, GpuError> {
+    for d in dispatches {
+        check(device, d.kernel, d.bindings, d.uniforms, d.groups, limits)?;
+    }
+    let dispatches: Vec<&Dispatch<'_>> = dispatches.iter().filter(|d| d.groups.0 > 0 && d.groups.1 > 0 && d.groups.2 > 0).collect();
+    if dispatches.is_empty() {
+        return Ok(None);
     }
     let submission = device.scoped(|| {
-        // Uniform blocks are read whole: pad to 16 bytes with zeros.
-        let uniform = (!uniforms.is_empty()).then(|| {
-            let mut bytes = uniforms.to_vec();
-            bytes.resize(uniforms.len().next_multiple_of(16), 0);
-            let buffer = device.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("uniforms"),
-                size: bytes.len() as u64,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            device.queue.write_buffer(&buffer, 0, &bytes);
-            buffer
-        });
-        // A kernel with loops reads its per-invocation budget (see `loops`).
-        let budget = kernel.bounded.then(|| {
-            let value = loop_budget(limits, invocations(kernel, groups));
-            let buffer = device.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("loop budget"),
-                size: 16,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            let mut bytes = [0u8; 16];
-            bytes[..4].copy_from_slice(&value.to_le_bytes());
-            device.queue.write_buffer(&buffer, 0, &bytes);
-            buffer
-        });
-        let mut entries: Vec<wgpu::BindGroupEntry<'_>> =
-            bindings.iter().map(|b| wgpu::BindGroupEntry { binding: b.index, resource: b.buffer.buffer.as_entire_binding() }).collect();
-        if let Some(b) = &budget {
-            entries.push(wgpu::BindGroupEntry { binding: super::loops::BUDGET_BINDING, resource: b.as_entire_binding() });
-        }
-        if let Some(u) = &uniform {
-            entries.push(wgpu::BindGroupEntry { binding: 0, resource: u.as_entire_binding() });
-        }
-        let group = kernel.layout.as_ref().map(|layout| device.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries }));
+        let groups: Vec<Option<wgpu::BindGroup>> = dispatches.iter().map(|d| bind_group(device, d, limits)).collect();
         let mut encoder = device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            pass.set_pipeline(&kernel.pipeline);
-            if let Some(group) = &group {
-                pass.set_bind_group(0, group, &[]);
+            for (d, group) in dispatches.iter().zip(&groups) {
+                pass.set_pipeline(&d.kernel.pipeline);
+                if let Some(group) = group {
+                    pass.set_bind_group(0, group, &[]);
+                }
+                pass.dispatch_workgroups(d.groups.0, d.groups.1, d.groups.2);
             }
-            pass.dispatch_workgroups(groups.0, groups.1, groups.2);
         }
         device.queue.submit([encoder.finish()])
     })?;
-    device.wait(submission, deadline)
+    Ok(Some(submission))
+}
+
+/// The bind group of one dispatch: its tensors, its uniforms and (for a
+/// kernel with loops) its loop budget. Runs inside [`Device::scoped`].
+fn bind_group(device: &Device, d: &Dispatch<'_>, limits: &GpuLimits) -> Option<wgpu::BindGroup> {
+    let uniform_buffer = |label: &str, bytes: &[u8]| {
+        let buffer = device.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.len() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        device.queue.write_buffer(&buffer, 0, bytes);
+        buffer
+    };
+    // Uniform blocks are read whole: pad to 16 bytes with zeros.
+    let uniform = (!d.uniforms.is_empty()).then(|| {
+        let mut bytes = d.uniforms.to_vec();
+        bytes.resize(d.uniforms.len().next_multiple_of(16), 0);
+        uniform_buffer("uniforms", &bytes)
+    });
+    // A kernel with loops reads its per-invocation budget (see `loops`).
+    let budget = d.kernel.bounded.then(|| {
+        let value = loop_budget(limits, invocations(d.kernel, d.groups));
+        let mut bytes = [0u8; 16];
+        bytes[..4].copy_from_slice(&value.to_le_bytes());
+        uniform_buffer("loop budget", &bytes)
+    });
+    let mut entries: Vec<wgpu::BindGroupEntry<'_>> =
+        d.bindings.iter().map(|b| wgpu::BindGroupEntry { binding: b.index, resource: b.buffer.buffer.as_entire_binding() }).collect();
+    if let Some(b) = &budget {
+        entries.push(wgpu::BindGroupEntry { binding: super::loops::BUDGET_BINDING, resource: b.as_entire_binding() });
+    }
+    if let Some(u) = &uniform {
+        entries.push(wgpu::BindGroupEntry { binding: 0, resource: u.as_entire_binding() });
+    }
+    d.kernel.layout.as_ref().map(|layout| device.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries }))
 }

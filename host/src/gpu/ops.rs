@@ -3,15 +3,30 @@
 //! linear resampling methods, written in WGSL and run through the same
 //! validation, cache and bounds as plugins' kernels. Arguments are checked
 //! by the caller with `kiln-kernels`' own checks (one home per rule).
+//!
+//! Every kernel here runs in bands, like the CPU kernels: a band is a range
+//! of output values (whole rows for a convolution), its offset passed as a
+//! uniform; each band is one submission, waited for before the next, and
+//! the node's [`Cutoff`] (deadline, cancellation) is asked between bands.
+//! A submitted dispatch runs to its end whether anyone waits or not (a
+//! driver may even run it inside `submit`), so a band is all that can run
+//! past the deadline: one huge dispatch had the node fail in time on
+//! lavapipe while the rest of the blur kept the queue busy for seconds. Bands are sized by work — output values × taps read
+//! per value — see [`BandSizer`]: the first is [`FIRST_BAND_WORK`], each
+//! next one aims at [`BAND_TIME`] at the rate the last one ran (never below
+//! [`MIN_BAND_WORK`], at most [`BAND_GROWTH`] times the last). A real GPU
+//! thus does an image up to 4096² at radius 31 in at most 4 submissions
+//! (2²⁴, 2²⁸, 2³² multiply-adds, the rest), a slow adapter in bands of
+//! about 50 ms.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kiln_kernels::Dims;
 use kiln_kernels::convolve::Finish;
 use kiln_kernels::resample::{Method, tap_table};
 
-use super::dispatch::{Bound, run};
+use super::dispatch::{Bound, Cutoff, Dispatch, submit};
 use super::kernel::compile;
 use super::{Device, DeviceBuffer, GpuError, GpuLimits};
 
@@ -22,19 +37,100 @@ const RESAMPLE: &str = include_str!("shaders/resample.wgsl");
 /// Threads per workgroup of every kernel here (`@workgroup_size(256)`).
 const GROUP: u64 = 256;
 
-/// Workgroups covering `len` values, folded into two dimensions: `(x, y)`.
-/// The host's own kernels are trusted: their loops (bounded by their
-/// uniforms) get the whole per-invocation budget however large the dispatch.
-fn trusted(limits: &GpuLimits) -> GpuLimits {
-    GpuLimits { max_dispatch_iterations: u64::MAX, ..*limits }
+/// Work (output values × taps per value) of a kernel's first band: about
+/// 50 ms on lavapipe with two busy cores (~3.7·10⁸ per second measured),
+/// tens of microseconds on a GPU.
+pub const FIRST_BAND_WORK: u64 = 1 << 24;
+
+/// The least work of a band however slowly the last one ran, so a stalled
+/// band does not leave the rest of the kernel in tiny submissions.
+pub const MIN_BAND_WORK: u64 = 1 << 22;
+
+/// How long a band should take: what may run past the node's deadline.
+pub const BAND_TIME: Duration = Duration::from_millis(50);
+
+/// How much larger than the last band the next may be: one fast band (a
+/// timing fluke) cannot make the next one unbounded.
+pub const BAND_GROWTH: u64 = 16;
+
+/// Sizes the bands of one kernel run: ranges of output values in multiples
+/// of `granule` (whole rows where a band needs them), each of about
+/// [`BAND_TIME`] at the rate the previous one ran.
+#[derive(Debug, Clone)]
+pub(crate) struct BandSizer {
+    granule: usize,
+    /// Taps read per output value (at least 1).
+    cost: u64,
+    /// The next band's work.
+    work: u64,
 }
 
+impl BandSizer {
+    pub(crate) fn new(granule: usize, cost: u64) -> BandSizer {
+        BandSizer { granule: granule.max(1), cost: cost.max(1), work: FIRST_BAND_WORK }
+    }
+
+    /// The end of the band starting at `first`, of `len` values in all:
+    /// at least one granule, whole granules, never past `len`.
+    pub(crate) fn end(&self, first: usize, len: usize) -> usize {
+        let values = usize::try_from(self.work / self.cost).unwrap_or(usize::MAX);
+        let values = (values / self.granule).max(1).saturating_mul(self.granule);
+        first.saturating_add(values).min(len)
+    }
+
+    /// Records that a band of `values` took `elapsed`; sizes the next.
+    pub(crate) fn ran(&mut self, values: usize, elapsed: Duration) {
+        let done = (values as u64).saturating_mul(self.cost);
+        let rate = done as f64 / elapsed.as_secs_f64().max(1e-6);
+        let aim = (rate * BAND_TIME.as_secs_f64()).min(u64::MAX as f64) as u64;
+        self.work = aim.clamp(MIN_BAND_WORK, done.saturating_mul(BAND_GROWTH).max(MIN_BAND_WORK));
+    }
+}
+
+/// Runs `len` output values band by band: `band(first, end)` submits one
+/// band, which is waited for; between bands the `cutoff` is asked, and past
+/// it the kernel stops with [`GpuError::Timeout`]. `cost`: taps per value.
+fn in_bands(
+    device: &Device,
+    len: usize,
+    granule: usize,
+    cost: u64,
+    cutoff: &Cutoff<'_>,
+    mut band: impl FnMut(usize, usize) -> Result<Option<wgpu::SubmissionIndex>, GpuError>,
+) -> Result<(), GpuError> {
+    let mut sizer = BandSizer::new(granule, cost);
+    let (started, mut first, mut bands) = (Instant::now(), 0, 0);
+    while first < len {
+        if cutoff.reached() {
+            tracing::debug!(bands, done = first, values = len, elapsed = ?started.elapsed(), "GPU kernel stopped between bands");
+            return Err(GpuError::Timeout);
+        }
+        let end = sizer.end(first, len);
+        let band_started = Instant::now();
+        if let Some(submission) = band(first, end)? {
+            device.wait(submission, cutoff.deadline)?;
+        }
+        sizer.ran(end - first, band_started.elapsed());
+        first = end;
+        bands += 1;
+    }
+    tracing::debug!(bands, values = len, elapsed = ?started.elapsed(), "GPU kernel done");
+    Ok(())
+}
+
+/// Workgroups covering `len` values, folded into two dimensions: `(x, y)`.
 fn groups(len: usize, limits: &GpuLimits) -> Result<(u32, u32), GpuError> {
     let total = (len as u64).div_ceil(GROUP).max(1);
     let x = total.min(u64::from(limits.max_workgroups_per_dim.max(1)));
     let y = total.div_ceil(x);
     let y = u32::try_from(y).map_err(|_| GpuError::InvalidDispatch(format!("{len} values are too many for one dispatch")))?;
     Ok((x as u32, y))
+}
+
+/// The host's own kernels are trusted: their loops (bounded by their
+/// uniforms) get the whole per-invocation budget however large the dispatch.
+fn trusted(limits: &GpuLimits) -> GpuLimits {
+    GpuLimits { max_dispatch_iterations: u64::MAX, ..*limits }
 }
 
 fn words(values: &[u32]) -> Vec<u8> {
@@ -45,19 +141,33 @@ fn as_u32(v: usize) -> Result<u32, GpuError> {
     u32::try_from(v).map_err(|_| GpuError::InvalidDispatch(format!("{v} is too large for a GPU index")))
 }
 
+/// A dispatch's workgroups, `(x, y, z)`.
+type Workgroups = (u32, u32, u32);
+
+/// A band's first three uniform words: its first value, its end and the
+/// workgroups along x; and its workgroups.
+fn band_header(first: usize, end: usize, limits: &GpuLimits) -> Result<([u32; 3], Workgroups), GpuError> {
+    let (gx, gy) = groups(end - first, limits)?;
+    Ok(([as_u32(first)?, as_u32(end)?, gx], (gx, gy, 1)))
+}
+
 /// `scale·v + offset` for every value of `src`.
-pub fn affine(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, scale: f32, offset: f32, deadline: Instant) -> Result<DeviceBuffer, GpuError> {
+pub fn affine(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, scale: f32, offset: f32, cutoff: &Cutoff<'_>) -> Result<DeviceBuffer, GpuError> {
     let kernel = compile(device, limits, AFFINE, "main")?;
     let dst = device.zeroed(src.len())?;
-    let (gx, gy) = groups(src.len(), limits)?;
-    let uniforms = words(&[as_u32(src.len())?, gx, scale.to_bits(), offset.to_bits()]);
     let bindings = [Bound { index: 1, buffer: src, writable: false }, Bound { index: 2, buffer: &dst, writable: true }];
-    run(device, &kernel, &bindings, &uniforms, (gx, gy, 1), &trusted(limits), deadline)?;
+    let limits = trusted(limits);
+    in_bands(device, src.len(), 1, 1, cutoff, |first, end| {
+        let (header, groups) = band_header(first, end, &limits)?;
+        let uniforms = words(&[header[0], header[1], header[2], scale.to_bits(), offset.to_bits()]);
+        submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits)
+    })?;
     Ok(dst)
 }
 
 /// Separable convolution of every image of `src` (`dims`) with `taps` under
-/// reflect padding, finished as `finish`.
+/// reflect padding, finished as `finish`. Like the CPU kernel, the taps'
+/// left half is used (mirrored), so both read the same kernel.
 pub fn convolve(
     device: &Arc<Device>,
     limits: &GpuLimits,
@@ -65,33 +175,43 @@ pub fn convolve(
     dims: Dims,
     taps: &[f32],
     finish: Finish,
-    deadline: Instant,
+    cutoff: &Cutoff<'_>,
 ) -> Result<DeviceBuffer, GpuError> {
     let vertical = compile(device, limits, CONVOLVE, "vertical")?;
     let horizontal = compile(device, limits, CONVOLVE, "horizontal")?;
-    let tap_buffer = device.upload(taps)?;
+    let mirrored: Vec<f32> = (0..taps.len()).map(|j| taps[j.min(taps.len() - 1 - j)]).collect();
+    let tap_buffer = device.upload(&mirrored)?;
     let tmp = device.zeroed(src.len())?;
     let dst = device.zeroed(src.len())?;
-    let (gx, gy) = groups(src.len(), limits)?;
     let (mode, strength) = match finish {
         Finish::Blur => (0, 0.0f32),
         Finish::Sharpen(s) => (1, s),
     };
-    let uniforms =
-        words(&[as_u32(src.len())?, gx, as_u32(dims.height)?, as_u32(dims.width)?, as_u32(dims.channels)?, as_u32(taps.len() / 2)?, mode, strength.to_bits()]);
-    let bindings = [
+    let vertical_bindings = [
         Bound { index: 1, buffer: src, writable: false },
         Bound { index: 2, buffer: &tap_buffer, writable: false },
         Bound { index: 3, buffer: &tmp, writable: true },
     ];
-    run(device, &vertical, &bindings, &uniforms, (gx, gy, 1), &trusted(limits), deadline)?;
-    let bindings = [
+    let horizontal_bindings = [
         Bound { index: 1, buffer: src, writable: false },
         Bound { index: 2, buffer: &tap_buffer, writable: false },
         Bound { index: 3, buffer: &tmp, writable: true },
         Bound { index: 4, buffer: &dst, writable: true },
     ];
-    run(device, &horizontal, &bindings, &uniforms, (gx, gy, 1), &trusted(limits), deadline)?;
+    let limits = trusted(limits);
+    let (height, width, channels, radius) = (as_u32(dims.height)?, as_u32(dims.width)?, as_u32(dims.channels)?, as_u32(taps.len() / 2)?);
+    // A band is whole rows: the horizontal pass reads the vertical pass's
+    // results of the same row only, so both passes go in one submission.
+    let row = dims.width.saturating_mul(dims.channels);
+    in_bands(device, src.len(), row, 2 * taps.len() as u64, cutoff, |first, end| {
+        let (header, groups) = band_header(first, end, &limits)?;
+        let uniforms = words(&[header[0], header[1], header[2], height, width, channels, radius, mode, strength.to_bits()]);
+        let passes = [
+            Dispatch { kernel: &vertical, bindings: &vertical_bindings, uniforms: &uniforms, groups },
+            Dispatch { kernel: &horizontal, bindings: &horizontal_bindings, uniforms: &uniforms, groups },
+        ];
+        submit(device, &passes, &limits)
+    })?;
     Ok(dst)
 }
 
@@ -109,7 +229,7 @@ pub fn resize(
     region: Region,
     out: Dims,
     method: Method,
-    deadline: Instant,
+    cutoff: &Cutoff<'_>,
 ) -> Result<DeviceBuffer, GpuError> {
     if method == Method::Lanczos {
         return Err(GpuError::InvalidDispatch("lanczos has no GPU kernel".into()));
@@ -130,26 +250,21 @@ pub fn resize(
     let kernel = compile(device, limits, RESAMPLE, "main")?;
     let tables = device.words(&table)?;
     let dst = device.zeroed(len)?;
-    let (gx, gy) = groups(len, limits)?;
-    let uniforms = words(&[
-        as_u32(len)?,
-        gx,
-        as_u32(dims.channels)?,
-        as_u32(dims.height)?,
-        as_u32(dims.width)?,
-        as_u32(x0)?,
-        as_u32(y0)?,
-        as_u32(out.height)?,
-        as_u32(out.width)?,
-        as_u32(nx)?,
-        as_u32(ny)?,
-        0,
-    ]);
+    let shape = [dims.channels, dims.height, dims.width, x0, y0, out.height, out.width, nx, ny].map(as_u32);
+    let mut shape_words = Vec::with_capacity(shape.len());
+    for w in shape {
+        shape_words.push(w?);
+    }
     let bindings = [
         Bound { index: 1, buffer: src, writable: false },
         Bound { index: 2, buffer: &tables, writable: false },
         Bound { index: 3, buffer: &dst, writable: true },
     ];
-    run(device, &kernel, &bindings, &uniforms, (gx, gy, 1), &trusted(limits), deadline)?;
+    let limits = trusted(limits);
+    in_bands(device, len, 1, (nx as u64).saturating_mul(ny as u64), cutoff, |first, end| {
+        let (header, groups) = band_header(first, end, &limits)?;
+        let uniforms = words(&[&header[..], &shape_words].concat());
+        submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits)
+    })?;
     Ok(dst)
 }

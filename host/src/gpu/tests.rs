@@ -9,7 +9,7 @@ use kiln_kernels::Dims;
 use kiln_kernels::convolve::{self, Finish, gaussian_1d};
 use kiln_kernels::resample::{self, Method};
 
-use super::dispatch::{Bound, run};
+use super::dispatch::{Bound, Cutoff, run};
 use super::kernel::compile;
 use super::*;
 
@@ -34,6 +34,11 @@ fn never() -> bool {
 
 fn soon() -> Instant {
     Instant::now() + Duration::from_secs(60)
+}
+
+/// A host kernel's cutoff a minute away.
+fn in_time() -> Cutoff<'static> {
+    Cutoff::at(soon())
 }
 
 /// Deterministic pseudo-random values in 0..1.
@@ -61,7 +66,7 @@ fn affine_matches_the_cpu() {
     let device = gpu.device().unwrap();
     let data = pattern(1000, 1);
     let src = device.upload(&data).unwrap();
-    let out = ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, soon()).unwrap().read().unwrap();
+    let out = ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, &in_time()).unwrap().read().unwrap();
     let want = kiln_kernels::convert::affine(&data, -1.0, 1.0, &never).unwrap();
     assert_close(&out, &want, "invert");
 }
@@ -78,7 +83,7 @@ fn convolutions_match_the_cpu() {
         let data = pattern(dims.len().unwrap(), 2);
         let taps = gaussian_1d(radius, 1.5);
         let src = device.upload(&data).unwrap();
-        let out = ops::convolve(&device, gpu.limits(), &src, dims, &taps, finish, soon()).unwrap().read().unwrap();
+        let out = ops::convolve(&device, gpu.limits(), &src, dims, &taps, finish, &in_time()).unwrap().read().unwrap();
         let want = convolve::separable(&data, dims, &taps, finish, &never).unwrap();
         assert_close(&out, &want, &format!("{dims:?} r{radius} {finish:?}"));
     }
@@ -95,7 +100,7 @@ fn resizes_match_the_cpu_for_every_linear_method() {
         for (w, h, crop) in [(90, 62, false), (20, 13, false), (45, 70, false), (32, 32, true), (7, 50, true)] {
             let (want, out) = resample::resize_image(&data, dims, w, h, method, crop, &never).unwrap();
             let region = if crop { resample::center_crop(dims.width, dims.height, w, h) } else { (0, 0, dims.width, dims.height) };
-            let got = ops::resize(&device, gpu.limits(), &src, dims, region, out, method, soon()).unwrap().read().unwrap();
+            let got = ops::resize(&device, gpu.limits(), &src, dims, region, out, method, &in_time()).unwrap().read().unwrap();
             assert_close(&got, &want, &format!("{method:?} to {w}×{h} crop {crop}"));
         }
     }
@@ -103,7 +108,7 @@ fn resizes_match_the_cpu_for_every_linear_method() {
     let mask = pattern(600, 4);
     let src = device.upload(&mask).unwrap();
     let (want, out) = resample::resize_mask(&mask, mask_dims, 64, 9, Method::Bilinear, &never).unwrap();
-    let got = ops::resize(&device, gpu.limits(), &src, mask_dims, (0, 0, 30, 20), out, Method::Bilinear, soon()).unwrap().read().unwrap();
+    let got = ops::resize(&device, gpu.limits(), &src, mask_dims, (0, 0, 30, 20), out, Method::Bilinear, &in_time()).unwrap().read().unwrap();
     assert_close(&got, &want, "mask bilinear");
 }
 
@@ -291,4 +296,127 @@ fn a_lost_device_is_recreated_and_its_buffers_say_so() {
     // A buffer of the lost device cannot be bound on the new one.
     let err = run(&fresh, &kernel, &[Bound { index: 1, buffer: &buffer, writable: true }], &[], (1, 1, 1), gpu.limits(), soon()).unwrap_err();
     assert_eq!(err, GpuError::DeviceLost);
+}
+
+#[test]
+fn bands_are_whole_granules_sized_by_their_work_and_the_last_rate() {
+    use super::ops::{BAND_GROWTH, BAND_TIME, BandSizer, FIRST_BAND_WORK, MIN_BAND_WORK};
+    // Rows of 1000 values, 10 taps each: the first band is the whole rows
+    // that fit in FIRST_BAND_WORK.
+    let mut sizer = BandSizer::new(1000, 10);
+    let first = sizer.end(0, usize::MAX);
+    assert_eq!(first % 1000, 0);
+    assert!(first as u64 * 10 <= FIRST_BAND_WORK && (first as u64 + 1000) * 10 > FIRST_BAND_WORK, "{first}");
+    assert_eq!(sizer.end(5000, 5500), 5500, "never past the end");
+    assert_eq!(BandSizer::new(1 << 30, 1).end(0, 1 << 31), 1 << 30, "at least one granule, however large");
+    // Ran at 10⁹ work/s: the next band is BAND_TIME's worth at that rate.
+    sizer.ran(first, Duration::from_secs_f64(first as f64 * 10.0 / 1e9));
+    let aimed = (1e9 * BAND_TIME.as_secs_f64()) as u64;
+    let next = sizer.end(0, usize::MAX) as u64 * 10;
+    assert!(next <= aimed && next + 10_000 > aimed, "{next} vs {aimed}");
+    // Ran instantly: at most BAND_GROWTH times the last band.
+    sizer.ran(first, Duration::ZERO);
+    assert_eq!(sizer.end(0, usize::MAX) as u64 * 10, first as u64 * 10 * BAND_GROWTH);
+    // Ran very slowly: never below MIN_BAND_WORK.
+    sizer.ran(1000, Duration::from_secs(100));
+    let floor = sizer.end(0, usize::MAX) as u64 * 10;
+    assert!(floor <= MIN_BAND_WORK && floor + 10_000 > MIN_BAND_WORK, "{floor}");
+}
+
+#[test]
+fn host_kernels_stop_between_bands() {
+    let Some(gpu) = gpu() else { return };
+    let device = gpu.device().unwrap();
+    let limits = gpu.limits();
+    // 1024² RGB at radius 31: 4·10⁸ multiply-adds, many bands.
+    let dims = Dims { batch: 1, height: 1024, width: 1024, channels: 3 };
+    let src = device.zeroed(dims.len().unwrap()).unwrap();
+    let taps = gaussian_1d(31, 3.0);
+    // A stop check that says "stop" from its second question on: the
+    // kernel ran one band, then stopped, whatever the adapter's speed.
+    let asked = std::sync::atomic::AtomicUsize::new(0);
+    let second = || asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 1;
+    let cutoff = Cutoff { deadline: soon(), cancelled: &second };
+    assert_eq!(ops::convolve(&device, limits, &src, dims, &taps, Finish::Blur, &cutoff).unwrap_err(), GpuError::Timeout);
+    assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 2, "asked before the first band and stopped before the second");
+    // A cutoff already reached runs nothing, for every kernel.
+    let now = Cutoff::at(Instant::now());
+    assert_eq!(ops::affine(&device, limits, &src, -1.0, 1.0, &now).unwrap_err(), GpuError::Timeout);
+    let out = Dims { height: 512, width: 512, ..dims };
+    assert_eq!(ops::resize(&device, limits, &src, dims, (0, 0, 1024, 1024), out, Method::Bilinear, &now).unwrap_err(), GpuError::Timeout);
+}
+
+#[test]
+fn a_long_blur_ends_at_its_deadline() {
+    let Some(gpu) = gpu() else { return };
+    let device = gpu.device().unwrap();
+    let limits = gpu.limits();
+    let taps = gaussian_1d(31, 1.0);
+    // Compiled first, so the deadline measures the bands.
+    let small = Dims { batch: 1, height: 40, width: 40, channels: 3 };
+    ops::convolve(&device, limits, &device.zeroed(small.len().unwrap()).unwrap(), small, &taps, Finish::Blur, &in_time()).unwrap();
+    // 2048² RGB at radius 31: 1.6·10⁹ multiply-adds, seconds on lavapipe;
+    // in one dispatch it ran to the end whatever the deadline.
+    let dims = Dims { batch: 1, height: 2048, width: 2048, channels: 3 };
+    let src = device.zeroed(dims.len().unwrap()).unwrap();
+    let limit = Duration::from_millis(300);
+    let started = Instant::now();
+    let result = ops::convolve(&device, limits, &src, dims, &taps, Finish::Blur, &Cutoff::at(started + limit));
+    let took = started.elapsed();
+    eprintln!("{}: 2048² r31 blur with a {limit:?} deadline: {:?} after {took:?}", gpu.info(), result.as_ref().map(|_| "done"));
+    match result {
+        Err(e) => assert_eq!(e, GpuError::Timeout),
+        Ok(_) => assert!(!gpu.info().software, "a software adapter cannot do this in {limit:?}: the deadline was ignored"),
+    }
+    assert!(took < limit + Duration::from_secs(2), "{took:?}: more than a band past the deadline");
+    // The device is idle soon after too: what was submitted is one band,
+    // not the rest of the blur.
+    device.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let idle = started.elapsed();
+    eprintln!("idle after {idle:?}");
+    assert!(idle < limit + Duration::from_secs(2), "the GPU ran until {idle:?}");
+}
+
+#[test]
+fn banded_kernels_match_the_cpu_across_bands() {
+    let Some(gpu) = gpu() else { return };
+    let device = gpu.device().unwrap();
+    let limits = gpu.limits();
+    // Two 150×400 RGB images at radius 31: 4.5·10⁷ multiply-adds, several bands.
+    let dims = Dims { batch: 2, height: 150, width: 400, channels: 3 };
+    let data = pattern(dims.len().unwrap(), 5);
+    let src = device.upload(&data).unwrap();
+    for (radius, sigma, finish) in [(31, 0.1, Finish::Sharpen(50.0)), (31, 10.0, Finish::Blur), (1, 0.1, Finish::Blur), (1, 10.0, Finish::Sharpen(0.0))] {
+        let taps = gaussian_1d(radius, sigma);
+        let got = ops::convolve(&device, limits, &src, dims, &taps, finish, &in_time()).unwrap().read().unwrap();
+        let want = convolve::separable(&data, dims, &taps, finish, &never).unwrap();
+        assert_close(&got, &want, &format!("r{radius} sigma {sigma} {finish:?}"));
+    }
+    // A bicubic upscale to 1.1·10⁶ values of 16 taps: several bands.
+    let small = Dims { batch: 1, height: 100, width: 150, channels: 3 };
+    let data = pattern(small.len().unwrap(), 6);
+    let src = device.upload(&data).unwrap();
+    let (want, out) = resample::resize_image(&data, small, 700, 530, Method::Bicubic, false, &never).unwrap();
+    let got = ops::resize(&device, limits, &src, small, (0, 0, 150, 100), out, Method::Bicubic, &in_time()).unwrap().read().unwrap();
+    assert_close(&got, &want, "bicubic to 700×530");
+}
+
+#[test]
+fn concurrent_read_backs_each_wait_for_their_own_mapping() {
+    let Some(gpu) = gpu() else { return };
+    let device = gpu.device().unwrap();
+    // Threads polling one device fire each other's map callbacks; each read
+    // waits for its own, not for its poll to return.
+    std::thread::scope(|s| {
+        for t in 0..6u32 {
+            let device = device.clone();
+            s.spawn(move || {
+                for i in 0..40u32 {
+                    let values = pattern(4096 + (t * 40 + i) as usize, t * 1000 + i);
+                    let buffer = device.upload(&values).unwrap();
+                    assert_eq!(buffer.read().unwrap(), values, "thread {t}, read {i}");
+                }
+            });
+        }
+    });
 }

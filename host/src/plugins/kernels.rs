@@ -12,8 +12,10 @@
 //! ([`crate::gpu::ops`]): a call runs there when the host's GPU policy says
 //! so (`Gpu::prefers`: the input already on the device, or a result large
 //! enough for a real GPU, or always under `gpu = "required"`). Its result
-//! stays on the device. A GPU failure other than a timeout falls back to the
-//! CPU path.
+//! stays on the device. The GPU versions run in bands too and ask the same
+//! stop check between them (a deadline past or a cancellation ends the node
+//! as the CPU path does). A GPU failure other than a timeout falls back to
+//! the CPU path.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,11 +28,13 @@ use wasmtime::component::Resource;
 
 use super::bindings::kiln::plugin::kernels;
 use super::state::{NodeState, Stopped};
+use crate::gpu::dispatch::Cutoff;
 use crate::gpu::{Device, DeviceBuffer, Gpu, GpuError};
 use crate::tensor::Tensor;
 
-/// A GPU version of a host kernel: from the device and the input's buffer to the result's.
-type GpuOp<'a> = Box<dyn FnOnce(&Arc<Device>, &DeviceBuffer, Instant) -> Result<DeviceBuffer, GpuError> + 'a>;
+/// A GPU version of a host kernel: from the device and the input's buffer to
+/// the result's, stopping between bands at the node's cutoff.
+type GpuOp<'a> = Box<dyn FnOnce(&Arc<Device>, &DeviceBuffer, &Cutoff<'_>) -> Result<DeviceBuffer, GpuError> + 'a>;
 
 type KernelResult<T> = wasmtime::Result<Result<T, kernels::KernelError>>;
 
@@ -156,12 +160,15 @@ impl NodeState {
                 return Some(Ok(Err(kernels::KernelError::BudgetExceeded(m))));
             }
         };
+        let cancel = self.stop.cancel.clone();
+        let cancelled = move || cancel.is_cancelled();
+        let cutoff = Cutoff { deadline: self.stop.deadline, cancelled: &cancelled };
         let made = gpu.device().and_then(|device| {
             let src = input.device_or_upload(|data| device.upload(data))?;
             if src.device().generation() != device.generation() {
                 return Err(GpuError::DeviceLost);
             }
-            let out = op(&device, src, self.stop.deadline)?;
+            let out = op(&device, src, &cutoff)?;
             Ok(Tensor::on_device(shape, out)?)
         });
         drop(scratch);
@@ -201,7 +208,7 @@ impl kernels::Host for NodeState {
         }
         if let Some(gpu) = self.gpu_for(Some(t.len()), &t) {
             let limits = *gpu.limits();
-            let op: GpuOp<'_> = Box::new(|device, src, deadline| crate::gpu::ops::convolve(device, &limits, src, dims, &taps, finish, deadline));
+            let op: GpuOp<'_> = Box::new(|device, src, cutoff| crate::gpu::ops::convolve(device, &limits, src, dims, &taps, finish, cutoff));
             if let Some(done) = self.compute_gpu(&gpu, &t, t.shape().to_vec(), op) {
                 return done;
             }
@@ -221,7 +228,7 @@ impl kernels::Host for NodeState {
         let t = self.table.get(&t)?.clone();
         if let Some(gpu) = self.gpu_for(Some(t.len()), &t) {
             let limits = *gpu.limits();
-            let op: GpuOp<'_> = Box::new(|device, src, deadline| crate::gpu::ops::affine(device, &limits, src, scale, offset, deadline));
+            let op: GpuOp<'_> = Box::new(|device, src, cutoff| crate::gpu::ops::affine(device, &limits, src, scale, offset, cutoff));
             if let Some(done) = self.compute_gpu(&gpu, &t, t.shape().to_vec(), op) {
                 return done;
             }
@@ -289,7 +296,7 @@ impl NodeState {
                 _ => (0, 0, dims.width, dims.height),
             };
             let limits = *gpu.limits();
-            let op: GpuOp<'_> = Box::new(move |device, src, deadline| crate::gpu::ops::resize(device, &limits, src, dims, region, out, method, deadline));
+            let op: GpuOp<'_> = Box::new(move |device, src, cutoff| crate::gpu::ops::resize(device, &limits, src, dims, region, out, method, cutoff));
             if let Some(done) = self.compute_gpu(&gpu, &t, shape_of(out, mask), op) {
                 return done;
             }

@@ -1,7 +1,8 @@
 // Separable convolution with torch's reflect padding (kiln-kernels'
 // convolve::separable): `vertical` sums rows into `tmp`, `horizontal` sums
-// columns of `tmp` and applies the finish (0: blur, 1: sharpen).
-struct Params { len: u32, groups_x: u32, height: u32, width: u32, channels: u32, radius: u32, finish: u32, strength: f32 }
+// columns of `tmp` and applies the finish (0: blur, 1: sharpen); both for the
+// band of values first..end (whole rows).
+struct Params { first: u32, end: u32, groups_x: u32, height: u32, width: u32, channels: u32, radius: u32, finish: u32, strength: f32 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read> taps: array<f32>;
@@ -15,13 +16,13 @@ fn reflect(i: i32, n: i32) -> u32 {
 }
 
 fn index(wg: vec3<u32>, li: u32) -> u32 {
-    return (wg.y * p.groups_x + wg.x) * 256u + li;
+    return p.first + (wg.y * p.groups_x + wg.x) * 256u + li;
 }
 
 @compute @workgroup_size(256)
 fn vertical(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let i = index(wg, li);
-    if (i >= p.len) { return; }
+    if (i >= p.end) { return; }
     let row = p.width * p.channels;
     let within = i % row;
     let y = (i / row) % p.height;
@@ -38,7 +39,7 @@ fn vertical(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
 @compute @workgroup_size(256)
 fn horizontal(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let i = index(wg, li);
-    if (i >= p.len) { return; }
+    if (i >= p.end) { return; }
     let c = i % p.channels;
     let x = (i / p.channels) % p.width;
     let row_start = i - (i % (p.width * p.channels));

@@ -1,11 +1,12 @@
 // Resampling by tap tables (kiln-kernels' resample taps): each output value
 // is the weighted sum over its row taps × column taps of the (cropped) source.
 // `tables` holds, as words: x indices, x weights (ow·nx each), then
-// y indices, y weights (oh·ny each); weights are f32 bits.
+// y indices, y weights (oh·ny each); weights are f32 bits. For the band of
+// values first..end.
 struct Params {
-    len: u32, groups_x: u32, channels: u32, in_height: u32,
-    in_width: u32, x0: u32, y0: u32, out_height: u32,
-    out_width: u32, nx: u32, ny: u32, pad: u32,
+    first: u32, end: u32, groups_x: u32, channels: u32,
+    in_height: u32, in_width: u32, x0: u32, y0: u32,
+    out_height: u32, out_width: u32, nx: u32, ny: u32,
 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
@@ -14,8 +15,8 @@ struct Params {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let i = (wg.y * p.groups_x + wg.x) * 256u + li;
-    if (i >= p.len) { return; }
+    let i = p.first + (wg.y * p.groups_x + wg.x) * 256u + li;
+    if (i >= p.end) { return; }
     let c = i % p.channels;
     let ox = (i / p.channels) % p.out_width;
     let oy = (i / (p.channels * p.out_width)) % p.out_height;
