@@ -27,6 +27,11 @@
 //!   whenever hyper waits for a request head, the gap between kept-alive
 //!   requests included, so it cannot tell a slow request from an idle
 //!   connection.
+//! - **Closing.** A connection that ends with its request's body unread
+//!   (refused for its declared length, timed out) lingers: its answer and
+//!   a FIN go out, then what the client still sends is read and discarded
+//!   for up to [`LINGER`], so a client sending the whole body reads the
+//!   answer rather than a reset.
 //! - **Shutdown.** When `shutdown` fires, no connection is accepted any
 //!   more, idle ones close and in-flight requests finish; [`serve`] returns
 //!   once every connection served over HTTP has ended (WebSockets end on
