@@ -51,7 +51,7 @@ impl ApiError {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "too_many_connections",
-            "The server holds as many connections as it serves; only health checks are answered.",
+            "The server is at its connection limit: only health checks are answered now. Retry shortly.",
         )
         .retry_after(1)
     }

@@ -27,6 +27,11 @@
 //!   whenever hyper waits for a request head, the gap between kept-alive
 //!   requests included, so it cannot tell a slow request from an idle
 //!   connection.
+//! - **Closing.** A connection that ends with its request's body unread
+//!   (refused for its declared length, timed out) lingers: its answer and
+//!   a FIN go out, then what the client still sends is read and discarded
+//!   for up to [`LINGER`], so a client sending the whole body reads the
+//!   answer rather than a reset.
 //! - **Shutdown.** When `shutdown` fires, no connection is accepted any
 //!   more, idle ones close and in-flight requests finish; [`serve`] returns
 //!   once every connection served over HTTP has ended (WebSockets end on
@@ -64,6 +69,11 @@ use crate::config::Config;
 pub const HEALTH_RESERVE: usize = 32;
 /// Most time a reserve connection gets for its request's headers.
 pub const RESERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a connection closed with its request's body unread (refused
+/// for its declared length, timed out) keeps reading and discarding it
+/// after the answer, so that a client still sending reads that answer
+/// instead of a reset.
+pub const LINGER: Duration = Duration::from_secs(2);
 /// Open files kept for the rest of the process (the store, plugins and
 /// their compiled artifacts, the GPU device, logs) when the connection cap
 /// is fitted under the open-file limit.
@@ -197,7 +207,7 @@ impl Connection {
         let Connection { router, limits, activity, reserve, shutdown } = self;
         let health_only = reserve.is_some();
         let header_timeout = if health_only { limits.header_timeout.min(RESERVE_HEADER_TIMEOUT) } else { limits.header_timeout };
-        let io = TokioIo::new(Watched { stream, activity: activity.clone(), _slot: slot });
+        let io = TokioIo::new(Watched { stream, activity: activity.clone(), slot: Some(slot) });
         let service = ConnService { router, activity: activity.clone(), body_timeout: limits.body_timeout, health_only };
         let mut builder = hyper::server::conn::http1::Builder::new();
         // Headers are timed by the watchdog below (see the module docs).
@@ -261,6 +271,8 @@ struct Activity {
     /// Since when a write has waited for the client to read; [`NONE`]
     /// while writes go through.
     write_blocked_since: AtomicU64,
+    /// The current request has a body not read to its end.
+    body_unread: AtomicBool,
 }
 
 const NONE: u64 = u64::MAX;
@@ -275,6 +287,7 @@ impl Activity {
             head_since: AtomicU64::new(0),
             body_stalled: AtomicBool::new(false),
             write_blocked_since: AtomicU64::new(NONE),
+            body_unread: AtomicBool::new(false),
         }
     }
 
@@ -357,7 +370,37 @@ impl Drop for InFlight {
 struct Watched {
     stream: TcpStream,
     activity: Arc<Activity>,
-    _slot: Slot,
+    /// Given back when the socket closes (after [`linger`], if it lingers).
+    slot: Option<Slot>,
+}
+
+impl Drop for Watched {
+    /// A connection closed with its request's body unread lingers (see
+    /// [`LINGER`]) on a duplicate of the socket, still holding its place.
+    fn drop(&mut self) {
+        use std::os::fd::AsFd;
+        if !self.activity.body_unread.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let Ok(fd) = self.stream.as_fd().try_clone_to_owned() else { return };
+        let slot = self.slot.take();
+        runtime.spawn(async move {
+            if let Ok(stream) = TcpStream::from_std(std::net::TcpStream::from(fd)) {
+                linger(stream).await;
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// Ends the answer (FIN), then reads and discards what the client still
+/// sends, until it closes or [`LINGER`] passes.
+async fn linger(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = stream.shutdown().await;
+    let mut discard = vec![0u8; 16 << 10];
+    let _ = tokio::time::timeout(LINGER, async { while matches!(stream.read(&mut discard).await, Ok(n) if n > 0) {} }).await;
 }
 
 impl AsyncRead for Watched {
@@ -412,6 +455,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
 
     fn call(&self, request: Request<Incoming>) -> Responding {
         let in_flight = self.activity.request_started();
+        self.activity.body_unread.store(!request.body().is_end_stream(), Ordering::Relaxed);
         if self.health_only && !is_health_check(request.uri().path()) {
             let mut response = ApiError::too_many_connections().into_response();
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -494,6 +538,9 @@ impl HttpBody for StallGuard {
         }
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
             this.armed = false;
+            if frame.is_none() || this.body.is_end_stream() {
+                this.activity.body_unread.store(false, Ordering::Relaxed);
+            }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         let deadline = tokio::time::Instant::now() + this.timeout;
