@@ -635,10 +635,10 @@ impl Service {
                 }
                 jobs.insert(id.clone(), live.clone());
             }
-            // An account disabled meanwhile queues nothing (checked after
-            // the job joined the live set: a disable either sees it there
-            // and cancels it, or is seen here).
-            if self.accounts.is_disabled(&sub.owner) {
+            // An account disabled meanwhile queues nothing, nor is billed
+            // for a demo job (checked after the job joined the live set: a
+            // disable either sees it there and cancels it, or is seen here).
+            if self.accounts.is_disabled(&sub.owner) || self.accounts.is_disabled(&self.billed_owner(&sub.owner, sub.deployment.as_deref())) {
                 self.live.write().remove(&id);
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 return Err(ServiceError::AccountDisabled);
@@ -953,11 +953,13 @@ impl Service {
     /// number of jobs canceled.
     pub fn end_account_work(&self, owner: &str) -> usize {
         let streams = self.streams.close_owner(owner);
-        let jobs: Vec<Arc<LiveJob>> = self.live.read().values().filter(|j| &*j.owner == owner).cloned().collect();
+        // Its own jobs, and the demo jobs its public deployments bill to it.
+        let jobs: Vec<Arc<LiveJob>> = self.live.read().values().cloned().collect();
+        let jobs = jobs.into_iter().filter(|j| &*j.owner == owner || self.billed_account(&j.snapshot()) == owner);
         let mut canceled = 0;
         for job in jobs {
             let id = job.record.lock().id.clone();
-            match self.cancel(owner, &id) {
+            match self.cancel(&job.owner, &id) {
                 Ok(_) => canceled += 1,
                 Err(e) => tracing::error!(job_id = %id, error = %e, "cannot cancel a job of a disabled account"),
             }

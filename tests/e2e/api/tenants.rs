@@ -566,6 +566,11 @@ async fn deployments_belong_to_accounts_and_a_public_demo_bills_its_owner() {
     }
     assert!(after < before, "the demo's job is charged to its owner: {before} → {after}");
     assert_eq!(bob.account().await["credits"], 1000, "nobody else pays");
+    // A disabled owner is billed for no more demo jobs.
+    let (status, _) = json_of(admin(&s, Method::POST, "/accounts/dep-alice/disable", Some(OPERATOR))).await;
+    assert_eq!(status, 200);
+    let (status, body) = json_of(s.http.post(jobs("alice-demo")).json(&submit)).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("forbidden")), "{body}");
     s.shutdown().await;
 }
 
