@@ -315,7 +315,11 @@ mod tests {
     fn accounts_survive_a_reopen_and_keys_find_them() {
         let dir = tempfile::tempdir().unwrap();
         let open = || {
-            let db = sled::open(dir.path().join("db")).unwrap();
+            // sled's flusher lets go of the lock a moment after the last
+            // handle is dropped (as `SledMeta::open` also waits for).
+            let db = (0..200)
+                .find_map(|_| sled::open(dir.path().join("db")).map_err(|_| std::thread::sleep(std::time::Duration::from_millis(20))).ok())
+                .expect("the database opens");
             let tree = db.open_tree("accounts").unwrap();
             (db, Accounts::open(tree, KeyHasher::load_or_create(dir.path()).unwrap(), PRICE).unwrap())
         };
