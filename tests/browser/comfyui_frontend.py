@@ -127,7 +127,11 @@ with sync_playwright() as pw:
             "--no-pings",
             "--no-first-run",
             "--dns-prefetch-disable",
-            "--disable-features=NetworkTimeServiceQuerying,PreconnectToSearch,NetworkPrediction,AutofillServerCommunication",
+            "--disable-features=NetworkTimeServiceQuerying,PreconnectToSearch,NetworkPrediction,AutofillServerCommunication,"
+            "OptimizationHints,OptimizationHintsFetching,OptimizationGuideModelDownloading,OptimizationTargetPrediction",
+            # Component and extension updates (Debian's Chromium 156 asks
+            # update.googleapis.com even with component updates disabled).
+            f"--component-updater=url-source={DEAD}/update",
             *(f"--{flag}={DEAD}" for flag in ("google-base-url", "gaia-url", "google-apis-url", "lso-url", "gcm-mcs-endpoint")),
             f"--gcm-checkin-url={DEAD}/checkin",
             f"--gcm-registration-url={DEAD}/register",
