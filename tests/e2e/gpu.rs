@@ -187,7 +187,7 @@ async fn a_long_gpu_blur_fails_at_the_node_deadline() {
         ..test_config()
     };
     let config = config.runtime().expect("config");
-    let software = config.gpu.as_ref().is_some_and(|g| g.info().software);
+    let software = config.gpu.as_ref().is_some_and(|g| g.info().is_some_and(|i| i.software));
     let runtime = PluginRuntime::new(config).expect("runtime");
     let registry = NodeRegistry::load_all(&runtime, &[]).await.expect("plugins load");
     let (plugin, _) = registry.get("ImageBlur").unwrap();
