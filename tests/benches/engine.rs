@@ -41,7 +41,7 @@ async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInpu
     assert!(issues.is_empty(), "{issues:?}");
     let ctx = RunContext {
         job_id: "bench".into(),
-        prompt: Arc::new(workflow.clone()),
+        prompt: Arc::from(workflow.to_string()),
         extra_pnginfo: None,
         inputs: inputs.clone(),
         outputs: Arc::new(DirOutputs::new(out, out.join("temp"))),

@@ -36,7 +36,7 @@ async fn queued_jobs_hold_parsed_workflows_only_within_their_share() {
         assert!(service.queued_parsed_held() <= SHARE, "{} held", service.queued_parsed_held());
     }
     let held = service.queued_parsed_held();
-    assert!(held >= 5_000 * 256 && held <= SHARE, "the first jobs are kept parsed, within the share: {held}");
+    assert!((5_000 * 256..=SHARE).contains(&held), "the first jobs are kept parsed, within the share: {held}");
     assert!(held < 6 * 5_000 * 256, "not all six are kept: {held}");
     // Those over the share start from their stored bytes, and run the same.
     for id in &ids {
