@@ -280,12 +280,14 @@ fn required_without_an_adapter_fails_start_up_with_the_reason() {
 #[test]
 fn auto_probes_the_gpu_only_when_a_node_would_use_it() {
     let dir = tempfile::tempdir().unwrap();
-    // 64² RGB: 12288 values, under `gpu_min_auto_elements` (65536).
+    // 64² RGB: 12288 values, under `gpu_min_auto_elements` (65536); a host
+    // kernel (ImageInvert) and a plugin's WGSL (ImageBlend, `gpu.prefers`).
     std::fs::write(
         dir.path().join("small.json"),
         r#"{"1": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 1, "color": 255}},
             "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
-            "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "s"}}}"#,
+            "3": {"class_type": "ImageBlend", "inputs": {"image1": ["1", 0], "image2": ["2", 0], "blend_factor": 0.5, "blend_mode": "multiply"}},
+            "4": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "s"}}}"#,
     )
     .unwrap();
     // 256² RGB: 196608 values, GPU-sized.
