@@ -591,8 +591,8 @@ impl Config {
 
     /// The plugin runtime's slice of the configuration; refuses
     /// `secret_plugins` entries that do not name a directory or a hash, and
-    /// `gpu = "required"` without an adapter (the GPU is opened here, once
-    /// per process).
+    /// `gpu = "required"` without an adapter (that GPU is opened here, once
+    /// per process; `auto` looks for one only when a node would use it).
     pub fn runtime(&self) -> Result<RuntimeConfig, ConfigError> {
         let mb = |v: u64| v.saturating_mul(1 << 20);
         Ok(RuntimeConfig {

@@ -276,3 +276,46 @@ fn required_without_an_adapter_fails_start_up_with_the_reason() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.starts_with("gpu: none (no Vulkan adapter found"), "{stdout}");
 }
+
+#[test]
+fn auto_probes_the_gpu_only_when_a_node_would_use_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // 64² RGB: 12288 values, under `gpu_min_auto_elements` (65536); a host
+    // kernel (ImageInvert) and a plugin's WGSL (ImageBlend, `gpu.prefers`).
+    std::fs::write(
+        dir.path().join("small.json"),
+        r#"{"1": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 1, "color": 255}},
+            "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+            "3": {"class_type": "ImageBlend", "inputs": {"image1": ["1", 0], "image2": ["2", 0], "blend_factor": 0.5, "blend_mode": "multiply"}},
+            "4": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "s"}}}"#,
+    )
+    .unwrap();
+    // 256² RGB: 196608 values, GPU-sized.
+    std::fs::write(
+        dir.path().join("large.json"),
+        r#"{"1": {"class_type": "EmptyImage", "inputs": {"width": 256, "height": 256, "batch_size": 1, "color": 255}},
+            "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+            "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "l"}}}"#,
+    )
+    .unwrap();
+    let run = |workflow: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["run", workflow, "--out", "o", "--timings"])
+            .current_dir(dir.path())
+            .env("KILN_GPU", "auto")
+            .env("KILN_LOG", "kiln::gpu=debug")
+            .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let small = run("small.json");
+    assert!(!small.contains(kiln::gpu::PROBE_CHILD_LOG), "no node would use the GPU, yet the adapter was probed:\n{small}");
+    assert!(small.lines().filter(|l| l.starts_with("timing ")).all(|l| l.contains(" cpu ")), "{small}");
+    // The same hook shows the probe where a node would use the GPU (on a
+    // software adapter or none the node then runs on the CPU).
+    let large = run("large.json");
+    assert_eq!(large.matches(kiln::gpu::PROBE_CHILD_LOG).count(), 1, "one probe for the GPU-sized node:\n{large}");
+}

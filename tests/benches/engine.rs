@@ -306,7 +306,7 @@ async fn gpu_bench() {
     let t = start.elapsed().as_secs_f64() / 5.0;
     println!(
         "invert 4096² (one channel) on the GPU, data resident ({}; binds at most {} MiB): {:.1} ms per call (allocation + dispatches in bands + waits), {:.2} GB/s",
-        gpu.info(),
+        gpu.info().expect("an adapter"),
         device.max_binding_bytes() >> 20,
         t * 1e3,
         bytes / t / 1e9

@@ -2,8 +2,9 @@
 //! every node with a GPU kernel against the reference pixels of the parity
 //! fixtures, proven to have run on the GPU; hostile kernels from a real
 //! plugin contained; device memory charged to the job; a host kernel's GPU
-//! work ends at the node's deadline. Without an adapter these tests say so
-//! and pass, unless `CI` is set: then they fail.
+//! work ends at the node's deadline; GPU nodes on parallel branches, run
+//! many times, all succeed with the same bytes. Without an adapter these
+//! tests say so and pass, unless `CI` is set: then they fail.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -40,6 +41,10 @@ struct GpuEnv {
 }
 
 static GPU_ENV: OnceCell<Option<GpuEnv>> = OnceCell::const_new();
+
+/// Held by the tests that time the device or keep it busy for seconds, so
+/// that they do not run at once (a few cores share lavapipe's work).
+static DEVICE_BUSY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn gpu_env() -> Option<&'static GpuEnv> {
     GPU_ENV
@@ -177,6 +182,7 @@ fn blur_inputs(image: kiln::tensor::Tensor, radius: i64, sigma: f64) -> [(String
 #[tokio::test]
 async fn a_long_gpu_blur_fails_at_the_node_deadline() {
     let Some(_) = gpu_env().await else { return };
+    let _busy = DEVICE_BUSY.lock().await;
     // The suite's GPU (same settings, so the same device) with every node
     // limited to 1 s: the operator's ceiling caps core-image's own 120 s.
     let limit = std::time::Duration::from_secs(1);
@@ -187,7 +193,7 @@ async fn a_long_gpu_blur_fails_at_the_node_deadline() {
         ..test_config()
     };
     let config = config.runtime().expect("config");
-    let software = config.gpu.as_ref().is_some_and(|g| g.info().software);
+    let software = config.gpu.as_ref().is_some_and(|g| g.info().is_some_and(|i| i.software));
     let runtime = PluginRuntime::new(config).expect("runtime");
     let registry = NodeRegistry::load_all(&runtime, &[]).await.expect("plugins load");
     let (plugin, _) = registry.get("ImageBlur").unwrap();
@@ -254,4 +260,95 @@ async fn a_blur_over_many_bands_matches_the_cpu() {
     let want = kiln_kernels::convolve::separable(&data, dims, &taps, kiln_kernels::convolve::Finish::Blur, &|| false).unwrap();
     let worst = t.data().unwrap().iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert!(worst < 1e-5, "GPU differs from the CPU by {worst}");
+}
+
+/// The stress workflow's branches.
+const BRANCHES: usize = 8;
+
+/// How many times the stress workflow runs: `KILN_GPU_STRESS_RUNS`, else
+/// as many as take about 30 s in a debug build on lavapipe with two cores.
+fn stress_runs() -> usize {
+    std::env::var("KILN_GPU_STRESS_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(80)
+}
+
+/// `BRANCHES` independent branches of a 256² image, each ImageBlur →
+/// ImageInvert → ImageScaleBy ×2 → two ImageToMask → MaskComposite
+/// multiply → MaskToImage → SaveImage: five GPU nodes per branch, whose
+/// results stay on the device until SaveImage reads them back.
+fn parallel_branches() -> Json {
+    let mut nodes = serde_json::Map::new();
+    for b in 0..BRANCHES {
+        let id = |n: usize| format!("{}", b * 10 + n + 1);
+        let link = |n: usize| serde_json::json!([id(n), 0]);
+        let branch = [
+            serde_json::json!({"class_type": "LoadImage", "inputs": {"image": format!("in{b}.png")}}),
+            serde_json::json!({"class_type": "ImageBlur", "inputs": {"image": link(0), "blur_radius": 3, "sigma": 1.5}}),
+            serde_json::json!({"class_type": "ImageInvert", "inputs": {"image": link(1)}}),
+            serde_json::json!({"class_type": "ImageScaleBy", "inputs": {"image": link(2), "upscale_method": "bilinear", "scale_by": 1.5}}),
+            serde_json::json!({"class_type": "ImageScaleBy", "inputs": {"image": link(3), "upscale_method": "nearest-exact", "scale_by": 0.5}}),
+            serde_json::json!({"class_type": "ImageToMask", "inputs": {"image": link(4), "channel": "red"}}),
+            serde_json::json!({"class_type": "ImageToMask", "inputs": {"image": link(4), "channel": "green"}}),
+            serde_json::json!({"class_type": "MaskComposite", "inputs": {"destination": link(5), "source": link(6), "x": 0, "y": 0, "operation": "multiply"}}),
+            serde_json::json!({"class_type": "MaskToImage", "inputs": {"mask": link(7)}}),
+            serde_json::json!({"class_type": "SaveImage", "inputs": {"images": link(8), "filename_prefix": format!("b{b}")}}),
+        ];
+        for (n, node) in branch.into_iter().enumerate() {
+            nodes.insert(id(n), node);
+        }
+    }
+    Json::Object(nodes)
+}
+
+/// GPU read-backs on parallel branches: the workflow above, run
+/// [`stress_runs`] times under `required` with all its branches free to run
+/// at once. A read-back once trusted the return of its device poll as proof
+/// that its mapping's callback had run; with several threads polling, one
+/// thread's poll fires another's callback after that other's poll returned,
+/// and a node failed with "the GPU work did not finish within the node's
+/// time limit" — about one run in 30 of this workflow on lavapipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gpu_nodes_on_parallel_branches_succeed_every_time() {
+    let Some(env) = gpu_env().await else { return };
+    let _busy = DEVICE_BUSY.lock().await;
+    let inputs_dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for b in 0..BRANCHES {
+        let path = inputs_dir.path().join(format!("in{b}.png"));
+        let px: Vec<u8> = (0..256 * 256 * 3).map(|i| ((i * (7 + 2 * b) + b * 31) % 251) as u8).collect();
+        crate::support::write_png(&path, 256, 256, 3, &px);
+        files.push((format!("in{b}.png"), path));
+    }
+    // No result cache: every run computes every node. Every branch may run at once.
+    let executor = kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, BRANCHES);
+    let workflow = parallel_branches();
+    let mut first: Option<Vec<Vec<u8>>> = None;
+    let runs = stress_runs();
+    let started = std::time::Instant::now();
+    for run in 0..runs {
+        let out = tempfile::tempdir().unwrap();
+        let mut opts = crate::support::RunOpts::new(out.path());
+        for (name, path) in &files {
+            opts.inputs.insert(name.clone(), path.clone());
+        }
+        let ran = crate::support::run_with(&executor, workflow.clone(), opts).await;
+        match &ran.outcome.status {
+            kiln::executor::RunStatus::Succeeded => {}
+            other => panic!("run {run} of {runs} failed after {:?}: {other:?}", started.elapsed()),
+        }
+        assert!(ran.outcome.cached.is_empty());
+        let on_gpu = ran.events.iter().filter(|e| matches!(e, kiln::executor::Event::Executed { on_gpu: true, .. })).count();
+        assert_eq!(on_gpu, BRANCHES * 5, "run {run}: blur, invert, two scales and the composite of each branch on the GPU");
+        let saved: Vec<Vec<u8>> = (0..BRANCHES).map(|b| std::fs::read(out.path().join(format!("b{b}_00001_.png"))).unwrap()).collect();
+        match &first {
+            None => first = Some(saved),
+            Some(want) => {
+                for b in 0..BRANCHES {
+                    assert!(saved[b] == want[b], "run {run}: branch {b}'s image differs from the first run's");
+                }
+            }
+        }
+    }
+    let first = first.unwrap();
+    assert!(first.iter().enumerate().all(|(b, png)| first.iter().skip(b + 1).all(|other| other != png)), "the branches' images differ from each other");
+    eprintln!("{runs} runs of {BRANCHES} parallel GPU branches: all succeeded with the same bytes in {:?}", started.elapsed());
 }

@@ -18,7 +18,7 @@ pub mod ops;
 #[cfg(test)]
 mod tests;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -116,21 +116,33 @@ impl std::fmt::Display for GpuInfo {
     }
 }
 
-/// The host's GPU: the adapter chosen at start and the current device.
+/// The host's GPU: the adapter (found at start under `required`, on first
+/// use under `auto`) and the current device.
 pub struct Gpu {
     mode: GpuMode,
     limits: GpuLimits,
-    info: GpuInfo,
-    adapter: wgpu::Adapter,
+    /// The kiln executable that probes the adapter in a child under `auto`
+    /// (see [`Gpu::start`]); `None`: probe in this process.
+    probe_exe: Option<std::path::PathBuf>,
+    /// The adapter to use, found once: `None` inside when there is none to
+    /// use (under `auto`: none at all, or only a software one).
+    adapter: OnceLock<Option<Adapter>>,
     /// Opened on first use (at start under `required`): under `auto` on a
     /// software adapter nothing uses it, and an idle lavapipe device alone
     /// costs ~70 MiB of RSS.
     current: Mutex<Option<Arc<Device>>>,
 }
 
+/// An adapter and what it is.
+struct Adapter {
+    adapter: wgpu::Adapter,
+    info: GpuInfo,
+}
+
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gpu").field("mode", &self.mode).field("info", &self.info).finish_non_exhaustive()
+        let info = self.adapter.get().map(|a| a.as_ref().map(|a| &a.info));
+        f.debug_struct("Gpu").field("mode", &self.mode).field("info", &info).finish_non_exhaustive()
     }
 }
 
@@ -166,9 +178,14 @@ pub fn probe_report() -> String {
     }
 }
 
+/// The debug log line written when `auto` starts the probe child: tests
+/// look for it.
+pub const PROBE_CHILD_LOG: &str = "probing the GPU adapter in a child process";
+
 /// Runs `exe probe-gpu` (at most 60 s): `Ok` when it found a real GPU,
 /// else why not.
 fn probe_in_child(exe: &std::path::Path) -> Result<(), String> {
+    tracing::debug!(exe = %exe.display(), "{PROBE_CHILD_LOG}");
     let mut child = std::process::Command::new(exe)
         .arg("probe-gpu")
         .stdin(std::process::Stdio::null())
@@ -180,7 +197,8 @@ fn probe_in_child(exe: &std::path::Path) -> Result<(), String> {
     loop {
         match child.try_wait() {
             Ok(Some(_)) => break,
-            Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(20)),
+            // Short sleeps: a node waits for this probe (~30–40 ms here).
+            Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(2)),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -201,68 +219,81 @@ fn probe_in_child(exe: &std::path::Path) -> Result<(), String> {
 }
 
 /// One GPU per process and setting: devices are expensive, and every
-/// runtime of a process shares the adapter. `None`: the setting found no
-/// GPU to use (kept, so it is not probed again).
+/// runtime of a process shares the adapter (and `auto`'s one probe).
 static SHARED: Mutex<Vec<SharedGpu>> = Mutex::new(Vec::new());
 
-/// A setting and the GPU it started (if any).
-type SharedGpu = ((GpuMode, GpuLimits), Option<Arc<Gpu>>);
+/// A setting and the GPU it started.
+type SharedGpu = ((GpuMode, GpuLimits), Arc<Gpu>);
 
 impl Gpu {
-    /// The GPU for `mode`: `None` when off, or when `auto` found no adapter
-    /// or only a software one (slower than the host's CPU kernels; dropped at
-    /// once, since an idle lavapipe instance alone holds ~60 MiB of RSS);
-    /// an error when `required` found none. Logged either way.
+    /// The GPU for `mode`: `None` when off; an error when `required` finds
+    /// no adapter (a software one counts), probed here and logged.
     ///
-    /// `probe_exe` (the kiln executable, when kiln runs as one): under `auto`
-    /// the adapter is first probed in a child (`kiln probe-gpu`), and the
-    /// driver is loaded into this process only for a real GPU — loading Mesa's
-    /// software Vulkan costs ~50 MiB here and keeps ~110 MiB more of a busy
-    /// server's memory from returning to the system (measured by the hostile
-    /// suite), for an adapter `auto` would drop anyway.
+    /// Under `auto` nothing is probed here: the adapter is looked for the
+    /// first time a node would use it ([`Gpu::prefers`] for a large enough
+    /// result, [`Gpu::offered`], [`Gpu::device`]), once per process, so a
+    /// run whose nodes all stay on the CPU never pays for it (~40 ms here,
+    /// ~200 ms on a GPU server). `probe_exe` (the kiln executable, when kiln
+    /// runs as one): that probe runs first in a child (`kiln probe-gpu`),
+    /// and the driver is loaded into this process only for a real GPU —
+    /// loading Mesa's software Vulkan costs ~50 MiB here and keeps ~110 MiB
+    /// more of a busy server's memory from returning to the system
+    /// (measured by the hostile suite), for an adapter `auto` would not use.
     pub fn start(mode: GpuMode, limits: GpuLimits, probe_exe: Option<&std::path::Path>) -> Result<Option<Arc<Gpu>>, GpuStartError> {
         if mode == GpuMode::Off {
             return Ok(None);
         }
         let mut shared = SHARED.lock();
         if let Some((_, gpu)) = shared.iter().find(|(key, _)| *key == (mode, limits)) {
-            return Ok(gpu.clone());
+            return Ok(Some(gpu.clone()));
         }
-        if mode == GpuMode::Auto
-            && let Some(exe) = probe_exe
+        let gpu = Gpu { mode, limits, probe_exe: probe_exe.map(|p| p.to_path_buf()), adapter: OnceLock::new(), current: Mutex::new(None) };
+        if mode == GpuMode::Required {
+            let (adapter, info) = probe().map_err(GpuStartError)?;
+            let device = Device::create(&adapter, &limits, 0).map_err(GpuStartError)?;
+            tracing::info!(adapter = %info, ?mode, "GPU ready");
+            *gpu.current.lock() = Some(Arc::new(device));
+            let _ = gpu.adapter.set(Some(Adapter { adapter, info }));
+        }
+        let gpu = Arc::new(gpu);
+        shared.push(((mode, limits), gpu.clone()));
+        Ok(Some(gpu))
+    }
+
+    /// The adapter to use: under `auto` probed on the first call (the
+    /// callers of other threads wait for that one), logged either way.
+    fn adapter(&self) -> Option<&Adapter> {
+        self.adapter.get_or_init(|| self.find_adapter()).as_ref()
+    }
+
+    /// `auto`'s probe: a real GPU or nothing.
+    fn find_adapter(&self) -> Option<Adapter> {
+        if let Some(exe) = &self.probe_exe
             && let Err(reason) = probe_in_child(exe)
         {
             tracing::info!(%reason, "no GPU to use under gpu = \"auto\": nodes compute on the CPU");
-            shared.push(((mode, limits), None));
-            return Ok(None);
+            return None;
         }
-        let started = probe().and_then(|(adapter, info)| {
-            if mode == GpuMode::Auto && info.software {
+        match probe() {
+            Ok((_, info)) if info.software => {
                 tracing::info!(adapter = %info, "only a software GPU adapter: under gpu = \"auto\" nodes compute on the CPU (gpu = \"required\" uses it)");
-                return Ok(None);
+                None
             }
-            let device = match mode {
-                GpuMode::Required => Some(Arc::new(Device::create(&adapter, &limits, 0)?)),
-                _ => None,
-            };
-            tracing::info!(adapter = %info, ?mode, "GPU ready");
-            Ok(Some(Arc::new(Gpu { mode, limits, info, adapter, current: Mutex::new(device) })))
-        });
-        let gpu = match started {
-            Ok(gpu) => gpu,
-            Err(reason) if mode == GpuMode::Required => return Err(GpuStartError(reason)),
+            Ok((adapter, info)) => {
+                tracing::info!(adapter = %info, mode = ?self.mode, "GPU ready");
+                Some(Adapter { adapter, info })
+            }
             Err(reason) => {
                 tracing::info!(%reason, "no GPU: nodes compute on the CPU");
                 None
             }
-        };
-        shared.push(((mode, limits), gpu.clone()));
-        Ok(gpu)
+        }
     }
 
-    /// The adapter in use.
-    pub fn info(&self) -> &GpuInfo {
-        &self.info
+    /// The adapter in use, `None` when there is none to use; under `auto`
+    /// this probes it if nothing has yet.
+    pub fn info(&self) -> Option<&GpuInfo> {
+        self.adapter().map(|a| &a.info)
     }
 
     /// The configured mode.
@@ -278,6 +309,7 @@ impl Gpu {
     /// The live device: opened on first use, re-created first if the
     /// current one was lost.
     pub fn device(&self) -> Result<Arc<Device>, GpuError> {
+        let adapter = self.adapter().ok_or(GpuError::Unavailable)?;
         let mut current = self.current.lock();
         let generation = match current.as_ref() {
             Some(device) if !device.is_lost() => return Ok(device.clone()),
@@ -287,7 +319,7 @@ impl Gpu {
             }
             None => 0,
         };
-        let device = Arc::new(Device::create(&self.adapter, &self.limits, generation).map_err(|e| {
+        let device = Arc::new(Device::create(&adapter.adapter, &self.limits, generation).map_err(|e| {
             tracing::error!(error = %e, "cannot open the GPU device");
             if generation == 0 { GpuError::Driver(e) } else { GpuError::DeviceLost }
         })?);
@@ -298,22 +330,25 @@ impl Gpu {
     /// Whether nodes see the GPU at all (`gpu.available()`): under
     /// `required`, or under `auto` on a real GPU (a software adapter is
     /// slower than the host's CPU kernels, so `auto` keeps to the CPU there).
+    /// Under `auto` the first call probes the adapter.
     pub fn offered(&self) -> bool {
         match self.mode {
             GpuMode::Off => false,
             GpuMode::Required => true,
-            GpuMode::Auto => !self.info.software,
+            GpuMode::Auto => self.adapter().is_some(),
         }
     }
 
     /// Whether a host kernel producing `elements` values runs here: always
     /// under `required`; under `auto` when an input already lives on the
     /// device, or on a real GPU for results of at least `min_auto_elements`.
+    /// Under `auto` only the first large enough result probes the adapter:
+    /// smaller ones stay on the CPU without asking.
     pub fn prefers(&self, elements: usize, input_on_device: bool) -> bool {
         match self.mode {
             GpuMode::Off => false,
             GpuMode::Required => true,
-            GpuMode::Auto => input_on_device || (!self.info.software && elements >= self.limits.min_auto_elements),
+            GpuMode::Auto => input_on_device || (elements >= self.limits.min_auto_elements && self.adapter().is_some()),
         }
     }
 }

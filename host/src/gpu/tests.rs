@@ -263,13 +263,16 @@ fn fresh_buffers_are_zeroed() {
 fn the_policy_follows_the_mode() {
     let Some(gpu) = gpu() else { return };
     assert!(gpu.prefers(1, false), "required runs everything with a GPU kernel there");
-    let auto = Gpu::start(GpuMode::Auto, GpuLimits::default(), None).unwrap();
-    assert_eq!(auto.is_some(), !gpu.info().software, "auto keeps a real GPU only");
-    if let Some(auto) = auto {
-        assert!(auto.offered() && auto.prefers(1, true), "a resident input stays on the device");
-        assert!(auto.prefers(1 << 20, false), "large results go to the GPU");
-        assert!(!auto.prefers(1, false), "tiny ones stay on the CPU");
-    }
+    let software = gpu.info().unwrap().software;
+    // Limits of its own: a fresh `auto` GPU, not probed yet.
+    let auto = Gpu::start(GpuMode::Auto, GpuLimits { max_cached_kernels: 5, ..GpuLimits::default() }, None).unwrap().unwrap();
+    assert!(!auto.prefers(1, false), "tiny results stay on the CPU");
+    assert!(auto.adapter.get().is_none(), "without probing the adapter");
+    assert_eq!(auto.prefers(1 << 20, false), !software, "large results go to a real GPU");
+    assert!(auto.adapter.get().is_some(), "probed once a result was large enough");
+    assert_eq!(auto.offered(), !software, "auto keeps a real GPU only");
+    assert_eq!(auto.info().is_some(), !software);
+    assert!(auto.prefers(1, true), "a resident input stays on the device");
     assert!(Gpu::start(GpuMode::Off, GpuLimits::default(), None).unwrap().is_none());
 }
 
@@ -363,10 +366,10 @@ fn a_long_blur_ends_at_its_deadline() {
     let started = Instant::now();
     let result = ops::convolve(&device, limits, &src, dims, &taps, Finish::Blur, &Cutoff::at(started + limit));
     let took = started.elapsed();
-    eprintln!("{}: 2048² r31 blur with a {limit:?} deadline: {:?} after {took:?}", gpu.info(), result.as_ref().map(|_| "done"));
+    eprintln!("{}: 2048² r31 blur with a {limit:?} deadline: {:?} after {took:?}", gpu.info().unwrap(), result.as_ref().map(|_| "done"));
     match result {
         Err(e) => assert_eq!(e, GpuError::Timeout),
-        Ok(_) => assert!(!gpu.info().software, "a software adapter cannot do this in {limit:?}: the deadline was ignored"),
+        Ok(_) => assert!(!gpu.info().unwrap().software, "a software adapter cannot do this in {limit:?}: the deadline was ignored"),
     }
     assert!(took < limit + Duration::from_secs(2), "{took:?}: more than a band past the deadline");
     // The device is idle soon after too: what was submitted is one band,

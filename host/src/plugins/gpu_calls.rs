@@ -113,7 +113,10 @@ impl wit::Host for NodeState {
     }
 
     fn prefers(&mut self, elements: u64, inputs: Vec<Resource<Tensor>>) -> wasmtime::Result<bool> {
-        let Ok(gpu) = self.gpu() else { return Ok(false) };
+        // Not `self.gpu()`: under `auto` its `offered` probes the adapter,
+        // which a small result must not cost; `Gpu::prefers` probes only
+        // for a GPU-sized one.
+        let Some(gpu) = self.gpu.gpu.clone().filter(|_| self.gpu.granted) else { return Ok(false) };
         let mut resident = false;
         for input in &inputs {
             resident |= self.table.get(input)?.device().is_some();
