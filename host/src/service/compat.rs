@@ -587,22 +587,32 @@ impl Service {
                 return Err(ServiceError::NotFound);
             }
         }
-        // The owner's latest jobs, newest first, a page at a time, and at
-        // most MAX_HISTORY of them whatever the name: a name no job saved
-        // (the client chooses it) must not cost a scan of every record.
+        // The owner's running jobs first (an output is announced — ComfyUI's
+        // `executed` — before its job's terminal record is stored), then its
+        // latest jobs, newest first, a page at a time, and at most
+        // MAX_HISTORY of them whatever the name: a name no job saved (the
+        // client chooses it) must not cost a scan of every record.
+        let saved = |jobs: &[JobRecord]| -> Result<Option<AssetRecord>, ServiceError> {
+            for o in jobs.iter().flat_map(|j| &j.outputs).filter(|o| o.name == filename) {
+                if let Some(asset) = self.meta.get_asset(&o.asset_id)?
+                    && asset.file_path.as_deref() == Some(path.as_str())
+                    && self.visible(owner, &asset)
+                {
+                    return Ok(Some(asset));
+                }
+            }
+            Ok(None)
+        };
+        let running: Vec<JobRecord> = self.live.read().values().filter(|j| &*j.owner == owner).map(|j| j.snapshot()).collect();
+        if let Some(asset) = saved(&running)? {
+            return Ok(asset);
+        }
         let (mut cursor, mut looked) = (None, 0);
         while looked < MAX_HISTORY {
             let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), OUTPUT_SCAN_PAGE.min(MAX_HISTORY - looked), &|_| true)?;
             looked += page.jobs.len();
-            for job in &page.jobs {
-                for o in job.outputs.iter().filter(|o| o.name == filename) {
-                    if let Some(asset) = self.meta.get_asset(&o.asset_id)?
-                        && asset.file_path.as_deref() == Some(path.as_str())
-                        && self.visible(owner, &asset)
-                    {
-                        return Ok(asset);
-                    }
-                }
+            if let Some(asset) = saved(&page.jobs)? {
+                return Ok(asset);
             }
             match page.next {
                 Some(next) => cursor = Some(next),

@@ -592,3 +592,33 @@ async fn extra_pnginfo_is_embedded_in_saved_pngs() {
     assert_eq!(serde_json::from_str::<Value>(&workflow).unwrap(), ui_workflow);
     assert!(texts.iter().any(|(k, _)| k == "prompt"), "the API prompt too: {texts:?}");
 }
+
+/// A client fetches an output as soon as ComfyUI's `executed` names it,
+/// which is before its job has finished: `/view` finds the outputs of the
+/// caller's running jobs too.
+#[tokio::test]
+async fn an_output_is_viewable_while_its_job_still_runs() {
+    let s = start_default().await;
+    let mut workflow = trivial(3);
+    workflow["9"] = spinner(1)["1"].clone();
+    let (code, body) = post(&s, "/api/prompt", &json!({ "prompt": workflow })).await;
+    assert_eq!(code, 200, "{body}");
+    let id = body["prompt_id"].as_str().unwrap().to_string();
+    let mut filename = None;
+    for _ in 0..400 {
+        let job = s.job(&id).await;
+        if let Some(name) = job["outputs"][0]["name"].as_str() {
+            assert_eq!(job["status"], "running", "the spinner keeps the job running: {job}");
+            filename = Some(name.to_string());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let filename = filename.expect("SaveImage saved while the spinner ran");
+    let no_redirect = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let resp = no_redirect.get(root(&s, &format!("/view?filename={filename}&type=output"))).send().await.unwrap();
+    assert_eq!(resp.status(), 302, "{filename}");
+    assert_eq!(s.job(&id).await["status"], "running", "still running when it was served");
+    let (code, _) = post(&s, &format!("/api/jobs/{id}/cancel"), &json!({})).await;
+    assert_eq!(code, 200);
+}
