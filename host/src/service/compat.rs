@@ -13,6 +13,7 @@
 //! - the compatibility API's status names.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -592,8 +593,8 @@ impl Service {
         // latest jobs, newest first, a page at a time, and at most
         // MAX_HISTORY of them whatever the name: a name no job saved (the
         // client chooses it) must not cost a scan of every record.
-        let saved = |jobs: &[JobRecord]| -> Result<Option<AssetRecord>, ServiceError> {
-            for o in jobs.iter().flat_map(|j| &j.outputs).filter(|o| o.name == filename) {
+        let saved = |outputs: &mut dyn Iterator<Item = &crate::store::OutputRecord>| -> Result<Option<AssetRecord>, ServiceError> {
+            for o in outputs.filter(|o| o.name == filename) {
                 if let Some(asset) = self.meta.get_asset(&o.asset_id)?
                     && asset.file_path.as_deref() == Some(path.as_str())
                     && self.visible(owner, &asset)
@@ -603,15 +604,18 @@ impl Service {
             }
             Ok(None)
         };
-        let running: Vec<JobRecord> = self.live.read().values().filter(|j| &*j.owner == owner).map(|j| j.snapshot()).collect();
-        if let Some(asset) = saved(&running)? {
+        // (Only the outputs of the owner's live jobs are copied, not their records.)
+        let live: Vec<Arc<super::LiveJob>> = self.live.read().values().filter(|j| &*j.owner == owner).cloned().collect();
+        let running: Vec<crate::store::OutputRecord> =
+            live.iter().flat_map(|j| j.record.lock().outputs.iter().filter(|o| o.name == filename).cloned().collect::<Vec<_>>()).collect();
+        if let Some(asset) = saved(&mut running.iter())? {
             return Ok(asset);
         }
         let (mut cursor, mut looked) = (None, 0);
         while looked < MAX_HISTORY {
             let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), OUTPUT_SCAN_PAGE.min(MAX_HISTORY - looked), &|_| true)?;
             looked += page.jobs.len();
-            if let Some(asset) = saved(&page.jobs)? {
+            if let Some(asset) = saved(&mut page.jobs.iter().flat_map(|j| &j.outputs))? {
                 return Ok(asset);
             }
             match page.next {
