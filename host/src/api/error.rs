@@ -101,6 +101,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::DeploymentStopped => ApiError::new(S::UNPROCESSABLE_ENTITY, "deployment_stopped", message),
             ServiceError::Store(crate::store::StoreError::TooLarge { limit }) => ApiError::payload_too_large(limit),
             ServiceError::Store(cause) => ApiError::internal(&cause),
+            ServiceError::Transition(bug) => ApiError::internal(&bug),
         }
     }
 }

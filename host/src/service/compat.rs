@@ -19,10 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use serde_json::Value as Json;
 
-use super::job_files::JobInputs;
-use super::{AssetLabels, ExtraData, Service, ServiceError, Submission, UploadMeta, submit};
-use crate::store::{AssetRecord, BlobUpload, CompatFields, JobInput, JobRecord, JobStatus, blob_name, now_micros, parse_blob_name};
-use crate::workflow::{Issue, ParseError, ValidationError, Workflow, validate};
+use super::{AssetLabels, Service, ServiceError, UploadMeta};
+use crate::store::{AssetRecord, BlobUpload, JobInput, JobRecord, JobStatus, blob_name, now_micros, parse_blob_name};
 
 /// The tag of an asset uploaded through `/api/upload/*`: `comfy:input`, `comfy:temp`.
 const TAG_PREFIX: &str = "comfy:";
@@ -87,41 +85,6 @@ fn annotated(name: &str) -> (&str, &str) {
         }
     }
     ("input", name)
-}
-
-/// A prompt from `POST /api/prompt`, parsed at the edge.
-pub struct Prompt {
-    pub workflow: Json,
-    /// A canonical UUID (checked at the edge), or a fresh id.
-    pub id: Option<String>,
-    pub number: serde_json::Number,
-    pub front: bool,
-    pub client_id: Option<String>,
-    pub extra: ExtraData,
-    pub owner: String,
-}
-
-/// A queued prompt and the outputs that were dropped (`node_errors`).
-pub struct PromptAccepted {
-    pub record: JobRecord,
-    pub dropped: Vec<Issue>,
-}
-
-/// Why a prompt was not queued.
-#[derive(Debug)]
-pub enum PromptRejection {
-    /// The graph cannot be read (not an object, too large, a bad node).
-    Parse(ParseError),
-    /// Validation: an unknown class, no output, or every output failed.
-    Invalid(ValidationError),
-    /// Anything else (a full queue, a taken id, a store failure).
-    Service(ServiceError),
-}
-
-impl From<ServiceError> for PromptRejection {
-    fn from(e: ServiceError) -> PromptRejection {
-        PromptRejection::Service(e)
-    }
 }
 
 /// A job as ComfyUI's queue and history show it.
@@ -276,7 +239,7 @@ impl Service {
     /// `image`: `name`, `sub/name` or `name [input]`), as job inputs under
     /// the name the node gives. Only the nodes' own input values are looked
     /// at (no recursion into the client's JSON).
-    fn uploads_named_in(&self, owner: &str, workflow: &Json, taken: &[JobInput]) -> Result<Vec<JobInput>, ServiceError> {
+    pub(super) fn uploads_named_in(&self, owner: &str, workflow: &Json, taken: &[JobInput]) -> Result<Vec<JobInput>, ServiceError> {
         let Some(nodes) = workflow.as_object() else { return Ok(Vec::new()) };
         self.with_uploads(|u| {
             let mut out: Vec<JobInput> = Vec::new();
@@ -294,62 +257,6 @@ impl Service {
             }
             out
         })
-    }
-
-    /// Validates and queues a prompt the ComfyUI way: outputs that fail
-    /// validation are dropped (and reported) as long as one remains.
-    pub fn submit_prompt(&self, mut prompt: Prompt) -> Result<PromptAccepted, PromptRejection> {
-        // The hosted cloud runs workflows of this API only for an active
-        // subscription; the account's sockets hear why (the prompt id is
-        // the one asked for, or a fresh one no job will have).
-        if self.opts.mode == crate::config::Mode::Cloud && !self.accounts.subscription_active(&prompt.owner) {
-            let id = prompt.id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-            let body = super::bus::ExecBody::Failed {
-                node: None,
-                class_type: None,
-                code: "inactive_subscription".into(),
-                message: ServiceError::InactiveSubscription.to_string(),
-                executed: Vec::new(),
-                at_ms: super::bus::now_ms(),
-            };
-            self.bus.job(&std::sync::Arc::from(id.as_str()), &std::sync::Arc::from(prompt.owner.as_str()), body);
-            return Err(ServiceError::InactiveSubscription.into());
-        }
-        if let Some(map) = prompt.workflow.as_object()
-            && crate::workflow::is_ui_format(map)
-        {
-            return Err(ServiceError::WorkflowFormatUi.into());
-        }
-        let resolved = submit::resolve_assets(std::mem::take(&mut prompt.workflow), self.meta.as_ref(), &prompt.owner, now_micros())?;
-        let mut inputs = resolved.inputs;
-        let named = self.uploads_named_in(&prompt.owner, &resolved.workflow, &inputs)?;
-        inputs.extend(named);
-        let files = JobInputs::new(&inputs, self.blobs.clone());
-        let parsed = Workflow::from_json(&resolved.workflow, &self.opts.workflow_limits).map_err(PromptRejection::Parse)?;
-        let (plan, dropped) = validate(&parsed, &self.registry, &files).map_err(PromptRejection::Invalid)?;
-        // The dropped outputs leave the stored graph: it is what the queue
-        // and history show (`outputs_to_execute`: the ones that run), and
-        // what a restart validates again, all or nothing.
-        let mut workflow = resolved.workflow;
-        if let Some(nodes) = workflow.as_object_mut() {
-            for output in dropped.iter().flat_map(|i| i.dependent_outputs.iter()) {
-                nodes.shift_remove(output);
-            }
-        }
-        let sub = Submission {
-            workflow: Json::Null,
-            extra: prompt.extra,
-            idempotency_key: None,
-            metadata: None,
-            owner: prompt.owner,
-            surface: "compat",
-            id: prompt.id,
-            front: prompt.front,
-            compat: Some(CompatFields { number: prompt.number, client_id: prompt.client_id }),
-            deployment: None,
-        };
-        let (record, _) = self.enqueue(sub, workflow, inputs, plan)?;
-        Ok(PromptAccepted { record, dropped })
     }
 
     /// Jobs queued or running (ComfyUI's `queue_remaining`).
@@ -487,9 +394,8 @@ impl Service {
         let now = now_micros();
         for mut job in targets {
             self.drop_outputs(&mut job)?;
-            job.status = JobStatus::Expired;
+            job.transition(JobStatus::Expired, now)?;
             job.progress = None;
-            job.updated_at = now;
             self.meta.put_job(&job)?;
             self.forget_finished(&job.id);
         }

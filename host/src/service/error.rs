@@ -50,6 +50,9 @@ pub enum ServiceError {
     /// The deployment was stopped, or failed to load (422 `deployment_stopped`).
     #[error("the deployment is stopped; an operator must start it")]
     DeploymentStopped,
+    /// A status change the job state machine refuses: a bug (500).
+    #[error(transparent)]
+    Transition(#[from] crate::store::IllegalTransition),
     /// Anything unexpected (500 `upstream_error`, never detailed on the wire).
     #[error("storage failure: {0}")]
     Store(#[from] StoreError),

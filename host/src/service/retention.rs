@@ -52,7 +52,7 @@ impl Service {
                 let ran = job.status == JobStatus::Running;
                 self.drop_outputs(&mut job)?;
                 let why = "the server restarted before this job finished; its extra_data is never stored, so it cannot run again: submit it again";
-                fail_interrupted(&mut job, why.into(), ran, now);
+                fail_interrupted(&mut job, why.into(), ran, now)?;
                 tracing::warn!(job_id = %job.id, "job with extra_data interrupted by a restart: failed");
                 self.meta.put_job(&job)?;
                 continue;
@@ -61,25 +61,22 @@ impl Service {
                 JobStatus::Queued => {}
                 JobStatus::Canceling => {
                     // Keeps the outputs its record lists.
-                    job.status = JobStatus::Canceled;
-                    job.completed_at = Some(now);
-                    job.updated_at = now;
+                    job.transition(JobStatus::Canceled, now)?;
                     self.meta.put_job(&job)?;
                     continue;
                 }
                 JobStatus::Running => {
                     self.drop_outputs(&mut job)?;
                     job.progress = None;
-                    job.updated_at = now;
                     if job.attempts >= MAX_ATTEMPTS {
                         let why = format!("the server stopped while this job was running (attempt {}); it is not retried again", job.attempts);
-                        fail_interrupted(&mut job, why, true, now);
+                        fail_interrupted(&mut job, why, true, now)?;
                         tracing::warn!(job_id = %job.id, "job interrupted by a restart for the last time: failed");
                         self.meta.put_job(&job)?;
                         continue;
                     }
                     tracing::warn!(job_id = %job.id, "job interrupted by a restart: running it again");
-                    job.status = JobStatus::Queued;
+                    job.transition(JobStatus::Queued, now)?;
                     job.started_at = None;
                     self.meta.put_job(&job)?;
                 }
@@ -164,10 +161,8 @@ impl Service {
             let Some(mut job) = self.meta.get_job(&listed.id)? else { continue };
             if job.status != JobStatus::Expired || !job.outputs.is_empty() {
                 self.drop_outputs(&mut job)?;
-                job.status = JobStatus::Expired;
+                job.transition(JobStatus::Expired, now)?;
                 job.progress = None;
-                job.completed_at.get_or_insert(now);
-                job.updated_at = now;
                 self.meta.put_job(&job)?;
                 self.forget_finished(&job.id);
                 tracing::info!(job_id = %job.id, "job expired");
@@ -212,11 +207,10 @@ impl Service {
 
 /// Ends a job recovered at a restart as failed `interrupted`. Its log is
 /// empty: what its runs printed was in the lost process (`ran`: shed).
-fn fail_interrupted(job: &mut JobRecord, message: String, ran: bool, now: Micros) {
-    job.status = JobStatus::Failed;
+fn fail_interrupted(job: &mut JobRecord, message: String, ran: bool, now: Micros) -> Result<(), crate::store::IllegalTransition> {
+    job.transition(JobStatus::Failed, now)?;
     job.progress = None;
-    job.completed_at = Some(now);
-    job.updated_at = now;
     job.error = Some(JobErrorRecord { code: "interrupted".into(), message, node_id: None, class_type: None, traceback: None });
     job.logs = Some(JobLogRecord { text: String::new(), truncated: ran, captured_at: now });
+    Ok(())
 }

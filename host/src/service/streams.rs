@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::ServiceError;
+use tokio::sync::broadcast;
+
+use super::{JobEvent, Service, ServiceError};
+use crate::store::{JobRecord, JobStatus};
 
 /// What kind of stream a slot holds (counted apart: the idle memory
 /// trimmer waits for SSE streams, not for idle WebSockets).
@@ -121,6 +124,68 @@ impl StreamSlots {
     /// Open streams of `owner`.
     pub fn open_of(&self, owner: &str) -> usize {
         self.owners.lock().get(owner).map_or(0, |e| e.open)
+    }
+}
+
+/// An open event stream: the snapshot to send first, then live events.
+pub struct EventStream {
+    pub snapshot: JobRecord,
+    pub queue_position: Option<usize>,
+    pub progress: Option<crate::store::ProgressSnapshot>,
+    pub preview: Option<JobEvent>,
+    /// `None` when the job had already finished.
+    pub events: Option<broadcast::Receiver<JobEvent>>,
+    /// Holds the stream's slot; its `closed` signal ends the stream.
+    pub guard: StreamGuard,
+}
+
+impl Service {
+    /// Opens an event stream on a job (bounded by `max_event_streams`, and
+    /// per account by `max_event_streams_per_account`).
+    pub fn open_stream(&self, owner: &str, id: &str) -> Result<EventStream, ServiceError> {
+        let guard = self.streams.open(owner, StreamKind::Events)?;
+        let key = self.job_key(owner, id);
+        let id = key.as_str();
+        self.activity.fetch_add(1, Ordering::Relaxed);
+        if let Some(live) = self.live_job(id) {
+            // Subscribe before the snapshot so nothing falls between them.
+            let events = live.events.subscribe();
+            let snapshot = live.snapshot();
+            if snapshot.owner != owner {
+                return Err(ServiceError::NotFound);
+            }
+            let queue_position = if snapshot.status == JobStatus::Queued { self.queue_position(id) } else { None };
+            let progress = if snapshot.status == JobStatus::Running { snapshot.progress.clone() } else { None };
+            let preview = live.last_preview.lock().clone();
+            return Ok(EventStream { snapshot, queue_position, progress, preview, events: Some(events), guard });
+        }
+        let (snapshot, _) = self.get(owner, id)?;
+        Ok(EventStream { snapshot, queue_position: None, progress: None, preview: None, events: None, guard })
+    }
+
+    /// Notes that a request arrived (the idle memory trimmer waits for a
+    /// quiet interval).
+    pub fn touch(&self) {
+        self.activity.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes a stream slot for a compatibility WebSocket of `owner` (the
+    /// same bounds as event streams); the connection ends when its guard's
+    /// `closed` signal fires.
+    pub fn open_socket(&self, owner: &str) -> Result<StreamGuard, ServiceError> {
+        self.activity.fetch_add(1, Ordering::Relaxed);
+        self.streams.open(owner, StreamKind::Socket)
+    }
+
+    /// Open SSE event streams (WebSockets, which stay open while idle, are
+    /// not counted here).
+    pub fn open_streams(&self) -> usize {
+        self.streams.open_events()
+    }
+
+    /// Open streams (SSE and WebSockets) of `owner`.
+    pub fn open_streams_of(&self, owner: &str) -> usize {
+        self.streams.open_of(owner)
     }
 }
 

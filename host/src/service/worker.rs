@@ -10,10 +10,12 @@ use parking_lot::Mutex;
 
 use super::bus::{self, ExecBody, ExecBus, NodeRunState};
 use super::job_files::{JobInputs, JobOutputs, media_type};
-use super::{JobEvent, LiveJob, Service, submit};
+use super::{JobEvent, LiveJob, Service};
 use crate::executor::{Event, RunContext, RunOutcome, RunStatus};
 use crate::plugins::FailureKind;
-use crate::store::{AssetRecord, JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros, OutputRecord, ProgressSnapshot, blob_name, now_micros};
+use crate::store::{
+    AssetRecord, IllegalTransition, JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros, OutputRecord, ProgressSnapshot, blob_name, now_micros,
+};
 
 /// Progress frames per job go out at most this often.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
@@ -95,9 +97,11 @@ impl Service {
             if rec.status != JobStatus::Queued {
                 return; // canceled or expired while it waited
             }
-            rec.status = JobStatus::Running;
+            if let Err(bug) = rec.transition(JobStatus::Running, now) {
+                tracing::error!(job_id = %rec.id, %bug, "cannot start the job");
+                return;
+            }
             rec.started_at = Some(now);
-            rec.updated_at = now;
             rec.queue_ms = Some((now - rec.created_at) / 1000);
             rec.attempts += 1;
             let written = self.meta.put_job(&rec);
@@ -211,9 +215,9 @@ impl Service {
         let workflow: serde_json::Value =
             serde_json::from_slice(&bytes).map_err(|e| error("internal_error", format!("the job's stored workflow is unreadable: {e}")))?;
         let inputs = JobInputs::new(&job.inputs, self.blobs.clone());
-        let plan = match submit::check(&workflow, registry, &inputs, &self.opts.workflow_limits) {
-            Ok((_, plan)) => plan,
-            Err(e) => return Err(error("invalid_workflow", e.to_string())),
+        let plan = match super::intake::plan(&workflow, registry, &inputs, &self.opts.workflow_limits, super::OutputPolicy::AllOrNothing) {
+            Ok((plan, _)) => plan,
+            Err(e) => return Err(error("invalid_workflow", crate::service::ServiceError::from(e).to_string())),
         };
         let text = String::from_utf8(bytes).map_err(|_| error("internal_error", "the job's stored workflow is not UTF-8".into()))?;
         Ok((Arc::from(text), plan))
@@ -253,7 +257,9 @@ impl Service {
             let rec = live.record.lock();
             live.finishing.store(true, Ordering::SeqCst);
             let mut terminal = rec.clone();
-            end_record(&mut terminal, outcome, live.expire_on_stop.load(Ordering::SeqCst), now_micros(), self.opts.job_log_bytes);
+            if let Err(bug) = end_record(&mut terminal, outcome, live.expire_on_stop.load(Ordering::SeqCst), now_micros(), self.opts.job_log_bytes) {
+                tracing::error!(job_id = %terminal.id, %bug, "cannot record how the job ended");
+            }
             terminal
         };
         let terminal = Arc::new(terminal);
@@ -554,19 +560,18 @@ struct NotRun {
 }
 
 /// Sets the terminal state of a job record from how its run ended.
-fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired: bool, now: Micros, log_limit: usize) {
+fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired: bool, now: Micros, log_limit: usize) -> Result<(), IllegalTransition> {
     let canceling = rec.status == JobStatus::Canceling;
-    match outcome {
+    let ended = match outcome {
         Ok(outcome) => {
-            match outcome.status {
+            let ended = match outcome.status {
                 RunStatus::Succeeded => {
-                    rec.status = JobStatus::Succeeded;
                     if let Some(p) = rec.progress.as_mut() {
                         (p.value, p.nodes_done, p.step, p.steps) = (1.0, p.nodes_total, None, None);
                     }
+                    JobStatus::Succeeded
                 }
                 RunStatus::Failed { node, class_type, failure } => {
-                    rec.status = JobStatus::Failed;
                     rec.error = Some(JobErrorRecord {
                         code: failure_code(failure.kind).into(),
                         message: failure.message,
@@ -574,30 +579,33 @@ fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired:
                         class_type: Some(class_type),
                         traceback: None,
                     });
+                    JobStatus::Failed
                 }
-                RunStatus::Interrupted => rec.status = JobStatus::Canceled,
-            }
+                RunStatus::Interrupted => JobStatus::Canceled,
+            };
             rec.logs = Some(log_record(outcome.log, outcome.log_truncated, now, log_limit));
+            ended
         }
         Err(NotRun { error, output_lost }) => {
-            rec.status = JobStatus::Failed;
             // An empty log: nothing ran, or what ran was lost (shed).
             rec.logs = Some(JobLogRecord { text: String::new(), truncated: output_lost, captured_at: now });
             rec.error = Some(error);
+            JobStatus::Failed
         }
-    }
+    };
     // A cancel request wins over however the run ended (canceling →
     // canceled is the only way out), and retention over both.
     if canceling {
-        rec.status = JobStatus::Canceled;
         rec.error = None;
     }
-    if expired {
-        rec.status = JobStatus::Expired;
-    }
-    rec.completed_at = Some(now);
-    rec.updated_at = now;
+    let to = match (expired, canceling) {
+        (true, _) => JobStatus::Expired,
+        (false, true) => JobStatus::Canceled,
+        (false, false) => ended,
+    };
+    rec.transition(to, now)?;
     rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
+    Ok(())
 }
 
 /// The job log: the tail of the plugins' output when it is longer than

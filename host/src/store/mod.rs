@@ -8,12 +8,14 @@ mod blobs;
 mod commit_log;
 pub mod records;
 mod sled_meta;
+mod status;
 
 use std::path::PathBuf;
 
 pub use blobs::{BlobUpload, DiskBlobs};
 pub use records::*;
 pub use sled_meta::SledMeta;
+pub use status::IllegalTransition;
 
 /// A storage failure.
 #[derive(Debug, thiserror::Error)]

@@ -5,50 +5,14 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
+pub use super::status::JobStatus;
+
 /// Microseconds since the Unix epoch (UTC).
 pub type Micros = i64;
 
 /// Now, in [`Micros`].
 pub fn now_micros() -> Micros {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
-}
-
-/// A job's status (the Jobs API state machine).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobStatus {
-    Queued,
-    Running,
-    Succeeded,
-    Canceling,
-    Canceled,
-    Failed,
-    Expired,
-}
-
-impl JobStatus {
-    /// Whether no further transition (other than expiry) can happen.
-    pub fn is_terminal(self) -> bool {
-        matches!(self, JobStatus::Succeeded | JobStatus::Canceled | JobStatus::Failed | JobStatus::Expired)
-    }
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobStatus::Queued => "queued",
-            JobStatus::Running => "running",
-            JobStatus::Succeeded => "succeeded",
-            JobStatus::Canceling => "canceling",
-            JobStatus::Canceled => "canceled",
-            JobStatus::Failed => "failed",
-            JobStatus::Expired => "expired",
-        }
-    }
-    /// Parses a wire name.
-    pub fn parse(s: &str) -> Option<JobStatus> {
-        [JobStatus::Queued, JobStatus::Running, JobStatus::Succeeded, JobStatus::Canceling, JobStatus::Canceled, JobStatus::Failed, JobStatus::Expired]
-            .into_iter()
-            .find(|st| st.as_str() == s)
-    }
 }
 
 /// A progress snapshot (complete; re-syncs a client on its own).

@@ -1,4 +1,4 @@
-//! Tiers and fair scheduling (issue 18): per-key running and queued limits,
+//! Tiers and fair scheduling: per-key running and queued limits,
 //! and round-robin dispatch across accounts, so one account's flood never
 //! starves another's jobs. Jobs of a second account are submitted through
 //! the service itself (accounts and their keys are the `tenants` work); the
@@ -7,31 +7,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use kiln::service::Submission;
 use kiln::service::fair::OwnerLimits;
-use kiln::service::{ExtraData, Submission};
 use serde_json::{Value, json};
 
 use super::{TestServer, spinner, start, trivial};
 
-fn submission(owner: &str, workflow: Value) -> Submission {
-    Submission {
-        workflow,
-        extra: ExtraData::default(),
-        idempotency_key: None,
-        metadata: None,
-        owner: owner.into(),
-        surface: "v2",
-        id: None,
-        front: false,
-        compat: None,
-        deployment: None,
-    }
-}
-
 /// Submits as `owner` through the service; returns (id, queue position).
 fn submit_as(s: &TestServer, owner: &str, workflow: Value) -> (String, usize) {
-    let (record, position) = s.server.state.service.submit(submission(owner, workflow)).unwrap();
-    (record.id, position.unwrap())
+    let admitted = s.server.state.service.admit(Submission::v2(owner, workflow)).unwrap();
+    (admitted.record.id, admitted.position.unwrap())
 }
 
 /// Waits until every job is terminal; returns their records by id.

@@ -14,7 +14,7 @@ use super::{Segment, check_id, wire};
 use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
-use crate::service::{ExtraData, ListQuery, Submission};
+use crate::service::{ExtraData, ListQuery, ServiceError, Submission};
 use crate::store::JobStatus;
 
 pub async fn health(State(state): State<Arc<AppState>>) -> Json<Json_> {
@@ -100,7 +100,7 @@ pub async fn submit(
 ) -> Result<Response, ApiError> {
     // A used key is refused whatever else the request holds (spec: any
     // later request with the key is 422); the claim itself is atomic with
-    // the job's record in `Service::submit`.
+    // the job's record.
     let key = idempotency_key(&headers)?;
     if let Some(key) = &key {
         state.service.check_key(caller.owner(), key)?;
@@ -124,38 +124,23 @@ pub async fn submit(
         Some(w @ Json_::Object(_)) => w,
         _ => return Err(ApiError::invalid_workflow("Missing 'workflow' (API-format graph).")),
     };
-    if let Some(map) = workflow.as_object()
-        && crate::workflow::is_ui_format(map)
-    {
-        return Err(crate::service::ServiceError::WorkflowFormatUi.into());
-    }
     let metadata = body.get("metadata").filter(|m| !m.is_null()).map(check_metadata).transpose()?;
     let extra = body.get("extra_data").filter(|m| !m.is_null()).map(check_extra_data).transpose()?.unwrap_or_default();
     let service = state.service.clone();
     let owner = caller.owner().to_string();
-    let submission = Submission {
-        workflow,
-        extra,
-        idempotency_key: key,
-        metadata,
-        owner,
-        surface: "v2",
-        id: None,
-        front: false,
-        compat: None,
-        deployment: caller.deployment_id(),
-    };
+    let submission = Submission { extra, idempotency_key: key, metadata, deployment: caller.deployment_id(), ..Submission::v2(owner, workflow) };
     // Validation, the store writes and the commit log's sync (~50 µs on a
     // local disk) run right here for a typical workflow: a hand-off to the
     // blocking pool and back costs more than that on a small machine
-    // (BENCHMARKS.md, session 7). A large graph validates on the pool, and
+    // (BENCHMARKS.md, "Service"). A large graph validates on the pool, and
     // so does any submission while the store's writes may wait for a
     // flush of the whole store (a checkpoint): with one HTTP thread, every
     // request would wait with it.
     let (record, position) = if size <= INLINE_SUBMIT_BYTES && !service.submit_may_block() {
-        service.submit(submission)?
+        service.admit(submission).map(|a| (a.record, a.position)).map_err(ServiceError::from)?
     } else {
-        tokio::task::spawn_blocking(move || service.submit(submission)).await.map_err(|e| ApiError::internal(&e))??
+        let admitted = tokio::task::spawn_blocking(move || service.admit(submission)).await.map_err(|e| ApiError::internal(&e))?;
+        admitted.map(|a| (a.record, a.position)).map_err(ServiceError::from)?
     };
     drop(admitted);
     Ok((StatusCode::CREATED, Json(wire::job(&record, position, &links, false))).into_response())

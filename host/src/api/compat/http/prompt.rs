@@ -23,8 +23,10 @@ use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::v2::{Segment, check_id};
 use crate::files::NamedInputs;
-use crate::service::compat::{Prompt, PromptRejection, compat_status};
+use crate::service::compat::compat_status;
 use crate::service::{ExtraData, ServiceError};
+use crate::service::{Submission, SubmitError};
+use crate::store::CompatFields;
 use crate::workflow::{Issue, IssueKind, ValidationError};
 
 /// Longest `client_id` kept.
@@ -124,9 +126,10 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     };
     let extra = extra_data(body.get("extra_data"))?;
     let titles = node_titles(&workflow);
-    let prompt = Prompt { workflow, id, number: number.clone(), front, client_id, extra, owner: caller.owner().to_string() };
+    let fields = CompatFields { number: number.clone(), client_id };
+    let submission = Submission { extra, id, front, ..Submission::compat(caller.owner(), workflow, fields) };
     let service = state.service.clone();
-    let outcome = tokio::task::spawn_blocking(move || service.submit_prompt(prompt)).await.map_err(|e| ApiError::internal(&e))?;
+    let outcome = tokio::task::spawn_blocking(move || service.admit(submission)).await.map_err(|e| ApiError::internal(&e))?;
     drop(admitted);
     let registry = state.service.registry();
     match outcome {
@@ -135,12 +138,12 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
                 .into_response())
         }
         // ComfyUI finds no output in an empty prompt.
-        Err(PromptRejection::Parse(crate::workflow::ParseError::Empty)) | Err(PromptRejection::Invalid(ValidationError::NoOutputs)) => {
+        Err(SubmitError::Unreadable(crate::workflow::ParseError::Empty)) | Err(SubmitError::Invalid(ValidationError::NoOutputs)) => {
             Ok(rejection("prompt_no_outputs", "Prompt has no outputs", "", json!({}), json!({})))
         }
-        Err(PromptRejection::Parse(e)) => Ok(rejection("invalid_prompt", e.to_string(), "", json!({}), json!({}))),
-        Err(PromptRejection::Invalid(ValidationError::Node(issue))) => Ok(unknown_node(&issue, &titles)),
-        Err(PromptRejection::Invalid(ValidationError::OutputsFailed(issues))) => {
+        Err(SubmitError::Unreadable(e)) => Ok(rejection("invalid_prompt", e.to_string(), "", json!({}), json!({}))),
+        Err(SubmitError::Invalid(ValidationError::Node(issue))) => Ok(unknown_node(&issue, &titles)),
+        Err(SubmitError::Invalid(ValidationError::OutputsFailed(issues))) => {
             // `details`: the errors of the failed output nodes themselves.
             let details: Vec<String> = issues
                 .iter()
@@ -152,8 +155,8 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
                 .collect();
             Ok(rejection("prompt_outputs_failed_validation", "Prompt outputs failed validation", details.join("\n"), json!({}), node_errors(&issues, registry)))
         }
-        Err(PromptRejection::Service(ServiceError::InvalidWorkflow { message, .. })) => Ok(rejection("invalid_prompt", message, "", json!({}), json!({}))),
-        Err(PromptRejection::Service(e)) => Err(compat_error(e)),
+        Err(SubmitError::Refused(ServiceError::InvalidWorkflow { message, .. })) => Ok(rejection("invalid_prompt", message, "", json!({}), json!({}))),
+        Err(SubmitError::Refused(e)) => Err(compat_error(e)),
     }
 }
 

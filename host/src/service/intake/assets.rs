@@ -1,15 +1,11 @@
-//! Turning a submission into a runnable job: `core/ASSET` references are
-//! resolved (recursively, anywhere in the graph) to input names, and the
-//! resolved graph is validated against the node registry. Everything here is
-//! synchronous and side-effect free; `Service::submit` records the result.
+//! Asset references in a submitted graph: every `core/ASSET` reference,
+//! anywhere in the graph, is resolved to the name the job reads it under.
+//! Synchronous and side-effect free.
 
 use serde_json::Value as Json;
 
-use super::ServiceError;
-use super::job_files::JobInputs;
-use crate::plugins::NodeRegistry;
+use crate::service::ServiceError;
 use crate::store::{AssetRecord, JobInput, MetaStore, Micros};
-use crate::workflow::{Issue, ParseError, Plan, ValidationError, Workflow, WorkflowLimits, validate};
 
 /// The marker of an asset reference inside a workflow.
 pub const ASSET_TYPE: &str = "core/ASSET";
@@ -83,38 +79,6 @@ fn input_name(asset: &AssetRecord, taken: &[JobInput]) -> String {
         Some(i) if i.hash != asset.hash => format!("{}-{base}", asset.id),
         _ => base,
     }
-}
-
-/// Validates a resolved workflow; any error refuses the whole job.
-pub fn check(workflow: &Json, registry: &NodeRegistry, inputs: &JobInputs, limits: &WorkflowLimits) -> Result<(Workflow, Plan), ServiceError> {
-    let parsed = Workflow::from_json(workflow, limits).map_err(|e| match e {
-        ParseError::UiFormat => ServiceError::WorkflowFormatUi,
-        other => ServiceError::InvalidWorkflow { message: other.to_string(), details: None },
-    })?;
-    match validate(&parsed, registry, inputs) {
-        Ok((plan, issues)) if issues.is_empty() => Ok((parsed, plan)),
-        Ok((_, issues)) | Err(ValidationError::OutputsFailed(issues)) => Err(invalid(&issues)),
-        Err(ValidationError::Node(issue)) => Err(invalid(std::slice::from_ref(issue.as_ref()))),
-        Err(e @ ValidationError::NoOutputs) => Err(ServiceError::InvalidWorkflow { message: e.to_string(), details: None }),
-    }
-}
-
-/// `invalid_workflow` with `details.node_errors`: node id → `[{field, reason, message}]`.
-fn invalid(issues: &[Issue]) -> ServiceError {
-    let mut nodes: std::collections::BTreeMap<&str, Vec<Json>> = std::collections::BTreeMap::new();
-    for issue in issues {
-        nodes.entry(&issue.node_id).or_default().push(serde_json::json!({
-            "field": issue.input,
-            "reason": issue.kind,
-            "message": issue.message,
-            "class_type": issue.class_type,
-        }));
-    }
-    let message = match issues {
-        [one] => one.message.clone(),
-        many => format!("{} validation errors", many.len()),
-    };
-    ServiceError::InvalidWorkflow { message, details: Some(serde_json::json!({ "node_errors": nodes })) }
 }
 
 #[cfg(test)]

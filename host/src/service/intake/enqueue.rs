@@ -1,0 +1,237 @@
+//! The last rules before a job is queued, and its durable write: funds, the
+//! server's queue bound, the job's id, the account's state, the scheduling
+//! key's own bound (its tier), then the record, the workflow and the
+//! idempotency claim in one store write, synced before the caller hears.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use serde_json::Value as Json;
+
+use super::{IDEMPOTENCY_TTL, Submission};
+use crate::service::live::{self, LiveJob};
+use crate::service::{Service, ServiceError, fair};
+use crate::store::{IdempotencyClaim, JobInput, JobRecord, JobStatus, Micros, StoreError, now_micros};
+use crate::workflow::Plan;
+
+/// 429 `queue_full` for a key (or the server) with these limits: retry
+/// after about the time a queue this deep takes to drain, 1 to 60 s.
+fn queue_full(limits: fair::OwnerLimits) -> ServiceError {
+    let per_job = (limits.max_queued / limits.max_running.max(1)).max(1);
+    ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) }
+}
+
+/// A slot of the server-wide queue bound, given back unless kept.
+struct Slot<'a>(Option<&'a Service>);
+
+impl Slot<'_> {
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Some(service) = self.0 {
+            service.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Service {
+    /// Records a validated job (`workflow` resolved, `plan` its plan); it
+    /// is durable and queued when this returns, at the position returned.
+    pub(super) fn enqueue(&self, sub: Submission, workflow: Json, inputs: Vec<JobInput>, plan: Plan) -> Result<(JobRecord, usize), ServiceError> {
+        let now = now_micros();
+        self.activity.fetch_add(1, Ordering::Relaxed);
+        // An account without credits submits nothing (no claim is made, so
+        // its Idempotency-Key stays free).
+        if !self.accounts.has_funds(&self.billed_owner(&sub.owner, sub.deployment.as_deref())) {
+            return Err(ServiceError::InsufficientCredits);
+        }
+        // Reserve a queue slot; a full queue releases everything (no claim).
+        if self.queued.fetch_add(1, Ordering::SeqCst) >= self.opts.max_queued_jobs {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(queue_full(fair::OwnerLimits { max_running: self.opts.max_running_jobs, max_queued: self.opts.max_queued_jobs }));
+        }
+        let slot = Slot(Some(self));
+        let id = match &sub.id {
+            None => uuid::Uuid::now_v7().to_string(),
+            Some(chosen) => self.key_for_chosen_id(&sub.owner, chosen)?,
+        };
+        let record = self.new_record(&sub, id, inputs, now);
+        let claim = sub.idempotency_key.as_ref().map(|key| IdempotencyClaim {
+            key: self.claim_key(&sub.owner, key),
+            owner: sub.owner.clone(),
+            job_id: Some(record.id.clone()),
+            claimed_at: now,
+            expires_at: now + IDEMPOTENCY_TTL.as_micros() as Micros,
+        });
+        let live = Arc::new(LiveJob::new(record.clone(), sub.extra));
+        let (written, position) = self.commit(&live, slot, (&sub.owner, sub.deployment.as_deref(), sub.front), &workflow, claim.as_ref(), plan)?;
+        let id = &record.id;
+        match written {
+            Ok(()) => {}
+            // The caller hears 500 (outcome unknown); the key stays claimed.
+            Err(e @ StoreError::NotDurable(_)) => {
+                tracing::warn!(job_id = %id, error = %e, "job queued, but its submission may not be durable");
+                return Err(e.into());
+            }
+            Err(e) => {
+                self.withdraw(id);
+                return Err(match e {
+                    StoreError::KeyClaimed => ServiceError::IdempotencyKeyReuse,
+                    e => e.into(),
+                });
+            }
+        }
+        tracing::debug!(job_id = %id, "job queued");
+        // A worker may run the job while the submission is made durable.
+        // Nothing it does can be seen as done before that: its terminal
+        // record is logged after the submission and synced with everything
+        // before it, and a crash before this sync loses the submission and
+        // everything after it together (the caller, who got no 201, submits
+        // again). The 201 waits for the sync.
+        match self.meta.sync_jobs() {
+            Ok(()) => Ok((record, position)),
+            Err(e) => Err(StoreError::NotDurable(e.to_string()).into()),
+        }
+    }
+
+    /// The queued record of a new job.
+    fn new_record(&self, sub: &Submission, id: String, inputs: Vec<JobInput>, now: Micros) -> JobRecord {
+        JobRecord {
+            id,
+            owner: sub.owner.clone(),
+            status: JobStatus::Queued,
+            created_at: now,
+            started_at: None,
+            completed_at: None,
+            updated_at: now,
+            expires_at: now + self.opts.retention.as_micros() as Micros,
+            seq: self.seq.fetch_add(1, Ordering::SeqCst),
+            attempts: 0,
+            inputs,
+            outputs: Vec::new(),
+            error: None,
+            progress: None,
+            logs: None,
+            queue_ms: None,
+            execution_ms: None,
+            metadata: sub.metadata.clone(),
+            surface: sub.surface.as_str().to_string(),
+            logs_withheld: sub.deployment.as_deref().and_then(|d| self.deployments.get(d)).is_some_and(|d| d.spec.public_demo),
+            deployment: sub.deployment.clone(),
+            had_extra_data: !sub.extra.secrets.is_empty(),
+            compat: sub.compat.clone(),
+        }
+    }
+
+    /// Queues the job and writes its submission, under the job record's
+    /// lock: the refusals that need the job in the live set (the account
+    /// disabled meanwhile, the key's own bound), then the store write.
+    /// Returns the write's outcome (the job stays queued unless it failed
+    /// outright) and its position.
+    ///
+    /// The job is queued and a worker woken before the submission is
+    /// written: waking a thread takes longer than the writes (about 60 vs
+    /// 35 µs here), so the worker usually starts as soon as they are done.
+    /// It cannot start earlier: the writes happen under the job record's
+    /// lock, which the worker takes first — also what puts the submission
+    /// before the job's start in the commit log. No one else can see the
+    /// job yet (its id is unknown until the 201; the store does not list
+    /// it).
+    fn commit(
+        &self,
+        live: &Arc<LiveJob>,
+        slot: Slot<'_>,
+        (owner, deployment, front): (&str, Option<&str>, bool),
+        workflow: &Json,
+        claim: Option<&IdempotencyClaim>,
+        plan: Plan,
+    ) -> Result<(Result<(), StoreError>, usize), ServiceError> {
+        let mut locked = live.record.lock();
+        let id = locked.id.clone();
+        {
+            let mut jobs = self.live.write();
+            if jobs.contains_key(&id) {
+                return Err(ServiceError::InvalidRequest(format!("a job with id {} already exists", crate::store::public_job_id(&id))));
+            }
+            jobs.insert(id.clone(), live.clone());
+        }
+        // An account disabled meanwhile queues nothing, nor is billed for a
+        // demo job (checked after the job joined the live set: a disable
+        // either sees it there and cancels it, or is seen here).
+        if self.accounts.is_disabled(owner) || self.accounts.is_disabled(&self.billed_owner(owner, deployment)) {
+            self.live.write().remove(&id);
+            return Err(ServiceError::AccountDisabled);
+        }
+        let key = fair::sched_key(owner, deployment);
+        let limits = self.limits_for(&key);
+        let Ok(position) = self.queue.lock().push(&key, owner, id.clone(), front, limits.max_queued) else {
+            self.live.write().remove(&id);
+            return Err(queue_full(limits));
+        };
+        slot.keep();
+        self.queue_notify.notify_one();
+        // Before the worker can start it (it waits for this lock), so the
+        // queue change precedes the job's own messages.
+        self.publish_queue(owner);
+        let written = self.meta.submit(&locked, workflow, claim);
+        match &written {
+            // Committed (durable or not): the job exists, so it runs. Kept
+            // parsed for the worker while the queued jobs' share allows;
+            // otherwise dropped here and parsed again at start. The plan
+            // holds at most the tree's constants; the text is what nodes
+            // read as `prompt`.
+            Ok(()) | Err(StoreError::NotDurable(_)) => {
+                let held = crate::workflow::cost::of_value(workflow).tree_bytes();
+                if let Some(permit) = self.queued_parsed.try_enter(held) {
+                    let text = Arc::from(workflow.to_string());
+                    *live.prepared.lock() = Some(live::Prepared { text, plan, _held: permit });
+                }
+            }
+            // Not written: a worker that took it meanwhile finds it no
+            // longer queued.
+            Err(_) => locked.transition(JobStatus::Canceled, now_micros())?,
+        }
+        Ok((written, position))
+    }
+
+    /// The store key of a new job of `owner` with the client-chosen id
+    /// `chosen`: the id itself, or, when another owner's job holds it, the
+    /// owner-scoped key (`store::scoped_job_key`), so the answer is the one
+    /// an unused id gets. The owner's own job under either is a reuse (400;
+    /// checked again, atomically, when the job joins the live set).
+    fn key_for_chosen_id(&self, owner: &str, chosen: &str) -> Result<String, ServiceError> {
+        let exists = || ServiceError::InvalidRequest(format!("a job with id {chosen} already exists"));
+        let scoped = crate::store::scoped_job_key(owner, chosen);
+        match self.owner_at(chosen)? {
+            Some(holder) if holder == owner => Err(exists()),
+            _ if self.owner_at(&scoped)?.is_some() => Err(exists()),
+            Some(_) => Ok(scoped),
+            None => Ok(chosen.to_string()),
+        }
+    }
+
+    /// The owner of the job stored under `key`, if any.
+    fn owner_at(&self, key: &str) -> Result<Option<String>, ServiceError> {
+        if let Some(live) = self.live_job(key) {
+            return Ok(Some(live.owner.to_string()));
+        }
+        Ok(self.meta.get_job(key)?.map(|r| r.owner))
+    }
+
+    /// Takes back a job whose submission was not written (already marked
+    /// so that a worker that took it meanwhile skips it).
+    fn withdraw(&self, id: &str) {
+        let removed = self.queue.lock().remove(id);
+        if removed {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        let removed = self.live.write().remove(id);
+        if let Some(job) = removed {
+            self.publish_queue(&job.owner);
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! Reading and controlling jobs once they exist: a caller's view of its job
+//! (live, a cached finished record, or the store's), listings, the executed
+//! workflow, and cancellation.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{LiveJob, MAX_CACHED_LOG_BYTES, Service, ServiceError};
+use crate::store::{JobRecord, JobStatus, now_micros};
+
+/// Filters of a job listing.
+#[derive(Default)]
+pub struct ListQuery {
+    pub cursor: Option<Vec<u8>>,
+    pub limit: usize,
+    pub statuses: Vec<JobStatus>,
+    pub metadata: Vec<(String, String)>,
+}
+
+impl Service {
+    /// The store key of the job `owner` knows as `id` (see
+    /// `store::scoped_job_key`); `id` itself when it names none of theirs.
+    pub(crate) fn job_key(&self, owner: &str, id: &str) -> String {
+        self.get_shared(owner, id).map_or_else(|_| id.to_string(), |(r, _)| r.id.clone())
+    }
+
+    /// 1-based position of a queued job among its owner's queued jobs (see
+    /// [`fair::FairQueue::position`]).
+    pub fn queue_position(&self, id: &str) -> Option<usize> {
+        self.queue.lock().position(id)
+    }
+
+    /// The current record of a job the caller owns.
+    pub fn get(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        self.get_shared(owner, id).map(|(r, p)| ((*r).clone(), p))
+    }
+
+    /// [`Service::get`] without copying: finished records are served from an
+    /// in-memory cache (they only change again at expiry).
+    /// `id` is the id the owner knows: a job stored under its owner-scoped
+    /// key (another owner's job held the id) is found by it too.
+    pub fn get_shared(&self, owner: &str, id: &str) -> Result<(Arc<JobRecord>, Option<usize>), ServiceError> {
+        let record = match self.record_at(id)? {
+            Some(r) if r.owner == owner => r,
+            _ => match self.record_at(&crate::store::scoped_job_key(owner, id))? {
+                Some(r) if r.owner == owner => r,
+                _ => return Err(ServiceError::NotFound),
+            },
+        };
+        let position = if record.status == JobStatus::Queued { self.queue_position(&record.id) } else { None };
+        Ok((record, position))
+    }
+
+    /// The record stored under the key `id` (live, cached or stored),
+    /// whoever owns it.
+    pub(super) fn record_at(&self, id: &str) -> Result<Option<Arc<JobRecord>>, ServiceError> {
+        let record = match self.live_job(id) {
+            Some(live) => Arc::new(live.snapshot()),
+            None => {
+                let cached = self.finished.lock().get(id).cloned();
+                match cached {
+                    Some(r) => r,
+                    None => {
+                        let generation = self.finished_gen.load(Ordering::SeqCst);
+                        let Some(r) = self.meta.get_job(id)? else { return Ok(None) };
+                        let r = Arc::new(r);
+                        if r.status.is_terminal() && self.live_job(id).is_none() {
+                            self.remember_finished(r.clone(), Some(generation));
+                        }
+                        r
+                    }
+                }
+            }
+        };
+        Ok(Some(record))
+    }
+
+    /// Drops a record from the finished-jobs cache (after a store write).
+    pub(super) fn forget_finished(&self, id: &str) {
+        let mut cache = self.finished.lock();
+        cache.pop(id);
+        self.finished_gen.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Caches a finished record, unless its log is long or (`read_at`: the
+    /// generation before it was read from the store) a forget happened since.
+    pub(super) fn remember_finished(&self, record: Arc<JobRecord>, read_at: Option<u64>) {
+        if record.logs.as_ref().is_some_and(|l| l.text.len() > MAX_CACHED_LOG_BYTES) {
+            return;
+        }
+        let mut cache = self.finished.lock();
+        if read_at.is_none_or(|g| g == self.finished_gen.load(Ordering::SeqCst)) {
+            cache.put(record.id.clone(), record);
+        }
+    }
+
+    /// The executed (resolved) workflow of a job.
+    pub fn workflow(&self, owner: &str, id: &str) -> Result<serde_json::Value, ServiceError> {
+        let (record, _) = self.get_shared(owner, id)?;
+        self.meta.get_workflow(&record.id)?.ok_or(ServiceError::NotFound)
+    }
+
+    /// Cancels a job: a queued one at once, a running one by interrupting its
+    /// node (`canceling` until it has stopped); a finished one is unchanged.
+    pub fn cancel(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        let key = self.job_key(owner, id);
+        let id = key.as_str();
+        let Some(live) = self.live_job(id) else { return self.get(owner, id) };
+        let current = live.snapshot();
+        if current.owner != owner {
+            return Err(ServiceError::NotFound);
+        }
+        match current.status {
+            JobStatus::Queued => self.stop_queued(&live, JobStatus::Canceled).map(|r| (r, None)),
+            JobStatus::Running => {
+                // (A job already finishing ends as it ran: the cancel changes nothing.)
+                let rec =
+                    live.update(self.meta.as_ref(), |rec| rec.status == JobStatus::Running && rec.transition(JobStatus::Canceling, now_micros()).is_ok())?;
+                if rec.status != JobStatus::Canceling {
+                    return Ok((rec, None));
+                }
+                self.meta.flush()?;
+                live.publish_status();
+                live.cancel.cancel();
+                Ok((rec, None))
+            }
+            _ => Ok((current, None)),
+        }
+    }
+
+    /// Ends a job that has not started with `status` (canceled or expired).
+    /// A worker that took it meanwhile sees the status and skips it.
+    pub(super) fn stop_queued(&self, live: &Arc<LiveJob>, status: JobStatus) -> Result<JobRecord, ServiceError> {
+        let id = live.record.lock().id.clone();
+        let removed = self.queue.lock().remove(&id);
+        if removed {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        let mut stopped = false;
+        let rec = live.update(self.meta.as_ref(), |rec| {
+            let now = now_micros();
+            if rec.status == JobStatus::Queued && rec.transition(status, now).is_ok() {
+                // Its time in the queue is known now; it never executed.
+                rec.queue_ms = Some((now - rec.created_at) / 1000);
+                stopped = true;
+            }
+            stopped
+        })?;
+        if !stopped {
+            // A worker started it first: cancel it as a running job.
+            return if status == JobStatus::Canceled { self.cancel(&rec.owner, &id).map(|(r, _)| r) } else { Ok(rec) };
+        }
+        self.meta.flush()?;
+        live.publish_status();
+        self.live.write().remove(&id);
+        self.publish_queue_positions();
+        self.publish_queue(&rec.owner);
+        Ok(rec)
+    }
+
+    /// Jobs newest first.
+    pub fn list(&self, owner: &str, q: &ListQuery) -> Result<(Vec<JobRecord>, Option<Vec<u8>>), ServiceError> {
+        let keep = |job: &JobRecord| {
+            job.owner == owner
+                && (q.statuses.is_empty() || q.statuses.contains(&self.live_job(&job.id).map_or(job.status, |l| l.record.lock().status)))
+                && q.metadata.iter().all(|(k, v)| job.metadata.as_ref().and_then(|m| m.get(k)).and_then(|x| x.as_str()) == Some(v.as_str()))
+        };
+        let page = self.meta.list_jobs(Some(owner), q.cursor.as_deref(), q.limit, &keep)?;
+        let jobs = page.jobs.into_iter().map(|j| self.live_job(&j.id).map_or(j, |l| l.snapshot())).collect();
+        Ok((jobs, page.next))
+    }
+}

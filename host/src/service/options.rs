@@ -1,0 +1,78 @@
+//! The service's limits and policies, built from the configuration.
+
+use std::time::Duration;
+
+use super::fair;
+use crate::config::Config;
+
+/// The service's limits and policies (from [`Config`]).
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    pub max_queued_jobs: usize,
+    pub max_running_jobs: usize,
+    pub retention: Duration,
+    pub sweep_interval: Duration,
+    pub max_upload_bytes: u64,
+    pub max_event_streams: usize,
+    /// With accounts: the most jobs one scheduling key may have waiting,
+    /// whatever its tier (config `max_queued_jobs_per_account`).
+    pub max_queued_per_account: usize,
+    /// With accounts: the most streams one owner may hold open (config
+    /// `max_event_streams_per_account`).
+    pub max_streams_per_account: usize,
+    pub owner: String,
+    /// Bounds on a submitted workflow.
+    pub workflow_limits: crate::workflow::WorkflowLimits,
+    /// What each job may consume while it runs.
+    pub job_limits: crate::budget::JobLimits,
+    /// Whether `GET /jobs/{id}` shows the job's captured log. The spec gives
+    /// `logs` to serverless jobs only: on in serverless mode; other modes
+    /// capture and store them all the same and leave them out of reads
+    /// (except a deployment's jobs: [`Service::shows_logs`]).
+    pub logs_on_read: bool,
+    /// The deployment kind (issue 18): with accounts, each job's owner is
+    /// an account, charged when its job ends; the result cache is per owner.
+    pub mode: crate::config::Mode,
+    /// What a job costs its account.
+    pub pricing: crate::accounts::Pricing,
+    /// Named tiers and the default tier (issue 18; see `fair`).
+    pub tiers: fair::Tiers,
+    /// The tail of a job's stdout + stderr kept as its log, bytes.
+    pub job_log_bytes: usize,
+    /// Memory submissions being parsed and uploads being decoded may hold
+    /// at once, bytes (`intake_memory_mb`).
+    pub intake_memory_bytes: u64,
+    /// Memory queued jobs may hold as parsed workflows, bytes (`queued_parsed_mb`).
+    pub queued_parsed_bytes: u64,
+}
+
+impl ServiceOptions {
+    /// The limits of a key with no tier of its own: the default tier, else
+    /// the global ones.
+    pub fn global_limits(&self) -> fair::OwnerLimits {
+        self.tiers.resolve(None, fair::OwnerLimits { max_running: self.max_running_jobs, max_queued: self.max_queued_jobs })
+    }
+
+    pub fn from_config(config: &Config) -> ServiceOptions {
+        ServiceOptions {
+            max_queued_jobs: config.max_queued_jobs,
+            max_running_jobs: config.max_running_jobs.max(1),
+            retention: Duration::from_secs(config.job_retention_s.max(1)),
+            sweep_interval: Duration::from_secs(config.sweep_interval_s.max(1)),
+            max_upload_bytes: config.max_upload_mb.saturating_mul(1 << 20),
+            max_event_streams: config.max_event_streams,
+            max_queued_per_account: config.queued_jobs_per_account(),
+            max_streams_per_account: config.event_streams_per_account(),
+            owner: "local".into(),
+            workflow_limits: config.workflow_limits(),
+            job_limits: config.job_limits(),
+            logs_on_read: config.mode == crate::config::Mode::Serverless,
+            mode: config.mode,
+            pricing: crate::accounts::Pricing { credits_per_second: config.credits_per_second, min_per_job: config.credits_min_per_job },
+            tiers: config.tiers(),
+            job_log_bytes: (config.job_log_kb as usize).saturating_mul(1024),
+            intake_memory_bytes: config.intake_memory_mb.saturating_mul(1 << 20),
+            queued_parsed_bytes: config.queued_parsed_mb.saturating_mul(1 << 20),
+        }
+    }
+}
