@@ -130,7 +130,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
         let bar = bar.clone();
         let timings = timings.clone();
         Arc::new(move |event: Event| {
-            if let Event::Executed { node, class_type, elapsed_ms, on_gpu } = &event {
+            if let Event::Executed { node, class_type, elapsed_ms, on_gpu, .. } = &event {
                 timings.lock().push(Timing { node: node.clone(), class_type: class_type.clone(), on_gpu: *on_gpu, elapsed_ms: *elapsed_ms });
             }
             report(&bar, &event)

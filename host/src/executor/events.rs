@@ -27,14 +27,17 @@ pub enum Event {
     /// A node finished and saved files (output nodes; also sent for cached
     /// output nodes, with their earlier files).
     Output { node: String, class_type: String, files: Vec<SavedFile>, cached: bool },
-    /// A node finished running; `on_gpu` when any of its work ran on the GPU.
-    Executed { node: String, class_type: String, elapsed_ms: f64, on_gpu: bool },
+    /// A node finished running; `on_gpu` when any of its work ran on the
+    /// GPU. `nodes_done`: nodes done in the run with it (cached ones too).
+    Executed { node: String, class_type: String, elapsed_ms: f64, on_gpu: bool, nodes_done: u64 },
     /// The whole run finished.
     Succeeded { job_id: String },
-    /// A node failed; the run stopped.
-    Failed { job_id: String, node: String, class_type: String, failure: NodeFailure },
-    /// The run was cancelled; `node` was running when it stopped.
-    Interrupted { job_id: String, node: Option<String> },
+    /// A node failed; the run stopped. `executed`: the nodes that ran
+    /// before, in order.
+    Failed { job_id: String, node: String, class_type: String, failure: NodeFailure, executed: Vec<String> },
+    /// The run was cancelled; `node` (of `class_type`) was running when it
+    /// stopped. `executed`: the nodes that ran before, in order.
+    Interrupted { job_id: String, node: Option<String>, class_type: Option<String>, executed: Vec<String> },
 }
 
 /// Receives events as they happen. Must not block.

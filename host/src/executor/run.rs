@@ -90,12 +90,17 @@ impl<'a> Run<'a> {
         let status = self.schedule().await;
         match &status {
             RunStatus::Succeeded => self.emit(Event::Succeeded { job_id: self.ctx.job_id.clone() }),
-            RunStatus::Failed { node, class_type, failure } => {
-                self.emit(Event::Failed { job_id: self.ctx.job_id.clone(), node: node.clone(), class_type: class_type.clone(), failure: failure.clone() })
-            }
+            RunStatus::Failed { node, class_type, failure } => self.emit(Event::Failed {
+                job_id: self.ctx.job_id.clone(),
+                node: node.clone(),
+                class_type: class_type.clone(),
+                failure: failure.clone(),
+                executed: self.executed.clone(),
+            }),
             RunStatus::Interrupted => {
                 let node = self.progress.lock().running.keys().next().cloned();
-                self.emit(Event::Interrupted { job_id: self.ctx.job_id.clone(), node })
+                let class_type = node.as_ref().and_then(|id| self.plan.nodes.iter().find(|n| &n.id == id)).map(|n| n.class_type.clone());
+                self.emit(Event::Interrupted { job_id: self.ctx.job_id.clone(), node, class_type, executed: self.executed.clone() })
             }
         }
         let outputs = self.plan.outputs.iter().filter_map(|id| self.saved.get(id).map(|files| (id.clone(), files.clone()))).collect();
@@ -286,13 +291,13 @@ impl<'a> Run<'a> {
             self.saved.insert(id.clone(), result.saved.clone());
         }
         self.executed.push(id.clone());
-        self.emit(Event::Executed { node: id.clone(), class_type: node.class_type.clone(), elapsed_ms, on_gpu });
-        let overall = {
+        let (nodes_done, overall) = {
             let mut p = self.progress.lock();
             p.running.remove(id);
             p.done += 1;
-            p.overall()
+            (p.done as u64, p.overall())
         };
+        self.emit(Event::Executed { node: id.clone(), class_type: node.class_type.clone(), elapsed_ms, on_gpu, nodes_done });
         self.emit(Event::Progress { node: id.clone(), step: 1, steps: 1, overall });
         if unread {
             self.release(id, result);

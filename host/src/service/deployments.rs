@@ -367,16 +367,10 @@ impl super::Service {
     /// as they run.
     pub fn stop_deployment(&self, id: &str) -> Result<DeploymentRecord, DeploymentError> {
         let record = self.deployments.stop(id)?;
-        let queued: Vec<Arc<super::LiveJob>> = self
-            .live
-            .read()
-            .values()
-            .filter(|j| {
-                let r = j.record.lock();
-                r.deployment.as_deref() == Some(id) && r.status == crate::store::JobStatus::Queued
-            })
-            .cloned()
-            .collect();
+        let queued = self.queue.live_where(|j| {
+            let r = j.record.lock();
+            r.deployment.as_deref() == Some(id) && r.status == crate::store::JobStatus::Queued
+        });
         for job in queued {
             if let Err(e) = self.stop_queued(&job, crate::store::JobStatus::Canceled) {
                 tracing::error!(deployment = id, error = %e, "cannot cancel a queued job of a stopped deployment");
@@ -390,17 +384,11 @@ impl super::Service {
     /// gone (a crash between a stop and its cancels leaves them): as the
     /// stop would have. A failed deployment's jobs wait for its restart.
     pub(super) fn cancel_orphaned_deployment_jobs(&self) {
-        let orphaned: Vec<Arc<super::LiveJob>> = self
-            .live
-            .read()
-            .values()
-            .filter(|j| {
-                let r = j.record.lock();
-                r.status == crate::store::JobStatus::Queued
-                    && r.deployment.as_deref().is_some_and(|d| self.deployments.get(d).is_none_or(|d| d.state == DeploymentState::Stopped))
-            })
-            .cloned()
-            .collect();
+        let orphaned = self.queue.live_where(|j| {
+            let r = j.record.lock();
+            r.status == crate::store::JobStatus::Queued
+                && r.deployment.as_deref().is_some_and(|d| self.deployments.get(d).is_none_or(|d| d.state == DeploymentState::Stopped))
+        });
         for job in orphaned {
             if let Err(e) = self.stop_queued(&job, crate::store::JobStatus::Canceled) {
                 tracing::error!(error = %e, "cannot cancel a queued job of a stopped deployment");
@@ -439,7 +427,7 @@ impl super::Service {
                 tracing::error!(deployment = %id, error = %e, "cannot save the deployment's state");
             }
             // Its queued jobs may run now.
-            service.queue_notify.notify_waiters();
+            service.queue.limits_changed();
         });
     }
 }

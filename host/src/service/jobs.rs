@@ -27,7 +27,7 @@ impl Service {
     /// 1-based position of a queued job among its owner's queued jobs (see
     /// [`fair::FairQueue::position`]).
     pub fn queue_position(&self, id: &str) -> Option<usize> {
-        self.queue.lock().position(id)
+        self.queue.position(id)
     }
 
     /// The current record of a job the caller owns.
@@ -132,10 +132,7 @@ impl Service {
     /// A worker that took it meanwhile sees the status and skips it.
     pub(super) fn stop_queued(&self, live: &Arc<LiveJob>, status: JobStatus) -> Result<JobRecord, ServiceError> {
         let id = live.record.lock().id.clone();
-        let removed = self.queue.lock().remove(&id);
-        if removed {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-        }
+        self.queue.withdraw(&id);
         let mut stopped = false;
         let rec = live.update(self.meta.as_ref(), |rec| {
             let now = now_micros();
@@ -152,7 +149,7 @@ impl Service {
         }
         self.meta.flush()?;
         live.publish_status();
-        self.live.write().remove(&id);
+        self.queue.leave(&id);
         self.publish_queue_positions();
         self.publish_queue(&rec.owner);
         Ok(rec)

@@ -20,18 +20,17 @@ mod mask;
 pub mod memory_gate;
 mod options;
 mod preview;
+mod queue;
 mod retention;
+mod runner;
 pub mod streams;
 pub mod user_files;
-mod worker;
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::AtomicU64;
 
 use parking_lot::{Mutex, RwLock};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use assets::{AssetLabels, NewAsset, UploadMeta};
@@ -57,14 +56,10 @@ pub struct Service {
     blobs: Arc<dyn BlobStore>,
     executor: Arc<Executor>,
     registry: Arc<NodeRegistry>,
-    live: RwLock<HashMap<String, Arc<LiveJob>>>,
-    /// Queued jobs per scheduling key, served round-robin (see `fair`).
-    queue: Mutex<fair::FairQueue>,
+    /// Jobs not yet finished, and those waiting (see `queue`).
+    queue: queue::JobQueue,
     /// The limits of each scheduling key (tiers; see [`Service::set_tenant_limits`]).
     limits: RwLock<Arc<dyn fair::TenantLimits>>,
-    queued: AtomicUsize,
-    queue_notify: Notify,
-    seq: AtomicU64,
     /// Open SSE streams and WebSockets, per owner (see `streams`).
     streams: Arc<streams::StreamSlots>,
     shutdown: CancellationToken,
@@ -172,12 +167,8 @@ impl Service {
             blobs,
             executor,
             registry,
-            live: RwLock::new(HashMap::new()),
-            queue: Mutex::new(fair::FairQueue::default()),
+            queue: queue::JobQueue::new(),
             limits: RwLock::new(limits),
-            queued: AtomicUsize::new(0),
-            queue_notify: Notify::new(),
-            seq: AtomicU64::new(1),
             streams,
             shutdown: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
@@ -338,8 +329,9 @@ impl Service {
 
     /// The node each running job of `owner` started last, by job id.
     pub fn running_nodes(&self, owner: &str) -> Vec<(String, String)> {
-        let live: Vec<Arc<LiveJob>> = self.live.read().values().cloned().collect();
-        live.iter()
+        self.queue
+            .live_jobs()
+            .iter()
             .filter_map(|job| {
                 let rec = job.record.lock();
                 let node = rec.progress.as_ref().and_then(|p| p.current_node.clone());
@@ -352,13 +344,13 @@ impl Service {
     /// running): each account hears only its own count.
     fn publish_queue(&self, owner: &str) {
         if self.bus.watched() {
-            let remaining = self.live.read().values().filter(|j| &*j.owner == owner).count();
+            let remaining = self.queue.remaining_of(owner);
             self.bus.queue(Arc::from(owner), remaining);
         }
     }
 
     fn live_job(&self, id: &str) -> Option<Arc<LiveJob>> {
-        self.live.read().get(id).cloned()
+        self.queue.live(id)
     }
 
     /// Bytes queued jobs hold now as parsed workflows and plans (estimated;
@@ -380,8 +372,7 @@ impl Service {
     pub fn end_account_work(&self, owner: &str) -> usize {
         let streams = self.streams.close_owner(owner);
         // Its own jobs, and the demo jobs its public deployments bill to it.
-        let jobs: Vec<Arc<LiveJob>> = self.live.read().values().cloned().collect();
-        let jobs = jobs.into_iter().filter(|j| &*j.owner == owner || self.billed_account(&j.snapshot()) == owner);
+        let jobs = self.queue.live_jobs().into_iter().filter(|j| &*j.owner == owner || self.billed_account(&j.snapshot()) == owner);
         let mut canceled = 0;
         for job in jobs {
             let id = job.record.lock().id.clone();
@@ -397,11 +388,7 @@ impl Service {
     /// Tells streams of queued jobs their new positions. (Locks are released
     /// before publishing, which takes each job's record lock.)
     fn publish_queue_positions(&self) {
-        let watched: Vec<Arc<LiveJob>> = {
-            let live = self.live.read();
-            let queue = self.queue.lock().ordered();
-            queue.iter().filter_map(|id| live.get(id)).filter(|job| job.events.receiver_count() > 0).cloned().collect()
-        };
+        let watched = self.queue.queued_where(|job| job.events.receiver_count() > 0);
         for job in watched {
             job.publish_status();
         }

@@ -32,7 +32,7 @@ impl Service {
         let mut jobs = self.meta.all_jobs()?;
         jobs.sort_by_key(|j| j.seq);
         let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0);
-        self.seq.store(max_seq + 1, Ordering::SeqCst);
+        self.queue.start_seq_after(max_seq);
         // Output assets of interrupted runs that their stored record does not
         // list (outputs reach the store with the terminal record): one scan.
         let interrupted: HashMap<&str, &JobRecord> =
@@ -82,11 +82,9 @@ impl Service {
                 }
                 _ => continue,
             }
-            self.queued.fetch_add(1, Ordering::SeqCst);
             // Recovered jobs are queued whatever their key's limit.
             let key = super::fair::sched_key(&job.owner, job.deployment.as_deref());
-            let _ = self.queue.lock().push(&key, &job.owner, job.id.clone(), false, usize::MAX);
-            self.live.write().insert(job.id.clone(), Arc::new(LiveJob::new(job, ExtraData::default())));
+            self.queue.requeue(&key, Arc::new(LiveJob::new(job, ExtraData::default())));
         }
         self.meta.flush()?;
         Ok(())
@@ -117,7 +115,7 @@ impl Service {
                     // Idle: no job live, no new submission or stream for a
                     // whole interval, and something happened since the last trim.
                     let activity = self.activity.load(Ordering::Relaxed);
-                    let quiet = activity == last_seen && self.live.read().is_empty() && self.open_streams() == 0;
+                    let quiet = activity == last_seen && self.queue.is_idle() && self.open_streams() == 0;
                     if quiet && activity != trimmed_at {
                         trimmed_at = activity;
                         tokio::task::spawn_blocking(crate::memory::release_free_memory);
@@ -190,7 +188,7 @@ impl Service {
             // Under the gate no upload or output can be between writing this
             // blob and claiming it: unclaimed now means garbage.
             let _gate = self.blob_gate.write();
-            let in_use = self.live.read().values().any(|l| l.pending_blobs.lock().contains(&name) || l.record.lock().inputs.iter().any(|i| i.hash == name));
+            let in_use = self.queue.live_jobs().iter().any(|l| l.pending_blobs.lock().contains(&name) || l.record.lock().inputs.iter().any(|i| i.hash == name));
             if in_use || !self.meta.assets_with_hash(&name)?.is_empty() {
                 continue;
             }

@@ -33,7 +33,7 @@ impl Slot<'_> {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         if let Some(service) = self.0 {
-            service.queued.fetch_sub(1, Ordering::SeqCst);
+            service.queue.release();
         }
     }
 }
@@ -50,8 +50,7 @@ impl Service {
             return Err(ServiceError::InsufficientCredits);
         }
         // Reserve a queue slot; a full queue releases everything (no claim).
-        if self.queued.fetch_add(1, Ordering::SeqCst) >= self.opts.max_queued_jobs {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
+        if !self.queue.reserve(self.opts.max_queued_jobs) {
             return Err(queue_full(fair::OwnerLimits { max_running: self.opts.max_running_jobs, max_queued: self.opts.max_queued_jobs }));
         }
         let slot = Slot(Some(self));
@@ -109,7 +108,7 @@ impl Service {
             completed_at: None,
             updated_at: now,
             expires_at: now + self.opts.retention.as_micros() as Micros,
-            seq: self.seq.fetch_add(1, Ordering::SeqCst),
+            seq: self.queue.next_seq(),
             attempts: 0,
             inputs,
             outputs: Vec::new(),
@@ -152,28 +151,23 @@ impl Service {
     ) -> Result<(Result<(), StoreError>, usize), ServiceError> {
         let mut locked = live.record.lock();
         let id = locked.id.clone();
-        {
-            let mut jobs = self.live.write();
-            if jobs.contains_key(&id) {
-                return Err(ServiceError::InvalidRequest(format!("a job with id {} already exists", crate::store::public_job_id(&id))));
-            }
-            jobs.insert(id.clone(), live.clone());
+        if !self.queue.join(&id, live.clone()) {
+            return Err(ServiceError::InvalidRequest(format!("a job with id {} already exists", crate::store::public_job_id(&id))));
         }
         // An account disabled meanwhile queues nothing, nor is billed for a
         // demo job (checked after the job joined the live set: a disable
         // either sees it there and cancels it, or is seen here).
         if self.accounts.is_disabled(owner) || self.accounts.is_disabled(&self.billed_owner(owner, deployment)) {
-            self.live.write().remove(&id);
+            self.queue.leave(&id);
             return Err(ServiceError::AccountDisabled);
         }
         let key = fair::sched_key(owner, deployment);
         let limits = self.limits_for(&key);
-        let Ok(position) = self.queue.lock().push(&key, owner, id.clone(), front, limits.max_queued) else {
-            self.live.write().remove(&id);
+        let Ok(position) = self.queue.push(&key, owner, id.clone(), front, limits.max_queued) else {
+            self.queue.leave(&id);
             return Err(queue_full(limits));
         };
         slot.keep();
-        self.queue_notify.notify_one();
         // Before the worker can start it (it waits for this lock), so the
         // queue change precedes the job's own messages.
         self.publish_queue(owner);
@@ -225,11 +219,8 @@ impl Service {
     /// Takes back a job whose submission was not written (already marked
     /// so that a worker that took it meanwhile skips it).
     fn withdraw(&self, id: &str) {
-        let removed = self.queue.lock().remove(id);
-        if removed {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-        }
-        let removed = self.live.write().remove(id);
+        self.queue.withdraw(id);
+        let removed = self.queue.leave(id);
         if let Some(job) = removed {
             self.publish_queue(&job.owner);
         }

@@ -9,27 +9,25 @@
 //!   subfolder, renamed `name (n).ext` on a collision, deduplicated by
 //!   content; each is an asset (tag `comfy:<type>`, `file_path` the
 //!   `subfolder/name`) in the blob store, so a prompt's `LoadImage` names it;
-//! - the lookup of a `(type, subfolder, filename)` triple (`/view`);
-//! - the compatibility API's status names.
+//! - the lookup of a `(type, subfolder, filename)` triple (`/view`).
+//!
+//! Prompts themselves go through the service's one intake (`intake`).
+
+mod uploads;
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use parking_lot::Mutex;
-use serde_json::Value as Json;
 
-use super::{AssetLabels, Service, ServiceError, UploadMeta};
-use crate::store::{AssetRecord, BlobUpload, JobInput, JobRecord, JobStatus, blob_name, now_micros, parse_blob_name};
+use uploads::Uploads;
+pub use uploads::{CompatUpload, join_path};
 
-/// The tag of an asset uploaded through `/api/upload/*`: `comfy:input`, `comfy:temp`.
-const TAG_PREFIX: &str = "comfy:";
-/// How many `name (n).ext` renamings an upload tries before giving up.
-const MAX_RENAMES: u32 = 10_000;
+use super::{Service, ServiceError};
+use crate::store::{JobRecord, JobStatus, now_micros};
+
 /// Finished jobs the history (and an output's lookup by name) looks through.
 pub const MAX_HISTORY: usize = 1000;
-/// Jobs read per step when `/view` looks for an output by name.
-const OUTPUT_SCAN_PAGE: usize = 64;
 
 /// The compatibility API's state in the service.
 #[derive(Default)]
@@ -45,48 +43,6 @@ pub struct CompatState {
     generation: AtomicU64,
 }
 
-/// Uploaded files by owner, then `(type, "subfolder/name")`; the newest
-/// record wins. Each account has its own names: one account's upload never
-/// renames, replaces or reveals another's.
-#[derive(Default)]
-struct Uploads {
-    files: HashMap<String, HashMap<(String, String), AssetRecord>>,
-}
-
-impl Uploads {
-    fn add(&mut self, asset: AssetRecord) {
-        let Some(path) = asset.file_path.clone() else { return };
-        let files = self.files.entry(asset.owner.clone()).or_default();
-        for kind in asset.tags.iter().filter_map(|t| t.strip_prefix(TAG_PREFIX)) {
-            let key = (kind.to_string(), path.clone());
-            if files.get(&key).is_none_or(|old| old.created_at <= asset.created_at) {
-                files.insert(key, asset.clone());
-            }
-        }
-    }
-
-    /// `owner`'s upload of `kind` at `path`.
-    fn get(&self, owner: &str, kind: &str, path: &str) -> Option<&AssetRecord> {
-        self.files.get(owner)?.get(&(kind.to_string(), path.to_string()))
-    }
-}
-
-/// `subfolder/name` (just `name` without a subfolder).
-pub fn join_path(subfolder: &str, name: &str) -> String {
-    if subfolder.is_empty() { name.to_string() } else { format!("{subfolder}/{name}") }
-}
-
-/// A name as LoadImage gives it: `sub/name.png`, optionally annotated
-/// `name.png [input]` (or `[temp]`, `[output]`) → (type, path).
-fn annotated(name: &str) -> (&str, &str) {
-    for kind in ["input", "temp", "output"] {
-        if let Some(path) = name.strip_suffix(&format!(" [{kind}]") as &str) {
-            return (kind, path);
-        }
-    }
-    ("input", name)
-}
-
 /// A job as ComfyUI's queue and history show it.
 pub struct CompatJob {
     pub record: JobRecord,
@@ -96,19 +52,6 @@ pub struct CompatJob {
     pub workflow: Box<serde_json::value::RawValue>,
     /// Output nodes of the graph (`outputs_to_execute`).
     pub outputs_to_execute: Vec<String>,
-}
-
-/// A blob upload as `std::io::Write` (an encoder writes into it).
-struct UploadWriter<'a>(&'a mut BlobUpload);
-
-impl std::io::Write for UploadWriter<'_> {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.0.write(data).map_err(std::io::Error::other)?;
-        Ok(data.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// A workflow's nodes as `(id, class_type)`, in document order; every
@@ -149,18 +92,6 @@ pub struct CompatOutput {
     pub subfolder: String,
 }
 
-/// A ComfyUI-style upload.
-pub struct CompatUpload {
-    /// `input` or `temp` (checked at the edge).
-    pub kind: String,
-    /// A relative folder (checked at the edge), or empty.
-    pub subfolder: String,
-    /// A plain file name (checked at the edge).
-    pub filename: String,
-    pub overwrite: bool,
-    pub content_type: String,
-}
-
 /// The compatibility API's name of a job's status (`GET /api/job/{id}/status`):
 /// a failure of the workflow itself (it did not validate, a node refused
 /// its inputs) is `non_retryable_error`, a run cut off by a restart `lost`.
@@ -192,76 +123,9 @@ impl Service {
         n
     }
 
-    /// Changes whenever what `object_info` lists may have changed.
-    pub fn uploads_generation(&self) -> u64 {
-        self.compat.generation.load(Ordering::SeqCst)
-    }
-
-    /// The upload index behind `guard`, loaded from the asset records on first use.
-    fn loaded<'a>(&self, guard: &'a mut Option<Uploads>) -> Result<&'a mut Uploads, ServiceError> {
-        if guard.is_none() {
-            let mut uploads = Uploads::default();
-            for asset in self.meta.assets_where(&|a| a.tags.iter().any(|t| t.starts_with(TAG_PREFIX)))? {
-                uploads.add(asset);
-            }
-            *guard = Some(uploads);
-        }
-        guard.as_mut().ok_or(ServiceError::NotFound)
-    }
-
-    /// Runs `f` on the upload index.
-    fn with_uploads<R>(&self, f: impl FnOnce(&mut Uploads) -> R) -> Result<R, ServiceError> {
-        let mut guard = self.compat.uploads.lock();
-        Ok(f(self.loaded(&mut guard)?))
-    }
-
-    fn usable(&self, owner: &str, asset: &AssetRecord) -> bool {
-        asset.owner == owner && asset.expires_at.is_none_or(|e| e > now_micros())
-    }
-
-    /// The uploaded files of type `input`, as inputs a job can read.
-    pub fn input_uploads(&self, owner: &str) -> Result<Vec<JobInput>, ServiceError> {
-        self.with_uploads(|u| {
-            let mut out: Vec<JobInput> = u
-                .files
-                .get(owner)
-                .into_iter()
-                .flatten()
-                .filter(|((kind, _), a)| kind == "input" && self.usable(owner, a))
-                .map(|((_, path), a)| JobInput { name: path.clone(), hash: a.hash.clone() })
-                .collect();
-            out.sort_by(|a, b| a.name.cmp(&b.name));
-            out
-        })
-    }
-
-    /// The uploads a workflow names in its nodes' inputs (`LoadImage`'s
-    /// `image`: `name`, `sub/name` or `name [input]`), as job inputs under
-    /// the name the node gives. Only the nodes' own input values are looked
-    /// at (no recursion into the client's JSON).
-    pub(super) fn uploads_named_in(&self, owner: &str, workflow: &Json, taken: &[JobInput]) -> Result<Vec<JobInput>, ServiceError> {
-        let Some(nodes) = workflow.as_object() else { return Ok(Vec::new()) };
-        self.with_uploads(|u| {
-            let mut out: Vec<JobInput> = Vec::new();
-            for node in nodes.values() {
-                let Some(inputs) = node.get("inputs").and_then(Json::as_object) else { continue };
-                for name in inputs.values().filter_map(Json::as_str) {
-                    if taken.iter().chain(out.iter()).any(|i| i.name == name) {
-                        continue;
-                    }
-                    let (kind, path) = annotated(name);
-                    if let Some(asset) = u.get(owner, kind, path).filter(|a| self.usable(owner, a)) {
-                        out.push(JobInput { name: name.to_string(), hash: asset.hash.clone() });
-                    }
-                }
-            }
-            out
-        })
-    }
-
     /// Jobs queued or running (ComfyUI's `queue_remaining`).
     pub fn queue_remaining(&self, owner: &str) -> usize {
-        self.live.read().values().filter(|j| &*j.owner == owner).count()
+        self.queue.remaining_of(owner)
     }
 
     /// The output node ids of a graph, read from its JSON text (node ids
@@ -289,8 +153,8 @@ impl Service {
     /// ComfyUI's queue of `owner`: (running, pending), pending in queue
     /// order; records only (see [`Service::compat_job`]).
     pub fn compat_queue(&self, owner: &str) -> (Vec<JobRecord>, Vec<JobRecord>) {
-        let order: Vec<String> = self.queue.lock().ordered();
-        let live: Vec<JobRecord> = self.live.read().values().filter(|j| &*j.owner == owner).map(|j| j.snapshot()).collect();
+        let order: Vec<String> = self.queue.ordered();
+        let live: Vec<JobRecord> = self.queue.live_jobs().iter().filter(|j| &*j.owner == owner).map(|j| j.snapshot()).collect();
         let mut running: Vec<JobRecord> = live.iter().filter(|r| matches!(r.status, JobStatus::Running | JobStatus::Canceling)).cloned().collect();
         running.sort_by_key(|r| (r.started_at, r.seq));
         let mut queued: HashMap<&str, &JobRecord> = live.iter().filter(|r| r.status == JobStatus::Queued).map(|r| (r.id.as_str(), r)).collect();
@@ -334,9 +198,9 @@ impl Service {
     /// or every running job.
     pub fn interrupt(&self, owner: &str, id: Option<&str>) -> Result<(), ServiceError> {
         let running: Vec<String> = self
-            .live
-            .read()
-            .values()
+            .queue
+            .live_jobs()
+            .iter()
             .map(|j| j.snapshot())
             .filter(|r| r.owner == owner && r.status == JobStatus::Running && id.is_none_or(|id| id == r.public_id()))
             .map(|r| r.id)
@@ -360,7 +224,7 @@ impl Service {
 
     /// Cancels every pending job.
     pub fn clear_queue(&self, owner: &str) -> Result<(), ServiceError> {
-        let queued: Vec<String> = self.queue.lock().ordered();
+        let queued: Vec<String> = self.queue.ordered();
         for id in queued {
             self.cancel_if_known(owner, &id)?;
         }
@@ -402,139 +266,11 @@ impl Service {
         self.meta.flush()?;
         Ok(())
     }
-
-    /// Stores a ComfyUI-style upload and returns its final name: the name
-    /// asked for when it is free or holds the same bytes (then nothing new
-    /// is written), with `overwrite` the new bytes under it, else the first
-    /// free `stem (n).ext`.
-    pub fn commit_compat_upload(&self, owner: &str, upload: BlobUpload, req: CompatUpload) -> Result<String, ServiceError> {
-        let (digest, _) = upload.digest();
-        let hash = blob_name(&digest);
-        let (stem, ext) = match req.filename.rsplit_once('.') {
-            Some((stem, ext)) if !stem.is_empty() => (stem.to_string(), format!(".{ext}")),
-            _ => (req.filename.clone(), String::new()),
-        };
-        // The index stays locked while the name is chosen and recorded, so
-        // two uploads never take one name.
-        let mut guard = self.compat.uploads.lock();
-        let uploads = self.loaded(&mut guard)?;
-        let mut chosen = None;
-        let mut replaced = None;
-        for n in 0..=MAX_RENAMES {
-            let name = if n == 0 { req.filename.clone() } else { format!("{stem} ({n}){ext}") };
-            let key = (req.kind.clone(), join_path(&req.subfolder, &name));
-            match uploads.get(owner, &key.0, &key.1).filter(|a| self.usable(owner, a) && parse_blob_name(&a.hash).is_some_and(|h| self.blobs.contains(&h))) {
-                Some(a) if a.hash == hash => return Ok(name),
-                Some(a) if n == 0 && req.overwrite => {
-                    replaced = Some(a.clone());
-                    chosen = Some(name);
-                    break;
-                }
-                Some(_) => continue,
-                None => {
-                    chosen = Some(name);
-                    break;
-                }
-            }
-        }
-        let name = chosen.ok_or_else(|| ServiceError::InvalidRequest("too many files with this name".into()))?;
-        let path = join_path(&req.subfolder, &name);
-        let tag = format!("{TAG_PREFIX}{}", req.kind);
-        let meta = UploadMeta { content_type: Some(req.content_type), file_path: Some(path.clone()), expected_hash: None, labels: AssetLabels::default() };
-        let first = self.commit_upload(owner, upload, meta)?;
-        let labels = AssetLabels { tags: vec![tag.clone()], expires_in: None };
-        let asset = self.asset_from_hash(owner, &first.asset.hash, Some(path.clone()), labels)?.asset;
-        // Overwritten: the old record no longer names this file (its bytes
-        // stay while anything else refers to them). The record now naming
-        // it may be an older one (bytes uploaded under this name before),
-        // so the index is set, not merged by age.
-        if let Some(mut old) = replaced.filter(|old| old.id != asset.id) {
-            old.tags.retain(|t| *t != tag);
-            self.meta.put_asset(&old)?;
-            self.meta.flush()?;
-        }
-        uploads.files.entry(owner.to_string()).or_default().insert((req.kind.clone(), path), asset);
-        self.compat.generation.fetch_add(1, Ordering::SeqCst);
-        Ok(name)
-    }
-
-    /// A mask upload: the mask's alpha applied onto the referenced image
-    /// (`original`: type, subfolder, filename), stored like an upload.
-    pub fn commit_compat_mask(&self, owner: &str, mask: &[u8], original: (&str, &str, &str), req: CompatUpload) -> Result<String, ServiceError> {
-        let (kind, subfolder, filename) = original;
-        let asset = self.compat_file(owner, kind, subfolder, filename)?;
-        let hash = parse_blob_name(&asset.hash).ok_or(ServiceError::NotFound)?;
-        let file = self.blobs.open(&hash)?.ok_or(ServiceError::NotFound)?;
-        let composition = super::mask::Composition::open(std::io::BufReader::new(file), std::io::Cursor::new(mask)).map_err(ServiceError::InvalidRequest)?;
-        // Its memory is taken from the intake budget before any pixel is
-        // decoded (this runs on the blocking pool, where waiting is fine).
-        let gate = tokio::runtime::Handle::try_current().map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
-        let _held = gate.block_on(self.intake.enter(composition.memory())).map_err(|e| ServiceError::PayloadTooLarge { limit_bytes: e.total })?;
-        let mut upload = self.begin_upload()?;
-        composition.write(UploadWriter(&mut upload)).map_err(ServiceError::InvalidRequest)?;
-        self.commit_compat_upload(owner, upload, req)
-    }
-
-    /// The asset behind a ComfyUI file reference: an upload (`input`,
-    /// `temp`), else an output of one of the owner's latest [`MAX_HISTORY`]
-    /// jobs (the newest with that subfolder and name); a
-    /// `blake3:<hex>` filename names the bytes themselves.
-    pub fn compat_file(&self, owner: &str, kind: &str, subfolder: &str, filename: &str) -> Result<AssetRecord, ServiceError> {
-        if parse_blob_name(filename).is_some() {
-            let hash = filename.to_ascii_lowercase();
-            return self.meta.assets_with_hash(&hash)?.into_iter().find(|a| self.visible(owner, a)).ok_or(ServiceError::NotFound);
-        }
-        let path = join_path(subfolder, filename);
-        if kind != "output" {
-            let upload = self.with_uploads(|u| u.get(owner, kind, &path).cloned())?;
-            if let Some(asset) = upload.filter(|a| self.visible(owner, a)) {
-                return Ok(asset);
-            }
-            if kind == "input" {
-                return Err(ServiceError::NotFound);
-            }
-        }
-        // The owner's running jobs first (an output is announced — ComfyUI's
-        // `executed` — before its job's terminal record is stored), then its
-        // latest jobs, newest first, a page at a time, and at most
-        // MAX_HISTORY of them whatever the name: a name no job saved (the
-        // client chooses it) must not cost a scan of every record.
-        let saved = |outputs: &mut dyn Iterator<Item = &crate::store::OutputRecord>| -> Result<Option<AssetRecord>, ServiceError> {
-            for o in outputs.filter(|o| o.name == filename) {
-                if let Some(asset) = self.meta.get_asset(&o.asset_id)?
-                    && asset.file_path.as_deref() == Some(path.as_str())
-                    && self.visible(owner, &asset)
-                {
-                    return Ok(Some(asset));
-                }
-            }
-            Ok(None)
-        };
-        // (Only the outputs of the owner's live jobs are copied, not their records.)
-        let live: Vec<Arc<super::LiveJob>> = self.live.read().values().filter(|j| &*j.owner == owner).cloned().collect();
-        let running: Vec<crate::store::OutputRecord> =
-            live.iter().flat_map(|j| j.record.lock().outputs.iter().filter(|o| o.name == filename).cloned().collect::<Vec<_>>()).collect();
-        if let Some(asset) = saved(&mut running.iter())? {
-            return Ok(asset);
-        }
-        let (mut cursor, mut looked) = (None, 0);
-        while looked < MAX_HISTORY {
-            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), OUTPUT_SCAN_PAGE.min(MAX_HISTORY - looked), &|_| true)?;
-            looked += page.jobs.len();
-            if let Some(asset) = saved(&mut page.jobs.iter().flat_map(|j| &j.outputs))? {
-                return Ok(asset);
-            }
-            match page.next {
-                Some(next) => cursor = Some(next),
-                None => break,
-            }
-        }
-        Err(ServiceError::NotFound)
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::uploads::annotated;
     use super::*;
 
     #[test]

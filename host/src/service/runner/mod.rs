@@ -1,0 +1,280 @@
+//! Job workers: each takes the next queued job (see `queue`), starts it,
+//! runs it through its engine's executor with an event sink (`sink`), and
+//! records how it ended (`outcome`), durably, before anyone sees it.
+
+mod outcome;
+mod sink;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use outcome::{NO_CREDITS, NotRun, end_record};
+use sink::JobSink;
+
+use super::bus::{self, ExecBody};
+use super::job_files::{JobInputs, JobOutputs};
+use super::{JobEvent, LiveJob, Service};
+use crate::executor::{Event, RunContext, RunOutcome};
+use crate::store::{JobErrorRecord, JobRecord, JobStatus, ProgressSnapshot, now_micros};
+
+impl Service {
+    pub(super) async fn worker_loop(self: Arc<Self>) {
+        loop {
+            let next = tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                id = self.next_job() => id,
+            };
+            let (next, key) = next;
+            let Some(live) = self.live_job(&next) else {
+                self.queue.done(&key);
+                continue;
+            };
+            tokio::select! {
+                _ = self.shutdown.cancelled() => {
+                    // Leave the job `running` in the store: the next start re-runs it.
+                    live.cancel.cancel();
+                    return;
+                }
+                () = self.run_job(live.clone()) => {}
+            }
+            self.queue.done(&key);
+        }
+    }
+
+    /// The next job to run, with its scheduling key (see `queue`).
+    async fn next_job(&self) -> (String, String) {
+        let limits = |key: &str| self.limits_for(key);
+        self.queue.next(&limits).await
+    }
+
+    /// Runs one job taken from the queue, from its start to its durable end.
+    async fn run_job(&self, live: Arc<LiveJob>) {
+        let Some(snapshot) = self.begin(&live) else { return };
+        let kept = live.prepared.lock().take().map(|p| (p.text, p.plan));
+        let prepared = match (self.engine_for(&snapshot), kept) {
+            (Err(e), _) => Err(e),
+            (Ok((_, executor)), Some(kept)) => Ok((kept, executor)),
+            (Ok((registry, executor)), None) => self.prepare(&snapshot, &registry).await.map(|p| (p, executor)),
+        };
+        let outcome = match prepared {
+            Ok(((prompt, plan), executor)) => self.execute(&live, &snapshot, prompt, plan, &executor).await,
+            Err(error) => {
+                // It never started: the bus still shows it start and fail.
+                self.bus.job(&Arc::from(snapshot.id.as_str()), &Arc::from(snapshot.owner.as_str()), ExecBody::Started { at_ms: bus::now_ms() });
+                Err(NotRun { error, output_lost: false })
+            }
+        };
+        self.finish(&live, outcome).await;
+    }
+
+    /// Moves a queued job to running and records it; `None` when it is no
+    /// longer queued (canceled or expired while it waited).
+    ///
+    /// The running record goes to the store under the record's lock (so a
+    /// concurrent cancel's write cannot be overtaken); then, outside it (it
+    /// may wait for the disk when the log grows), the start is logged: it
+    /// survives a crash of the process before the run begins, so a job that
+    /// brings the server down cannot be retried forever, without a flush on
+    /// every job (see `MetaStore::record_start`).
+    fn begin(&self, live: &LiveJob) -> Option<JobRecord> {
+        let now = now_micros();
+        let (snapshot, written) = {
+            let mut rec = live.record.lock();
+            if rec.status != JobStatus::Queued {
+                return None;
+            }
+            if let Err(bug) = rec.transition(JobStatus::Running, now) {
+                tracing::error!(job_id = %rec.id, %bug, "cannot start the job");
+                return None;
+            }
+            rec.started_at = Some(now);
+            rec.queue_ms = Some((now - rec.created_at) / 1000);
+            rec.attempts += 1;
+            let written = self.meta.put_job(&rec);
+            (rec.clone(), written)
+        };
+        if let Err(e) = written.and_then(|()| self.meta.record_start(&snapshot)) {
+            tracing::error!(job_id = %snapshot.id, error = %e, "cannot record the running job");
+        }
+        tracing::debug!(job_id = %snapshot.id, attempt = snapshot.attempts, "job running");
+        live.publish_status();
+        self.publish_queue_positions();
+        // Running jobs still count as remaining (as ComfyUI counts them).
+        self.publish_queue(&snapshot.owner);
+        Some(snapshot)
+    }
+
+    /// The job's node classes and executor: its deployment's, or the
+    /// server's. A job whose account ran out of credits while it waited
+    /// does not run (so a balance goes below zero by at most the jobs
+    /// running when it crossed zero): it fails, never executed, never
+    /// charged.
+    fn engine_for(&self, job: &JobRecord) -> Result<(Arc<crate::plugins::NodeRegistry>, Arc<crate::executor::Executor>), JobErrorRecord> {
+        let error = |code: &str, message: &str| JobErrorRecord { code: code.into(), message: message.into(), node_id: None, class_type: None, traceback: None };
+        if self.opts.mode.has_accounts() && !self.accounts.has_funds(&self.billed_account(job)) {
+            return Err(error(NO_CREDITS, "the account ran out of credits before the job started"));
+        }
+        self.engine(job.deployment.as_deref()).ok_or_else(|| error("deployment_stopped", "the job's deployment was stopped before the job could run"))
+    }
+
+    /// Runs a started job's plan to its outcome (a panic in the executor
+    /// is a failed job, never a dead worker).
+    async fn execute(
+        &self,
+        live: &Arc<LiveJob>,
+        job: &JobRecord,
+        prompt: Arc<str>,
+        plan: crate::workflow::Plan,
+        executor: &crate::executor::Executor,
+    ) -> Result<RunOutcome, NotRun> {
+        let total = plan.nodes.len() as u64;
+        live.record.lock().progress = Some(ProgressSnapshot {
+            value: 0.0,
+            nodes_done: 0,
+            nodes_total: total,
+            current_node: None,
+            current_node_class: None,
+            step: None,
+            steps: None,
+            message: None,
+        });
+        let accounts = self.opts.mode.has_accounts();
+        let ctx = RunContext {
+            job_id: job.id.clone(),
+            prompt,
+            extra_pnginfo: live.extra.extra_pnginfo.as_deref().cloned(),
+            inputs: Arc::new(JobInputs::new(&job.inputs, self.blobs.clone())),
+            outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone(), self.blob_gate.clone())),
+            events: self.sink(live.clone()),
+            cancel: live.cancel.clone(),
+            secrets: live.extra.secrets.clone(),
+            branches: self.branches.lock().as_ref().map(|rt| rt.handle().clone()),
+            budget: crate::budget::JobBudget::new(self.opts.job_limits),
+            // With accounts, results are never shared between them.
+            cache_scope: if accounts { job.owner.clone() } else { String::new() },
+            funds: accounts.then(|| {
+                let (accounts, billed) = (self.accounts.clone(), self.billed_account(job));
+                Arc::new(move || accounts.has_funds(&billed)) as crate::executor::FundsCheck
+            }),
+        };
+        let run = std::panic::AssertUnwindSafe(executor.run(&plan, ctx));
+        futures_util::FutureExt::catch_unwind(run).await.map_err(|_| NotRun {
+            error: JobErrorRecord {
+                code: "internal_error".into(),
+                message: "the job's execution failed unexpectedly".into(),
+                node_id: None,
+                class_type: None,
+                traceback: None,
+            },
+            output_lost: true,
+        })
+    }
+
+    /// Loads and re-validates the job's workflow (plugins may have changed
+    /// since it was submitted, e.g. across a restart).
+    /// A job's plan and workflow text from the store (a job submitted
+    /// before a restart, or whose parsed form the queued jobs' share could
+    /// not keep): counted, then parsed and validated within the intake
+    /// budget like a submission; the run keeps the text and the plan, not
+    /// the parsed tree.
+    async fn prepare(&self, job: &JobRecord, registry: &crate::plugins::NodeRegistry) -> Result<(Arc<str>, crate::workflow::Plan), JobErrorRecord> {
+        let error = |code: &str, message: String| JobErrorRecord { code: code.into(), message, node_id: None, class_type: None, traceback: None };
+        let bytes = match self.meta.get_workflow_bytes(&job.id) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Err(error("internal_error", "the job's workflow is missing from the store".into())),
+            Err(e) => return Err(error("internal_error", format!("cannot read the job's workflow: {e}"))),
+        };
+        let cost = crate::workflow::cost::count_values(&bytes, u64::MAX).unwrap_or_default();
+        let _parsing = self.intake.enter(super::intake_estimate(cost)).await.map_err(|e| error("invalid_workflow", e.to_string()))?;
+        let workflow: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| error("internal_error", format!("the job's stored workflow is unreadable: {e}")))?;
+        let inputs = JobInputs::new(&job.inputs, self.blobs.clone());
+        let plan = match super::intake::plan(&workflow, registry, &inputs, &self.opts.workflow_limits, super::OutputPolicy::AllOrNothing) {
+            Ok((plan, _)) => plan,
+            Err(e) => return Err(error("invalid_workflow", crate::service::ServiceError::from(e).to_string())),
+        };
+        let text = String::from_utf8(bytes).map_err(|_| error("internal_error", "the job's stored workflow is not UTF-8".into()))?;
+        Ok((Arc::from(text), plan))
+    }
+
+    /// The executor's event sink for one job.
+    fn sink(&self, live: Arc<LiveJob>) -> crate::executor::EventSink {
+        let sink = JobSink::new(self.meta.clone(), self.bus.clone(), live);
+        Arc::new(move |event: Event| sink.handle(event))
+    }
+
+    /// Records how the run ended and retires the live job. The terminal
+    /// record is made durable (sled, then a synced commit-log frame with the
+    /// output assets) before anyone can see it: until then the live record
+    /// keeps its running state — a poll, a listing or an event stream never
+    /// shows a job done that a crash could undo — and, marked finishing, it
+    /// takes no other write (a cancel arriving now changes nothing). The
+    /// record's lock is not held across this write, so a poll does not wait
+    /// for it.
+    async fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, NotRun>) {
+        if let Err(NotRun { error, .. }) = &outcome {
+            let (id, owner) = {
+                let rec = live.record.lock();
+                (Arc::from(rec.id.as_str()), Arc::from(rec.owner.as_str()))
+            };
+            let body = ExecBody::Failed {
+                node: error.node_id.clone(),
+                class_type: error.class_type.clone(),
+                code: error.code.clone(),
+                message: error.message.clone(),
+                executed: Vec::new(),
+                at_ms: bus::now_ms(),
+            };
+            self.bus.job(&id, &owner, body);
+        }
+        let terminal = {
+            let rec = live.record.lock();
+            live.finishing.store(true, Ordering::SeqCst);
+            let mut terminal = rec.clone();
+            if let Err(bug) = end_record(&mut terminal, outcome, live.expire_on_stop.load(Ordering::SeqCst), now_micros(), self.opts.job_log_bytes) {
+                tracing::error!(job_id = %terminal.id, %bug, "cannot record how the job ended");
+            }
+            terminal
+        };
+        let terminal = Arc::new(terminal);
+        let assets = std::mem::take(&mut *live.output_assets.lock());
+        // On this thread: the execution runtime's threads are there for
+        // blocking job work, and a hand-off to the blocking pool and back
+        // cost ~100 µs per job here (BENCHMARKS.md, session 7).
+        let durable = self.meta.finish_job(&terminal, &assets);
+        if let Err(e) = &durable {
+            // Ended either way: a store failure only means a restart may run it again.
+            tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job");
+        }
+        // Served from memory from now on (the sweeper forgets it when it
+        // expires it; a live job is never expired under it).
+        self.remember_finished(terminal.clone(), None);
+        *live.record.lock() = (*terminal).clone();
+        // The one line per job at `info` (queued and running are `debug`).
+        tracing::info!(
+            job_id = %terminal.id,
+            status = terminal.status.as_str(),
+            queue_ms = terminal.queue_ms,
+            execution_ms = terminal.execution_ms,
+            error = terminal.error.as_ref().map(|e| e.code.as_str()),
+            "job finished"
+        );
+        live.publish(JobEvent::Status(terminal.clone()));
+        self.queue.leave(&terminal.id);
+        // On the bus, after the record is written: the queue changed, and
+        // the job is over.
+        self.publish_queue(&terminal.owner);
+        self.bus.job(&Arc::from(terminal.id.as_str()), &Arc::from(terminal.owner.as_str()), ExecBody::Executing { node: None });
+        // Its account pays for the time it executed (a job that never
+        // started costs nothing). After it is shown finished, before this
+        // worker takes its next job (which checks the balance).
+        if self.opts.mode.has_accounts()
+            && let Some(ms) = terminal.execution_ms
+            && terminal.error.as_ref().is_none_or(|e| e.code != NO_CREDITS)
+        {
+            let billed = self.billed_account(&terminal);
+            let balance = self.accounts.charge(&billed, u64::try_from(ms).unwrap_or(0));
+            tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, %billed, execution_ms = ms, ?balance, "job charged");
+        }
+    }
+}
