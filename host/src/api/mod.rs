@@ -15,6 +15,7 @@ pub mod listener;
 mod proptests;
 pub mod proxy;
 pub mod signing;
+pub mod statuses;
 pub mod v2;
 
 use std::net::SocketAddr;

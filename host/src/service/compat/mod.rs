@@ -92,26 +92,6 @@ pub struct CompatOutput {
     pub subfolder: String,
 }
 
-/// The compatibility API's name of a job's status (`GET /api/job/{id}/status`):
-/// a failure of the workflow itself (it did not validate, a node refused
-/// its inputs) is `non_retryable_error`, a run cut off by a restart `lost`.
-pub fn compat_status(record: &JobRecord) -> &'static str {
-    match record.status {
-        JobStatus::Queued => "queued_waiting",
-        JobStatus::Running if record.progress.as_ref().is_none_or(|p| p.nodes_done == 0 && p.current_node.is_none()) => "preparing",
-        JobStatus::Running => "executing",
-        JobStatus::Canceling => "cancel_requested",
-        JobStatus::Succeeded => "success",
-        JobStatus::Canceled => "cancelled",
-        JobStatus::Expired => "lost",
-        JobStatus::Failed => match record.error.as_ref().map(|e| e.code.as_str()) {
-            Some("interrupted") => "lost",
-            Some("invalid_workflow" | "node_execution_error") => "non_retryable_error",
-            _ => "error",
-        },
-    }
-}
-
 impl Service {
     /// The next number of `owner`'s ComfyUI priority counter (taken by
     /// every prompt request that parses, accepted or not).
@@ -274,56 +254,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn job_states_map_to_the_specs_status_values() {
-        let with = |status: JobStatus, code: Option<&str>| {
-            let mut rec = JobRecord::queued_for_test("j", 0, 1);
-            rec.status = status;
-            rec.error = code.map(|c| crate::store::JobErrorRecord { code: c.into(), message: String::new(), node_id: None, class_type: None, traceback: None });
-            compat_status(&rec)
-        };
-        assert_eq!(with(JobStatus::Queued, None), "queued_waiting");
-        assert_eq!(with(JobStatus::Running, None), "preparing", "no node started yet");
-        assert_eq!(with(JobStatus::Canceling, None), "cancel_requested");
-        assert_eq!(with(JobStatus::Succeeded, None), "success");
-        assert_eq!(with(JobStatus::Canceled, None), "cancelled");
-        // The workflow's own failure cannot succeed on a retry; a crash, a
-        // timeout or a memory limit might; a restart cut the run off.
-        assert_eq!(with(JobStatus::Failed, Some("invalid_workflow")), "non_retryable_error");
-        assert_eq!(with(JobStatus::Failed, Some("node_execution_error")), "non_retryable_error");
-        for code in ["node_crashed", "node_timeout", "node_out_of_memory", "job_out_of_memory", "internal_error"] {
-            assert_eq!(with(JobStatus::Failed, Some(code)), "error", "{code}");
-        }
-        assert_eq!(with(JobStatus::Failed, Some("interrupted")), "lost");
-    }
-
-    #[test]
     fn load_image_names_may_carry_their_type() {
         assert_eq!(annotated("a.png"), ("input", "a.png"));
         assert_eq!(annotated("sub/a.png [temp]"), ("temp", "sub/a.png"));
         assert_eq!(annotated("a.png [output]"), ("output", "a.png"));
         assert_eq!(join_path("", "a.png"), "a.png");
         assert_eq!(join_path("x/y", "a.png"), "x/y/a.png");
-    }
-
-    #[test]
-    fn statuses_map_to_the_compat_names() {
-        let mut r = JobRecord::queued_for_test("j", 0, 1);
-        assert_eq!(compat_status(&r), "queued_waiting");
-        r.status = JobStatus::Running;
-        assert_eq!(compat_status(&r), "preparing");
-        r.status = JobStatus::Canceling;
-        assert_eq!(compat_status(&r), "cancel_requested");
-        r.status = JobStatus::Succeeded;
-        assert_eq!(compat_status(&r), "success");
-        r.status = JobStatus::Canceled;
-        assert_eq!(compat_status(&r), "cancelled");
-        r.status = JobStatus::Failed;
-        let fail = |code: &str| crate::store::JobErrorRecord { code: code.into(), message: String::new(), node_id: None, class_type: None, traceback: None };
-        for (code, want) in
-            [("interrupted", "lost"), ("invalid_workflow", "non_retryable_error"), ("node_execution_error", "non_retryable_error"), ("node_timeout", "error")]
-        {
-            r.error = Some(fail(code));
-            assert_eq!(compat_status(&r), want, "{code}");
-        }
     }
 }

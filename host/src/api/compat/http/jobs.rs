@@ -25,21 +25,10 @@ use crate::api::v2::Segment;
 use crate::service::{Service, ServiceError};
 use crate::store::{JobRecord, JobStatus};
 
-const STATUSES: [&str; 5] = ["pending", "in_progress", "completed", "failed", "cancelled"];
+const STATUSES: [&str; 5] = statuses::COMFY_JOBS_LIST;
 
 fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(json!({ "error": message }))).into_response()
-}
-
-/// The local engine's name of a job's status.
-fn status(record: &JobRecord) -> &'static str {
-    match record.status {
-        JobStatus::Queued => "pending",
-        JobStatus::Running | JobStatus::Canceling => "in_progress",
-        JobStatus::Succeeded => "completed",
-        JobStatus::Canceled => "cancelled",
-        JobStatus::Failed | JobStatus::Expired => "failed",
-    }
 }
 
 /// The list form of a job (keys whose value would be null are left out);
@@ -62,7 +51,7 @@ fn summary(service: &Service, record: &JobRecord) -> Result<Map<String, Json_>, 
 fn short(r: &JobRecord) -> Map<String, Json_> {
     let mut out = Map::new();
     out.insert("id".into(), json!(r.public_id()));
-    out.insert("status".into(), json!(status(r)));
+    out.insert("status".into(), json!(statuses::comfy_jobs_list(r)));
     out.insert("priority".into(), number(r));
     out.insert("create_time".into(), json!(millis(r.created_at)));
     if r.status.is_terminal() {
@@ -125,7 +114,7 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, Query(q): 
         Ok(all)
     })
     .await?;
-    jobs.retain(|j| wanted.iter().any(|w| w == status(j)));
+    jobs.retain(|j| wanted.iter().any(|w| w == statuses::comfy_jobs_list(j)));
     let key = |j: &JobRecord| if by_duration { j.completed_at.zip(j.started_at).map_or(0, |(end, start)| end - start) } else { j.created_at };
     jobs.sort_by_key(key);
     if !ascending {

@@ -23,7 +23,6 @@ use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::v2::{Segment, check_id};
 use crate::files::NamedInputs;
-use crate::service::compat::compat_status;
 use crate::service::{ExtraData, ServiceError};
 use crate::service::{Submission, SubmitError};
 use crate::store::CompatFields;
@@ -48,7 +47,7 @@ pub async fn remaining(State(state): State<Arc<AppState>>, caller: Caller) -> Js
 pub async fn status(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
     check_id(&id)?;
     let (record, _) = state.service.get_shared(caller.owner(), &id).map_err(compat_error)?;
-    Ok(Json(json!({ "status": compat_status(&record) })))
+    Ok(Json(json!({ "status": crate::api::statuses::comfy_job(&record) })))
 }
 
 /// A canonical (lowercase, hyphenated) UUID.
