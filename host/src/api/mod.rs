@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod body;
 pub mod body_limit;
 pub mod compat;
 mod content;
