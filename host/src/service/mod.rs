@@ -76,12 +76,12 @@ pub struct ServiceOptions {
     /// capture and store them all the same and leave them out of reads
     /// (except a deployment's jobs: [`Service::shows_logs`]).
     pub logs_on_read: bool,
-    /// The deployment kind (issue 18): with accounts, each job's owner is
+    /// The deployment kind: with accounts, each job's owner is
     /// an account, charged when its job ends; the result cache is per owner.
     pub mode: crate::config::Mode,
     /// What a job costs its account.
     pub pricing: crate::accounts::Pricing,
-    /// Named tiers and the default tier (issue 18; see `fair`).
+    /// Named tiers and the default tier (see `fair`).
     pub tiers: fair::Tiers,
     /// The tail of a job's stdout + stderr kept as its log, bytes.
     pub job_log_bytes: usize,

@@ -1,4 +1,4 @@
-//! Tiers and fair scheduling (issue 18): per-key running and queued limits,
+//! Tiers and fair scheduling: per-key running and queued limits,
 //! and round-robin dispatch across accounts, so one account's flood never
 //! starves another's jobs. Jobs of a second account are submitted through
 //! the service itself (accounts and their keys are the `tenants` work); the

@@ -1,4 +1,4 @@
-//! The partner proxy (issue 16) over real HTTP on loopback: the bundled
+//! The partner proxy over real HTTP on loopback: the bundled
 //! partner plugin's routes and node against a fake provider (`fake`), on
 //! a server whose runtime grants the plugin the fake's address. Covers
 //! every validation rule, auth, success and status, the provider's errors,

@@ -130,7 +130,7 @@ pub async fn submit(
     // Validation, the store writes and the commit log's sync (~50 µs on a
     // local disk) run right here for a typical workflow: a hand-off to the
     // blocking pool and back costs more than that on a small machine
-    // (BENCHMARKS.md, session 7). A large graph validates on the pool, and
+    // (BENCHMARKS.md, "fewer hand-offs on a job's critical path"). A large graph validates on the pool, and
     // so does any submission while the store's writes may wait for a
     // flush of the whole store (a checkpoint): with one HTTP thread, every
     // request would wait with it.
