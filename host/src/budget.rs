@@ -13,7 +13,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The bounds of one job (see `Config::job_limits`).
+/// The bounds of one job (config `job_memory_mb`, `job_max_files`,
+/// `job_output_mb`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobLimits {
     /// Live memory: tensors, host copies and linear memories.
@@ -27,6 +28,15 @@ pub struct JobLimits {
 impl JobLimits {
     /// No bound at all (tests and callers that bound elsewhere).
     pub const UNLIMITED: JobLimits = JobLimits { memory_bytes: u64::MAX, max_files: u64::MAX, output_bytes: u64::MAX };
+
+    /// The bounds `config` sets.
+    pub fn from_config(config: &crate::config::Config) -> JobLimits {
+        JobLimits {
+            memory_bytes: config.job_memory_mb.saturating_mul(1 << 20),
+            max_files: config.job_max_files,
+            output_bytes: config.job_output_mb.saturating_mul(1 << 20),
+        }
+    }
 }
 
 /// Why the job may not have more.

@@ -37,6 +37,7 @@ pub mod logging;
 pub mod memory;
 pub mod object_info;
 pub mod plugins;
+pub mod secret_file;
 pub mod server;
 pub mod service;
 pub mod store;

@@ -4,7 +4,7 @@
 //! buffer out every [`FLUSH_INTERVAL`]. So logging costs a request or a job
 //! its formatting and a copy — no system call, and no wake-up of another
 //! thread per line (a writer thread fed by a channel woke once per line,
-//! which on a small VM cost more than the line: BENCHMARKS.md, session 7).
+//! which on a small VM cost more than the line: BENCHMARKS.md, "fewer hand-offs on a job's critical path").
 //! A slow terminal or pipe holds up only the flushing thread; if it falls
 //! more than [`MAX_PENDING`] behind, new lines are dropped and counted.
 

@@ -11,7 +11,7 @@ use crate::api::listener::ConnectionLimits;
 use crate::api::{self, AppState};
 use crate::config::Config;
 use crate::executor::Executor;
-use crate::plugins::{NodeRegistry, PluginRuntime};
+use crate::plugins::{NodeRegistry, PluginRuntime, RuntimeConfig};
 use crate::service::{Service, ServiceOptions};
 
 /// The configured connection limits, `max_connections` fitted under this
@@ -77,7 +77,7 @@ impl Server {
 
     /// Loads the configured plugins and starts a server.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
-        let runtime = Arc::new(PluginRuntime::new(config.runtime()?).map_err(|e| anyhow::anyhow!("{e:#}"))?);
+        let runtime = Arc::new(PluginRuntime::new(RuntimeConfig::from_config(&config)?).map_err(|e| anyhow::anyhow!("{e:#}"))?);
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &config.plugin_dirs).await?);
         // Compiling plugins (first start, or after a change) leaves tens of
         // MiB of freed compiler memory that the allocator keeps (see `memory`).

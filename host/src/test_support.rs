@@ -20,7 +20,7 @@ struct Plugins {
 }
 
 static PLUGINS: LazyLock<Plugins> = LazyLock::new(|| {
-    let runtime = Arc::new(PluginRuntime::new(config().runtime().expect("runtime config")).expect("plugin runtime"));
+    let runtime = Arc::new(PluginRuntime::new(crate::plugins::RuntimeConfig::from_config(&config()).expect("runtime config")).expect("plugin runtime"));
     let loader = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     let registry = Arc::new(loader.block_on(NodeRegistry::load_all(&runtime, &[])).expect("bundled plugins load"));
     Plugins { runtime, registry }

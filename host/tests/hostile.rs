@@ -241,7 +241,7 @@ async fn a_job_holds_at_most_its_memory_bound_and_gives_it_back() {
     // Memory goes back once the server is idle (the trimmer runs after a
     // few quiet seconds): read /proc only, no requests meanwhile.
     // What stays after the idle trim varied from +67 to +181 MiB between
-    // runs (steady state, session 9; why is not understood yet:
+    // runs (steady state, runs of 2026-11-24/25; why is not understood yet:
     // RELIABILITY.md); the peak of the 48 MiB branches is 300–500 MiB, and
     // the trim itself returned ~50 MiB in a traced run.
     const KEPT_MB: u64 = 192;

@@ -107,7 +107,7 @@ fn main() {
         let batch = std::env::var("KILN_DECOMMIT_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
         let config = Config { cache_dir: Some(dir.path().join("artifacts")), decommit_batch: batch, ..Config::default() };
         let started = Instant::now();
-        let runtime = Arc::new(PluginRuntime::new(config.runtime().expect("config")).expect("runtime"));
+        let runtime = Arc::new(PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).expect("config")).expect("runtime"));
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("plugins"));
         println!("cold start (compile bundled plugins): {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
         let started = Instant::now();
@@ -260,7 +260,7 @@ async fn gpu_bench() {
     });
     for mode in [GpuMode::Off, GpuMode::Required] {
         let config = Config { cache_dir: Some(dir.path().join("artifacts")), decommit_batch: 16, gpu: mode, ..Config::default() };
-        let runtime = Arc::new(PluginRuntime::new(config.runtime().expect("config")).expect("runtime"));
+        let runtime = Arc::new(PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).expect("config")).expect("runtime"));
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("plugins"));
         let executor = Executor::new(runtime, registry, 0, config.max_concurrency as usize);
         let _ = run(&executor, &heavy, &named, &out).await;

@@ -63,7 +63,7 @@ async fn main() {
         partner_tokens: vec![TOKEN.into()],
         ..Config::default()
     };
-    let runtime = Arc::new(PluginRuntime::new(config.runtime().unwrap()).unwrap());
+    let runtime = Arc::new(PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap());
     let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.unwrap());
     let options = ServiceOptions::from_config(&config);
     let server = Server::start_with(config, options, runtime, registry).await.unwrap();

@@ -52,7 +52,7 @@ async fn gpu_env() -> Option<&'static GpuEnv> {
             // A loop budget under lavapipe's own cap of 65535 iterations per
             // loop (gallivm's loop limiter), so the host's bound is what shows.
             let config = kiln::config::Config { gpu: kiln::gpu::GpuMode::Required, gpu_loop_budget: LOOP_BUDGET, ..test_config() };
-            let runtime = match config.runtime() {
+            let runtime = match kiln::plugins::RuntimeConfig::from_config(&config) {
                 Ok(r) => r,
                 Err(e) if std::env::var_os("CI").is_some() => panic!("CI needs a GPU adapter (Mesa lavapipe): {e}"),
                 Err(e) => {
@@ -192,7 +192,7 @@ async fn a_long_gpu_blur_fails_at_the_node_deadline() {
         max_node_timeout_ms: limit.as_millis() as u64,
         ..test_config()
     };
-    let config = config.runtime().expect("config");
+    let config = kiln::plugins::RuntimeConfig::from_config(&config).expect("config");
     let software = config.gpu.as_ref().is_some_and(|g| g.info().is_some_and(|i| i.software));
     let runtime = PluginRuntime::new(config).expect("runtime");
     let registry = NodeRegistry::load_all(&runtime, &[]).await.expect("plugins load");

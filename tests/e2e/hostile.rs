@@ -228,7 +228,7 @@ async fn cancel_stops_a_host_kernel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn more_calls_than_instance_slots_wait_instead_of_failing() {
     let config = kiln::config::Config { max_concurrency: 1, ..crate::support::test_config() };
-    let runtime = std::sync::Arc::new(kiln::plugins::PluginRuntime::new(config.runtime().unwrap()).unwrap());
+    let runtime = std::sync::Arc::new(kiln::plugins::PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap());
     let registry = kiln::plugins::NodeRegistry::load_all(&runtime, &[]).await.unwrap();
     let (plugin, _) = registry.get("PrimitiveInt").unwrap();
     let out = tempfile::tempdir().unwrap();
@@ -289,7 +289,7 @@ async fn secrets_reach_only_the_plugins_granted_them() {
     // A runtime whose operator granted no plugin secrets refuses it, and
     // says how to grant it.
     let config = kiln::config::Config { secret_plugins: Vec::new(), max_concurrency: 1, ..crate::support::test_config() };
-    let runtime = kiln::plugins::PluginRuntime::new(config.runtime().unwrap()).unwrap();
+    let runtime = kiln::plugins::PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap();
     let manifest = kiln::plugins::Manifest::parse(crate::support::HOSTILE_MANIFEST).unwrap();
     let err = runtime.load(id, manifest, crate::support::HOSTILE_WASM).await.err().expect("refused without a grant");
     let message = err.to_string();

@@ -84,7 +84,7 @@ async fn refuses_duplicate_classes_missing_components_and_ungranted_capabilities
 async fn compiled_components_are_cached_and_tampered_artifacts_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = kiln::config::Config { cache_dir: Some(dir.path().join("artifacts")), max_concurrency: 1, ..crate::support::test_config() };
-    let runtime = kiln::plugins::PluginRuntime::new(config.runtime().unwrap()).unwrap();
+    let runtime = kiln::plugins::PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap();
     let manifest = || kiln::plugins::Manifest::parse(EXAMPLE_MANIFEST).unwrap();
     let id = || PluginId::Dir("/plugins/example".into());
     let cold = runtime.load(id(), manifest(), EXAMPLE_WASM).await.unwrap();
@@ -109,7 +109,7 @@ async fn compiled_components_are_cached_and_tampered_artifacts_refused() {
 /// A runtime whose operator grants secrets to `grants` (`secret_plugins`).
 fn runtime_granting(grants: Vec<String>) -> Arc<PluginRuntime> {
     let config = kiln::config::Config { secret_plugins: grants, max_concurrency: 1, ..test_config() };
-    Arc::new(PluginRuntime::new(config.runtime().unwrap()).unwrap())
+    Arc::new(PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap())
 }
 
 /// What `HostileSecretProbe` of `registry` reads in a job carrying `key`.
@@ -318,7 +318,7 @@ async fn network_grants_intersect_manifests_and_routes_need_a_handler() {
         env: [("NET_KEY".to_string(), "v".to_string())].into(),
     };
     let config = kiln::config::Config { plugin_network: vec![grant(false)], ..test_config() };
-    let runtime = PluginRuntime::new(config.runtime().unwrap()).unwrap();
+    let runtime = PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap();
     let registry = NodeRegistry::load_all(&runtime, &[plugins.path().to_path_buf()]).await.expect("a granted plugin loads");
     let (plugin, _) = registry.get("ExamplePosterize").unwrap();
     let allowed: Vec<String> = plugin.net.allowed.iter().map(|h| h.to_string()).collect();
@@ -328,7 +328,7 @@ async fn network_grants_intersect_manifests_and_routes_need_a_handler() {
 
     std::fs::write(dir.join("kiln-plugin.toml"), format!("{manifest}routes = [\"/proxy/net/\"]\n")).unwrap();
     let config = kiln::config::Config { plugin_network: vec![grant(true)], ..test_config() };
-    let runtime = PluginRuntime::new(config.runtime().unwrap()).unwrap();
+    let runtime = PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap();
     match NodeRegistry::load_all(&runtime, &[plugins.path().to_path_buf()]).await {
         Err(RegistryError::Load(LoadError::NoHttpHandler { plugin, .. })) => assert!(plugin.contains("example-posterize"), "{plugin}"),
         Err(other) => panic!("{other}"),

@@ -60,7 +60,7 @@ pub fn install_plugin(dir: &Path, manifest: &str, wasm: &[u8]) {
 pub async fn env() -> &'static Env {
     ENV.get_or_init(|| async {
         let config = test_config();
-        let runtime = Arc::new(PluginRuntime::new(config.runtime().expect("config")).expect("runtime"));
+        let runtime = Arc::new(PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).expect("config")).expect("runtime"));
         let plugin_dir = tempfile::tempdir().unwrap();
         install_plugin(&plugin_dir.path().join("hostile"), HOSTILE_MANIFEST, HOSTILE_WASM);
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &[plugin_dir.path().to_path_buf()]).await.expect("plugins load"));
@@ -94,7 +94,7 @@ impl<'a> RunOpts<'a> {
             inputs: NamedInputs::new(),
             out,
             cancel: CancellationToken::new(),
-            budget: kiln::budget::JobBudget::new(test_config().job_limits()),
+            budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::from_config(&test_config())),
             funds: None,
         }
     }

@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+use crate::secret_file::random_key;
+
 /// The secret file in the data directory (owner-only, created on first use).
 const SECRET_FILE: &str = "accounts.key";
 /// What every key starts with (recognisable in logs and secret scanners).
@@ -20,33 +22,13 @@ pub struct KeyHasher {
 impl KeyHasher {
     /// Loads the secret from `dir/accounts.key`, creating it on first use.
     pub fn load_or_create(dir: &Path) -> std::io::Result<KeyHasher> {
-        let path = dir.join(SECRET_FILE);
-        if let Ok(bytes) = std::fs::read(&path)
-            && let Ok(secret) = <[u8; 32]>::try_from(bytes.as_slice())
-        {
-            return Ok(KeyHasher { secret });
-        }
-        let secret = random_bytes();
-        std::fs::create_dir_all(dir)?;
-        let tmp = dir.join(format!("{SECRET_FILE}.tmp"));
-        {
-            use std::io::Write;
-            let mut options = std::fs::File::options();
-            options.write(true).create(true).truncate(true);
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-            let mut f = options.open(&tmp)?;
-            f.write_all(&secret)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, &path)?;
-        Ok(KeyHasher { secret })
+        Ok(KeyHasher { secret: crate::secret_file::load_or_create(dir, SECRET_FILE)? })
     }
 
     /// A hasher with a fresh secret that is never written (tests, an
     /// in-memory account store).
     pub fn ephemeral() -> KeyHasher {
-        KeyHasher { secret: random_bytes() }
+        KeyHasher { secret: random_key() }
     }
 
     /// The stored form of `key`.
@@ -55,18 +37,9 @@ impl KeyHasher {
     }
 }
 
-/// 32 bytes from the OS's generator (through two v4 UUIDs: 244 random bits).
-fn random_bytes() -> [u8; 32] {
-    let mut out = [0u8; 32];
-    out[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-    out[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-    // Spread the 244 bits over all 256 (the UUID version bits are fixed).
-    *blake3::hash(&out).as_bytes()
-}
-
 /// A new API key.
 pub fn new_key() -> String {
-    let bytes = random_bytes();
+    let bytes = random_key();
     let mut key = String::with_capacity(KEY_PREFIX.len() + 64);
     key.push_str(KEY_PREFIX);
     for b in bytes {

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod body;
 pub mod body_limit;
 pub mod compat;
 mod content;
@@ -75,7 +76,7 @@ impl AppState {
     pub fn new(service: Arc<Service>, mut config: Config, signer: signing::Signer, local: SocketAddr, frontend: Option<compat::Frontend>) -> Arc<AppState> {
         config.mount_prefix = normalize_prefix(&config.mount_prefix);
         let token_hash = config.token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
-        let user_files = Arc::new(crate::service::user_files::UserFiles::new(&config.data_dir, config.user_file_limits()));
+        let user_files = Arc::new(crate::service::user_files::UserFiles::new(&config.data_dir, user_file_limits(&config)));
         let default_caller = Caller::new(Arc::from(service.options().owner.as_str()));
         let admin_token_hash = config.admin_token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
         Arc::new(AppState {
@@ -107,8 +108,18 @@ impl AppState {
         let owner = caller.owner_arc();
         let mut all = self.account_files.lock();
         all.entry(owner.clone())
-            .or_insert_with(|| Arc::new(crate::service::user_files::UserFiles::for_user(&self.config.data_dir, &owner, self.config.user_file_limits())))
+            .or_insert_with(|| Arc::new(crate::service::user_files::UserFiles::for_user(&self.config.data_dir, &owner, user_file_limits(&self.config))))
             .clone()
+    }
+}
+
+/// What the frontend's user may keep (`/api/userdata`, `/api/settings`).
+fn user_file_limits(config: &Config) -> crate::service::user_files::UserFileLimits {
+    crate::service::user_files::UserFileLimits {
+        file_bytes: config.max_userdata_file_kb.saturating_mul(1024),
+        total_bytes: config.max_userdata_mb.saturating_mul(1 << 20),
+        max_files: config.max_userdata_files,
+        settings_bytes: config.max_settings_kb.saturating_mul(1024),
     }
 }
 

@@ -12,29 +12,7 @@ pub struct Signer {
 impl Signer {
     /// Loads the key from `dir/signing.key`, creating it (owner-only) on first use.
     pub fn load_or_create(dir: &Path) -> std::io::Result<Signer> {
-        let path = dir.join("signing.key");
-        if let Ok(bytes) = std::fs::read(&path)
-            && let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice())
-        {
-            return Ok(Signer { key });
-        }
-        let mut key = [0u8; 32];
-        key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-        key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-        std::fs::create_dir_all(dir)?;
-        let tmp = dir.join("signing.key.tmp");
-        {
-            use std::io::Write;
-            let mut options = std::fs::File::options();
-            options.write(true).create(true).truncate(true);
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-            let mut f = options.open(&tmp)?;
-            f.write_all(&key)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, &path)?;
-        Ok(Signer { key })
+        Ok(Signer { key: crate::secret_file::load_or_create(dir, "signing.key")? })
     }
 
     fn mac(&self, asset_id: &str, expires: i64) -> blake3::Hash {

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::executor::{Event, Executor, RunContext, RunStatus};
 use crate::files::{DirOutputs, NamedInputs};
-use crate::plugins::{NodeRegistry, PluginRuntime};
-use crate::workflow::{ValidationError, Workflow, validate};
+use crate::plugins::{NodeRegistry, PluginRuntime, RuntimeConfig};
+use crate::workflow::{ValidationError, Workflow, WorkflowLimits, validate};
 
 /// Arguments of `kiln run`.
 #[derive(Debug, clap::Args)]
@@ -53,7 +53,7 @@ fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
 
 /// Builds the plugin runtime and loads every plugin.
 pub async fn load(config: &Config) -> anyhow::Result<(Arc<PluginRuntime>, Arc<NodeRegistry>)> {
-    let runtime = Arc::new(PluginRuntime::new(config.runtime()?).map_err(|e| anyhow::anyhow!("{e:#}"))?);
+    let runtime = Arc::new(PluginRuntime::new(RuntimeConfig::from_config(config)?).map_err(|e| anyhow::anyhow!("{e:#}"))?);
     let registry = NodeRegistry::load_all(&runtime, &config.plugin_dirs).await?;
     Ok((runtime, Arc::new(registry)))
 }
@@ -72,7 +72,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     }
     // The size is checked before the file is read: a workflow is bounded
     // here as on the API (`max_workflow_kb`), and over it is exit 2.
-    let limits = config.workflow_limits();
+    let limits = WorkflowLimits::from_config(&config);
     let size = std::fs::metadata(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?.len();
     if let Err(e) = limits.check_size(usize::try_from(size).unwrap_or(usize::MAX)) {
         eprintln!("error: {e}");
@@ -146,7 +146,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
         cancel,
         secrets: Default::default(),
         branches: None,
-        budget: crate::budget::JobBudget::new(config.job_limits()),
+        budget: crate::budget::JobBudget::new(crate::budget::JobLimits::from_config(&config)),
         cache_scope: String::new(),
         funds: None,
     };

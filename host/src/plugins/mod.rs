@@ -12,6 +12,7 @@
 //! - [`artifacts`]: the on-disk cache of compiled components.
 //! - [`determinism`]: the virtual clocks and seeded randomness of node calls.
 //! - [`runtime`]: loading plugins and calling nodes under limits.
+//! - [`settings`]: the runtime's settings, built from the configuration.
 //! - [`registry`]: which plugin provides each node class.
 //! - `state`, `imports`, `kernels`, `gpu_calls`, `log_pipe`: a node store's data and the
 //!   host side of the imports (`kernels`: pixel kernels over host tensors, on
@@ -37,6 +38,7 @@ pub mod registry;
 pub mod routes;
 pub mod runtime;
 pub mod secrets;
+pub mod settings;
 pub mod state;
 
 pub use bindings::node;

@@ -61,7 +61,7 @@ pub struct RuntimeConfig {
     pub secret_plugins: Vec<PluginGrant>,
     /// How components are compiled (in a child process under limits, or here).
     pub compile: CompileConfig,
-    // Issue 16 (plugin network capabilities).
+    // Plugin network capabilities.
     /// What the operator grants plugins: outbound hosts, routes, configuration.
     pub net_grants: Vec<NetGrant>,
     /// Ceilings on every outbound request of a plugin.

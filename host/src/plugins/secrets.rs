@@ -40,12 +40,7 @@ impl JobSecrets {
     /// per-process key (the cache lives in memory), not the secret.
     pub fn cache_salt(&self, granted: &[String]) -> String {
         static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
-        let key = KEY.get_or_init(|| {
-            let mut key = [0u8; 32];
-            key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-            key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-            key
-        });
+        let key = KEY.get_or_init(crate::secret_file::random_key);
         let mut h = blake3::Hasher::new_keyed(key);
         for name in KNOWN_SECRETS.iter().filter(|n| granted.iter().any(|g| g == *n)) {
             h.update(name.as_bytes());

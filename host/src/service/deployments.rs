@@ -1,4 +1,4 @@
-//! Serverless deployments (issue 18): a named set of plugins plus limits,
+//! Serverless deployments: a named set of plugins plus limits,
 //! owned by an account, served under `/deployment/{id}/api/v2`.
 //!
 //! This module owns a deployment's record, its state machine

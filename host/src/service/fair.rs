@@ -47,6 +47,17 @@ impl Tiers {
     pub fn resolve(&self, name: Option<&str>, fallback: OwnerLimits) -> OwnerLimits {
         name.and_then(|n| self.tiers.get(n)).copied().or(self.default).unwrap_or(fallback)
     }
+
+    /// The tiers `config` names (`[tiers.NAME]`, `default_tier`); a tier
+    /// runs at least one job. An unknown `default_tier` is refused at start
+    /// (`Config::check_tiers`); here it means no default.
+    pub fn from_config(config: &crate::config::Config) -> Tiers {
+        let limits = |t: &crate::config::TierConfig| OwnerLimits { max_running: t.max_running.max(1), max_queued: t.max_queued };
+        Tiers {
+            tiers: config.tiers.iter().map(|(name, t)| (name.clone(), limits(t))).collect(),
+            default: config.default_tier.as_ref().and_then(|d| config.tiers.get(d)).map(limits),
+        }
+    }
 }
 
 /// One key's waiting jobs and how many of its jobs run now.
@@ -222,6 +233,19 @@ mod tests {
     use super::*;
 
     const OPEN: OwnerLimits = OwnerLimits { max_running: 100, max_queued: 100 };
+
+    #[test]
+    fn tiers_and_per_account_shares_come_from_the_config() {
+        let config: crate::config::Config =
+            toml::from_str("default_tier = \"free\"\n[tiers.free]\nmax_running = 1\nmax_queued = 20\n[tiers.pro]\nmax_running = 0\nmax_queued = 5\n").unwrap();
+        let tiers = Tiers::from_config(&config);
+        assert_eq!(tiers.default, Some(OwnerLimits { max_running: 1, max_queued: 20 }));
+        assert_eq!(tiers.tiers["pro"].max_running, 1, "a tier runs at least one job");
+        let config = crate::config::Config { max_queued_jobs_per_account: Some(40), max_event_streams_per_account: Some(7), ..config };
+        let options = super::super::ServiceOptions::from_config(&config);
+        assert_eq!((options.max_queued_per_account, options.max_streams_per_account), (40, 7));
+        assert_eq!(options.tiers.default, tiers.default);
+    }
 
     fn pop_all(q: &mut FairQueue, limits: &dyn TenantLimits) -> Vec<String> {
         std::iter::from_fn(|| q.pop(limits).map(|(id, _)| id)).collect()

@@ -30,12 +30,12 @@ pub struct ServiceOptions {
     /// capture and store them all the same and leave them out of reads
     /// (except a deployment's jobs: [`Service::shows_logs`]).
     pub logs_on_read: bool,
-    /// The deployment kind (issue 18): with accounts, each job's owner is
+    /// The deployment kind: with accounts, each job's owner is
     /// an account, charged when its job ends; the result cache is per owner.
     pub mode: crate::config::Mode,
     /// What a job costs its account.
     pub pricing: crate::accounts::Pricing,
-    /// Named tiers and the default tier (issue 18; see `fair`).
+    /// Named tiers and the default tier (see `fair`).
     pub tiers: fair::Tiers,
     /// The tail of a job's stdout + stderr kept as its log, bytes.
     pub job_log_bytes: usize,
@@ -64,12 +64,12 @@ impl ServiceOptions {
             max_queued_per_account: config.queued_jobs_per_account(),
             max_streams_per_account: config.event_streams_per_account(),
             owner: "local".into(),
-            workflow_limits: config.workflow_limits(),
-            job_limits: config.job_limits(),
+            workflow_limits: crate::workflow::WorkflowLimits::from_config(config),
+            job_limits: crate::budget::JobLimits::from_config(config),
             logs_on_read: config.mode == crate::config::Mode::Serverless,
             mode: config.mode,
             pricing: crate::accounts::Pricing { credits_per_second: config.credits_per_second, min_per_job: config.credits_min_per_job },
-            tiers: config.tiers(),
+            tiers: fair::Tiers::from_config(config),
             job_log_bytes: (config.job_log_kb as usize).saturating_mul(1024),
             intake_memory_bytes: config.intake_memory_mb.saturating_mul(1 << 20),
             queued_parsed_bytes: config.queued_parsed_mb.saturating_mul(1 << 20),

@@ -3,7 +3,7 @@
 //!
 //! sled's own flush hands the write to its I/O thread pool, whose `send`
 //! wakes all seven idle pool threads; twice per job that was a fifth of the
-//! server's CPU (BENCHMARKS.md, session 5). Here the calling thread writes a
+//! server's CPU (BENCHMARKS.md, "where a job's CPU goes"). Here the calling thread writes a
 //! frame with one `pwrite` and, when it must be durable, pushes the log's
 //! unsynced prefix to the disk with `sync_file_range` — the same guarantee
 //! sled's flush gives (data on the device, no cache flush), in one thread.

@@ -104,7 +104,7 @@ pub struct JobRecord {
     /// API (`POST /api/prompt`); other jobs show their `seq` as number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compat: Option<CompatFields>,
-    /// The serverless deployment it was submitted to (issue 18): its
+    /// The serverless deployment it was submitted to: its
     /// scheduling key and allowed node classes are the deployment's, and
     /// its `logs` are shown on read (unless the deployment is a public demo).
     #[serde(default, skip_serializing_if = "Option::is_none")]

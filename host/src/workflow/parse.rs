@@ -51,6 +51,16 @@ impl Default for WorkflowLimits {
 }
 
 impl WorkflowLimits {
+    /// The limits `config` sets (`max_workflow_nodes`, `max_workflow_kb`,
+    /// `max_workflow_values`), each at least a small floor.
+    pub fn from_config(config: &crate::config::Config) -> WorkflowLimits {
+        WorkflowLimits {
+            max_nodes: config.max_workflow_nodes.max(1),
+            max_bytes: config.max_workflow_kb.saturating_mul(1024).max(1024),
+            max_values: config.max_workflow_values.max(16),
+        }
+    }
+
     /// Refuses a document of `len` bytes over the size limit.
     pub fn check_size(&self, len: usize) -> Result<(), ParseError> {
         if len > self.max_bytes {

@@ -1,4 +1,4 @@
-//! Serverless deployments (issue 18) over real HTTP: the admin API and its
+//! Serverless deployments over real HTTP: the admin API and its
 //! operator-token gate, the deployment-scoped Jobs API under
 //! `/deployment/{id}/api/v2` (links carry the prefix, 429
 //! `deployment_not_ready` while its plugins load, 422 `deployment_stopped`

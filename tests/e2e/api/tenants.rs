@@ -1,4 +1,4 @@
-//! Cloud and serverless modes (issue 18) over real HTTP and WebSockets on
+//! Cloud and serverless modes over real HTTP and WebSockets on
 //! loopback: accounts made through the admin API, whose keys open both
 //! surfaces; two accounts that cannot see, download, cancel, reference or
 //! stream each other's work (every route tried with the other's ids);

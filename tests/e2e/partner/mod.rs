@@ -1,4 +1,4 @@
-//! The partner proxy (issue 16) over real HTTP on loopback: the bundled
+//! The partner proxy over real HTTP on loopback: the bundled
 //! partner plugin's routes and node against a fake provider (`fake`), on
 //! a server whose runtime grants the plugin the fake's address. Covers
 //! every validation rule, auth, success and status, the provider's errors,
@@ -75,7 +75,7 @@ async fn partner() -> &'static Partner {
             tracing::subscriber::set_global_default(subscriber).expect("no other test sets a global subscriber");
             let fake = Fake::start();
             let config = partner_config(&fake, std::path::Path::new("unused"));
-            let runtime = Arc::new(PluginRuntime::new(config.runtime().expect("config")).expect("runtime"));
+            let runtime = Arc::new(PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).expect("config")).expect("runtime"));
             let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("bundled plugins load"));
             Partner { fake, runtime, registry, logs }
         })
@@ -423,7 +423,7 @@ async fn a_route_call_past_its_deadline_is_stopped_with_504() {
     let data = tempfile::tempdir().unwrap();
     // A runtime of its own: the route deadline is a runtime setting.
     let config = Config { route_timeout_ms: 300, outbound_first_byte_timeout_ms: 10_000, ..partner_config(&p.fake, data.path()) };
-    let runtime = Arc::new(PluginRuntime::new(config.runtime().unwrap()).unwrap());
+    let runtime = Arc::new(PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap());
     let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.unwrap());
     let options = ServiceOptions::from_config(&config);
     let server = Server::start_with(config, options, runtime, registry).await.unwrap();
@@ -448,7 +448,7 @@ async fn an_unreachable_provider_is_502_without_internal_detail() {
     drop(closed);
     let data = tempfile::tempdir().unwrap();
     let config = Config { partner_base_url: Some(format!("http://127.0.0.1:{port}")), ..partner_config(&p.fake, data.path()) };
-    let runtime = Arc::new(PluginRuntime::new(config.runtime().expect("config")).expect("runtime"));
+    let runtime = Arc::new(PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).expect("config")).expect("runtime"));
     let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("bundled plugins load"));
     let options = ServiceOptions::from_config(&config);
     let server = Server::start_with(config, options, runtime, registry).await.expect("server starts");

@@ -46,9 +46,7 @@ fn view(state: &AppState, record: &DeploymentRecord) -> serde_json::Value {
 
 async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     // Over `MAX_BODY`: refused before it is read, or cut while read.
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(super::MAX_BODY as u64) } else { ApiError::invalid_request(e.body_text()) }
-    })?;
+    let bytes = crate::api::body::bytes(body, super::MAX_BODY as u64)?;
     let mut spec: DeploymentSpec = serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid_request(format!("Invalid deployment: {e}")))?;
     // With accounts, the owner is an account (named by name or id): its id
     // is what jobs and billing use.

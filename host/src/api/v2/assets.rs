@@ -5,40 +5,24 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::multipart::{Field, MultipartRejection};
+use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Multipart, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value as Json_;
 
-use super::jobs::json_object;
 use super::{Segment, check_id, wire};
 use crate::api::Caller;
+use crate::api::body::{self, json_object, multipart_error, text_field};
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links, content};
-use crate::service::{AssetLabels, NewAsset, ServiceError, UploadMeta};
+use crate::service::{AssetLabels, NewAsset, UploadMeta};
 use crate::store::{BlobUpload, now_micros, parse_blob_name};
 
 fn created(asset: NewAsset, links: &Links) -> Response {
     let status = if asset.created_new { StatusCode::CREATED } else { StatusCode::OK };
     (status, Json(wire::asset(&asset.asset, links, Some(asset.created_new)))).into_response()
-}
-
-fn multipart_error(e: axum::extract::multipart::MultipartError, limit: u64) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::payload_too_large(limit)
-    } else {
-        ApiError::invalid_request(format!("Bad multipart body: {}", e.body_text()))
-    }
-}
-
-async fn text_field(field: Field<'_>, limit: u64) -> Result<String, ApiError> {
-    let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
-    if text.len() > 4096 {
-        return Err(ApiError::invalid_request("A text field of the upload is too long."));
-    }
-    Ok(text)
 }
 
 /// Retention a caller may ask for, in seconds (one minute to one week).
@@ -69,17 +53,6 @@ fn add_tag(labels: &mut AssetLabels, tag: String) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Streams the `file` part into a new blob, off the reactor.
-async fn receive_file(state: &AppState, mut field: Field<'_>, limit: u64) -> Result<BlobUpload, ApiError> {
-    let mut upload = state.service.begin_upload()?;
-    while let Some(chunk) = field.chunk().await.map_err(|e| multipart_error(e, limit))? {
-        // Chunks are ≤ 64 KiB and land in the page cache; the fsync happens
-        // once, in `commit_upload`, off the reactor.
-        upload.write(&chunk).map_err(ServiceError::from)?;
-    }
-    Ok(upload)
-}
-
 /// A `file_path`: a non-empty relative path, no `..`, no NUL, at most 1024 bytes.
 fn check_file_path(path: &str) -> Result<&str, ApiError> {
     let bad = path.is_empty() || path.len() > 1024 || path.starts_with(['/', '\\']) || path.split(['/', '\\']).any(|s| s == "..") || path.contains('\0');
@@ -96,7 +69,7 @@ pub async fn upload(
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let limit = state.service.options().max_upload_bytes;
-    let mut multipart = multipart.map_err(|e| ApiError::invalid_request(format!("Expected a multipart/form-data upload: {}", e.body_text())))?;
+    let mut multipart = body::multipart(multipart)?;
     let mut meta = UploadMeta::default();
     let mut file: Option<BlobUpload> = None;
     while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, limit))? {
@@ -105,7 +78,7 @@ pub async fn upload(
                 if file.is_some() {
                     return Err(ApiError::invalid_request("Only one `file` part is allowed."));
                 }
-                file = Some(receive_file(&state, field, limit).await?);
+                file = Some(body::receive_file(&state.service, field, limit, ApiError::from).await?);
             }
             "content_type" => meta.content_type = Some(text_field(field, limit).await?),
             "file_path" => meta.file_path = Some(text_field(field, limit).await?),

@@ -12,6 +12,7 @@ use serde_json::{Map, Value as Json_, json};
 
 use super::{Segment, check_id, wire};
 use crate::api::Caller;
+use crate::api::body::{body_error, json_object};
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::service::{ExtraData, ListQuery, ServiceError, Submission};
@@ -24,25 +25,6 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Json<Json_> {
 /// A submission over `max` bytes: a workflow over its size limit, named.
 pub(super) fn workflow_too_large(max: usize) -> ApiError {
     ApiError::invalid_workflow(crate::workflow::ParseError::TooLarge { limit: max }.to_string())
-}
-
-/// Maps a body-read failure (over `limit` bytes, broken stream) to the envelope.
-pub(super) fn body_error(e: BytesRejection, limit: usize) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::payload_too_large(limit as u64)
-    } else {
-        ApiError::invalid_request(format!("Cannot read the request body: {}", e.body_text()))
-    }
-}
-
-/// Parses a JSON object body of at most `limit` bytes.
-pub(super) fn json_object(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Map<String, Json_>, ApiError> {
-    let bytes = body.map_err(|e| body_error(e, limit))?;
-    match serde_json::from_slice::<Json_>(&bytes) {
-        Ok(Json_::Object(map)) => Ok(map),
-        Ok(_) => Err(ApiError::invalid_request("The request body must be a JSON object.")),
-        Err(e) => Err(ApiError::invalid_request(format!("The request body is not valid JSON: {e}"))),
-    }
 }
 
 /// `metadata`: at most 16 labels; keys 1–40 of `[A-Za-z0-9_.-]`; string
@@ -132,7 +114,7 @@ pub async fn submit(
     // Validation, the store writes and the commit log's sync (~50 µs on a
     // local disk) run right here for a typical workflow: a hand-off to the
     // blocking pool and back costs more than that on a small machine
-    // (BENCHMARKS.md, "Service"). A large graph validates on the pool, and
+    // (BENCHMARKS.md, "fewer hand-offs on a job's critical path"). A large graph validates on the pool, and
     // so does any submission while the store's writes may wait for a
     // flush of the whole store (a checkpoint): with one HTTP thread, every
     // request would wait with it.

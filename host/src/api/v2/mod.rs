@@ -17,7 +17,7 @@ use super::error::ApiError;
 
 /// The Jobs API's routes at `base` (the mount prefix and `/api/v2`).
 pub fn routes(base: &str, state: Arc<AppState>) -> Router {
-    let upload_limit = (state.service.options().max_upload_bytes as usize).saturating_add(1 << 20);
+    let upload_limit = crate::api::body::upload_body_limit(state.service.options().max_upload_bytes);
     // JSON bodies (a workflow, the largest) are bounded by the workflow
     // size limit; uploads have their own.
     let json_limit = state.service.options().workflow_limits.max_bytes;

@@ -240,7 +240,7 @@ impl Service {
         let assets = std::mem::take(&mut *live.output_assets.lock());
         // On this thread: the execution runtime's threads are there for
         // blocking job work, and a hand-off to the blocking pool and back
-        // cost ~100 µs per job here (BENCHMARKS.md, session 7).
+        // cost ~100 µs per job here (BENCHMARKS.md, "fewer hand-offs on a job's critical path").
         let durable = self.meta.finish_job(&terminal, &assets);
         if let Err(e) = &durable {
             // Ended either way: a store failure only means a restart may run it again.

@@ -21,6 +21,7 @@ use super::{blocking, millis, number};
 use crate::api::AppState;
 use crate::api::Caller;
 use crate::api::error::ApiError;
+use crate::api::statuses;
 use crate::api::v2::Segment;
 use crate::service::{Service, ServiceError};
 use crate::store::{JobRecord, JobStatus};

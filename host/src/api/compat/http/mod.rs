@@ -40,7 +40,7 @@ pub use object_info::ObjectInfoCache;
 /// The HTTP routes of the compatibility API.
 pub fn routes(state: Arc<AppState>) -> Router {
     let prefix = state.config.mount_prefix.clone();
-    let upload_limit = (state.service.options().max_upload_bytes as usize).saturating_add(1 << 20);
+    let upload_limit = crate::api::body::upload_body_limit(state.service.options().max_upload_bytes);
     let json_limit = state.service.options().workflow_limits.max_bytes.max(state.user_files.limits().settings_bytes);
     let userdata_limit = usize::try_from(state.user_files.limits().file_bytes).unwrap_or(usize::MAX);
     let mut json = Router::new();
@@ -107,29 +107,11 @@ pub(super) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Se
 /// or not an object (ComfyUI's queue and interrupt routes then act on their
 /// defaults).
 pub(super) fn optional_object(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Option<Map<String, Json>>, ApiError> {
-    let bytes = body.map_err(|e| body_error(e, limit))?;
+    let bytes = body.map_err(|e| crate::api::body::body_error(e, limit))?;
     Ok(match serde_json::from_slice::<Json>(&bytes) {
         Ok(Json::Object(map)) => Some(map),
         _ => None,
     })
-}
-
-/// A JSON object body of at most `limit` bytes (else 400 or 413).
-pub(super) fn object(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Map<String, Json>, ApiError> {
-    let bytes = body.map_err(|e| body_error(e, limit))?;
-    match serde_json::from_slice::<Json>(&bytes) {
-        Ok(Json::Object(map)) => Ok(map),
-        Ok(_) => Err(ApiError::invalid_request("The request body must be a JSON object.")),
-        Err(e) => Err(ApiError::invalid_request(format!("The request body is not valid JSON: {e}"))),
-    }
-}
-
-fn body_error(e: BytesRejection, limit: usize) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::payload_too_large(limit as u64)
-    } else {
-        ApiError::invalid_request(format!("Cannot read the request body: {}", e.body_text()))
-    }
 }
 
 /// A list of prompt ids from a body field (`delete`): strings only, each

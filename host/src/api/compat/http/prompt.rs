@@ -17,9 +17,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value as Json_, json};
 
-use super::{compat_error, object};
+use super::compat_error;
 use crate::api::AppState;
 use crate::api::Caller;
+use crate::api::body::json_object;
 use crate::api::error::ApiError;
 use crate::api::v2::{Segment, check_id};
 use crate::files::NamedInputs;
@@ -88,7 +89,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
         },
         Err(_) => None,
     };
-    let mut body = object(body, limit)?;
+    let mut body = json_object(body, limit)?;
     let front = body.get("front").and_then(Json_::as_bool).unwrap_or(false);
     // ComfyUI float()s a given number; without one the counter is taken.
     let number = match body.get("number") {

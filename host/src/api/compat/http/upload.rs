@@ -11,17 +11,17 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::multipart::{Field, MultipartError, MultipartRejection};
+use axum::extract::multipart::MultipartRejection;
 use axum::extract::{Multipart, State};
-use axum::http::StatusCode;
 use serde_json::{Value as Json_, json};
 
 use super::blocking;
 use crate::api::AppState;
 use crate::api::Caller;
+use crate::api::body::{self, multipart_error, text_field};
 use crate::api::error::ApiError;
 use crate::service::compat::CompatUpload;
-use crate::service::{ServiceError, job_files::media_type};
+use crate::service::job_files::media_type;
 use crate::store::BlobUpload;
 
 /// The parts of an upload.
@@ -35,22 +35,6 @@ struct Form {
     subfolder: Option<String>,
     overwrite: bool,
     original_ref: Option<String>,
-}
-
-fn multipart_error(e: MultipartError, limit: u64) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::payload_too_large(limit)
-    } else {
-        ApiError::invalid_request(format!("Bad multipart body: {}", e.body_text()))
-    }
-}
-
-async fn text(field: Field<'_>, limit: u64) -> Result<String, ApiError> {
-    let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
-    if text.len() > 4096 {
-        return Err(ApiError::invalid_request("A text field of the upload is too long."));
-    }
-    Ok(text)
 }
 
 /// A plain file name: no separator, no `..`, no control character, 1–255 bytes.
@@ -68,9 +52,9 @@ fn subfolder(folder: &str) -> Result<String, ApiError> {
 
 async fn read_form(state: &AppState, multipart: Result<Multipart, MultipartRejection>, mask: bool) -> Result<Form, ApiError> {
     let limit = state.service.options().max_upload_bytes;
-    let mut multipart = multipart.map_err(|e| ApiError::invalid_request(format!("Expected a multipart/form-data upload: {}", e.body_text())))?;
+    let mut multipart = body::multipart(multipart)?;
     let mut form = Form::default();
-    while let Some(mut field) = multipart.next_field().await.map_err(|e| multipart_error(e, limit))? {
+    while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, limit))? {
         match field.name().unwrap_or("") {
             "image" => {
                 if form.file.is_some() || form.mask.is_some() {
@@ -80,19 +64,15 @@ async fn read_form(state: &AppState, multipart: Result<Multipart, MultipartRejec
                 if mask {
                     form.mask = Some(field.bytes().await.map_err(|e| multipart_error(e, limit))?.to_vec());
                 } else {
-                    let mut upload = state.service.begin_upload().map_err(super::compat_error)?;
-                    while let Some(chunk) = field.chunk().await.map_err(|e| multipart_error(e, limit))? {
-                        upload.write(&chunk).map_err(|e| super::compat_error(ServiceError::from(e)))?;
-                    }
-                    form.file = Some(upload);
+                    form.file = Some(body::receive_file(&state.service, field, limit, super::compat_error).await?);
                 }
             }
-            "type" => form.kind = Some(text(field, limit).await?),
-            "subfolder" => form.subfolder = Some(text(field, limit).await?),
-            "overwrite" => form.overwrite = matches!(text(field, limit).await?.trim(), "true" | "1"),
-            "original_ref" => form.original_ref = Some(text(field, limit).await?),
+            "type" => form.kind = Some(text_field(field, limit).await?),
+            "subfolder" => form.subfolder = Some(text_field(field, limit).await?),
+            "overwrite" => form.overwrite = matches!(text_field(field, limit).await?.trim(), "true" | "1"),
+            "original_ref" => form.original_ref = Some(text_field(field, limit).await?),
             _ => {
-                text(field, limit).await?;
+                text_field(field, limit).await?;
             }
         }
     }

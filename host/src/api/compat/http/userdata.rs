@@ -59,7 +59,7 @@ pub async fn setting(State(state): State<Arc<AppState>>, caller: Caller, Path(id
 
 /// `POST /api/settings`: a JSON object of settings, merged into the stored ones.
 pub async fn set_many(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let values = super::object(body, state.user_files.limits().settings_bytes)?;
+    let values = crate::api::body::json_object(body, state.user_files.limits().settings_bytes)?;
     blocking(move || state.files_of(&caller).update_settings(values)).await?;
     Ok(super::empty_ok())
 }
@@ -72,9 +72,7 @@ pub async fn set_one(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let limit = state.user_files.limits().settings_bytes;
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(limit as u64) } else { ApiError::invalid_request(e.body_text()) }
-    })?;
+    let bytes = crate::api::body::bytes(body, limit as u64)?;
     let value: Json_ = serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid_request(format!("The setting is not valid JSON: {e}")))?;
     if id.is_empty() || id.len() > 256 {
         return Err(ApiError::invalid_request("A setting id is 1 to 256 bytes."));
@@ -126,8 +124,7 @@ pub async fn write(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Json_>, ApiError> {
     let limit = state.user_files.limits().file_bytes;
-    let bytes = body
-        .map_err(|e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(limit) } else { ApiError::invalid_request(e.body_text()) })?;
+    let bytes = crate::api::body::bytes(body, limit)?;
     let overwrite = params.get("overwrite").is_none_or(|v| !v.eq_ignore_ascii_case("false"));
     let info = blocking(move || state.files_of(&caller).write(&file, &bytes, overwrite)).await?;
     Ok(Json(if flag(&params, "full_info") { info_json(&info) } else { Json_::from(info.path) }))
