@@ -18,12 +18,14 @@
 //! `-- tenants` compares a self-hosted server with a cloud one (account
 //! key on every request: authentication and scoping) in interleaved
 //! rounds: submit latency (POST → 201) and `GET /api/v2/jobs/{id}` req/s.
+//! `-- surfaces` compares two builds on both job surfaces (see `surfaces.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
+mod surfaces;
 
 use common::{machine_probe, raise_fd_limit, rss_kib, start_with};
 use futures_util::StreamExt;
@@ -141,6 +143,11 @@ async fn run_one(http: &reqwest::Client, base: &str, workflow: &Value) -> (f64, 
 fn main() {
     raise_fd_limit();
     println!("{}", machine_probe());
+    if std::env::args().any(|a| a == "surfaces") {
+        surfaces::run();
+        println!("{}", machine_probe());
+        return;
+    }
     if std::env::args().any(|a| a == "tenants") {
         tenants_ab();
         println!("{}", machine_probe());

@@ -25,9 +25,14 @@ impl Drop for Server {
 }
 
 pub fn start_with(env: &[(&str, &str)]) -> Server {
-    let data = tempfile::tempdir().unwrap();
     // KILN_BENCH_SERVER: another kiln binary, for back-to-back comparisons.
     let server = std::env::var_os("KILN_BENCH_SERVER").unwrap_or_else(|| env!("CARGO_BIN_EXE_kiln").into());
+    start_binary(std::path::Path::new(&server), env)
+}
+
+/// [`start_with`] of the `kiln` binary at `server`.
+pub fn start_binary(server: &std::path::Path, env: &[(&str, &str)]) -> Server {
+    let data = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(server);
     cmd.args(["serve", "--port", "0", "--data-dir"])
         .arg(data.path())
