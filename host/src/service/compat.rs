@@ -21,6 +21,7 @@ use serde_json::Value as Json;
 
 use super::job_files::JobInputs;
 use super::{AssetLabels, ExtraData, Service, ServiceError, Submission, UploadMeta, submit};
+use crate::codes::JobErrorCode;
 use crate::store::{AssetRecord, BlobUpload, CompatFields, JobInput, JobRecord, JobStatus, blob_name, now_micros, parse_blob_name};
 use crate::workflow::{Issue, ParseError, ValidationError, Workflow, validate};
 
@@ -210,9 +211,9 @@ pub fn compat_status(record: &JobRecord) -> &'static str {
         JobStatus::Succeeded => "success",
         JobStatus::Canceled => "cancelled",
         JobStatus::Expired => "lost",
-        JobStatus::Failed => match record.error.as_ref().map(|e| e.code.as_str()) {
-            Some("interrupted") => "lost",
-            Some("invalid_workflow" | "node_execution_error") => "non_retryable_error",
+        JobStatus::Failed => match record.error.as_ref().map(|e| e.code) {
+            Some(JobErrorCode::Interrupted) => "lost",
+            Some(JobErrorCode::InvalidWorkflow | JobErrorCode::NodeExecutionError) => "non_retryable_error",
             _ => "error",
         },
     }
@@ -307,7 +308,7 @@ impl Service {
             let body = super::bus::ExecBody::Failed {
                 node: None,
                 class_type: None,
-                code: "inactive_subscription".into(),
+                code: JobErrorCode::InactiveSubscription,
                 message: ServiceError::InactiveSubscription.to_string(),
                 executed: Vec::new(),
                 at_ms: super::bus::now_ms(),
@@ -633,10 +634,10 @@ mod tests {
 
     #[test]
     fn job_states_map_to_the_specs_status_values() {
-        let with = |status: JobStatus, code: Option<&str>| {
+        let with = |status: JobStatus, code: Option<JobErrorCode>| {
             let mut rec = JobRecord::queued_for_test("j", 0, 1);
             rec.status = status;
-            rec.error = code.map(|c| crate::store::JobErrorRecord { code: c.into(), message: String::new(), node_id: None, class_type: None, traceback: None });
+            rec.error = code.map(|code| crate::store::JobErrorRecord { code, message: String::new(), node_id: None, class_type: None, traceback: None });
             compat_status(&rec)
         };
         assert_eq!(with(JobStatus::Queued, None), "queued_waiting");
@@ -646,12 +647,13 @@ mod tests {
         assert_eq!(with(JobStatus::Canceled, None), "cancelled");
         // The workflow's own failure cannot succeed on a retry; a crash, a
         // timeout or a memory limit might; a restart cut the run off.
-        assert_eq!(with(JobStatus::Failed, Some("invalid_workflow")), "non_retryable_error");
-        assert_eq!(with(JobStatus::Failed, Some("node_execution_error")), "non_retryable_error");
-        for code in ["node_crashed", "node_timeout", "node_out_of_memory", "job_out_of_memory", "internal_error"] {
+        assert_eq!(with(JobStatus::Failed, Some(JobErrorCode::InvalidWorkflow)), "non_retryable_error");
+        assert_eq!(with(JobStatus::Failed, Some(JobErrorCode::NodeExecutionError)), "non_retryable_error");
+        use JobErrorCode as C;
+        for code in [C::NodeCrashed, C::NodeTimeout, C::NodeOutOfMemory, C::JobOutOfMemory, C::InternalError] {
             assert_eq!(with(JobStatus::Failed, Some(code)), "error", "{code}");
         }
-        assert_eq!(with(JobStatus::Failed, Some("interrupted")), "lost");
+        assert_eq!(with(JobStatus::Failed, Some(JobErrorCode::Interrupted)), "lost");
     }
 
     #[test]
@@ -676,10 +678,13 @@ mod tests {
         r.status = JobStatus::Canceled;
         assert_eq!(compat_status(&r), "cancelled");
         r.status = JobStatus::Failed;
-        let fail = |code: &str| crate::store::JobErrorRecord { code: code.into(), message: String::new(), node_id: None, class_type: None, traceback: None };
-        for (code, want) in
-            [("interrupted", "lost"), ("invalid_workflow", "non_retryable_error"), ("node_execution_error", "non_retryable_error"), ("node_timeout", "error")]
-        {
+        let fail = |code: JobErrorCode| crate::store::JobErrorRecord { code, message: String::new(), node_id: None, class_type: None, traceback: None };
+        for (code, want) in [
+            (JobErrorCode::Interrupted, "lost"),
+            (JobErrorCode::InvalidWorkflow, "non_retryable_error"),
+            (JobErrorCode::NodeExecutionError, "non_retryable_error"),
+            (JobErrorCode::NodeTimeout, "error"),
+        ] {
             r.error = Some(fail(code));
             assert_eq!(compat_status(&r), want, "{code}");
         }

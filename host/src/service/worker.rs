@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use super::bus::{self, ExecBody, ExecBus, NodeRunState};
 use super::job_files::{JobInputs, JobOutputs, media_type};
 use super::{JobEvent, LiveJob, Service, submit};
+use crate::codes::JobErrorCode;
 use crate::executor::{Event, RunContext, RunOutcome, RunStatus};
 use crate::plugins::FailureKind;
 use crate::store::{AssetRecord, JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros, OutputRecord, ProgressSnapshot, blob_name, now_micros};
@@ -24,16 +25,16 @@ const BUS_PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 const PREVIEW_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The JobError code of a node failure.
-pub fn failure_code(kind: FailureKind) -> &'static str {
+pub fn failure_code(kind: FailureKind) -> JobErrorCode {
     match kind {
-        FailureKind::Timeout => "node_timeout",
-        FailureKind::OutOfMemory => "node_out_of_memory",
-        FailureKind::JobOutOfMemory => "job_out_of_memory",
-        FailureKind::Crashed => "node_crashed",
-        FailureKind::InvalidOutput => "node_invalid_output",
-        FailureKind::Failed => "node_execution_error",
-        FailureKind::Interrupted => "interrupted",
-        FailureKind::InsufficientFunds => "insufficient_funds",
+        FailureKind::Timeout => JobErrorCode::NodeTimeout,
+        FailureKind::OutOfMemory => JobErrorCode::NodeOutOfMemory,
+        FailureKind::JobOutOfMemory => JobErrorCode::JobOutOfMemory,
+        FailureKind::Crashed => JobErrorCode::NodeCrashed,
+        FailureKind::InvalidOutput => JobErrorCode::NodeInvalidOutput,
+        FailureKind::Failed => JobErrorCode::NodeExecutionError,
+        FailureKind::Interrupted => JobErrorCode::Interrupted,
+        FailureKind::InsufficientFunds => JobErrorCode::InsufficientFunds,
     }
 }
 
@@ -119,7 +120,7 @@ impl Service {
         let no_funds = self.opts.mode.has_accounts() && !self.accounts.has_funds(&self.billed_account(&snapshot));
         let engine = if no_funds {
             Err(JobErrorRecord {
-                code: NO_CREDITS.into(),
+                code: NO_CREDITS,
                 message: "the account ran out of credits before the job started".into(),
                 node_id: None,
                 class_type: None,
@@ -127,7 +128,7 @@ impl Service {
             })
         } else {
             self.engine(snapshot.deployment.as_deref()).ok_or_else(|| JobErrorRecord {
-                code: "deployment_stopped".into(),
+                code: JobErrorCode::DeploymentStopped,
                 message: "the job's deployment was stopped before the job could run".into(),
                 node_id: None,
                 class_type: None,
@@ -174,7 +175,7 @@ impl Service {
                 let run = std::panic::AssertUnwindSafe(executor.run(&plan, ctx));
                 futures_util::FutureExt::catch_unwind(run).await.map_err(|_| NotRun {
                     error: JobErrorRecord {
-                        code: "internal_error".into(),
+                        code: JobErrorCode::InternalError,
                         message: "the job's execution failed unexpectedly".into(),
                         node_id: None,
                         class_type: None,
@@ -200,22 +201,22 @@ impl Service {
     /// budget like a submission; the run keeps the text and the plan, not
     /// the parsed tree.
     async fn prepare(&self, job: &JobRecord, registry: &crate::plugins::NodeRegistry) -> Result<(Arc<str>, crate::workflow::Plan), JobErrorRecord> {
-        let error = |code: &str, message: String| JobErrorRecord { code: code.into(), message, node_id: None, class_type: None, traceback: None };
+        let error = |code: JobErrorCode, message: String| JobErrorRecord { code, message, node_id: None, class_type: None, traceback: None };
         let bytes = match self.meta.get_workflow_bytes(&job.id) {
             Ok(Some(b)) => b,
-            Ok(None) => return Err(error("internal_error", "the job's workflow is missing from the store".into())),
-            Err(e) => return Err(error("internal_error", format!("cannot read the job's workflow: {e}"))),
+            Ok(None) => return Err(error(JobErrorCode::InternalError, "the job's workflow is missing from the store".into())),
+            Err(e) => return Err(error(JobErrorCode::InternalError, format!("cannot read the job's workflow: {e}"))),
         };
         let cost = crate::workflow::cost::count_values(&bytes, u64::MAX).unwrap_or_default();
-        let _parsing = self.intake.enter(super::intake_estimate(cost)).await.map_err(|e| error("invalid_workflow", e.to_string()))?;
+        let _parsing = self.intake.enter(super::intake_estimate(cost)).await.map_err(|e| error(JobErrorCode::InvalidWorkflow, e.to_string()))?;
         let workflow: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| error("internal_error", format!("the job's stored workflow is unreadable: {e}")))?;
+            serde_json::from_slice(&bytes).map_err(|e| error(JobErrorCode::InternalError, format!("the job's stored workflow is unreadable: {e}")))?;
         let inputs = JobInputs::new(&job.inputs, self.blobs.clone());
         let plan = match submit::check(&workflow, registry, &inputs, &self.opts.workflow_limits) {
             Ok((_, plan)) => plan,
-            Err(e) => return Err(error("invalid_workflow", e.to_string())),
+            Err(e) => return Err(error(JobErrorCode::InvalidWorkflow, e.to_string())),
         };
-        let text = String::from_utf8(bytes).map_err(|_| error("internal_error", "the job's stored workflow is not UTF-8".into()))?;
+        let text = String::from_utf8(bytes).map_err(|_| error(JobErrorCode::InternalError, "the job's stored workflow is not UTF-8".into()))?;
         Ok((Arc::from(text), plan))
     }
 
@@ -242,7 +243,7 @@ impl Service {
             let body = ExecBody::Failed {
                 node: error.node_id.clone(),
                 class_type: error.class_type.clone(),
-                code: error.code.clone(),
+                code: error.code,
                 message: error.message.clone(),
                 executed: Vec::new(),
                 at_ms: bus::now_ms(),
@@ -301,7 +302,7 @@ impl Service {
 
 /// The JobError code of a job whose account had no credits left when its
 /// turn came.
-const NO_CREDITS: &str = "insufficient_credits";
+const NO_CREDITS: JobErrorCode = JobErrorCode::InsufficientCredits;
 
 /// Turns one job's executor events into record updates, Jobs API stream
 /// events and execution messages on the bus. Every method runs on the
@@ -532,8 +533,7 @@ impl JobSink {
     fn failed(&self, node: String, class_type: String, failure: &crate::plugins::NodeFailure) {
         let executed = self.run.lock().executed.clone();
         let (node, class_type) = (Some(node).filter(|n| !n.is_empty()), Some(class_type).filter(|c| !c.is_empty()));
-        let body =
-            ExecBody::Failed { node, class_type, code: failure_code(failure.kind).into(), message: failure.message.clone(), executed, at_ms: bus::now_ms() };
+        let body = ExecBody::Failed { node, class_type, code: failure_code(failure.kind), message: failure.message.clone(), executed, at_ms: bus::now_ms() };
         self.publish(body);
     }
 
@@ -568,7 +568,7 @@ fn end_record(rec: &mut JobRecord, outcome: Result<RunOutcome, NotRun>, expired:
                 RunStatus::Failed { node, class_type, failure } => {
                     rec.status = JobStatus::Failed;
                     rec.error = Some(JobErrorRecord {
-                        code: failure_code(failure.kind).into(),
+                        code: failure_code(failure.kind),
                         message: failure.message,
                         node_id: Some(node),
                         class_type: Some(class_type),

@@ -124,7 +124,7 @@ pub fn message(message: &ExecMessage, preview_metadata: bool) -> Option<Frame> {
             "execution_error",
             json!({
                 "prompt_id": id, "node_id": node, "node_type": class_type, "executed": executed,
-                "exception_message": format!("{message}\n"), "exception_type": exception_type(code),
+                "exception_message": format!("{message}\n"), "exception_type": exception_type(code.as_str()),
                 "traceback": [], "current_inputs": {}, "current_outputs": [], "timestamp": at_ms,
             }),
         ),
