@@ -1,5 +1,9 @@
 //! The codes a job failure is known by: [`JobErrorCode`], what `job.error.code`
-//! holds (service-interface.md, JobError), with its one wire name.
+//! holds (service-interface.md, JobError), with its one wire name and its
+//! one ComfyUI `exception_type`. Every surface that shows a failed job —
+//! the Jobs API's JobError, the compatibility API's WebSocket
+//! `execution_error`, `/api/history` status messages and ComfyUI's
+//! `/api/jobs` — names it through these two maps.
 //!
 //! Also [`code_table!`], which declares a code enum from one table.
 //!
@@ -95,6 +99,35 @@ impl JobErrorCode {
     pub fn parse(name: &str) -> Option<JobErrorCode> {
         JobErrorCode::ALL.iter().copied().find(|c| c.as_str() == name)
     }
+
+    /// ComfyUI's `exception_type` of a failure with this code: the one map
+    /// for every compatibility surface (WebSocket `execution_error`,
+    /// `/api/history` status messages, `/api/jobs` `execution_error`).
+    ///
+    /// The spec's names (service-interface.md, "Compatibility API execution
+    /// errors") where it lists one; otherwise the Python exception ComfyUI
+    /// reports for such a failure (compat-protocol.md 3.4): `RuntimeError`
+    /// for a node or host failure, `TimeoutError` for a time limit.
+    ///
+    /// `interrupted`: the spec lists no name for it. ComfyUI's own
+    /// exception for a stopped run is `InterruptProcessingException`
+    /// (`comfy.model_management`), the name used here on every surface
+    /// (unqualified, like the spec's own names).
+    pub const fn exception_type(self) -> &'static str {
+        match self {
+            JobErrorCode::InvalidWorkflow => "ValidationError",
+            JobErrorCode::NodeOutOfMemory | JobErrorCode::JobOutOfMemory => "OOMError",
+            JobErrorCode::InsufficientFunds | JobErrorCode::InsufficientCredits => "InsufficientFundsError",
+            JobErrorCode::InactiveSubscription => "InactiveSubscriptionError",
+            JobErrorCode::NodeTimeout => "TimeoutError",
+            JobErrorCode::Interrupted => "InterruptProcessingException",
+            JobErrorCode::NodeExecutionError
+            | JobErrorCode::NodeCrashed
+            | JobErrorCode::NodeInvalidOutput
+            | JobErrorCode::DeploymentStopped
+            | JobErrorCode::InternalError => "RuntimeError",
+        }
+    }
 }
 
 impl std::fmt::Display for JobErrorCode {
@@ -117,6 +150,21 @@ impl<'de> Deserialize<'de> for JobErrorCode {
     }
 }
 
+/// `exception_type` values the spec allows: service-interface.md's list,
+/// and the Python exceptions ComfyUI itself reports.
+#[cfg(test)]
+pub(crate) const SPEC_EXCEPTION_TYPES: &[&str] = &[
+    "ValidationError",
+    "ModelDownloadError",
+    "ImageDownloadError",
+    "OOMError",
+    "InsufficientFundsError",
+    "InactiveSubscriptionError",
+    "RuntimeError",
+    "TimeoutError",
+    "InterruptProcessingException",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +181,20 @@ mod tests {
             assert_eq!(serde_json::from_value::<JobErrorCode>(serde_json::json!(name)).unwrap(), code);
             assert_eq!(code.to_string(), name);
         }
+    }
+
+    #[test]
+    fn every_code_has_a_spec_exception_type() {
+        for &code in JobErrorCode::ALL {
+            assert!(SPEC_EXCEPTION_TYPES.contains(&code.exception_type()), "{code}: {}", code.exception_type());
+        }
+        // The spec's own names.
+        assert_eq!(JobErrorCode::InvalidWorkflow.exception_type(), "ValidationError");
+        assert_eq!(JobErrorCode::NodeOutOfMemory.exception_type(), "OOMError");
+        assert_eq!(JobErrorCode::JobOutOfMemory.exception_type(), "OOMError");
+        assert_eq!(JobErrorCode::InsufficientFunds.exception_type(), "InsufficientFundsError");
+        assert_eq!(JobErrorCode::InactiveSubscription.exception_type(), "InactiveSubscriptionError");
+        assert_eq!(JobErrorCode::Interrupted.exception_type(), "InterruptProcessingException");
     }
 
     #[test]
