@@ -5,7 +5,8 @@
 //! `execution_error`, `/api/history` status messages and ComfyUI's
 //! `/api/jobs` — names it through these two maps.
 //!
-//! Also [`code_table!`], which declares a code enum from one table.
+//! Also [`code_table!`], which declares a code enum from one table
+//! (used here and for `api::error::ApiCode`).
 //!
 //! **Stored form.** A [`JobErrorCode`] is stored and sent as its snake_case
 //! wire name (a JSON string), exactly as the plain strings were before the
@@ -52,6 +53,7 @@ macro_rules! code_table {
         }
     };
 }
+pub(crate) use code_table;
 
 code_table! {
     /// Why a job failed: the `code` of its JobError.
