@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
+#[path = "service/surfaces.rs"]
 mod surfaces;
 
 use common::{machine_probe, raise_fd_limit, rss_kib, start_with};

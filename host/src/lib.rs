@@ -22,13 +22,15 @@
 //! [`gpu`] owns the wgpu device: plugins' WGSL kernels and the GPU versions
 //! of the host's pixel kernels run there, over tensors that stay on the device.
 //!
-//! [`config`] is the one typed configuration; [`cli`] is the `kiln` binary's
-//! front end; [`object_info`] renders node definitions in ComfyUI's format.
+//! [`codes`] names job failures on every surface; [`config`] is the one
+//! typed configuration; [`cli`] is the `kiln` binary's front end;
+//! [`object_info`] renders node definitions in ComfyUI's format.
 
 pub mod accounts;
 pub mod api;
 pub mod budget;
 pub mod cli;
+pub mod codes;
 pub mod config;
 pub mod executor;
 pub mod files;

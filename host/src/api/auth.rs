@@ -75,7 +75,7 @@ pub fn authenticate(state: &AppState, key: Option<&str>) -> Result<Caller, ApiEr
     let key = key.ok_or_else(|| ApiError::unauthorized("Missing API key."))?;
     match state.service.accounts().authenticate_id(key) {
         None => Err(ApiError::unauthorized("Invalid API key.")),
-        Some((_, account)) if account.disabled => Err(ApiError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", "This account is disabled.")),
+        Some((_, account)) if account.disabled => Err(ApiError::forbidden("This account is disabled.")),
         Some((id, _)) => Ok(Caller::new(id)),
     }
 }
@@ -113,7 +113,7 @@ pub fn check(state: &AppState, request: &mut Request) -> Result<(), ApiError> {
     let Some(caller) = request.extensions_mut().remove::<Caller>() else { return Ok(()) };
     // A deployment serves its owner's account only.
     if *caller.owner != *deployment.owner {
-        return Err(ApiError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", "This deployment belongs to another account."));
+        return Err(ApiError::forbidden("This deployment belongs to another account."));
     }
     request.extensions_mut().insert(Caller { deployment: Some(deployment), ..caller });
     Ok(())

@@ -18,7 +18,7 @@ use http_range_header::{EndPosition, RangeUnsatisfiableError, StartPosition, Syn
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
-use super::error::ApiError;
+use super::error::{ApiCode, ApiError};
 
 /// What to answer a `Range` request header with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,9 +78,7 @@ pub async fn serve(path: &Path, content_type: &str, etag: &str, request: &Header
         RangeReply::Whole => None,
         RangeReply::Part(range) => Some(range),
         RangeReply::Unsatisfiable => {
-            let mut r =
-                ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable", format!("The range is outside the {len} bytes of the content."))
-                    .into_response();
+            let mut r = ApiError::new(ApiCode::RangeNotSatisfiable, format!("The range is outside the {len} bytes of the content.")).into_response();
             r.headers_mut().insert(header::CONTENT_RANGE, header_value(&format!("bytes */{len}")));
             return Ok(r);
         }

@@ -29,6 +29,14 @@ impl Links {
     }
 }
 
+#[cfg(test)]
+impl Links {
+    /// Links of a request to `http://test` with no mount prefix.
+    pub fn for_test() -> Links {
+        Links { origin: "http://test".into(), base: Arc::from("/api/v2") }
+    }
+}
+
 impl FromRequestParts<Arc<AppState>> for Links {
     type Rejection = std::convert::Infallible;
 

@@ -324,7 +324,7 @@ proptest! {
             Ok(()) => prop_assert!(is_uuid(&id), "accepted {:?}", id),
             Err(e) => {
                 prop_assert!(!is_uuid(&id), "refused {:?}", id);
-                prop_assert_eq!((e.status, e.code), (StatusCode::NOT_FOUND, "not_found"));
+                prop_assert_eq!((e.status, e.code), (StatusCode::NOT_FOUND, crate::api::error::ApiCode::NotFound));
             }
         }
     }

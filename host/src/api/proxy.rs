@@ -12,23 +12,23 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
+use super::error::ApiCode;
 
 /// Response headers about the connection or the framing, which a plugin
 /// does not set (the server frames the collected body itself).
 const HOP_BY_HOP: &[&str] = &["connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade", "proxy-connection"];
 
-/// `{error, message}` with `status`.
-fn proxy_error(status: StatusCode, error: &str, message: &str) -> Response {
-    (status, axum::Json(serde_json::json!({ "error": error, "message": message }))).into_response()
+/// `{error, message}` with the code's status.
+fn proxy_error(code: ApiCode, message: &str) -> Response {
+    (code.status(), axum::Json(serde_json::json!({ "error": code.as_str(), "message": message }))).into_response()
 }
 
 /// A request body over `max` bytes: 413 in the proxy routes' shape.
 pub fn too_large(max: usize) -> Response {
-    proxy_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &format!("The request body exceeds {max} bytes."))
+    proxy_error(ApiCode::PayloadTooLarge, &format!("The request body exceeds {max} bytes."))
 }
 
 /// Whether a body read failed on its length limit (not a broken or stalled body).
@@ -48,7 +48,7 @@ pub async fn serve(State(state): State<Arc<AppState>>, request: Request) -> Resp
     let full = request.uri().path();
     let path = full.strip_prefix(state.config.mount_prefix.as_str()).unwrap_or(full);
     let Some(plugin) = state.service.registry().route(path).cloned() else {
-        return proxy_error(StatusCode::NOT_FOUND, "not_found", "No route matches this path.");
+        return proxy_error(ApiCode::NotFound, "No route matches this path.");
     };
     let path_and_query = match request.uri().query() {
         Some(q) => format!("{path}?{q}"),
@@ -60,7 +60,7 @@ pub async fn serve(State(state): State<Arc<AppState>>, request: Request) -> Resp
     let body = match axum::body::to_bytes(body, state.config.route_body_bytes()).await {
         Ok(body) => body,
         Err(e) if is_length_limit(&e) => return too_large(state.config.route_body_bytes()),
-        Err(_) => return proxy_error(StatusCode::BAD_REQUEST, "invalid_request", "The request body could not be read."),
+        Err(_) => return proxy_error(ApiCode::InvalidRequest, "The request body could not be read."),
     };
     let uri = format!("http://{}{path_and_query}", state.local_authority);
     let mut builder = http::Request::builder().method(parts.method).uri(uri);
@@ -68,7 +68,7 @@ pub async fn serve(State(state): State<Arc<AppState>>, request: Request) -> Resp
         builder = builder.header(name, value);
     }
     let Ok(forwarded) = builder.body(body) else {
-        return proxy_error(StatusCode::BAD_REQUEST, "invalid_request", "The request cannot be forwarded.");
+        return proxy_error(ApiCode::InvalidRequest, "The request cannot be forwarded.");
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     // Dropped with the handler when the client goes away: the call stops.
@@ -84,11 +84,11 @@ pub async fn serve(State(state): State<Arc<AppState>>, request: Request) -> Resp
         }
         Err(e) if e.is_timeout() => {
             tracing::warn!(plugin = %plugin.manifest.name, error = %e, "plugin route timed out");
-            proxy_error(StatusCode::GATEWAY_TIMEOUT, "timeout", "The request took too long.")
+            proxy_error(ApiCode::Timeout, "The request took too long.")
         }
         Err(e) => {
             tracing::warn!(plugin = %plugin.manifest.name, error = %e, "plugin route failed");
-            proxy_error(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "The request could not be completed.")
+            proxy_error(ApiCode::InternalError, "The request could not be completed.")
         }
     }
 }

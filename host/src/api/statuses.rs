@@ -6,6 +6,7 @@
 //! - the compatibility API's `GET /api/job/{id}/status` ([`comfy_job`]);
 //! - ComfyUI's job listing, `GET /api/jobs` ([`comfy_jobs_list`]).
 
+use crate::codes::JobErrorCode;
 use crate::store::{JobRecord, JobStatus};
 
 /// The Jobs API's name of a status.
@@ -26,9 +27,9 @@ pub fn comfy_job(record: &JobRecord) -> &'static str {
         JobStatus::Succeeded => "success",
         JobStatus::Canceled => "cancelled",
         JobStatus::Expired => "lost",
-        JobStatus::Failed => match record.error.as_ref().map(|e| e.code.as_str()) {
-            Some("interrupted") => "lost",
-            Some("invalid_workflow" | "node_execution_error") => "non_retryable_error",
+        JobStatus::Failed => match record.error.as_ref().map(|e| e.code) {
+            Some(JobErrorCode::Interrupted) => "lost",
+            Some(JobErrorCode::InvalidWorkflow | JobErrorCode::NodeExecutionError) => "non_retryable_error",
             _ => "error",
         },
     }
@@ -53,10 +54,10 @@ mod tests {
     use super::*;
     use crate::store::{JobErrorRecord, ProgressSnapshot};
 
-    fn record(status: JobStatus, code: Option<&str>) -> JobRecord {
+    fn record(status: JobStatus, code: Option<JobErrorCode>) -> JobRecord {
         let mut rec = JobRecord::queued_for_test("j", 0, 1);
         rec.status = status;
-        rec.error = code.map(|c| JobErrorRecord { code: c.into(), message: String::new(), node_id: None, class_type: None, traceback: None });
+        rec.error = code.map(|code| JobErrorRecord { code, message: String::new(), node_id: None, class_type: None, traceback: None });
         rec
     }
 
@@ -74,7 +75,7 @@ mod tests {
         ];
         assert_eq!(expected.map(|e| e.0), JobStatus::ALL, "every status is listed");
         for (status, v2_name, job, list) in expected {
-            let rec = record(status, (status == JobStatus::Failed).then_some("node_timeout"));
+            let rec = record(status, (status == JobStatus::Failed).then_some(JobErrorCode::NodeTimeout));
             assert_eq!(v2(status), v2_name);
             assert_eq!(comfy_job(&rec), job, "{status:?}");
             assert_eq!(comfy_jobs_list(&rec), list, "{status:?}");
@@ -107,10 +108,15 @@ mod tests {
     /// timeout or a memory limit might; a restart cut the run off.
     #[test]
     fn a_failure_is_named_by_whether_a_retry_can_help() {
-        for (code, want) in
-            [("interrupted", "lost"), ("invalid_workflow", "non_retryable_error"), ("node_execution_error", "non_retryable_error"), ("node_timeout", "error")]
-        {
+        use JobErrorCode as C;
+        for code in JobErrorCode::ALL.iter().copied() {
+            let want = match code {
+                C::Interrupted => "lost",
+                C::InvalidWorkflow | C::NodeExecutionError => "non_retryable_error",
+                _ => "error",
+            };
             assert_eq!(comfy_job(&record(JobStatus::Failed, Some(code))), want, "{code}");
         }
+        assert_eq!(comfy_job(&record(JobStatus::Failed, Some(C::NodeCrashed))), "error", "a crash may not happen again");
     }
 }

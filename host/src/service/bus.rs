@@ -79,7 +79,7 @@ pub enum ExecBody {
     Succeeded { at_ms: i64 },
     /// The run failed: `code` is the JobError code (`node_out_of_memory`,
     /// `invalid_workflow`, …); `executed` the nodes that ran.
-    Failed { node: Option<String>, class_type: Option<String>, code: String, message: String, executed: Vec<String>, at_ms: i64 },
+    Failed { node: Option<String>, class_type: Option<String>, code: crate::codes::JobErrorCode, message: String, executed: Vec<String>, at_ms: i64 },
     /// The run was stopped: `node` was running (and was stopped).
     Interrupted { node: Option<String>, class_type: Option<String>, executed: Vec<String>, at_ms: i64 },
 }

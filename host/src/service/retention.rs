@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{ExtraData, LiveJob, Service, ServiceError};
+use crate::codes::JobErrorCode;
 use crate::store::{AssetRecord, JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros, blob_name, now_micros};
 
 /// A running job is re-run after a restart at most this many times in all.
@@ -208,7 +209,7 @@ impl Service {
 fn fail_interrupted(job: &mut JobRecord, message: String, ran: bool, now: Micros) -> Result<(), crate::store::IllegalTransition> {
     job.transition(JobStatus::Failed, now)?;
     job.progress = None;
-    job.error = Some(JobErrorRecord { code: "interrupted".into(), message, node_id: None, class_type: None, traceback: None });
+    job.error = Some(JobErrorRecord { code: JobErrorCode::Interrupted, message, node_id: None, class_type: None, traceback: None });
     job.logs = Some(JobLogRecord { text: String::new(), truncated: ran, captured_at: now });
     Ok(())
 }

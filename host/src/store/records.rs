@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 pub use super::status::JobStatus;
+use crate::codes::JobErrorCode;
 
 /// Microseconds since the Unix epoch (UTC).
 pub type Micros = i64;
@@ -28,10 +29,11 @@ pub struct ProgressSnapshot {
     pub message: Option<String>,
 }
 
-/// Why a job failed (`job.error`).
+/// Why a job failed (`job.error`). `code` is stored as its wire name; a
+/// name this build does not know loads as `internal_error` (`crate::codes`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobErrorRecord {
-    pub code: String,
+    pub code: JobErrorCode,
     pub message: String,
     pub node_id: Option<String>,
     pub class_type: Option<String>,

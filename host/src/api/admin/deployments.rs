@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::api::AppState;
-use crate::api::error::ApiError;
+use crate::api::error::{ApiCode, ApiError};
 use crate::api::v2::Segment;
 use crate::service::deployments::{DeploymentError, DeploymentRecord, DeploymentSpec};
 
@@ -29,7 +29,7 @@ pub fn routes() -> Router<Arc<AppState>> {
 fn error(e: DeploymentError) -> ApiError {
     match e {
         DeploymentError::Invalid(m) => ApiError::invalid_request(m),
-        DeploymentError::Exists(_) => ApiError::new(StatusCode::CONFLICT, "deployment_exists", e.to_string()),
+        DeploymentError::Exists(_) => ApiError::new(ApiCode::DeploymentExists, e.to_string()),
         DeploymentError::NotFound(_) => ApiError::not_found(),
         DeploymentError::Io(e) => ApiError::internal(&e),
     }

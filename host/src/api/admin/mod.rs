@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -46,7 +46,7 @@ pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
     match bearer(headers) {
         Some(token) if blake3::hash(token.as_bytes()) == *expected => Ok(()),
         given if account_key(given) || account_key(headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)) => {
-            Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", "Account keys cannot use the admin API."))
+            Err(ApiError::forbidden("Account keys cannot use the admin API."))
         }
         None => Err(ApiError::unauthorized("The admin API needs the operator token (Authorization: Bearer).")),
         Some(_) => Err(ApiError::unauthorized("Invalid operator token.")),

@@ -188,7 +188,7 @@ pub async fn signed_content(
     query: Result<Query<Signature>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let forbidden = || ApiError::new(StatusCode::FORBIDDEN, "forbidden", "The download link is invalid or has expired.");
+    let forbidden = || ApiError::forbidden("The download link is invalid or has expired.");
     let Query(sig) = query.map_err(|_| forbidden())?;
     if !state.signer.verify(&id, sig.expires, &sig.sig, now_micros() / 1_000_000) {
         return Err(forbidden());

@@ -13,7 +13,7 @@ use serde_json::{Map, Value as Json_, json};
 use super::{Segment, check_id, wire};
 use crate::api::Caller;
 use crate::api::body::{body_error, json_object};
-use crate::api::error::ApiError;
+use crate::api::error::{ApiCode, ApiError};
 use crate::api::{AppState, Links};
 use crate::service::{ExtraData, ListQuery, ServiceError, Submission};
 use crate::store::JobStatus;
@@ -30,7 +30,7 @@ pub(super) fn workflow_too_large(max: usize) -> ApiError {
 /// `metadata`: at most 16 labels; keys 1–40 of `[A-Za-z0-9_.-]`; string
 /// values of at most 256 bytes without control characters.
 fn check_metadata(value: &Json_) -> Result<Map<String, Json_>, ApiError> {
-    let bad = |m: &str| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "metadata_invalid", m.to_string());
+    let bad = |m: &str| ApiError::new(ApiCode::MetadataInvalid, m.to_string());
     let map = value.as_object().ok_or_else(|| bad("`metadata` must be an object of string labels."))?;
     if map.len() > 16 {
         return Err(bad("`metadata` has more than 16 labels."));
@@ -193,7 +193,7 @@ pub async fn list(
                 // Issued cursors are a job's creation time (8 bytes) and id (a UUID).
                 let bytes = hex_decode(&v)
                     .filter(|b| b.len() == 8 + 36 && std::str::from_utf8(&b[8..]).is_ok_and(|id| uuid::Uuid::parse_str(id).is_ok()))
-                    .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "The cursor was not issued by this server."))?;
+                    .ok_or_else(|| ApiError::new(ApiCode::InvalidCursor, "The cursor was not issued by this server."))?;
                 q.cursor = Some(bytes);
             }
             "status" => {
@@ -203,7 +203,7 @@ pub async fn list(
             }
             key if key.starts_with("metadata[") && key.ends_with(']') => {
                 if q.metadata.len() == 3 {
-                    return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_metadata_filter", "At most 3 metadata filters."));
+                    return Err(ApiError::new(ApiCode::InvalidMetadataFilter, "At most 3 metadata filters."));
                 }
                 q.metadata.push((key["metadata[".len()..key.len() - 1].to_string(), v));
             }

@@ -40,9 +40,7 @@ pub fn routes(base: &str, state: Arc<AppState>) -> Router {
     submit
         .merge(json)
         .merge(uploads)
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed.").into_response()
-        })
+        .method_not_allowed_fallback(|| async { ApiError::new(crate::api::error::ApiCode::MethodNotAllowed, "Method not allowed.").into_response() })
         .with_state(state)
 }
 

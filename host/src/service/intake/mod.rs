@@ -234,7 +234,7 @@ impl Service {
         let body = super::bus::ExecBody::Failed {
             node: None,
             class_type: None,
-            code: "inactive_subscription".into(),
+            code: crate::codes::JobErrorCode::InactiveSubscription,
             message: ServiceError::InactiveSubscription.to_string(),
             executed: Vec::new(),
             at_ms: super::bus::now_ms(),

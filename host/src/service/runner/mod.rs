@@ -14,6 +14,7 @@ use sink::JobSink;
 use super::bus::{self, ExecBody};
 use super::job_files::{JobInputs, JobOutputs};
 use super::{JobEvent, LiveJob, Service};
+use crate::codes::JobErrorCode;
 use crate::executor::{Event, RunContext, RunOutcome};
 use crate::store::{JobErrorRecord, JobRecord, JobStatus, ProgressSnapshot, now_micros};
 
@@ -110,11 +111,12 @@ impl Service {
     /// running when it crossed zero): it fails, never executed, never
     /// charged.
     fn engine_for(&self, job: &JobRecord) -> Result<(Arc<crate::plugins::NodeRegistry>, Arc<crate::executor::Executor>), JobErrorRecord> {
-        let error = |code: &str, message: &str| JobErrorRecord { code: code.into(), message: message.into(), node_id: None, class_type: None, traceback: None };
+        let error = |code: JobErrorCode, message: &str| JobErrorRecord { code, message: message.into(), node_id: None, class_type: None, traceback: None };
         if self.opts.mode.has_accounts() && !self.accounts.has_funds(&self.billed_account(job)) {
             return Err(error(NO_CREDITS, "the account ran out of credits before the job started"));
         }
-        self.engine(job.deployment.as_deref()).ok_or_else(|| error("deployment_stopped", "the job's deployment was stopped before the job could run"))
+        self.engine(job.deployment.as_deref())
+            .ok_or_else(|| error(JobErrorCode::DeploymentStopped, "the job's deployment was stopped before the job could run"))
     }
 
     /// Runs a started job's plan to its outcome (a panic in the executor
@@ -160,7 +162,7 @@ impl Service {
         let run = std::panic::AssertUnwindSafe(executor.run(&plan, ctx));
         futures_util::FutureExt::catch_unwind(run).await.map_err(|_| NotRun {
             error: JobErrorRecord {
-                code: "internal_error".into(),
+                code: JobErrorCode::InternalError,
                 message: "the job's execution failed unexpectedly".into(),
                 node_id: None,
                 class_type: None,
@@ -178,22 +180,22 @@ impl Service {
     /// budget like a submission; the run keeps the text and the plan, not
     /// the parsed tree.
     async fn prepare(&self, job: &JobRecord, registry: &crate::plugins::NodeRegistry) -> Result<(Arc<str>, crate::workflow::Plan), JobErrorRecord> {
-        let error = |code: &str, message: String| JobErrorRecord { code: code.into(), message, node_id: None, class_type: None, traceback: None };
+        let error = |code: JobErrorCode, message: String| JobErrorRecord { code, message, node_id: None, class_type: None, traceback: None };
         let bytes = match self.meta.get_workflow_bytes(&job.id) {
             Ok(Some(b)) => b,
-            Ok(None) => return Err(error("internal_error", "the job's workflow is missing from the store".into())),
-            Err(e) => return Err(error("internal_error", format!("cannot read the job's workflow: {e}"))),
+            Ok(None) => return Err(error(JobErrorCode::InternalError, "the job's workflow is missing from the store".into())),
+            Err(e) => return Err(error(JobErrorCode::InternalError, format!("cannot read the job's workflow: {e}"))),
         };
         let cost = crate::workflow::cost::count_values(&bytes, u64::MAX).unwrap_or_default();
-        let _parsing = self.intake.enter(super::intake_estimate(cost)).await.map_err(|e| error("invalid_workflow", e.to_string()))?;
+        let _parsing = self.intake.enter(super::intake_estimate(cost)).await.map_err(|e| error(JobErrorCode::InvalidWorkflow, e.to_string()))?;
         let workflow: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| error("internal_error", format!("the job's stored workflow is unreadable: {e}")))?;
+            serde_json::from_slice(&bytes).map_err(|e| error(JobErrorCode::InternalError, format!("the job's stored workflow is unreadable: {e}")))?;
         let inputs = JobInputs::new(&job.inputs, self.blobs.clone());
         let plan = match super::intake::plan(&workflow, registry, &inputs, &self.opts.workflow_limits, super::OutputPolicy::AllOrNothing) {
             Ok((plan, _)) => plan,
-            Err(e) => return Err(error("invalid_workflow", crate::service::ServiceError::from(e).to_string())),
+            Err(e) => return Err(error(JobErrorCode::InvalidWorkflow, crate::service::ServiceError::from(e).to_string())),
         };
-        let text = String::from_utf8(bytes).map_err(|_| error("internal_error", "the job's stored workflow is not UTF-8".into()))?;
+        let text = String::from_utf8(bytes).map_err(|_| error(JobErrorCode::InternalError, "the job's stored workflow is not UTF-8".into()))?;
         Ok((Arc::from(text), plan))
     }
 

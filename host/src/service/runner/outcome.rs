@@ -2,27 +2,28 @@
 //! cancel wins over the run's own end, retention over both), its error and
 //! its log.
 
+use crate::codes::JobErrorCode;
 use crate::executor::{RunOutcome, RunStatus};
 use crate::plugins::FailureKind;
 use crate::store::{IllegalTransition, JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros};
 
 /// The JobError code of a node failure.
-pub fn failure_code(kind: FailureKind) -> &'static str {
+pub fn failure_code(kind: FailureKind) -> JobErrorCode {
     match kind {
-        FailureKind::Timeout => "node_timeout",
-        FailureKind::OutOfMemory => "node_out_of_memory",
-        FailureKind::JobOutOfMemory => "job_out_of_memory",
-        FailureKind::Crashed => "node_crashed",
-        FailureKind::InvalidOutput => "node_invalid_output",
-        FailureKind::Failed => "node_execution_error",
-        FailureKind::Interrupted => "interrupted",
-        FailureKind::InsufficientFunds => "insufficient_funds",
+        FailureKind::Timeout => JobErrorCode::NodeTimeout,
+        FailureKind::OutOfMemory => JobErrorCode::NodeOutOfMemory,
+        FailureKind::JobOutOfMemory => JobErrorCode::JobOutOfMemory,
+        FailureKind::Crashed => JobErrorCode::NodeCrashed,
+        FailureKind::InvalidOutput => JobErrorCode::NodeInvalidOutput,
+        FailureKind::Failed => JobErrorCode::NodeExecutionError,
+        FailureKind::Interrupted => JobErrorCode::Interrupted,
+        FailureKind::InsufficientFunds => JobErrorCode::InsufficientFunds,
     }
 }
 
 /// The JobError code of a job whose account had no credits left when its
 /// turn came.
-pub(super) const NO_CREDITS: &str = "insufficient_credits";
+pub(super) const NO_CREDITS: JobErrorCode = JobErrorCode::InsufficientCredits;
 
 /// A job that did not run to an outcome: it could not be prepared, or the
 /// host failed mid-run (`output_lost`: what its nodes printed is gone).
@@ -51,7 +52,7 @@ pub(super) fn end_record(
                 }
                 RunStatus::Failed { node, class_type, failure } => {
                     rec.error = Some(JobErrorRecord {
-                        code: failure_code(failure.kind).into(),
+                        code: failure_code(failure.kind),
                         message: failure.message,
                         node_id: Some(node),
                         class_type: Some(class_type),

@@ -23,25 +23,15 @@ use crate::api::AppState;
 use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::v2::Segment;
+use crate::codes::JobErrorCode;
 use crate::service::Service;
 use crate::service::compat::CompatJob;
-use crate::store::{JobErrorRecord, JobStatus};
+use crate::store::{JobRecord, JobStatus};
 
 #[derive(serde::Deserialize)]
 pub struct HistoryQuery {
     max_items: Option<usize>,
     offset: Option<usize>,
-}
-
-/// ComfyUI's exception type for a job error (the spec's names where it has one).
-fn exception_type(error: Option<&JobErrorRecord>) -> &'static str {
-    match error.map(|e| e.code.as_str()) {
-        Some("invalid_workflow") => "ValidationError",
-        Some("node_out_of_memory" | "job_out_of_memory") => "OOMError",
-        Some("node_timeout") => "TimeoutError",
-        Some("interrupted") => "InterruptedError",
-        _ => "RuntimeError",
-    }
 }
 
 /// The ComfyUI output group of an output kind.
@@ -82,27 +72,12 @@ pub(super) fn item<'a>(service: &Service, job: &'a CompatJob) -> Result<Item<'a>
     }
     let started = millis(r.started_at.unwrap_or(r.created_at));
     let ended = millis(r.completed_at.unwrap_or(r.updated_at));
-    let mut messages = vec![
+    let executed: Vec<&String> = meta.keys().collect();
+    let messages = vec![
         json!(["execution_start", { "prompt_id": id, "timestamp": started }]),
         json!(["execution_cached", { "nodes": [], "prompt_id": id, "timestamp": started }]),
+        terminal_message(r, &executed, ended),
     ];
-    let error = r.error.as_ref();
-    let node_id = error.and_then(|e| e.node_id.clone());
-    let node_type = error.and_then(|e| e.class_type.clone());
-    let executed: Vec<&String> = meta.keys().collect();
-    match r.status {
-        JobStatus::Succeeded => messages.push(json!(["execution_success", { "prompt_id": id, "timestamp": ended }])),
-        JobStatus::Canceled => messages.push(json!(["execution_interrupted", {
-            "prompt_id": id, "node_id": node_id, "node_type": node_type, "executed": executed, "timestamp": ended,
-        }])),
-        _ => messages.push(json!(["execution_error", {
-            "prompt_id": id, "node_id": node_id, "node_type": node_type, "executed": executed,
-            "exception_message": error.map(|e| e.message.clone()).unwrap_or_default(),
-            "exception_type": exception_type(error),
-            "traceback": error.and_then(|e| e.traceback.clone()).map(|t| vec![t]).unwrap_or_default(),
-            "current_inputs": {}, "current_outputs": [], "timestamp": ended,
-        }])),
-    }
     let success = r.status == JobStatus::Succeeded;
     Ok(Item {
         prompt: queue_item(job),
@@ -110,6 +85,30 @@ pub(super) fn item<'a>(service: &Service, job: &'a CompatJob) -> Result<Item<'a>
         status: json!({ "status_str": if success { "success" } else { "error" }, "completed": success, "messages": messages }),
         meta: Json_::Object(meta),
     })
+}
+
+/// The terminal `[event, data]` of a finished job's status messages:
+/// `execution_success`, `execution_interrupted` (canceled) or
+/// `execution_error` (failed or expired; a job with no recorded error is
+/// shown as `internal_error` would be).
+fn terminal_message(r: &JobRecord, executed: &[&String], ended: i64) -> Json_ {
+    let id = r.public_id();
+    let error = r.error.as_ref();
+    let node_id = error.and_then(|e| e.node_id.clone());
+    let node_type = error.and_then(|e| e.class_type.clone());
+    match r.status {
+        JobStatus::Succeeded => json!(["execution_success", { "prompt_id": id, "timestamp": ended }]),
+        JobStatus::Canceled => json!(["execution_interrupted", {
+            "prompt_id": id, "node_id": node_id, "node_type": node_type, "executed": executed, "timestamp": ended,
+        }]),
+        _ => json!(["execution_error", {
+            "prompt_id": id, "node_id": node_id, "node_type": node_type, "executed": executed,
+            "exception_message": error.map(|e| e.message.clone()).unwrap_or_default(),
+            "exception_type": error.map_or(JobErrorCode::InternalError, |e| e.code).exception_type(),
+            "traceback": error.and_then(|e| e.traceback.clone()).map(|t| vec![t]).unwrap_or_default(),
+            "current_inputs": {}, "current_outputs": [], "timestamp": ended,
+        }]),
+    }
 }
 
 /// Writes `{id: item, …}` for `records`, loading and rendering one job at
@@ -175,4 +174,50 @@ pub async fn edit(State(state): State<Arc<AppState>>, caller: Caller, body: Resu
     })
     .await?;
     Ok(empty_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::compat::ws::render;
+    use crate::store::JobErrorRecord;
+
+    fn failed(code: JobErrorCode) -> JobRecord {
+        let mut r = JobRecord::queued_for_test("0c0ffee0-0000-4000-8000-000000000001", 1_000, 1);
+        r.status = JobStatus::Failed;
+        r.error = Some(JobErrorRecord { code, message: "boom".into(), node_id: Some("3".into()), class_type: Some("Fail".into()), traceback: None });
+        r
+    }
+
+    /// Every job error code shows on every surface: its wire name as the
+    /// Jobs API's `error.code`, and one spec-listed `exception_type` on the
+    /// WebSocket, in `/api/history` and in ComfyUI's `/api/jobs`.
+    #[test]
+    fn every_job_error_code_shows_the_same_on_every_surface() {
+        let links = crate::api::links::Links::for_test();
+        for &code in JobErrorCode::ALL {
+            let r = failed(code);
+            let v2 = serde_json::to_value(crate::api::v2::wire::job(&r, None, &links, false)).unwrap();
+            assert_eq!(v2["error"]["code"], code.as_str(), "{v2}");
+            let want = code.exception_type();
+            assert!(!want.is_empty() && crate::codes::SPEC_EXCEPTION_TYPES.contains(&want), "{code}: {want}");
+            let ws = render::tests::execution_error(code);
+            assert_eq!(ws["exception_type"], want, "ws, {code}");
+            let history = terminal_message(&r, &[], 2);
+            assert_eq!(history[0], "execution_error", "{history}");
+            assert_eq!(history[1]["exception_type"], want, "history, {code}");
+            let jobs = super::super::jobs::short(&r);
+            assert_eq!(jobs["execution_error"]["exception_type"], want, "/api/jobs, {code}");
+            assert_eq!(ws["exception_type"], history[1]["exception_type"], "{code}");
+        }
+    }
+
+    #[test]
+    fn an_interrupted_job_is_an_interrupt_processing_exception_in_the_history() {
+        let history = terminal_message(&failed(JobErrorCode::Interrupted), &[], 2);
+        assert_eq!(history[1]["exception_type"], "InterruptProcessingException", "{history}");
+        let mut unrecorded = failed(JobErrorCode::Interrupted);
+        unrecorded.error = None;
+        assert_eq!(terminal_message(&unrecorded, &[], 2)[1]["exception_type"], "RuntimeError");
+    }
 }

@@ -49,7 +49,7 @@ fn summary(service: &Service, record: &JobRecord) -> Result<Map<String, Json_>, 
 }
 
 /// [`summary`] without the output lookup.
-fn short(r: &JobRecord) -> Map<String, Json_> {
+pub(super) fn short(r: &JobRecord) -> Map<String, Json_> {
     let mut out = Map::new();
     out.insert("id".into(), json!(r.public_id()));
     out.insert("status".into(), json!(statuses::comfy_jobs_list(r)));
@@ -65,7 +65,7 @@ fn short(r: &JobRecord) -> Map<String, Json_> {
         if let Some(e) = &r.error {
             out.insert(
                 "execution_error".into(),
-                json!({ "exception_message": e.message, "exception_type": e.code, "node_id": e.node_id, "node_type": e.class_type }),
+                json!({ "exception_message": e.message, "exception_type": e.code.exception_type(), "node_id": e.node_id, "node_type": e.class_type }),
             );
         }
     }

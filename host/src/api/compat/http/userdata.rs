@@ -19,7 +19,7 @@ use serde_json::{Map, Value as Json_, json};
 
 use crate::api::AppState;
 use crate::api::Caller;
-use crate::api::error::ApiError;
+use crate::api::error::{ApiCode, ApiError};
 use crate::service::user_files::{FileInfo, UserFilesError};
 
 type Params = Query<HashMap<String, String>>;
@@ -33,9 +33,9 @@ fn error(e: UserFilesError) -> ApiError {
     match e {
         UserFilesError::InvalidPath(_) | UserFilesError::BadSettings(_) => ApiError::invalid_request(e.to_string()),
         UserFilesError::NotFound => ApiError::not_found(),
-        UserFilesError::Exists => ApiError::new(StatusCode::CONFLICT, "conflict", "File already exists"),
+        UserFilesError::Exists => ApiError::new(ApiCode::Conflict, "File already exists"),
         UserFilesError::TooLarge { limit } => ApiError::payload_too_large(limit),
-        UserFilesError::Full { .. } => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage_full", e.to_string()),
+        UserFilesError::Full { .. } => ApiError::new(ApiCode::StorageFull, e.to_string()),
         UserFilesError::Io(e) => ApiError::internal(&e),
     }
 }

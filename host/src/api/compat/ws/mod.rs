@@ -10,7 +10,7 @@
 //! for, so it cannot hold up a job or another connection.
 
 mod connection;
-mod render;
+pub(super) mod render;
 
 use std::sync::Arc;
 

@@ -53,21 +53,6 @@ pub fn feature_flags(flags: Value) -> Frame {
     text("feature_flags", flags)
 }
 
-/// The `exception_type` of a JobError code (service-interface.md, the
-/// compatibility API's execution errors; Python's names where the spec
-/// lists none).
-pub fn exception_type(code: &str) -> &'static str {
-    match code {
-        "invalid_workflow" => "ValidationError",
-        "node_out_of_memory" | "job_out_of_memory" => "OOMError",
-        "node_timeout" => "TimeoutError",
-        "interrupted" => "InterruptProcessingException",
-        "inactive_subscription" => "InactiveSubscriptionError",
-        "insufficient_funds" | "insufficient_credits" => "InsufficientFundsError",
-        _ => "RuntimeError",
-    }
-}
-
 /// The UI output of a node's saved files: `{"images": [{filename,
 /// subfolder, type}]}` (other media under `video`, `audio`, `files`).
 pub fn ui_output(files: &[SavedFile]) -> Value {
@@ -124,7 +109,7 @@ pub fn message(message: &ExecMessage, preview_metadata: bool) -> Option<Frame> {
             "execution_error",
             json!({
                 "prompt_id": id, "node_id": node, "node_type": class_type, "executed": executed,
-                "exception_message": format!("{message}\n"), "exception_type": exception_type(code),
+                "exception_message": format!("{message}\n"), "exception_type": code.exception_type(),
                 "traceback": [], "current_inputs": {}, "current_outputs": [], "timestamp": at_ms,
             }),
         ),
@@ -173,7 +158,7 @@ pub fn progress_text(node: &str, text: &str) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::api::compat) mod tests {
     use super::*;
 
     #[test]
@@ -192,13 +177,23 @@ mod tests {
         assert_eq!(text, [&[0, 0, 0, 3, 0, 0, 0, 2][..], b"12", b"width: 4"].concat());
     }
 
+    /// The data of the `execution_error` frame of a failure with `code`.
+    pub(in crate::api::compat) fn execution_error(code: crate::codes::JobErrorCode) -> Value {
+        let body =
+            ExecBody::Failed { node: Some("3".into()), class_type: Some("Fail".into()), code, message: "boom".into(), executed: vec!["1".into()], at_ms: 5 };
+        let Some(Frame::Text(text)) = message(&ExecMessage { job_id: "j".into(), owner: None, body }, false) else { panic!("no text frame") };
+        let frame: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(frame["type"], "execution_error", "{frame}");
+        frame["data"].clone()
+    }
+
     #[test]
-    fn exception_types_follow_the_spec() {
-        assert_eq!(exception_type("invalid_workflow"), "ValidationError");
-        assert_eq!(exception_type("node_out_of_memory"), "OOMError");
-        assert_eq!(exception_type("job_out_of_memory"), "OOMError");
-        assert_eq!(exception_type("node_crashed"), "RuntimeError");
-        assert_eq!(exception_type("inactive_subscription"), "InactiveSubscriptionError");
-        assert_eq!(exception_type("insufficient_funds"), "InsufficientFundsError");
+    fn execution_errors_carry_the_exception_type_of_their_code() {
+        for &code in crate::codes::JobErrorCode::ALL {
+            let data = execution_error(code);
+            assert_eq!(data["exception_type"], code.exception_type(), "{code}");
+            assert!(crate::codes::SPEC_EXCEPTION_TYPES.contains(&code.exception_type()), "{code}");
+            assert_eq!((data["node_id"].as_str(), data["exception_message"].as_str()), (Some("3"), Some("boom\n")), "{data}");
+        }
     }
 }

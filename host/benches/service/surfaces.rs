@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::common::{Server, start_binary};
-use super::percentile;
+use crate::common::{Server, start_binary};
+use crate::percentile;
 
 /// Which surface a job goes through.
 #[derive(Clone, Copy, PartialEq)]
