@@ -222,7 +222,7 @@ impl Service {
             let body = ExecBody::Failed {
                 node: error.node_id.clone(),
                 class_type: error.class_type.clone(),
-                code: error.code.clone(),
+                code: error.code,
                 message: error.message.clone(),
                 executed: Vec::new(),
                 at_ms: bus::now_ms(),

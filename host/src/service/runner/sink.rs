@@ -241,8 +241,7 @@ impl JobSink {
 
     fn failed(&self, node: String, class_type: String, failure: &crate::plugins::NodeFailure, executed: Vec<String>) {
         let (node, class_type) = (Some(node).filter(|n| !n.is_empty()), Some(class_type).filter(|c| !c.is_empty()));
-        let body =
-            ExecBody::Failed { node, class_type, code: failure_code(failure.kind).into(), message: failure.message.clone(), executed, at_ms: bus::now_ms() };
+        let body = ExecBody::Failed { node, class_type, code: failure_code(failure.kind), message: failure.message.clone(), executed, at_ms: bus::now_ms() };
         self.publish(body);
     }
 }
