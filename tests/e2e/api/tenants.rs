@@ -828,7 +828,7 @@ async fn disabling_an_account_cancels_its_jobs_and_closes_its_streams() {
         let (rec, _) = service.get(&account, id).unwrap();
         assert_eq!(rec.status, kiln::store::JobStatus::Canceled, "{id}");
         assert_eq!((rec.started_at, rec.execution_ms), (None, None), "never ran: {id}");
-        assert_eq!(rec.error.as_ref().map(|e| e.code.clone()), normal.error.as_ref().map(|e| e.code.clone()));
+        assert_eq!(rec.error.as_ref().map(|e| e.code), normal.error.as_ref().map(|e| e.code));
     }
     let mut ran = None;
     for _ in 0..300 {
