@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{LiveJob, MAX_CACHED_LOG_BYTES, Service, ServiceError};
+use super::{LIST_SCAN_BUDGET, LiveJob, MAX_CACHED_LOG_BYTES, Service, ServiceError};
 use crate::store::{JobRecord, JobStatus, now_micros};
 
 /// Filters of a job listing.
@@ -162,7 +162,7 @@ impl Service {
                 && (q.statuses.is_empty() || q.statuses.contains(&self.live_job(&job.id).map_or(job.status, |l| l.record.lock().status)))
                 && q.metadata.iter().all(|(k, v)| job.metadata.as_ref().and_then(|m| m.get(k)).and_then(|x| x.as_str()) == Some(v.as_str()))
         };
-        let page = self.meta.list_jobs(Some(owner), q.cursor.as_deref(), q.limit, &keep)?;
+        let page = self.meta.list_jobs(Some(owner), q.cursor.as_deref(), q.limit, LIST_SCAN_BUDGET, &keep)?;
         let jobs = page.jobs.into_iter().map(|j| self.live_job(&j.id).map_or(j, |l| l.snapshot())).collect();
         Ok((jobs, page.next))
     }

@@ -49,6 +49,11 @@ use crate::store::{BlobStore, DiskBlobs, JobRecord, JobStatus, MetaStore, SledMe
 /// in memory (a log may be up to 1 MiB; the cache holds 4096 records).
 pub const MAX_CACHED_LOG_BYTES: usize = 64 << 10;
 
+/// The most records one filtered listing reads: a filter that few jobs
+/// match returns a short page (with a cursor to go on from) rather than
+/// reading an owner's whole history in one request.
+pub const LIST_SCAN_BUDGET: usize = 10_000;
+
 /// The job service.
 pub struct Service {
     opts: ServiceOptions,

@@ -72,9 +72,19 @@ pub trait MetaStore: Send + Sync {
     fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError>;
     /// Jobs newest first (of `owner` only, when given: an index lookup,
     /// not a scan of everyone's), starting after `cursor`, keeping those
-    /// `keep` accepts. Records come without their logs (no listing shows
-    /// them; [`MetaStore::get_job`] has them).
-    fn list_jobs(&self, owner: Option<&str>, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError>;
+    /// `keep` accepts, reading at most `max_scanned` records: a page ends
+    /// at `limit` jobs or at the budget, with `next` where it stopped
+    /// either way (a page may be short, even empty, and still go on).
+    /// Records come without their logs (no listing shows them;
+    /// [`MetaStore::get_job`] has them).
+    fn list_jobs(
+        &self,
+        owner: Option<&str>,
+        cursor: Option<&[u8]>,
+        limit: usize,
+        max_scanned: usize,
+        keep: &dyn Fn(&JobRecord) -> bool,
+    ) -> Result<JobPage, StoreError>;
     /// A job's stored workflow as its JSON text (rendered into a listing
     /// without being parsed).
     fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError>;

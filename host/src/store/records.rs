@@ -60,6 +60,11 @@ pub struct OutputRecord {
     pub asset_id: String,
     /// `blake3:<hex>`.
     pub hash: String,
+    /// The subfolder the node saved it in (ComfyUI's `subfolder`; empty:
+    /// none). `None` on records stored before it was kept here: read from
+    /// the output asset's `file_path` then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subfolder: Option<String>,
 }
 
 /// An input file of a job: the name nodes see and the blob behind it.

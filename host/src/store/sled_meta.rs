@@ -311,7 +311,14 @@ impl MetaStore for SledMeta {
         Ok(self.workflows.get(id.as_bytes()).map_err(backend)?.map(|b| b.to_vec()))
     }
 
-    fn list_jobs(&self, owner: Option<&str>, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError> {
+    fn list_jobs(
+        &self,
+        owner: Option<&str>,
+        cursor: Option<&[u8]>,
+        limit: usize,
+        max_scanned: usize,
+        keep: &dyn Fn(&JobRecord) -> bool,
+    ) -> Result<JobPage, StoreError> {
         // One owner's jobs are a range of the owner index (its keys end
         // with the time key, which is the cursor either way).
         let (tree, prefix) = match owner {
@@ -324,20 +331,27 @@ impl MetaStore for SledMeta {
         };
         let mut jobs = Vec::new();
         let mut next = None;
+        let mut scanned = 0;
         for item in iter.rev() {
             let (_, id) = item.map_err(backend)?;
             let Some(mut job) = self.get_job(&String::from_utf8_lossy(&id))? else { continue };
-            if owner.is_some_and(|o| o != job.owner) || !keep(&job) {
-                continue;
+            let at = time_key(&job);
+            if owner.is_none_or(|o| o == job.owner) && keep(&job) {
+                if jobs.len() == limit {
+                    next = Some(time_key(&jobs[limit - 1]));
+                    break;
+                }
+                // Listings never show logs (up to `job_log_kb` each): dropped
+                // as each record is read.
+                job.logs = None;
+                jobs.push(job);
             }
-            if jobs.len() == limit {
-                next = Some(time_key(&jobs[limit - 1]));
+            scanned += 1;
+            if scanned >= max_scanned {
+                // The budget is spent: the next page goes on after this one.
+                next = Some(at);
                 break;
             }
-            // Listings never show logs (up to `job_log_kb` each): dropped
-            // as each record is read.
-            job.logs = None;
-            jobs.push(job);
         }
         Ok(JobPage { jobs, next })
     }
@@ -497,9 +511,9 @@ mod tests {
         assert_eq!(queued(&meta), vec!["a".to_string(), "c".to_string()]);
         assert_eq!(meta.get_claim("k").unwrap().unwrap().job_id.as_deref(), Some("c"));
         assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"1": {}})));
-        let page = meta.list_jobs(None, None, 1, &|_| true).unwrap();
+        let page = meta.list_jobs(None, None, 1, usize::MAX, &|_| true).unwrap();
         assert_eq!(page.jobs[0].id, "c");
-        let page = meta.list_jobs(None, page.next.as_deref(), 5, &|_| true).unwrap();
+        let page = meta.list_jobs(None, page.next.as_deref(), 5, usize::MAX, &|_| true).unwrap();
         assert_eq!(page.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec!["a"]);
         assert!(page.next.is_none());
         assert_eq!(meta.purge_claims(1_000).unwrap(), 1);
@@ -593,6 +607,7 @@ mod tests {
                 size_bytes: 3,
                 asset_id: out.id.clone(),
                 hash: out.hash.clone(),
+                subfolder: Some(String::new()),
             }],
             ..b.clone()
         };
@@ -625,7 +640,7 @@ mod tests {
         assert_eq!(get("d").status, JobStatus::Queued);
         assert_eq!(meta.get_claim("k").unwrap().and_then(|c| c.job_id).as_deref(), Some("d"), "the claim comes back with its job");
         assert_eq!(queued(&meta), vec!["d".to_string()], "started and finished jobs are off the queue");
-        assert_eq!(meta.list_jobs(None, None, 10, &|_| true).unwrap().jobs.len(), 4, "listed");
+        assert_eq!(meta.list_jobs(None, None, 10, usize::MAX, &|_| true).unwrap().jobs.len(), 4, "listed");
         // Replayed once: sled has it all, the log starts a new cycle.
         drop(meta);
         let (_, left) = CommitLog::open(&dir.path().join(LOG_FILE)).unwrap();
@@ -651,14 +666,14 @@ mod tests {
             // Unreadable: a listing that decoded them would fail.
             meta.jobs.insert(j.id.as_bytes(), b"not json".as_slice()).unwrap();
         }
-        assert!(matches!(meta.list_jobs(None, None, 1000, &|_| true), Err(StoreError::Corrupt(_))), "a scan of everyone's reads bob's");
-        let first = meta.list_jobs(Some("alice"), None, 3, &|_| true).unwrap();
+        assert!(matches!(meta.list_jobs(None, None, 1000, usize::MAX, &|_| true), Err(StoreError::Corrupt(_))), "a scan of everyone's reads bob's");
+        let first = meta.list_jobs(Some("alice"), None, 3, usize::MAX, &|_| true).unwrap();
         assert_eq!(first.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["a4", "a3", "a2"]);
         assert!(first.jobs.iter().all(|j| j.logs.is_none()), "listings leave logs out");
-        let rest = meta.list_jobs(Some("alice"), first.next.as_deref(), 3, &|_| true).unwrap();
+        let rest = meta.list_jobs(Some("alice"), first.next.as_deref(), 3, usize::MAX, &|_| true).unwrap();
         assert_eq!(rest.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["a1", "a0"]);
         assert!(rest.next.is_none());
-        assert!(meta.list_jobs(Some("carol"), None, 10, &|_| true).unwrap().jobs.is_empty());
+        assert!(meta.list_jobs(Some("carol"), None, 10, usize::MAX, &|_| true).unwrap().jobs.is_empty());
         assert!(meta.get_job("a0").unwrap().unwrap().logs.is_some(), "a read of one job has its log");
         // A store written before the index existed gets it when it opens.
         // (bob's unreadable records are skipped; the checkpoint empties the
@@ -667,6 +682,43 @@ mod tests {
         meta.checkpoint().unwrap();
         drop(meta);
         let meta = SledMeta::open(dir.path()).unwrap();
-        assert_eq!(meta.list_jobs(Some("alice"), None, 10, &|_| true).unwrap().jobs.len(), 5);
+        assert_eq!(meta.list_jobs(Some("alice"), None, 10, usize::MAX, &|_| true).unwrap().jobs.len(), 5);
+    }
+
+    /// A filter few jobs match reads at most `max_scanned` records per
+    /// page: short pages, each with a cursor, that together list them all.
+    #[test]
+    fn a_filtered_listing_reads_at_most_its_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SledMeta::open(dir.path()).unwrap();
+        for i in 0..50u64 {
+            meta.submit(&job(&format!("j{i:02}"), 100 + i as i64, i + 1), &serde_json::json!({}), None).unwrap();
+        }
+        let read = std::cell::Cell::new(0);
+        let tenth = |j: &JobRecord| {
+            read.set(read.get() + 1);
+            j.id.ends_with('0')
+        };
+        let first = meta.list_jobs(None, None, 10, 12, &tenth).unwrap();
+        assert_eq!(read.get(), 12, "stopped at the budget");
+        assert_eq!(first.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["j40"], "a short page");
+        assert!(first.next.is_some(), "and a cursor to go on from");
+        let (mut all, mut cursor, mut pages) = (Vec::new(), None, 0);
+        loop {
+            read.set(0);
+            let page = meta.list_jobs(None, cursor.as_deref(), 10, 12, &tenth).unwrap();
+            assert!(read.get() <= 12);
+            all.extend(page.jobs.into_iter().map(|j| j.id));
+            pages += 1;
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(all, ["j40", "j30", "j20", "j10", "j00"], "every match, newest first, none twice");
+        assert!((5..=6).contains(&pages), "{pages} pages of at most 12 reads");
+        // Without a budget, one page.
+        let whole = meta.list_jobs(None, None, 10, usize::MAX, &tenth).unwrap();
+        assert_eq!((whole.jobs.len(), whole.next.is_none()), (5, true));
     }
 }

@@ -4,7 +4,7 @@
 //! ones: a submission that was not written never runs and frees its key.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use kiln::store::{AssetRecord, IdempotencyClaim, JobPage, JobRecord, MetaStore, Micros, SledMeta, StoreError};
 use serde_json::json;
@@ -19,6 +19,8 @@ struct NotDurable {
     fail: AtomicBool,
     reject: AtomicBool,
     hold_finish: AtomicBool,
+    /// Asset records read (`get_asset`).
+    asset_reads: AtomicUsize,
 }
 
 impl MetaStore for NotDurable {
@@ -43,8 +45,15 @@ impl MetaStore for NotDurable {
     fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
         self.inner.get_workflow(id)
     }
-    fn list_jobs(&self, owner: Option<&str>, cursor: Option<&[u8]>, limit: usize, keep: &dyn Fn(&JobRecord) -> bool) -> Result<JobPage, StoreError> {
-        self.inner.list_jobs(owner, cursor, limit, keep)
+    fn list_jobs(
+        &self,
+        owner: Option<&str>,
+        cursor: Option<&[u8]>,
+        limit: usize,
+        max_scanned: usize,
+        keep: &dyn Fn(&JobRecord) -> bool,
+    ) -> Result<JobPage, StoreError> {
+        self.inner.list_jobs(owner, cursor, limit, max_scanned, keep)
     }
     fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get_workflow_bytes(id)
@@ -59,6 +68,7 @@ impl MetaStore for NotDurable {
         self.inner.put_asset(asset)
     }
     fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+        self.asset_reads.fetch_add(1, Ordering::SeqCst);
         self.inner.get_asset(id)
     }
     fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
@@ -94,7 +104,13 @@ async fn start_not_durable(fail: bool, hold_finish: bool) -> (TestServer, Arc<No
     let config = super::config(data.path());
     let options = kiln::service::ServiceOptions::from_config(&config);
     let inner = SledMeta::open(&data.path().join("meta")).unwrap();
-    let meta = Arc::new(NotDurable { inner, fail: AtomicBool::new(fail), reject: AtomicBool::new(false), hold_finish: AtomicBool::new(hold_finish) });
+    let meta = Arc::new(NotDurable {
+        inner,
+        fail: AtomicBool::new(fail),
+        reject: AtomicBool::new(false),
+        hold_finish: AtomicBool::new(hold_finish),
+        asset_reads: AtomicUsize::new(0),
+    });
     let blobs = Arc::new(kiln::store::DiskBlobs::open(data.path().join("blobs")).unwrap());
     let executor = Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
     let service = kiln::service::Service::start_with_stores(options, meta.clone(), blobs, env.registry.clone(), executor).unwrap();
@@ -184,4 +200,25 @@ async fn a_submission_that_was_not_written_never_runs_and_frees_its_key() {
     assert_eq!(status, 201, "{job}");
     assert_eq!(s.wait(job["id"].as_str().unwrap()).await["status"], "succeeded");
     assert_eq!(s.get("/jobs").await.1["jobs"].as_array().unwrap().len(), 1);
+}
+
+/// `/history` and `/api/jobs` show each output's subfolder from the job's
+/// record: no asset record is read to list them.
+#[tokio::test]
+async fn listings_show_output_subfolders_without_reading_assets() {
+    let (s, meta) = start_not_durable(false, false).await;
+    let origin = s.server.url();
+    let mut workflow = trivial(5);
+    workflow["2"]["inputs"]["filename_prefix"] = json!("shots/day1/t");
+    let queued: serde_json::Value =
+        s.http.post(format!("{origin}/api/prompt")).json(&json!({ "prompt": workflow })).send().await.unwrap().json().await.unwrap();
+    let id = queued["prompt_id"].as_str().unwrap().to_string();
+    assert_eq!(s.wait(&id).await["status"], "succeeded");
+    meta.asset_reads.store(0, Ordering::SeqCst);
+    let history: serde_json::Value = s.http.get(format!("{origin}/api/history")).send().await.unwrap().json().await.unwrap();
+    let images = &history[&id]["outputs"]["2"]["images"];
+    assert_eq!(images[0]["subfolder"], "shots/day1", "{history}");
+    let jobs: serde_json::Value = s.http.get(format!("{origin}/api/jobs")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(jobs["jobs"][0]["preview_output"]["subfolder"], "shots/day1", "{jobs}");
+    assert_eq!(meta.asset_reads.load(Ordering::SeqCst), 0, "no asset record read");
 }

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use uploads::Uploads;
 pub use uploads::{CompatUpload, join_path};
 
-use super::{Service, ServiceError};
+use super::{LIST_SCAN_BUDGET, Service, ServiceError};
 use crate::store::{JobRecord, JobStatus, now_micros};
 
 /// Finished jobs the history (and an output's lookup by name) looks through.
@@ -147,7 +147,7 @@ impl Service {
     /// [`Service::compat_job`]).
     pub fn compat_history(&self, owner: &str) -> Result<Vec<JobRecord>, ServiceError> {
         let keep = |j: &JobRecord| j.status.is_terminal() && j.status != JobStatus::Expired;
-        let page = self.meta.list_jobs(Some(owner), None, MAX_HISTORY, &keep)?;
+        let page = self.meta.list_jobs(Some(owner), None, MAX_HISTORY, LIST_SCAN_BUDGET, &keep)?;
         Ok(page.jobs.into_iter().rev().collect())
     }
 
@@ -163,12 +163,19 @@ impl Service {
         }
     }
 
-    /// A job's output files with their subfolders (from the assets' paths).
+    /// A job's output files with their subfolders: from the records (no
+    /// asset read), or, for records stored before they kept it, from the
+    /// output assets' paths.
     pub fn compat_outputs(&self, record: &JobRecord) -> Result<Vec<CompatOutput>, ServiceError> {
         let mut out = Vec::with_capacity(record.outputs.len());
         for o in &record.outputs {
-            let path = self.meta.get_asset(&o.asset_id)?.and_then(|a| a.file_path).unwrap_or_else(|| o.name.clone());
-            let subfolder = path.rsplit_once('/').map(|(sub, _)| sub.to_string()).unwrap_or_default();
+            let subfolder = match &o.subfolder {
+                Some(subfolder) => subfolder.clone(),
+                None => {
+                    let path = self.meta.get_asset(&o.asset_id)?.and_then(|a| a.file_path).unwrap_or_else(|| o.name.clone());
+                    path.rsplit_once('/').map(|(sub, _)| sub.to_string()).unwrap_or_default()
+                }
+            };
             out.push(CompatOutput { node_id: o.node_id.clone(), filename: o.name.clone(), subfolder });
         }
         Ok(out)
@@ -222,14 +229,29 @@ impl Service {
     /// the caller's): they end as `expired` now, their outputs dropped, as
     /// retention would. Queued and running jobs are left alone.
     pub fn delete_history(&self, owner: &str, ids: Option<&[String]>) -> Result<(), ServiceError> {
-        let jobs: Vec<JobRecord> = match ids {
-            Some(ids) => ids.iter().filter_map(|id| self.meta.get_job(&self.job_key(owner, id)).transpose()).collect::<Result<_, _>>()?,
-            None => self.meta.all_jobs()?,
+        let in_history = |j: &JobRecord| j.owner == owner && j.status.is_terminal() && j.status != JobStatus::Expired && self.live_job(&j.id).is_none();
+        let targets: Vec<JobRecord> = match ids {
+            Some(ids) => ids
+                .iter()
+                .filter_map(|id| self.meta.get_job(&self.job_key(owner, id)).transpose())
+                .filter(|j| j.as_ref().map_or(true, in_history))
+                .collect::<Result<_, _>>()?,
+            // The owner's whole history, a page at a time from the owner's
+            // index (never a scan of every job); whole records re-read
+            // (listings leave logs out).
+            None => {
+                let (mut ids, mut cursor) = (Vec::new(), None);
+                loop {
+                    let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), MAX_HISTORY, LIST_SCAN_BUDGET, &in_history)?;
+                    ids.extend(page.jobs.into_iter().map(|j| j.id));
+                    match page.next {
+                        Some(next) => cursor = Some(next),
+                        None => break,
+                    }
+                }
+                ids.iter().filter_map(|id| self.meta.get_job(id).transpose()).collect::<Result<_, _>>()?
+            }
         };
-        let targets: Vec<JobRecord> = jobs
-            .into_iter()
-            .filter(|j| j.owner == owner && j.status.is_terminal() && j.status != JobStatus::Expired && self.live_job(&j.id).is_none())
-            .collect();
         if targets.is_empty() {
             return Ok(());
         }

@@ -273,7 +273,7 @@ impl Service {
         }
         let (mut cursor, mut looked) = (None, 0);
         while looked < MAX_HISTORY {
-            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), OUTPUT_SCAN_PAGE.min(MAX_HISTORY - looked), &|_| true)?;
+            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), OUTPUT_SCAN_PAGE.min(MAX_HISTORY - looked), usize::MAX, &|_| true)?;
             looked += page.jobs.len();
             if let Some(asset) = saved(&mut page.jobs.iter().flat_map(|j| &j.outputs))? {
                 return Ok(asset);

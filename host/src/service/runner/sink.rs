@@ -188,6 +188,7 @@ impl JobSink {
                 size_bytes: file.size,
                 asset_id: asset.id,
                 hash: asset.hash,
+                subfolder: Some(file.subfolder.clone()),
             };
             // On the live record only: it reaches the store with the
             // terminal record (an interrupted run's outputs are dropped at
