@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use kiln::executor::{Executor, RunStatus};
-use kiln::plugins::runtime::LoadError;
+use kiln::plugins::LoadError;
 use kiln::plugins::{NodeRegistry, PluginId, PluginRuntime, RegistryError};
 use serde_json::json;
 

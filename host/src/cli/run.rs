@@ -70,27 +70,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     if config.decommit_batch == Config::default().decommit_batch {
         config.decommit_batch = RUN_DECOMMIT_BATCH;
     }
-    // The size is checked before the file is read: a workflow is bounded
-    // here as on the API (`max_workflow_kb`), and over it is exit 2.
-    let limits = WorkflowLimits::from_config(&config);
-    let size = std::fs::metadata(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?.len();
-    if let Err(e) = limits.check_size(usize::try_from(size).unwrap_or(usize::MAX)) {
-        eprintln!("error: {e}");
-        return Ok(EXIT_INVALID);
-    }
-    let text = std::fs::read_to_string(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?;
-    let mut json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", args.workflow.display()))?;
-    // Accept a `/prompt` request body too.
-    if let Some(prompt) = json.get("prompt").filter(|p| p.is_object()) {
-        json = prompt.clone();
-    }
-    let workflow = match Workflow::from_json(&json, &limits) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return Ok(EXIT_INVALID);
-        }
-    };
+    let Some((json, workflow)) = read_workflow(&args, &WorkflowLimits::from_config(&config))? else { return Ok(EXIT_INVALID) };
     let mut inputs = NamedInputs::new();
     for (name, path) in &args.inputs {
         anyhow::ensure!(path.is_file(), "--input {name}: {} is not a file", path.display());
@@ -110,7 +90,6 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     }
 
     let executor = Executor::new(runtime, registry, config.result_cache_mb << 20, config.max_concurrency as usize);
-    let outputs = Arc::new(DirOutputs::new(&args.out, args.out.join("temp")));
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     tokio::spawn(async move {
@@ -127,8 +106,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     });
     let timings = Arc::new(parking_lot::Mutex::new(Vec::<Timing>::new()));
     let events = {
-        let bar = bar.clone();
-        let timings = timings.clone();
+        let (bar, timings) = (bar.clone(), timings.clone());
         Arc::new(move |event: Event| {
             if let Event::Executed { node, class_type, elapsed_ms, on_gpu, .. } = &event {
                 timings.lock().push(Timing { node: node.clone(), class_type: class_type.clone(), on_gpu: *on_gpu, elapsed_ms: *elapsed_ms });
@@ -141,7 +119,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
         prompt: Arc::from(json.to_string()),
         extra_pnginfo: None,
         inputs: Arc::new(inputs),
-        outputs,
+        outputs: Arc::new(DirOutputs::new(&args.out, args.out.join("temp"))),
         events,
         cancel,
         secrets: Default::default(),
@@ -162,6 +140,35 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
             eprintln!("timing {} {} {} {:.1} ms", t.node, t.class_type, if t.on_gpu { "gpu" } else { "cpu" }, t.elapsed_ms);
         }
     }
+    finish(outcome)
+}
+
+/// The workflow file as JSON (a `/prompt` request body too) and parsed;
+/// `None` (exit 2, said why) when it is over the size limit or does not
+/// parse as a workflow. Its size is checked before it is read: a workflow
+/// is bounded here as on the API (`max_workflow_kb`).
+fn read_workflow(args: &RunArgs, limits: &WorkflowLimits) -> anyhow::Result<Option<(serde_json::Value, Workflow)>> {
+    let size = std::fs::metadata(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?.len();
+    if let Err(e) = limits.check_size(usize::try_from(size).unwrap_or(usize::MAX)) {
+        eprintln!("error: {e}");
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?;
+    let mut json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", args.workflow.display()))?;
+    if let Some(prompt) = json.get("prompt").filter(|p| p.is_object()) {
+        json = prompt.clone();
+    }
+    match Workflow::from_json(&json, limits) {
+        Ok(w) => Ok(Some((json, w))),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(None)
+        }
+    }
+}
+
+/// Prints how the run ended; the exit code.
+fn finish(outcome: crate::executor::RunOutcome) -> anyhow::Result<i32> {
     match outcome.status {
         RunStatus::Succeeded => {
             for (_, files) in &outcome.outputs {

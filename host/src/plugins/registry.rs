@@ -13,7 +13,8 @@ use std::sync::Arc;
 use super::bindings::node;
 use super::identity::PluginId;
 use super::manifest::Manifest;
-use super::runtime::{LoadError, NodeDef, Plugin, PluginRuntime};
+use super::outcome::LoadError;
+use super::runtime::{NodeDef, Plugin, PluginRuntime};
 
 /// Every loaded node class, by class name.
 #[derive(Default)]

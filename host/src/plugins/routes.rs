@@ -13,7 +13,8 @@ use wasmtime_wasi_http::WasiHttpView;
 use super::determinism::GuestWorld;
 use super::manifest::EffectiveLimits;
 use super::network::full_body;
-use super::runtime::{CallSetup, FailureKind, NodeFailure, Plugin, PluginRuntime};
+use super::outcome::{FailureKind, NodeFailure};
+use super::runtime::{CallSetup, Plugin, PluginRuntime};
 
 /// Why a route call produced no response.
 #[derive(Debug, thiserror::Error)]

@@ -4,157 +4,36 @@
 //! `InstancePre` (imports resolved once), and every node call gets a fresh
 //! `Store`: nothing survives between calls or tenants, and a trap only poisons
 //! a store that is about to be dropped.
+//!
+//! What a call ends with is in `outcome`; the conversion of its values
+//! and the classification of its traps in `call_values`.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use wasmtime::component::{HasSelf, Linker, Resource};
-use wasmtime::{Engine, Store, Trap};
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Engine, Store};
 
 use super::artifacts::ArtifactCache;
 use super::bindings::{Plugin as PluginWorld, PluginPre, node};
-use super::compile::{CompileConfig, CompileError};
+use super::call_values::{Outcome, check_outputs, classify_trap, failure, from_wit, to_wit};
+use super::compile::CompileError;
 use super::deadlines::Deadlines;
 use super::determinism::{GuestWorld, seed_from_inputs, seed_from_key};
 use super::engine::{Allocator, PoolSizing, build_engine, spawn_epoch_ticker};
-use super::identity::{PluginGrant, PluginId, hash_grant};
+use super::identity::{PluginId, hash_grant};
 pub use super::log_pipe::CapturedLog;
-use super::manifest::{EffectiveLimits, Manifest, OperatorLimits};
-use super::network::{NetGrant, OutboundLimits, OutboundPolicy, PluginNet};
-use super::state::{NodeIo, NodeState, StopState, Stopped, StoreLimits};
-use crate::files::SavedFile;
-use crate::tensor::Tensor;
+use super::manifest::{EffectiveLimits, Manifest};
+use super::network::{OutboundPolicy, PluginNet};
+use super::outcome::{FailureKind, LoadError, NodeFailure, NodeOutput};
+use super::settings::RuntimeConfig;
+use super::state::{NodeIo, NodeState, StopState, StoreLimits};
 use crate::value::Value;
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
 pub use node::NodeDef;
-
-/// Settings of the plugin runtime (a slice of the service config).
-#[derive(Debug, Clone)]
-pub struct RuntimeConfig {
-    /// Node calls that may run at once (sizes the instance pool).
-    pub max_concurrency: u32,
-    /// Defaults and ceilings for memory and time per node call.
-    pub limits: OperatorLimits,
-    /// Ceiling on the bytes of tensors one node call creates.
-    pub tensor_budget_bytes: u64,
-    /// Ceiling on the bytes of files one node call saves.
-    pub file_budget_bytes: u64,
-    /// Ceiling on the number of files one node call saves.
-    pub max_files: u64,
-    /// Ceiling on the captured log of one node call.
-    pub log_bytes: usize,
-    /// Where compiled components are cached (`None`: compile on every load).
-    pub artifact_dir: Option<PathBuf>,
-    /// Instance memories released per decommit batch (see `engine`).
-    pub decommit_batch: usize,
-    /// Linear memory an instance slot keeps resident, reset in place (see `engine`).
-    pub keep_resident_bytes: usize,
-    /// List JIT code in `/tmp/perf-<pid>.map` for `perf` (profiling).
-    pub perf_map: bool,
-    /// Plugins (by directory or component hash, see `identity`) that may
-    /// read the secrets their manifests ask for; any other plugin asking
-    /// for one is refused.
-    pub secret_plugins: Vec<PluginGrant>,
-    /// How components are compiled (in a child process under limits, or here).
-    pub compile: CompileConfig,
-    // Plugin network capabilities.
-    /// What the operator grants plugins: outbound hosts, routes, configuration.
-    pub net_grants: Vec<NetGrant>,
-    /// Ceilings on every outbound request of a plugin.
-    pub outbound: OutboundLimits,
-    /// Largest response a plugin's route may give.
-    pub route_response_bytes: usize,
-    /// Most time a route call may take (the plugin's own limit if lower).
-    pub route_timeout: Duration,
-    /// The host's GPU, when there is one and it is not turned off.
-    pub gpu: Option<Arc<crate::gpu::Gpu>>,
-}
-
-/// How a node call failed. Each kind maps to its own error code on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailureKind {
-    /// The node ran past its wall-clock limit.
-    Timeout,
-    /// The node wanted more memory than its ceiling.
-    OutOfMemory,
-    /// The job's memory bound (`job_memory_mb`) refused the node: the job
-    /// as a whole holds too much, whichever node asked last.
-    JobOutOfMemory,
-    /// The guest trapped or panicked.
-    Crashed,
-    /// The node returned outputs that do not match its definition, or
-    /// exceeded its output budget.
-    InvalidOutput,
-    /// The node reported an error about its inputs or its work.
-    Failed,
-    /// The call was cancelled.
-    Interrupted,
-    /// A partner service refused for lack of credits (`host.insufficient-funds`).
-    InsufficientFunds,
-}
-
-/// A failed node call.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{kind:?}: {message}")]
-pub struct NodeFailure {
-    pub kind: FailureKind,
-    pub message: String,
-    /// What the plugin printed before failing (its tail, when long).
-    pub log: CapturedLog,
-}
-
-/// A successful node call.
-#[derive(Debug, Clone)]
-pub struct NodeOutput {
-    /// One value per declared output.
-    pub values: Vec<Value>,
-    /// Files the node saved.
-    pub saved: Vec<SavedFile>,
-    /// What the plugin printed (its tail, when long).
-    pub log: CapturedLog,
-    /// Whether any of the node's work ran on the GPU.
-    pub on_gpu: bool,
-}
-
-/// Why a plugin could not be loaded. `plugin` names it by manifest name and
-/// identity (`name (/its/directory)`), or by directory before its manifest
-/// is read.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("plugin `{plugin}`: {source}")]
-    Manifest { plugin: String, source: super::manifest::ManifestError },
-    #[error("plugin `{plugin}`: cannot read {path}: {source}")]
-    Io { plugin: String, path: PathBuf, source: std::io::Error },
-    #[error("plugin `{plugin}`: {reason}")]
-    Component { plugin: String, reason: CompileError },
-    #[error("plugin `{plugin}` is not a valid component: {message}")]
-    Compile { plugin: String, message: String },
-    #[error(
-        "plugin `{plugin}` asks for secret `{secret}`, which the operator has not granted it; \
-         to grant it, add its directory or \"{hash_grant}\" to secret_plugins"
-    )]
-    SecretNotGranted { plugin: String, secret: String, hash_grant: String },
-    #[error(
-        "plugin `{plugin}` asks for {capability}, which the operator has not granted it; \
-         to grant it, add a [[plugin_network]] entry naming its directory or \"{hash_grant}\" (with the hosts it may reach, routes = true for routes)"
-    )]
-    NetworkNotGranted { plugin: String, capability: String, hash_grant: String },
-    #[error("plugin `{plugin}` declares routes but does not export wasi:http/incoming-handler: {message}")]
-    NoHttpHandler { plugin: String, message: String },
-    #[error("plugin `{plugin}` imports `{import}`, which kiln does not provide")]
-    ForbiddenImport { plugin: String, import: String },
-    #[error("plugin `{plugin}` failed to describe its nodes: {failure}")]
-    Definitions { plugin: String, failure: NodeFailure },
-    #[error("plugin `{plugin}` failed to describe its nodes' extras: {failure}")]
-    Meta { plugin: String, failure: NodeFailure },
-    #[error("plugin `{plugin}` defines an invalid node: {reason}")]
-    InvalidDefinition { plugin: String, reason: String },
-}
 
 /// A loaded plugin: its identity, manifest, node definitions and
 /// pre-linked component.
@@ -509,101 +388,4 @@ pub(super) struct CallSetup {
 pub(super) struct Called {
     store: Store<NodeState>,
     _permit: tokio::sync::OwnedSemaphorePermit,
-}
-
-enum Outcome<R> {
-    Done(R),
-    Cancelled,
-    TimedOut,
-    Trapped(wasmtime::Error),
-}
-
-fn failure(kind: FailureKind, message: String, log: CapturedLog) -> NodeFailure {
-    NodeFailure { kind, message, log }
-}
-
-/// Turns a trap into a failure kind, using what the store recorded.
-fn classify_trap(e: &wasmtime::Error, state: &NodeState, limits: EffectiveLimits, log: CapturedLog) -> NodeFailure {
-    match state.stop.stopped {
-        Some(Stopped::Cancelled) => return failure(FailureKind::Interrupted, "interrupted".into(), log),
-        Some(Stopped::Deadline) => return failure(FailureKind::Timeout, format!("node exceeded its time limit of {:?}", limits.timeout), log),
-        None => {}
-    }
-    match &state.memory.denied {
-        Some(Some(job)) => return failure(FailureKind::JobOutOfMemory, job.clone(), log),
-        Some(None) => return failure(FailureKind::OutOfMemory, format!("node exceeded its memory limit of {} MiB", limits.memory_bytes >> 20), log),
-        None => {}
-    }
-    if let Some(job) = &state.job_out_of_memory {
-        return failure(FailureKind::JobOutOfMemory, job.clone(), log);
-    }
-    if let Some(budget) = &state.over_budget {
-        return failure(FailureKind::InvalidOutput, budget.clone(), log);
-    }
-    let message = match e.downcast_ref::<Trap>() {
-        Some(Trap::StackOverflow) => "stack overflow".to_string(),
-        // Rust and C guests keep their stack in linear memory; overflowing it
-        // runs below address 0 and faults as an out-of-bounds access.
-        Some(Trap::MemoryOutOfBounds) => "out-of-bounds memory access (e.g. the plugin's stack overflowed)".to_string(),
-        Some(Trap::UnreachableCodeReached) => match log.text.lines().rev().find(|l| l.contains("panicked")) {
-            Some(line) => format!("plugin panicked: {}", line.trim()),
-            None => "plugin aborted (unreachable code reached)".to_string(),
-        },
-        Some(trap) => format!("plugin trapped: {trap}"),
-        None => format!("plugin failed: {e:#}"),
-    };
-    failure(FailureKind::Crashed, message, log)
-}
-
-fn to_wit(value: Value, state: &mut NodeState) -> wasmtime::Result<node::Value> {
-    Ok(match value {
-        Value::Int(v) => node::Value::Int(v),
-        Value::Float(v) => node::Value::Float(v),
-        Value::Bool(v) => node::Value::Boolean(v),
-        Value::String(v) => node::Value::String(v),
-        Value::Tensor(t) => node::Value::Tensor(state.table.push(t)?),
-    })
-}
-
-fn from_wit(values: Vec<node::Value>, state: &mut NodeState) -> Result<Vec<Value>, String> {
-    values
-        .into_iter()
-        .map(|v| {
-            Ok(match v {
-                node::Value::Int(v) => Value::Int(v),
-                node::Value::Float(v) => Value::Float(v),
-                node::Value::Boolean(v) => Value::Bool(v),
-                node::Value::String(v) => Value::String(v),
-                node::Value::Tensor(r) => Value::Tensor(take_tensor(r, state)?),
-            })
-        })
-        .collect()
-}
-
-fn take_tensor(r: Resource<Tensor>, state: &mut NodeState) -> Result<Tensor, String> {
-    state.table.delete(r).map_err(|e| format!("returned an invalid tensor handle: {e}"))
-}
-
-/// Checks returned values against the node's declared outputs.
-fn check_outputs(def: &NodeDef, values: &[Value]) -> Result<(), String> {
-    if values.len() != def.outputs.len() {
-        return Err(format!("returned {} values for {} declared outputs", values.len(), def.outputs.len()));
-    }
-    for (i, (out, value)) in def.outputs.iter().zip(values).enumerate() {
-        let ok = match (out.type_name.as_str(), value) {
-            ("INT", Value::Int(_)) | ("FLOAT", Value::Float(_)) | ("BOOLEAN", Value::Bool(_)) | ("STRING", Value::String(_)) => true,
-            ("IMAGE", Value::Tensor(t)) => t.shape().len() == 4 && (1..=4).contains(&t.shape()[3]),
-            ("MASK", Value::Tensor(t)) => t.shape().len() == 3,
-            ("INT" | "FLOAT" | "BOOLEAN" | "STRING" | "IMAGE" | "MASK", _) => false,
-            _ => true,
-        };
-        if !ok {
-            let got = match value {
-                Value::Tensor(t) => format!("a tensor of shape {:?}", t.shape()),
-                other => other.kind_name().to_string(),
-            };
-            return Err(format!("output {i} (`{}`) must be {} but is {got}", out.name, out.type_name));
-        }
-    }
-    Ok(())
 }

@@ -6,14 +6,58 @@
 //! network grants, and `gpu = "required"` without an adapter are refused
 //! here, when the runtime is built.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::OperatorLimits;
 use super::compile::CompileConfig;
 use super::identity::{GrantError, PluginGrant};
 use super::network::{HostPattern, NetGrant, OutboundLimits};
-use super::{OperatorLimits, RuntimeConfig};
 use crate::config::Config;
 use crate::gpu::{Gpu, GpuLimits, GpuStartError};
+
+/// Settings of the plugin runtime (a slice of the service config).
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Node calls that may run at once (sizes the instance pool).
+    pub max_concurrency: u32,
+    /// Defaults and ceilings for memory and time per node call.
+    pub limits: OperatorLimits,
+    /// Ceiling on the bytes of tensors one node call creates.
+    pub tensor_budget_bytes: u64,
+    /// Ceiling on the bytes of files one node call saves.
+    pub file_budget_bytes: u64,
+    /// Ceiling on the number of files one node call saves.
+    pub max_files: u64,
+    /// Ceiling on the captured log of one node call.
+    pub log_bytes: usize,
+    /// Where compiled components are cached (`None`: compile on every load).
+    pub artifact_dir: Option<PathBuf>,
+    /// Instance memories released per decommit batch (see `engine`).
+    pub decommit_batch: usize,
+    /// Linear memory an instance slot keeps resident, reset in place (see `engine`).
+    pub keep_resident_bytes: usize,
+    /// List JIT code in `/tmp/perf-<pid>.map` for `perf` (profiling).
+    pub perf_map: bool,
+    /// Plugins (by directory or component hash, see `identity`) that may
+    /// read the secrets their manifests ask for; any other plugin asking
+    /// for one is refused.
+    pub secret_plugins: Vec<PluginGrant>,
+    /// How components are compiled (in a child process under limits, or here).
+    pub compile: CompileConfig,
+    // Plugin network capabilities.
+    /// What the operator grants plugins: outbound hosts, routes, configuration.
+    pub net_grants: Vec<NetGrant>,
+    /// Ceilings on every outbound request of a plugin.
+    pub outbound: OutboundLimits,
+    /// Largest response a plugin's route may give.
+    pub route_response_bytes: usize,
+    /// Most time a route call may take (the plugin's own limit if lower).
+    pub route_timeout: Duration,
+    /// The host's GPU, when there is one and it is not turned off.
+    pub gpu: Option<Arc<crate::gpu::Gpu>>,
+}
 
 /// Why the configuration does not make a plugin runtime.
 #[derive(Debug, thiserror::Error)]

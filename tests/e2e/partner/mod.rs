@@ -479,7 +479,7 @@ async fn an_api_node_of_an_account_without_funds_is_insufficient_funds() {
     match &ran.outcome.status {
         kiln::executor::RunStatus::Failed { node, class_type, failure } => {
             assert_eq!((node.as_str(), class_type.as_str()), ("2", "MagnificImageSkinEnhancerNode"));
-            assert_eq!(failure.kind, kiln::plugins::runtime::FailureKind::InsufficientFunds, "{failure:?}");
+            assert_eq!(failure.kind, kiln::plugins::FailureKind::InsufficientFunds, "{failure:?}");
         }
         other => panic!("the API node must fail: {other:?}"),
     }

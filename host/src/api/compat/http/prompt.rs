@@ -137,13 +137,21 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
             Ok(Json(json!({ "prompt_id": accepted.record.public_id(), "number": number, "node_errors": node_errors(&accepted.dropped, registry) }))
                 .into_response())
         }
+        Err(e) => refused(e, &titles, registry),
+    }
+}
+
+/// A prompt the intake refused, as ComfyUI answers: its 400 bodies for the
+/// graph itself, the error envelope for every other rule.
+fn refused(e: SubmitError, titles: &Map<String, Json_>, registry: &crate::plugins::NodeRegistry) -> Result<Response, ApiError> {
+    match e {
         // ComfyUI finds no output in an empty prompt.
-        Err(SubmitError::Unreadable(crate::workflow::ParseError::Empty)) | Err(SubmitError::Invalid(ValidationError::NoOutputs)) => {
+        SubmitError::Unreadable(crate::workflow::ParseError::Empty) | SubmitError::Invalid(ValidationError::NoOutputs) => {
             Ok(rejection("prompt_no_outputs", "Prompt has no outputs", "", json!({}), json!({})))
         }
-        Err(SubmitError::Unreadable(e)) => Ok(rejection("invalid_prompt", e.to_string(), "", json!({}), json!({}))),
-        Err(SubmitError::Invalid(ValidationError::Node(issue))) => Ok(unknown_node(&issue, &titles)),
-        Err(SubmitError::Invalid(ValidationError::OutputsFailed(issues))) => {
+        SubmitError::Unreadable(e) => Ok(rejection("invalid_prompt", e.to_string(), "", json!({}), json!({}))),
+        SubmitError::Invalid(ValidationError::Node(issue)) => Ok(unknown_node(&issue, titles)),
+        SubmitError::Invalid(ValidationError::OutputsFailed(issues)) => {
             // `details`: the errors of the failed output nodes themselves.
             let details: Vec<String> = issues
                 .iter()
@@ -155,8 +163,8 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
                 .collect();
             Ok(rejection("prompt_outputs_failed_validation", "Prompt outputs failed validation", details.join("\n"), json!({}), node_errors(&issues, registry)))
         }
-        Err(SubmitError::Refused(ServiceError::InvalidWorkflow { message, .. })) => Ok(rejection("invalid_prompt", message, "", json!({}), json!({}))),
-        Err(SubmitError::Refused(e)) => Err(compat_error(e)),
+        SubmitError::Refused(ServiceError::InvalidWorkflow { message, .. }) => Ok(rejection("invalid_prompt", message, "", json!({}), json!({}))),
+        SubmitError::Refused(e) => Err(compat_error(e)),
     }
 }
 
@@ -267,38 +275,9 @@ pub(super) fn error_entry(issue: &Issue, registry: &crate::plugins::NodeRegistry
             format!("{name}, received_type({}) mismatch input_type({expected})", issue.received_type.as_deref().unwrap_or("")),
             json!({ "input_name": name, "input_config": config, "received_type": issue.received_type, "linked_node": linked }),
         ),
-        IssueKind::InvalidInputType => {
-            // Python's words for the failed conversion, where it has them.
-            let why = match (expected.as_str(), &received) {
-                ("INT", Json_::String(v)) => format!("invalid literal for int() with base 10: '{v}'"),
-                ("FLOAT", Json_::String(v)) => format!("could not convert string to float: '{v}'"),
-                _ => reason(issue),
-            };
-            entry(
-                format!("Failed to convert an input value to a {expected} value"),
-                format!("{name}, {}, {why}", shown(issue.received.as_ref())),
-                json!({ "input_name": name, "input_config": config, "received_value": received, "exception_message": why }),
-            )
-        }
-        IssueKind::ValueBelowMin | IssueKind::ValueAboveMax => {
-            let float = expected == "FLOAT";
-            let (bound, word) = if issue.kind == IssueKind::ValueBelowMin { ("min", "smaller") } else { ("max", "bigger") };
-            let message = match config.get(1).and_then(|o| o.get(bound)) {
-                Some(limit) => format!("Value {} {word} than {bound} of {}", python_number(&received, float), python_number(limit, float)),
-                None => reason(issue),
-            };
-            entry(message, name.clone(), json!({ "input_name": name, "input_config": config, "received_value": received }))
-        }
-        IssueKind::ValueNotInList => {
-            let choices: Vec<String> =
-                config.get(0).and_then(Json_::as_array).map(|c| c.iter().map(|v| format!("'{}'", shown(Some(v)))).collect()).unwrap_or_default();
-            let (list, config) =
-                if choices.len() > 20 { (format!("(list of length {})", choices.len()), Json_::Null) } else { (format!("[{}]", choices.join(", ")), config) };
-            entry(
-                "Value not in list".into(),
-                format!("{name}: '{}' not in {list}", shown(issue.received.as_ref())),
-                json!({ "input_name": name, "input_config": config, "received_value": received }),
-            )
+        IssueKind::InvalidInputType | IssueKind::ValueBelowMin | IssueKind::ValueAboveMax | IssueKind::ValueNotInList => {
+            let (message, details, extra) = value_error(issue, &name, config, &expected, received);
+            entry(message, details, extra)
         }
         IssueKind::InputFileMissing => entry(
             "Custom validation failed for node".into(),
@@ -323,6 +302,46 @@ pub(super) fn error_entry(issue: &Issue, registry: &crate::plugins::NodeRegistry
             }),
         ),
         IssueKind::MissingClassType | IssueKind::UnknownClass => entry(issue.message.clone(), format!("Node ID '#{}'", issue.node_id), json!({})),
+    }
+}
+
+/// A value's error (a wrong type, out of range, not among the choices):
+/// ComfyUI's message, details and extra info.
+fn value_error(issue: &Issue, name: &str, config: Json_, expected: &str, received: Json_) -> (String, String, Json_) {
+    match issue.kind {
+        IssueKind::InvalidInputType => {
+            // Python's words for the failed conversion, where it has them.
+            let why = match (expected, &received) {
+                ("INT", Json_::String(v)) => format!("invalid literal for int() with base 10: '{v}'"),
+                ("FLOAT", Json_::String(v)) => format!("could not convert string to float: '{v}'"),
+                _ => reason(issue),
+            };
+            (
+                format!("Failed to convert an input value to a {expected} value"),
+                format!("{name}, {}, {why}", shown(issue.received.as_ref())),
+                json!({ "input_name": name, "input_config": config, "received_value": received, "exception_message": why }),
+            )
+        }
+        IssueKind::ValueBelowMin | IssueKind::ValueAboveMax => {
+            let float = expected == "FLOAT";
+            let (bound, word) = if issue.kind == IssueKind::ValueBelowMin { ("min", "smaller") } else { ("max", "bigger") };
+            let message = match config.get(1).and_then(|o| o.get(bound)) {
+                Some(limit) => format!("Value {} {word} than {bound} of {}", python_number(&received, float), python_number(limit, float)),
+                None => reason(issue),
+            };
+            (message, name.to_string(), json!({ "input_name": name, "input_config": config, "received_value": received }))
+        }
+        _ => {
+            let choices: Vec<String> =
+                config.get(0).and_then(Json_::as_array).map(|c| c.iter().map(|v| format!("'{}'", shown(Some(v)))).collect()).unwrap_or_default();
+            let (list, config) =
+                if choices.len() > 20 { (format!("(list of length {})", choices.len()), Json_::Null) } else { (format!("[{}]", choices.join(", ")), config) };
+            (
+                "Value not in list".into(),
+                format!("{name}: '{}' not in {list}", shown(issue.received.as_ref())),
+                json!({ "input_name": name, "input_config": config, "received_value": received }),
+            )
+        }
     }
 }
 
