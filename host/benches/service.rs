@@ -143,6 +143,10 @@ async fn run_one(http: &reqwest::Client, base: &str, workflow: &Value) -> (f64, 
 /// Lets this process and the server it spawns hold thousands of sockets.
 fn main() {
     raise_fd_limit();
+    if std::env::args().any(|a| a == "fixed") {
+        surfaces::fixed();
+        return;
+    }
     println!("{}", machine_probe());
     if std::env::args().any(|a| a == "surfaces") {
         surfaces::run();

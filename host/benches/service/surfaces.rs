@@ -91,6 +91,37 @@ async fn throughput(base: &str, surface: Surface, secs: u64) -> f64 {
     done.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64()
 }
 
+/// `-- fixed`: a fixed amount of work on one server (`KILN_BENCH_SERVER`,
+/// else this build): `KILN_BENCH_JOBS` jobs (default 800) on each surface,
+/// 8 clients, then exit. Timed from outside (`farm-bench` with `--vs`
+/// and the other build as `KILN_BENCH_SERVER`), its wall and CPU seconds,
+/// the server's included, compare two builds on the same work.
+pub fn fixed() {
+    let current = std::env::var_os("KILN_BENCH_SERVER").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kiln")), PathBuf::from);
+    let jobs: u64 = std::env::var("KILN_BENCH_JOBS").ok().and_then(|n| n.parse().ok()).unwrap_or(800);
+    let cache = tempfile::tempdir().unwrap();
+    let server = start_binary(&current, &[("KILN_CACHE_DIR", cache.path().to_str().unwrap())]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    for surface in [Surface::V2, Surface::Prompt] {
+        rt.block_on(async {
+            let clients: Vec<_> = (0..8u64)
+                .map(|c| {
+                    let base = server.base.clone();
+                    tokio::spawn(async move {
+                        let http = reqwest::Client::new();
+                        for n in (c..jobs).step_by(8) {
+                            one(&http, &base, surface, n).await;
+                        }
+                    })
+                })
+                .collect();
+            for c in clients {
+                c.await.unwrap();
+            }
+        });
+    }
+}
+
 fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
