@@ -84,8 +84,9 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_asset_or_claim() {
     for (round, kill_after_ms) in [150u64, 400, 50].into_iter().enumerate() {
         let kiln = spawn(data.path(), &env, &[]);
         let base = kiln.base.clone();
+        let acks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let submitter = {
-            let (http, base) = (http.clone(), base.clone());
+            let (http, base, acks) = (http.clone(), base.clone(), acks.clone());
             tokio::spawn(async move {
                 let mut acked = Vec::new();
                 let mut uploaded = Vec::new();
@@ -109,7 +110,10 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_asset_or_claim() {
                     };
                     match http.post(format!("{base}/api/v2/jobs")).header("Idempotency-Key", &key).json(&body).send().await {
                         Ok(r) if r.status() == 201 => match r.json::<Value>().await {
-                            Ok(job) => acked.push((job["id"].as_str().unwrap().to_string(), key)),
+                            Ok(job) => {
+                                acked.push((job["id"].as_str().unwrap().to_string(), key));
+                                acks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            }
                             Err(_) => break,
                         },
                         _ => break,
@@ -118,6 +122,14 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_asset_or_claim() {
                 (acked, uploaded)
             })
         };
+        // The kill comes `kill_after_ms` after the first acknowledgement (a
+        // loaded machine may take longer than that to answer the first).
+        for _ in 0..1000 {
+            if acks.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         tokio::time::sleep(Duration::from_millis(kill_after_ms)).await;
         drop(kiln); // SIGKILL
         let (acked, uploaded) = submitter.await.unwrap();
