@@ -129,31 +129,78 @@ async fn a_full_queue_refuses_on_both_surfaces() {
     assert_eq!(live_jobs(&s), 2, "the running job and the one queued");
 }
 
-#[tokio::test]
-async fn an_account_without_credits_submits_nothing_on_either_surface() {
-    const OPERATOR: &str = "operator-token-of-the-admission-tests";
-    let s = start(|c, o| {
+const OPERATOR: &str = "operator-token-of-the-admission-tests";
+
+/// A serverless server (accounts, no subscription rule) with `tweak`.
+async fn serverless(tweak: impl FnOnce(&mut kiln::config::Config, &mut kiln::service::ServiceOptions)) -> TestServer {
+    start(|c, o| {
         c.mode = kiln::config::Mode::Serverless;
         c.admin_token = Some(OPERATOR.into());
         o.mode = kiln::config::Mode::Serverless;
+        tweak(c, o);
     })
-    .await;
+    .await
+}
+
+/// Creates an account with `credits`; its key and id.
+async fn account(s: &TestServer, name: &str, credits: i64) -> (String, String) {
     let created = s
         .http
         .request(Method::POST, format!("{}/admin/accounts", s.server.url()))
         .bearer_auth(OPERATOR)
-        .json(&json!({ "name": "broke", "credits": 0 }))
+        .json(&json!({ "name": name, "credits": credits }))
         .send()
         .await
         .unwrap();
     assert_eq!(created.status(), 201);
     let created: Value = created.json().await.unwrap();
-    let (key, account) = (created["key"].as_str().unwrap(), created["account"]["id"].as_str().unwrap());
-    let (status, body) = post_job(&s, &trivial(1), Some(key)).await;
+    (created["key"].as_str().unwrap().to_string(), created["account"]["id"].as_str().unwrap().to_string())
+}
+
+#[tokio::test]
+async fn an_account_without_credits_submits_nothing_on_either_surface() {
+    let s = serverless(|_, _| {}).await;
+    let (key, id) = account(&s, "broke", 0).await;
+    let (status, body) = post_job(&s, &trivial(1), Some(&key)).await;
     assert_eq!(status, 402, "{body}");
     assert_envelope(&body, "insufficient_credits");
-    let (status, body) = post_prompt(&s, &trivial(1), Some(key)).await;
+    let (status, body) = post_prompt(&s, &trivial(1), Some(&key)).await;
     assert_eq!(status, 402, "{body}");
     assert_envelope(&body, "insufficient_credits");
-    assert_eq!(s.server.state.service.queue_remaining(account), 0);
+    assert_eq!(s.server.state.service.queue_remaining(&id), 0);
+}
+
+/// With accounts, one account's own bound (`max_queued_jobs_per_account`)
+/// refuses it on both surfaces while the server has room.
+#[tokio::test]
+async fn an_account_over_its_own_queue_bound_is_refused_on_both_surfaces() {
+    let s = serverless(|c, o| {
+        c.max_running_jobs = 1;
+        o.max_running_jobs = 1;
+        c.max_queued_jobs_per_account = Some(1);
+        o.max_queued_per_account = 1;
+    })
+    .await;
+    let (key, id) = account(&s, "busy", 1_000_000).await;
+    let (status, blocker) = post_job(&s, &spinner(1), Some(&key)).await;
+    assert_eq!(status, 201, "{blocker}");
+    for _ in 0..200 {
+        if s.server.state.service.queue_position(blocker["id"].as_str().unwrap()).is_none() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (status, queued) = post_job(&s, &trivial(1), Some(&key)).await;
+    assert_eq!(status, 201, "{queued}");
+    let (status, body) = post_job(&s, &trivial(2), Some(&key)).await;
+    assert_eq!(status, 429, "{body}");
+    assert_envelope(&body, "queue_full");
+    let (status, body) = post_prompt(&s, &trivial(3), Some(&key)).await;
+    assert_eq!(status, 429, "{body}");
+    assert_envelope(&body, "queue_full");
+    assert_eq!(s.server.state.service.queue_remaining(&id), 2, "the running job and the one queued");
+    // Another account still gets in.
+    let (other, _) = account(&s, "other", 1_000_000).await;
+    let (status, body) = post_prompt(&s, &trivial(4), Some(&other)).await;
+    assert_eq!(status, 200, "{body}");
 }
