@@ -153,16 +153,21 @@ impl JobQueue {
         self.waiting.lock().ordered()
     }
 
-    /// Live jobs that `keep` accepts.
+    /// Live jobs that `keep` accepts. `keep` runs after the set's lock is
+    /// released: it may take a job's record lock (a submission holds that
+    /// lock while it joins or leaves the set).
     pub fn live_where(&self, keep: impl Fn(&LiveJob) -> bool) -> Vec<Arc<LiveJob>> {
-        self.live.read().values().filter(|job| keep(job)).cloned().collect()
+        self.live_jobs().into_iter().filter(|job| keep(job)).collect()
     }
 
     /// Waiting jobs, in the order they would run, that `keep` accepts.
     pub fn queued_where(&self, keep: impl Fn(&LiveJob) -> bool) -> Vec<Arc<LiveJob>> {
         let order = self.ordered();
-        let live = self.live.read();
-        order.iter().filter_map(|id| live.get(id)).filter(|job| keep(job)).cloned().collect()
+        let waiting: Vec<Arc<LiveJob>> = {
+            let live = self.live.read();
+            order.iter().filter_map(|id| live.get(id).cloned()).collect()
+        };
+        waiting.into_iter().filter(|job| keep(job)).collect()
     }
 
     /// Numbers a new submission.

@@ -132,6 +132,16 @@ pub fn scoped_job_key(owner: &str, id: &str) -> String {
     format!("{id}~{}", &blake3::hash(owner.as_bytes()).to_hex()[..16])
 }
 
+/// Whether `key` is a job's store key: a UUID, or a UUID scoped to its
+/// owner ([`scoped_job_key`]: `~` and 16 lowercase hex digits).
+pub fn is_job_key(key: &str) -> bool {
+    let (id, scope) = match key.split_once('~') {
+        Some((id, scope)) => (id, Some(scope)),
+        None => (key, None),
+    };
+    uuid::Uuid::parse_str(id).is_ok() && scope.is_none_or(|s| s.len() == 16 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
 /// The id a job (store key `key`) is known by on the wire: the key without
 /// its owner scope ([`scoped_job_key`]).
 pub fn public_job_id(key: &str) -> &str {
@@ -219,4 +229,20 @@ pub struct IdempotencyClaim {
     pub job_id: Option<String>,
     pub claimed_at: Micros,
     pub expires_at: Micros,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scoped_key_is_a_job_key_and_answers_by_its_id() {
+        let id = "0190d0b4-0000-7000-8000-000000000001";
+        let scoped = scoped_job_key("alice", id);
+        assert!(is_job_key(id) && is_job_key(&scoped));
+        assert_eq!(public_job_id(&scoped), id);
+        for bad in ["", "x", &format!("{id}~"), &format!("{id}~zzzzzzzzzzzzzzzz"), &format!("{id}~0123"), "~0123456789abcdef"] {
+            assert!(!is_job_key(bad), "{bad}");
+        }
+    }
 }

@@ -190,9 +190,10 @@ pub async fn list(
             }
             "cursor" if v.is_empty() => {}
             "cursor" => {
-                // Issued cursors are a job's creation time (8 bytes) and id (a UUID).
+                // Issued cursors are a job's creation time (8 bytes) and its
+                // store key: a UUID, or an owner-scoped one (`store::scoped_job_key`).
                 let bytes = hex_decode(&v)
-                    .filter(|b| b.len() == 8 + 36 && std::str::from_utf8(&b[8..]).is_ok_and(|id| uuid::Uuid::parse_str(id).is_ok()))
+                    .filter(|b| b.len() > 8 && std::str::from_utf8(&b[8..]).is_ok_and(crate::store::is_job_key))
                     .ok_or_else(|| ApiError::new(ApiCode::InvalidCursor, "The cursor was not issued by this server."))?;
                 q.cursor = Some(bytes);
             }

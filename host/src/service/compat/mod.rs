@@ -147,8 +147,18 @@ impl Service {
     /// [`Service::compat_job`]).
     pub fn compat_history(&self, owner: &str) -> Result<Vec<JobRecord>, ServiceError> {
         let keep = |j: &JobRecord| j.status.is_terminal() && j.status != JobStatus::Expired;
-        let page = self.meta.list_jobs(Some(owner), None, MAX_HISTORY, LIST_SCAN_BUDGET, &keep)?;
-        Ok(page.jobs.into_iter().rev().collect())
+        // Page by page (each within the scan budget) until the history is
+        // full or the owner's index ends.
+        let (mut jobs, mut cursor) = (Vec::new(), None);
+        while jobs.len() < MAX_HISTORY {
+            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), MAX_HISTORY - jobs.len(), LIST_SCAN_BUDGET, &keep)?;
+            jobs.extend(page.jobs);
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        Ok(jobs.into_iter().rev().collect())
     }
 
     /// One finished job; `None` while it is queued or running (ComfyUI

@@ -187,7 +187,12 @@ impl Service {
             }
             // Not written: a worker that took it meanwhile finds it no
             // longer queued.
-            Err(_) => locked.transition(JobStatus::Canceled, now_micros())?,
+            Err(_) => {
+                // (Queued under this lock: the move is always allowed.)
+                if let Err(bug) = locked.transition(JobStatus::Canceled, now_micros()) {
+                    tracing::error!(job_id = %locked.id, %bug, "cannot mark an unwritten submission");
+                }
+            }
         }
         Ok((written, position))
     }

@@ -82,9 +82,8 @@ pub(super) fn end_record(
         (false, true) => JobStatus::Canceled,
         (false, false) => ended,
     };
-    rec.transition(to, now)?;
     rec.execution_ms = rec.started_at.map(|s| (now - s) / 1000);
-    Ok(())
+    rec.transition(to, now)
 }
 
 /// The job log: the tail of the plugins' output when it is longer than
