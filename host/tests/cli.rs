@@ -290,12 +290,15 @@ fn auto_probes_the_gpu_only_when_a_node_would_use_it() {
             "4": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "s"}}}"#,
     )
     .unwrap();
-    // 256² RGB: 196608 values, GPU-sized.
+    // A 2048² RGB blur of radius 31: 1.6·10⁹ taps, ~0.4 s on one core by
+    // `auto`'s prices, ~20 ms with the upload on a GPU: worth opening the
+    // device for (an invert of the same image is not: its upload costs more).
     std::fs::write(
         dir.path().join("large.json"),
-        r#"{"1": {"class_type": "EmptyImage", "inputs": {"width": 256, "height": 256, "batch_size": 1, "color": 255}},
+        r#"{"1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 2048, "batch_size": 1, "color": 255}},
             "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
-            "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "l"}}}"#,
+            "3": {"class_type": "ImageBlur", "inputs": {"image": ["2", 0], "blur_radius": 31, "sigma": 10.0}},
+            "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}}}"#,
     )
     .unwrap();
     let run = |workflow: &str| {
@@ -303,6 +306,8 @@ fn auto_probes_the_gpu_only_when_a_node_would_use_it() {
             .args(["run", workflow, "--out", "o", "--timings"])
             .current_dir(dir.path())
             .env("KILN_GPU", "auto")
+            // The CPU's price is per kernel thread: one, whatever the machine.
+            .env("RAYON_NUM_THREADS", "1")
             .env("KILN_LOG", "kiln::gpu=debug")
             .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
             .output()
@@ -317,5 +322,7 @@ fn auto_probes_the_gpu_only_when_a_node_would_use_it() {
     // The same hook shows the probe where a node would use the GPU (on a
     // software adapter or none the node then runs on the CPU).
     let large = run("large.json");
-    assert_eq!(large.matches(kiln::gpu::PROBE_CHILD_LOG).count(), 1, "one probe for the GPU-sized node:\n{large}");
+    assert_eq!(large.matches(kiln::gpu::PROBE_CHILD_LOG).count(), 1, "one probe, for the blur:\n{large}");
+    let invert = large.lines().find(|l| l.starts_with("timing 2 ")).unwrap_or_default();
+    assert!(invert.contains(" cpu "), "the invert of a host image stays on the CPU: {invert}");
 }

@@ -96,10 +96,6 @@ fn main() {
         kiln::memory::tune_allocator();
     }
     let rt = tokio::runtime::Runtime::new().expect("tokio");
-    if std::env::var_os("KILN_BENCH_GPU").is_some() {
-        rt.block_on(gpu_bench());
-        return;
-    }
     rt.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
         // Decommits batched as `kiln run` does (the server releases each
@@ -237,78 +233,4 @@ async fn repeat(executor: &Executor, wf: &Value, inputs: &Arc<NamedInputs>, out:
         samples.push(run(executor, wf, inputs, out).await);
     }
     samples
-}
-
-/// `KILN_BENCH_GPU=1`: the heavy chain with `gpu = "off"` and `gpu =
-/// "required"`, and a memory-bound kernel on resident data (invert of a
-/// 4096² RGB image) in GB/s, GPU and host CPU kernel.
-async fn gpu_bench() {
-    use kiln::gpu::{Gpu, GpuLimits, GpuMode};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("heavy.png");
-    write_heavy_input(&input);
-    let mut named = NamedInputs::new();
-    named.insert("heavy.png", &input);
-    let named = Arc::new(named);
-    let out = dir.path().join("out");
-    let heavy = json!({
-        "1": {"class_type": "LoadImage", "inputs": {"image": "heavy.png"}},
-        "2": {"class_type": "ImageScaleBy", "inputs": {"image": ["1", 0], "upscale_method": "bilinear", "scale_by": 1.5}},
-        "3": {"class_type": "ImageBlur", "inputs": {"image": ["2", 0], "blur_radius": 8, "sigma": 4.0}},
-        "4": {"class_type": "ImageSharpen", "inputs": {"image": ["3", 0], "sharpen_radius": 2, "sigma": 1.0, "alpha": 1.0}},
-        "5": {"class_type": "SaveImage", "inputs": {"images": ["4", 0], "filename_prefix": "heavy"}}
-    });
-    for mode in [GpuMode::Off, GpuMode::Required] {
-        let config = Config { cache_dir: Some(dir.path().join("artifacts")), decommit_batch: 16, gpu: mode, ..Config::default() };
-        let runtime = Arc::new(PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).expect("config")).expect("runtime"));
-        let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("plugins"));
-        let executor = Executor::new(runtime, registry, 0, config.max_concurrency as usize);
-        let _ = run(&executor, &heavy, &named, &out).await;
-        let mut per_class: std::collections::BTreeMap<String, Vec<Duration>> = Default::default();
-        let mut samples = Vec::new();
-        for _ in 0..5 {
-            let (elapsed, nodes) = run_timed(&executor, &heavy, &named, &out).await;
-            samples.push(elapsed);
-            for (class, ms) in nodes {
-                per_class.entry(class).or_default().push(Duration::from_secs_f64(ms / 1e3));
-            }
-        }
-        let (min, p50, max) = stats(samples);
-        let nodes: Vec<String> = per_class.into_iter().map(|(class, s)| format!("{class} {:.0}", stats(s).1)).collect();
-        println!("heavy chain, gpu = {mode:?}: min {min:.0} / median {p50:.0} / max {max:.0} ms; per node median (ms): {}", nodes.join(", "));
-    }
-
-    // One channel: a 4096² RGB image (201 MB) is over lavapipe's 128 MiB
-    // storage-binding limit (the host then runs it on the CPU).
-    let values = 4096 * 4096;
-    let data: Vec<f32> = (0..values).map(|i| (i % 251) as f32 / 251.0).collect();
-    let bytes = (values * 4 * 2) as f64; // read + write
-    let never = || false;
-    let _ = kiln_kernels::convert::affine(&data, -1.0, 1.0, &never);
-    let start = Instant::now();
-    for _ in 0..5 {
-        std::hint::black_box(kiln_kernels::convert::affine(&data, -1.0, 1.0, &never).expect("affine"));
-    }
-    let cpu = start.elapsed().as_secs_f64() / 5.0;
-    println!("invert 4096² (one channel, 64 MiB) on the CPU kernel (host memory, all cores): {:.1} ms, {:.2} GB/s", cpu * 1e3, bytes / cpu / 1e9);
-    let Ok(Some(gpu)) = Gpu::start(GpuMode::Required, GpuLimits::default(), None) else {
-        println!("no GPU adapter: no GPU figures");
-        return;
-    };
-    let device = gpu.device().expect("device");
-    let src = device.upload(&data).expect("upload");
-    let deadline = || kiln::gpu::dispatch::Cutoff::at(Instant::now() + Duration::from_secs(120));
-    let _ = kiln::gpu::ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, &deadline()).expect("warm-up");
-    let start = Instant::now();
-    for _ in 0..5 {
-        drop(kiln::gpu::ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, &deadline()).expect("invert"));
-    }
-    let t = start.elapsed().as_secs_f64() / 5.0;
-    println!(
-        "invert 4096² (one channel) on the GPU, data resident ({}; binds at most {} MiB): {:.1} ms per call (allocation + dispatches in bands + waits), {:.2} GB/s",
-        gpu.info().expect("an adapter"),
-        device.max_binding_bytes() >> 20,
-        t * 1e3,
-        bytes / t / 1e9
-    );
 }

@@ -20,6 +20,16 @@ pub mod resample;
 
 pub use bands::Stop;
 
+/// Threads the kernels split their bands over: rayon's pool with the
+/// `parallel` feature (`RAYON_NUM_THREADS` sets its size), else 1.
+pub fn threads() -> usize {
+    #[cfg(feature = "parallel")]
+    let threads = rayon::current_num_threads();
+    #[cfg(not(feature = "parallel"))]
+    let threads = 1;
+    threads
+}
+
 /// The layout of a `batch × height × width × channels` tensor (row-major,
 /// channels last). A MASK is the same with one channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -89,6 +89,7 @@ impl Default for Config {
             gpu_max_dispatch_iterations: 1 << 32,
             gpu_max_source_kb: 256,
             gpu_min_auto_elements: 1 << 16,
+            gpu_pool_mb: 1024,
         }
     }
 }

@@ -114,6 +114,7 @@ const ENV_FIELDS: &[&str] = &[
     "gpu_max_dispatch_iterations",
     "gpu_max_source_kb",
     "gpu_min_auto_elements",
+    "gpu_pool_mb",
 ];
 
 /// Overlays `KILN_<FIELD>` variables on `table` (lists are `:`-separated).

@@ -358,6 +358,9 @@ pub struct Config {
     pub gpu_max_source_kb: usize,
     /// Smallest result (values) `auto` sends to a real GPU. Default 65536.
     pub gpu_min_auto_elements: usize,
+    /// Most idle device memory kept for reuse (freed tensors' buffers, by
+    /// size class), MiB. Default 1024.
+    pub gpu_pool_mb: u64,
 }
 
 /// One `[[plugin_network]]` grant (see [`Config::plugin_network`]).

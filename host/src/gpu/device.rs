@@ -5,6 +5,7 @@
 //! and anything that escapes them is logged by the uncaptured-error handler.
 //! A lost device is flagged by its callback; [`super::Gpu::device`] then
 //! builds a new one, and buffers of the old one answer `DeviceLost`.
+//! Buffers come from and go back to the device's [`Pool`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 use parking_lot::Mutex;
 
+use super::pool::{Pool, Usage, class_of};
 use super::{GpuError, GpuLimits, Kernel, TRANSFER_TIMEOUT};
 
 /// One wgpu device: the queue, its compiled kernels and whether it was lost.
@@ -27,6 +29,12 @@ pub struct Device {
     /// Largest buffer a kernel may bind: the adapter's storage-binding
     /// limit, capped by `gpu_max_buffer_mb`.
     max_binding_bytes: u64,
+    /// Idle buffers for reuse.
+    pub(crate) pool: Pool,
+    /// Test hook: read-back callbacks fire this many ms late, from another
+    /// thread (as when another thread's poll collects them).
+    #[cfg(test)]
+    pub(crate) late_callbacks_ms: AtomicU64,
 }
 
 /// Unique ids for device buffers (which node may write which).
@@ -60,7 +68,18 @@ impl Device {
             flag.store(true, Ordering::Release);
         });
         let capacity = std::num::NonZeroUsize::new(limits.max_cached_kernels.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);
-        Ok(Device { device, queue, lost, generation, kernels: Mutex::new(LruCache::new(capacity)), compiled: AtomicU64::new(0), max_binding_bytes })
+        Ok(Device {
+            device,
+            queue,
+            lost,
+            generation,
+            kernels: Mutex::new(LruCache::new(capacity)),
+            compiled: AtomicU64::new(0),
+            max_binding_bytes,
+            pool: Pool::new(limits.max_idle_bytes),
+            #[cfg(test)]
+            late_callbacks_ms: AtomicU64::new(0),
+        })
     }
 
     /// Whether the device was lost (its buffers are gone).
@@ -99,7 +118,7 @@ impl Device {
     }
 
     /// Waits for `submission` until `deadline`.
-    pub(crate) fn wait(&self, submission: wgpu::SubmissionIndex, deadline: Instant) -> Result<(), GpuError> {
+    pub fn wait(&self, submission: wgpu::SubmissionIndex, deadline: Instant) -> Result<(), GpuError> {
         let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         let waited = self.device.poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: Some(timeout) });
         if self.is_lost() {
@@ -126,9 +145,45 @@ impl Device {
         self.max_binding_bytes
     }
 
-    /// A zero-filled storage buffer of `len` f32 values (wgpu clears every
-    /// new buffer before first use, so no job sees another's data).
-    pub fn zeroed(self: &Arc<Self>, len: usize) -> Result<DeviceBuffer, GpuError> {
+    /// Buffers the driver allocated on this device, and buffers reused
+    /// from its pool instead.
+    pub fn buffer_counts(&self) -> (u64, u64) {
+        self.pool.counts()
+    }
+
+    /// Bytes of idle pooled buffers now.
+    pub fn idle_bytes(&self) -> u64 {
+        self.pool.idle_bytes()
+    }
+
+    /// A buffer of `usage` holding at least `bytes`: from the pool, else
+    /// allocated (inside error scopes: out of memory is an error, not a
+    /// panic). `fresh`: allocated now, so wgpu cleared it.
+    pub(crate) fn buffer(&self, usage: Usage, bytes: u64) -> Result<Pooled, GpuError> {
+        if self.is_lost() {
+            return Err(GpuError::DeviceLost);
+        }
+        let class = class_of(bytes).ok_or_else(|| GpuError::InvalidDispatch(format!("a buffer of {bytes} bytes")))?;
+        if let Some(buffer) = self.pool.take(usage, class) {
+            return Ok(Pooled { buffer, usage, class, fresh: false });
+        }
+        let buffer =
+            self.scoped(|| self.device.create_buffer(&wgpu::BufferDescriptor { label: None, size: class, usage: usage.wgpu(), mapped_at_creation: false }))?;
+        self.pool.count_created();
+        Ok(Pooled { buffer, usage, class, fresh: true })
+    }
+
+    /// Gives `pooled` back for reuse (not on a lost device).
+    pub(crate) fn recycle(&self, pooled: Pooled) {
+        if !self.is_lost() {
+            self.pool.give(pooled.usage, pooled.class, pooled.buffer);
+        }
+    }
+
+    /// A storage buffer of `len` f32 values whose contents are undefined:
+    /// for a result every value of which the caller writes before anything
+    /// reads it (the host's kernels write every value of their results).
+    pub(crate) fn for_overwrite(self: &Arc<Self>, len: usize) -> Result<DeviceBuffer, GpuError> {
         let size = byte_size(len)?;
         if size > self.max_binding_bytes {
             return Err(GpuError::InvalidDispatch(format!(
@@ -137,21 +192,30 @@ impl Device {
                 self.max_binding_bytes >> 20
             )));
         }
-        let buffer = self.scoped(|| {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: None,
-                size,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        })?;
-        Ok(DeviceBuffer::new(buffer, len, self.clone()))
+        let pooled = self.buffer(Usage::Storage, size)?;
+        Ok(DeviceBuffer::new(pooled, len, self.clone()))
     }
 
-    /// A storage buffer holding `data`.
+    /// A zero-filled storage buffer of `len` f32 values: a reused one is
+    /// cleared on the GPU first (queued before any later work), so no job
+    /// sees another's data.
+    pub fn zeroed(self: &Arc<Self>, len: usize) -> Result<DeviceBuffer, GpuError> {
+        let buffer = self.for_overwrite(len)?;
+        if !buffer.fresh {
+            let size = byte_size(len)?;
+            self.scoped(|| {
+                let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+                encoder.clear_buffer(buffer.raw(), 0, Some(size));
+                self.queue.submit([encoder.finish()]);
+            })?;
+        }
+        Ok(buffer)
+    }
+
+    /// A storage buffer holding `data` (queued before any later work).
     pub fn upload(self: &Arc<Self>, data: &[f32]) -> Result<DeviceBuffer, GpuError> {
-        let buffer = self.zeroed(data.len())?;
-        self.scoped(|| self.queue.write_buffer(&buffer.buffer, 0, bytemuck::cast_slice(data)))?;
+        let buffer = self.for_overwrite(data.len())?;
+        self.scoped(|| self.queue.write_buffer(buffer.raw(), 0, bytemuck::cast_slice(data)))?;
         Ok(buffer)
     }
 
@@ -160,6 +224,15 @@ impl Device {
         let floats: &[f32] = bytemuck::cast_slice(words);
         self.upload(floats)
     }
+}
+
+/// A buffer taken from (or made for) a device's pool.
+pub(crate) struct Pooled {
+    pub(crate) buffer: wgpu::Buffer,
+    usage: Usage,
+    class: u64,
+    /// Allocated now (wgpu cleared it), not reused.
+    fresh: bool,
 }
 
 fn byte_size(len: usize) -> Result<u64, GpuError> {
@@ -178,12 +251,24 @@ fn error_text(e: &wgpu::Error) -> String {
     }
 }
 
-/// A device tensor's storage: `len` f32 values on one device.
+/// A device tensor's storage: `len` f32 values on one device, in a pooled
+/// buffer that goes back to the pool when this is dropped.
 pub struct DeviceBuffer {
-    pub(crate) buffer: wgpu::Buffer,
+    buffer: wgpu::Buffer,
+    usage: Usage,
+    class: u64,
+    fresh: bool,
     len: usize,
     id: u64,
     device: Arc<Device>,
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // `wgpu::Buffer` is a shared handle: the pool keeps a clone.
+        let pooled = Pooled { buffer: self.buffer.clone(), usage: self.usage, class: self.class, fresh: false };
+        self.device.recycle(pooled);
+    }
 }
 
 impl std::fmt::Debug for DeviceBuffer {
@@ -193,8 +278,21 @@ impl std::fmt::Debug for DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    fn new(buffer: wgpu::Buffer, len: usize, device: Arc<Device>) -> DeviceBuffer {
-        DeviceBuffer { buffer, len, id: NEXT_BUFFER.fetch_add(1, Ordering::Relaxed), device }
+    fn new(pooled: Pooled, len: usize, device: Arc<Device>) -> DeviceBuffer {
+        let Pooled { buffer, usage, class, fresh } = pooled;
+        DeviceBuffer { buffer, usage, class, fresh, len, id: NEXT_BUFFER.fetch_add(1, Ordering::Relaxed), device }
+    }
+
+    /// The whole wgpu buffer (its size class: more than this tensor's bytes).
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    /// This tensor's bytes, for a bind group: never the class's slack, so a
+    /// kernel's out-of-bounds accesses stay inside its own values.
+    pub(crate) fn binding(&self) -> wgpu::BindingResource<'_> {
+        let size = std::num::NonZeroU64::new(self.len as u64 * 4);
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &self.buffer, offset: 0, size })
     }
 
     /// Number of f32 values.
@@ -217,47 +315,70 @@ impl DeviceBuffer {
         &self.device
     }
 
-    /// Copies the values to the host (a staging buffer, mapped and copied).
+    /// Copies the values to the host through a pooled staging buffer.
     pub fn read(&self) -> Result<Vec<f32>, GpuError> {
         let device = &self.device;
         let size = byte_size(self.len)?;
-        let (staging, submission) = device.scoped(|| {
-            let staging = device.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("read-back"),
-                size,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
+        let staging = device.buffer(Usage::Staging, size)?;
+        let submission = device.scoped(|| {
             let mut encoder = device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging, 0, size);
-            let submission = device.queue.submit([encoder.finish()]);
-            (staging, submission)
+            encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging.buffer, 0, size);
+            device.queue.submit([encoder.finish()])
         })?;
-        // The callback, not the poll, says the mapping is done: when another
-        // thread polls the device too, it may run the callback after our
-        // wait returned.
         let (sender, mapped) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        let notify = move |r: MapResult| {
             let _ = sender.send(r);
-        });
+        };
+        #[cfg(test)]
+        let notify = late(notify, device.late_callbacks_ms.load(Ordering::Relaxed));
+        staging.buffer.map_async(wgpu::MapMode::Read, ..size, notify);
         let deadline = Instant::now() + TRANSFER_TIMEOUT;
+        // On failure the staging buffer is dropped, not pooled: its mapping
+        // may still be pending.
         device.wait(submission, deadline)?;
-        loop {
-            match mapped.recv_timeout(Duration::from_millis(1)) {
-                Ok(Ok(())) => break,
-                Ok(Err(e)) => return Err(GpuError::Driver(e.to_string())),
-                Err(_) if device.is_lost() => return Err(GpuError::DeviceLost),
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(GpuError::Driver("the read-back mapping was dropped".into())),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if Instant::now() >= deadline => return Err(GpuError::Timeout),
-                // Not fired yet: poll so that this thread fires it if no other does.
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => device.poll_now()?,
-            }
-        }
+        wait_for_mapping(device, &mapped, deadline)?;
         let values = {
-            let view = staging.get_mapped_range(..).map_err(|e| GpuError::Driver(e.to_string()))?;
+            let view = staging.buffer.get_mapped_range(..size).map_err(|e| GpuError::Driver(e.to_string()))?;
             bytemuck::pod_collect_to_vec::<u8, f32>(&view)
         };
-        staging.unmap();
+        staging.buffer.unmap();
+        device.recycle(staging);
         Ok(values)
+    }
+}
+
+/// `notify`, run `ms` late on another thread (at once when 0).
+#[cfg(test)]
+fn late(notify: impl FnOnce(MapResult) + Send + 'static, ms: u64) -> impl FnOnce(MapResult) + Send + 'static {
+    move |r| {
+        if ms == 0 {
+            notify(r)
+        } else {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(ms));
+                notify(r)
+            });
+        }
+    }
+}
+
+/// What a buffer mapping's callback reports.
+type MapResult = Result<(), wgpu::BufferAsyncError>;
+
+/// Waits until `deadline` for a mapping's callback itself: the poll that
+/// saw the copy finish does not prove the callback ran, since another
+/// thread polling the same device may collect it and fire it later.
+fn wait_for_mapping(device: &Device, mapped: &std::sync::mpsc::Receiver<MapResult>, deadline: Instant) -> Result<(), GpuError> {
+    use std::sync::mpsc::RecvTimeoutError;
+    loop {
+        match mapped.recv_timeout(Duration::from_millis(1)) {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => return Err(GpuError::Driver(e.to_string())),
+            Err(_) if device.is_lost() => return Err(GpuError::DeviceLost),
+            Err(RecvTimeoutError::Disconnected) => return Err(GpuError::Driver("the read-back mapping was dropped".into())),
+            Err(RecvTimeoutError::Timeout) if Instant::now() >= deadline => return Err(GpuError::Timeout),
+            // Not fired yet: poll so that this thread fires it if no other does.
+            Err(RecvTimeoutError::Timeout) => device.poll_now()?,
+        }
     }
 }

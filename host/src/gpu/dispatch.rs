@@ -6,7 +6,9 @@
 
 use std::time::Instant;
 
+use super::device::Pooled;
 use super::kernel::{Kernel, Slot};
+use super::pool::Usage;
 use super::{Device, DeviceBuffer, GpuError, GpuLimits};
 
 /// Largest uniform block, bytes.
@@ -139,8 +141,12 @@ pub fn submit(device: &Device, dispatches: &[Dispatch<'_>], limits: &GpuLimits) 
     if dispatches.is_empty() {
         return Ok(None);
     }
-    let submission = device.scoped(|| {
-        let groups: Vec<Option<wgpu::BindGroup>> = dispatches.iter().map(|d| bind_group(device, d, limits)).collect();
+    let mut uniforms = Vec::new();
+    let submission = device.scoped(|| -> Result<wgpu::SubmissionIndex, GpuError> {
+        let mut groups = Vec::with_capacity(dispatches.len());
+        for d in &dispatches {
+            groups.push(bind_group(device, d, limits, &mut uniforms)?);
+        }
         let mut encoder = device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
@@ -152,44 +158,48 @@ pub fn submit(device: &Device, dispatches: &[Dispatch<'_>], limits: &GpuLimits) 
                 pass.dispatch_workgroups(d.groups.0, d.groups.1, d.groups.2);
             }
         }
-        device.queue.submit([encoder.finish()])
-    })?;
-    Ok(Some(submission))
+        Ok(device.queue.submit([encoder.finish()]))
+    });
+    // Reusable at once: later writes to them run after this submission.
+    for u in uniforms {
+        device.recycle(u);
+    }
+    Ok(Some(submission??))
+}
+
+/// Writes a uniform block into a pooled buffer kept in `uniforms`: its index
+/// there and its size (padded to 16 bytes with zeros: blocks are read whole).
+fn uniform_block(device: &Device, bytes: &[u8], uniforms: &mut Vec<Pooled>) -> Result<(usize, usize), GpuError> {
+    let mut padded = bytes.to_vec();
+    padded.resize(bytes.len().next_multiple_of(16), 0);
+    let pooled = device.buffer(Usage::Uniform, padded.len() as u64)?;
+    device.queue.write_buffer(&pooled.buffer, 0, &padded);
+    uniforms.push(pooled);
+    Ok((uniforms.len() - 1, padded.len()))
 }
 
 /// The bind group of one dispatch: its tensors, its uniforms and (for a
-/// kernel with loops) its loop budget. Runs inside [`Device::scoped`].
-fn bind_group(device: &Device, d: &Dispatch<'_>, limits: &GpuLimits) -> Option<wgpu::BindGroup> {
-    let uniform_buffer = |label: &str, bytes: &[u8]| {
-        let buffer = device.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: bytes.len() as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        device.queue.write_buffer(&buffer, 0, bytes);
-        buffer
-    };
-    // Uniform blocks are read whole: pad to 16 bytes with zeros.
-    let uniform = (!d.uniforms.is_empty()).then(|| {
-        let mut bytes = d.uniforms.to_vec();
-        bytes.resize(d.uniforms.len().next_multiple_of(16), 0);
-        uniform_buffer("uniforms", &bytes)
-    });
+/// kernel with loops) its loop budget, the uniform blocks in pooled buffers
+/// (kept in `uniforms` until submitted). Runs inside [`Device::scoped`].
+fn bind_group(device: &Device, d: &Dispatch<'_>, limits: &GpuLimits, uniforms: &mut Vec<Pooled>) -> Result<Option<wgpu::BindGroup>, GpuError> {
+    let uniform = if d.uniforms.is_empty() { None } else { Some(uniform_block(device, d.uniforms, uniforms)?) };
     // A kernel with loops reads its per-invocation budget (see `loops`).
-    let budget = d.kernel.bounded.then(|| {
+    let budget = if d.kernel.bounded {
         let value = loop_budget(limits, invocations(d.kernel, d.groups));
-        let mut bytes = [0u8; 16];
-        bytes[..4].copy_from_slice(&value.to_le_bytes());
-        uniform_buffer("loop budget", &bytes)
-    });
+        Some(uniform_block(device, &value.to_le_bytes(), uniforms)?)
+    } else {
+        None
+    };
+    let block = |(at, len): (usize, usize)| {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &uniforms[at].buffer, offset: 0, size: std::num::NonZeroU64::new(len as u64) })
+    };
     let mut entries: Vec<wgpu::BindGroupEntry<'_>> =
-        d.bindings.iter().map(|b| wgpu::BindGroupEntry { binding: b.index, resource: b.buffer.buffer.as_entire_binding() }).collect();
-    if let Some(b) = &budget {
-        entries.push(wgpu::BindGroupEntry { binding: super::loops::BUDGET_BINDING, resource: b.as_entire_binding() });
+        d.bindings.iter().map(|b| wgpu::BindGroupEntry { binding: b.index, resource: b.buffer.binding() }).collect();
+    if let Some(b) = budget {
+        entries.push(wgpu::BindGroupEntry { binding: super::loops::BUDGET_BINDING, resource: block(b) });
     }
-    if let Some(u) = &uniform {
-        entries.push(wgpu::BindGroupEntry { binding: 0, resource: u.as_entire_binding() });
+    if let Some(u) = uniform {
+        entries.push(wgpu::BindGroupEntry { binding: 0, resource: block(u) });
     }
-    d.kernel.layout.as_ref().map(|layout| device.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries }))
+    Ok(d.kernel.layout.as_ref().map(|layout| device.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })))
 }

@@ -6,6 +6,8 @@
 //! kernels (`kiln:plugin/kernels`) run here too when the device is worth it.
 //!
 //! - [`device`]: the device, its loss and re-creation, device buffers.
+//! - [`pool`]: device buffers reused by size class, idle memory bounded.
+//! - [`policy`]: where `auto` runs a kernel, transfers and the device's opening counted.
 //! - [`kernel`]: WGSL validation, loop bounding ([`loops`]), the pipeline cache.
 //! - [`dispatch`]: binding checks, bounded dispatch, captured errors.
 //! - [`ops`]: the host's WGSL versions of the pixel kernels.
@@ -15,9 +17,12 @@ pub mod dispatch;
 pub mod kernel;
 pub mod loops;
 pub mod ops;
+pub mod policy;
+mod pool;
 #[cfg(test)]
 mod tests;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -26,6 +31,8 @@ use serde::{Deserialize, Serialize};
 
 pub use device::{Device, DeviceBuffer};
 pub use kernel::Kernel;
+pub use policy::Estimate;
+use policy::{Choice, Rates, Tally};
 
 /// Whether kiln uses a GPU (`gpu` in the config, `KILN_GPU`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -66,6 +73,8 @@ pub struct GpuLimits {
     /// Smallest result (elements) for which `auto` runs a host kernel on a
     /// real GPU when its input is not already there.
     pub min_auto_elements: usize,
+    /// Most bytes of idle device buffers kept for reuse.
+    pub max_idle_bytes: u64,
 }
 
 impl Default for GpuLimits {
@@ -79,6 +88,7 @@ impl Default for GpuLimits {
             max_source_bytes: 256 << 10,
             max_cached_kernels: 256,
             min_auto_elements: 1 << 16,
+            max_idle_bytes: 1 << 30,
         }
     }
 }
@@ -131,6 +141,11 @@ pub struct Gpu {
     /// software adapter nothing uses it, and an idle lavapipe device alone
     /// costs ~70 MiB of RSS.
     current: Mutex<Option<Arc<Device>>>,
+    /// A device was opened (under `auto`: the tally reached its cost).
+    opened: AtomicBool,
+    /// `auto`'s prices, and the time the CPU lost while no device was open.
+    rates: Rates,
+    tally: Tally,
 }
 
 /// An adapter and what it is.
@@ -247,12 +262,22 @@ impl Gpu {
         if let Some((_, gpu)) = shared.iter().find(|(key, _)| *key == (mode, limits)) {
             return Ok(Some(gpu.clone()));
         }
-        let gpu = Gpu { mode, limits, probe_exe: probe_exe.map(|p| p.to_path_buf()), adapter: OnceLock::new(), current: Mutex::new(None) };
+        let gpu = Gpu {
+            mode,
+            limits,
+            probe_exe: probe_exe.map(|p| p.to_path_buf()),
+            adapter: OnceLock::new(),
+            current: Mutex::new(None),
+            opened: AtomicBool::new(false),
+            rates: Rates::for_cores(kiln_kernels::threads()),
+            tally: Tally::default(),
+        };
         if mode == GpuMode::Required {
             let (adapter, info) = probe().map_err(GpuStartError)?;
             let device = Device::create(&adapter, &limits, 0).map_err(GpuStartError)?;
             tracing::info!(adapter = %info, ?mode, "GPU ready");
             *gpu.current.lock() = Some(Arc::new(device));
+            gpu.opened.store(true, Ordering::Release);
             let _ = gpu.adapter.set(Some(Adapter { adapter, info }));
         }
         let gpu = Arc::new(gpu);
@@ -324,6 +349,7 @@ impl Gpu {
             if generation == 0 { GpuError::Driver(e) } else { GpuError::DeviceLost }
         })?);
         *current = Some(device.clone());
+        self.opened.store(true, Ordering::Release);
         Ok(device)
     }
 
@@ -339,17 +365,37 @@ impl Gpu {
         }
     }
 
-    /// Whether a host kernel producing `elements` values runs here: always
+    /// Whether a kernel call described by `estimate` runs here: always
     /// under `required`; under `auto` when an input already lives on the
-    /// device, or on a real GPU for results of at least `min_auto_elements`.
-    /// Under `auto` only the first large enough result probes the adapter:
-    /// smaller ones stay on the CPU without asking.
-    pub fn prefers(&self, elements: usize, input_on_device: bool) -> bool {
+    /// device, or for a result of at least `min_auto_elements` that
+    /// [`policy`] prices faster here, transfers included, once the device
+    /// is open (or the tally of forgone savings reached its opening's cost:
+    /// then this call probes the adapter and opens it). A call that stays
+    /// on the CPU never probes.
+    pub fn prefers(&self, estimate: &Estimate) -> bool {
         match self.mode {
             GpuMode::Off => false,
             GpuMode::Required => true,
-            GpuMode::Auto => input_on_device || (elements >= self.limits.min_auto_elements && self.adapter().is_some()),
+            GpuMode::Auto if estimate.resident => true,
+            GpuMode::Auto if estimate.values < self.limits.min_auto_elements as u64 => false,
+            // Probed, and nothing to use.
+            GpuMode::Auto if matches!(self.adapter.get(), Some(None)) => false,
+            GpuMode::Auto => match self.tally.choose(estimate, &self.rates, self.opened.load(Ordering::Acquire)) {
+                Choice::Cpu => false,
+                Choice::Gpu => true,
+                Choice::Open => self.adapter().is_some(),
+            },
         }
+    }
+
+    /// Whether a device was opened (under `auto`, only once worth it).
+    pub fn opened(&self) -> bool {
+        self.opened.load(Ordering::Acquire)
+    }
+
+    /// Nanoseconds the GPU would have saved while no device was open (`auto`).
+    pub fn forgone_ns(&self) -> u64 {
+        self.tally.forgone_ns()
     }
 }
 

@@ -154,7 +154,7 @@ fn band_header(first: usize, end: usize, limits: &GpuLimits) -> Result<([u32; 3]
 /// `scale·v + offset` for every value of `src`.
 pub fn affine(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, scale: f32, offset: f32, cutoff: &Cutoff<'_>) -> Result<DeviceBuffer, GpuError> {
     let kernel = compile(device, limits, AFFINE, "main")?;
-    let dst = device.zeroed(src.len())?;
+    let dst = device.for_overwrite(src.len())?;
     let bindings = [Bound { index: 1, buffer: src, writable: false }, Bound { index: 2, buffer: &dst, writable: true }];
     let limits = trusted(limits);
     in_bands(device, src.len(), 1, 1, cutoff, |first, end| {
@@ -181,8 +181,8 @@ pub fn convolve(
     let horizontal = compile(device, limits, CONVOLVE, "horizontal")?;
     let mirrored: Vec<f32> = (0..taps.len()).map(|j| taps[j.min(taps.len() - 1 - j)]).collect();
     let tap_buffer = device.upload(&mirrored)?;
-    let tmp = device.zeroed(src.len())?;
-    let dst = device.zeroed(src.len())?;
+    let tmp = device.for_overwrite(src.len())?;
+    let dst = device.for_overwrite(src.len())?;
     let (mode, strength) = match finish {
         Finish::Blur => (0, 0.0f32),
         Finish::Sharpen(s) => (1, s),
@@ -249,7 +249,7 @@ pub fn resize(
     let len = out.len().ok_or_else(|| GpuError::InvalidDispatch(format!("{out:?} is too large")))?;
     let kernel = compile(device, limits, RESAMPLE, "main")?;
     let tables = device.words(&table)?;
-    let dst = device.zeroed(len)?;
+    let dst = device.for_overwrite(len)?;
     let shape = [dims.channels, dims.height, dims.width, x0, y0, out.height, out.width, nx, ny].map(as_u32);
     let mut shape_words = Vec::with_capacity(shape.len());
     for w in shape {

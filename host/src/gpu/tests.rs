@@ -192,12 +192,17 @@ fn out_of_bounds_writes_stay_inside_the_buffer() {
             small[arrayLength(&small) * 1000u + 7u] = 42.0;
         }";
     let neighbour = device.upload(&[1.0; 1024]).unwrap();
+    // 16 values in a pooled buffer of 64 (its slack holding another's 3.0s):
+    // the kernel binds only its 16.
+    drop(device.upload(&[3.0; 64]).unwrap());
     let small = device.zeroed(16).unwrap();
     let kernel = compile(&device, gpu.limits(), src, "oob").unwrap();
     run(&device, &kernel, &[Bound { index: 1, buffer: &small, writable: true }], &[], (1, 1, 1), gpu.limits(), soon()).unwrap();
     assert!(neighbour.read().unwrap().iter().all(|&v| v == 1.0), "another buffer was written");
     // Clamped accesses land inside the kernel's own buffer.
     assert!(small.read().unwrap().iter().all(|&v| v == 0.0 || v == 42.0));
+    let slack = device.upload(&[0.5; 64]).unwrap();
+    assert!(slack.read().unwrap().iter().all(|&v| v == 0.5), "nothing was written past the 16 values");
 }
 
 #[test]
@@ -254,26 +259,86 @@ fn driver_errors_are_captured_not_panics() {
 fn fresh_buffers_are_zeroed() {
     let Some(gpu) = gpu() else { return };
     let device = gpu.device().unwrap();
-    // Fill and free a buffer, then allocate the same size again.
+    // Fill and free a buffer, then allocate the same size again: the pool
+    // hands the same buffer back, cleared.
     drop(device.upload(&vec![9.0; 1 << 16]).unwrap());
+    let reused = device.buffer_counts().1;
     assert!(device.zeroed(1 << 16).unwrap().read().unwrap().iter().all(|&v| v == 0.0));
+    assert!(device.buffer_counts().1 > reused, "the buffer came from the pool");
 }
 
 #[test]
 fn the_policy_follows_the_mode() {
     let Some(gpu) = gpu() else { return };
-    assert!(gpu.prefers(1, false), "required runs everything with a GPU kernel there");
+    assert!(gpu.prefers(&Estimate::pointwise(1)), "required runs everything with a GPU kernel there");
     let software = gpu.info().unwrap().software;
     // Limits of its own: a fresh `auto` GPU, not probed yet.
     let auto = Gpu::start(GpuMode::Auto, GpuLimits { max_cached_kernels: 5, ..GpuLimits::default() }, None).unwrap().unwrap();
-    assert!(!auto.prefers(1, false), "tiny results stay on the CPU");
+    assert!(!auto.prefers(&Estimate::pointwise(1)), "tiny results stay on the CPU");
+    assert!(!auto.prefers(&Estimate::pointwise(1 << 24)), "a point-wise map of host data is not worth its upload");
     assert!(auto.adapter.get().is_none(), "without probing the adapter");
-    assert_eq!(auto.prefers(1 << 20, false), !software, "large results go to a real GPU");
-    assert!(auto.adapter.get().is_some(), "probed once a result was large enough");
+    // A convolution the GPU would speed up, but by less than opening the
+    // device costs: the CPU, and the saving tallied.
+    let values = 512 * 512 * 3;
+    let blur = Estimate { values, taps: 34, upload_bytes: values * 4, resident: false };
+    assert!(blur.saving(&auto.rates) > 0.0 && blur.saving(&auto.rates) < auto.rates.open_secs);
+    assert!(!auto.prefers(&blur));
+    assert!(auto.forgone_ns() > 0 && auto.adapter.get().is_none(), "tallied, not probed");
+    // One the tally makes worth opening the device for: probed, and used on a real GPU.
+    let values = 4096 * 4096 * 3;
+    let wide = Estimate { values, taps: 126 * 64, upload_bytes: values * 4, resident: false };
+    assert_eq!(auto.prefers(&wide), !software, "large work goes to a real GPU");
+    assert!(auto.adapter.get().is_some(), "probed once the savings added up");
     assert_eq!(auto.offered(), !software, "auto keeps a real GPU only");
     assert_eq!(auto.info().is_some(), !software);
-    assert!(auto.prefers(1, true), "a resident input stays on the device");
+    assert!(!auto.prefers(&wide) || !software, "a software adapter, once probed, is not used");
+    assert!(auto.prefers(&Estimate { resident: true, ..Estimate::pointwise(1) }), "a resident input stays on the device");
     assert!(Gpu::start(GpuMode::Off, GpuLimits::default(), None).unwrap().is_none());
+}
+
+#[test]
+fn freed_buffers_are_reused_by_size_class_and_read_as_their_own_values() {
+    // Limits of its own: counts of this device only.
+    let Some(gpu) = gpu_with(GpuLimits { max_cached_kernels: 9, max_idle_bytes: 1 << 20, ..GpuLimits::default() }) else { return };
+    let device = gpu.device().unwrap();
+    let (created, reused) = device.buffer_counts();
+    // 1000 values: a 4000-byte class of 4096 bytes.
+    drop(device.upload(&vec![7.0; 1000]).unwrap());
+    let again = device.upload(&pattern(900, 3)).unwrap();
+    assert_eq!(device.buffer_counts(), (created + 1, reused + 1), "the second upload reused the first's buffer");
+    assert_eq!(again.read().unwrap(), pattern(900, 3), "only its own 900 values, not the 100 left from before");
+    // A host kernel's result in a reused buffer: every value written.
+    drop(device.upload(&vec![5.0; 900]).unwrap());
+    let out = ops::affine(&device, gpu.limits(), &again, -1.0, 1.0, &in_time()).unwrap().read().unwrap();
+    let want = kiln_kernels::convert::affine(&pattern(900, 3), -1.0, 1.0, &never).unwrap();
+    assert_close(&out, &want, "invert into a reused buffer");
+    // Idle memory stays under the bound: a 2 MiB buffer is not kept.
+    drop(device.zeroed(1 << 19).unwrap());
+    assert!(device.idle_bytes() <= 1 << 20, "{} idle bytes", device.idle_bytes());
+    let before = device.buffer_counts().0;
+    drop(device.zeroed(1 << 19).unwrap());
+    assert_eq!(device.buffer_counts().0, before + 1, "a buffer over the idle bound is allocated anew");
+}
+
+#[test]
+fn steady_host_kernels_allocate_nothing() {
+    let Some(gpu) = gpu_with(GpuLimits { max_cached_kernels: 11, ..GpuLimits::default() }) else { return };
+    let device = gpu.device().unwrap();
+    let src = device.upload(&pattern(1 << 16, 4)).unwrap();
+    let dims = Dims { batch: 1, height: 256, width: 256, channels: 1 };
+    let taps = gaussian_1d(3, 1.0);
+    let step = || {
+        let a = ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, &in_time()).unwrap();
+        let b = ops::convolve(&device, gpu.limits(), &a, dims, &taps, Finish::Blur, &in_time()).unwrap();
+        let c = ops::resize(&device, gpu.limits(), &b, dims, (0, 0, 256, 256), Dims { width: 128, height: 128, ..dims }, Method::Bilinear, &in_time()).unwrap();
+        c.read().unwrap()
+    };
+    let first = step();
+    let (created, _) = device.buffer_counts();
+    for _ in 0..5 {
+        assert_eq!(step(), first);
+    }
+    assert_eq!(device.buffer_counts().0, created, "later runs took every buffer (results, scratch, uniforms, staging) from the pool");
 }
 
 #[test]
@@ -402,6 +467,22 @@ fn banded_kernels_match_the_cpu_across_bands() {
     let (want, out) = resample::resize_image(&data, small, 700, 530, Method::Bicubic, false, &never).unwrap();
     let got = ops::resize(&device, limits, &src, small, (0, 0, 150, 100), out, Method::Bicubic, &in_time()).unwrap().read().unwrap();
     assert_close(&got, &want, "bicubic to 700×530");
+}
+
+#[test]
+fn a_read_back_waits_for_its_mapping_callback_not_for_its_poll() {
+    // Limits of its own: the hook is this device's only.
+    let Some(gpu) = gpu_with(GpuLimits { max_cached_kernels: 13, ..GpuLimits::default() }) else { return };
+    let device = gpu.device().unwrap();
+    // The callback fires 50 ms after the copy is done, from another thread:
+    // what happens when another thread's poll collected it. A read that
+    // took its poll's return for the callback found no result and failed
+    // with a timeout.
+    device.late_callbacks_ms.store(50, std::sync::atomic::Ordering::Relaxed);
+    for seed in 0..3 {
+        let values = pattern(1000, seed);
+        assert_eq!(device.upload(&values).unwrap().read().unwrap(), values);
+    }
 }
 
 #[test]

@@ -16,7 +16,7 @@ use wasmtime::component::Resource;
 use super::bindings::kiln::plugin::gpu as wit;
 use super::state::{NodeState, Stopped};
 use crate::gpu::dispatch::{Bound, run};
-use crate::gpu::{Gpu, GpuError, Kernel, kernel};
+use crate::gpu::{Estimate, Gpu, GpuError, Kernel, kernel};
 use crate::tensor::{Tensor, TensorError, element_count};
 
 /// The `kernel` resource: a compiled kernel shared with the device's cache.
@@ -117,11 +117,17 @@ impl wit::Host for NodeState {
         // which a small result must not cost; `Gpu::prefers` probes only
         // for a GPU-sized one.
         let Some(gpu) = self.gpu.gpu.clone().filter(|_| self.gpu.granted) else { return Ok(false) };
-        let mut resident = false;
+        // A plugin's kernel is priced as one read per input value and result
+        // value: its inputs on the host must be worth their upload.
+        let (mut resident, mut upload_bytes) = (false, 0u64);
         for input in &inputs {
-            resident |= self.table.get(input)?.device().is_some();
+            let t = self.table.get(input)?;
+            match t.device() {
+                Some(_) => resident = true,
+                None => upload_bytes = upload_bytes.saturating_add((t.len() as u64).saturating_mul(4)),
+            }
         }
-        Ok(gpu.prefers(usize::try_from(elements).unwrap_or(usize::MAX), resident))
+        Ok(gpu.prefers(&Estimate { values: elements, taps: 1, upload_bytes, resident }))
     }
 
     fn compile(&mut self, wgsl: String, entry_point: String) -> GpuResult<Resource<KernelHandle>> {

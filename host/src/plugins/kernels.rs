@@ -29,7 +29,7 @@ use wasmtime::component::Resource;
 use super::bindings::kiln::plugin::kernels;
 use super::state::{NodeState, Stopped};
 use crate::gpu::dispatch::Cutoff;
-use crate::gpu::{Device, DeviceBuffer, Gpu, GpuError};
+use crate::gpu::{Device, DeviceBuffer, Estimate, Gpu, GpuError};
 use crate::tensor::Tensor;
 
 /// A GPU version of a host kernel: from the device and the input's buffer to
@@ -134,12 +134,15 @@ impl NodeState {
 }
 
 impl NodeState {
-    /// The GPU a host kernel with a result of `values` elements over `input`
-    /// runs on, if the policy picks it.
-    fn gpu_for(&self, values: Option<usize>, input: &Tensor) -> Option<Arc<Gpu>> {
+    /// The GPU a host kernel with a result of `values` elements, reading
+    /// `taps` values of `input` for each, runs on, if the policy picks it
+    /// (see [`crate::gpu::policy`]).
+    fn gpu_for(&self, values: Option<usize>, taps: u64, input: &Tensor) -> Option<Arc<Gpu>> {
         let gpu = self.gpu.gpu.as_ref()?;
         let resident = input.device().is_some_and(|b| !b.device().is_lost());
-        gpu.prefers(values?, resident).then(|| gpu.clone())
+        let upload_bytes = if resident { 0 } else { (input.len() as u64).saturating_mul(4) };
+        let estimate = Estimate { values: values? as u64, taps, upload_bytes, resident };
+        gpu.prefers(&estimate).then(|| gpu.clone())
     }
 
     /// Runs `op` on the GPU with the same charges as [`Self::compute`]; the
@@ -206,7 +209,8 @@ impl kernels::Host for NodeState {
         if let Err(KernelError::Invalid(m)) = convolve::check(dims, &taps, finish) {
             return invalid(m);
         }
-        if let Some(gpu) = self.gpu_for(Some(t.len()), &t) {
+        // Both passes read every tap for each value.
+        if let Some(gpu) = self.gpu_for(Some(t.len()), 2 * taps.len() as u64, &t) {
             let limits = *gpu.limits();
             let op: GpuOp<'_> = Box::new(|device, src, cutoff| crate::gpu::ops::convolve(device, &limits, src, dims, &taps, finish, cutoff));
             if let Some(done) = self.compute_gpu(&gpu, &t, t.shape().to_vec(), op) {
@@ -226,7 +230,7 @@ impl kernels::Host for NodeState {
 
     fn affine(&mut self, t: Resource<Tensor>, scale: f32, offset: f32) -> KernelResult<Resource<Tensor>> {
         let t = self.table.get(&t)?.clone();
-        if let Some(gpu) = self.gpu_for(Some(t.len()), &t) {
+        if let Some(gpu) = self.gpu_for(Some(t.len()), 1, &t) {
             let limits = *gpu.limits();
             let op: GpuOp<'_> = Box::new(|device, src, cutoff| crate::gpu::ops::affine(device, &limits, src, scale, offset, cutoff));
             if let Some(done) = self.compute_gpu(&gpu, &t, t.shape().to_vec(), op) {
@@ -288,8 +292,9 @@ impl NodeState {
             Ok(out) => out,
             Err(e) => return invalid(e.to_string()),
         };
+        // The linear methods read about 2 source values per axis.
         if method != Method::Lanczos
-            && let Some(gpu) = self.gpu_for(out.len(), &t)
+            && let Some(gpu) = self.gpu_for(out.len(), 4, &t)
         {
             let region = match crop_center {
                 Some(true) => resample::center_crop(dims.width, dims.height, width, height),

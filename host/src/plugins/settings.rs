@@ -123,6 +123,7 @@ fn gpu_limits(config: &Config) -> GpuLimits {
         max_dispatch_iterations: config.gpu_max_dispatch_iterations.max(1),
         max_source_bytes: config.gpu_max_source_kb.saturating_mul(1024),
         min_auto_elements: config.gpu_min_auto_elements,
+        max_idle_bytes: config.gpu_pool_mb.saturating_mul(1 << 20),
         ..GpuLimits::default()
     }
 }

@@ -377,7 +377,10 @@ impl Service {
     pub fn end_account_work(&self, owner: &str) -> usize {
         let streams = self.streams.close_owner(owner);
         // Its own jobs, and the demo jobs its public deployments bill to it.
-        let jobs = self.queue.live_jobs().into_iter().filter(|j| &*j.owner == owner || self.billed_account(&j.snapshot()) == owner);
+        let mut jobs: Vec<_> = self.queue.live_jobs().into_iter().filter(|j| &*j.owner == owner || self.billed_account(&j.snapshot()) == owner).collect();
+        // Queued ones first: canceling a running job frees its slot, and a
+        // queued job of the same account must not start in it meanwhile.
+        jobs.sort_by_cached_key(|j| j.record.lock().status != JobStatus::Queued);
         let mut canceled = 0;
         for job in jobs {
             let id = job.record.lock().id.clone();

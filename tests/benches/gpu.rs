@@ -1,0 +1,271 @@
+//! GPU benchmark: the four workflows of the GPU path under `gpu = off`,
+//! `auto` and `required` in one process (whole-run and per-node medians),
+//! then the device on its own: the fixed cost of a host kernel call, the
+//! driver allocations per call, the resident 4096² invert in GB/s (one
+//! call, and many dispatches in one submission), and read-back throughput.
+//!
+//! `cargo bench -p kiln-tests --bench gpu`; `KILN_BENCH_BANDWIDTH_GBS`: the
+//! device's memory bandwidth, to print the invert as a fraction of it;
+//! `KILN_BENCH_WRITE_INPUTS=DIR`: only write the input PNGs (64², 2048²,
+//! 4096²) for whole-process runs (`tests/benches/gpu-box.sh`). Figures go
+//! to BENCHMARKS.md.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kiln::config::Config;
+use kiln::executor::{Executor, RunContext, RunStatus};
+use kiln::files::{DirOutputs, NamedInputs};
+use kiln::gpu::dispatch::{Bound, Cutoff, Dispatch, submit};
+use kiln::gpu::{Gpu, GpuLimits, GpuMode};
+use kiln::plugins::{NodeRegistry, PluginRuntime};
+use kiln::workflow::{Workflow, validate};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// The workflows: name, input side, runs, workflow (its input is `input.png`).
+fn workflows() -> Vec<(&'static str, u32, usize, Value)> {
+    let load = json!({"class_type": "LoadImage", "inputs": {"image": "input.png"}});
+    let heavy = json!({
+        "1": load,
+        "2": {"class_type": "ImageScaleBy", "inputs": {"image": ["1", 0], "upscale_method": "bilinear", "scale_by": 1.5}},
+        "3": {"class_type": "ImageBlur", "inputs": {"image": ["2", 0], "blur_radius": 8, "sigma": 4.0}},
+        "4": {"class_type": "ImageSharpen", "inputs": {"image": ["3", 0], "sharpen_radius": 2, "sigma": 1.0, "alpha": 1.0}},
+        "5": {"class_type": "SaveImage", "inputs": {"images": ["4", 0], "filename_prefix": "heavy"}}
+    });
+    let blur_chain = json!({
+        "1": load,
+        "2": {"class_type": "ImageBlur", "inputs": {"image": ["1", 0], "blur_radius": 31, "sigma": 10.0}},
+        "3": {"class_type": "ImageSharpen", "inputs": {"image": ["2", 0], "sharpen_radius": 2, "sigma": 1.0, "alpha": 1.0}},
+        "4": {"class_type": "ImageInvert", "inputs": {"image": ["3", 0]}},
+        "5": {"class_type": "ImageScaleBy", "inputs": {"image": ["4", 0], "upscale_method": "bilinear", "scale_by": 0.25}},
+        "6": {"class_type": "SaveImage", "inputs": {"images": ["5", 0], "filename_prefix": "blur-chain"}}
+    });
+    let trivial = json!({"1": load, "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "trivial"}}});
+    vec![("trivial 64²", 64, 10, trivial), ("heavy 2048²", 2048, 5, heavy.clone()), ("heavy 4096²", 4096, 3, heavy), ("blur chain 4096²", 4096, 3, blur_chain)]
+}
+
+/// A w×h RGB PNG of gradients with noise (the engine bench's picture).
+fn write_input(path: &Path, side: u32) {
+    let mut px = Vec::with_capacity((side * side * 3) as usize);
+    for y in 0..side {
+        for x in 0..side {
+            let noise = ((x.wrapping_mul(73856093) ^ y.wrapping_mul(19349663)) >> 7) as u8 & 31;
+            px.extend_from_slice(&[
+                ((x * 255 / side) as u8).wrapping_add(noise),
+                ((y * 255 / side) as u8).wrapping_add(noise),
+                (((x + y) * 127 / side) as u8) ^ noise,
+            ]);
+        }
+    }
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path).expect("create input")), side, side);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    enc.write_header().and_then(|mut wr| wr.write_image_data(&px)).expect("encode input");
+}
+
+/// Runs once; the wall time and each node's `(class, ms, device)`.
+async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInputs>, out: &Path) -> (Duration, Vec<(String, f64)>) {
+    let nodes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = nodes.clone();
+    let parsed = Workflow::from_json(workflow, &Default::default()).expect("workflow parses");
+    let start = Instant::now();
+    let (plan, issues) = validate(&parsed, executor.registry(), inputs.as_ref()).expect("workflow validates");
+    assert!(issues.is_empty(), "{issues:?}");
+    let ctx = RunContext {
+        job_id: "bench".into(),
+        prompt: Arc::from(workflow.to_string()),
+        extra_pnginfo: None,
+        inputs: inputs.clone(),
+        outputs: Arc::new(DirOutputs::new(out, out.join("temp"))),
+        events: Arc::new(move |e| {
+            if let kiln::executor::Event::Executed { class_type, elapsed_ms, .. } = e {
+                sink.lock().expect("events").push((class_type, elapsed_ms));
+            }
+        }),
+        cancel: CancellationToken::new(),
+        secrets: Default::default(),
+        branches: None,
+        budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED),
+        cache_scope: String::new(),
+        funds: None,
+    };
+    let outcome = executor.run(&plan, ctx).await;
+    let elapsed = start.elapsed();
+    assert!(matches!(outcome.status, RunStatus::Succeeded), "{:?}", outcome.status);
+    let nodes = std::mem::take(&mut *nodes.lock().expect("events"));
+    (elapsed, nodes)
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    if let Some(dir) = std::env::var_os("KILN_BENCH_WRITE_INPUTS") {
+        let dir = Path::new(&dir);
+        std::fs::create_dir_all(dir).expect("input dir");
+        for side in [64, 2048, 4096] {
+            write_input(&dir.join(format!("input-{side}.png")), side);
+        }
+        return;
+    }
+    kiln::memory::tune_allocator();
+    let rt = tokio::runtime::Runtime::new().expect("tokio");
+    rt.block_on(workflows_in_process());
+    device_figures();
+}
+
+/// Each workflow under each mode, one executor per mode (so `auto`'s tally
+/// carries over from run to run, as in a server).
+async fn workflows_in_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out");
+    for mode in [GpuMode::Off, GpuMode::Auto, GpuMode::Required] {
+        let config = Config { cache_dir: Some(dir.path().join("artifacts")), decommit_batch: 16, gpu: mode, ..Config::default() };
+        let runtime_config = kiln::plugins::RuntimeConfig::from_config(&config).expect("config");
+        let gpu = runtime_config.gpu.clone();
+        let runtime = Arc::new(PluginRuntime::new(runtime_config).expect("runtime"));
+        let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("plugins"));
+        let executor = Executor::new(runtime, registry, 0, config.max_concurrency as usize);
+        for (name, side, runs, workflow) in workflows() {
+            let input = dir.path().join(format!("input-{side}.png"));
+            if !input.exists() {
+                write_input(&input, side);
+            }
+            let mut named = NamedInputs::new();
+            named.insert("input.png", &input);
+            let named = Arc::new(named);
+            let _ = run_timed(&executor, &workflow, &named, &out).await;
+            let (mut walls, mut per_class) = (Vec::new(), BTreeMap::<String, Vec<f64>>::new());
+            for _ in 0..runs {
+                let (wall, nodes) = run_timed(&executor, &workflow, &named, &out).await;
+                walls.push(wall.as_secs_f64() * 1e3);
+                for (class, ms) in nodes {
+                    per_class.entry(class).or_default().push(ms);
+                }
+            }
+            let nodes: Vec<String> = per_class.into_iter().map(|(class, ms)| format!("{class} {:.1}", median(ms))).collect();
+            let device =
+                gpu.as_ref().map_or("no device".to_string(), |g| format!("device opened: {}, forgone {:.0} ms", g.opened(), g.forgone_ns() as f64 / 1e6));
+            println!("{name}, gpu = {mode:?} ({device}): median {:.1} ms over {runs}; per node (ms): {}", median(walls), nodes.join(", "));
+        }
+    }
+}
+
+/// A bench-local invert kernel over `n` values (one value per invocation).
+const INVERT: &str = "@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = id.y * groups.x * 256u + id.x;
+    if (i < arrayLength(&dst)) { dst[i] = 1.0 - src[i]; }
+}";
+
+fn device_figures() {
+    let Ok(Some(gpu)) = Gpu::start(GpuMode::Required, GpuLimits::default(), None) else {
+        println!("no GPU adapter: no device figures");
+        return;
+    };
+    let device = gpu.device().expect("device");
+    let limits = *gpu.limits();
+    let info = gpu.info().expect("an adapter");
+    let cutoff = || Cutoff::at(Instant::now() + Duration::from_secs(120));
+    println!("device: {info}; binds at most {} MiB", device.max_binding_bytes() >> 20);
+
+    // The fixed cost of a host kernel call: an invert of 256 resident values.
+    let tiny = device.upload(&vec![0.5; 256]).expect("upload");
+    for _ in 0..20 {
+        drop(kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("warm-up"));
+    }
+    let calls = 500;
+    let (created, reused) = device.buffer_counts();
+    let start = Instant::now();
+    for _ in 0..calls {
+        drop(kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("tiny invert"));
+    }
+    let per_call = start.elapsed().as_secs_f64() / calls as f64;
+    let (created2, reused2) = device.buffer_counts();
+    println!(
+        "host kernel call on 256 resident values (result buffer + uniforms + submit + wait): {:.1} µs per call; driver allocations per call {:.3}, pooled buffers per call {:.2}",
+        per_call * 1e6,
+        (created2 - created) as f64 / calls as f64,
+        (reused2 - reused) as f64 / calls as f64
+    );
+
+    // The resident 4096² one-channel invert (64 MiB in, 64 MiB out).
+    let values = 4096 * 4096;
+    let data: Vec<f32> = (0..values).map(|i| (i % 251) as f32 / 251.0).collect();
+    let bytes = (values * 4 * 2) as f64;
+    let bandwidth = std::env::var("KILN_BENCH_BANDWIDTH_GBS").ok().and_then(|v| v.parse::<f64>().ok());
+    let share = |gbs: f64| bandwidth.map_or(String::new(), |b| format!(" ({:.0} % of {b:.0} GB/s)", 100.0 * gbs / b));
+    let never = || false;
+    let start = Instant::now();
+    for _ in 0..5 {
+        std::hint::black_box(kiln_kernels::convert::affine(&data, -1.0, 1.0, &never).expect("affine"));
+    }
+    let cpu = start.elapsed().as_secs_f64() / 5.0;
+    println!("invert 4096² (one channel) on the CPU kernel, all cores: {:.2} ms, {:.1} GB/s", cpu * 1e3, bytes / cpu / 1e9);
+    let src = device.upload(&data).expect("upload");
+    for _ in 0..3 {
+        drop(kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("warm-up"));
+    }
+    let mut samples = Vec::new();
+    for _ in 0..20 {
+        let start = Instant::now();
+        drop(kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("invert"));
+        samples.push(start.elapsed().as_secs_f64());
+    }
+    let t = median(samples);
+    println!(
+        "invert 4096² (one channel) resident, one host kernel call (pooled result + dispatch + wait): median {:.3} ms, {:.1} GB/s{}",
+        t * 1e3,
+        bytes / t / 1e9,
+        share(bytes / t / 1e9)
+    );
+
+    // Many dispatches in one submission: the kernel's own throughput.
+    let kernel = kiln::gpu::kernel::compile(&device, &limits, INVERT, "main").expect("compile");
+    let dst = device.zeroed(values).expect("dst");
+    let bindings = [Bound { index: 1, buffer: &src, writable: false }, Bound { index: 2, buffer: &dst, writable: true }];
+    let groups = ((values as u32 / 256).min(limits.max_workgroups_per_dim), (values as u32 / 256).div_ceil(limits.max_workgroups_per_dim), 1);
+    let batch = 50;
+    let dispatches: Vec<Dispatch<'_>> = (0..batch).map(|_| Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &[], groups }).collect();
+    let run_batch = || {
+        let submission = submit(&device, &dispatches, &limits).expect("submit").expect("work");
+        device.wait(submission, Instant::now() + Duration::from_secs(60)).expect("wait");
+    };
+    run_batch();
+    let mut samples = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        run_batch();
+        samples.push(start.elapsed().as_secs_f64() / batch as f64);
+    }
+    let t = median(samples);
+    println!(
+        "invert 4096² (one channel) resident, {batch} dispatches per submission: {:.3} ms per dispatch, {:.1} GB/s{}",
+        t * 1e3,
+        bytes / t / 1e9,
+        share(bytes / t / 1e9)
+    );
+    let expected = 1.0 - data[12345];
+    assert!((dst.read().expect("read")[12345] - expected).abs() < 1e-6, "the batch computed the invert");
+
+    // Read-back of a 3072² RGB result (113 MB) through pooled staging.
+    let big = device.upload(&vec![0.25; 3072 * 3072 * 3]).expect("upload");
+    let _ = big.read().expect("warm-up");
+    let mut samples = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        std::hint::black_box(big.read().expect("read"));
+        samples.push(start.elapsed().as_secs_f64());
+    }
+    let t = median(samples);
+    println!("read-back of 3072² RGB (113 MB): median {:.1} ms, {:.1} GB/s; upload of the same: see the workflows' ImageScaleBy", t * 1e3, 113.2e6 / t / 1e9);
+    let (created, reused) = device.buffer_counts();
+    println!("device buffers: {created} allocated by the driver, {reused} reused from the pool; {} MiB idle", device.idle_bytes() >> 20);
+}
