@@ -18,7 +18,7 @@ if ! ldconfig -p | grep -q libvulkan.so.1; then
     for deb in "$dir"/libvulkan1_*.deb; do dpkg -x "$deb" "$work/root"; done
     export LD_LIBRARY_PATH="$work/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null
 KILN_BENCH_WRITE_INPUTS="$work/in" "$dir/gpu-bench"
 workflows=examples/workflows
 cases=("trivial:trivial.json:64" "heavy-2048:heavy-chain.json:2048" "heavy-4096:heavy-chain.json:4096" "blur-chain-4096:blur-chain.json:4096")

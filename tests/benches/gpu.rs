@@ -156,6 +156,15 @@ async fn workflows_in_process() {
     }
 }
 
+/// The same with four values per invocation (`vec4` loads and stores).
+const INVERT4: &str = "@group(0) @binding(1) var<storage, read> src: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> dst: array<vec4<f32>>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = id.y * groups.x * 256u + id.x;
+    if (i < arrayLength(&dst)) { dst[i] = vec4<f32>(1.0) - src[i]; }
+}";
+
 /// A bench-local invert kernel over `n` values (one value per invocation).
 const INVERT: &str = "@group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
@@ -176,7 +185,10 @@ fn device_figures() {
     let cutoff = || Cutoff::at(Instant::now() + Duration::from_secs(120));
     println!("device: {info}; binds at most {} MiB", device.max_binding_bytes() >> 20);
 
-    // The fixed cost of a host kernel call: an invert of 256 resident values.
+    // The fixed cost of a host kernel call: an invert of 256 resident
+    // values. Pipelined: calls one after another, each reading the last's
+    // result (a chain of GPU nodes), one read at the end; round trip: each
+    // call's result read back.
     let tiny = device.upload(&vec![0.5; 256]).expect("upload");
     for _ in 0..20 {
         drop(kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("warm-up"));
@@ -184,17 +196,32 @@ fn device_figures() {
     let calls = 500;
     let (created, reused) = device.buffer_counts();
     let start = Instant::now();
-    for _ in 0..calls {
-        drop(kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("tiny invert"));
+    let mut last = kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("tiny invert");
+    for _ in 1..calls {
+        last = kiln::gpu::ops::affine(&device, &limits, &last, -1.0, 1.0, &cutoff()).expect("tiny invert");
     }
+    let chained = last.read().expect("read");
     let per_call = start.elapsed().as_secs_f64() / calls as f64;
+    assert!(chained.iter().all(|&v| (v - 0.5).abs() < 1e-6), "the chain computed");
     let (created2, reused2) = device.buffer_counts();
     println!(
-        "host kernel call on 256 resident values (result buffer + uniforms + submit + wait): {:.1} µs per call; driver allocations per call {:.3}, pooled buffers per call {:.2}",
+        "host kernel call on 256 resident values, chained (result buffer + uniforms + submit; one read at the end): {:.1} µs per call; driver allocations per call {:.3}, pooled buffers per call {:.2}",
         per_call * 1e6,
         (created2 - created) as f64 / calls as f64,
         (reused2 - reused) as f64 / calls as f64
     );
+    let start = Instant::now();
+    for _ in 0..200 {
+        std::hint::black_box(kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("tiny invert").read().expect("read"));
+    }
+    println!("host kernel call on 256 resident values with its read-back (two submissions, two waits): {:.1} µs per call", start.elapsed().as_secs_f64() / 200.0 * 1e6);
+    let start = Instant::now();
+    for _ in 0..200 {
+        let out = kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("tiny invert");
+        device.finish(Instant::now() + Duration::from_secs(60)).expect("finish");
+        drop(out);
+    }
+    println!("host kernel call on 256 resident values and a wait for it (round trip): {:.1} µs per call", start.elapsed().as_secs_f64() / 200.0 * 1e6);
 
     // The resident 4096² one-channel invert (64 MiB in, 64 MiB out).
     let values = 4096 * 4096;
@@ -216,44 +243,65 @@ fn device_figures() {
     let mut samples = Vec::new();
     for _ in 0..20 {
         let start = Instant::now();
-        drop(kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("invert"));
+        let out = kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("invert");
+        device.finish(Instant::now() + Duration::from_secs(60)).expect("finish");
+        drop(out);
         samples.push(start.elapsed().as_secs_f64());
     }
     let t = median(samples);
     println!(
-        "invert 4096² (one channel) resident, one host kernel call (pooled result + dispatch + wait): median {:.3} ms, {:.1} GB/s{}",
+        "invert 4096² (one channel) resident, one host kernel call and a wait for it (pooled result + dispatch + wait): median {:.3} ms, {:.1} GB/s{}",
         t * 1e3,
         bytes / t / 1e9,
         share(bytes / t / 1e9)
     );
 
-    // Many dispatches in one submission: the kernel's own throughput.
-    let kernel = kiln::gpu::kernel::compile(&device, &limits, INVERT, "main").expect("compile");
+    // Many dispatches in one submission: the kernel's own throughput, after
+    // a second of work (the device leaves its idle clocks), one value and
+    // four values per invocation.
     let dst = device.zeroed(values).expect("dst");
     let bindings = [Bound { index: 1, buffer: &src, writable: false }, Bound { index: 2, buffer: &dst, writable: true }];
-    let groups = ((values as u32 / 256).min(limits.max_workgroups_per_dim), (values as u32 / 256).div_ceil(limits.max_workgroups_per_dim), 1);
-    let batch = 50;
-    let dispatches: Vec<Dispatch<'_>> = (0..batch).map(|_| Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &[], groups }).collect();
-    let run_batch = || {
-        let submission = submit(&device, &dispatches, &limits).expect("submit").expect("work");
-        device.wait(submission, Instant::now() + Duration::from_secs(60)).expect("wait");
-    };
-    run_batch();
+    for (label, source, per_invocation) in [("one value", INVERT, 1), ("four values (vec4)", INVERT4, 4)] {
+        let kernel = kiln::gpu::kernel::compile(&device, &limits, source, "main").expect("compile");
+        let groups_needed = (values / per_invocation) as u32 / 256;
+        let groups = (groups_needed.min(limits.max_workgroups_per_dim), groups_needed.div_ceil(limits.max_workgroups_per_dim), 1);
+        let batch = 50;
+        let dispatches: Vec<Dispatch<'_>> = (0..batch).map(|_| Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &[], groups }).collect();
+        let run_batch = || {
+            let submission = submit(&device, &dispatches, &limits).expect("submit").expect("work");
+            device.wait(submission, Instant::now() + Duration::from_secs(60)).expect("wait");
+        };
+        let warm = Instant::now();
+        while warm.elapsed() < Duration::from_secs(1) {
+            run_batch();
+        }
+        let mut samples = Vec::new();
+        for _ in 0..5 {
+            let start = Instant::now();
+            run_batch();
+            samples.push(start.elapsed().as_secs_f64() / batch as f64);
+        }
+        let t = median(samples);
+        println!(
+            "invert 4096² (one channel) resident, {label} per invocation, {batch} dispatches per submission: {:.3} ms per dispatch, {:.1} GB/s{}",
+            t * 1e3,
+            bytes / t / 1e9,
+            share(bytes / t / 1e9)
+        );
+        let expected = 1.0 - data[12345];
+        assert!((dst.read().expect("read")[12345] - expected).abs() < 1e-6, "the batch computed the invert");
+    }
+    // The host kernel call again, now that the clocks are up.
     let mut samples = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..20 {
         let start = Instant::now();
-        run_batch();
-        samples.push(start.elapsed().as_secs_f64() / batch as f64);
+        let out = kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("invert");
+        device.finish(Instant::now() + Duration::from_secs(60)).expect("finish");
+        drop(out);
+        samples.push(start.elapsed().as_secs_f64());
     }
     let t = median(samples);
-    println!(
-        "invert 4096² (one channel) resident, {batch} dispatches per submission: {:.3} ms per dispatch, {:.1} GB/s{}",
-        t * 1e3,
-        bytes / t / 1e9,
-        share(bytes / t / 1e9)
-    );
-    let expected = 1.0 - data[12345];
-    assert!((dst.read().expect("read")[12345] - expected).abs() < 1e-6, "the batch computed the invert");
+    println!("invert 4096² (one channel) resident, host kernel call after the warm-up: median {:.3} ms, {:.1} GB/s{}", t * 1e3, bytes / t / 1e9, share(bytes / t / 1e9));
 
     // Read-back of a 3072² RGB result (113 MB) through pooled staging.
     let big = device.upload(&vec![0.25; 3072 * 3072 * 3]).expect("upload");

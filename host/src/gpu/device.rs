@@ -131,6 +131,13 @@ impl Device {
         }
     }
 
+    /// Waits until `deadline` for all work submitted so far (an empty
+    /// submission, waited for: the queue runs in order).
+    pub fn finish(&self, deadline: Instant) -> Result<(), GpuError> {
+        let submission = self.queue.submit([]);
+        self.wait(submission, deadline)
+    }
+
     /// Processes finished work without blocking: runs the callbacks due.
     fn poll_now(&self) -> Result<(), GpuError> {
         let polled = self.device.poll(wgpu::PollType::Poll);

@@ -8,6 +8,9 @@
 //! of output values (whole rows for a convolution), its offset passed as a
 //! uniform; each band is one submission, waited for before the next, and
 //! the node's [`Cutoff`] (deadline, cancellation) is asked between bands.
+//! The last band is submitted and not waited for: the next reader of the
+//! result (the next kernel's first band, a read-back) waits for it, in
+//! queue order, so a chain of GPU nodes pays one round trip to the device.
 //! A submitted dispatch runs to its end whether anyone waits or not (a
 //! driver may even run it inside `submit`), so a band is all that can run
 //! past the deadline: one huge dispatch had the node fail in time on
@@ -88,7 +91,7 @@ impl BandSizer {
 }
 
 /// Runs `len` output values band by band: `band(first, end)` submits one
-/// band, which is waited for; between bands the `cutoff` is asked, and past
+/// band, which is waited for (all but the last); between bands the `cutoff` is asked, and past
 /// it the kernel stops with [`GpuError::Timeout`]. `cost`: taps per value.
 fn in_bands(
     device: &Device,
@@ -107,8 +110,12 @@ fn in_bands(
         }
         let end = sizer.end(first, len);
         let band_started = Instant::now();
-        if let Some(submission) = band(first, end)? {
-            device.wait(submission, cutoff.deadline)?;
+        // The last band is not waited for: whoever reads the result next
+        // (a read-back, the next kernel's first band) waits for it, so a
+        // chain of GPU nodes pays one round trip, not one per node.
+        match band(first, end)? {
+            Some(submission) if end < len => device.wait(submission, cutoff.deadline)?,
+            _ => {}
         }
         sizer.ran(end - first, band_started.elapsed());
         first = end;
