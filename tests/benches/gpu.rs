@@ -7,8 +7,9 @@
 //! `cargo bench -p kiln-tests --bench gpu`; `KILN_BENCH_BANDWIDTH_GBS`: the
 //! device's memory bandwidth, to print the invert as a fraction of it;
 //! `KILN_BENCH_WRITE_INPUTS=DIR`: only write the input PNGs (64², 2048²,
-//! 4096²) for whole-process runs (`tests/benches/gpu-box.sh`). Figures go
-//! to BENCHMARKS.md.
+//! 4096²) for whole-process runs (`tests/benches/gpu-box.sh`);
+//! `KILN_BENCH_DEVICE_ONLY=1`: only the device figures. Figures go to
+//! BENCHMARKS.md.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -114,8 +115,10 @@ fn main() {
         return;
     }
     kiln::memory::tune_allocator();
-    let rt = tokio::runtime::Runtime::new().expect("tokio");
-    rt.block_on(workflows_in_process());
+    if std::env::var_os("KILN_BENCH_DEVICE_ONLY").is_none() {
+        let rt = tokio::runtime::Runtime::new().expect("tokio");
+        rt.block_on(workflows_in_process());
+    }
     device_figures();
 }
 
@@ -189,7 +192,7 @@ fn device_figures() {
     // values. Pipelined: calls one after another, each reading the last's
     // result (a chain of GPU nodes), one read at the end; round trip: each
     // call's result read back.
-    let tiny = device.upload(&vec![0.5; 256]).expect("upload");
+    let tiny = device.upload(&vec![0.25; 256]).expect("upload");
     for _ in 0..20 {
         drop(kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("warm-up"));
     }
@@ -202,7 +205,8 @@ fn device_figures() {
     }
     let chained = last.read().expect("read");
     let per_call = start.elapsed().as_secs_f64() / calls as f64;
-    assert!(chained.iter().all(|&v| (v - 0.5).abs() < 1e-6), "the chain computed");
+    // An even number of inverts of 0.25: 0.25 again (an odd one: 0.75).
+    assert!(chained.iter().all(|&v| (v - 0.25).abs() < 1e-6), "the chain computed");
     let (created2, reused2) = device.buffer_counts();
     println!(
         "host kernel call on 256 resident values, chained (result buffer + uniforms + submit; one read at the end): {:.1} µs per call; driver allocations per call {:.3}, pooled buffers per call {:.2}",
@@ -214,7 +218,10 @@ fn device_figures() {
     for _ in 0..200 {
         std::hint::black_box(kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("tiny invert").read().expect("read"));
     }
-    println!("host kernel call on 256 resident values with its read-back (two submissions, two waits): {:.1} µs per call", start.elapsed().as_secs_f64() / 200.0 * 1e6);
+    println!(
+        "host kernel call on 256 resident values with its read-back (two submissions, two waits): {:.1} µs per call",
+        start.elapsed().as_secs_f64() / 200.0 * 1e6
+    );
     let start = Instant::now();
     for _ in 0..200 {
         let out = kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("tiny invert");
@@ -291,6 +298,25 @@ fn device_figures() {
         let expected = 1.0 - data[12345];
         assert!((dst.read().expect("read")[12345] - expected).abs() < 1e-6, "the batch computed the invert");
     }
+    // Host kernel calls chained on the resident image (each inverts the
+    // last's result, as GPU nodes in a chain do), one wait at the end.
+    let chained = |calls: usize| {
+        let start = Instant::now();
+        let mut last = kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("invert");
+        for _ in 1..calls {
+            last = kiln::gpu::ops::affine(&device, &limits, &last, -1.0, 1.0, &cutoff()).expect("invert");
+        }
+        device.finish(Instant::now() + Duration::from_secs(60)).expect("finish");
+        start.elapsed().as_secs_f64() / calls as f64
+    };
+    chained(20);
+    let t = median((0..5).map(|_| chained(20)).collect());
+    println!(
+        "invert 4096² (one channel) resident, host kernel calls chained 20 deep, one wait: {:.3} ms per call, {:.1} GB/s{}",
+        t * 1e3,
+        bytes / t / 1e9,
+        share(bytes / t / 1e9)
+    );
     // The host kernel call again, now that the clocks are up.
     let mut samples = Vec::new();
     for _ in 0..20 {
@@ -301,7 +327,12 @@ fn device_figures() {
         samples.push(start.elapsed().as_secs_f64());
     }
     let t = median(samples);
-    println!("invert 4096² (one channel) resident, host kernel call after the warm-up: median {:.3} ms, {:.1} GB/s{}", t * 1e3, bytes / t / 1e9, share(bytes / t / 1e9));
+    println!(
+        "invert 4096² (one channel) resident, host kernel call after the warm-up: median {:.3} ms, {:.1} GB/s{}",
+        t * 1e3,
+        bytes / t / 1e9,
+        share(bytes / t / 1e9)
+    );
 
     // Read-back of a 3072² RGB result (113 MB) through pooled staging.
     let big = device.upload(&vec![0.25; 3072 * 3072 * 3]).expect("upload");

@@ -144,7 +144,7 @@ pub struct Gpu {
     /// A device was opened (under `auto`: the tally reached its cost).
     opened: AtomicBool,
     /// `auto`'s prices, and the time the CPU lost while no device was open.
-    rates: Rates,
+    rates: OnceLock<Rates>,
     tally: Tally,
 }
 
@@ -269,7 +269,7 @@ impl Gpu {
             adapter: OnceLock::new(),
             current: Mutex::new(None),
             opened: AtomicBool::new(false),
-            rates: Rates::for_cores(kiln_kernels::threads()),
+            rates: OnceLock::new(),
             tally: Tally::default(),
         };
         if mode == GpuMode::Required {
@@ -380,12 +380,18 @@ impl Gpu {
             GpuMode::Auto if estimate.values < self.limits.min_auto_elements as u64 => false,
             // Probed, and nothing to use.
             GpuMode::Auto if matches!(self.adapter.get(), Some(None)) => false,
-            GpuMode::Auto => match self.tally.choose(estimate, &self.rates, self.opened.load(Ordering::Acquire)) {
+            GpuMode::Auto => match self.tally.choose(estimate, self.rates(), self.opened.load(Ordering::Acquire)) {
                 Choice::Cpu => false,
                 Choice::Gpu => true,
                 Choice::Open => self.adapter().is_some(),
             },
         }
+    }
+
+    /// `auto`'s prices, for the kernels' threads (asked on first use: that
+    /// starts their pool, which a run that never prices a kernel need not).
+    pub fn rates(&self) -> &Rates {
+        self.rates.get_or_init(|| Rates::for_cores(kiln_kernels::threads()))
     }
 
     /// Whether a device was opened (under `auto`, only once worth it).

@@ -34,6 +34,7 @@ use super::kernel::compile;
 use super::{Device, DeviceBuffer, GpuError, GpuLimits};
 
 const AFFINE: &str = include_str!("shaders/affine.wgsl");
+const AFFINE4: &str = include_str!("shaders/affine4.wgsl");
 const CONVOLVE: &str = include_str!("shaders/convolve.wgsl");
 const RESAMPLE: &str = include_str!("shaders/resample.wgsl");
 
@@ -158,13 +159,17 @@ fn band_header(first: usize, end: usize, limits: &GpuLimits) -> Result<([u32; 3]
     Ok(([as_u32(first)?, as_u32(end)?, gx], (gx, gy, 1)))
 }
 
-/// `scale·v + offset` for every value of `src`.
+/// `scale·v + offset` for every value of `src`: four values per invocation
+/// when the length is a multiple of 4 (whole `vec4` loads and stores), one
+/// otherwise.
 pub fn affine(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, scale: f32, offset: f32, cutoff: &Cutoff<'_>) -> Result<DeviceBuffer, GpuError> {
-    let kernel = compile(device, limits, AFFINE, "main")?;
+    let (source, width) = if src.len() % 4 == 0 { (AFFINE4, 4) } else { (AFFINE, 1) };
+    let kernel = compile(device, limits, source, "main")?;
     let dst = device.for_overwrite(src.len())?;
     let bindings = [Bound { index: 1, buffer: src, writable: false }, Bound { index: 2, buffer: &dst, writable: true }];
     let limits = trusted(limits);
-    in_bands(device, src.len(), 1, 1, cutoff, |first, end| {
+    // Bands count the kernel's elements (vec4s or values), each `width` values of work.
+    in_bands(device, src.len() / width, 1, width as u64, cutoff, |first, end| {
         let (header, groups) = band_header(first, end, &limits)?;
         let uniforms = words(&[header[0], header[1], header[2], scale.to_bits(), offset.to_bits()]);
         submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits)

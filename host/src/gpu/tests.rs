@@ -64,11 +64,14 @@ fn assert_close(gpu: &[f32], cpu: &[f32], what: &str) {
 fn affine_matches_the_cpu() {
     let Some(gpu) = gpu() else { return };
     let device = gpu.device().unwrap();
-    let data = pattern(1000, 1);
-    let src = device.upload(&data).unwrap();
-    let out = ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, &in_time()).unwrap().read().unwrap();
-    let want = kiln_kernels::convert::affine(&data, -1.0, 1.0, &never).unwrap();
-    assert_close(&out, &want, "invert");
+    // A multiple of 4 (the vec4 kernel) and not (one value per invocation).
+    for len in [1000, 1001, 3] {
+        let data = pattern(len, 1);
+        let src = device.upload(&data).unwrap();
+        let out = ops::affine(&device, gpu.limits(), &src, -1.0, 1.0, &in_time()).unwrap().read().unwrap();
+        let want = kiln_kernels::convert::affine(&data, -1.0, 1.0, &never).unwrap();
+        assert_close(&out, &want, &format!("invert of {len} values"));
+    }
 }
 
 #[test]
@@ -281,7 +284,7 @@ fn the_policy_follows_the_mode() {
     // device costs: the CPU, and the saving tallied.
     let values = 512 * 512 * 3;
     let blur = Estimate { values, taps: 34, upload_bytes: values * 4, resident: false };
-    assert!(blur.saving(&auto.rates) > 0.0 && blur.saving(&auto.rates) < auto.rates.open_secs);
+    assert!(blur.saving(auto.rates()) > 0.0 && blur.saving(auto.rates()) < auto.rates().open_secs);
     assert!(!auto.prefers(&blur));
     assert!(auto.forgone_ns() > 0 && auto.adapter.get().is_none(), "tallied, not probed");
     // One the tally makes worth opening the device for: probed, and used on a real GPU.
@@ -460,6 +463,12 @@ fn banded_kernels_match_the_cpu_across_bands() {
         let want = convolve::separable(&data, dims, &taps, finish, &never).unwrap();
         assert_close(&got, &want, &format!("r{radius} sigma {sigma} {finish:?}"));
     }
+    // An invert past the first band's 2²⁴ values, four per invocation.
+    let data = pattern((1 << 24) + (1 << 20) + 4, 7);
+    let src = device.upload(&data).unwrap();
+    let got = ops::affine(&device, limits, &src, 2.0, -0.5, &in_time()).unwrap().read().unwrap();
+    assert_close(&got, &kiln_kernels::convert::affine(&data, 2.0, -0.5, &never).unwrap(), "affine across bands");
+    drop(src);
     // A bicubic upscale to 1.1·10⁶ values of 16 taps: several bands.
     let small = Dims { batch: 1, height: 100, width: 150, channels: 3 };
     let data = pattern(small.len().unwrap(), 6);
