@@ -352,3 +352,37 @@ async fn gpu_nodes_on_parallel_branches_succeed_every_time() {
     assert!(first.iter().enumerate().all(|(b, png)| first.iter().skip(b + 1).all(|other| other != png)), "the branches' images differ from each other");
     eprintln!("{runs} runs of {BRANCHES} parallel GPU branches: all succeeded with the same bytes in {:?}", started.elapsed());
 }
+
+/// A SaveImage whose input lives on the GPU only encodes it straight from
+/// the mapped read-back: the pixels are the invert of the input's.
+#[tokio::test]
+async fn a_gpu_result_is_encoded_from_its_read_back() {
+    let Some(env) = gpu_env().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.png");
+    let px: Vec<u8> = (0..300 * 200 * 3).map(|i| ((i * 13 + 7) % 256) as u8).collect();
+    crate::support::write_png(&input, 300, 200, 3, &px);
+    let workflow = serde_json::json!({
+        "1": {"class_type": "LoadImage", "inputs": {"image": "in.png"}},
+        "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "inv"}}
+    });
+    let executor = kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 1);
+    let mut opts = crate::support::RunOpts::new(dir.path());
+    opts.inputs.insert("in.png".to_string(), input);
+    let ran = crate::support::run_with(&executor, workflow, opts).await;
+    assert!(matches!(ran.outcome.status, kiln::executor::RunStatus::Succeeded), "{:?}", ran.outcome.status);
+    let gpu_nodes: Vec<String> = ran
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            kiln::executor::Event::Executed { class_type, on_gpu: true, .. } => Some(class_type.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(gpu_nodes, ["ImageInvert"], "the invert ran on the GPU");
+    let (w, h, channels, got, _) = crate::support::read_png(&dir.path().join("inv_00001_.png"));
+    assert_eq!((w, h, channels), (300, 200, 3));
+    let worst = got.iter().zip(&px).map(|(&g, &p)| (i32::from(g) - (255 - i32::from(p))).abs()).max().unwrap();
+    assert!(worst <= 1, "the saved image is the input's invert (worst difference {worst} levels)");
+}

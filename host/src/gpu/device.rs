@@ -324,6 +324,12 @@ impl DeviceBuffer {
 
     /// Copies the values to the host through a pooled staging buffer.
     pub fn read(&self) -> Result<Vec<f32>, GpuError> {
+        self.map_read(|values| values.to_vec())
+    }
+
+    /// Runs `f` over the values as they arrive in a mapped staging buffer,
+    /// without a host copy of the tensor (an encoder reads them there).
+    pub fn map_read<T>(&self, f: impl FnOnce(&[f32]) -> T) -> Result<T, GpuError> {
         let device = &self.device;
         let size = byte_size(self.len)?;
         let staging = device.buffer(Usage::Staging, size)?;
@@ -344,13 +350,18 @@ impl DeviceBuffer {
         // may still be pending.
         device.wait(submission, deadline)?;
         wait_for_mapping(device, &mapped, deadline)?;
-        let values = {
+        let value = {
             let view = staging.buffer.get_mapped_range(..size).map_err(|e| GpuError::Driver(e.to_string()))?;
-            bytemuck::pod_collect_to_vec::<u8, f32>(&view)
+            // Mapped ranges are aligned far beyond an f32's 4 bytes; a copy
+            // only if a driver ever hands out less.
+            match bytemuck::try_cast_slice::<u8, f32>(&view) {
+                Ok(values) => f(values),
+                Err(_) => f(&bytemuck::pod_collect_to_vec::<u8, f32>(&view)),
+            }
         };
         staging.buffer.unmap();
         device.recycle(staging);
-        Ok(values)
+        Ok(value)
     }
 }
 

@@ -163,7 +163,7 @@ fn band_header(first: usize, end: usize, limits: &GpuLimits) -> Result<([u32; 3]
 /// when the length is a multiple of 4 (whole `vec4` loads and stores), one
 /// otherwise.
 pub fn affine(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, scale: f32, offset: f32, cutoff: &Cutoff<'_>) -> Result<DeviceBuffer, GpuError> {
-    let (source, width) = if src.len() % 4 == 0 { (AFFINE4, 4) } else { (AFFINE, 1) };
+    let (source, width) = if src.len().is_multiple_of(4) { (AFFINE4, 4) } else { (AFFINE, 1) };
     let kernel = compile(device, limits, source, "main")?;
     let dst = device.for_overwrite(src.len())?;
     let bindings = [Bound { index: 1, buffer: src, writable: false }, Bound { index: 2, buffer: &dst, writable: true }];

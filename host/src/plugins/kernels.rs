@@ -270,6 +270,21 @@ impl kernels::Host for NodeState {
             Ok(buffers) => buffers,
             Err(m) => return Ok(Err(kernels::KernelError::BudgetExceeded(m))),
         };
+        // A result still on the GPU only: encoded straight from the mapped
+        // read-back (charged while mapped), without a host copy of its values.
+        if !t.is_on_host()
+            && let Some(buffer) = t.device()
+        {
+            let _staging = match self.charge_job(t.byte_len()) {
+                Ok(staging) => staging,
+                Err(m) => return Ok(Err(kernels::KernelError::BudgetExceeded(m))),
+            };
+            let text = text.clone();
+            match buffer.map_read(|values| self.run_kernel(|stop| codec::encode_png(values, dims, index as usize, text, stop))) {
+                Ok(encoded) => return Ok(encoded?.map_err(kernels::KernelError::Invalid)),
+                Err(e) => tracing::warn!(error = %e, "cannot map the GPU result for encoding: reading it back"),
+            }
+        }
         Ok(self.run_kernel(|stop| codec::encode_png(host_data(&t)?, dims, index as usize, text, stop))?.map_err(kernels::KernelError::Invalid))
     }
 }
