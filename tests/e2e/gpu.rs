@@ -18,7 +18,7 @@ use tokio::sync::OnceCell;
 use crate::support::{HOSTILE_MANIFEST, HOSTILE_WASM, install_plugin, test_config};
 
 /// The node classes with a GPU path.
-const GPU_CLASSES: [&str; 10] = [
+const GPU_CLASSES: [&str; 12] = [
     "ImageScale",
     "ImageScaleBy",
     "ImageBlur",
@@ -29,6 +29,8 @@ const GPU_CLASSES: [&str; 10] = [
     "InvertMask",
     "ThresholdMask",
     "MaskComposite",
+    "GrowMask",
+    "FeatherMask",
 ];
 
 /// The iterations one kernel invocation may run in the GPU suite.

@@ -218,10 +218,16 @@ pub const FEATHER_MASK: NodeClass = NodeClass {
             .output("MASK", "MASK")
     },
     run: |inputs| {
-        let mut mask = inputs.mask("mask")?;
         let s = [inputs.usize("left")?, inputs.usize("top")?, inputs.usize("right")?, inputs.usize("bottom")?];
-        feather_mask(&mut mask, s[0], s[1], s[2], s[3]);
-        Ok(vec![Output::Mask(mask)])
+        let on_cpu = || -> Result<Mask> {
+            let mut mask = inputs.mask("mask")?;
+            feather_mask(&mut mask, s[0], s[1], s[2], s[3]);
+            Ok(mask)
+        };
+        if let Some(out) = crate::gpu::feather(inputs.tensor("mask")?, s[0], s[1], s[2], s[3], || on_cpu()?.to_tensor()) {
+            return Ok(vec![Output::Tensor(out?)]);
+        }
+        Ok(vec![Output::Mask(on_cpu()?)])
     },
 };
 
@@ -270,8 +276,12 @@ pub const GROW_MASK: NodeClass = NodeClass {
             .output("MASK", "MASK")
     },
     run: |inputs| {
-        let mask = inputs.mask("mask")?;
-        Ok(vec![Output::Mask(grow_mask(&mask, inputs.int("expand")?, inputs.boolean("tapered_corners")?))])
+        let (expand, tapered) = (inputs.int("expand")?, inputs.boolean("tapered_corners")?);
+        let on_cpu = || -> Result<Mask> { Ok(grow_mask(&inputs.mask("mask")?, expand, tapered)) };
+        if let Some(out) = crate::gpu::grow(inputs.tensor("mask")?, expand, tapered, || on_cpu()?.to_tensor()) {
+            return Ok(vec![Output::Tensor(out?)]);
+        }
+        Ok(vec![Output::Mask(on_cpu()?)])
     },
 };
 
