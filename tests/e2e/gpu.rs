@@ -388,3 +388,32 @@ async fn a_gpu_result_is_encoded_from_its_read_back() {
     let worst = got.iter().zip(&px).map(|(&g, &p)| (i32::from(g) - (255 - i32::from(p))).abs()).max().unwrap();
     assert!(worst <= 1, "the saved image is the input's invert (worst difference {worst} levels)");
 }
+
+/// GrowMask's steps on the GPU take turns between two masks: a hundred steps
+/// of a 256² mask fit a node tensor budget of 4 MiB (a new mask per step
+/// would take 25 MiB), and the dot grows into the 201² square the CPU gives.
+#[tokio::test]
+async fn a_long_grow_mask_on_the_gpu_holds_two_masks() {
+    if gpu_env().await.is_none() {
+        return;
+    }
+    let config = kiln::config::Config { gpu: kiln::gpu::GpuMode::Required, node_tensor_budget_mb: 4, ..test_config() };
+    let runtime = Arc::new(PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap());
+    let registry = NodeRegistry::load_all(&runtime, &[]).await.unwrap();
+    let (plugin, _) = registry.get("GrowMask").unwrap();
+    let mut px = vec![0.0f32; 256 * 256];
+    px[128 * 256 + 128] = 1.0;
+    let mask = kiln::tensor::Tensor::new(vec![1, 256, 256], px).unwrap();
+    let inputs = [("mask".to_string(), Value::Tensor(mask)), ("expand".to_string(), Value::Int(100)), ("tapered_corners".to_string(), Value::Bool(false))];
+    let out = tempfile::tempdir().unwrap();
+    let done = runtime.execute(plugin, "GrowMask", &inputs, io(out.path(), kiln::budget::JobLimits::UNLIMITED), &Default::default()).await.unwrap();
+    assert!(done.on_gpu, "ran on the GPU");
+    let Value::Tensor(t) = &done.values[0] else { panic!("{:?}", done.values) };
+    let data = t.data().unwrap();
+    for y in 0..256usize {
+        for x in 0..256usize {
+            let want = if x.abs_diff(128) <= 100 && y.abs_diff(128) <= 100 { 1.0 } else { 0.0 };
+            assert_eq!(data[y * 256 + x], want, "({x}, {y})");
+        }
+    }
+}

@@ -30,25 +30,49 @@ fn failed(e: impl std::fmt::Display) -> KernelError {
 /// bands of rows once `stop` says so.
 pub fn encode_png(data: &[f32], dims: Dims, index: usize, text: Vec<(String, String)>, stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
     dims.check(data)?;
+    check_image(dims, index, &text)?;
+    let frame = dims.frame_len();
+    let pixels = to_u8(&data[index * frame..(index + 1) * frame], stop)?;
+    encode_pixels(&pixels, dims, text, stop)
+}
+
+/// Encodes one image's 8-bit values (`H×W×C` of `dims`, already converted
+/// as [`to_u8`] does: the GPU path converts on the device and reads back a
+/// quarter of the bytes) as [`encode_png`] does.
+pub fn encode_png_u8(pixels: &[u8], dims: Dims, text: Vec<(String, String)>, stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
+    check_image(dims, 0, &text)?;
+    if pixels.len() != dims.frame_len() {
+        return Err(KernelError::Invalid(format!("{} bytes for a {}×{}×{} image", pixels.len(), dims.height, dims.width, dims.channels)));
+    }
+    encode_pixels(pixels, dims, text, stop)
+}
+
+/// What every encode checks first: the text's size, the channels, the index.
+fn check_image(dims: Dims, index: usize, text: &[(String, String)]) -> Result<(), KernelError> {
     let text_bytes: usize = text.iter().map(|(k, v)| k.len() + v.len()).sum();
     if text_bytes > MAX_TEXT_BYTES {
         return Err(KernelError::Invalid(format!("{text_bytes} bytes of PNG text; at most {MAX_TEXT_BYTES}")));
     }
-    let color = match dims.channels {
-        1 => png::ColorType::Grayscale,
-        3 => png::ColorType::Rgb,
-        4 => png::ColorType::Rgba,
-        c => return Err(KernelError::Invalid(format!("cannot encode an image with {c} channels as a PNG"))),
-    };
+    if !matches!(dims.channels, 1 | 3 | 4) {
+        return Err(KernelError::Invalid(format!("cannot encode an image with {} channels as a PNG", dims.channels)));
+    }
     if index >= dims.batch {
         return Err(KernelError::Invalid(format!("image {index} of a batch of {}", dims.batch)));
     }
-    let (Ok(width), Ok(height)) = (u32::try_from(dims.width), u32::try_from(dims.height)) else {
+    if u32::try_from(dims.width).is_err() || u32::try_from(dims.height).is_err() {
         return Err(KernelError::Invalid(format!("cannot encode a {}×{} PNG", dims.width, dims.height)));
-    };
-    let frame = dims.frame_len();
-    let pixels = to_u8(&data[index * frame..(index + 1) * frame], stop)?;
+    }
+    Ok(())
+}
 
+/// The PNG of one image's 8-bit values (checked by [`check_image`]).
+fn encode_pixels(pixels: &[u8], dims: Dims, text: Vec<(String, String)>, stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
+    let color = match dims.channels {
+        1 => png::ColorType::Grayscale,
+        3 => png::ColorType::Rgb,
+        _ => png::ColorType::Rgba,
+    };
+    let (width, height) = (dims.width as u32, dims.height as u32);
     let mut out = Vec::with_capacity(pixels.len() / 2 + 1024);
     let mut encoder = png::Encoder::new(&mut out, width, height);
     encoder.set_color(color);

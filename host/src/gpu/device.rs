@@ -29,6 +29,8 @@ pub struct Device {
     /// Largest buffer a kernel may bind: the adapter's storage-binding
     /// limit, capped by `gpu_max_buffer_mb`.
     max_binding_bytes: u64,
+    /// Largest buffer the device allocates (staging included).
+    max_buffer_bytes: u64,
     /// Idle buffers for reuse.
     pub(crate) pool: Pool,
     /// Test hook: read-back callbacks fire this many ms late, from another
@@ -58,6 +60,7 @@ impl Device {
             ..wgpu::Limits::downlevel_defaults()
         };
         let max_binding_bytes = required.max_storage_buffer_binding_size.min(required.max_buffer_size);
+        let max_buffer_bytes = required.max_buffer_size;
         let descriptor = wgpu::DeviceDescriptor { label: Some("kiln"), required_limits: required, ..Default::default() };
         let (device, queue) = pollster::block_on(adapter.request_device(&descriptor)).map_err(|e| format!("cannot open the GPU device: {e}"))?;
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| tracing::warn!(error = %e, "GPU error outside any operation")));
@@ -76,6 +79,7 @@ impl Device {
             kernels: Mutex::new(LruCache::new(capacity)),
             compiled: AtomicU64::new(0),
             max_binding_bytes,
+            max_buffer_bytes,
             pool: Pool::new(limits.max_idle_bytes),
             #[cfg(test)]
             late_callbacks_ms: AtomicU64::new(0),
@@ -170,12 +174,25 @@ impl Device {
         if self.is_lost() {
             return Err(GpuError::DeviceLost);
         }
-        let class = class_of(bytes).ok_or_else(|| GpuError::InvalidDispatch(format!("a buffer of {bytes} bytes")))?;
+        // A size class over the device's largest buffer: exactly the size
+        // asked (pooled under that size alone).
+        let class = class_of(bytes)
+            .filter(|&c| c <= self.max_buffer_bytes)
+            .or_else(|| bytes.checked_next_multiple_of(4))
+            .ok_or_else(|| GpuError::InvalidDispatch(format!("a buffer of {bytes} bytes")))?;
         if let Some(buffer) = self.pool.take(usage, class) {
             return Ok(Pooled { buffer, usage, class, fresh: false });
         }
-        let buffer =
-            self.scoped(|| self.device.create_buffer(&wgpu::BufferDescriptor { label: None, size: class, usage: usage.wgpu(), mapped_at_creation: false }))?;
+        let create =
+            || self.scoped(|| self.device.create_buffer(&wgpu::BufferDescriptor { label: None, size: class, usage: usage.wgpu(), mapped_at_creation: false }));
+        let buffer = match create() {
+            // Out of device memory with idle buffers kept: release them, once.
+            Err(GpuError::Driver(_)) if self.pool.idle_bytes() > 0 => {
+                self.pool.release_all();
+                create()?
+            }
+            other => other?,
+        };
         self.pool.count_created();
         Ok(Pooled { buffer, usage, class, fresh: true })
     }

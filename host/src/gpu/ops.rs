@@ -37,6 +37,7 @@ const AFFINE: &str = include_str!("shaders/affine.wgsl");
 const AFFINE4: &str = include_str!("shaders/affine4.wgsl");
 const CONVOLVE: &str = include_str!("shaders/convolve.wgsl");
 const RESAMPLE: &str = include_str!("shaders/resample.wgsl");
+const TO_U8: &str = include_str!("shaders/to_u8.wgsl");
 
 /// Threads per workgroup of every kernel here (`@workgroup_size(256)`).
 const GROUP: u64 = 256;
@@ -141,7 +142,7 @@ fn trusted(limits: &GpuLimits) -> GpuLimits {
     GpuLimits { max_dispatch_iterations: u64::MAX, ..*limits }
 }
 
-fn words(values: &[u32]) -> Vec<u8> {
+fn words_of(values: &[u32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
@@ -171,7 +172,29 @@ pub fn affine(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, scal
     // Bands count the kernel's elements (vec4s or values), each `width` values of work.
     in_bands(device, src.len() / width, 1, width as u64, cutoff, |first, end| {
         let (header, groups) = band_header(first, end, &limits)?;
-        let uniforms = words(&[header[0], header[1], header[2], scale.to_bits(), offset.to_bits()]);
+        let uniforms = words_of(&[header[0], header[1], header[2], scale.to_bits(), offset.to_bits()]);
+        submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits)
+    })?;
+    Ok(dst)
+}
+
+/// The 8-bit values of `count` values of `src` from `base` (one image of a
+/// batch), as `kiln_kernels::convert::to_u8` computes them, packed four to
+/// a word: a buffer of `count.div_ceil(4)` words whose bytes, in order, are
+/// the image's (the last word padded with zeros).
+pub fn to_u8(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, base: usize, count: usize, cutoff: &Cutoff<'_>) -> Result<DeviceBuffer, GpuError> {
+    if base.checked_add(count).is_none_or(|end| end > src.len()) || count == 0 {
+        return Err(GpuError::InvalidDispatch(format!("{count} values from {base} of {}", src.len())));
+    }
+    let kernel = compile(device, limits, TO_U8, "main")?;
+    let words = count.div_ceil(4);
+    let dst = device.for_overwrite(words)?;
+    let bindings = [Bound { index: 1, buffer: src, writable: false }, Bound { index: 2, buffer: &dst, writable: true }];
+    let limits = trusted(limits);
+    let (base, count) = (as_u32(base)?, as_u32(count)?);
+    in_bands(device, words, 1, 4, cutoff, |first, end| {
+        let (header, groups) = band_header(first, end, &limits)?;
+        let uniforms = words_of(&[header[0], header[1], header[2], base, count]);
         submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits)
     })?;
     Ok(dst)
@@ -217,7 +240,7 @@ pub fn convolve(
     let row = dims.width.saturating_mul(dims.channels);
     in_bands(device, src.len(), row, 2 * taps.len() as u64, cutoff, |first, end| {
         let (header, groups) = band_header(first, end, &limits)?;
-        let uniforms = words(&[header[0], header[1], header[2], height, width, channels, radius, mode, strength.to_bits()]);
+        let uniforms = words_of(&[header[0], header[1], header[2], height, width, channels, radius, mode, strength.to_bits()]);
         let passes = [
             Dispatch { kernel: &vertical, bindings: &vertical_bindings, uniforms: &uniforms, groups },
             Dispatch { kernel: &horizontal, bindings: &horizontal_bindings, uniforms: &uniforms, groups },
@@ -275,7 +298,7 @@ pub fn resize(
     let limits = trusted(limits);
     in_bands(device, len, 1, (nx as u64).saturating_mul(ny as u64), cutoff, |first, end| {
         let (header, groups) = band_header(first, end, &limits)?;
-        let uniforms = words(&[&header[..], &shape_words].concat());
+        let uniforms = words_of(&[&header[..], &shape_words].concat());
         submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits)
     })?;
     Ok(dst)

@@ -127,8 +127,9 @@ impl Tally {
         if open {
             return Choice::Gpu;
         }
-        let ns = (saving * 1e9).min(u64::MAX as f64 / 4.0) as u64;
-        let forgone = self.forgone_ns.fetch_add(ns, Ordering::AcqRel).saturating_add(ns);
+        let ns = (saving * 1e9).min(u64::MAX as f64) as u64;
+        let before = self.forgone_ns.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| Some(f.saturating_add(ns))).unwrap_or(u64::MAX);
+        let forgone = before.saturating_add(ns);
         if forgone as f64 >= rates.open_secs * 1e9 { Choice::Open } else { Choice::Cpu }
     }
 

@@ -110,6 +110,16 @@ impl Pool {
         drop(released);
     }
 
+    /// Releases every idle buffer (when the device runs out of memory).
+    pub(crate) fn release_all(&self) {
+        let released = {
+            let mut idle = self.idle.lock();
+            idle.bytes = 0;
+            std::mem::take(&mut idle.buffers)
+        };
+        drop(released);
+    }
+
     /// Counts a buffer the driver allocated.
     pub(crate) fn count_created(&self) {
         self.created.fetch_add(1, Ordering::Relaxed);

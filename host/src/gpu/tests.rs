@@ -516,3 +516,24 @@ fn concurrent_read_backs_each_wait_for_their_own_mapping() {
         }
     });
 }
+
+#[test]
+fn eight_bit_conversion_matches_the_cpu_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    let device = gpu.device().unwrap();
+    // Edge values (NaN, infinities, out of range, exact steps) and noise;
+    // a second "image" after the first, and lengths not a multiple of 4.
+    let mut data = vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.5, 1.5, 0.0, 1.0, 1.0 / 255.0, 254.5 / 255.0, 0.999_999];
+    data.extend(pattern(2000, 9));
+    let src = device.upload(&data).unwrap();
+    for (base, count) in [(0, data.len()), (0, 7), (3, 1001), (data.len() - 5, 5)] {
+        let packed = ops::to_u8(&device, gpu.limits(), &src, base, count, &in_time()).unwrap();
+        assert_eq!(packed.len(), count.div_ceil(4));
+        let words = packed.read().unwrap();
+        let bytes: &[u8] = bytemuck::cast_slice(&words);
+        let want = kiln_kernels::convert::to_u8(&data[base..base + count], &never).unwrap();
+        assert_eq!(&bytes[..count], &want[..], "{count} values from {base}");
+        assert!(bytes[count..].iter().all(|&b| b == 0), "padding is zero");
+    }
+    assert!(ops::to_u8(&device, gpu.limits(), &src, data.len() - 2, 3, &in_time()).is_err(), "past the end is refused");
+}

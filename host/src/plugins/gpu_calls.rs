@@ -122,7 +122,7 @@ impl wit::Host for NodeState {
         let (mut resident, mut upload_bytes) = (false, 0u64);
         for input in &inputs {
             let t = self.table.get(input)?;
-            match t.device() {
+            match t.device().filter(|b| !b.device().is_lost()) {
                 Some(_) => resident = true,
                 None => upload_bytes = upload_bytes.saturating_add((t.len() as u64).saturating_mul(4)),
             }

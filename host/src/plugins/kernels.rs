@@ -38,6 +38,9 @@ type GpuOp<'a> = Box<dyn FnOnce(&Arc<Device>, &DeviceBuffer, &Cutoff<'_>) -> Res
 
 type KernelResult<T> = wasmtime::Result<Result<T, kernels::KernelError>>;
 
+/// One image's 8-bit values packed four to a word on the device, and its byte count.
+type Packed = (DeviceBuffer, usize);
+
 fn invalid<T>(message: impl Into<String>) -> KernelResult<T> {
     Ok(Err(kernels::KernelError::Invalid(message.into())))
 }
@@ -143,6 +146,30 @@ impl NodeState {
         let upload_bytes = if resident { 0 } else { (input.len() as u64).saturating_mul(4) };
         let estimate = Estimate { values: values? as u64, taps, upload_bytes, resident };
         gpu.prefers(&estimate).then(|| gpu.clone())
+    }
+
+    /// Image `index` of a device tensor converted to 8 bits on its device:
+    /// the packed buffer and the image's byte count. `None`: no GPU path
+    /// (run the CPU one); `Some(Err)`: the node stopped (deadline, cancel).
+    fn gpu_pixels(&mut self, t: &Tensor, dims: Dims, index: usize) -> Option<Result<Packed, KernelResult<Vec<u8>>>> {
+        let limits = *self.gpu.gpu.as_ref()?.limits();
+        let src = t.device().filter(|b| !b.device().is_lost())?;
+        let frame = dims.frame_len();
+        let cancel = self.stop.cancel.clone();
+        let cancelled = move || cancel.is_cancelled();
+        let cutoff = Cutoff { deadline: self.stop.deadline, cancelled: &cancelled };
+        match crate::gpu::ops::to_u8(src.device(), &limits, src, index.checked_mul(frame)?, frame, &cutoff) {
+            Ok(packed) => Some(Ok((packed, frame))),
+            Err(GpuError::Timeout) => {
+                let why = if self.stop.cancel.is_cancelled() { Stopped::Cancelled } else { Stopped::Deadline };
+                self.stop.stopped = Some(why);
+                Some(Err(Err(wasmtime::Error::msg("GPU kernel stopped"))))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "GPU 8-bit conversion failed: converting on the CPU");
+                None
+            }
+        }
     }
 
     /// Runs `op` on the GPU with the same charges as [`Self::compute`]; the
@@ -270,19 +297,31 @@ impl kernels::Host for NodeState {
             Ok(buffers) => buffers,
             Err(m) => return Ok(Err(kernels::KernelError::BudgetExceeded(m))),
         };
-        // A result still on the GPU only: encoded straight from the mapped
-        // read-back (charged while mapped), without a host copy of its values.
+        // A result still on the GPU only: converted to 8 bits there and
+        // encoded from the mapped read-back of those bytes (a quarter of the
+        // f32s, no host copy of the tensor).
         if !t.is_on_host()
-            && let Some(buffer) = t.device()
+            && let Some(pixels) = self.gpu_pixels(&t, dims, index as usize)
         {
-            let _staging = match self.charge_job(t.byte_len()) {
+            let (buffer, frame) = match pixels {
+                Ok(found) => found,
+                Err(stopped) => return stopped,
+            };
+            let _staging = match self.charge_job(frame as u64) {
                 Ok(staging) => staging,
                 Err(m) => return Ok(Err(kernels::KernelError::BudgetExceeded(m))),
             };
             let text = text.clone();
-            match buffer.map_read(|values| self.run_kernel(|stop| codec::encode_png(values, dims, index as usize, text, stop))) {
+            let encoded = buffer.map_read(|words| {
+                let bytes: &[u8] = bytemuck::cast_slice(words);
+                self.run_kernel(|stop| codec::encode_png_u8(&bytes[..frame], dims, text, stop))
+            });
+            match encoded {
                 Ok(encoded) => return Ok(encoded?.map_err(kernels::KernelError::Invalid)),
-                Err(e) => tracing::warn!(error = %e, "cannot map the GPU result for encoding: reading it back"),
+                // A driver error may spare the tensor itself: read it back.
+                Err(GpuError::Driver(e)) => tracing::warn!(error = %e, "cannot read the GPU result's 8-bit values: reading the tensor back"),
+                // Waiting again would double the wait; a lost device lost the tensor too.
+                Err(e) => return invalid(format!("cannot read the image back from the GPU: {e}")),
             }
         }
         Ok(self.run_kernel(|stop| codec::encode_png(host_data(&t)?, dims, index as usize, text, stop))?.map_err(kernels::KernelError::Invalid))

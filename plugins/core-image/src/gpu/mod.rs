@@ -6,7 +6,7 @@
 //! is available to it.
 
 use kiln_sdk::Tensor;
-use kiln_sdk::gpu::{GpuError, GpuKernel, Uniforms, groups_for, prefers, run, run_or_cpu};
+use kiln_sdk::gpu::{GpuError, GpuKernel, Uniforms, groups_for, prefers, run_or_cpu};
 use kiln_sdk::prelude::*;
 
 const BLEND: GpuKernel = GpuKernel { wgsl: include_str!("blend.wgsl"), entry: "main" };
@@ -192,7 +192,9 @@ pub fn mask_composite(dst: &Tensor, src: &Tensor, x: usize, y: usize, op: &str, 
 
 /// GrowMask over a `B×H×W` mask: |expand| steps (at most H + W: more change
 /// nothing), one dispatch each, every step reading the last one's result on
-/// the device. `None` for `expand` 0 (the mask itself).
+/// the device. Two tensors take turns as input and output, so the node holds
+/// (and is charged for) two masks' worth however many steps. `None` for
+/// `expand` 0 (the mask itself).
 pub fn grow(mask: &Tensor, expand: i64, tapered: bool, cpu: impl FnOnce() -> Result<Tensor>) -> Option<Result<Tensor>> {
     let shape = shape_of(mask);
     if shape.len() != 3 || expand == 0 {
@@ -201,21 +203,34 @@ pub fn grow(mask: &Tensor, expand: i64, tapered: bool, cpu: impl FnOnce() -> Res
     let steps = expand.unsigned_abs().min(shape[1].saturating_add(shape[2]) as u64);
     let len = len_of(&shape)?;
     let (gx, gy) = groups_for(len as usize, GROUP);
-    let fields = [len, gx, u32::try_from(shape[1]).ok()?, u32::try_from(shape[2]).ok()?, u32::from(expand > 0), u32::from(tapered), 0, 0];
+    let dims: Vec<u32> = shape.iter().map(|&d| u32::try_from(d).ok()).collect::<Option<_>>()?;
+    let fields = [len, gx, dims[1], dims[2], u32::from(expand > 0), u32::from(tapered), 0, 0];
     let uniforms = fields.iter().fold(Uniforms::new(), |u, &v| u.u32(v));
     if !prefers(u64::from(len), &[mask]) {
         return Some(cpu());
     }
-    let mut current: Option<Tensor> = None;
-    for _ in 0..steps {
-        let input = current.as_ref().unwrap_or(mask);
-        match run(&GROW, &[input], &shape, &uniforms, (gx, gy, 1)) {
-            Ok(next) => current = Some(next),
-            Err(GpuError::Unavailable | GpuError::DeviceLost) => return Some(cpu()),
-            Err(e) => return Some(Err(e.into())),
-        }
+    match grow_steps(mask, &dims, steps, &uniforms, (gx, gy, 1)) {
+        Ok(out) => Some(Ok(out)),
+        Err(GpuError::Unavailable | GpuError::DeviceLost) => Some(cpu()),
+        Err(e) => Some(Err(e.into())),
     }
-    current.map(Ok)
+}
+
+/// `steps` (≥ 1) GrowMask steps from `mask` through two device tensors:
+/// step `k` writes turn `k % 2`, reading the other (or `mask` first).
+fn grow_steps(mask: &Tensor, dims: &[u32], steps: u64, uniforms: &Uniforms, groups: (u32, u32, u32)) -> std::result::Result<Tensor, GpuError> {
+    use kiln_sdk::bindings::kiln::plugin::gpu as wit;
+    let kernel = wit::compile(GROW.wgsl, GROW.entry)?;
+    let turns = [wit::allocate(dims)?, wit::allocate(dims)?];
+    for step in 0..steps {
+        let out = &turns[usize::from(!step.is_multiple_of(2))];
+        let input = if step == 0 { mask } else { &turns[usize::from(step.is_multiple_of(2))] };
+        let bindings =
+            [wit::Binding { index: 1, tensor: input, access: wit::Access::Read }, wit::Binding { index: 2, tensor: out, access: wit::Access::ReadWrite }];
+        wit::dispatch(&kernel, &bindings, uniforms.bytes(), groups)?;
+    }
+    let [even, odd] = turns;
+    Ok(if (steps - 1).is_multiple_of(2) { even } else { odd })
 }
 
 /// FeatherMask over a `B×H×W` mask (each ramp at most the side it runs along).
