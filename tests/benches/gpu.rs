@@ -17,14 +17,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln::config::Config;
-use kiln::executor::{Executor, RunContext, RunStatus};
-use kiln::files::{DirOutputs, NamedInputs};
+use kiln::executor::Executor;
+use kiln::files::NamedInputs;
 use kiln::gpu::dispatch::{Bound, Cutoff, Dispatch, submit};
 use kiln::gpu::{Gpu, GpuLimits, GpuMode};
 use kiln::plugins::{NodeRegistry, PluginRuntime};
-use kiln::workflow::{Workflow, validate};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
+
+mod common;
+use common::{run_timed, write_input};
 
 /// The workflows: name, input side, runs, workflow (its input is `input.png`).
 fn workflows() -> Vec<(&'static str, u32, usize, Value)> {
@@ -48,58 +49,6 @@ fn workflows() -> Vec<(&'static str, u32, usize, Value)> {
     vec![("trivial 64²", 64, 10, trivial), ("heavy 2048²", 2048, 5, heavy.clone()), ("heavy 4096²", 4096, 3, heavy), ("blur chain 4096²", 4096, 3, blur_chain)]
 }
 
-/// A w×h RGB PNG of gradients with noise (the engine bench's picture).
-fn write_input(path: &Path, side: u32) {
-    let mut px = Vec::with_capacity((side * side * 3) as usize);
-    for y in 0..side {
-        for x in 0..side {
-            let noise = ((x.wrapping_mul(73856093) ^ y.wrapping_mul(19349663)) >> 7) as u8 & 31;
-            px.extend_from_slice(&[
-                ((x * 255 / side) as u8).wrapping_add(noise),
-                ((y * 255 / side) as u8).wrapping_add(noise),
-                (((x + y) * 127 / side) as u8) ^ noise,
-            ]);
-        }
-    }
-    let mut enc = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path).expect("create input")), side, side);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    enc.write_header().and_then(|mut wr| wr.write_image_data(&px)).expect("encode input");
-}
-
-/// Runs once; the wall time and each node's `(class, ms, device)`.
-async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInputs>, out: &Path) -> (Duration, Vec<(String, f64)>) {
-    let nodes = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = nodes.clone();
-    let parsed = Workflow::from_json(workflow, &Default::default()).expect("workflow parses");
-    let start = Instant::now();
-    let (plan, issues) = validate(&parsed, executor.registry(), inputs.as_ref()).expect("workflow validates");
-    assert!(issues.is_empty(), "{issues:?}");
-    let ctx = RunContext {
-        job_id: "bench".into(),
-        prompt: Arc::from(workflow.to_string()),
-        extra_pnginfo: None,
-        inputs: inputs.clone(),
-        outputs: Arc::new(DirOutputs::new(out, out.join("temp"))),
-        events: Arc::new(move |e| {
-            if let kiln::executor::Event::Executed { class_type, elapsed_ms, .. } = e {
-                sink.lock().expect("events").push((class_type, elapsed_ms));
-            }
-        }),
-        cancel: CancellationToken::new(),
-        secrets: Default::default(),
-        branches: None,
-        budget: kiln::budget::JobBudget::new(kiln::budget::JobLimits::UNLIMITED),
-        cache_scope: String::new(),
-        funds: None,
-    };
-    let outcome = executor.run(&plan, ctx).await;
-    let elapsed = start.elapsed();
-    assert!(matches!(outcome.status, RunStatus::Succeeded), "{:?}", outcome.status);
-    let nodes = std::mem::take(&mut *nodes.lock().expect("events"));
-    (elapsed, nodes)
-}
-
 fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
@@ -110,7 +59,7 @@ fn main() {
         let dir = Path::new(&dir);
         std::fs::create_dir_all(dir).expect("input dir");
         for side in [64, 2048, 4096] {
-            write_input(&dir.join(format!("input-{side}.png")), side);
+            write_input(&dir.join(format!("input-{side}.png")), side, side);
         }
         return;
     }
@@ -137,7 +86,7 @@ async fn workflows_in_process() {
         for (name, side, runs, workflow) in workflows() {
             let input = dir.path().join(format!("input-{side}.png"));
             if !input.exists() {
-                write_input(&input, side);
+                write_input(&input, side, side);
             }
             let mut named = NamedInputs::new();
             named.insert("input.png", &input);
@@ -247,15 +196,20 @@ fn device_figures() {
     for _ in 0..3 {
         drop(kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("warm-up"));
     }
-    let mut samples = Vec::new();
-    for _ in 0..20 {
-        let start = Instant::now();
-        let out = kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("invert");
-        device.finish(Instant::now() + Duration::from_secs(60)).expect("finish");
-        drop(out);
-        samples.push(start.elapsed().as_secs_f64());
-    }
-    let t = median(samples);
+    // One host kernel call and a wait for it, median of 20.
+    let call_and_wait = || {
+        let samples = (0..20)
+            .map(|_| {
+                let start = Instant::now();
+                let out = kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("invert");
+                device.finish(Instant::now() + Duration::from_secs(60)).expect("finish");
+                drop(out);
+                start.elapsed().as_secs_f64()
+            })
+            .collect();
+        median(samples)
+    };
+    let t = call_and_wait();
     println!(
         "invert 4096² (one channel) resident, one host kernel call and a wait for it (pooled result + dispatch + wait): median {:.3} ms, {:.1} GB/s{}",
         t * 1e3,
@@ -318,15 +272,7 @@ fn device_figures() {
         share(bytes / t / 1e9)
     );
     // The host kernel call again, now that the clocks are up.
-    let mut samples = Vec::new();
-    for _ in 0..20 {
-        let start = Instant::now();
-        let out = kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("invert");
-        device.finish(Instant::now() + Duration::from_secs(60)).expect("finish");
-        drop(out);
-        samples.push(start.elapsed().as_secs_f64());
-    }
-    let t = median(samples);
+    let t = call_and_wait();
     println!(
         "invert 4096² (one channel) resident, host kernel call after the warm-up: median {:.3} ms, {:.1} GB/s{}",
         t * 1e3,
