@@ -21,7 +21,21 @@ fn map<S: Copy + Sync, T: Copy + Default + Send>(src: &[S], stop: Stop<'_>, f: i
 /// `uint8(clip(255·v, 0, 255))`: ComfyUI's conversion before encoding
 /// (truncation, not rounding; NaN becomes 0).
 pub fn to_u8(src: &[f32], stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
-    map(src, stop, |v| (v * 255.0).clamp(0.0, 255.0) as u8)
+    map(src, stop, byte_of)
+}
+
+/// One value's byte, as `(v·255).clamp(0, 255) as u8`, in a form the
+/// compiler vectorizes (the saturating `as` kept the loop scalar: 2.5×
+/// slower measured on a 3072² RGB image).
+#[inline]
+#[allow(clippy::manual_clamp, reason = "`clamp` keeps NaN, which the unchecked conversion must never see")]
+fn byte_of(v: f32) -> u8 {
+    // `max` returns its other operand for NaN: NaN becomes 0, ±∞ clamp.
+    let x = (v * 255.0).max(0.0).min(255.0);
+    // SAFETY: `x` is finite and within 0.0..=255.0, so it truncates to an
+    // i32 without overflow.
+    let whole: i32 = unsafe { x.to_int_unchecked() };
+    whole as u8
 }
 
 /// `v / 255` for every byte: how decoded 8-bit pixels become a tensor.
@@ -46,6 +60,17 @@ mod tests {
     fn truncates_and_clamps_like_comfy() {
         let src = [0.0, 0.999 / 255.0, 1.0 / 255.0, 0.5, 1.0, 1.7, -0.2, f32::NAN];
         assert_eq!(to_u8(&src, &|| false).unwrap(), vec![0, 0, 1, 127, 255, 255, 0, 0]);
+    }
+
+    #[test]
+    fn the_vectorized_byte_is_the_saturating_cast() {
+        let mut src = vec![f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, f32::MAX, f32::MIN, f32::MIN_POSITIVE, 1.0, 254.999 / 255.0];
+        src.extend((-3000..300_000).map(|i| i as f32 / 255_000.0 * 256.0));
+        src.extend((0..256).map(|b| b as f32 / 255.0));
+        let got = to_u8(&src, &|| false).unwrap();
+        for (v, g) in src.iter().zip(got) {
+            assert_eq!(g, (v * 255.0).clamp(0.0, 255.0) as u8, "{v}");
+        }
     }
 
     #[test]
