@@ -341,12 +341,13 @@ impl DeviceBuffer {
 
     /// Copies the values to the host through a pooled staging buffer.
     pub fn read(&self) -> Result<Vec<f32>, GpuError> {
-        self.map_read(|values| values.to_vec())
+        self.map_read(Instant::now() + TRANSFER_TIMEOUT, |values| values.to_vec())
     }
 
     /// Runs `f` over the values as they arrive in a mapped staging buffer,
-    /// without a host copy of the tensor (an encoder reads them there).
-    pub fn map_read<T>(&self, f: impl FnOnce(&[f32]) -> T) -> Result<T, GpuError> {
+    /// without a host copy of the tensor (an encoder reads them there),
+    /// waiting for them until `deadline` (a node's, when a node reads).
+    pub fn map_read<T>(&self, deadline: Instant, f: impl FnOnce(&[f32]) -> T) -> Result<T, GpuError> {
         let device = &self.device;
         let size = byte_size(self.len)?;
         let staging = device.buffer(Usage::Staging, size)?;
@@ -362,7 +363,6 @@ impl DeviceBuffer {
         #[cfg(test)]
         let notify = late(notify, device.late_callbacks_ms.load(Ordering::Relaxed));
         staging.buffer.map_async(wgpu::MapMode::Read, ..size, notify);
-        let deadline = Instant::now() + TRANSFER_TIMEOUT;
         // On failure the staging buffer is dropped, not pooled: its mapping
         // may still be pending.
         device.wait(submission, deadline)?;

@@ -312,7 +312,7 @@ impl kernels::Host for NodeState {
                 Err(m) => return Ok(Err(kernels::KernelError::BudgetExceeded(m))),
             };
             let text = text.clone();
-            let encoded = buffer.map_read(|words| {
+            let encoded = buffer.map_read(self.stop.deadline, |words| {
                 let bytes: &[u8] = bytemuck::cast_slice(words);
                 self.run_kernel(|stop| codec::encode_png_u8(&bytes[..frame], dims, text, stop))
             });
@@ -320,6 +320,12 @@ impl kernels::Host for NodeState {
                 Ok(encoded) => return Ok(encoded?.map_err(kernels::KernelError::Invalid)),
                 // A driver error may spare the tensor itself: read it back.
                 Err(GpuError::Driver(e)) => tracing::warn!(error = %e, "cannot read the GPU result's 8-bit values: reading the tensor back"),
+                // The node's deadline (or its cancellation, seen at the deadline) ends it as the CPU path would.
+                Err(GpuError::Timeout) => {
+                    let why = if self.stop.cancel.is_cancelled() { Stopped::Cancelled } else { Stopped::Deadline };
+                    self.stop.stopped = Some(why);
+                    return Err(wasmtime::Error::msg("GPU read-back stopped"));
+                }
                 // Waiting again would double the wait; a lost device lost the tensor too.
                 Err(e) => return invalid(format!("cannot read the image back from the GPU: {e}")),
             }

@@ -184,7 +184,7 @@ impl NodeState {
     /// host copy is gone.
     pub(crate) fn charge(&mut self, bytes: u64) -> Result<MemoryCharge, String> {
         if self.tensor_bytes.saturating_add(bytes) > self.limits.tensor_bytes {
-            let msg = format!("a {} MiB tensor would exceed the node's tensor budget of {} MiB", bytes >> 20, self.limits.tensor_bytes >> 20);
+            let msg = format!("a {} MiB tensor would exceed the node's tensor budget of {} MiB", bytes.div_ceil(1 << 20), self.limits.tensor_bytes >> 20);
             self.over_budget = Some(msg.clone());
             return Err(msg);
         }
