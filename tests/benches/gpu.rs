@@ -184,7 +184,13 @@ fn device_figures() {
     let data: Vec<f32> = (0..values).map(|i| (i % 251) as f32 / 251.0).collect();
     let bytes = (values * 4 * 2) as f64;
     let bandwidth = std::env::var("KILN_BENCH_BANDWIDTH_GBS").ok().and_then(|v| v.parse::<f64>().ok());
-    let share = |gbs: f64| bandwidth.map_or(String::new(), |b| format!(" ({:.0} % of {b:.0} GB/s)", 100.0 * gbs / b));
+    // One line per figure of the resident invert: its time, its GB/s and,
+    // given the device's bandwidth, the share of it.
+    let report = |what: &str, t: f64| {
+        let gbs = bytes / t / 1e9;
+        let share = bandwidth.map_or(String::new(), |b| format!(" ({:.0} % of {b:.0} GB/s)", 100.0 * gbs / b));
+        println!("invert 4096² (one channel) resident, {what}: {:.3} ms, {gbs:.1} GB/s{share}", t * 1e3);
+    };
     let never = || false;
     let start = Instant::now();
     for _ in 0..5 {
@@ -210,12 +216,7 @@ fn device_figures() {
         median(samples)
     };
     let t = call_and_wait();
-    println!(
-        "invert 4096² (one channel) resident, one host kernel call and a wait for it (pooled result + dispatch + wait): median {:.3} ms, {:.1} GB/s{}",
-        t * 1e3,
-        bytes / t / 1e9,
-        share(bytes / t / 1e9)
-    );
+    report("one host kernel call and a wait for it (pooled result + dispatch + wait)", t);
 
     // Many dispatches in one submission: the kernel's own throughput, after
     // a second of work (the device leaves its idle clocks), one value and
@@ -243,12 +244,7 @@ fn device_figures() {
             samples.push(start.elapsed().as_secs_f64() / batch as f64);
         }
         let t = median(samples);
-        println!(
-            "invert 4096² (one channel) resident, {label} per invocation, {batch} dispatches per submission: {:.3} ms per dispatch, {:.1} GB/s{}",
-            t * 1e3,
-            bytes / t / 1e9,
-            share(bytes / t / 1e9)
-        );
+        report(&format!("{label} per invocation, {batch} dispatches per submission, per dispatch"), t);
         let expected = 1.0 - data[12345];
         assert!((dst.read().expect("read")[12345] - expected).abs() < 1e-6, "the batch computed the invert");
     }
@@ -265,20 +261,10 @@ fn device_figures() {
     };
     chained(20);
     let t = median((0..5).map(|_| chained(20)).collect());
-    println!(
-        "invert 4096² (one channel) resident, host kernel calls chained 20 deep, one wait: {:.3} ms per call, {:.1} GB/s{}",
-        t * 1e3,
-        bytes / t / 1e9,
-        share(bytes / t / 1e9)
-    );
+    report("host kernel calls chained 20 deep, one wait, per call", t);
     // The host kernel call again, now that the clocks are up.
     let t = call_and_wait();
-    println!(
-        "invert 4096² (one channel) resident, host kernel call after the warm-up: median {:.3} ms, {:.1} GB/s{}",
-        t * 1e3,
-        bytes / t / 1e9,
-        share(bytes / t / 1e9)
-    );
+    report("host kernel call after the warm-up", t);
 
     // Read-back of a 3072² RGB result (113 MB) through pooled staging.
     let big = device.upload(&vec![0.25; 3072 * 3072 * 3]).expect("upload");

@@ -127,7 +127,11 @@ impl wit::Host for NodeState {
                 None => upload_bytes = upload_bytes.saturating_add((t.len() as u64).saturating_mul(4)),
             }
         }
-        Ok(gpu.prefers(&Estimate { values: elements, taps: 1, upload_bytes, resident }))
+        // The plugin's own claim, bounded by the largest result it could
+        // make (its tensor budget): an absurd count cannot buy the device's
+        // opening for the whole process.
+        let values = elements.min(self.limits.tensor_bytes / 4);
+        Ok(gpu.prefers(&Estimate { values, taps: 1, upload_bytes, resident }))
     }
 
     fn compile(&mut self, wgsl: String, entry_point: String) -> GpuResult<Resource<KernelHandle>> {

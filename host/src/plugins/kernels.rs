@@ -87,12 +87,16 @@ impl NodeState {
         match kernel(&stop) {
             Ok(v) => Ok(Ok(v)),
             Err(KernelError::Invalid(m)) => Ok(Err(m)),
-            Err(KernelError::Stopped) => {
-                let why = if cancel.is_cancelled() { Stopped::Cancelled } else { Stopped::Deadline };
-                self.stop.stopped = Some(why);
-                Err(wasmtime::Error::msg("kernel stopped"))
-            }
+            Err(KernelError::Stopped) => Err(self.stopped("kernel")),
         }
+    }
+
+    /// Ends the node as stopped — cancelled, else past its deadline: the
+    /// trap [`super::runtime`] reports as `interrupted` or `timeout`.
+    fn stopped(&mut self, what: &str) -> wasmtime::Error {
+        let why = if self.stop.cancel.is_cancelled() { Stopped::Cancelled } else { Stopped::Deadline };
+        self.stop.stopped = Some(why);
+        wasmtime::Error::msg(format!("{what} stopped"))
     }
 
     /// Charges a result of `values` f32s to the tensor budget before any
@@ -160,11 +164,7 @@ impl NodeState {
         let cutoff = Cutoff { deadline: self.stop.deadline, cancelled: &cancelled };
         match crate::gpu::ops::to_u8(src.device(), &limits, src, index.checked_mul(frame)?, frame, &cutoff) {
             Ok(packed) => Some(Ok((packed, frame))),
-            Err(GpuError::Timeout) => {
-                let why = if self.stop.cancel.is_cancelled() { Stopped::Cancelled } else { Stopped::Deadline };
-                self.stop.stopped = Some(why);
-                Some(Err(Err(wasmtime::Error::msg("GPU kernel stopped"))))
-            }
+            Err(GpuError::Timeout) => Some(Err(Err(self.stopped("GPU kernel")))),
             Err(e) => {
                 tracing::warn!(error = %e, "GPU 8-bit conversion failed: converting on the CPU");
                 None
@@ -208,11 +208,7 @@ impl NodeState {
                 self.gpu.ran = true;
                 Some(self.table.push(t).map(Ok).map_err(wasmtime::Error::from))
             }
-            Err(GpuError::Timeout) => {
-                let why = if self.stop.cancel.is_cancelled() { Stopped::Cancelled } else { Stopped::Deadline };
-                self.stop.stopped = Some(why);
-                Some(Err(wasmtime::Error::msg("GPU kernel stopped")))
-            }
+            Err(GpuError::Timeout) => Some(Err(self.stopped("GPU kernel"))),
             Err(e) => {
                 self.tensor_bytes -= bytes;
                 tracing::warn!(error = %e, "GPU kernel failed: running it on the CPU");
@@ -321,11 +317,7 @@ impl kernels::Host for NodeState {
                 // A driver error may spare the tensor itself: read it back.
                 Err(GpuError::Driver(e)) => tracing::warn!(error = %e, "cannot read the GPU result's 8-bit values: reading the tensor back"),
                 // The node's deadline (or its cancellation, seen at the deadline) ends it as the CPU path would.
-                Err(GpuError::Timeout) => {
-                    let why = if self.stop.cancel.is_cancelled() { Stopped::Cancelled } else { Stopped::Deadline };
-                    self.stop.stopped = Some(why);
-                    return Err(wasmtime::Error::msg("GPU read-back stopped"));
-                }
+                Err(GpuError::Timeout) => return Err(self.stopped("GPU read-back")),
                 // Waiting again would double the wait; a lost device lost the tensor too.
                 Err(e) => return invalid(format!("cannot read the image back from the GPU: {e}")),
             }
