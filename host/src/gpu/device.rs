@@ -33,11 +33,22 @@ pub struct Device {
     max_buffer_bytes: u64,
     /// Idle buffers for reuse.
     pub(crate) pool: Pool,
+    /// Held by each poll and each submission (which polls too): wgpu-core
+    /// 30.0.2 panics (an assertion in `Device::maintain`, and a dropped map
+    /// callback may then abort the process) when one thread's timed wait
+    /// runs out while another thread's poll retires the queue (fixed
+    /// upstream after that release, gfx-rs/wgpu#9958). Waits poll in
+    /// slices of at most [`POLL_SLICE`], so no thread holds it for long.
+    poll_lock: Mutex<()>,
     /// Test hook: read-back callbacks fire this many ms late, from another
     /// thread (as when another thread's poll collects them).
     #[cfg(test)]
     pub(crate) late_callbacks_ms: AtomicU64,
 }
+
+/// The longest one poll of a wait holds the device's other pollers and
+/// submitters back.
+const POLL_SLICE: Duration = Duration::from_millis(1);
 
 /// Unique ids for device buffers (which node may write which).
 static NEXT_BUFFER: AtomicU64 = AtomicU64::new(1);
@@ -81,6 +92,7 @@ impl Device {
             max_binding_bytes,
             max_buffer_bytes,
             pool: Pool::new(limits.max_idle_bytes),
+            poll_lock: Mutex::new(()),
             #[cfg(test)]
             late_callbacks_ms: AtomicU64::new(0),
         })
@@ -121,30 +133,46 @@ impl Device {
         }
     }
 
-    /// Waits for `submission` until `deadline`.
+    /// Waits for `submission` until `deadline`, a slice at a time (see
+    /// `poll_lock`).
     pub fn wait(&self, submission: wgpu::SubmissionIndex, deadline: Instant) -> Result<(), GpuError> {
-        let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        let waited = self.device.poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: Some(timeout) });
-        if self.is_lost() {
-            return Err(GpuError::DeviceLost);
-        }
-        match waited {
-            Ok(_) => Ok(()),
-            Err(wgpu::PollError::Timeout) => Err(GpuError::Timeout),
-            Err(e) => Err(GpuError::Driver(e.to_string())),
+        loop {
+            let slice = deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(1), POLL_SLICE);
+            let waited = {
+                let _one = self.poll_lock.lock();
+                self.device.poll(wgpu::PollType::Wait { submission_index: Some(submission.clone()), timeout: Some(slice) })
+            };
+            if self.is_lost() {
+                return Err(GpuError::DeviceLost);
+            }
+            match waited {
+                Ok(_) => return Ok(()),
+                Err(wgpu::PollError::Timeout) if Instant::now() < deadline => continue,
+                Err(wgpu::PollError::Timeout) => return Err(GpuError::Timeout),
+                Err(e) => return Err(GpuError::Driver(e.to_string())),
+            }
         }
     }
 
     /// Waits until `deadline` for all work submitted so far (an empty
     /// submission, waited for: the queue runs in order).
     pub fn finish(&self, deadline: Instant) -> Result<(), GpuError> {
-        let submission = self.queue.submit([]);
+        let submission = self.submit([]);
         self.wait(submission, deadline)
+    }
+
+    /// Submits command buffers (one poller at a time: see `poll_lock`).
+    pub(crate) fn submit<I: IntoIterator<Item = wgpu::CommandBuffer>>(&self, buffers: I) -> wgpu::SubmissionIndex {
+        let _one = self.poll_lock.lock();
+        self.queue.submit(buffers)
     }
 
     /// Processes finished work without blocking: runs the callbacks due.
     fn poll_now(&self) -> Result<(), GpuError> {
-        let polled = self.device.poll(wgpu::PollType::Poll);
+        let polled = {
+            let _one = self.poll_lock.lock();
+            self.device.poll(wgpu::PollType::Poll)
+        };
         if self.is_lost() {
             return Err(GpuError::DeviceLost);
         }
@@ -230,7 +258,7 @@ impl Device {
             self.scoped(|| {
                 let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
                 encoder.clear_buffer(buffer.raw(), 0, Some(size));
-                self.queue.submit([encoder.finish()]);
+                self.submit([encoder.finish()]);
             })?;
         }
         Ok(buffer)
@@ -354,7 +382,7 @@ impl DeviceBuffer {
         let submission = device.scoped(|| {
             let mut encoder = device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
             encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging.buffer, 0, size);
-            device.queue.submit([encoder.finish()])
+            device.submit([encoder.finish()])
         })?;
         let (sender, mapped) = std::sync::mpsc::channel();
         let notify = move |r: MapResult| {

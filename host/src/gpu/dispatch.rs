@@ -158,7 +158,7 @@ pub fn submit(device: &Device, dispatches: &[Dispatch<'_>], limits: &GpuLimits) 
                 pass.dispatch_workgroups(d.groups.0, d.groups.1, d.groups.2);
             }
         }
-        Ok(device.queue.submit([encoder.finish()]))
+        Ok(device.submit([encoder.finish()]))
     });
     // Reusable at once: later writes to them run after this submission.
     for u in uniforms {
