@@ -9,7 +9,7 @@
 //! record's retention and adds its tags, never shortens or drops them.
 
 use super::{Service, ServiceError};
-use crate::store::{AssetRecord, BlobUpload, Micros, blob_name, now_micros, parse_blob_name};
+use crate::store::{AssetRecord, BlobUpload, Micros, blob_name, now_micros, parse_blob_name, wait};
 
 /// The text fields of an upload.
 #[derive(Debug, Default, Clone)]
@@ -47,8 +47,8 @@ impl Service {
     }
 
     /// Assets over `hash` the caller may mint from.
-    fn owned_with_hash(&self, owner: &str, hash: &str) -> Result<Vec<AssetRecord>, ServiceError> {
-        Ok(self.meta.assets_with_hash(hash)?.into_iter().filter(|a| self.visible(owner, a)).collect())
+    async fn owned_with_hash(&self, owner: &str, hash: &str) -> Result<Vec<AssetRecord>, ServiceError> {
+        Ok(self.meta.assets_with_hash(hash).await?.into_iter().filter(|a| self.visible(owner, a)).collect())
     }
 
     /// Starts receiving an upload's bytes.
@@ -58,6 +58,7 @@ impl Service {
 
     /// Finishes an upload: checks `expected_hash`, stores the blob, and
     /// returns the caller's existing upload of the same bytes or a new record.
+    /// Blocking (it syncs the blob; store calls wait, see `store::wait`).
     pub fn commit_upload(&self, owner: &str, upload: BlobUpload, meta: UploadMeta) -> Result<NewAsset, ServiceError> {
         let (digest, _) = upload.digest();
         let actual = blob_name(&digest);
@@ -69,7 +70,7 @@ impl Service {
         let _gate = self.blob_gate.read();
         let (hash, size) = upload.finish()?;
         let name = blob_name(&hash);
-        let known = self.owned_with_hash(owner, &name)?;
+        let known = wait(self.owned_with_hash(owner, &name))?;
         if let Some(existing) = known.iter().find(|a| a.job_id.is_none()) {
             let asset = self.rereference(existing.clone(), &meta.labels)?;
             return Ok(NewAsset { asset, created_new: false });
@@ -103,8 +104,8 @@ impl Service {
             node_id: None,
             tags: labels.tags,
         };
-        self.meta.put_asset(&asset)?;
-        self.meta.flush()?;
+        wait(self.meta.put_asset(&asset))?;
+        wait(self.meta.flush())?;
         Ok(asset)
     }
 
@@ -125,23 +126,24 @@ impl Service {
             }
         }
         if changed {
-            self.meta.put_asset(&asset)?;
-            self.meta.flush()?;
+            wait(self.meta.put_asset(&asset))?;
+            wait(self.meta.flush())?;
         }
         Ok(asset)
     }
 
     /// Whether the caller may mint an asset from `hash`.
-    pub fn has_blob(&self, owner: &str, hash: &str) -> Result<bool, ServiceError> {
-        Ok(!self.owned_with_hash(owner, &hash.to_ascii_lowercase())?.is_empty())
+    pub async fn has_blob(&self, owner: &str, hash: &str) -> Result<bool, ServiceError> {
+        Ok(!self.owned_with_hash(owner, &hash.to_ascii_lowercase()).await?.is_empty())
     }
 
     /// Mints an asset over a blob the caller already has (200 when an
-    /// identical upload record exists, else a new record).
+    /// identical upload record exists, else a new record). Blocking, like
+    /// [`Service::commit_upload`].
     pub fn asset_from_hash(&self, owner: &str, hash: &str, file_path: Option<String>, labels: AssetLabels) -> Result<NewAsset, ServiceError> {
         let hash = hash.to_ascii_lowercase();
         let _gate = self.blob_gate.read();
-        let known = self.owned_with_hash(owner, &hash)?;
+        let known = wait(self.owned_with_hash(owner, &hash))?;
         let Some(first) = known.first() else { return Err(ServiceError::BlobNotFound(hash)) };
         if let Some(same) = known.iter().find(|a| a.job_id.is_none() && (file_path.is_none() || a.file_path == file_path)) {
             let asset = self.rereference(same.clone(), &labels)?;
@@ -152,8 +154,8 @@ impl Service {
     }
 
     /// An asset the caller owns.
-    pub fn asset(&self, owner: &str, id: &str) -> Result<AssetRecord, ServiceError> {
-        match self.meta.get_asset(id)? {
+    pub async fn asset(&self, owner: &str, id: &str) -> Result<AssetRecord, ServiceError> {
+        match self.meta.get_asset(id).await? {
             Some(a) if self.visible(owner, &a) => Ok(a),
             _ => Err(ServiceError::NotFound),
         }
@@ -161,8 +163,8 @@ impl Service {
 
     /// The asset a signed download link names: the signature is its
     /// authorization (checked by the caller), so it is found whoever owns it.
-    pub fn signed_asset(&self, id: &str) -> Result<AssetRecord, ServiceError> {
-        match self.meta.get_asset(id)? {
+    pub async fn signed_asset(&self, id: &str) -> Result<AssetRecord, ServiceError> {
+        match self.meta.get_asset(id).await? {
             Some(a) if self.visible(&a.owner, &a) => Ok(a),
             _ => Err(ServiceError::NotFound),
         }
@@ -175,19 +177,19 @@ impl Service {
 
     /// Deletes an asset record. Outputs of a job that is still retained are
     /// refused with [`ServiceError::AssetInUse`].
-    pub fn delete_asset(&self, owner: &str, id: &str) -> Result<(), ServiceError> {
-        let asset = self.asset(owner, id)?;
+    pub async fn delete_asset(&self, owner: &str, id: &str) -> Result<(), ServiceError> {
+        let asset = self.asset(owner, id).await?;
         if let Some(job_id) = &asset.job_id {
             let retained = match self.live_job(job_id) {
                 Some(_) => true,
-                None => self.meta.get_job(job_id)?.is_some_and(|j| j.expires_at > now_micros()),
+                None => self.meta.get_job(job_id).await?.is_some_and(|j| j.expires_at > now_micros()),
             };
             if retained {
                 return Err(ServiceError::AssetInUse);
             }
         }
-        self.meta.delete_asset(&asset)?;
-        self.meta.flush()?;
+        self.meta.delete_asset(&asset).await?;
+        self.meta.flush().await?;
         Ok(())
     }
 }

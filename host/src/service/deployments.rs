@@ -365,14 +365,14 @@ impl super::Service {
 
     /// Stops a deployment: its queued jobs are canceled; running ones end
     /// as they run.
-    pub fn stop_deployment(&self, id: &str) -> Result<DeploymentRecord, DeploymentError> {
+    pub async fn stop_deployment(&self, id: &str) -> Result<DeploymentRecord, DeploymentError> {
         let record = self.deployments.stop(id)?;
         let queued = self.queue.live_where(|j| {
             let r = j.record.lock();
             r.deployment.as_deref() == Some(id) && r.status == crate::store::JobStatus::Queued
         });
         for job in queued {
-            if let Err(e) = self.stop_queued(&job, crate::store::JobStatus::Canceled) {
+            if let Err(e) = self.stop_queued(&job, crate::store::JobStatus::Canceled).await {
                 tracing::error!(deployment = id, error = %e, "cannot cancel a queued job of a stopped deployment");
             }
         }
@@ -383,14 +383,14 @@ impl super::Service {
     /// Cancels recovered queued jobs of deployments that are stopped or
     /// gone (a crash between a stop and its cancels leaves them): as the
     /// stop would have. A failed deployment's jobs wait for its restart.
-    pub(super) fn cancel_orphaned_deployment_jobs(&self) {
+    pub(super) async fn cancel_orphaned_deployment_jobs(&self) {
         let orphaned = self.queue.live_where(|j| {
             let r = j.record.lock();
             r.status == crate::store::JobStatus::Queued
                 && r.deployment.as_deref().is_some_and(|d| self.deployments.get(d).is_none_or(|d| d.state == DeploymentState::Stopped))
         });
         for job in orphaned {
-            if let Err(e) = self.stop_queued(&job, crate::store::JobStatus::Canceled) {
+            if let Err(e) = self.stop_queued(&job, crate::store::JobStatus::Canceled).await {
                 tracing::error!(error = %e, "cannot cancel a queued job of a stopped deployment");
             }
         }

@@ -20,8 +20,8 @@ pub struct ListQuery {
 impl Service {
     /// The store key of the job `owner` knows as `id` (see
     /// `store::scoped_job_key`); `id` itself when it names none of theirs.
-    pub(crate) fn job_key(&self, owner: &str, id: &str) -> String {
-        self.get_shared(owner, id).map_or_else(|_| id.to_string(), |(r, _)| r.id.clone())
+    pub(crate) async fn job_key(&self, owner: &str, id: &str) -> String {
+        self.get_shared(owner, id).await.map_or_else(|_| id.to_string(), |(r, _)| r.id.clone())
     }
 
     /// 1-based position of a queued job among its owner's queued jobs (see
@@ -31,18 +31,18 @@ impl Service {
     }
 
     /// The current record of a job the caller owns.
-    pub fn get(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
-        self.get_shared(owner, id).map(|(r, p)| ((*r).clone(), p))
+    pub async fn get(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        self.get_shared(owner, id).await.map(|(r, p)| ((*r).clone(), p))
     }
 
     /// [`Service::get`] without copying: finished records are served from an
     /// in-memory cache (they only change again at expiry).
     /// `id` is the id the owner knows: a job stored under its owner-scoped
     /// key (another owner's job held the id) is found by it too.
-    pub fn get_shared(&self, owner: &str, id: &str) -> Result<(Arc<JobRecord>, Option<usize>), ServiceError> {
-        let record = match self.record_at(id)? {
+    pub async fn get_shared(&self, owner: &str, id: &str) -> Result<(Arc<JobRecord>, Option<usize>), ServiceError> {
+        let record = match self.record_at(id).await? {
             Some(r) if r.owner == owner => r,
-            _ => match self.record_at(&crate::store::scoped_job_key(owner, id))? {
+            _ => match self.record_at(&crate::store::scoped_job_key(owner, id)).await? {
                 Some(r) if r.owner == owner => r,
                 _ => return Err(ServiceError::NotFound),
             },
@@ -53,7 +53,7 @@ impl Service {
 
     /// The record stored under the key `id` (live, cached or stored),
     /// whoever owns it.
-    pub(super) fn record_at(&self, id: &str) -> Result<Option<Arc<JobRecord>>, ServiceError> {
+    pub(super) async fn record_at(&self, id: &str) -> Result<Option<Arc<JobRecord>>, ServiceError> {
         let record = match self.live_job(id) {
             Some(live) => Arc::new(live.snapshot()),
             None => {
@@ -62,7 +62,7 @@ impl Service {
                     Some(r) => r,
                     None => {
                         let generation = self.finished_gen.load(Ordering::SeqCst);
-                        let Some(r) = self.meta.get_job(id)? else { return Ok(None) };
+                        let Some(r) = self.meta.get_job(id).await? else { return Ok(None) };
                         let r = Arc::new(r);
                         if r.status.is_terminal() && self.live_job(id).is_none() {
                             self.remember_finished(r.clone(), Some(generation));
@@ -95,59 +95,63 @@ impl Service {
     }
 
     /// The executed (resolved) workflow of a job.
-    pub fn workflow(&self, owner: &str, id: &str) -> Result<serde_json::Value, ServiceError> {
-        let (record, _) = self.get_shared(owner, id)?;
-        self.meta.get_workflow(&record.id)?.ok_or(ServiceError::NotFound)
+    pub async fn workflow(&self, owner: &str, id: &str) -> Result<serde_json::Value, ServiceError> {
+        let (record, _) = self.get_shared(owner, id).await?;
+        self.meta.get_workflow(&record.id).await?.ok_or(ServiceError::NotFound)
     }
 
     /// Cancels a job: a queued one at once, a running one by interrupting its
     /// node (`canceling` until it has stopped); a finished one is unchanged.
-    pub fn cancel(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
-        let key = self.job_key(owner, id);
+    pub async fn cancel(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
+        let key = self.job_key(owner, id).await;
         let id = key.as_str();
-        let Some(live) = self.live_job(id) else { return self.get(owner, id) };
+        let Some(live) = self.live_job(id) else { return self.get(owner, id).await };
         let current = live.snapshot();
         if current.owner != owner {
             return Err(ServiceError::NotFound);
         }
         match current.status {
-            JobStatus::Queued => self.stop_queued(&live, JobStatus::Canceled).map(|r| (r, None)),
-            JobStatus::Running => {
-                // (A job already finishing ends as it ran: the cancel changes nothing.)
-                let rec =
-                    live.update(self.meta.as_ref(), |rec| rec.status == JobStatus::Running && rec.transition(JobStatus::Canceling, now_micros()).is_ok())?;
-                if rec.status != JobStatus::Canceling {
-                    return Ok((rec, None));
-                }
-                self.meta.flush()?;
-                live.publish_status();
-                live.cancel.cancel();
-                Ok((rec, None))
-            }
+            JobStatus::Queued => self.stop_queued(&live, JobStatus::Canceled).await.map(|r| (r, None)),
+            JobStatus::Running => self.cancel_running(&live).await.map(|r| (r, None)),
             _ => Ok((current, None)),
         }
     }
 
+    /// Interrupts a running job's node: `canceling` until it has stopped.
+    /// (A job already finishing ends as it ran: the cancel changes nothing.)
+    async fn cancel_running(&self, live: &LiveJob) -> Result<JobRecord, ServiceError> {
+        let rec = live.update(self.meta.as_ref(), |rec| rec.status == JobStatus::Running && rec.transition(JobStatus::Canceling, now_micros()).is_ok()).await?;
+        if rec.status != JobStatus::Canceling {
+            return Ok(rec);
+        }
+        self.meta.flush().await?;
+        live.publish_status();
+        live.cancel.cancel();
+        Ok(rec)
+    }
+
     /// Ends a job that has not started with `status` (canceled or expired).
     /// A worker that took it meanwhile sees the status and skips it.
-    pub(super) fn stop_queued(&self, live: &Arc<LiveJob>, status: JobStatus) -> Result<JobRecord, ServiceError> {
+    pub(super) async fn stop_queued(&self, live: &Arc<LiveJob>, status: JobStatus) -> Result<JobRecord, ServiceError> {
         let id = live.record.lock().id.clone();
         self.queue.withdraw(&id);
         let mut stopped = false;
-        let rec = live.update(self.meta.as_ref(), |rec| {
-            let now = now_micros();
-            if rec.status == JobStatus::Queued && rec.transition(status, now).is_ok() {
-                // Its time in the queue is known now; it never executed.
-                rec.queue_ms = Some((now - rec.created_at) / 1000);
-                stopped = true;
-            }
-            stopped
-        })?;
+        let rec = live
+            .update(self.meta.as_ref(), |rec| {
+                let now = now_micros();
+                if rec.status == JobStatus::Queued && rec.transition(status, now).is_ok() {
+                    // Its time in the queue is known now; it never executed.
+                    rec.queue_ms = Some((now - rec.created_at) / 1000);
+                    stopped = true;
+                }
+                stopped
+            })
+            .await?;
         if !stopped {
             // A worker started it first: cancel it as a running job.
-            return if status == JobStatus::Canceled { self.cancel(&rec.owner, &id).map(|(r, _)| r) } else { Ok(rec) };
+            return if status == JobStatus::Canceled && rec.status == JobStatus::Running { self.cancel_running(live).await } else { Ok(rec) };
         }
-        self.meta.flush()?;
+        self.meta.flush().await?;
         live.publish_status();
         self.queue.leave(&id);
         self.publish_queue_positions();
@@ -156,13 +160,13 @@ impl Service {
     }
 
     /// Jobs newest first.
-    pub fn list(&self, owner: &str, q: &ListQuery) -> Result<(Vec<JobRecord>, Option<Vec<u8>>), ServiceError> {
+    pub async fn list(&self, owner: &str, q: &ListQuery) -> Result<(Vec<JobRecord>, Option<Vec<u8>>), ServiceError> {
         let keep = |job: &JobRecord| {
             job.owner == owner
                 && (q.statuses.is_empty() || q.statuses.contains(&self.live_job(&job.id).map_or(job.status, |l| l.record.lock().status)))
                 && q.metadata.iter().all(|(k, v)| job.metadata.as_ref().and_then(|m| m.get(k)).and_then(|x| x.as_str()) == Some(v.as_str()))
         };
-        let page = self.meta.list_jobs(Some(owner), q.cursor.as_deref(), q.limit, LIST_SCAN_BUDGET, &keep)?;
+        let page = self.meta.list_jobs(Some(owner), q.cursor.as_deref(), q.limit, LIST_SCAN_BUDGET, &keep).await?;
         let jobs = page.jobs.into_iter().map(|j| self.live_job(&j.id).map_or(j, |l| l.snapshot())).collect();
         Ok((jobs, page.next))
     }

@@ -40,6 +40,11 @@ pub struct ExtraData {
 /// A job that is queued or running.
 pub struct LiveJob {
     pub record: Mutex<JobRecord>,
+    /// The job's write turn: held from a change of `record` until the
+    /// store has the changed record, so one job's store writes land in the
+    /// order its changes were made (the record's own lock is never held
+    /// across a store call).
+    pub writes: tokio::sync::Mutex<()>,
     pub cancel: CancellationToken,
     pub events: broadcast::Sender<JobEvent>,
     pub extra: ExtraData,
@@ -82,6 +87,7 @@ impl LiveJob {
         LiveJob {
             owner: Arc::from(record.owner.as_str()),
             record: Mutex::new(record),
+            writes: tokio::sync::Mutex::new(()),
             cancel: CancellationToken::new(),
             // Small: a stream that falls behind re-syncs from the record.
             events: broadcast::channel(32).0,
@@ -98,15 +104,20 @@ impl LiveJob {
     }
 
     /// Lets `f` change the record and, when it says it did, writes it to
-    /// `meta` while holding the lock, so store writes of one job can never
-    /// land out of order. Once the job is finishing nothing changes: its
+    /// `meta` in its write turn (see [`LiveJob::writes`]), so store writes
+    /// of one job can never land out of order. Once the job is finishing nothing changes: its
     /// terminal record is being written (see the worker's `finish`).
-    pub fn update(&self, meta: &dyn MetaStore, f: impl FnOnce(&mut JobRecord) -> bool) -> Result<JobRecord, StoreError> {
-        let mut rec = self.record.lock();
-        if !self.finishing.load(std::sync::atomic::Ordering::SeqCst) && f(&mut rec) {
-            meta.put_job(&rec)?;
-        }
-        Ok(rec.clone())
+    pub async fn update(&self, meta: &dyn MetaStore, f: impl FnOnce(&mut JobRecord) -> bool) -> Result<JobRecord, StoreError> {
+        let _turn = self.writes.lock().await;
+        let rec = {
+            let mut rec = self.record.lock();
+            if self.finishing.load(std::sync::atomic::Ordering::SeqCst) || !f(&mut rec) {
+                return Ok(rec.clone());
+            }
+            rec.clone()
+        };
+        meta.put_job(&rec).await?;
+        Ok(rec)
     }
 
     /// A copy of the current record.

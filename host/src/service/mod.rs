@@ -127,12 +127,12 @@ impl Service {
         let meta: Arc<dyn MetaStore> = Arc::new(sled);
         let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(data_dir.join("blobs"))?);
         let deployments = deployments::Deployments::open(Some(data_dir.join("deployments.json"))).map_err(|e| ServiceError::InvalidRequest(e.to_string()))?;
-        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), deployments, registry, executor)
+        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), deployments, registry, executor).await
     }
 
     /// [`Service::start`] on given stores (another backend, or a test
     /// double), with an empty account store kept in memory.
-    pub fn start_with_stores(
+    pub async fn start_with_stores(
         opts: ServiceOptions,
         meta: Arc<dyn MetaStore>,
         blobs: Arc<dyn BlobStore>,
@@ -141,11 +141,11 @@ impl Service {
     ) -> Result<Arc<Service>, ServiceError> {
         let accounts = crate::accounts::Accounts::in_memory(opts.pricing).map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
         let deployments = deployments::Deployments::open(None).map_err(|e| ServiceError::InvalidRequest(e.to_string()))?;
-        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), deployments, registry, executor)
+        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), deployments, registry, executor).await
     }
 
     /// [`Service::start_with_stores`] with a given account store.
-    pub fn start_with_accounts(
+    pub async fn start_with_accounts(
         opts: ServiceOptions,
         (meta, blobs): (Arc<dyn MetaStore>, Arc<dyn BlobStore>),
         accounts: Arc<crate::accounts::Accounts>,
@@ -190,11 +190,12 @@ impl Service {
             intake: memory_gate::MemoryGate::new(opts_intake, "intake_memory_mb"),
             queued_parsed: memory_gate::MemoryGate::new(opts_queued, "queued_parsed_mb"),
         });
-        service.recover()?;
+        service.recover().await?;
+        service.load_uploads().await?;
         for (id, generation) in service.deployments.starting() {
             service.load_deployment(&id, generation);
         }
-        service.cancel_orphaned_deployment_jobs();
+        service.cancel_orphaned_deployment_jobs().await;
         let mut workers = Vec::new();
         for i in 0..service.opts.max_running_jobs {
             let worker = service.clone();
@@ -230,7 +231,7 @@ impl Service {
         if let Some(rt) = self.branches.lock().take() {
             rt.shutdown_background();
         }
-        let _ = self.meta.flush();
+        let _ = self.meta.flush().await;
     }
 
     /// Whether [`Service::submit`] may now wait for a flush of the whole
@@ -374,7 +375,7 @@ impl Service {
     /// started, never charged) and its running ones are canceled as a
     /// client's cancel would (charged for what they ran). Returns the
     /// number of jobs canceled.
-    pub fn end_account_work(&self, owner: &str) -> usize {
+    pub async fn end_account_work(&self, owner: &str) -> usize {
         let streams = self.streams.close_owner(owner);
         // Its own jobs, and the demo jobs its public deployments bill to it.
         let mut jobs: Vec<_> = self.queue.live_jobs().into_iter().filter(|j| &*j.owner == owner || self.billed_account(&j.snapshot()) == owner).collect();
@@ -384,7 +385,7 @@ impl Service {
         let mut canceled = 0;
         for job in jobs {
             let id = job.record.lock().id.clone();
-            match self.cancel(&job.owner, &id) {
+            match self.cancel(&job.owner, &id).await {
                 Ok(_) => canceled += 1,
                 Err(e) => tracing::error!(job_id = %id, error = %e, "cannot cancel a job of a disabled account"),
             }

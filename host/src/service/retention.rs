@@ -28,9 +28,9 @@ pub const MAX_ATTEMPTS: u32 = 2;
 
 impl Service {
     /// Brings the store to a consistent state after a start.
-    pub(super) fn recover(&self) -> Result<(), ServiceError> {
+    pub(super) async fn recover(&self) -> Result<(), ServiceError> {
         let now = now_micros();
-        let mut jobs = self.meta.all_jobs()?;
+        let mut jobs = self.meta.all_jobs().await?;
         jobs.sort_by_key(|j| j.seq);
         let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0);
         self.queue.start_seq_after(max_seq);
@@ -41,8 +41,8 @@ impl Service {
         if !interrupted.is_empty() {
             let unlisted =
                 |a: &AssetRecord| a.job_id.as_deref().and_then(|id| interrupted.get(id)).is_some_and(|j| !j.outputs.iter().any(|o| o.asset_id == a.id));
-            for asset in self.meta.assets_where(&unlisted)? {
-                self.meta.delete_asset(&asset)?;
+            for asset in self.meta.assets_where(&unlisted).await? {
+                self.meta.delete_asset(&asset).await?;
             }
         }
         for mut job in jobs {
@@ -51,11 +51,11 @@ impl Service {
                 // again without it, a partner node would fail or, worse,
                 // behave differently. It fails, saying why.
                 let ran = job.status == JobStatus::Running;
-                self.drop_outputs(&mut job)?;
+                self.drop_outputs(&mut job).await?;
                 let why = "the server restarted before this job finished; its extra_data is never stored, so it cannot run again: submit it again";
                 fail_interrupted(&mut job, why.into(), ran, now)?;
                 tracing::warn!(job_id = %job.id, "job with extra_data interrupted by a restart: failed");
-                self.meta.put_job(&job)?;
+                self.meta.put_job(&job).await?;
                 continue;
             }
             match job.status {
@@ -63,23 +63,23 @@ impl Service {
                 JobStatus::Canceling => {
                     // Keeps the outputs its record lists.
                     job.transition(JobStatus::Canceled, now)?;
-                    self.meta.put_job(&job)?;
+                    self.meta.put_job(&job).await?;
                     continue;
                 }
                 JobStatus::Running => {
-                    self.drop_outputs(&mut job)?;
+                    self.drop_outputs(&mut job).await?;
                     job.progress = None;
                     if job.attempts >= MAX_ATTEMPTS {
                         let why = format!("the server stopped while this job was running (attempt {}); it is not retried again", job.attempts);
                         fail_interrupted(&mut job, why, true, now)?;
                         tracing::warn!(job_id = %job.id, "job interrupted by a restart for the last time: failed");
-                        self.meta.put_job(&job)?;
+                        self.meta.put_job(&job).await?;
                         continue;
                     }
                     tracing::warn!(job_id = %job.id, "job interrupted by a restart: running it again");
                     job.transition(JobStatus::Queued, now)?;
                     job.started_at = None;
-                    self.meta.put_job(&job)?;
+                    self.meta.put_job(&job).await?;
                 }
                 _ => continue,
             }
@@ -87,15 +87,15 @@ impl Service {
             let key = super::fair::sched_key(&job.owner, job.deployment.as_deref());
             self.queue.requeue(&key, Arc::new(LiveJob::new(job, ExtraData::default())));
         }
-        self.meta.flush()?;
+        self.meta.flush().await?;
         Ok(())
     }
 
     /// Deletes the output assets a job record lists and forgets them on it.
-    pub(super) fn drop_outputs(&self, job: &mut JobRecord) -> Result<(), ServiceError> {
+    pub(super) async fn drop_outputs(&self, job: &mut JobRecord) -> Result<(), ServiceError> {
         for out in job.outputs.drain(..) {
-            if let Some(asset) = self.meta.get_asset(&out.asset_id)? {
-                self.meta.delete_asset(&asset)?;
+            if let Some(asset) = self.meta.get_asset(&out.asset_id).await? {
+                self.meta.delete_asset(&asset).await?;
             }
         }
         Ok(())
@@ -126,8 +126,9 @@ impl Service {
                 }
                 _ = tick.tick() => {}
             }
-            let this = self.clone();
-            match tokio::task::spawn_blocking(move || this.sweep(now_micros())).await {
+            // On the blocking pool, as a whole: it lists and deletes files.
+            let (this, runtime) = (self.clone(), tokio::runtime::Handle::current());
+            match tokio::task::spawn_blocking(move || runtime.block_on(this.sweep(now_micros()))).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::error!(error = %e, "retention sweep failed"),
                 Err(e) => tracing::error!(error = %e, "retention sweep panicked"),
@@ -136,19 +137,19 @@ impl Service {
     }
 
     /// One retention pass as of `now`.
-    pub fn sweep(&self, now: Micros) -> Result<(), ServiceError> {
+    pub async fn sweep(&self, now: Micros) -> Result<(), ServiceError> {
         // Nothing written before the deletions below may be replayed after
         // a crash (it could bring a deleted record back).
-        self.meta.checkpoint()?;
+        self.meta.checkpoint().await?;
         let grace = self.opts.retention.as_micros() as Micros;
-        for listed in self.meta.all_jobs()? {
+        for listed in self.meta.all_jobs().await? {
             if listed.expires_at > now {
                 continue;
             }
             if let Some(live) = self.live_job(&listed.id) {
                 let status = live.record.lock().status;
                 // Not stopped as queued: a worker took it meanwhile.
-                let stopped = status == JobStatus::Queued && self.stop_queued(&live, JobStatus::Expired)?.status == JobStatus::Expired;
+                let stopped = status == JobStatus::Queued && self.stop_queued(&live, JobStatus::Expired).await?.status == JobStatus::Expired;
                 if !stopped {
                     // Running: stop it; the worker records it as expired.
                     live.expire_on_stop.store(true, Ordering::SeqCst);
@@ -157,31 +158,32 @@ impl Service {
                 }
             }
             // Re-read: the listing may predate the job's last write.
-            let Some(mut job) = self.meta.get_job(&listed.id)? else { continue };
+            let Some(mut job) = self.meta.get_job(&listed.id).await? else { continue };
             if job.status != JobStatus::Expired || !job.outputs.is_empty() {
-                self.drop_outputs(&mut job)?;
+                self.drop_outputs(&mut job).await?;
                 job.transition(JobStatus::Expired, now)?;
                 job.progress = None;
-                self.meta.put_job(&job)?;
+                self.meta.put_job(&job).await?;
                 self.forget_finished(&job.id);
                 tracing::info!(job_id = %job.id, "job expired");
             } else if job.expires_at + grace <= now {
-                self.meta.delete_job(&job)?;
+                self.meta.delete_job(&job).await?;
                 self.forget_finished(&job.id);
             }
         }
         // Uploads (not job outputs, which go with their job) past their expiry.
-        for asset in self.meta.assets_where(&|a| a.job_id.is_none() && a.expires_at.is_some_and(|e| e <= now))? {
-            self.meta.delete_asset(&asset)?;
+        for asset in self.meta.assets_where(&|a| a.job_id.is_none() && a.expires_at.is_some_and(|e| e <= now)).await? {
+            self.meta.delete_asset(&asset).await?;
             tracing::info!(asset_id = %asset.id, "asset expired");
         }
-        self.meta.purge_claims(now)?;
+        self.meta.purge_claims(now).await?;
         self.collect_blobs()?;
-        self.meta.flush()?;
+        self.meta.flush().await?;
         Ok(())
     }
 
-    /// Deletes blobs that no asset and no live job refers to.
+    /// Deletes blobs that no asset and no live job refers to (synchronous:
+    /// it holds the blob gate).
     fn collect_blobs(&self) -> Result<(), ServiceError> {
         let mut deleted = false;
         for hash in self.blobs.list()? {
@@ -190,7 +192,9 @@ impl Service {
             // blob and claiming it: unclaimed now means garbage.
             let _gate = self.blob_gate.write();
             let in_use = self.queue.live_jobs().iter().any(|l| l.pending_blobs.lock().contains(&name) || l.record.lock().inputs.iter().any(|i| i.hash == name));
-            if in_use || !self.meta.assets_with_hash(&name)?.is_empty() {
+            // Read under the gate (a networked store holds up uploads for a
+            // round trip per blob).
+            if in_use || !crate::store::wait(self.meta.assets_with_hash(&name))?.is_empty() {
                 continue;
             }
             self.blobs.delete(&hash)?;

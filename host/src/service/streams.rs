@@ -142,9 +142,9 @@ pub struct EventStream {
 impl Service {
     /// Opens an event stream on a job (bounded by `max_event_streams`, and
     /// per account by `max_event_streams_per_account`).
-    pub fn open_stream(&self, owner: &str, id: &str) -> Result<EventStream, ServiceError> {
+    pub async fn open_stream(&self, owner: &str, id: &str) -> Result<EventStream, ServiceError> {
         let guard = self.streams.open(owner, StreamKind::Events)?;
-        let key = self.job_key(owner, id);
+        let key = self.job_key(owner, id).await;
         let id = key.as_str();
         self.activity.fetch_add(1, Ordering::Relaxed);
         if let Some(live) = self.live_job(id) {
@@ -159,7 +159,7 @@ impl Service {
             let preview = live.last_preview.lock().clone();
             return Ok(EventStream { snapshot, queue_position, progress, preview, events: Some(events), guard });
         }
-        let (snapshot, _) = self.get(owner, id)?;
+        let (snapshot, _) = self.get(owner, id).await?;
         Ok(EventStream { snapshot, queue_position: None, progress: None, preview: None, events: None, guard })
     }
 

@@ -36,6 +36,15 @@ pub enum StoreError {
     NotDurable(String),
 }
 
+/// Waits for a store call on a thread that may block: the blocking pool
+/// (code that also writes or syncs files, and holds the blob gate across
+/// the call), a job's execution thread. The embedded store answers at once;
+/// a networked store's I/O is driven by the runtime it was opened on, never
+/// by the waiting thread. Never call it on an async worker thread.
+pub fn wait<F: std::future::Future>(call: F) -> F::Output {
+    pollster::block_on(call)
+}
+
 /// A blob's name: `blake3:<64 lowercase hex>`.
 pub fn blob_name(hash: &blake3::Hash) -> String {
     format!("blake3:{}", hash.to_hex())
@@ -47,6 +56,11 @@ pub fn parse_blob_name(name: &str) -> Option<blake3::Hash> {
     blake3::Hash::from_hex(hex).ok()
 }
 
+/// Which jobs a listing keeps.
+pub type JobFilter<'a> = dyn for<'r> Fn(&'r JobRecord) -> bool + Send + Sync + 'a;
+/// Which assets a scan keeps.
+pub type AssetFilter<'a> = dyn for<'r> Fn(&'r AssetRecord) -> bool + Send + Sync + 'a;
+
 /// A page of jobs, newest first.
 pub struct JobPage {
     pub jobs: Vec<JobRecord>,
@@ -55,6 +69,7 @@ pub struct JobPage {
 }
 
 /// Job, asset and idempotency records (the queue is the queued jobs).
+#[async_trait::async_trait]
 pub trait MetaStore: Send + Sync {
     /// Atomically: claims `claim` (if any; fails with [`StoreError::KeyClaimed`]
     /// when a live claim holds the key), records the job (queued: the queue
@@ -63,13 +78,13 @@ pub trait MetaStore: Send + Sync {
     /// [`MetaStore::sync_jobs`] or [`MetaStore::flush`]. A committed write
     /// whose durability is already known to be in doubt returns
     /// [`StoreError::NotDurable`].
-    fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError>;
+    async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError>;
     /// Writes a job record (not flushed; see [`MetaStore::flush`]).
-    fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;
-    fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
+    async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;
+    async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
     /// Removes a job, its workflow and its index entry.
-    fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError>;
-    fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError>;
+    async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError>;
+    async fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError>;
     /// Jobs newest first (of `owner` only, when given: an index lookup,
     /// not a scan of everyone's), starting after `cursor`, keeping those
     /// `keep` accepts, reading at most `max_scanned` records: a page ends
@@ -77,68 +92,68 @@ pub trait MetaStore: Send + Sync {
     /// either way (a page may be short, even empty, and still go on).
     /// Records come without their logs (no listing shows them;
     /// [`MetaStore::get_job`] has them).
-    fn list_jobs(
+    async fn list_jobs(
         &self,
         owner: Option<&str>,
         cursor: Option<&[u8]>,
         limit: usize,
         max_scanned: usize,
-        keep: &dyn Fn(&JobRecord) -> bool,
+        keep: &JobFilter<'_>,
     ) -> Result<JobPage, StoreError>;
     /// A job's stored workflow as its JSON text (rendered into a listing
     /// without being parsed).
-    fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    async fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// Every job (recovery and retention sweeps).
-    fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
+    async fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
     /// Records that an attempt of `job` began: its `running` record, with
     /// the attempts counted, already written with [`MetaStore::put_job`].
     /// When this returns the record survives a crash of this process, so a
     /// job that brings the server down is not retried forever; a power loss
     /// may lose it (the job then runs again). This default flushes; a
     /// backend may do it cheaper.
-    fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
+    async fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
         let _ = job;
-        self.flush()
+        self.flush().await
     }
     /// Makes the submissions, job starts and finished jobs recorded so far
     /// durable (a backend may do this cheaper than [`MetaStore::flush`]).
-    fn sync_jobs(&self) -> Result<(), StoreError> {
-        self.flush()
+    async fn sync_jobs(&self) -> Result<(), StoreError> {
+        self.flush().await
     }
     /// Writes a job's terminal record and makes it durable together with
     /// its output assets (written with [`MetaStore::put_asset`]). This
     /// default puts and flushes; a backend may do it cheaper.
-    fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
+    async fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
         let _ = assets;
-        self.put_job(job)?;
-        self.flush()
+        self.put_job(job).await?;
+        self.flush().await
     }
     /// Makes everything durable in the store itself, so nothing written so
     /// far is replayed from a log after a crash. Called before deletions
     /// (a replayed older write must not bring a deleted record back).
-    fn checkpoint(&self) -> Result<(), StoreError> {
-        self.flush()
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        self.flush().await
     }
     /// Whether job writes may now wait for a flush of the whole store (a
     /// checkpoint, a full log) rather than a single sync.
     fn writes_may_block(&self) -> bool {
         false
     }
-    fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
-    fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
-    fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
+    async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
+    async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
+    async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
     /// Assets over blob `hash`.
-    fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError>;
+    async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError>;
     /// Every asset `keep` accepts: a scan, for sweeps and recovery only.
-    fn assets_where(&self, keep: &dyn Fn(&AssetRecord) -> bool) -> Result<Vec<AssetRecord>, StoreError>;
+    async fn assets_where(&self, keep: &AssetFilter<'_>) -> Result<Vec<AssetRecord>, StoreError>;
 
     /// The live claim on `key`, if any.
-    fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError>;
+    async fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError>;
     /// Drops claims that expired before `now`; returns how many.
-    fn purge_claims(&self, now: Micros) -> Result<usize, StoreError>;
+    async fn purge_claims(&self, now: Micros) -> Result<usize, StoreError>;
 
     /// Makes every write so far durable.
-    fn flush(&self) -> Result<(), StoreError>;
+    async fn flush(&self) -> Result<(), StoreError>;
 }
 
 /// Content-addressed blobs.

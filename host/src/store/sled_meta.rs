@@ -15,15 +15,21 @@
 //! the job records when the service starts.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::commit_log::CommitLog;
-use super::{AssetRecord, IdempotencyClaim, JobPage, JobRecord, JobStatus, MetaStore, Micros, StoreError};
+use super::{AssetFilter, AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, JobStatus, MetaStore, Micros, StoreError};
 
-/// sled-backed [`MetaStore`].
-pub struct SledMeta {
+/// sled-backed [`MetaStore`]: the synchronous store ([`Sled`]) behind the
+/// async trait; what may wait for the disk (a log sync, a flush, a scan)
+/// runs on tokio's blocking pool, the rest inline (sled reads and unsynced
+/// writes take microseconds).
+pub struct SledMeta(Arc<Sled>);
+
+struct Sled {
     db: sled::Db,
     jobs: sled::Tree,
     workflows: sled::Tree,
@@ -105,14 +111,33 @@ fn hash_key(hash: &str, id: &str) -> Vec<u8> {
 }
 
 impl SledMeta {
-    /// Opens (creating) the store in `dir`.
+    /// Opens (creating) the store in `dir`, replaying its commit log.
+    pub fn open(dir: &Path) -> Result<SledMeta, StoreError> {
+        Sled::open(dir).map(|sled| SledMeta(Arc::new(sled)))
+    }
+
     /// Another tree of this store's database (the account store's, beside
     /// the jobs).
     pub fn open_tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
-        self.db.open_tree(name).map_err(backend)
+        self.0.db.open_tree(name).map_err(backend)
     }
 
-    pub fn open(dir: &Path) -> Result<SledMeta, StoreError> {
+    /// Runs `f`, which may wait for the disk: inline on a current-thread
+    /// runtime (kiln's job execution runtimes, there for blocking job work:
+    /// a hand-off and back costs ~100 µs a job), on the blocking pool
+    /// otherwise (the request runtime's threads must not wait for a disk).
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Sled) -> Result<T, StoreError> + Send + 'static) -> Result<T, StoreError> {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        if Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread) {
+            let sled = self.0.clone();
+            return tokio::task::spawn_blocking(move || f(&sled)).await.map_err(|e| StoreError::Backend(format!("store task: {e}")))?;
+        }
+        f(&self.0)
+    }
+}
+
+impl Sled {
+    fn open(dir: &Path) -> Result<Sled, StoreError> {
         // sled's background flusher lets go of the directory's lock a moment
         // after the previous handle is dropped (an in-process restart); a
         // lock held longer means another kiln uses this data directory.
@@ -135,7 +160,7 @@ impl SledMeta {
         };
         let tree = |name: &str| db.open_tree(name).map_err(backend);
         let (log, entries) = CommitLog::open(&dir.join(LOG_FILE))?;
-        let meta = SledMeta {
+        let meta = Sled {
             jobs: tree("jobs")?,
             workflows: tree("workflows")?,
             by_time: tree("jobs_by_time")?,
@@ -173,7 +198,7 @@ impl SledMeta {
     }
 
     fn append(&self, entry: &[u8], sync: bool) -> Result<(), StoreError> {
-        self.log.append(entry, sync, || MetaStore::flush(self))
+        self.log.append(entry, sync, || self.flush())
     }
 
     /// Writes a submission's workflow and time index, then the
@@ -247,11 +272,11 @@ impl SledMeta {
                 }
             }
         }
-        self.log.checkpoint(|| MetaStore::flush(self))
+        self.log.checkpoint(|| self.flush())
     }
 }
 
-impl MetaStore for SledMeta {
+impl Sled {
     /// Without a sled transaction: sled seals and writes its log buffer
     /// twice for every multi-tree transaction (through its I/O pool, which
     /// wakes all its threads), and the commit log already makes the
@@ -311,14 +336,7 @@ impl MetaStore for SledMeta {
         Ok(self.workflows.get(id.as_bytes()).map_err(backend)?.map(|b| b.to_vec()))
     }
 
-    fn list_jobs(
-        &self,
-        owner: Option<&str>,
-        cursor: Option<&[u8]>,
-        limit: usize,
-        max_scanned: usize,
-        keep: &dyn Fn(&JobRecord) -> bool,
-    ) -> Result<JobPage, StoreError> {
+    fn list_jobs(&self, owner: Option<&str>, cursor: Option<&[u8]>, limit: usize, max_scanned: usize, keep: &JobFilter<'_>) -> Result<JobPage, StoreError> {
         // One owner's jobs are a range of the owner index (its keys end
         // with the time key, which is the cursor either way).
         let (tree, prefix) = match owner {
@@ -391,7 +409,7 @@ impl MetaStore for SledMeta {
     }
 
     fn checkpoint(&self) -> Result<(), StoreError> {
-        self.log.checkpoint(|| MetaStore::flush(self))
+        self.log.checkpoint(|| self.flush())
     }
 
     fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
@@ -424,7 +442,7 @@ impl MetaStore for SledMeta {
         Ok(out)
     }
 
-    fn assets_where(&self, keep: &dyn Fn(&AssetRecord) -> bool) -> Result<Vec<AssetRecord>, StoreError> {
+    fn assets_where(&self, keep: &AssetFilter<'_>) -> Result<Vec<AssetRecord>, StoreError> {
         let mut out = Vec::new();
         for item in self.assets.iter() {
             let (key, bytes) = item.map_err(backend)?;
@@ -459,6 +477,88 @@ impl MetaStore for SledMeta {
     }
 }
 
+#[async_trait::async_trait]
+impl MetaStore for SledMeta {
+    async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
+        self.0.submit(job, workflow, claim)
+    }
+    async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.0.put_job(job)
+    }
+    async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        self.0.get_job(id)
+    }
+    async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.0.delete_job(job)
+    }
+    async fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        self.0.get_workflow(id)
+    }
+    async fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.0.get_workflow_bytes(id)
+    }
+    async fn list_jobs(
+        &self,
+        owner: Option<&str>,
+        cursor: Option<&[u8]>,
+        limit: usize,
+        max_scanned: usize,
+        keep: &JobFilter<'_>,
+    ) -> Result<JobPage, StoreError> {
+        self.0.list_jobs(owner, cursor, limit, max_scanned, keep)
+    }
+    async fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        self.blocking(|sled| sled.all_jobs()).await
+    }
+    async fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.0.record_start(job)
+    }
+    /// One log sync (~50 µs on a local disk) runs where it is called: a
+    /// hand-off to the blocking pool and back costs more on a small
+    /// machine; a sync that may wait for a flush of the whole store goes to
+    /// the pool.
+    async fn sync_jobs(&self) -> Result<(), StoreError> {
+        if self.0.writes_may_block() {
+            return self.blocking(|sled| sled.sync_jobs()).await;
+        }
+        self.0.sync_jobs()
+    }
+    fn writes_may_block(&self) -> bool {
+        self.0.writes_may_block()
+    }
+    async fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
+        let (job, assets) = (job.clone(), assets.to_vec());
+        self.blocking(move |sled| sled.finish_job(&job, &assets)).await
+    }
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        self.blocking(|sled| sled.checkpoint()).await
+    }
+    async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        self.0.put_asset(asset)
+    }
+    async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+        self.0.get_asset(id)
+    }
+    async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        self.0.delete_asset(asset)
+    }
+    async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        self.0.assets_with_hash(hash)
+    }
+    async fn assets_where(&self, keep: &AssetFilter<'_>) -> Result<Vec<AssetRecord>, StoreError> {
+        self.0.assets_where(keep)
+    }
+    async fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
+        self.0.get_claim(key)
+    }
+    async fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
+        self.0.purge_claims(now)
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.blocking(|sled| sled.flush()).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,7 +568,7 @@ mod tests {
     }
 
     /// The queue as the service rebuilds it: queued jobs in `seq` order.
-    fn queued(meta: &SledMeta) -> Vec<String> {
+    fn queued(meta: &Sled) -> Vec<String> {
         let mut jobs: Vec<JobRecord> = meta.all_jobs().unwrap().into_iter().filter(|j| j.status == JobStatus::Queued).collect();
         jobs.sort_by_key(|j| j.seq);
         jobs.into_iter().map(|j| j.id).collect()
@@ -477,16 +577,16 @@ mod tests {
     #[test]
     fn open_waits_for_a_handle_being_dropped_and_names_a_held_directory() {
         let dir = tempfile::tempdir().unwrap();
-        let first = SledMeta::open(dir.path()).unwrap();
+        let first = Sled::open(dir.path()).unwrap();
         // An in-process restart: the old handle goes away a moment later.
         let dropper = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(300));
             drop(first);
         });
-        let second = SledMeta::open(dir.path()).expect("opens once the old handle is gone");
+        let second = Sled::open(dir.path()).expect("opens once the old handle is gone");
         dropper.join().unwrap();
         // Held for good: a clear error after the wait.
-        match SledMeta::open(dir.path()) {
+        match Sled::open(dir.path()) {
             Err(StoreError::Backend(m)) => assert!(m.contains("in use by another process"), "{m}"),
             other => panic!("expected the directory to be in use, got {:?}", other.map(|_| ())),
         }
@@ -497,7 +597,7 @@ mod tests {
     fn submit_claims_once_and_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let meta = SledMeta::open(dir.path()).unwrap();
+            let meta = Sled::open(dir.path()).unwrap();
             let claim = IdempotencyClaim { key: "k".into(), owner: "local".into(), job_id: Some("a".into()), claimed_at: 10, expires_at: 100 };
             meta.submit(&job("a", 10, 1), &serde_json::json!({"1": {}}), Some(&claim)).unwrap();
             let again = IdempotencyClaim { job_id: Some("b".into()), claimed_at: 20, ..claim.clone() };
@@ -507,7 +607,7 @@ mod tests {
             let later = IdempotencyClaim { job_id: Some("c".into()), claimed_at: 100, expires_at: 200, ..claim };
             meta.submit(&job("c", 30, 3), &serde_json::json!({}), Some(&later)).unwrap();
         }
-        let meta = SledMeta::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path()).unwrap();
         assert_eq!(queued(&meta), vec!["a".to_string(), "c".to_string()]);
         assert_eq!(meta.get_claim("k").unwrap().unwrap().job_id.as_deref(), Some("c"));
         assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"1": {}})));
@@ -522,7 +622,7 @@ mod tests {
     #[test]
     fn one_of_many_concurrent_submissions_with_a_key_wins() {
         let dir = tempfile::tempdir().unwrap();
-        let meta = std::sync::Arc::new(SledMeta::open(dir.path()).unwrap());
+        let meta = std::sync::Arc::new(Sled::open(dir.path()).unwrap());
         let start = std::sync::Arc::new(std::sync::Barrier::new(16));
         let threads: Vec<_> = (0..16)
             .map(|i| {
@@ -545,7 +645,7 @@ mod tests {
     #[test]
     fn assets_indexed_by_hash() {
         let dir = tempfile::tempdir().unwrap();
-        let meta = SledMeta::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path()).unwrap();
         let a = AssetRecord {
             id: "x".into(),
             owner: "local".into(),
@@ -613,7 +713,7 @@ mod tests {
         };
         let claim = IdempotencyClaim { key: "k".into(), owner: "local".into(), job_id: Some("d".into()), claimed_at: 40, expires_at: 1_000 };
         {
-            let meta = SledMeta::open(dir.path()).unwrap();
+            let meta = Sled::open(dir.path()).unwrap();
             // Durable in sled: b queued, c finished.
             meta.submit(&b, &serde_json::json!({"b": 1}), None).unwrap();
             meta.submit(&c, &serde_json::json!({}), None).unwrap();
@@ -630,7 +730,7 @@ mod tests {
             meta.record_start(&started(&c, 1)).unwrap();
             meta.append(&entry("submitted", &[("job", &encode(&d).unwrap()), ("workflow", br#"{"d":1}"#), ("claim", &encode(&claim).unwrap())]), true).unwrap();
         }
-        let meta = SledMeta::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path()).unwrap();
         let get = |id: &str| meta.get_job(id).unwrap().unwrap();
         assert_eq!((get("a").status, get("a").attempts), (JobStatus::Running, 1), "submitted and started from the log");
         assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"a": 1})));
@@ -650,7 +750,7 @@ mod tests {
     #[test]
     fn one_owners_listing_reads_only_that_owners_records() {
         let dir = tempfile::tempdir().unwrap();
-        let meta = SledMeta::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path()).unwrap();
         let mut mine = Vec::new();
         for i in 0..5u64 {
             let mut j = job(&format!("a{i}"), 100 + i as i64, i);
@@ -681,7 +781,7 @@ mod tests {
         meta.by_owner.clear().unwrap();
         meta.checkpoint().unwrap();
         drop(meta);
-        let meta = SledMeta::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path()).unwrap();
         assert_eq!(meta.list_jobs(Some("alice"), None, 10, usize::MAX, &|_| true).unwrap().jobs.len(), 5);
     }
 
@@ -690,24 +790,24 @@ mod tests {
     #[test]
     fn a_filtered_listing_reads_at_most_its_budget() {
         let dir = tempfile::tempdir().unwrap();
-        let meta = SledMeta::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path()).unwrap();
         for i in 0..50u64 {
             meta.submit(&job(&format!("j{i:02}"), 100 + i as i64, i + 1), &serde_json::json!({}), None).unwrap();
         }
-        let read = std::cell::Cell::new(0);
+        let read = std::sync::atomic::AtomicUsize::new(0);
         let tenth = |j: &JobRecord| {
-            read.set(read.get() + 1);
+            read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             j.id.ends_with('0')
         };
         let first = meta.list_jobs(None, None, 10, 12, &tenth).unwrap();
-        assert_eq!(read.get(), 12, "stopped at the budget");
+        assert_eq!(read.load(std::sync::atomic::Ordering::Relaxed), 12, "stopped at the budget");
         assert_eq!(first.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["j40"], "a short page");
         assert!(first.next.is_some(), "and a cursor to go on from");
         let (mut all, mut cursor, mut pages) = (Vec::new(), None, 0);
         loop {
-            read.set(0);
+            read.store(0, std::sync::atomic::Ordering::Relaxed);
             let page = meta.list_jobs(None, cursor.as_deref(), 10, 12, &tenth).unwrap();
-            assert!(read.get() <= 12);
+            assert!(read.load(std::sync::atomic::Ordering::Relaxed) <= 12);
             all.extend(page.jobs.into_iter().map(|j| j.id));
             pages += 1;
             match page.next {

@@ -288,7 +288,7 @@ async fn tags_and_expires_in_on_upload_and_from_hash() {
     let short_id = short["id"].as_str().unwrap().to_string();
     assert_eq!(s.get(&format!("/assets/{short_id}")).await.0, 200);
     let service = &s.server.state.service;
-    service.sweep(micros(&short["expires_at"])).unwrap();
+    service.sweep(micros(&short["expires_at"])).await.unwrap();
     assert_eq!(s.get(&format!("/assets/{short_id}")).await.0, 404);
     assert_eq!(s.http.head(s.url(&format!("/assets/by-hash/{}", blake(&other)))).send().await.unwrap().status(), 404);
     let job = s.post_job(&json!({ "workflow": load_save(&short) }), None).await;

@@ -266,7 +266,7 @@ async fn a_public_demo_takes_anonymous_callers_and_withholds_logs() {
     let done = dep_wait(&s, "demo", &id).await;
     assert_eq!(done["status"], "succeeded");
     assert!(done.get("logs").is_none(), "{done}");
-    let (stored, _) = s.server.state.service.get(&kiln::api::deployment::demo_owner("demo"), &id).unwrap();
+    let (stored, _) = s.server.state.service.get(&kiln::api::deployment::demo_owner("demo"), &id).await.unwrap();
     assert!(stored.logs.is_some(), "the demo stores the log");
     assert_eq!(s.server.state.service.billed_account(&stored), "local", "billed to the deployment's owner");
     // The demo identity's jobs are not the server owner's.

@@ -152,7 +152,7 @@ async fn retention_expires_jobs_and_their_outputs() {
     let count_blobs = || walk_files(&blobs_dir).len();
     assert_eq!(count_blobs(), 2, "input + output");
 
-    s.server.state.service.sweep(expires).unwrap();
+    s.server.state.service.sweep(expires).await.unwrap();
     let expired = s.job(&id).await;
     assert_eq!(expired["status"], "expired", "{expired}");
     assert_eq!(expired["outputs"].as_array().unwrap().len(), 0);
@@ -160,7 +160,7 @@ async fn retention_expires_jobs_and_their_outputs() {
     assert_eq!(s.get(&format!("/assets/{}", asset["id"].as_str().unwrap())).await.0, 200, "uploads are not job outputs");
     assert_eq!(count_blobs(), 1, "the output blob was collected");
     // One retention period later the record itself is gone.
-    s.server.state.service.sweep(expires + 24 * 3600 * 1_000_000).unwrap();
+    s.server.state.service.sweep(expires + 24 * 3600 * 1_000_000).await.unwrap();
     assert_eq!(s.get(&format!("/jobs/{id}")).await.0, 404);
 }
 
@@ -196,11 +196,11 @@ async fn retention_expires_queued_and_running_jobs_at_their_deadline() {
     assert_eq!(micros(&queued["expires_at"]) - micros(&queued["created_at"]), 86_400 * 1_000_000, "{queued}");
 
     let now = kiln::store::now_micros();
-    s.server.state.service.sweep(now + (86_400 - 60) * 1_000_000).unwrap();
+    s.server.state.service.sweep(now + (86_400 - 60) * 1_000_000).await.unwrap();
     assert_eq!(s.job(&running_id).await["status"], "running");
     assert_eq!(s.job(&queued_id).await["status"], "queued");
 
-    s.server.state.service.sweep(now + (86_400 + 1) * 1_000_000).unwrap();
+    s.server.state.service.sweep(now + (86_400 + 1) * 1_000_000).await.unwrap();
     let queued = s.job(&queued_id).await;
     assert_eq!((queued["status"].as_str(), queued["started_at"].as_str()), (Some("expired"), None), "{queued}");
     let running = s.wait(&running_id).await;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use kiln::store::{AssetRecord, IdempotencyClaim, JobPage, JobRecord, MetaStore, Micros, SledMeta, StoreError};
+use kiln::store::{AssetFilter, AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, SledMeta, StoreError};
 use serde_json::json;
 
 use super::{TestServer, trivial};
@@ -23,77 +23,78 @@ struct NotDurable {
     asset_reads: AtomicUsize,
 }
 
+#[async_trait::async_trait]
 impl MetaStore for NotDurable {
-    fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
+    async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
         if self.reject.load(Ordering::SeqCst) {
             // Long enough for the woken worker to be waiting on the job.
-            std::thread::sleep(std::time::Duration::from_millis(30));
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
             return Err(StoreError::Backend("injected: the write failed".into()));
         }
-        self.inner.submit(job, workflow, claim)?;
+        self.inner.submit(job, workflow, claim).await?;
         if self.fail.load(Ordering::SeqCst) { Err(StoreError::NotDurable("injected: the disk did not answer".into())) } else { Ok(()) }
     }
-    fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.inner.put_job(job)
+    async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.inner.put_job(job).await
     }
-    fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
-        self.inner.get_job(id)
+    async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        self.inner.get_job(id).await
     }
-    fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.inner.delete_job(job)
+    async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.inner.delete_job(job).await
     }
-    fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
-        self.inner.get_workflow(id)
+    async fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        self.inner.get_workflow(id).await
     }
-    fn list_jobs(
+    async fn list_jobs(
         &self,
         owner: Option<&str>,
         cursor: Option<&[u8]>,
         limit: usize,
         max_scanned: usize,
-        keep: &dyn Fn(&JobRecord) -> bool,
+        keep: &JobFilter<'_>,
     ) -> Result<JobPage, StoreError> {
-        self.inner.list_jobs(owner, cursor, limit, max_scanned, keep)
+        self.inner.list_jobs(owner, cursor, limit, max_scanned, keep).await
     }
-    fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get_workflow_bytes(id)
+    async fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get_workflow_bytes(id).await
     }
-    fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
-        self.inner.all_jobs()
+    async fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        self.inner.all_jobs().await
     }
-    fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.inner.record_start(job)
+    async fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.inner.record_start(job).await
     }
-    fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
-        self.inner.put_asset(asset)
+    async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        self.inner.put_asset(asset).await
     }
-    fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+    async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
         self.asset_reads.fetch_add(1, Ordering::SeqCst);
-        self.inner.get_asset(id)
+        self.inner.get_asset(id).await
     }
-    fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
-        self.inner.delete_asset(asset)
+    async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        self.inner.delete_asset(asset).await
     }
-    fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
-        self.inner.assets_with_hash(hash)
+    async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        self.inner.assets_with_hash(hash).await
     }
-    fn assets_where(&self, keep: &dyn Fn(&AssetRecord) -> bool) -> Result<Vec<AssetRecord>, StoreError> {
-        self.inner.assets_where(keep)
+    async fn assets_where(&self, keep: &AssetFilter<'_>) -> Result<Vec<AssetRecord>, StoreError> {
+        self.inner.assets_where(keep).await
     }
-    fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
-        self.inner.get_claim(key)
+    async fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
+        self.inner.get_claim(key).await
     }
-    fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
-        self.inner.purge_claims(now)
+    async fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
+        self.inner.purge_claims(now).await
     }
-    fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
+    async fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
         while self.hold_finish.load(Ordering::SeqCst) {
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        self.inner.finish_job(job, assets)
+        self.inner.finish_job(job, assets).await
     }
-    fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush()
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush().await
     }
 }
 
@@ -113,7 +114,7 @@ async fn start_not_durable(fail: bool, hold_finish: bool) -> (TestServer, Arc<No
     });
     let blobs = Arc::new(kiln::store::DiskBlobs::open(data.path().join("blobs")).unwrap());
     let executor = Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
-    let service = kiln::service::Service::start_with_stores(options, meta.clone(), blobs, env.registry.clone(), executor).unwrap();
+    let service = kiln::service::Service::start_with_stores(options, meta.clone(), blobs, env.registry.clone(), executor).await.unwrap();
     let server = kiln::server::Server::start_on(config, service).await.unwrap();
     (TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data }, meta)
 }
@@ -190,9 +191,9 @@ async fn a_submission_that_was_not_written_never_runs_and_frees_its_key() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert!(s.get("/jobs?metadata%5Bprobe%5D=rejected").await.1["jobs"].as_array().unwrap().is_empty());
     assert!(s.get("/jobs").await.1["jobs"].as_array().unwrap().is_empty());
-    let stored_outputs = meta.assets_where(&|_| true).unwrap();
+    let stored_outputs = meta.assets_where(&|_| true).await.unwrap();
     assert!(stored_outputs.is_empty(), "{} assets", stored_outputs.len());
-    let stored_jobs = meta.all_jobs().unwrap();
+    let stored_jobs = meta.all_jobs().await.unwrap();
     assert!(stored_jobs.is_empty(), "no record of it either: {:?}", stored_jobs.iter().map(|j| (&j.id, j.status)).collect::<Vec<_>>());
     // A definite failure frees the key, and the workers still take jobs.
     meta.reject.store(false, Ordering::SeqCst);

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use super::{TestServer, spinner, start, trivial};
 
 /// Submits as `owner` through the service; returns (id, queue position).
-fn submit_as(s: &TestServer, owner: &str, workflow: Value) -> (String, usize) {
-    let admitted = s.server.state.service.admit(Submission::v2(owner, workflow)).unwrap();
+async fn submit_as(s: &TestServer, owner: &str, workflow: Value) -> (String, usize) {
+    let admitted = s.server.state.service.admit(Submission::v2(owner, workflow)).await.unwrap();
     (admitted.record.id, admitted.position.unwrap())
 }
 
@@ -25,7 +25,7 @@ async fn finished(s: &TestServer, jobs: &[(&str, &str)]) -> HashMap<String, kiln
     for _ in 0..1200 {
         out.clear();
         for (owner, id) in jobs {
-            let (rec, _) = s.server.state.service.get(owner, id).unwrap();
+            let (rec, _) = s.server.state.service.get(owner, id).await.unwrap();
             if rec.status.is_terminal() {
                 out.insert(id.to_string(), rec);
             }
@@ -50,8 +50,14 @@ async fn a_flood_from_one_account_does_not_starve_another() {
     let blocker = s.submit(spinner(1)).await;
     let blocker = blocker["id"].as_str().unwrap().to_string();
     s.wait_for(&blocker, "running").await;
-    let flood: Vec<String> = (0..20).map(|i| submit_as(&s, "alice", trivial(i)).0).collect();
-    let few: Vec<(String, usize)> = (0..3).map(|i| submit_as(&s, "bob", trivial(100 + i))).collect();
+    let mut flood: Vec<String> = Vec::new();
+    for i in 0..20 {
+        flood.push(submit_as(&s, "alice", trivial(i)).await.0);
+    }
+    let mut few: Vec<(String, usize)> = Vec::new();
+    for i in 0..3 {
+        few.push(submit_as(&s, "bob", trivial(100 + i)).await);
+    }
     // bob's jobs alternate with alice's (2nd, 4th and 6th to run, below);
     // each owner's positions count its own jobs only.
     assert_eq!(few.iter().map(|(_, p)| *p).collect::<Vec<_>>(), [1, 2, 3]);
@@ -86,8 +92,14 @@ async fn a_tiers_running_limit_holds_and_extra_jobs_queue() {
             "3": { "class_type": "SaveImage", "inputs": { "images": ["2", 0], "filename_prefix": "h" } },
         })
     };
-    let alice: Vec<String> = (0..4).map(|i| submit_as(&s, "alice", heavy(i)).0).collect();
-    let bob: Vec<String> = (0..2).map(|i| submit_as(&s, "bob", heavy(10 + i)).0).collect();
+    let mut alice: Vec<String> = Vec::new();
+    for i in 0..4 {
+        alice.push(submit_as(&s, "alice", heavy(i)).await.0);
+    }
+    let mut bob: Vec<String> = Vec::new();
+    for i in 0..2 {
+        bob.push(submit_as(&s, "bob", heavy(10 + i)).await.0);
+    }
     let mut all: Vec<(&str, &str)> = alice.iter().map(|id| ("alice", id.as_str())).collect();
     all.extend(bob.iter().map(|id| ("bob", id.as_str())));
     let done = finished(&s, &all).await;
@@ -122,9 +134,9 @@ async fn a_full_tier_queue_is_429_queue_full_with_retry_after() {
     let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry));
     // Another account's queue is its own.
-    submit_as(&s, "carol", trivial(4));
+    submit_as(&s, "carol", trivial(4)).await;
     // The key was released: once the queue drains, the same key proceeds.
-    s.server.state.service.cancel("local", blocker["id"].as_str().unwrap()).unwrap();
+    s.server.state.service.cancel("local", blocker["id"].as_str().unwrap()).await.unwrap();
     for _ in 0..600 {
         let (status, _, _) = s.post_job(&json!({ "workflow": trivial(3) }), Some("k-full")).await;
         if status == 201 {

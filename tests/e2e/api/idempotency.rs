@@ -89,9 +89,9 @@ async fn claims_expire_after_24_hours() {
     assert_eq!(s.post_job(&json!({ "workflow": trivial(1) }), Some("key-old")).await.0, 422);
     // A sweep a second before 24 h keeps the claim; one 24 h + 1 s later drops it.
     let almost = kiln::store::now_micros() + (24 * 3600 - 1) * 1_000_000;
-    s.server.state.service.sweep(almost).unwrap();
+    s.server.state.service.sweep(almost).await.unwrap();
     assert_eq!(s.post_job(&json!({ "workflow": trivial(1) }), Some("key-old")).await.0, 422);
     let later = kiln::store::now_micros() + (24 * 3600 + 1) * 1_000_000;
-    s.server.state.service.sweep(later).unwrap();
+    s.server.state.service.sweep(later).await.unwrap();
     assert_eq!(s.post_job(&json!({ "workflow": trivial(1) }), Some("key-old")).await.0, 201);
 }

@@ -199,7 +199,7 @@ async fn self_hosted_jobs_capture_logs_but_reads_leave_them_out() {
     assert_eq!(done["status"], "succeeded", "{done}");
     assert!(done.get("logs").is_none(), "absent, not null, on a self-hosted job: {done}");
     // Captured all the same: the stored record has it.
-    let (record, _) = s.server.state.service.get("local", job["id"].as_str().unwrap()).unwrap();
+    let (record, _) = s.server.state.service.get("local", job["id"].as_str().unwrap()).await.unwrap();
     assert!(record.logs.is_some_and(|l| l.text.contains("line 19999 of noise")));
 }
 

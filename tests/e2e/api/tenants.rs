@@ -823,16 +823,16 @@ async fn disabling_an_account_cancels_its_jobs_and_closes_its_streams() {
     // Its jobs: canceled, the queued ones never started, with the status
     // and error a client's cancel gives.
     let service = &s.server.state.service;
-    let (normal, _) = service.get(&b_id(&b).await, &other).unwrap();
+    let (normal, _) = service.get(&b_id(&b).await, &other).await.unwrap();
     for id in &queued {
-        let (rec, _) = service.get(&account, id).unwrap();
+        let (rec, _) = service.get(&account, id).await.unwrap();
         assert_eq!(rec.status, kiln::store::JobStatus::Canceled, "{id}");
         assert_eq!((rec.started_at, rec.execution_ms), (None, None), "never ran: {id}");
         assert_eq!(rec.error.as_ref().map(|e| e.code), normal.error.as_ref().map(|e| e.code));
     }
     let mut ran = None;
     for _ in 0..300 {
-        let (rec, _) = service.get(&account, &spinning).unwrap();
+        let (rec, _) = service.get(&account, &spinning).await.unwrap();
         if rec.status.is_terminal() {
             ran = Some(rec);
             break;

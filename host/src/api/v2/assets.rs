@@ -109,7 +109,7 @@ pub async fn upload(
 }
 
 pub async fn head_by_hash(State(state): State<Arc<AppState>>, caller: Caller, Segment(hash): Segment) -> Response {
-    let known = parse_blob_name(&hash).is_some() && state.service.has_blob(caller.owner(), &hash).unwrap_or(false);
+    let known = parse_blob_name(&hash).is_some() && state.service.has_blob(caller.owner(), &hash).await.unwrap_or(false);
     if known { StatusCode::OK.into_response() } else { StatusCode::NOT_FOUND.into_response() }
 }
 
@@ -152,20 +152,18 @@ pub async fn from_hash(
 
 pub async fn get_asset(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
-    Ok(Json(wire::asset(&state.service.asset(caller.owner(), &id)?, &links, None)).into_response())
+    Ok(Json(wire::asset(&state.service.asset(caller.owner(), &id).await?, &links, None)).into_response())
 }
 
 pub async fn delete_asset(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<StatusCode, ApiError> {
     check_id(&id)?;
-    let service = state.service.clone();
-    let owner = caller.owner().to_string();
-    tokio::task::spawn_blocking(move || service.delete_asset(&owner, &id)).await.map_err(|e| ApiError::internal(&e))??;
+    state.service.delete_asset(caller.owner(), &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn content(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment, headers: HeaderMap) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let asset = state.service.asset(caller.owner(), &id)?;
+    let asset = state.service.asset(caller.owner(), &id).await?;
     if state.config.download_redirect {
         let expires = now_micros() / 1_000_000 + state.config.signed_url_ttl_s as i64;
         let sig = state.signer.sign(&asset.id, expires);
@@ -193,7 +191,7 @@ pub async fn signed_content(
     if !state.signer.verify(&id, sig.expires, &sig.sig, now_micros() / 1_000_000) {
         return Err(forbidden());
     }
-    let asset = state.service.signed_asset(&id)?;
+    let asset = state.service.signed_asset(&id).await?;
     let path = state.service.asset_file(&asset)?;
     content::serve(&path, &asset.content_type, &asset.hash, &headers).await
 }

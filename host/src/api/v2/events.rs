@@ -46,7 +46,7 @@ fn event_frame(state: &AppState, event: &JobEvent, links: &Links, job: &JobRecor
 
 pub async fn stream(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let opened = state.service.open_stream(caller.owner(), &id)?;
+    let opened = state.service.open_stream(caller.owner(), &id).await?;
     let closing = state.closing.clone();
     // Disabling the account ends the stream at once.
     let ended = opened.guard.closed();
@@ -97,7 +97,7 @@ pub async fn stream(State(state): State<Arc<AppState>>, caller: Caller, links: L
                 }
                 Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => {
                     // Fell behind (or the job finished): re-sync from the record.
-                    let Ok((now, _)) = state.service.get(caller.owner(), &job.id) else { return };
+                    let Ok((now, _)) = state.service.get(caller.owner(), &job.id).await else { return };
                     for o in now.outputs.iter().filter(|o| sent.insert(o.asset_id.clone())) {
                         yield Ok(frame("output", &wire::output(o, &now, &links)));
                     }

@@ -85,7 +85,7 @@ pub async fn submit(
     // the job's record.
     let key = idempotency_key(&headers)?;
     if let Some(key) = &key {
-        state.service.check_key(caller.owner(), key)?;
+        state.service.check_key(caller.owner(), key).await?;
     }
     // A submission over the size limit is a workflow over it (the
     // workflow is what makes a body large): `invalid_workflow` naming the
@@ -112,16 +112,17 @@ pub async fn submit(
     let owner = caller.owner().to_string();
     let submission = Submission { extra, idempotency_key: key, metadata, deployment: caller.deployment_id(), ..Submission::v2(owner, workflow) };
     // Validation, the store writes and the commit log's sync (~50 µs on a
-    // local disk) run right here for a typical workflow: a hand-off to the
+    // local disk, see `SledMeta::sync_jobs`) run right here for a typical workflow: a hand-off to the
     // blocking pool and back costs more than that on a small machine
     // (BENCHMARKS.md, "fewer hand-offs on a job's critical path"). A large graph validates on the pool, and
     // so does any submission while the store's writes may wait for a
     // flush of the whole store (a checkpoint): with one HTTP thread, every
     // request would wait with it.
     let (record, position) = if size <= INLINE_SUBMIT_BYTES && !service.submit_may_block() {
-        service.admit(submission).map(|a| (a.record, a.position)).map_err(ServiceError::from)?
+        service.admit(submission).await.map(|a| (a.record, a.position)).map_err(ServiceError::from)?
     } else {
-        let admitted = tokio::task::spawn_blocking(move || service.admit(submission)).await.map_err(|e| ApiError::internal(&e))?;
+        let runtime = tokio::runtime::Handle::current();
+        let admitted = tokio::task::spawn_blocking(move || runtime.block_on(service.admit(submission))).await.map_err(|e| ApiError::internal(&e))?;
         admitted.map(|a| (a.record, a.position)).map_err(ServiceError::from)?
     };
     drop(admitted);
@@ -133,7 +134,7 @@ const MAX_CACHED_BODY: usize = 64 << 10;
 
 pub async fn get_job(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let (record, position) = state.service.get_shared(caller.owner(), &id)?;
+    let (record, position) = state.service.get_shared(caller.owner(), &id).await?;
     // The one read that may show `logs` (serverless jobs only).
     let with_logs = state.service.shows_logs(&record);
     if !record.status.is_terminal() {
@@ -162,15 +163,13 @@ pub async fn get_job(State(state): State<Arc<AppState>>, caller: Caller, links: 
 
 pub async fn workflow(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
     check_id(&id)?;
-    let workflow = state.service.workflow(caller.owner(), &id)?;
+    let workflow = state.service.workflow(caller.owner(), &id).await?;
     Ok(Json(json!({ "workflow": workflow, "format": "api" })))
 }
 
 pub async fn cancel(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let service = state.service.clone();
-    let owner = caller.owner().to_string();
-    let (record, position) = tokio::task::spawn_blocking(move || service.cancel(&owner, &id)).await.map_err(|e| ApiError::internal(&e))??;
+    let (record, position) = state.service.cancel(caller.owner(), &id).await?;
     Ok(Json(wire::job(&record, position, &links, false)).into_response())
 }
 
@@ -211,9 +210,7 @@ pub async fn list(
             _ => {}
         }
     }
-    let service = state.service.clone();
-    let owner = caller.owner().to_string();
-    let (jobs, next) = tokio::task::spawn_blocking(move || service.list(&owner, &q)).await.map_err(|e| ApiError::internal(&e))??;
+    let (jobs, next) = state.service.list(caller.owner(), &q).await?;
     let items: Vec<wire::JobView> = jobs
         .iter()
         .map(|j| {

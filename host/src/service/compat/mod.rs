@@ -122,8 +122,8 @@ impl Service {
 
     /// A job with its stored workflow, for ComfyUI's queue and history
     /// (one at a time: a listing renders each as it goes).
-    pub fn compat_job(&self, record: JobRecord) -> Result<CompatJob, ServiceError> {
-        let bytes = self.meta.get_workflow_bytes(&record.id)?.unwrap_or_else(|| b"null".to_vec());
+    pub async fn compat_job(&self, record: JobRecord) -> Result<CompatJob, ServiceError> {
+        let bytes = self.meta.get_workflow_bytes(&record.id).await?.unwrap_or_else(|| b"null".to_vec());
         let outputs_to_execute = self.output_nodes(&bytes);
         let text = String::from_utf8(bytes).map_err(|_| crate::store::StoreError::Corrupt(record.id.clone()))?;
         let workflow = serde_json::value::RawValue::from_string(text).map_err(|_| crate::store::StoreError::Corrupt(record.id.clone()))?;
@@ -145,13 +145,13 @@ impl Service {
     /// `owner`'s finished jobs (not expired), oldest first; at most
     /// [`MAX_HISTORY`], the newest ones; records only, without logs (see
     /// [`Service::compat_job`]).
-    pub fn compat_history(&self, owner: &str) -> Result<Vec<JobRecord>, ServiceError> {
+    pub async fn compat_history(&self, owner: &str) -> Result<Vec<JobRecord>, ServiceError> {
         let keep = |j: &JobRecord| j.status.is_terminal() && j.status != JobStatus::Expired;
         // Page by page (each within the scan budget) until the history is
         // full or the owner's index ends.
         let (mut jobs, mut cursor) = (Vec::new(), None);
         while jobs.len() < MAX_HISTORY {
-            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), MAX_HISTORY - jobs.len(), LIST_SCAN_BUDGET, &keep)?;
+            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), MAX_HISTORY - jobs.len(), LIST_SCAN_BUDGET, &keep).await?;
             jobs.extend(page.jobs);
             match page.next {
                 Some(next) => cursor = Some(next),
@@ -163,10 +163,10 @@ impl Service {
 
     /// One finished job; `None` while it is queued or running (ComfyUI
     /// answers `{}` until its history is written) or when it is unknown.
-    pub fn compat_history_item(&self, owner: &str, id: &str) -> Result<Option<CompatJob>, ServiceError> {
-        match self.get(owner, id) {
+    pub async fn compat_history_item(&self, owner: &str, id: &str) -> Result<Option<CompatJob>, ServiceError> {
+        match self.get(owner, id).await {
             Ok((record, _)) if record.status.is_terminal() && record.status != JobStatus::Expired && self.live_job(&record.id).is_none() => {
-                self.compat_job(record).map(Some)
+                self.compat_job(record).await.map(Some)
             }
             Ok(_) | Err(ServiceError::NotFound) => Ok(None),
             Err(e) => Err(e),
@@ -176,13 +176,13 @@ impl Service {
     /// A job's output files with their subfolders: from the records (no
     /// asset read), or, for records stored before they kept it, from the
     /// output assets' paths.
-    pub fn compat_outputs(&self, record: &JobRecord) -> Result<Vec<CompatOutput>, ServiceError> {
+    pub async fn compat_outputs(&self, record: &JobRecord) -> Result<Vec<CompatOutput>, ServiceError> {
         let mut out = Vec::with_capacity(record.outputs.len());
         for o in &record.outputs {
             let subfolder = match &o.subfolder {
                 Some(subfolder) => subfolder.clone(),
                 None => {
-                    let path = self.meta.get_asset(&o.asset_id)?.and_then(|a| a.file_path).unwrap_or_else(|| o.name.clone());
+                    let path = self.meta.get_asset(&o.asset_id).await?.and_then(|a| a.file_path).unwrap_or_else(|| o.name.clone());
                     path.rsplit_once('/').map(|(sub, _)| sub.to_string()).unwrap_or_default()
                 }
             };
@@ -193,7 +193,7 @@ impl Service {
 
     /// Interrupts the running job `id` (a no-op when it is not running),
     /// or every running job.
-    pub fn interrupt(&self, owner: &str, id: Option<&str>) -> Result<(), ServiceError> {
+    pub async fn interrupt(&self, owner: &str, id: Option<&str>) -> Result<(), ServiceError> {
         let running: Vec<String> = self
             .queue
             .live_jobs()
@@ -203,33 +203,33 @@ impl Service {
             .map(|r| r.id)
             .collect();
         for id in running {
-            self.cancel_if_known(owner, &id)?;
+            self.cancel_if_known(owner, &id).await?;
         }
         Ok(())
     }
 
     /// Cancels jobs, pending or running (the spec's `POST /api/queue {delete}`).
-    pub fn delete_from_queue(&self, owner: &str, ids: &[String]) -> Result<(), ServiceError> {
+    pub async fn delete_from_queue(&self, owner: &str, ids: &[String]) -> Result<(), ServiceError> {
         for id in ids {
-            let key = self.job_key(owner, id);
+            let key = self.job_key(owner, id).await;
             if self.live_job(&key).is_some() {
-                self.cancel_if_known(owner, &key)?;
+                self.cancel_if_known(owner, &key).await?;
             }
         }
         Ok(())
     }
 
     /// Cancels every pending job.
-    pub fn clear_queue(&self, owner: &str) -> Result<(), ServiceError> {
+    pub async fn clear_queue(&self, owner: &str) -> Result<(), ServiceError> {
         let queued: Vec<String> = self.queue.ordered();
         for id in queued {
-            self.cancel_if_known(owner, &id)?;
+            self.cancel_if_known(owner, &id).await?;
         }
         Ok(())
     }
 
-    fn cancel_if_known(&self, owner: &str, id: &str) -> Result<(), ServiceError> {
-        match self.cancel(owner, id) {
+    async fn cancel_if_known(&self, owner: &str, id: &str) -> Result<(), ServiceError> {
+        match self.cancel(owner, id).await {
             Ok(_) | Err(ServiceError::NotFound) => Ok(()),
             Err(e) => Err(e),
         }
@@ -238,44 +238,54 @@ impl Service {
     /// Removes finished jobs from the history (`ids`, or with `None` all of
     /// the caller's): they end as `expired` now, their outputs dropped, as
     /// retention would. Queued and running jobs are left alone.
-    pub fn delete_history(&self, owner: &str, ids: Option<&[String]>) -> Result<(), ServiceError> {
+    pub async fn delete_history(&self, owner: &str, ids: Option<&[String]>) -> Result<(), ServiceError> {
         let in_history = |j: &JobRecord| j.owner == owner && j.status.is_terminal() && j.status != JobStatus::Expired && self.live_job(&j.id).is_none();
         let targets: Vec<JobRecord> = match ids {
-            Some(ids) => ids
-                .iter()
-                .filter_map(|id| self.meta.get_job(&self.job_key(owner, id)).transpose())
-                .filter(|j| j.as_ref().map_or(true, in_history))
-                .collect::<Result<_, _>>()?,
+            Some(ids) => {
+                let mut targets = Vec::with_capacity(ids.len());
+                for id in ids {
+                    if let Some(job) = self.meta.get_job(&self.job_key(owner, id).await).await?
+                        && in_history(&job)
+                    {
+                        targets.push(job);
+                    }
+                }
+                targets
+            }
             // The owner's whole history, a page at a time from the owner's
             // index (never a scan of every job); whole records re-read
             // (listings leave logs out).
             None => {
                 let (mut ids, mut cursor) = (Vec::new(), None);
                 loop {
-                    let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), MAX_HISTORY, LIST_SCAN_BUDGET, &in_history)?;
+                    let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), MAX_HISTORY, LIST_SCAN_BUDGET, &in_history).await?;
                     ids.extend(page.jobs.into_iter().map(|j| j.id));
                     match page.next {
                         Some(next) => cursor = Some(next),
                         None => break,
                     }
                 }
-                ids.iter().filter_map(|id| self.meta.get_job(id).transpose()).collect::<Result<_, _>>()?
+                let mut targets = Vec::with_capacity(ids.len());
+                for id in &ids {
+                    targets.extend(self.meta.get_job(id).await?);
+                }
+                targets
             }
         };
         if targets.is_empty() {
             return Ok(());
         }
         // As in a sweep: nothing older may be replayed over the deletions.
-        self.meta.checkpoint()?;
+        self.meta.checkpoint().await?;
         let now = now_micros();
         for mut job in targets {
-            self.drop_outputs(&mut job)?;
+            self.drop_outputs(&mut job).await?;
             job.transition(JobStatus::Expired, now)?;
             job.progress = None;
-            self.meta.put_job(&job)?;
+            self.meta.put_job(&job).await?;
             self.forget_finished(&job.id);
         }
-        self.meta.flush()?;
+        self.meta.flush().await?;
         Ok(())
     }
 }

@@ -12,7 +12,7 @@ use serde_json::Value as Json;
 
 use super::MAX_HISTORY;
 use crate::service::{AssetLabels, Service, ServiceError, UploadMeta};
-use crate::store::{AssetRecord, BlobUpload, JobInput, blob_name, now_micros, parse_blob_name};
+use crate::store::{AssetRecord, BlobUpload, JobInput, blob_name, now_micros, parse_blob_name, wait};
 
 /// The tag of an asset uploaded through `/api/upload/*`: `comfy:input`, `comfy:temp`.
 const TAG_PREFIX: &str = "comfy:";
@@ -94,16 +94,20 @@ impl Service {
         self.compat.generation.load(Ordering::SeqCst)
     }
 
-    /// The upload index behind `guard`, loaded from the asset records on first use.
-    fn loaded<'a>(&self, guard: &'a mut Option<Uploads>) -> Result<&'a mut Uploads, ServiceError> {
-        if guard.is_none() {
-            let mut uploads = Uploads::default();
-            for asset in self.meta.assets_where(&|a| a.tags.iter().any(|t| t.starts_with(TAG_PREFIX)))? {
-                uploads.add(asset);
-            }
-            *guard = Some(uploads);
+    /// Loads the upload index from the asset records (at start: no
+    /// request waits for it).
+    pub(in crate::service) async fn load_uploads(&self) -> Result<(), ServiceError> {
+        let mut uploads = Uploads::default();
+        for asset in self.meta.assets_where(&|a| a.tags.iter().any(|t| t.starts_with(TAG_PREFIX))).await? {
+            uploads.add(asset);
         }
-        guard.as_mut().ok_or(ServiceError::NotFound)
+        *self.compat.uploads.lock() = Some(uploads);
+        Ok(())
+    }
+
+    /// The upload index behind `guard` (loaded at start).
+    fn loaded<'a>(&self, guard: &'a mut Option<Uploads>) -> Result<&'a mut Uploads, ServiceError> {
+        guard.as_mut().ok_or_else(|| crate::store::StoreError::Backend("the upload index is not loaded".into()).into())
     }
 
     /// Runs `f` on the upload index.
@@ -203,8 +207,8 @@ impl Service {
         // so the index is set, not merged by age.
         if let Some(mut old) = replaced.filter(|old| old.id != asset.id) {
             old.tags.retain(|t| *t != tag);
-            self.meta.put_asset(&old)?;
-            self.meta.flush()?;
+            wait(self.meta.put_asset(&old))?;
+            wait(self.meta.flush())?;
         }
         uploads.files.entry(owner.to_string()).or_default().insert((req.kind.clone(), path), asset);
         self.compat.generation.fetch_add(1, Ordering::SeqCst);
@@ -215,15 +219,16 @@ impl Service {
     /// (`original`: type, subfolder, filename), stored like an upload.
     pub fn commit_compat_mask(&self, owner: &str, mask: &[u8], original: (&str, &str, &str), req: CompatUpload) -> Result<String, ServiceError> {
         let (kind, subfolder, filename) = original;
-        let asset = self.compat_file(owner, kind, subfolder, filename)?;
+        // On the blocking pool, where waiting is fine.
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
+        let asset = runtime.block_on(self.compat_file(owner, kind, subfolder, filename))?;
         let hash = parse_blob_name(&asset.hash).ok_or(ServiceError::NotFound)?;
         let file = self.blobs.open(&hash)?.ok_or(ServiceError::NotFound)?;
         let composition =
             crate::service::mask::Composition::open(std::io::BufReader::new(file), std::io::Cursor::new(mask)).map_err(ServiceError::InvalidRequest)?;
         // Its memory is taken from the intake budget before any pixel is
-        // decoded (this runs on the blocking pool, where waiting is fine).
-        let gate = tokio::runtime::Handle::try_current().map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
-        let _held = gate.block_on(self.intake.enter(composition.memory())).map_err(|e| ServiceError::PayloadTooLarge { limit_bytes: e.total })?;
+        // decoded.
+        let _held = runtime.block_on(self.intake.enter(composition.memory())).map_err(|e| ServiceError::PayloadTooLarge { limit_bytes: e.total })?;
         let mut upload = self.begin_upload()?;
         composition.write(UploadWriter(&mut upload)).map_err(ServiceError::InvalidRequest)?;
         self.commit_compat_upload(owner, upload, req)
@@ -233,10 +238,10 @@ impl Service {
     /// `temp`), else an output of one of the owner's latest [`MAX_HISTORY`]
     /// jobs (the newest with that subfolder and name); a
     /// `blake3:<hex>` filename names the bytes themselves.
-    pub fn compat_file(&self, owner: &str, kind: &str, subfolder: &str, filename: &str) -> Result<AssetRecord, ServiceError> {
+    pub async fn compat_file(&self, owner: &str, kind: &str, subfolder: &str, filename: &str) -> Result<AssetRecord, ServiceError> {
         if parse_blob_name(filename).is_some() {
             let hash = filename.to_ascii_lowercase();
-            return self.meta.assets_with_hash(&hash)?.into_iter().find(|a| self.visible(owner, a)).ok_or(ServiceError::NotFound);
+            return self.meta.assets_with_hash(&hash).await?.into_iter().find(|a| self.visible(owner, a)).ok_or(ServiceError::NotFound);
         }
         let path = join_path(subfolder, filename);
         if kind != "output" {
@@ -253,29 +258,19 @@ impl Service {
         // latest jobs, newest first, a page at a time, and at most
         // MAX_HISTORY of them whatever the name: a name no job saved (the
         // client chooses it) must not cost a scan of every record.
-        let saved = |outputs: &mut dyn Iterator<Item = &crate::store::OutputRecord>| -> Result<Option<AssetRecord>, ServiceError> {
-            for o in outputs.filter(|o| o.name == filename) {
-                if let Some(asset) = self.meta.get_asset(&o.asset_id)?
-                    && asset.file_path.as_deref() == Some(path.as_str())
-                    && self.visible(owner, &asset)
-                {
-                    return Ok(Some(asset));
-                }
-            }
-            Ok(None)
-        };
         // (Only the outputs of the owner's live jobs are copied, not their records.)
         let live: Vec<std::sync::Arc<crate::service::LiveJob>> = self.queue.live_jobs().into_iter().filter(|j| &*j.owner == owner).collect();
         let running: Vec<crate::store::OutputRecord> =
             live.iter().flat_map(|j| j.record.lock().outputs.iter().filter(|o| o.name == filename).cloned().collect::<Vec<_>>()).collect();
-        if let Some(asset) = saved(&mut running.iter())? {
+        if let Some(asset) = self.saved_output(owner, &path, running.iter()).await? {
             return Ok(asset);
         }
         let (mut cursor, mut looked) = (None, 0);
         while looked < MAX_HISTORY {
-            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), OUTPUT_SCAN_PAGE.min(MAX_HISTORY - looked), usize::MAX, &|_| true)?;
+            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), OUTPUT_SCAN_PAGE.min(MAX_HISTORY - looked), usize::MAX, &|_| true).await?;
             looked += page.jobs.len();
-            if let Some(asset) = saved(&mut page.jobs.iter().flat_map(|j| &j.outputs))? {
+            let named = page.jobs.iter().flat_map(|j| &j.outputs).filter(|o| o.name == filename);
+            if let Some(asset) = self.saved_output(owner, &path, named).await? {
                 return Ok(asset);
             }
             match page.next {
@@ -284,5 +279,25 @@ impl Service {
             }
         }
         Err(ServiceError::NotFound)
+    }
+
+    /// The first of these outputs (named as asked) whose asset the owner
+    /// can read under `path`.
+    async fn saved_output(
+        &self,
+        owner: &str,
+        path: &str,
+        outputs: impl Iterator<Item = &crate::store::OutputRecord>,
+    ) -> Result<Option<AssetRecord>, ServiceError> {
+        let ids: Vec<&str> = outputs.map(|o| o.asset_id.as_str()).collect();
+        for id in ids {
+            if let Some(asset) = self.meta.get_asset(id).await?
+                && asset.file_path.as_deref() == Some(path)
+                && self.visible(owner, &asset)
+            {
+                return Ok(Some(asset));
+            }
+        }
+        Ok(None)
     }
 }

@@ -1,6 +1,6 @@
 //! Asset references in a submitted graph: every `core/ASSET` reference,
 //! anywhere in the graph, is resolved to the name the job reads it under.
-//! Synchronous and side-effect free.
+//! Side-effect free (the store is only read).
 
 use serde_json::Value as Json;
 
@@ -21,38 +21,66 @@ pub struct Resolved {
 /// unknown, expired or not owned by `owner` are collected into
 /// [`ServiceError::MissingAsset`].
 /// The graph is changed in place (a submitted graph may be large: it is
-/// never copied).
-pub fn resolve_assets(workflow: Json, meta: &dyn MetaStore, owner: &str, now: Micros) -> Result<Resolved, ServiceError> {
-    let mut inputs: Vec<JobInput> = Vec::new();
-    let mut missing: Vec<String> = Vec::new();
+/// never copied): one pass collects the references, the store is asked for
+/// each asset named once, a second pass writes the names.
+pub async fn resolve_assets(workflow: Json, meta: &dyn MetaStore, owner: &str, now: Micros) -> Result<Resolved, ServiceError> {
     let mut out = workflow;
+    // `info.id` must name an asset the caller owns; `hash` and `file_path`
+    // are hints and never stand in for it.
+    let mut refs: Vec<Result<String, &'static str>> = Vec::new();
     walk(&mut out, &mut |value| {
-        let info = value.get("info").and_then(Json::as_object);
-        let Some(info) = info else {
-            missing.push("(reference without info)".into());
-            return Ok(());
+        let id = match value.get("info").and_then(Json::as_object) {
+            None => Err("(reference without info)"),
+            Some(info) => info.get("id").and_then(Json::as_str).map(str::to_string).ok_or("(reference without id)"),
         };
-        // `info.id` must name an asset the caller owns; `hash` and
-        // `file_path` are hints and never stand in for it.
-        let Some(id) = info.get("id").and_then(Json::as_str) else {
-            missing.push("(reference without id)".into());
-            return Ok(());
-        };
-        let usable = |a: &AssetRecord| a.owner == owner && a.expires_at.is_none_or(|e| e > now);
-        let Some(asset) = meta.get_asset(id)?.filter(usable) else {
-            missing.push(id.to_string());
-            return Ok(());
-        };
-        let name = input_name(&asset, &inputs);
-        if !inputs.iter().any(|i| i.name == name) {
-            inputs.push(JobInput { name: name.clone(), hash: asset.hash.clone() });
-        }
-        *value = Json::String(name);
+        refs.push(id);
         Ok(())
     })?;
+    if refs.is_empty() {
+        return Ok(Resolved { workflow: out, inputs: Vec::new() });
+    }
+    let usable = |a: &AssetRecord| a.owner == owner && a.expires_at.is_none_or(|e| e > now);
+    let mut found: std::collections::HashMap<&str, Option<AssetRecord>> = std::collections::HashMap::new();
+    for id in refs.iter().filter_map(|r| r.as_deref().ok()) {
+        if !found.contains_key(id) {
+            found.insert(id, meta.get_asset(id).await?.filter(usable));
+        }
+    }
+    let mut inputs: Vec<JobInput> = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
+    let mut names: Vec<Option<String>> = Vec::with_capacity(refs.len());
+    for r in &refs {
+        let asset = match r {
+            Err(why) => {
+                missing.push((*why).into());
+                None
+            }
+            Ok(id) => match found.get(id.as_str()).and_then(Option::as_ref) {
+                Some(asset) => Some(asset),
+                None => {
+                    missing.push(id.clone());
+                    None
+                }
+            },
+        };
+        names.push(asset.map(|asset| {
+            let name = input_name(asset, &inputs);
+            if !inputs.iter().any(|i| i.name == name) {
+                inputs.push(JobInput { name: name.clone(), hash: asset.hash.clone() });
+            }
+            name
+        }));
+    }
     if !missing.is_empty() {
         return Err(ServiceError::MissingAsset(missing));
     }
+    let mut names = names.into_iter().flatten();
+    walk(&mut out, &mut |value| {
+        if let Some(name) = names.next() {
+            *value = Json::String(name);
+        }
+        Ok(())
+    })?;
     Ok(Resolved { workflow: out, inputs })
 }
 
@@ -102,7 +130,7 @@ mod tests {
             node_id: None,
             tags: Vec::new(),
         };
-        meta.put_asset(&a).unwrap();
+        crate::store::wait(meta.put_asset(&a)).unwrap();
         a
     }
 
@@ -110,8 +138,8 @@ mod tests {
         json!({ "__type": ASSET_TYPE, "info": { "id": id } })
     }
 
-    #[test]
-    fn references_resolve_wherever_they_sit() {
+    #[tokio::test]
+    async fn references_resolve_wherever_they_sit() {
         let dir = tempfile::tempdir().unwrap();
         let meta = SledMeta::open(dir.path()).unwrap();
         let a = asset(&meta, "a1", "me", "in/cat.png", 1);
@@ -123,7 +151,7 @@ mod tests {
             "2": { "class_type": "Custom", "inputs": { "list": [1, { "deep": [reference("b2"), reference("a1")] }] } },
             "3": { "class_type": "Custom", "inputs": { "map": { "k": { "kk": reference("a1") } } }, "_meta": { "note": reference("b2") } },
         });
-        let resolved = resolve_assets(workflow.clone(), &meta, "me", 0).unwrap();
+        let resolved = resolve_assets(workflow.clone(), &meta, "me", 0).await.unwrap();
         let w = &resolved.workflow;
         assert_eq!(w["1"]["inputs"]["image"], "cat.png");
         assert_eq!(w["2"]["inputs"]["list"][1]["deep"][0], "b2-cat.png", "same name, other bytes: made unique");
@@ -139,7 +167,7 @@ mod tests {
             "1": { "class_type": "Custom", "inputs": { "x": [[reference("nope")]], "y": { "z": reference("c3") } } },
             "2": { "class_type": "Custom", "inputs": { "w": { "__type": ASSET_TYPE, "info": { "hash": a.hash } } } },
         });
-        match resolve_assets(bad.clone(), &meta, "me", 0) {
+        match resolve_assets(bad.clone(), &meta, "me", 0).await {
             Err(ServiceError::MissingAsset(mut missing)) => {
                 missing.sort();
                 assert_eq!(missing, ["(reference without id)", "c3", "nope"]);

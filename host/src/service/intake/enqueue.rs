@@ -41,7 +41,7 @@ impl Drop for Slot<'_> {
 impl Service {
     /// Records a validated job (`workflow` resolved, `plan` its plan); it
     /// is durable and queued when this returns, at the position returned.
-    pub(super) fn enqueue(&self, sub: Submission, workflow: Json, inputs: Vec<JobInput>, plan: Plan) -> Result<(JobRecord, usize), ServiceError> {
+    pub(super) async fn enqueue(&self, sub: Submission, workflow: Json, inputs: Vec<JobInput>, plan: Plan) -> Result<(JobRecord, usize), ServiceError> {
         let now = now_micros();
         self.activity.fetch_add(1, Ordering::Relaxed);
         // An account without credits submits nothing (no claim is made, so
@@ -56,7 +56,7 @@ impl Service {
         let slot = Slot(Some(self));
         let id = match &sub.id {
             None => uuid::Uuid::now_v7().to_string(),
-            Some(chosen) => self.key_for_chosen_id(&sub.owner, chosen)?,
+            Some(chosen) => self.key_for_chosen_id(&sub.owner, chosen).await?,
         };
         let record = self.new_record(&sub, id, inputs, now);
         let claim = sub.idempotency_key.as_ref().map(|key| IdempotencyClaim {
@@ -67,7 +67,7 @@ impl Service {
             expires_at: now + IDEMPOTENCY_TTL.as_micros() as Micros,
         });
         let live = Arc::new(LiveJob::new(record.clone(), sub.extra));
-        let (written, position) = self.commit(&live, slot, (&sub.owner, sub.deployment.as_deref(), sub.front), &workflow, claim.as_ref(), plan)?;
+        let (written, position) = self.commit(&live, slot, (&sub.owner, sub.deployment.as_deref(), sub.front), &workflow, claim.as_ref(), plan).await?;
         let id = &record.id;
         match written {
             Ok(()) => {}
@@ -91,7 +91,7 @@ impl Service {
         // before it, and a crash before this sync loses the submission and
         // everything after it together (the caller, who got no 201, submits
         // again). The 201 waits for the sync.
-        match self.meta.sync_jobs() {
+        match self.meta.sync_jobs().await {
             Ok(()) => Ok((record, position)),
             Err(e) => Err(StoreError::NotDurable(e.to_string()).into()),
         }
@@ -126,8 +126,8 @@ impl Service {
         }
     }
 
-    /// Queues the job and writes its submission, under the job record's
-    /// lock: the refusals that need the job in the live set (the account
+    /// Queues the job and writes its submission, in the job's write turn
+    /// (see `LiveJob::writes`): the refusals that need the job in the live set (the account
     /// disabled meanwhile, the key's own bound), then the store write.
     /// Returns the write's outcome (the job stays queued unless it failed
     /// outright) and its position.
@@ -135,12 +135,12 @@ impl Service {
     /// The job is queued and a worker woken before the submission is
     /// written: waking a thread takes longer than the writes (about 60 vs
     /// 35 µs here), so the worker usually starts as soon as they are done.
-    /// It cannot start earlier: the writes happen under the job record's
-    /// lock, which the worker takes first — also what puts the submission
+    /// It cannot start earlier: the writes happen in the job's write turn,
+    /// which the worker takes first — also what puts the submission
     /// before the job's start in the commit log. No one else can see the
     /// job yet (its id is unknown until the 201; the store does not list
     /// it).
-    fn commit(
+    async fn commit(
         &self,
         live: &Arc<LiveJob>,
         slot: Slot<'_>,
@@ -149,8 +149,10 @@ impl Service {
         claim: Option<&IdempotencyClaim>,
         plan: Plan,
     ) -> Result<(Result<(), StoreError>, usize), ServiceError> {
-        let mut locked = live.record.lock();
-        let id = locked.id.clone();
+        // Uncontended (the job is new); a worker that takes the job waits for it.
+        let _turn = live.writes.lock().await;
+        let record = live.snapshot();
+        let id = record.id.clone();
         if !self.queue.join(&id, live.clone()) {
             return Err(ServiceError::InvalidRequest(format!("a job with id {} already exists", crate::store::public_job_id(&id))));
         }
@@ -168,10 +170,10 @@ impl Service {
             return Err(queue_full(limits));
         };
         slot.keep();
-        // Before the worker can start it (it waits for this lock), so the
+        // Before the worker can start it (it waits for this turn), so the
         // queue change precedes the job's own messages.
         self.publish_queue(owner);
-        let written = self.meta.submit(&locked, workflow, claim);
+        let written = self.meta.submit(&record, workflow, claim).await;
         match &written {
             // Committed (durable or not): the job exists, so it runs. Kept
             // parsed for the worker while the queued jobs' share allows;
@@ -188,9 +190,9 @@ impl Service {
             // Not written: a worker that took it meanwhile finds it no
             // longer queued.
             Err(_) => {
-                // (Queued under this lock: the move is always allowed.)
-                if let Err(bug) = locked.transition(JobStatus::Canceled, now_micros()) {
-                    tracing::error!(job_id = %locked.id, %bug, "cannot mark an unwritten submission");
+                // (Queued in this turn: the move is always allowed.)
+                if let Err(bug) = live.record.lock().transition(JobStatus::Canceled, now_micros()) {
+                    tracing::error!(job_id = %id, %bug, "cannot mark an unwritten submission");
                 }
             }
         }
@@ -202,23 +204,23 @@ impl Service {
     /// owner-scoped key (`store::scoped_job_key`), so the answer is the one
     /// an unused id gets. The owner's own job under either is a reuse (400;
     /// checked again, atomically, when the job joins the live set).
-    fn key_for_chosen_id(&self, owner: &str, chosen: &str) -> Result<String, ServiceError> {
+    async fn key_for_chosen_id(&self, owner: &str, chosen: &str) -> Result<String, ServiceError> {
         let exists = || ServiceError::InvalidRequest(format!("a job with id {chosen} already exists"));
         let scoped = crate::store::scoped_job_key(owner, chosen);
-        match self.owner_at(chosen)? {
+        match self.owner_at(chosen).await? {
             Some(holder) if holder == owner => Err(exists()),
-            _ if self.owner_at(&scoped)?.is_some() => Err(exists()),
+            _ if self.owner_at(&scoped).await?.is_some() => Err(exists()),
             Some(_) => Ok(scoped),
             None => Ok(chosen.to_string()),
         }
     }
 
     /// The owner of the job stored under `key`, if any.
-    fn owner_at(&self, key: &str) -> Result<Option<String>, ServiceError> {
+    async fn owner_at(&self, key: &str) -> Result<Option<String>, ServiceError> {
         if let Some(live) = self.live_job(key) {
             return Ok(Some(live.owner.to_string()));
         }
-        Ok(self.meta.get_job(key)?.map(|r| r.owner))
+        Ok(self.meta.get_job(key).await?.map(|r| r.owner))
     }
 
     /// Takes back a job whose submission was not written (already marked

@@ -176,8 +176,8 @@ impl Service {
     /// Refuses an Idempotency-Key of `owner` that a live claim holds (a
     /// used key is refused whatever else the request holds; the claim
     /// itself is made atomically with the job's record).
-    pub fn check_key(&self, owner: &str, key: &str) -> Result<(), ServiceError> {
-        match self.meta.get_claim(&self.claim_key(owner, key))? {
+    pub async fn check_key(&self, owner: &str, key: &str) -> Result<(), ServiceError> {
+        match self.meta.get_claim(&self.claim_key(owner, key)).await? {
             Some(claim) if claim.expires_at > now_micros() => Err(ServiceError::IdempotencyKeyReuse),
             _ => Ok(()),
         }
@@ -194,8 +194,9 @@ impl Service {
     }
 
     /// Applies every rule to a submission and queues its job: durable and
-    /// queued when this returns. Blocking (store writes, a log sync).
-    pub fn admit(&self, mut sub: Submission) -> Result<Admitted, SubmitError> {
+    /// queued when this returns. Validation runs on the calling thread (a
+    /// large graph's caller runs this on the blocking pool).
+    pub async fn admit(&self, mut sub: Submission) -> Result<Admitted, SubmitError> {
         if sub.surface == Surface::Compat {
             self.check_subscription(&sub)?;
         }
@@ -208,7 +209,8 @@ impl Service {
             None => self.registry.clone(),
             Some(id) => self.deployment_serving(id)?.registry.clone(),
         };
-        let (mut workflow, inputs) = self.resolve_inputs(&mut sub)?;
+        let (workflow, inputs) = self.resolve_inputs(&mut sub).await?;
+        let (mut workflow, inputs) = (workflow, inputs);
         let files = super::job_files::JobInputs::new(&inputs, self.blobs.clone());
         let (plan, dropped) = plan(&workflow, &registry, &files, &self.opts.workflow_limits, sub.outputs)?;
         // The dropped outputs leave the stored graph: it is what the queue
@@ -219,7 +221,7 @@ impl Service {
                 nodes.shift_remove(output);
             }
         }
-        let (record, position) = self.enqueue(sub, workflow, inputs, plan)?;
+        let (record, position) = self.enqueue(sub, workflow, inputs, plan).await?;
         Ok(Admitted { record, position: Some(position), dropped })
     }
 
@@ -246,8 +248,8 @@ impl Service {
     /// The submission's graph with its asset references resolved, and the
     /// files the job reads: those references, and (when asked) the uploads
     /// its nodes name.
-    fn resolve_inputs(&self, sub: &mut Submission) -> Result<(Json, Vec<crate::store::JobInput>), ServiceError> {
-        let resolved = assets::resolve_assets(std::mem::take(&mut sub.workflow), self.meta.as_ref(), &sub.owner, now_micros())?;
+    async fn resolve_inputs(&self, sub: &mut Submission) -> Result<(Json, Vec<crate::store::JobInput>), ServiceError> {
+        let resolved = assets::resolve_assets(std::mem::take(&mut sub.workflow), self.meta.as_ref(), &sub.owner, now_micros()).await?;
         let mut inputs = resolved.inputs;
         if sub.named_uploads {
             let named = self.uploads_named_in(&sub.owner, &resolved.workflow, &inputs)?;

@@ -50,7 +50,7 @@ impl Service {
 
     /// Runs one job taken from the queue, from its start to its durable end.
     async fn run_job(&self, live: Arc<LiveJob>) {
-        let Some(snapshot) = self.begin(&live) else { return };
+        let Some(snapshot) = self.begin(&live).await else { return };
         let kept = live.prepared.lock().take().map(|p| (p.text, p.plan));
         let prepared = match (self.engine_for(&snapshot), kept) {
             (Err(e), _) => Err(e),
@@ -71,15 +71,16 @@ impl Service {
     /// Moves a queued job to running and records it; `None` when it is no
     /// longer queued (canceled or expired while it waited).
     ///
-    /// The running record goes to the store under the record's lock (so a
+    /// The running record goes to the store in the job's write turn (so a
     /// concurrent cancel's write cannot be overtaken); then, outside it (it
     /// may wait for the disk when the log grows), the start is logged: it
     /// survives a crash of the process before the run begins, so a job that
     /// brings the server down cannot be retried forever, without a flush on
     /// every job (see `MetaStore::record_start`).
-    fn begin(&self, live: &LiveJob) -> Option<JobRecord> {
+    async fn begin(&self, live: &LiveJob) -> Option<JobRecord> {
         let now = now_micros();
-        let (snapshot, written) = {
+        let turn = live.writes.lock().await;
+        let snapshot = {
             let mut rec = live.record.lock();
             if rec.status != JobStatus::Queued {
                 return None;
@@ -91,10 +92,15 @@ impl Service {
             rec.started_at = Some(now);
             rec.queue_ms = Some((now - rec.created_at) / 1000);
             rec.attempts += 1;
-            let written = self.meta.put_job(&rec);
-            (rec.clone(), written)
+            rec.clone()
         };
-        if let Err(e) = written.and_then(|()| self.meta.record_start(&snapshot)) {
+        let written = self.meta.put_job(&snapshot).await;
+        drop(turn);
+        let logged = match written {
+            Ok(()) => self.meta.record_start(&snapshot).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = logged {
             tracing::error!(job_id = %snapshot.id, error = %e, "cannot record the running job");
         }
         tracing::debug!(job_id = %snapshot.id, attempt = snapshot.attempts, "job running");
@@ -181,7 +187,7 @@ impl Service {
     /// the parsed tree.
     async fn prepare(&self, job: &JobRecord, registry: &crate::plugins::NodeRegistry) -> Result<(Arc<str>, crate::workflow::Plan), JobErrorRecord> {
         let error = |code: JobErrorCode, message: String| JobErrorRecord { code, message, node_id: None, class_type: None, traceback: None };
-        let bytes = match self.meta.get_workflow_bytes(&job.id) {
+        let bytes = match self.meta.get_workflow_bytes(&job.id).await {
             Ok(Some(b)) => b,
             Ok(None) => return Err(error(JobErrorCode::InternalError, "the job's workflow is missing from the store".into())),
             Err(e) => return Err(error(JobErrorCode::InternalError, format!("cannot read the job's workflow: {e}"))),
@@ -229,6 +235,8 @@ impl Service {
             };
             self.bus.job(&id, &owner, body);
         }
+        // After any write in flight (a cancel's): the terminal record is the last.
+        let _turn = live.writes.lock().await;
         let terminal = {
             let rec = live.record.lock();
             live.finishing.store(true, Ordering::SeqCst);
@@ -243,7 +251,7 @@ impl Service {
         // On this thread: the execution runtime's threads are there for
         // blocking job work, and a hand-off to the blocking pool and back
         // cost ~100 µs per job here (BENCHMARKS.md, "fewer hand-offs on a job's critical path").
-        let durable = self.meta.finish_job(&terminal, &assets);
+        let durable = self.meta.finish_job(&terminal, &assets).await;
         if let Err(e) = &durable {
             // Ended either way: a store failure only means a restart may run it again.
             tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job");

@@ -175,7 +175,9 @@ impl JobSink {
                 node_id: Some(node.clone()),
                 tags: Vec::new(),
             };
-            if let Err(e) = self.meta.put_asset(&asset) {
+            // Written before the output is shown (a client may fetch it at
+            // once); the sink is synchronous, on the job's execution thread.
+            if let Err(e) = crate::store::wait(self.meta.put_asset(&asset)) {
                 tracing::error!(error = %e, "cannot record an output asset");
                 continue;
             }

@@ -58,7 +58,7 @@ pub(super) struct Item<'a> {
 pub(super) fn item<'a>(service: &Service, job: &'a CompatJob) -> Result<Item<'a>, crate::service::ServiceError> {
     let r = &job.record;
     let id = r.public_id();
-    let files = service.compat_outputs(r)?;
+    let files = super::block(service.compat_outputs(r))?;
     let mut outputs = Map::new();
     let mut meta = Map::new();
     for (file, rec) in files.iter().zip(&r.outputs) {
@@ -121,7 +121,7 @@ fn write_items(service: &Service, records: Vec<crate::store::JobRecord>, out: &m
         }
         out.json(record.public_id())?;
         out.raw(b":")?;
-        let job = service.compat_job(record)?;
+        let job = super::block(service.compat_job(record))?;
         out.json(&item(service, &job)?)?;
     }
     out.raw(b"}")
@@ -131,7 +131,7 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, query: Res
     let Query(q) = query.map_err(|_| ApiError::invalid_request("`max_items` and `offset` must be whole numbers."))?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
     // The page is chosen on the records; only its jobs' workflows are read.
-    let mut jobs = blocking(move || service.compat_history(&owner)).await?;
+    let mut jobs = service.compat_history(&owner).await.map_err(super::compat_error)?;
     // ComfyUI: `offset` skips from the oldest; `max_items` alone keeps the last N.
     let start = match (q.offset, q.max_items) {
         (Some(offset), _) => offset.min(jobs.len()),
@@ -148,7 +148,7 @@ pub async fn one(State(state): State<Arc<AppState>>, caller: Caller, Segment(id)
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let body = blocking(move || {
         let mut body = Vec::new();
-        let job = if uuid::Uuid::parse_str(&id).is_ok() { service.compat_history_item(&owner, &id)? } else { None };
+        let job = if uuid::Uuid::parse_str(&id).is_ok() { super::block(service.compat_history_item(&owner, &id))? } else { None };
         let rendered = match &job {
             Some(job) => serde_json::to_writer(&mut body, &std::collections::BTreeMap::from([(job.record.public_id(), item(&service, job)?)])),
             None => serde_json::to_writer(&mut body, &Map::new()),
@@ -165,10 +165,10 @@ pub async fn edit(State(state): State<Arc<AppState>>, caller: Caller, body: Resu
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
     blocking(move || {
         if clear {
-            service.delete_history(&owner, None)?;
+            super::block(service.delete_history(&owner, None))?;
         }
         if !delete.is_empty() {
-            service.delete_history(&owner, Some(&delete))?;
+            super::block(service.delete_history(&owner, Some(&delete)))?;
         }
         Ok(())
     })

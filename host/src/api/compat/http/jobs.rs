@@ -37,7 +37,7 @@ fn error(status: StatusCode, message: &str) -> Response {
 fn summary(service: &Service, record: &JobRecord) -> Result<Map<String, Json_>, ServiceError> {
     let mut out = short(record);
     if record.status.is_terminal()
-        && let (Some(file), Some(rec)) = (service.compat_outputs(record)?.into_iter().next(), record.outputs.first())
+        && let (Some(file), Some(rec)) = (super::block(service.compat_outputs(record))?.into_iter().next(), record.outputs.first())
     {
         let media = super::history::group(&rec.kind);
         out.insert(
@@ -109,7 +109,7 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, Query(q): 
     // Records only: no listing here shows a workflow.
     let mut jobs = blocking(move || {
         let (running, pending) = service.compat_queue(&owner);
-        let mut all = service.compat_history(&owner)?;
+        let mut all = super::block(service.compat_history(&owner))?;
         all.extend(running);
         all.extend(pending);
         Ok(all)
@@ -136,12 +136,12 @@ pub async fn detail(State(state): State<Arc<AppState>>, caller: Caller, Segment(
     }
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let found = blocking(move || {
-        let (record, _) = match service.get(&owner, &id) {
+        let (record, _) = match super::block(service.get(&owner, &id)) {
             Ok(r) => r,
             Err(ServiceError::NotFound) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let finished = service.compat_history_item(&owner, &id)?;
+        let finished = super::block(service.compat_history_item(&owner, &id))?;
         let Some(job) = finished else { return Ok(Some(serde_json::to_vec(&short(&record)))) };
         let mut out = summary(&service, &job.record)?;
         let item = super::history::item(&service, &job)?;
@@ -176,9 +176,9 @@ async fn cancel_ids(state: &AppState, owner: &str, ids: Vec<String>) -> Result<b
     blocking(move || {
         let mut any = false;
         for id in ids {
-            match service.get(&owner, &id) {
+            match super::block(service.get(&owner, &id)) {
                 Ok((r, _)) if matches!(r.status, JobStatus::Queued | JobStatus::Running) => {
-                    service.delete_from_queue(&owner, std::slice::from_ref(&id))?;
+                    super::block(service.delete_from_queue(&owner, std::slice::from_ref(&id)))?;
                     any = true;
                 }
                 Ok(_) | Err(ServiceError::NotFound) => {}

@@ -98,6 +98,12 @@ pub(super) fn compat_error(e: ServiceError) -> ApiError {
     err
 }
 
+/// Waits for an async service call inside [`blocking`] work (on the
+/// blocking pool, where waiting is fine; never on the reactor).
+pub(super) fn block<F: std::future::Future>(call: F) -> F::Output {
+    tokio::runtime::Handle::current().block_on(call)
+}
+
 /// Runs blocking service work (store writes, fsyncs) off the reactor.
 pub(super) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ServiceError> + Send + 'static) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(&e))?.map_err(compat_error)

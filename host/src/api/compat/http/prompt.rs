@@ -47,7 +47,7 @@ pub async fn remaining(State(state): State<Arc<AppState>>, caller: Caller) -> Js
 
 pub async fn status(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
     check_id(&id)?;
-    let (record, _) = state.service.get_shared(caller.owner(), &id).map_err(compat_error)?;
+    let (record, _) = state.service.get_shared(caller.owner(), &id).await.map_err(compat_error)?;
     Ok(Json(json!({ "status": crate::api::statuses::comfy_job(&record) })))
 }
 
@@ -129,7 +129,8 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     let fields = CompatFields { number: number.clone(), client_id };
     let submission = Submission { extra, id, front, ..Submission::compat(caller.owner(), workflow, fields) };
     let service = state.service.clone();
-    let outcome = tokio::task::spawn_blocking(move || service.admit(submission)).await.map_err(|e| ApiError::internal(&e))?;
+    let runtime = tokio::runtime::Handle::current();
+    let outcome = tokio::task::spawn_blocking(move || runtime.block_on(service.admit(submission))).await.map_err(|e| ApiError::internal(&e))?;
     drop(admitted);
     let registry = state.service.registry();
     match outcome {

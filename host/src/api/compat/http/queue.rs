@@ -13,7 +13,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
 use serde_json::Value as Json_;
 
-use super::{blocking, compat_error, delete_or_clear, empty_ok, optional_object, queue_item, streamed};
+use super::{compat_error, delete_or_clear, empty_ok, optional_object, queue_item, streamed};
 use crate::api::AppState;
 use crate::api::Caller;
 use crate::api::error::ApiError;
@@ -31,7 +31,7 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> Respons
                 if j > 0 {
                     out.raw(b",")?;
                 }
-                let job = service.compat_job(record)?;
+                let job = super::block(service.compat_job(record))?;
                 out.json(&queue_item(&job))?;
             }
             out.raw(b"]")?;
@@ -42,14 +42,10 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> Respons
 
 pub async fn edit(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (delete, clear) = delete_or_clear(&state, body)?;
-    let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    blocking(move || {
-        if clear {
-            service.clear_queue(&owner)?;
-        }
-        service.delete_from_queue(&owner, &delete)
-    })
-    .await?;
+    if clear {
+        state.service.clear_queue(caller.owner()).await.map_err(compat_error)?;
+    }
+    state.service.delete_from_queue(caller.owner(), &delete).await.map_err(compat_error)?;
     Ok(empty_ok())
 }
 
@@ -57,6 +53,6 @@ pub async fn interrupt(State(state): State<Arc<AppState>>, caller: Caller, body:
     let body = optional_object(body, state.service.options().workflow_limits.max_bytes)?;
     let id = body.as_ref().and_then(|b| b.get("prompt_id")).and_then(Json_::as_str).map(str::to_string);
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    tokio::task::spawn_blocking(move || service.interrupt(&owner, id.as_deref())).await.map_err(|e| ApiError::internal(&e))?.map_err(compat_error)?;
+    service.interrupt(&owner, id.as_deref()).await.map_err(compat_error)?;
     Ok(empty_ok())
 }
