@@ -34,8 +34,8 @@ pub struct Device {
     /// Idle buffers for reuse.
     pub(crate) pool: Pool,
     /// Held by each poll and each submission (which polls too): wgpu-core
-    /// 30.0.2 panics (an assertion in `Device::maintain`, and a dropped map
-    /// callback may then abort the process) when one thread's timed wait
+    /// 30.0.2 panics (an assertion in `Device::maintain`; the map callbacks
+    /// that poll retired are dropped uncalled) when one thread's timed wait
     /// runs out while another thread's poll retires the queue (fixed
     /// upstream after that release, gfx-rs/wgpu#9958). Waits poll in
     /// slices of at most [`POLL_SLICE`], so no thread holds it for long.
