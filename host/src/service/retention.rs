@@ -15,34 +15,35 @@
 //! deleted. Blobs no asset, upload in progress or running job refers to are
 //! collected; claims past their 24 h are dropped.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{ExtraData, LiveJob, Service, ServiceError};
 use crate::codes::JobErrorCode;
-use crate::store::{AssetRecord, JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros, blob_name, now_micros};
+use crate::store::{JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros, blob_name, now_micros};
 
 /// A running job is re-run after a restart at most this many times in all.
 pub const MAX_ATTEMPTS: u32 = 2;
+
+/// Jobs (and, apart, uploads) one sweep handles at most; more wait for the
+/// next sweep.
+const SWEEP_BATCH: usize = 10_000;
 
 impl Service {
     /// Brings the store to a consistent state after a start.
     pub(super) async fn recover(&self) -> Result<(), ServiceError> {
         let now = now_micros();
-        let mut jobs = self.meta.all_jobs().await?;
+        let mut jobs = self.meta.unfinished_jobs().await?;
         jobs.sort_by_key(|j| j.seq);
-        let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0);
+        let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0).max(self.meta.max_seq().await?);
         self.queue.start_seq_after(max_seq);
         // Output assets of interrupted runs that their stored record does not
-        // list (outputs reach the store with the terminal record): one scan.
-        let interrupted: HashMap<&str, &JobRecord> =
-            jobs.iter().filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Canceling)).map(|j| (j.id.as_str(), j)).collect();
-        if !interrupted.is_empty() {
-            let unlisted =
-                |a: &AssetRecord| a.job_id.as_deref().and_then(|id| interrupted.get(id)).is_some_and(|j| !j.outputs.iter().any(|o| o.asset_id == a.id));
-            for asset in self.meta.assets_where(&unlisted).await? {
-                self.meta.delete_asset(&asset).await?;
+        // list (outputs reach the store with the terminal record).
+        for job in jobs.iter().filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Canceling)) {
+            for asset in self.meta.assets_of_job(&job.id).await? {
+                if !job.outputs.iter().any(|o| o.asset_id == asset.id) {
+                    self.meta.delete_asset(&asset).await?;
+                }
             }
         }
         for mut job in jobs {
@@ -142,10 +143,7 @@ impl Service {
         // a crash (it could bring a deleted record back).
         self.meta.checkpoint().await?;
         let grace = self.opts.retention.as_micros() as Micros;
-        for listed in self.meta.all_jobs().await? {
-            if listed.expires_at > now {
-                continue;
-            }
+        for listed in self.meta.jobs_due(now, now.saturating_sub(grace), SWEEP_BATCH).await? {
             if let Some(live) = self.live_job(&listed.id) {
                 let status = live.record.lock().status;
                 // Not stopped as queued: a worker took it meanwhile.
@@ -172,7 +170,7 @@ impl Service {
             }
         }
         // Uploads (not job outputs, which go with their job) past their expiry.
-        for asset in self.meta.assets_where(&|a| a.job_id.is_none() && a.expires_at.is_some_and(|e| e <= now)).await? {
+        for asset in self.meta.uploads_due(now, SWEEP_BATCH).await? {
             self.meta.delete_asset(&asset).await?;
             tracing::info!(asset_id = %asset.id, "asset expired");
         }

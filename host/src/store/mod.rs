@@ -7,14 +7,14 @@
 mod blobs;
 mod commit_log;
 pub mod records;
-mod sled_meta;
+mod sled;
 mod status;
 
 use std::path::PathBuf;
 
 pub use blobs::{BlobUpload, DiskBlobs};
 pub use records::*;
-pub use sled_meta::SledMeta;
+pub use sled::SledMeta;
 pub use status::IllegalTransition;
 
 /// A storage failure.
@@ -58,8 +58,6 @@ pub fn parse_blob_name(name: &str) -> Option<blake3::Hash> {
 
 /// Which jobs a listing keeps.
 pub type JobFilter<'a> = dyn for<'r> Fn(&'r JobRecord) -> bool + Send + Sync + 'a;
-/// Which assets a scan keeps.
-pub type AssetFilter<'a> = dyn for<'r> Fn(&'r AssetRecord) -> bool + Send + Sync + 'a;
 
 /// A page of jobs, newest first.
 pub struct JobPage {
@@ -103,8 +101,14 @@ pub trait MetaStore: Send + Sync {
     /// A job's stored workflow as its JSON text (rendered into a listing
     /// without being parsed).
     async fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
-    /// Every job (recovery and retention sweeps).
-    async fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
+    /// The jobs queued, running or canceling (recovery at start).
+    async fn unfinished_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
+    /// The highest queue `seq` of any job ever submitted (new jobs follow it).
+    async fn max_seq(&self) -> Result<u64, StoreError>;
+    /// Jobs the retention sweeper has work on at `now`: those not expired
+    /// whose `expires_at` has passed, and expired ones whose `expires_at`
+    /// is at or before `purge_before`; at most `limit` of each, the oldest.
+    async fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<JobRecord>, StoreError>;
     /// Records that an attempt of `job` began: its `running` record, with
     /// the attempts counted, already written with [`MetaStore::put_job`].
     /// When this returns the record survives a crash of this process, so a
@@ -144,8 +148,13 @@ pub trait MetaStore: Send + Sync {
     async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
     /// Assets over blob `hash`.
     async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError>;
-    /// Every asset `keep` accepts: a scan, for sweeps and recovery only.
-    async fn assets_where(&self, keep: &AssetFilter<'_>) -> Result<Vec<AssetRecord>, StoreError>;
+    /// A job's output assets.
+    async fn assets_of_job(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError>;
+    /// Uploads (assets of no job) whose `expires_at` is at or before `now`;
+    /// at most `limit`, the oldest.
+    async fn uploads_due(&self, now: Micros, limit: usize) -> Result<Vec<AssetRecord>, StoreError>;
+    /// Assets with a tag that starts with `prefix`.
+    async fn assets_tagged(&self, prefix: &str) -> Result<Vec<AssetRecord>, StoreError>;
 
     /// The live claim on `key`, if any.
     async fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError>;

@@ -98,7 +98,7 @@ impl Service {
     /// request waits for it).
     pub(in crate::service) async fn load_uploads(&self) -> Result<(), ServiceError> {
         let mut uploads = Uploads::default();
-        for asset in self.meta.assets_where(&|a| a.tags.iter().any(|t| t.starts_with(TAG_PREFIX))).await? {
+        for asset in self.meta.assets_tagged(TAG_PREFIX).await? {
             uploads.add(asset);
         }
         *self.compat.uploads.lock() = Some(uploads);

@@ -7,12 +7,15 @@
 //! (id → JSON), `asset_hashes`
 //! (hash ‖ 0 ‖ id → empty, for dedup and blob reference counts) and
 //! `claims` (Idempotency-Key → JSON); the account store opens `accounts`
-//! (see `crate::accounts`). Beside them, in the same directory,
+//! (see `crate::accounts`); the indexes of the periodic work are in
+//! [`index`]. Beside them, in the same directory,
 //! the commit log ([`super::commit_log`]) makes submissions, job starts and
 //! finished jobs durable without a sled flush; it is replayed when the store
 //! opens. Everything else is made durable by sled's flush. There is no
 //! queue tree: the queue is the queued jobs in `seq` order, rebuilt from
 //! the job records when the service starts.
+
+mod index;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,7 +24,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::commit_log::CommitLog;
-use super::{AssetFilter, AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, JobStatus, MetaStore, Micros, StoreError};
+use super::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, JobStatus, MetaStore, Micros, StoreError};
+use index::Indexes;
 
 /// sled-backed [`MetaStore`]: the synchronous store ([`Sled`]) behind the
 /// async trait; what may wait for the disk (a log sync, a flush, a scan)
@@ -38,6 +42,7 @@ struct Sled {
     assets: sled::Tree,
     hashes: sled::Tree,
     claims: sled::Tree,
+    index: Indexes,
     log: CommitLog,
 }
 
@@ -168,10 +173,12 @@ impl Sled {
             assets: tree("assets")?,
             hashes: tree("asset_hashes")?,
             claims: tree("claims")?,
+            index: Indexes::open(&db)?,
             log,
             db,
         };
         meta.index_owners()?;
+        meta.index.build_once(&meta.jobs, &meta.assets)?;
         meta.replay(entries)?;
         let _ = std::fs::remove_file(dir.join(OLD_JOURNAL_FILE));
         // Written by earlier versions, never read: the queue comes from the job records.
@@ -204,11 +211,13 @@ impl Sled {
     /// Writes a submission's workflow and time index, then the
     /// job record: sled keeps a prefix of its writes, so a job record that
     /// survives a crash has everything written before it.
-    fn write_submission(&self, job: &JobRecord, job_bytes: &[u8], wf_bytes: &[u8]) -> Result<(), sled::Error> {
-        self.workflows.insert(job.id.as_bytes(), wf_bytes)?;
-        self.by_time.insert(time_key(job), job.id.as_bytes())?;
-        self.by_owner.insert(owner_key(job), job.id.as_bytes())?;
-        self.jobs.insert(job.id.as_bytes(), job_bytes)?;
+    fn write_submission(&self, job: &JobRecord, job_bytes: &[u8], wf_bytes: &[u8]) -> Result<(), StoreError> {
+        self.workflows.insert(job.id.as_bytes(), wf_bytes).map_err(backend)?;
+        self.by_time.insert(time_key(job), job.id.as_bytes()).map_err(backend)?;
+        self.by_owner.insert(owner_key(job), job.id.as_bytes()).map_err(backend)?;
+        self.index.submitted(job.seq)?;
+        self.index.before_job(job)?;
+        self.jobs.insert(job.id.as_bytes(), job_bytes).map_err(backend)?;
         Ok(())
     }
 
@@ -249,7 +258,7 @@ impl Sled {
                         if let Some(claim) = claim {
                             self.claims.insert(claim.key.as_bytes(), encode(&claim)?).map_err(backend)?;
                         }
-                        self.write_submission(&job, &encode(&job)?, &encode(&workflow)?).map_err(backend)?;
+                        self.write_submission(&job, &encode(&job)?, &encode(&workflow)?)?;
                     }
                 }
                 Entry::Started { job } => {
@@ -302,7 +311,7 @@ impl Sled {
             if let (Some(claim), Some(bytes)) = (claim, claimed) {
                 let _ = self.claims.compare_and_swap(claim.key.as_bytes(), Some(bytes), None::<&[u8]>);
             }
-            return Err(backend(e));
+            return Err(e);
         }
         // Logged before anything can start the job, so its start and finish
         // follow it in the log; synced by `sync_jobs`. The writes above are
@@ -312,8 +321,9 @@ impl Sled {
     }
 
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.index.before_job(job)?;
         self.jobs.insert(job.id.as_bytes(), encode(job)?).map_err(backend)?;
-        Ok(())
+        self.index.after_job(job)
     }
 
     fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
@@ -325,7 +335,7 @@ impl Sled {
         self.workflows.remove(job.id.as_bytes()).map_err(backend)?;
         self.by_time.remove(time_key(job)).map_err(backend)?;
         self.by_owner.remove(owner_key(job)).map_err(backend)?;
-        Ok(())
+        self.index.forget_job(job)
     }
 
     fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
@@ -374,6 +384,8 @@ impl Sled {
         Ok(JobPage { jobs, next })
     }
 
+    /// Every job (the tests' view of the queue).
+    #[cfg(test)]
     fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
         self.jobs
             .iter()
@@ -382,6 +394,34 @@ impl Sled {
                 decode(&k, &v)
             })
             .collect()
+    }
+
+    /// The records of `ids` that `keep` accepts (an index entry may be
+    /// stale: the record says).
+    fn jobs_of(&self, ids: Vec<String>, keep: impl Fn(&JobRecord) -> bool) -> Result<Vec<JobRecord>, StoreError> {
+        let mut out = Vec::new();
+        for id in ids {
+            out.extend(self.get_job(&id)?.filter(&keep));
+        }
+        Ok(out)
+    }
+
+    /// The asset records of `ids` that `keep` accepts.
+    fn assets_of(&self, ids: Vec<String>, keep: impl Fn(&AssetRecord) -> bool) -> Result<Vec<AssetRecord>, StoreError> {
+        let mut out = Vec::new();
+        for id in ids {
+            out.extend(self.get_asset(&id)?.filter(&keep));
+        }
+        Ok(out)
+    }
+
+    fn unfinished_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        self.jobs_of(self.index.unfinished()?, |j| matches!(j.status, JobStatus::Queued | JobStatus::Running | JobStatus::Canceling))
+    }
+
+    fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
+        let due = |j: &JobRecord| if j.status == JobStatus::Expired { j.expires_at <= purge_before } else { j.expires_at <= now };
+        self.jobs_of(self.index.jobs_due(now, purge_before, limit)?, due)
     }
 
     /// Logged without a sync: the frame is in the kernel's page cache once
@@ -404,7 +444,9 @@ impl Sled {
     /// same bytes and the output assets.
     fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
         let job_bytes = encode(job)?;
+        self.index.before_job(job)?;
         self.jobs.insert(job.id.as_bytes(), job_bytes.as_slice()).map_err(backend)?;
+        self.index.after_job(job)?;
         self.append(&entry("finished", &[("job", &job_bytes), ("assets", &encode(&assets)?)]), true)
     }
 
@@ -413,9 +455,13 @@ impl Sled {
     }
 
     fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
-        self.assets.insert(asset.id.as_bytes(), encode(asset)?).map_err(backend)?;
         self.hashes.insert(hash_key(&asset.hash, &asset.id), &[][..]).map_err(backend)?;
-        Ok(())
+        self.index.before_asset(asset)?;
+        let old = self.assets.insert(asset.id.as_bytes(), encode(asset)?).map_err(backend)?;
+        match old.map(|b| decode::<AssetRecord>(asset.id.as_bytes(), &b)) {
+            Some(Ok(old)) => self.index.after_asset(&old, asset),
+            _ => Ok(()),
+        }
     }
 
     fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
@@ -425,7 +471,7 @@ impl Sled {
     fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
         self.assets.remove(asset.id.as_bytes()).map_err(backend)?;
         self.hashes.remove(hash_key(&asset.hash, &asset.id)).map_err(backend)?;
-        Ok(())
+        self.index.forget_asset(asset)
     }
 
     fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
@@ -442,16 +488,16 @@ impl Sled {
         Ok(out)
     }
 
-    fn assets_where(&self, keep: &AssetFilter<'_>) -> Result<Vec<AssetRecord>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.assets.iter() {
-            let (key, bytes) = item.map_err(backend)?;
-            let asset: AssetRecord = decode(&key, &bytes)?;
-            if keep(&asset) {
-                out.push(asset);
-            }
-        }
-        Ok(out)
+    fn assets_of_job(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        self.assets_of(self.index.assets_of_job(job_id)?, |a| a.job_id.as_deref() == Some(job_id))
+    }
+
+    fn uploads_due(&self, now: Micros, limit: usize) -> Result<Vec<AssetRecord>, StoreError> {
+        self.assets_of(self.index.uploads_due(now, limit)?, |a| a.job_id.is_none() && a.expires_at.is_some_and(|e| e <= now))
+    }
+
+    fn assets_tagged(&self, prefix: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        self.assets_of(self.index.tagged(prefix)?, |a| a.tags.iter().any(|t| t.starts_with(prefix)))
     }
 
     fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
@@ -507,8 +553,14 @@ impl MetaStore for SledMeta {
     ) -> Result<JobPage, StoreError> {
         self.0.list_jobs(owner, cursor, limit, max_scanned, keep)
     }
-    async fn all_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
-        self.blocking(|sled| sled.all_jobs()).await
+    async fn unfinished_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        self.blocking(|sled| sled.unfinished_jobs()).await
+    }
+    async fn max_seq(&self) -> Result<u64, StoreError> {
+        self.0.index.max_seq()
+    }
+    async fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
+        self.blocking(move |sled| sled.jobs_due(now, purge_before, limit)).await
     }
     async fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.0.record_start(job)
@@ -545,8 +597,15 @@ impl MetaStore for SledMeta {
     async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
         self.0.assets_with_hash(hash)
     }
-    async fn assets_where(&self, keep: &AssetFilter<'_>) -> Result<Vec<AssetRecord>, StoreError> {
-        self.0.assets_where(keep)
+    async fn assets_of_job(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        self.0.assets_of_job(job_id)
+    }
+    async fn uploads_due(&self, now: Micros, limit: usize) -> Result<Vec<AssetRecord>, StoreError> {
+        self.blocking(move |sled| sled.uploads_due(now, limit)).await
+    }
+    async fn assets_tagged(&self, prefix: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        let prefix = prefix.to_string();
+        self.blocking(move |sled| sled.assets_tagged(&prefix)).await
     }
     async fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
         self.0.get_claim(key)
@@ -560,265 +619,4 @@ impl MetaStore for SledMeta {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn job(id: &str, created: Micros, seq: u64) -> JobRecord {
-        JobRecord::queued_for_test(id, created, seq)
-    }
-
-    /// The queue as the service rebuilds it: queued jobs in `seq` order.
-    fn queued(meta: &Sled) -> Vec<String> {
-        let mut jobs: Vec<JobRecord> = meta.all_jobs().unwrap().into_iter().filter(|j| j.status == JobStatus::Queued).collect();
-        jobs.sort_by_key(|j| j.seq);
-        jobs.into_iter().map(|j| j.id).collect()
-    }
-
-    #[test]
-    fn open_waits_for_a_handle_being_dropped_and_names_a_held_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = Sled::open(dir.path()).unwrap();
-        // An in-process restart: the old handle goes away a moment later.
-        let dropper = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(300));
-            drop(first);
-        });
-        let second = Sled::open(dir.path()).expect("opens once the old handle is gone");
-        dropper.join().unwrap();
-        // Held for good: a clear error after the wait.
-        match Sled::open(dir.path()) {
-            Err(StoreError::Backend(m)) => assert!(m.contains("in use by another process"), "{m}"),
-            other => panic!("expected the directory to be in use, got {:?}", other.map(|_| ())),
-        }
-        drop(second);
-    }
-
-    #[test]
-    fn submit_claims_once_and_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let meta = Sled::open(dir.path()).unwrap();
-            let claim = IdempotencyClaim { key: "k".into(), owner: "local".into(), job_id: Some("a".into()), claimed_at: 10, expires_at: 100 };
-            meta.submit(&job("a", 10, 1), &serde_json::json!({"1": {}}), Some(&claim)).unwrap();
-            let again = IdempotencyClaim { job_id: Some("b".into()), claimed_at: 20, ..claim.clone() };
-            assert!(matches!(meta.submit(&job("b", 20, 2), &serde_json::json!({}), Some(&again)), Err(StoreError::KeyClaimed)));
-            assert!(meta.get_job("b").unwrap().is_none(), "a refused claim records nothing");
-            // An expired claim no longer holds the key.
-            let later = IdempotencyClaim { job_id: Some("c".into()), claimed_at: 100, expires_at: 200, ..claim };
-            meta.submit(&job("c", 30, 3), &serde_json::json!({}), Some(&later)).unwrap();
-        }
-        let meta = Sled::open(dir.path()).unwrap();
-        assert_eq!(queued(&meta), vec!["a".to_string(), "c".to_string()]);
-        assert_eq!(meta.get_claim("k").unwrap().unwrap().job_id.as_deref(), Some("c"));
-        assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"1": {}})));
-        let page = meta.list_jobs(None, None, 1, usize::MAX, &|_| true).unwrap();
-        assert_eq!(page.jobs[0].id, "c");
-        let page = meta.list_jobs(None, page.next.as_deref(), 5, usize::MAX, &|_| true).unwrap();
-        assert_eq!(page.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), vec!["a"]);
-        assert!(page.next.is_none());
-        assert_eq!(meta.purge_claims(1_000).unwrap(), 1);
-    }
-
-    #[test]
-    fn one_of_many_concurrent_submissions_with_a_key_wins() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = std::sync::Arc::new(Sled::open(dir.path()).unwrap());
-        let start = std::sync::Arc::new(std::sync::Barrier::new(16));
-        let threads: Vec<_> = (0..16)
-            .map(|i| {
-                let (meta, start) = (meta.clone(), start.clone());
-                std::thread::spawn(move || {
-                    start.wait();
-                    let id = format!("j{i}");
-                    let claim = IdempotencyClaim { key: "same".into(), owner: "local".into(), job_id: Some(id.clone()), claimed_at: 10, expires_at: 100 };
-                    meta.submit(&job(&id, 10 + i, i as u64 + 1), &serde_json::json!({}), Some(&claim)).is_ok()
-                })
-            })
-            .collect();
-        let won: Vec<bool> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-        assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
-        let winner = format!("j{}", won.iter().position(|w| *w).unwrap());
-        assert_eq!(meta.get_claim("same").unwrap().unwrap().job_id, Some(winner.clone()));
-        assert_eq!(queued(&meta), vec![winner], "the losers wrote nothing");
-    }
-
-    #[test]
-    fn assets_indexed_by_hash() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = Sled::open(dir.path()).unwrap();
-        let a = AssetRecord {
-            id: "x".into(),
-            owner: "local".into(),
-            hash: "blake3:aa".into(),
-            size_bytes: 1,
-            content_type: "image/png".into(),
-            file_path: None,
-            created_at: 0,
-            expires_at: None,
-            job_id: None,
-            node_id: None,
-            tags: vec!["t".into()],
-        };
-        meta.put_asset(&a).unwrap();
-        meta.put_asset(&AssetRecord { id: "y".into(), ..a.clone() }).unwrap();
-        assert_eq!(meta.assets_with_hash("blake3:aa").unwrap().len(), 2);
-        assert_eq!(meta.get_asset("y").unwrap().unwrap().tags, vec!["t".to_string()]);
-        meta.delete_asset(&a).unwrap();
-        assert_eq!(meta.assets_with_hash("blake3:aa").unwrap().len(), 1);
-        assert!(meta.get_asset("x").unwrap().is_none());
-        // Expired uploads are found by the sweep; outputs and later or
-        // never-expiring uploads are not.
-        meta.put_asset(&AssetRecord { id: "due".into(), expires_at: Some(100), ..a.clone() }).unwrap();
-        meta.put_asset(&AssetRecord { id: "later".into(), expires_at: Some(101), ..a.clone() }).unwrap();
-        meta.put_asset(&AssetRecord { id: "output".into(), expires_at: Some(50), job_id: Some("j".into()), ..a.clone() }).unwrap();
-        let due: Vec<String> =
-            meta.assets_where(&|a| a.job_id.is_none() && a.expires_at.is_some_and(|e| e <= 100)).unwrap().into_iter().map(|a| a.id).collect();
-        assert_eq!(due, vec!["due".to_string()]);
-    }
-
-    /// A crash after the commit log had entries that sled had not written
-    /// out: they come back, each only where sled's record is older.
-    #[test]
-    fn writes_sled_lost_come_back_from_the_commit_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let started = |j: &JobRecord, attempts| JobRecord { status: JobStatus::Running, started_at: Some(j.created_at + 1), attempts, ..j.clone() };
-        let (a, b, c, d) = (job("a", 10, 1), job("b", 20, 2), job("c", 30, 3), job("d", 40, 4));
-        let out = AssetRecord {
-            id: "out-b".into(),
-            owner: "local".into(),
-            hash: "blake3:bb".into(),
-            size_bytes: 3,
-            content_type: "image/png".into(),
-            file_path: Some("b.png".into()),
-            created_at: 25,
-            expires_at: Some(100),
-            job_id: Some("b".into()),
-            node_id: Some("9".into()),
-            tags: vec![],
-        };
-        let finished_b = JobRecord {
-            status: JobStatus::Succeeded,
-            attempts: 1,
-            outputs: vec![crate::store::OutputRecord {
-                node_id: "9".into(),
-                name: "b.png".into(),
-                kind: "image".into(),
-                content_type: "image/png".into(),
-                size_bytes: 3,
-                asset_id: out.id.clone(),
-                hash: out.hash.clone(),
-                subfolder: Some(String::new()),
-            }],
-            ..b.clone()
-        };
-        let claim = IdempotencyClaim { key: "k".into(), owner: "local".into(), job_id: Some("d".into()), claimed_at: 40, expires_at: 1_000 };
-        {
-            let meta = Sled::open(dir.path()).unwrap();
-            // Durable in sled: b queued, c finished.
-            meta.submit(&b, &serde_json::json!({"b": 1}), None).unwrap();
-            meta.submit(&c, &serde_json::json!({}), None).unwrap();
-            meta.put_job(&JobRecord { status: JobStatus::Succeeded, attempts: 1, ..c.clone() }).unwrap();
-            meta.checkpoint().unwrap();
-            // Only in the log (as if sled lost them in the crash): a's
-            // submission and start, b's start and finish with its output,
-            // a stale start of c, d's submission with its claim.
-            meta.append(&entry("submitted", &[("job", &encode(&a).unwrap()), ("workflow", br#"{"a":1}"#), ("claim", b"null")]), false).unwrap();
-            meta.record_start(&started(&a, 1)).unwrap();
-            meta.record_start(&started(&b, 1)).unwrap();
-            let assets = encode(&vec![out.clone()]).unwrap();
-            meta.append(&entry("finished", &[("job", &encode(&finished_b).unwrap()), ("assets", &assets)]), false).unwrap();
-            meta.record_start(&started(&c, 1)).unwrap();
-            meta.append(&entry("submitted", &[("job", &encode(&d).unwrap()), ("workflow", br#"{"d":1}"#), ("claim", &encode(&claim).unwrap())]), true).unwrap();
-        }
-        let meta = Sled::open(dir.path()).unwrap();
-        let get = |id: &str| meta.get_job(id).unwrap().unwrap();
-        assert_eq!((get("a").status, get("a").attempts), (JobStatus::Running, 1), "submitted and started from the log");
-        assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"a": 1})));
-        assert_eq!((get("b").status, get("b").outputs.len()), (JobStatus::Succeeded, 1), "finished from the log");
-        assert_eq!(meta.assets_with_hash("blake3:bb").unwrap().len(), 1, "with its output asset");
-        assert_eq!((get("c").status, get("c").attempts), (JobStatus::Succeeded, 1), "a newer durable state wins");
-        assert_eq!(get("d").status, JobStatus::Queued);
-        assert_eq!(meta.get_claim("k").unwrap().and_then(|c| c.job_id).as_deref(), Some("d"), "the claim comes back with its job");
-        assert_eq!(queued(&meta), vec!["d".to_string()], "started and finished jobs are off the queue");
-        assert_eq!(meta.list_jobs(None, None, 10, usize::MAX, &|_| true).unwrap().jobs.len(), 4, "listed");
-        // Replayed once: sled has it all, the log starts a new cycle.
-        drop(meta);
-        let (_, left) = CommitLog::open(&dir.path().join(LOG_FILE)).unwrap();
-        assert!(left.is_empty());
-    }
-
-    #[test]
-    fn one_owners_listing_reads_only_that_owners_records() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = Sled::open(dir.path()).unwrap();
-        let mut mine = Vec::new();
-        for i in 0..5u64 {
-            let mut j = job(&format!("a{i}"), 100 + i as i64, i);
-            j.owner = "alice".into();
-            j.logs = Some(crate::store::JobLogRecord { text: "x".repeat(1000), truncated: false, captured_at: 0 });
-            meta.submit(&j, &serde_json::json!({}), None).unwrap();
-            mine.push(j.id);
-        }
-        for i in 0..300u64 {
-            let mut j = job(&format!("b{i}"), 50 + i as i64, 100 + i);
-            j.owner = "bob".into();
-            meta.submit(&j, &serde_json::json!({}), None).unwrap();
-            // Unreadable: a listing that decoded them would fail.
-            meta.jobs.insert(j.id.as_bytes(), b"not json".as_slice()).unwrap();
-        }
-        assert!(matches!(meta.list_jobs(None, None, 1000, usize::MAX, &|_| true), Err(StoreError::Corrupt(_))), "a scan of everyone's reads bob's");
-        let first = meta.list_jobs(Some("alice"), None, 3, usize::MAX, &|_| true).unwrap();
-        assert_eq!(first.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["a4", "a3", "a2"]);
-        assert!(first.jobs.iter().all(|j| j.logs.is_none()), "listings leave logs out");
-        let rest = meta.list_jobs(Some("alice"), first.next.as_deref(), 3, usize::MAX, &|_| true).unwrap();
-        assert_eq!(rest.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["a1", "a0"]);
-        assert!(rest.next.is_none());
-        assert!(meta.list_jobs(Some("carol"), None, 10, usize::MAX, &|_| true).unwrap().jobs.is_empty());
-        assert!(meta.get_job("a0").unwrap().unwrap().logs.is_some(), "a read of one job has its log");
-        // A store written before the index existed gets it when it opens.
-        // (bob's unreadable records are skipped; the checkpoint empties the
-        // commit log, whose replay would read them.)
-        meta.by_owner.clear().unwrap();
-        meta.checkpoint().unwrap();
-        drop(meta);
-        let meta = Sled::open(dir.path()).unwrap();
-        assert_eq!(meta.list_jobs(Some("alice"), None, 10, usize::MAX, &|_| true).unwrap().jobs.len(), 5);
-    }
-
-    /// A filter few jobs match reads at most `max_scanned` records per
-    /// page: short pages, each with a cursor, that together list them all.
-    #[test]
-    fn a_filtered_listing_reads_at_most_its_budget() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = Sled::open(dir.path()).unwrap();
-        for i in 0..50u64 {
-            meta.submit(&job(&format!("j{i:02}"), 100 + i as i64, i + 1), &serde_json::json!({}), None).unwrap();
-        }
-        let read = std::sync::atomic::AtomicUsize::new(0);
-        let tenth = |j: &JobRecord| {
-            read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            j.id.ends_with('0')
-        };
-        let first = meta.list_jobs(None, None, 10, 12, &tenth).unwrap();
-        assert_eq!(read.load(std::sync::atomic::Ordering::Relaxed), 12, "stopped at the budget");
-        assert_eq!(first.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["j40"], "a short page");
-        assert!(first.next.is_some(), "and a cursor to go on from");
-        let (mut all, mut cursor, mut pages) = (Vec::new(), None, 0);
-        loop {
-            read.store(0, std::sync::atomic::Ordering::Relaxed);
-            let page = meta.list_jobs(None, cursor.as_deref(), 10, 12, &tenth).unwrap();
-            assert!(read.load(std::sync::atomic::Ordering::Relaxed) <= 12);
-            all.extend(page.jobs.into_iter().map(|j| j.id));
-            pages += 1;
-            match page.next {
-                Some(next) => cursor = Some(next),
-                None => break,
-            }
-        }
-        assert_eq!(all, ["j40", "j30", "j20", "j10", "j00"], "every match, newest first, none twice");
-        assert!((5..=6).contains(&pages), "{pages} pages of at most 12 reads");
-        // Without a budget, one page.
-        let whole = meta.list_jobs(None, None, 10, usize::MAX, &tenth).unwrap();
-        assert_eq!((whole.jobs.len(), whole.next.is_none()), (5, true));
-    }
-}
+mod tests;

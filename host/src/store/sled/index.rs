@@ -1,0 +1,254 @@
+//! The sled store's secondary indexes for the periodic work (recovery, the
+//! retention sweep, the upload index), so none of it reads every record:
+//!
+//! - `jobs_unfinished` (id → empty): jobs queued, running or canceling;
+//! - `jobs_expiring` (expires_at ‖ id → id): jobs not yet expired;
+//! - `jobs_expired` (expires_at ‖ id → id): expired jobs, until purged;
+//! - `assets_by_job` (job id ‖ 0 ‖ asset id → empty): a job's outputs;
+//! - `uploads_expiring` (expires_at ‖ asset id → id): uploads (assets of
+//!   no job) with an expiry;
+//! - `assets_by_tag` (tag ‖ 0 ‖ asset id → empty).
+//!
+//! Times are big-endian microseconds (records' times are positive), so a
+//! range up to a time is a prefix of the tree. A record's new entries are
+//! written before it and its stale ones removed after it (a job's expiry
+//! never changes; an asset's expiry and tags may), so after a crash an
+//! entry may be stale, never missing: readers check each record they
+//! read through an index. `info` keeps the
+//! highest queue `seq` ever submitted and the indexes' version: a store
+//! written before them is indexed once when it opens.
+
+use sled::Tree;
+
+use super::{backend, decode};
+use crate::store::{AssetRecord, JobRecord, JobStatus, Micros, StoreError};
+
+/// The version of the indexes a store holds (`info`'s `indexes` key).
+const VERSION: u8 = 1;
+
+pub(super) struct Indexes {
+    unfinished: Tree,
+    expiring: Tree,
+    expired: Tree,
+    by_job: Tree,
+    uploads_expiring: Tree,
+    by_tag: Tree,
+    info: Tree,
+}
+
+fn is_unfinished(job: &JobRecord) -> bool {
+    matches!(job.status, JobStatus::Queued | JobStatus::Running | JobStatus::Canceling)
+}
+
+fn time_id(at: Micros, id: &str) -> Vec<u8> {
+    let mut k = at.to_be_bytes().to_vec();
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+fn pair(first: &str, id: &str) -> Vec<u8> {
+    let mut k = first.as_bytes().to_vec();
+    k.push(0);
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// The ids in `tree` whose key starts with a time at or before `until`,
+/// oldest first, at most `limit`.
+fn ids_until(tree: &Tree, until: Micros, limit: usize) -> Result<Vec<String>, StoreError> {
+    let end = until.saturating_add(1).to_be_bytes();
+    let mut ids = Vec::new();
+    for item in tree.range(..end.as_slice()).take(limit) {
+        let (_, id) = item.map_err(backend)?;
+        ids.push(String::from_utf8_lossy(&id).into_owned());
+    }
+    Ok(ids)
+}
+
+/// The ids after `prefix ‖ 0` in the keys of `tree` that start with it.
+fn ids_under(tree: &Tree, prefix: &str) -> Result<Vec<String>, StoreError> {
+    let mut start = prefix.as_bytes().to_vec();
+    start.push(0);
+    let mut ids = Vec::new();
+    for item in tree.scan_prefix(&start) {
+        let (key, _) = item.map_err(backend)?;
+        ids.push(String::from_utf8_lossy(&key[start.len()..]).into_owned());
+    }
+    Ok(ids)
+}
+
+impl Indexes {
+    pub(super) fn open(db: &sled::Db) -> Result<Indexes, StoreError> {
+        let tree = |name: &str| db.open_tree(name).map_err(backend);
+        Ok(Indexes {
+            unfinished: tree("jobs_unfinished")?,
+            expiring: tree("jobs_expiring")?,
+            expired: tree("jobs_expired")?,
+            by_job: tree("assets_by_job")?,
+            uploads_expiring: tree("uploads_expiring")?,
+            by_tag: tree("assets_by_tag")?,
+            info: tree("store_info")?,
+        })
+    }
+
+    /// Indexes every record of a store written before these indexes (once;
+    /// then the version is recorded).
+    pub(super) fn build_once(&self, jobs: &Tree, assets: &Tree) -> Result<(), StoreError> {
+        if self.info.get(b"indexes").map_err(backend)?.is_some_and(|v| v.as_ref() == [VERSION]) {
+            return Ok(());
+        }
+        let (mut job_count, mut asset_count) = (0, 0);
+        for item in jobs.iter() {
+            let (k, v) = item.map_err(backend)?;
+            let Ok(job) = decode::<JobRecord>(&k, &v) else { continue };
+            self.before_job(&job)?;
+            self.submitted(job.seq)?;
+            job_count += 1;
+        }
+        for item in assets.iter() {
+            let (k, v) = item.map_err(backend)?;
+            let Ok(asset) = decode::<AssetRecord>(&k, &v) else { continue };
+            self.before_asset(&asset)?;
+            asset_count += 1;
+        }
+        self.info.insert(b"indexes", &[VERSION]).map_err(backend)?;
+        if job_count + asset_count > 0 {
+            tracing::info!(jobs = job_count, assets = asset_count, "indexed the store's records for recovery and retention");
+        }
+        Ok(())
+    }
+
+    /// Entries a job record about to be written needs (written before it:
+    /// sled keeps a prefix of its writes, so a record that survives a crash
+    /// has them).
+    pub(super) fn before_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        if is_unfinished(job) {
+            self.unfinished.insert(job.id.as_bytes(), &[][..]).map_err(backend)?;
+        }
+        let tree = if job.status == JobStatus::Expired { &self.expired } else { &self.expiring };
+        tree.insert(time_id(job.expires_at, &job.id), job.id.as_bytes()).map_err(backend)?;
+        Ok(())
+    }
+
+    /// Entries a job record just written no longer has (removed after it: a
+    /// stale entry left by a crash only costs its reader a record read).
+    pub(super) fn after_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        if !is_unfinished(job) {
+            self.unfinished.remove(job.id.as_bytes()).map_err(backend)?;
+        }
+        if job.status == JobStatus::Expired {
+            self.expiring.remove(time_id(job.expires_at, &job.id)).map_err(backend)?;
+        }
+        Ok(())
+    }
+
+    /// A job record was deleted.
+    pub(super) fn forget_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.unfinished.remove(job.id.as_bytes()).map_err(backend)?;
+        let key = time_id(job.expires_at, &job.id);
+        self.expiring.remove(&key).map_err(backend)?;
+        self.expired.remove(&key).map_err(backend)?;
+        Ok(())
+    }
+
+    /// A job with queue sequence `seq` was submitted.
+    pub(super) fn submitted(&self, seq: u64) -> Result<(), StoreError> {
+        self.info
+            .fetch_and_update(b"max_seq", |old| {
+                let old = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_be_bytes);
+                Some(old.max(seq).to_be_bytes().to_vec())
+            })
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    /// The highest queue sequence submitted so far.
+    pub(super) fn max_seq(&self) -> Result<u64, StoreError> {
+        Ok(self.info.get(b"max_seq").map_err(backend)?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map_or(0, u64::from_be_bytes))
+    }
+
+    /// Entries an asset record about to be written needs (before it).
+    pub(super) fn before_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        if let Some(job) = &asset.job_id {
+            self.by_job.insert(pair(job, &asset.id), &[][..]).map_err(backend)?;
+        } else if let Some(at) = asset.expires_at {
+            self.uploads_expiring.insert(time_id(at, &asset.id), asset.id.as_bytes()).map_err(backend)?;
+        }
+        for tag in &asset.tags {
+            self.by_tag.insert(pair(tag, &asset.id), &[][..]).map_err(backend)?;
+        }
+        Ok(())
+    }
+
+    /// Entries of `old` that the asset just written over it no longer has
+    /// (after it).
+    pub(super) fn after_asset(&self, old: &AssetRecord, asset: &AssetRecord) -> Result<(), StoreError> {
+        if old.expires_at != asset.expires_at
+            && let Some(at) = old.expires_at
+        {
+            self.uploads_expiring.remove(time_id(at, &old.id)).map_err(backend)?;
+        }
+        for tag in old.tags.iter().filter(|t| !asset.tags.contains(t)) {
+            self.by_tag.remove(pair(tag, &old.id)).map_err(backend)?;
+        }
+        Ok(())
+    }
+
+    /// An asset record was deleted.
+    pub(super) fn forget_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        if let Some(job) = &asset.job_id {
+            self.by_job.remove(pair(job, &asset.id)).map_err(backend)?;
+        }
+        if let Some(at) = asset.expires_at {
+            self.uploads_expiring.remove(time_id(at, &asset.id)).map_err(backend)?;
+        }
+        for tag in &asset.tags {
+            self.by_tag.remove(pair(tag, &asset.id)).map_err(backend)?;
+        }
+        Ok(())
+    }
+
+    /// Ids of the jobs queued, running or canceling.
+    pub(super) fn unfinished(&self) -> Result<Vec<String>, StoreError> {
+        let mut ids = Vec::new();
+        for item in self.unfinished.iter() {
+            let (id, _) = item.map_err(backend)?;
+            ids.push(String::from_utf8_lossy(&id).into_owned());
+        }
+        Ok(ids)
+    }
+
+    /// Ids of jobs due for the sweeper at `now`: not expired with
+    /// `expires_at` ≤ `now`, and expired with `expires_at` ≤ `purge_before`;
+    /// at most `limit` of each, oldest first.
+    pub(super) fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<String>, StoreError> {
+        let mut ids = ids_until(&self.expiring, now, limit)?;
+        ids.extend(ids_until(&self.expired, purge_before, limit)?);
+        Ok(ids)
+    }
+
+    /// Ids of the uploads whose expiry is at or before `now` (at most `limit`).
+    pub(super) fn uploads_due(&self, now: Micros, limit: usize) -> Result<Vec<String>, StoreError> {
+        ids_until(&self.uploads_expiring, now, limit)
+    }
+
+    /// Ids of a job's output assets.
+    pub(super) fn assets_of_job(&self, job_id: &str) -> Result<Vec<String>, StoreError> {
+        ids_under(&self.by_job, job_id)
+    }
+
+    /// Ids of the assets carrying a tag that starts with `prefix` (an id
+    /// follows the key's last 0 byte: ids hold none, tags may).
+    pub(super) fn tagged(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let mut ids = Vec::new();
+        for item in self.by_tag.scan_prefix(prefix.as_bytes()) {
+            let (key, _) = item.map_err(backend)?;
+            if let Some(at) = key.iter().rposition(|b| *b == 0) {
+                ids.push(String::from_utf8_lossy(&key[at + 1..]).into_owned());
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+}
