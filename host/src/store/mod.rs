@@ -103,7 +103,8 @@ pub trait MetaStore: Send + Sync {
     async fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// The jobs queued, running or canceling (recovery at start).
     async fn unfinished_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
-    /// The highest queue `seq` of any job ever submitted (new jobs follow it).
+    /// A bound on the queue `seq` of every job ever submitted (new jobs
+    /// follow it; it may skip ahead, never fall behind).
     async fn max_seq(&self) -> Result<u64, StoreError>;
     /// Jobs the retention sweeper has work on at `now`: those not expired
     /// whose `expires_at` has passed, and expired ones whose `expires_at`

@@ -1,7 +1,6 @@
 //! The sled store's secondary indexes for the periodic work (recovery, the
 //! retention sweep, the upload index), so none of it reads every record:
 //!
-//! - `jobs_unfinished` (id → empty): jobs queued, running or canceling;
 //! - `jobs_expiring` (expires_at ‖ id → id): jobs not yet expired;
 //! - `jobs_expired` (expires_at ‖ id → id): expired jobs, until purged;
 //! - `assets_by_job` (job id ‖ 0 ‖ asset id → empty): a job's outputs;
@@ -14,9 +13,21 @@
 //! written before it and its stale ones removed after it (a job's expiry
 //! never changes; an asset's expiry and tags may), so after a crash an
 //! entry may be stale, never missing: readers check each record they
-//! read through an index. `info` keeps the
-//! highest queue `seq` ever submitted and the indexes' version: a store
-//! written before them is indexed once when it opens.
+//! read through an index. `info` keeps a bound on the queue `seq`s
+//! submitted and the indexes' version: a store written before them is
+//! indexed once when it opens.
+//!
+//! The jobs queued, running or canceling are a set in memory, not a tree
+//! (a tree would cost two more writes on every job's path): `info` holds
+//! it as of the last checkpoint, and every submission and finish since is
+//! in the commit log, which the store replays when it opens. An entry is
+//! removed from the set only after its record's write, so a checkpoint's
+//! snapshot that lacks a job is followed by a flush that has its record.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 
 use sled::Tree;
 
@@ -27,14 +38,19 @@ use crate::store::{AssetRecord, JobRecord, JobStatus, Micros, StoreError};
 const VERSION: u8 = 1;
 
 pub(super) struct Indexes {
-    unfinished: Tree,
+    unfinished: Mutex<HashSet<String>>,
     expiring: Tree,
     expired: Tree,
     by_job: Tree,
     uploads_expiring: Tree,
     by_tag: Tree,
     info: Tree,
+    /// The sequence bound `info` holds (see [`Indexes::submitted`]).
+    reserved: AtomicU64,
 }
+
+/// Queue sequences reserved by one write of the bound.
+const SEQ_BLOCK: u64 = 1024;
 
 fn is_unfinished(job: &JobRecord) -> bool {
     matches!(job.status, JobStatus::Queued | JobStatus::Running | JobStatus::Canceling)
@@ -81,13 +97,14 @@ impl Indexes {
     pub(super) fn open(db: &sled::Db) -> Result<Indexes, StoreError> {
         let tree = |name: &str| db.open_tree(name).map_err(backend);
         Ok(Indexes {
-            unfinished: tree("jobs_unfinished")?,
+            unfinished: Mutex::new(HashSet::new()),
             expiring: tree("jobs_expiring")?,
             expired: tree("jobs_expired")?,
             by_job: tree("assets_by_job")?,
             uploads_expiring: tree("uploads_expiring")?,
             by_tag: tree("assets_by_tag")?,
             info: tree("store_info")?,
+            reserved: AtomicU64::new(0),
         })
     }
 
@@ -95,13 +112,17 @@ impl Indexes {
     /// then the version is recorded).
     pub(super) fn build_once(&self, jobs: &Tree, assets: &Tree) -> Result<(), StoreError> {
         if self.info.get(b"indexes").map_err(backend)?.is_some_and(|v| v.as_ref() == [VERSION]) {
+            if let Some(bytes) = self.info.get(b"unfinished").map_err(backend)? {
+                let ids: Vec<String> = decode(b"unfinished", &bytes)?;
+                self.unfinished.lock().extend(ids);
+            }
             return Ok(());
         }
         let (mut job_count, mut asset_count) = (0, 0);
         for item in jobs.iter() {
             let (k, v) = item.map_err(backend)?;
             let Ok(job) = decode::<JobRecord>(&k, &v) else { continue };
-            self.before_job(&job)?;
+            self.new_job(&job)?;
             self.submitted(job.seq)?;
             job_count += 1;
         }
@@ -111,6 +132,7 @@ impl Indexes {
             self.before_asset(&asset)?;
             asset_count += 1;
         }
+        self.save_unfinished()?;
         self.info.insert(b"indexes", &[VERSION]).map_err(backend)?;
         if job_count + asset_count > 0 {
             tracing::info!(jobs = job_count, assets = asset_count, "indexed the store's records for recovery and retention");
@@ -118,23 +140,34 @@ impl Indexes {
         Ok(())
     }
 
-    /// Entries a job record about to be written needs (written before it:
-    /// sled keeps a prefix of its writes, so a record that survives a crash
-    /// has them).
-    pub(super) fn before_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+    /// Entries a new job record needs (written before it: sled keeps a
+    /// prefix of its writes, so a record that survives a crash has them).
+    /// Its later writes change them only when it finishes or expires (no
+    /// status leads back to unfinished, and its expiry never changes), so
+    /// a job's path costs three index writes in all.
+    pub(super) fn new_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         if is_unfinished(job) {
-            self.unfinished.insert(job.id.as_bytes(), &[][..]).map_err(backend)?;
+            self.unfinished.lock().insert(job.id.clone());
         }
         let tree = if job.status == JobStatus::Expired { &self.expired } else { &self.expiring };
         tree.insert(time_id(job.expires_at, &job.id), job.id.as_bytes()).map_err(backend)?;
         Ok(())
     }
 
+    /// Entries a job record about to be written over its earlier version
+    /// gains (before it): an expired job's.
+    pub(super) fn before_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        if job.status == JobStatus::Expired {
+            self.expired.insert(time_id(job.expires_at, &job.id), job.id.as_bytes()).map_err(backend)?;
+        }
+        Ok(())
+    }
+
     /// Entries a job record just written no longer has (removed after it: a
     /// stale entry left by a crash only costs its reader a record read).
     pub(super) fn after_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        if !is_unfinished(job) {
-            self.unfinished.remove(job.id.as_bytes()).map_err(backend)?;
+        if job.status.is_terminal() {
+            self.unfinished.lock().remove(&job.id);
         }
         if job.status == JobStatus::Expired {
             self.expiring.remove(time_id(job.expires_at, &job.id)).map_err(backend)?;
@@ -144,7 +177,7 @@ impl Indexes {
 
     /// A job record was deleted.
     pub(super) fn forget_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.unfinished.remove(job.id.as_bytes()).map_err(backend)?;
+        self.unfinished.lock().remove(&job.id);
         let key = time_id(job.expires_at, &job.id);
         self.expiring.remove(&key).map_err(backend)?;
         self.expired.remove(&key).map_err(backend)?;
@@ -152,17 +185,27 @@ impl Indexes {
     }
 
     /// A job with queue sequence `seq` was submitted.
+    /// Written only when `seq` reaches the end of the block reserved so
+    /// far: the store records a bound on the sequence numbers in use, one
+    /// write per [`SEQ_BLOCK`] submissions (a restart skips the rest of the
+    /// block, as a database sequence's cache does).
     pub(super) fn submitted(&self, seq: u64) -> Result<(), StoreError> {
+        if seq < self.reserved.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut reserved = 0;
         self.info
             .fetch_and_update(b"max_seq", |old| {
                 let old = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_be_bytes);
-                Some(old.max(seq).to_be_bytes().to_vec())
+                reserved = old.max(seq.saturating_add(SEQ_BLOCK));
+                Some(reserved.to_be_bytes().to_vec())
             })
             .map_err(backend)?;
+        self.reserved.fetch_max(reserved, Ordering::AcqRel);
         Ok(())
     }
 
-    /// The highest queue sequence submitted so far.
+    /// A bound on the queue sequences submitted so far (new jobs follow it).
     pub(super) fn max_seq(&self) -> Result<u64, StoreError> {
         Ok(self.info.get(b"max_seq").map_err(backend)?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map_or(0, u64::from_be_bytes))
     }
@@ -209,13 +252,32 @@ impl Indexes {
     }
 
     /// Ids of the jobs queued, running or canceling.
-    pub(super) fn unfinished(&self) -> Result<Vec<String>, StoreError> {
-        let mut ids = Vec::new();
-        for item in self.unfinished.iter() {
-            let (id, _) = item.map_err(backend)?;
-            ids.push(String::from_utf8_lossy(&id).into_owned());
+    pub(super) fn unfinished(&self) -> Vec<String> {
+        self.unfinished.lock().iter().cloned().collect()
+    }
+
+    /// Puts a job's entry in the unfinished set as its stored record says
+    /// (replay: the record may be newer than the saved set).
+    pub(super) fn settle(&self, job: &JobRecord) {
+        let mut set = self.unfinished.lock();
+        if is_unfinished(job) {
+            set.insert(job.id.clone());
+        } else {
+            set.remove(&job.id);
         }
-        Ok(ids)
+    }
+
+    /// A logged job that has no record (deleted since).
+    pub(super) fn settle_gone(&self, id: &str) {
+        self.unfinished.lock().remove(id);
+    }
+
+    /// Writes the unfinished set into `info` (before a checkpoint's flush).
+    pub(super) fn save_unfinished(&self) -> Result<(), StoreError> {
+        let ids = self.unfinished();
+        let bytes = serde_json::to_vec(&ids).map_err(|e| StoreError::Backend(e.to_string()))?;
+        self.info.insert(b"unfinished", bytes).map_err(backend)?;
+        Ok(())
     }
 
     /// Ids of jobs due for the sweeper at `now`: not expired with

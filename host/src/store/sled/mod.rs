@@ -115,6 +115,14 @@ fn hash_key(hash: &str, id: &str) -> Vec<u8> {
     k
 }
 
+/// Whether this thread runs a multi-thread runtime's tasks (the request
+/// runtime, its blocking pool included), where waiting for the disk goes
+/// to the blocking pool.
+fn on_request_runtime() -> bool {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread)
+}
+
 impl SledMeta {
     /// Opens (creating) the store in `dir`, replaying its commit log.
     pub fn open(dir: &Path) -> Result<SledMeta, StoreError> {
@@ -132,8 +140,7 @@ impl SledMeta {
     /// a hand-off and back costs ~100 µs a job), on the blocking pool
     /// otherwise (the request runtime's threads must not wait for a disk).
     async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Sled) -> Result<T, StoreError> + Send + 'static) -> Result<T, StoreError> {
-        use tokio::runtime::{Handle, RuntimeFlavor};
-        if Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread) {
+        if on_request_runtime() {
             let sled = self.0.clone();
             return tokio::task::spawn_blocking(move || f(&sled)).await.map_err(|e| StoreError::Backend(format!("store task: {e}")))?;
         }
@@ -204,8 +211,15 @@ impl Sled {
         Ok(())
     }
 
+    /// A checkpoint's flush: the unfinished jobs' set is saved with it
+    /// (see `index`), then everything is made durable.
+    fn checkpoint_flush(&self) -> Result<(), StoreError> {
+        self.index.save_unfinished()?;
+        self.flush()
+    }
+
     fn append(&self, entry: &[u8], sync: bool) -> Result<(), StoreError> {
-        self.log.append(entry, sync, || self.flush())
+        self.log.append(entry, sync, || self.checkpoint_flush())
     }
 
     /// Writes a submission's workflow and time index, then the
@@ -216,7 +230,7 @@ impl Sled {
         self.by_time.insert(time_key(job), job.id.as_bytes()).map_err(backend)?;
         self.by_owner.insert(owner_key(job), job.id.as_bytes()).map_err(backend)?;
         self.index.submitted(job.seq)?;
-        self.index.before_job(job)?;
+        self.index.new_job(job)?;
         self.jobs.insert(job.id.as_bytes(), job_bytes).map_err(backend)?;
         Ok(())
     }
@@ -244,8 +258,11 @@ impl Sled {
     /// crash, in order, each only where sled's record is older; then flushes
     /// sled and starts a new log cycle. A submission is applied when the job
     /// is missing; a start when the stored job is queued or running with
-    /// fewer attempts; a finish when the stored job has not ended.
+    /// fewer attempts; a finish when the stored job has not ended. The
+    /// unfinished jobs' set (saved at the last checkpoint) then follows
+    /// each logged job's stored record.
     fn replay(&self, entries: Vec<Vec<u8>>) -> Result<(), StoreError> {
+        let mut logged = Vec::new();
         for bytes in &entries {
             let Ok(entry) = serde_json::from_slice::<Entry>(bytes) else {
                 tracing::warn!("skipping an unreadable commit log entry");
@@ -253,6 +270,7 @@ impl Sled {
             };
             match entry {
                 Entry::Submitted { job, workflow, claim } => {
+                    logged.push(job.id.clone());
                     if self.get_job(&job.id)?.is_none() {
                         tracing::info!(job_id = %job.id, "submission recovered from the commit log");
                         if let Some(claim) = claim {
@@ -270,6 +288,7 @@ impl Sled {
                     }
                 }
                 Entry::Finished { job, assets } => {
+                    logged.push(job.id.clone());
                     let Some(stored) = self.get_job(&job.id)? else { continue };
                     if !stored.status.is_terminal() {
                         tracing::info!(job_id = %job.id, status = job.status.as_str(), "finished job recovered from the commit log");
@@ -281,7 +300,13 @@ impl Sled {
                 }
             }
         }
-        self.log.checkpoint(|| self.flush())
+        for id in logged {
+            match self.get_job(&id)? {
+                Some(job) => self.index.settle(&job),
+                None => self.index.settle_gone(&id),
+            }
+        }
+        self.log.checkpoint(|| self.checkpoint_flush())
     }
 }
 
@@ -416,7 +441,7 @@ impl Sled {
     }
 
     fn unfinished_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
-        self.jobs_of(self.index.unfinished()?, |j| matches!(j.status, JobStatus::Queued | JobStatus::Running | JobStatus::Canceling))
+        self.jobs_of(self.index.unfinished(), |j| matches!(j.status, JobStatus::Queued | JobStatus::Running | JobStatus::Canceling))
     }
 
     fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
@@ -451,7 +476,7 @@ impl Sled {
     }
 
     fn checkpoint(&self) -> Result<(), StoreError> {
-        self.log.checkpoint(|| self.flush())
+        self.log.checkpoint(|| self.checkpoint_flush())
     }
 
     fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
@@ -579,6 +604,10 @@ impl MetaStore for SledMeta {
         self.0.writes_may_block()
     }
     async fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
+        if !on_request_runtime() {
+            // A job's own thread (the usual caller): no copy for the pool.
+            return self.0.finish_job(job, assets);
+        }
         let (job, assets) = (job.clone(), assets.to_vec());
         self.blocking(move |sled| sled.finish_job(&job, &assets)).await
     }
