@@ -12,6 +12,7 @@ pub mod deployment;
 pub mod error;
 mod links;
 pub mod listener;
+pub mod pool;
 #[cfg(test)]
 mod proptests;
 pub mod proxy;

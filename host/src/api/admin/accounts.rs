@@ -110,9 +110,12 @@ async fn subscription(
 /// SSE streams and WebSockets are closed.
 async fn disable(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Json_>, ApiError> {
     let service = state.service.clone();
-    let accounts = service.accounts().clone();
-    let account = tokio::task::spawn_blocking(move || accounts.disable(&name)).await.map_err(|e| ApiError::internal(&e))??;
-    service.end_account_work(&account.id).await;
+    let account = crate::api::pool::on_pool(move || async move {
+        let account = service.accounts().disable(&name)?;
+        service.end_account_work(&account.id).await;
+        Ok::<_, AccountError>(account)
+    })
+    .await??;
     tracing::info!(account = %account.id, name = %account.name, "account disabled");
     Ok(Json(view(&account)))
 }

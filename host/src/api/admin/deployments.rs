@@ -71,7 +71,7 @@ async fn get_one(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Re
 
 async fn stop(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
     let service = state.service.clone();
-    let record = service.stop_deployment(&id).await.map_err(error)?;
+    let record = crate::api::pool::on_pool(move || async move { service.stop_deployment(&id).await }).await?.map_err(error)?;
     Ok(Json(view(&state, &record)).into_response())
 }
 

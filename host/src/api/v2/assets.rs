@@ -157,7 +157,8 @@ pub async fn get_asset(State(state): State<Arc<AppState>>, caller: Caller, links
 
 pub async fn delete_asset(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<StatusCode, ApiError> {
     check_id(&id)?;
-    state.service.delete_asset(caller.owner(), &id).await?;
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
+    crate::api::pool::on_pool(move || async move { service.delete_asset(&owner, &id).await }).await??;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -169,7 +169,8 @@ pub async fn workflow(State(state): State<Arc<AppState>>, caller: Caller, Segmen
 
 pub async fn cancel(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
-    let (record, position) = state.service.cancel(caller.owner(), &id).await?;
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
+    let (record, position) = crate::api::pool::on_pool(move || async move { service.cancel(&owner, &id).await }).await??;
     Ok(Json(wire::job(&record, position, &links, false)).into_response())
 }
 
@@ -210,7 +211,8 @@ pub async fn list(
             _ => {}
         }
     }
-    let (jobs, next) = state.service.list(caller.owner(), &q).await?;
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
+    let (jobs, next) = crate::api::pool::on_pool(move || async move { service.list(&owner, &q).await }).await??;
     let items: Vec<wire::JobView> = jobs
         .iter()
         .map(|j| {

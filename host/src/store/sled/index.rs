@@ -272,11 +272,35 @@ impl Indexes {
         self.unfinished.lock().remove(id);
     }
 
-    /// Writes the unfinished set into `info` (before a checkpoint's flush).
+    /// Writes the unfinished set into `info` (before a checkpoint's flush),
+    /// with the time it was taken.
     pub(super) fn save_unfinished(&self) -> Result<(), StoreError> {
+        let at = crate::store::now_micros();
         let ids = self.unfinished();
         let bytes = serde_json::to_vec(&ids).map_err(|e| StoreError::Backend(e.to_string()))?;
+        self.info.insert(b"unfinished_at", &at.to_be_bytes()).map_err(backend)?;
         self.info.insert(b"unfinished", bytes).map_err(backend)?;
+        Ok(())
+    }
+
+    /// When the saved unfinished set was taken, if it was.
+    pub(super) fn saved_at(&self) -> Result<Option<Micros>, StoreError> {
+        Ok(self.info.get(b"unfinished_at").map_err(backend)?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map(Micros::from_be_bytes))
+    }
+
+    /// Indexes a job again from its stored record (a job created about
+    /// when, or after, the set was saved: its submission may have reached
+    /// sled and missed both the saved set and the commit log, or it was
+    /// written by an older version of kiln).
+    pub(super) fn reindex(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.settle(job);
+        let key = time_id(job.expires_at, &job.id);
+        if job.status == JobStatus::Expired {
+            self.expired.insert(&key, job.id.as_bytes()).map_err(backend)?;
+            self.expiring.remove(&key).map_err(backend)?;
+        } else {
+            self.expiring.insert(&key, job.id.as_bytes()).map_err(backend)?;
+        }
         Ok(())
     }
 

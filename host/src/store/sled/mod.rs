@@ -46,6 +46,12 @@ struct Sled {
     log: CommitLog,
 }
 
+/// How long before the saved unfinished set a job's creation time may lie
+/// and its submission still miss the set (its record is written right
+/// after its creation time is taken; this covers a thread descheduled in
+/// between).
+const RESCAN_MARGIN: Micros = 60_000_000;
+
 /// The commit log's file inside the store's directory.
 const LOG_FILE: &str = "commit.log";
 /// Where earlier versions journaled job starts (unsynced); removed on open.
@@ -186,6 +192,7 @@ impl Sled {
         };
         meta.index_owners()?;
         meta.index.build_once(&meta.jobs, &meta.assets)?;
+        meta.reindex_recent()?;
         meta.replay(entries)?;
         let _ = std::fs::remove_file(dir.join(OLD_JOURNAL_FILE));
         // Written by earlier versions, never read: the queue comes from the job records.
@@ -208,6 +215,25 @@ impl Sled {
         }
         tracing::info!(jobs = count, "indexed the store's jobs by owner");
         self.db.flush().map_err(backend)?;
+        Ok(())
+    }
+
+    /// Indexes again the jobs created since a little before the unfinished
+    /// set was last saved (`RESCAN_MARGIN`): a submission whose record a
+    /// checkpoint's flush (or sled's background flush) made durable after
+    /// the set was taken, but whose log frame was lost, is in neither.
+    fn reindex_recent(&self) -> Result<(), StoreError> {
+        let Some(saved_at) = self.index.saved_at()? else { return Ok(()) };
+        let from = saved_at.saturating_sub(RESCAN_MARGIN).to_be_bytes();
+        let mut count = 0;
+        for item in self.by_time.range(from.as_slice()..) {
+            let (_, id) = item.map_err(backend)?;
+            if let Some(job) = self.get_job(&String::from_utf8_lossy(&id))? {
+                self.index.reindex(&job)?;
+                count += 1;
+            }
+        }
+        tracing::debug!(jobs = count, "re-indexed the jobs created since the last checkpoint");
         Ok(())
     }
 
@@ -333,6 +359,7 @@ impl Sled {
             let _ = self.by_time.remove(time_key(job));
             let _ = self.by_owner.remove(owner_key(job));
             let _ = self.workflows.remove(job.id.as_bytes());
+            let _ = self.index.forget_job(job);
             if let (Some(claim), Some(bytes)) = (claim, claimed) {
                 let _ = self.claims.compare_and_swap(claim.key.as_bytes(), Some(bytes), None::<&[u8]>);
             }
@@ -484,7 +511,15 @@ impl Sled {
         self.index.before_asset(asset)?;
         let old = self.assets.insert(asset.id.as_bytes(), encode(asset)?).map_err(backend)?;
         match old.map(|b| decode::<AssetRecord>(asset.id.as_bytes(), &b)) {
-            Some(Ok(old)) => self.index.after_asset(&old, asset),
+            Some(Ok(old)) => {
+                self.index.after_asset(&old, asset)?;
+                // A concurrent write of the same asset may have removed an
+                // entry the record now stored needs: put them back.
+                match self.get_asset(&asset.id)? {
+                    Some(current) => self.index.before_asset(&current),
+                    None => Ok(()),
+                }
+            }
             _ => Ok(()),
         }
     }

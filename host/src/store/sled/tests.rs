@@ -217,6 +217,30 @@ fn the_periodic_work_finds_its_records_through_indexes() {
     assert!(meta.index.max_seq().unwrap() >= 7, "rebuilt from the records left");
 }
 
+/// A submission whose record reached sled while its commit log frame did
+/// not, after the unfinished set was saved (a checkpoint's flush between
+/// its record and its frame, then a crash): the open finds it by its
+/// creation time, indexed as unfinished and expiring.
+#[test]
+fn a_submission_in_sled_only_is_found_when_the_store_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = crate::store::now_micros();
+    {
+        let meta = Sled::open(dir.path()).unwrap();
+        meta.checkpoint().unwrap();
+        let lost = JobRecord { expires_at: now + 5, ..job("lost", now, 1) };
+        // The record and its time index, none of the submission's index
+        // entries, no frame in the log.
+        meta.by_time.insert(time_key(&lost), lost.id.as_bytes()).unwrap();
+        meta.jobs.insert(lost.id.as_bytes(), encode(&lost).unwrap()).unwrap();
+        meta.flush().unwrap();
+        assert!(meta.unfinished_jobs().unwrap().is_empty());
+    }
+    let meta = Sled::open(dir.path()).unwrap();
+    assert_eq!(ids(meta.unfinished_jobs().unwrap(), |j| &j.id), ["lost"]);
+    assert_eq!(ids(meta.jobs_due(now + 10, 0, 10).unwrap(), |j| &j.id), ["lost"]);
+}
+
 /// A crash after the commit log had entries that sled had not written
 /// out: they come back, each only where sled's record is older.
 #[test]

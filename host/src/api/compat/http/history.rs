@@ -131,7 +131,7 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, query: Res
     let Query(q) = query.map_err(|_| ApiError::invalid_request("`max_items` and `offset` must be whole numbers."))?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
     // The page is chosen on the records; only its jobs' workflows are read.
-    let mut jobs = service.compat_history(&owner).await.map_err(super::compat_error)?;
+    let mut jobs = blocking(move || super::block(service.compat_history(&owner))).await?;
     // ComfyUI: `offset` skips from the oldest; `max_items` alone keeps the last N.
     let start = match (q.offset, q.max_items) {
         (Some(offset), _) => offset.min(jobs.len()),

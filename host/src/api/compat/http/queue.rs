@@ -13,7 +13,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
 use serde_json::Value as Json_;
 
-use super::{compat_error, delete_or_clear, empty_ok, optional_object, queue_item, streamed};
+use super::{delete_or_clear, empty_ok, optional_object, queue_item, streamed};
 use crate::api::AppState;
 use crate::api::Caller;
 use crate::api::error::ApiError;
@@ -42,10 +42,14 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> Respons
 
 pub async fn edit(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (delete, clear) = delete_or_clear(&state, body)?;
-    if clear {
-        state.service.clear_queue(caller.owner()).await.map_err(compat_error)?;
-    }
-    state.service.delete_from_queue(caller.owner(), &delete).await.map_err(compat_error)?;
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
+    super::blocking(move || {
+        if clear {
+            super::block(service.clear_queue(&owner))?;
+        }
+        super::block(service.delete_from_queue(&owner, &delete))
+    })
+    .await?;
     Ok(empty_ok())
 }
 
@@ -53,6 +57,6 @@ pub async fn interrupt(State(state): State<Arc<AppState>>, caller: Caller, body:
     let body = optional_object(body, state.service.options().workflow_limits.max_bytes)?;
     let id = body.as_ref().and_then(|b| b.get("prompt_id")).and_then(Json_::as_str).map(str::to_string);
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    service.interrupt(&owner, id.as_deref()).await.map_err(compat_error)?;
+    super::blocking(move || super::block(service.interrupt(&owner, id.as_deref()))).await?;
     Ok(empty_ok())
 }

@@ -69,7 +69,7 @@ pub async fn view(
     let Query(q) = query.map_err(|_| ApiError::invalid_request("Bad query string."))?;
     let (kind, subfolder, filename) = parse(q)?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    let asset = service.compat_file(&owner, &kind, &subfolder, &filename).await.map_err(super::compat_error)?;
+    let asset = super::blocking(move || super::block(service.compat_file(&owner, &kind, &subfolder, &filename))).await?;
     let expires = now_micros() / 1_000_000 + state.config.signed_url_ttl_s as i64;
     let sig = state.signer.sign(&asset.id, expires);
     let location = links.absolute(&format!("{}/signed/assets/{}?expires={expires}&sig={sig}", links.v2(), asset.id));
