@@ -16,18 +16,21 @@
 //! the job records when the service starts.
 
 mod index;
+mod meta;
+mod replay;
 
 use std::path::Path;
 use std::sync::Arc;
 
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 use super::commit_log::CommitLog;
-use super::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, JobStatus, MetaStore, Micros, StoreError};
+use super::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, JobStatus, Micros, StoreError};
 use index::Indexes;
+use replay::entry;
 
-/// sled-backed [`MetaStore`]: the synchronous store ([`Sled`]) behind the
+/// sled-backed [`MetaStore`](crate::store::MetaStore): the synchronous store ([`Sled`]) behind the
 /// async trait; what may wait for the disk (a log sync, a flush, a scan)
 /// runs on tokio's blocking pool, the rest inline (sled reads and unsynced
 /// writes take microseconds).
@@ -56,33 +59,6 @@ const RESCAN_MARGIN: Micros = 60_000_000;
 const LOG_FILE: &str = "commit.log";
 /// Where earlier versions journaled job starts (unsynced); removed on open.
 const OLD_JOURNAL_FILE: &str = "attempts.journal";
-
-/// A commit log entry (as [`Entry`] reads it back) assembled from fields
-/// already encoded as JSON — mostly the bytes just written to sled — so a
-/// record is not encoded twice. Kinds and names are plain identifiers.
-fn entry(kind: &str, fields: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + kind.len() + fields.iter().map(|(n, v)| n.len() + v.len() + 4).sum::<usize>());
-    out.extend_from_slice(b"{\"kind\":\"");
-    out.extend_from_slice(kind.as_bytes());
-    out.push(b'"');
-    for (name, json) in fields {
-        out.extend_from_slice(b",\"");
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b"\":");
-        out.extend_from_slice(json);
-    }
-    out.push(b'}');
-    out
-}
-
-/// A commit log entry, as read back.
-#[derive(Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum Entry {
-    Submitted { job: JobRecord, workflow: serde_json::Value, claim: Option<IdempotencyClaim> },
-    Started { job: JobRecord },
-    Finished { job: JobRecord, assets: Vec<AssetRecord> },
-}
 
 fn backend(e: sled::Error) -> StoreError {
     StoreError::Backend(e.to_string())
@@ -119,39 +95,6 @@ fn hash_key(hash: &str, id: &str) -> Vec<u8> {
     k.push(0);
     k.extend_from_slice(id.as_bytes());
     k
-}
-
-/// Whether this thread runs a multi-thread runtime's tasks (the request
-/// runtime, its blocking pool included), where waiting for the disk goes
-/// to the blocking pool.
-fn on_request_runtime() -> bool {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread)
-}
-
-impl SledMeta {
-    /// Opens (creating) the store in `dir`, replaying its commit log.
-    pub fn open(dir: &Path) -> Result<SledMeta, StoreError> {
-        Sled::open(dir).map(|sled| SledMeta(Arc::new(sled)))
-    }
-
-    /// Another tree of this store's database (the account store's, beside
-    /// the jobs).
-    pub fn open_tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
-        self.0.db.open_tree(name).map_err(backend)
-    }
-
-    /// Runs `f`, which may wait for the disk: inline on a current-thread
-    /// runtime (kiln's job execution runtimes, there for blocking job work:
-    /// a hand-off and back costs ~100 µs a job), on the blocking pool
-    /// otherwise (the request runtime's threads must not wait for a disk).
-    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Sled) -> Result<T, StoreError> + Send + 'static) -> Result<T, StoreError> {
-        if on_request_runtime() {
-            let sled = self.0.clone();
-            return tokio::task::spawn_blocking(move || f(&sled)).await.map_err(|e| StoreError::Backend(format!("store task: {e}")))?;
-        }
-        f(&self.0)
-    }
 }
 
 impl Sled {
@@ -278,61 +221,6 @@ impl Sled {
                 return Ok(bytes);
             }
         }
-    }
-
-    /// Applies the commit log's entries that did not reach sled before a
-    /// crash, in order, each only where sled's record is older; then flushes
-    /// sled and starts a new log cycle. A submission is applied when the job
-    /// is missing; a start when the stored job is queued or running with
-    /// fewer attempts; a finish when the stored job has not ended. The
-    /// unfinished jobs' set (saved at the last checkpoint) then follows
-    /// each logged job's stored record.
-    fn replay(&self, entries: Vec<Vec<u8>>) -> Result<(), StoreError> {
-        let mut logged = Vec::new();
-        for bytes in &entries {
-            let Ok(entry) = serde_json::from_slice::<Entry>(bytes) else {
-                tracing::warn!("skipping an unreadable commit log entry");
-                continue;
-            };
-            match entry {
-                Entry::Submitted { job, workflow, claim } => {
-                    logged.push(job.id.clone());
-                    if self.get_job(&job.id)?.is_none() {
-                        tracing::info!(job_id = %job.id, "submission recovered from the commit log");
-                        if let Some(claim) = claim {
-                            self.claims.insert(claim.key.as_bytes(), encode(&claim)?).map_err(backend)?;
-                        }
-                        self.write_submission(&job, &encode(&job)?, &encode(&workflow)?)?;
-                    }
-                }
-                Entry::Started { job } => {
-                    let Some(stored) = self.get_job(&job.id)? else { continue };
-                    let behind = matches!(stored.status, JobStatus::Queued | JobStatus::Running) && job.attempts > stored.attempts;
-                    if behind {
-                        tracing::info!(job_id = %job.id, attempt = job.attempts, "job start recovered from the commit log");
-                        self.put_job(&job)?;
-                    }
-                }
-                Entry::Finished { job, assets } => {
-                    logged.push(job.id.clone());
-                    let Some(stored) = self.get_job(&job.id)? else { continue };
-                    if !stored.status.is_terminal() {
-                        tracing::info!(job_id = %job.id, status = job.status.as_str(), "finished job recovered from the commit log");
-                        for asset in &assets {
-                            self.put_asset(asset)?;
-                        }
-                        self.put_job(&job)?;
-                    }
-                }
-            }
-        }
-        for id in logged {
-            match self.get_job(&id)? {
-                Some(job) => self.index.settle(&job),
-                None => self.index.settle_gone(&id),
-            }
-        }
-        self.log.checkpoint(|| self.checkpoint_flush())
     }
 }
 
@@ -580,105 +468,6 @@ impl Sled {
     fn flush(&self) -> Result<(), StoreError> {
         self.db.flush().map_err(backend)?;
         Ok(())
-    }
-}
-
-#[async_trait::async_trait]
-impl MetaStore for SledMeta {
-    async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
-        self.0.submit(job, workflow, claim)
-    }
-    async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.0.put_job(job)
-    }
-    async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
-        self.0.get_job(id)
-    }
-    async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.0.delete_job(job)
-    }
-    async fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
-        self.0.get_workflow(id)
-    }
-    async fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.0.get_workflow_bytes(id)
-    }
-    async fn list_jobs(
-        &self,
-        owner: Option<&str>,
-        cursor: Option<&[u8]>,
-        limit: usize,
-        max_scanned: usize,
-        keep: &JobFilter<'_>,
-    ) -> Result<JobPage, StoreError> {
-        self.0.list_jobs(owner, cursor, limit, max_scanned, keep)
-    }
-    async fn unfinished_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
-        self.blocking(|sled| sled.unfinished_jobs()).await
-    }
-    async fn max_seq(&self) -> Result<u64, StoreError> {
-        self.0.index.max_seq()
-    }
-    async fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
-        self.blocking(move |sled| sled.jobs_due(now, purge_before, limit)).await
-    }
-    async fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.0.record_start(job)
-    }
-    /// One log sync (~50 µs on a local disk) runs where it is called: a
-    /// hand-off to the blocking pool and back costs more on a small
-    /// machine; a sync that may wait for a flush of the whole store goes to
-    /// the pool.
-    async fn sync_jobs(&self) -> Result<(), StoreError> {
-        if self.0.writes_may_block() {
-            return self.blocking(|sled| sled.sync_jobs()).await;
-        }
-        self.0.sync_jobs()
-    }
-    fn writes_may_block(&self) -> bool {
-        self.0.writes_may_block()
-    }
-    async fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
-        if !on_request_runtime() {
-            // A job's own thread (the usual caller): no copy for the pool.
-            return self.0.finish_job(job, assets);
-        }
-        let (job, assets) = (job.clone(), assets.to_vec());
-        self.blocking(move |sled| sled.finish_job(&job, &assets)).await
-    }
-    async fn checkpoint(&self) -> Result<(), StoreError> {
-        self.blocking(|sled| sled.checkpoint()).await
-    }
-    async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
-        self.0.put_asset(asset)
-    }
-    async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
-        self.0.get_asset(id)
-    }
-    async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
-        self.0.delete_asset(asset)
-    }
-    async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
-        self.0.assets_with_hash(hash)
-    }
-    async fn assets_of_job(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
-        self.0.assets_of_job(job_id)
-    }
-    async fn uploads_due(&self, now: Micros, limit: usize) -> Result<Vec<AssetRecord>, StoreError> {
-        self.blocking(move |sled| sled.uploads_due(now, limit)).await
-    }
-    async fn assets_tagged(&self, prefix: &str) -> Result<Vec<AssetRecord>, StoreError> {
-        let prefix = prefix.to_string();
-        self.blocking(move |sled| sled.assets_tagged(&prefix)).await
-    }
-    async fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
-        self.0.get_claim(key)
-    }
-    async fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
-        self.0.purge_claims(now)
-    }
-    async fn flush(&self) -> Result<(), StoreError> {
-        self.blocking(|sled| sled.flush()).await
     }
 }
 

@@ -10,6 +10,7 @@
 //! `execution_start`, `execution_cached` and terminal messages rebuilt from
 //! the job's record, and `meta` per output node.
 
+use crate::api::pool::on_pool;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -131,7 +132,7 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, query: Res
     let Query(q) = query.map_err(|_| ApiError::invalid_request("`max_items` and `offset` must be whole numbers."))?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
     // The page is chosen on the records; only its jobs' workflows are read.
-    let mut jobs = blocking(move || super::block(service.compat_history(&owner))).await?;
+    let mut jobs = on_pool(move || async move { service.compat_history(&owner).await }).await?.map_err(super::compat_error)?;
     // ComfyUI: `offset` skips from the oldest; `max_items` alone keeps the last N.
     let start = match (q.offset, q.max_items) {
         (Some(offset), _) => offset.min(jobs.len()),

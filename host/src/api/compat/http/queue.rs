@@ -5,6 +5,7 @@
 //! (`{"prompt_id"}`: that job if it runs; otherwise every running job).
 //! Edits answer 200 with an empty body.
 
+use crate::api::pool::on_pool;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -57,6 +58,6 @@ pub async fn interrupt(State(state): State<Arc<AppState>>, caller: Caller, body:
     let body = optional_object(body, state.service.options().workflow_limits.max_bytes)?;
     let id = body.as_ref().and_then(|b| b.get("prompt_id")).and_then(Json_::as_str).map(str::to_string);
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    super::blocking(move || super::block(service.interrupt(&owner, id.as_deref()))).await?;
+    on_pool(move || async move { service.interrupt(&owner, id.as_deref()).await }).await?.map_err(super::compat_error)?;
     Ok(empty_ok())
 }

@@ -8,6 +8,7 @@
 //! Other parameters (`preview`, `channel`, `rand`, `clientId`) are ignored:
 //! the original bytes are served.
 
+use crate::api::pool::on_pool;
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
@@ -69,7 +70,7 @@ pub async fn view(
     let Query(q) = query.map_err(|_| ApiError::invalid_request("Bad query string."))?;
     let (kind, subfolder, filename) = parse(q)?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    let asset = super::blocking(move || super::block(service.compat_file(&owner, &kind, &subfolder, &filename))).await?;
+    let asset = on_pool(move || async move { service.compat_file(&owner, &kind, &subfolder, &filename).await }).await?.map_err(super::compat_error)?;
     let expires = now_micros() / 1_000_000 + state.config.signed_url_ttl_s as i64;
     let sig = state.signer.sign(&asset.id, expires);
     let location = links.absolute(&format!("{}/signed/assets/{}?expires={expires}&sig={sig}", links.v2(), asset.id));

@@ -1,0 +1,141 @@
+//! [`SledMeta`]: the async [`MetaStore`] over the synchronous [`Sled`]
+//! store — where each call runs (inline, or on the blocking pool when it may
+//! wait for the disk and the caller is on the request runtime).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{Sled, SledMeta, backend};
+use crate::store::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, StoreError};
+
+/// Whether this thread runs a multi-thread runtime's tasks (the request
+/// runtime, its blocking pool included), where waiting for the disk goes
+/// to the blocking pool.
+fn on_request_runtime() -> bool {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread)
+}
+
+impl SledMeta {
+    /// Opens (creating) the store in `dir`, replaying its commit log.
+    pub fn open(dir: &Path) -> Result<SledMeta, StoreError> {
+        Sled::open(dir).map(|sled| SledMeta(Arc::new(sled)))
+    }
+
+    /// Another tree of this store's database (the account store's, beside
+    /// the jobs).
+    pub fn open_tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
+        self.0.db.open_tree(name).map_err(backend)
+    }
+
+    /// Runs `f`, which may wait for the disk: inline on a current-thread
+    /// runtime (kiln's job execution runtimes, there for blocking job work:
+    /// a hand-off and back costs ~100 µs a job), on the blocking pool
+    /// otherwise (the request runtime's threads must not wait for a disk).
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Sled) -> Result<T, StoreError> + Send + 'static) -> Result<T, StoreError> {
+        if on_request_runtime() {
+            let sled = self.0.clone();
+            return tokio::task::spawn_blocking(move || f(&sled)).await.map_err(|e| StoreError::Backend(format!("store task: {e}")))?;
+        }
+        f(&self.0)
+    }
+}
+
+#[async_trait::async_trait]
+impl MetaStore for SledMeta {
+    async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
+        self.0.submit(job, workflow, claim)
+    }
+    async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.0.put_job(job)
+    }
+    async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        self.0.get_job(id)
+    }
+    async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.0.delete_job(job)
+    }
+    async fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        self.0.get_workflow(id)
+    }
+    async fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.0.get_workflow_bytes(id)
+    }
+    async fn list_jobs(
+        &self,
+        owner: Option<&str>,
+        cursor: Option<&[u8]>,
+        limit: usize,
+        max_scanned: usize,
+        keep: &JobFilter<'_>,
+    ) -> Result<JobPage, StoreError> {
+        self.0.list_jobs(owner, cursor, limit, max_scanned, keep)
+    }
+    async fn unfinished_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        self.blocking(|sled| sled.unfinished_jobs()).await
+    }
+    async fn max_seq(&self) -> Result<u64, StoreError> {
+        self.0.index.max_seq()
+    }
+    async fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
+        self.blocking(move |sled| sled.jobs_due(now, purge_before, limit)).await
+    }
+    async fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
+        self.0.record_start(job)
+    }
+    /// One log sync (~50 µs on a local disk) runs where it is called: a
+    /// hand-off to the blocking pool and back costs more on a small
+    /// machine; a sync that may wait for a flush of the whole store goes to
+    /// the pool.
+    async fn sync_jobs(&self) -> Result<(), StoreError> {
+        if self.0.writes_may_block() {
+            return self.blocking(|sled| sled.sync_jobs()).await;
+        }
+        self.0.sync_jobs()
+    }
+    fn writes_may_block(&self) -> bool {
+        self.0.writes_may_block()
+    }
+    async fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
+        if !on_request_runtime() {
+            // A job's own thread (the usual caller): no copy for the pool.
+            return self.0.finish_job(job, assets);
+        }
+        let (job, assets) = (job.clone(), assets.to_vec());
+        self.blocking(move |sled| sled.finish_job(&job, &assets)).await
+    }
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        self.blocking(|sled| sled.checkpoint()).await
+    }
+    async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        self.0.put_asset(asset)
+    }
+    async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+        self.0.get_asset(id)
+    }
+    async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        self.0.delete_asset(asset)
+    }
+    async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        self.0.assets_with_hash(hash)
+    }
+    async fn assets_of_job(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        self.0.assets_of_job(job_id)
+    }
+    async fn uploads_due(&self, now: Micros, limit: usize) -> Result<Vec<AssetRecord>, StoreError> {
+        self.blocking(move |sled| sled.uploads_due(now, limit)).await
+    }
+    async fn assets_tagged(&self, prefix: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        let prefix = prefix.to_string();
+        self.blocking(move |sled| sled.assets_tagged(&prefix)).await
+    }
+    async fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
+        self.0.get_claim(key)
+    }
+    async fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
+        self.0.purge_claims(now)
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.blocking(|sled| sled.flush()).await
+    }
+}
