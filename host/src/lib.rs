@@ -28,6 +28,7 @@
 
 pub mod accounts;
 pub mod api;
+pub mod atomic_file;
 pub mod budget;
 pub mod cli;
 pub mod codes;

@@ -1,7 +1,6 @@
 //! Server secrets (the account key hasher's, the URL signer's): 32 random
 //! bytes, kept in a file of the data directory that only the owner may read.
 
-use std::io::Write;
 use std::path::Path;
 
 /// 32 bytes from the OS's generator (through two v4 UUIDs: 244 random
@@ -14,9 +13,8 @@ pub fn random_key() -> [u8; 32] {
 }
 
 /// The secret in `dir/name`, creating it on first use (and replacing a file
-/// that does not hold exactly 32 bytes): written to `name.tmp` with mode
-/// 0600, synced, then renamed over `name`, so a crash never leaves a
-/// partial secret behind.
+/// that does not hold exactly 32 bytes), with mode 0600, replaced whole
+/// (`atomic_file`): a crash never leaves a partial secret behind.
 pub fn load_or_create(dir: &Path, name: &str) -> std::io::Result<[u8; 32]> {
     let path = dir.join(name);
     if let Ok(bytes) = std::fs::read(&path)
@@ -25,18 +23,7 @@ pub fn load_or_create(dir: &Path, name: &str) -> std::io::Result<[u8; 32]> {
         return Ok(secret);
     }
     let secret = random_key();
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{name}.tmp"));
-    {
-        let mut options = std::fs::File::options();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut f = options.open(&tmp)?;
-        f.write_all(&secret)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, &path)?;
+    crate::atomic_file::write(&path, &secret, Some(0o600))?;
     Ok(secret)
 }
 
@@ -56,7 +43,6 @@ mod tests {
             use std::os::unix::fs::PermissionsExt;
             assert_eq!(std::fs::metadata(data.join("x.key")).unwrap().permissions().mode() & 0o777, 0o600);
         }
-        assert!(!data.join("x.key.tmp").exists());
         std::fs::write(data.join("x.key"), b"short").unwrap();
         assert_ne!(load_or_create(&data, "x.key").unwrap(), first, "a damaged secret is replaced");
     }

@@ -1,21 +1,22 @@
 //! Accounts of a cloud or serverless server: who a caller is (an API key →
 //! an account), what it may do (disabled, subscription) and what it has
-//! left (credits). Records live in the sled tree `accounts` beside the
-//! jobs (id → JSON) and, being few, all in memory too: authenticating a
-//! request is one keyed hash and one map lookup. Writes go to sled first,
-//! then to memory, one at a time. A job's owner is its account's id.
+//! left (credits). Records live in an [`AccountStore`] (embedded: the sled
+//! tree `accounts` beside the jobs) and, being few, all in memory too:
+//! authenticating a request is one keyed hash and one map lookup. Writes go
+//! to the store first, then to memory, one at a time; a balance changes
+//! only by the store's atomic credit step. A job's owner is its account's id.
 
 pub mod keys;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
-use serde::{Deserialize, Serialize};
+use parking_lot::RwLock;
 
+pub use crate::store::Account;
 pub use keys::KeyHasher;
 
-use crate::store::{Micros, now_micros};
+use crate::store::{AccountStore, CreditChange, StoreError, now_micros};
 
 /// Longest account name.
 pub const MAX_NAME_LEN: usize = 64;
@@ -23,27 +24,6 @@ pub const MAX_NAME_LEN: usize = 64;
 pub const MAX_ACCOUNTS: usize = 100_000;
 /// The tier an account gets when none is named.
 pub const DEFAULT_TIER: &str = "default";
-
-/// One account.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Account {
-    /// `acct_` and 32 hex digits: the `owner` of its jobs and assets.
-    pub id: String,
-    /// Unique, chosen by the operator: letters, digits, `-`, `_`, `.`.
-    pub name: String,
-    /// Its API keys, as hex of their keyed hashes (never the keys).
-    pub key_hashes: Vec<String>,
-    /// Balance in credits; may go negative by at most the job that crossed zero.
-    pub credits: i64,
-    /// The tier's name (its limits are the scheduler's business).
-    pub tier: String,
-    /// Whether its subscription is active (the cloud's compatibility API
-    /// runs workflows only then).
-    pub subscription_active: bool,
-    /// A disabled account's keys answer 403.
-    pub disabled: bool,
-    pub created_at: Micros,
-}
 
 /// What a job costs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +60,10 @@ pub enum AccountError {
     Store(String),
 }
 
-fn store_err(e: impl std::fmt::Display) -> AccountError {
-    AccountError::Store(e.to_string())
+impl From<StoreError> for AccountError {
+    fn from(e: StoreError) -> AccountError {
+        AccountError::Store(e.to_string())
+    }
 }
 
 fn plain_name(name: &str) -> bool {
@@ -92,36 +74,34 @@ fn hex(bytes: &[u8; 32]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The account store.
+/// The accounts of the server.
 pub struct Accounts {
-    tree: sled::Tree,
+    store: Arc<dyn AccountStore>,
     hasher: KeyHasher,
     pricing: Pricing,
     by_id: RwLock<HashMap<String, Arc<Account>>>,
     /// Key hash → account id (shared: a request's caller takes no allocation).
     by_key: RwLock<HashMap<[u8; 32], Arc<str>>>,
     /// Serializes writes (read, change, store, publish).
-    writing: Mutex<()>,
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl Accounts {
-    /// The accounts in `tree`, keys hashed by `hasher`.
-    pub fn open(tree: sled::Tree, hasher: KeyHasher, pricing: Pricing) -> Result<Accounts, AccountError> {
+    /// The accounts in `store`, keys hashed by `hasher`.
+    pub async fn open(store: Arc<dyn AccountStore>, hasher: KeyHasher, pricing: Pricing) -> Result<Accounts, AccountError> {
         let (mut by_id, mut by_key) = (HashMap::new(), HashMap::new());
-        for entry in tree.iter() {
-            let (_, bytes) = entry.map_err(store_err)?;
-            let account: Account = serde_json::from_slice(&bytes).map_err(store_err)?;
+        for account in store.all().await? {
             index_keys(&mut by_key, &account);
             by_id.insert(account.id.clone(), Arc::new(account));
         }
-        Ok(Accounts { tree, hasher, pricing, by_id: RwLock::new(by_id), by_key: RwLock::new(by_key), writing: Mutex::new(()) })
+        Ok(Accounts { store, hasher, pricing, by_id: RwLock::new(by_id), by_key: RwLock::new(by_key), writing: tokio::sync::Mutex::new(()) })
     }
 
-    /// An empty store that keeps nothing on disk (a self-hosted service
+    /// An empty set that keeps nothing on disk (a self-hosted service
     /// started on other stores, tests).
-    pub fn in_memory(pricing: Pricing) -> Result<Accounts, AccountError> {
-        let db = sled::Config::new().temporary(true).open().map_err(store_err)?;
-        Accounts::open(db.open_tree("accounts").map_err(store_err)?, KeyHasher::ephemeral(), pricing)
+    pub async fn in_memory(pricing: Pricing) -> Result<Accounts, AccountError> {
+        let store = crate::store::SledAccounts::temporary()?;
+        Accounts::open(Arc::new(store), KeyHasher::ephemeral(), pricing).await
     }
 
     pub fn pricing(&self) -> Pricing {
@@ -160,7 +140,7 @@ impl Accounts {
     }
 
     /// Creates an account; returns it and its API key (shown once, never stored).
-    pub fn create(&self, name: &str, credits: i64, tier: Option<&str>) -> Result<(Arc<Account>, String), AccountError> {
+    pub async fn create(&self, name: &str, credits: i64, tier: Option<&str>) -> Result<(Arc<Account>, String), AccountError> {
         if !plain_name(name) {
             return Err(AccountError::InvalidName);
         }
@@ -168,7 +148,7 @@ impl Accounts {
         if !plain_name(tier) {
             return Err(AccountError::InvalidTier);
         }
-        let _writing = self.writing.lock();
+        let _writing = self.writing.lock().await;
         if self.by_name(name).is_some() {
             return Err(AccountError::NameTaken(name.to_string()));
         }
@@ -186,45 +166,47 @@ impl Accounts {
             disabled: false,
             created_at: now_micros(),
         };
-        let account = self.store(account, true)?;
+        let account = self.store(account).await?;
         Ok((account, key))
     }
 
     /// Adds `amount` (may be negative) to the balance of account `name`.
-    pub fn add_credits(&self, name: &str, amount: i64) -> Result<Arc<Account>, AccountError> {
-        self.change_named(name, |a| {
-            a.credits = a.credits.checked_add(amount).ok_or(AccountError::Overflow)?;
-            Ok(())
-        })
+    pub async fn add_credits(&self, name: &str, amount: i64) -> Result<Arc<Account>, AccountError> {
+        let _writing = self.writing.lock().await;
+        let id = self.by_name(name).ok_or_else(|| AccountError::NotFound(name.to_string()))?.id.clone();
+        match self.store.add_credits(&id, amount, true).await? {
+            CreditChange::Changed(account) => Ok(self.publish(account)),
+            CreditChange::NoAccount => Err(AccountError::NotFound(name.to_string())),
+            CreditChange::Overflow => Err(AccountError::Overflow),
+        }
     }
 
     /// Sets whether the subscription of account `name` is active.
-    pub fn set_subscription(&self, name: &str, active: bool) -> Result<Arc<Account>, AccountError> {
-        self.change_named(name, |a| {
-            a.subscription_active = active;
-            Ok(())
-        })
+    pub async fn set_subscription(&self, name: &str, active: bool) -> Result<Arc<Account>, AccountError> {
+        self.change_named(name, |a| a.subscription_active = active).await
     }
 
     /// Disables account `name`: its keys answer 403 from now on.
-    pub fn disable(&self, name: &str) -> Result<Arc<Account>, AccountError> {
-        self.change_named(name, |a| {
-            a.disabled = true;
-            Ok(())
-        })
+    pub async fn disable(&self, name: &str) -> Result<Arc<Account>, AccountError> {
+        self.change_named(name, |a| a.disabled = true).await
     }
 
     /// Charges the account `owner` for a job that executed `execution_ms`;
     /// returns the new balance (`None`: the owner is no account, as on a
-    /// self-hosted server). Not flushed: sled's periodic flush makes it
-    /// durable (a crash may forget the last half second of charges).
-    pub fn charge(&self, owner: &str, execution_ms: u64) -> Option<i64> {
+    /// self-hosted server). Not made durable at once (see
+    /// [`AccountStore::add_credits`]).
+    pub async fn charge(&self, owner: &str, execution_ms: u64) -> Option<i64> {
+        self.get(owner)?;
+        // The write turn keeps what memory shows in the store's order.
+        let _writing = self.writing.lock().await;
         let cost = self.pricing.cost(execution_ms);
-        let _writing = self.writing.lock();
-        let mut account = (*self.get(owner)?).clone();
-        account.credits = account.credits.saturating_sub(cost);
-        match self.store(account, false) {
-            Ok(a) => Some(a.credits),
+        match self.store.add_credits(owner, cost.saturating_neg(), false).await {
+            Ok(CreditChange::Changed(account)) => Some(self.publish(account).credits),
+            Ok(CreditChange::NoAccount) => None,
+            Ok(CreditChange::Overflow) => {
+                tracing::error!(owner, cost, "a charge would overflow the balance; not recorded");
+                None
+            }
             Err(e) => {
                 tracing::error!(owner, error = %e, "cannot record a charge");
                 None
@@ -255,25 +237,26 @@ impl Accounts {
         self.get(owner).is_none_or(|a| a.subscription_active)
     }
 
-    fn change_named(&self, name: &str, f: impl FnOnce(&mut Account) -> Result<(), AccountError>) -> Result<Arc<Account>, AccountError> {
-        let _writing = self.writing.lock();
+    async fn change_named(&self, name: &str, f: impl FnOnce(&mut Account)) -> Result<Arc<Account>, AccountError> {
+        let _writing = self.writing.lock().await;
         let mut account = (*self.by_name(name).ok_or_else(|| AccountError::NotFound(name.to_string()))?).clone();
-        f(&mut account)?;
-        self.store(account, true)
+        f(&mut account);
+        self.store(account).await
     }
 
-    /// Writes `account` (flushed when `flush`) and publishes it in memory.
-    /// Called with `writing` held.
-    fn store(&self, account: Account, flush: bool) -> Result<Arc<Account>, AccountError> {
-        let bytes = serde_json::to_vec(&account).map_err(store_err)?;
-        self.tree.insert(account.id.as_bytes(), bytes).map_err(store_err)?;
-        if flush {
-            self.tree.flush().map_err(store_err)?;
-        }
+    /// Writes `account` (durably) and publishes it in memory. Called with
+    /// `writing` held.
+    async fn store(&self, account: Account) -> Result<Arc<Account>, AccountError> {
+        let stored = self.store.put(&account).await?;
+        Ok(self.publish(stored))
+    }
+
+    /// Shows `account`, as stored, to readers. Called with `writing` held.
+    fn publish(&self, account: Account) -> Arc<Account> {
         index_keys(&mut self.by_key.write(), &account);
         let account = Arc::new(account);
         self.by_id.write().insert(account.id.clone(), account.clone());
-        Ok(account)
+        account
     }
 }
 
@@ -311,38 +294,70 @@ mod tests {
         assert_eq!(Pricing { credits_per_second: 1, min_per_job: u64::MAX }.cost(1), i64::MAX);
     }
 
-    #[test]
-    fn accounts_survive_a_reopen_and_keys_find_them() {
+    #[tokio::test]
+    async fn accounts_survive_a_reopen_and_keys_find_them() {
         let dir = tempfile::tempdir().unwrap();
-        let open = || {
+        let open = async || {
             // sled's flusher lets go of the lock a moment after the last
             // handle is dropped (as `SledMeta::open` also waits for).
             let db = (0..200)
                 .find_map(|_| sled::open(dir.path().join("db")).map_err(|_| std::thread::sleep(std::time::Duration::from_millis(20))).ok())
                 .expect("the database opens");
-            let tree = db.open_tree("accounts").unwrap();
-            (db, Accounts::open(tree, KeyHasher::load_or_create(dir.path()).unwrap(), PRICE).unwrap())
+            let store = Arc::new(crate::store::SledAccounts::new(db.open_tree("accounts").unwrap()));
+            (db, Accounts::open(store, KeyHasher::load_or_create(dir.path()).unwrap(), PRICE).await.unwrap())
         };
         let (key, id) = {
-            let (_db, accounts) = open();
-            let (a, key) = accounts.create("alice", 5, Some("pro")).unwrap();
-            assert!(matches!(accounts.create("alice", 0, None), Err(AccountError::NameTaken(_))));
-            assert!(matches!(accounts.create("bad name", 0, None), Err(AccountError::InvalidName)));
+            let (_db, accounts) = open().await;
+            let (a, key) = accounts.create("alice", 5, Some("pro")).await.unwrap();
+            assert!(matches!(accounts.create("alice", 0, None).await, Err(AccountError::NameTaken(_))));
+            assert!(matches!(accounts.create("bad name", 0, None).await, Err(AccountError::InvalidName)));
             assert!(!serde_json::to_string(&*a).unwrap().contains(&key), "the key itself is never stored");
-            assert_eq!(accounts.charge(&a.id, 1000), Some(-5), "a charge may cross zero");
+            assert_eq!(accounts.charge(&a.id, 1000).await, Some(-5), "a charge may cross zero");
             assert!(!accounts.has_funds(&a.id));
-            accounts.add_credits("alice", 10).unwrap();
-            accounts.set_subscription("alice", false).unwrap();
+            accounts.add_credits("alice", 10).await.unwrap();
+            assert!(matches!(accounts.add_credits("alice", i64::MAX).await, Err(AccountError::Overflow)));
+            assert_eq!(accounts.by_name("alice").unwrap().credits, 5, "a refused change changes nothing");
+            accounts.set_subscription("alice", false).await.unwrap();
             (key, a.id.clone())
         };
-        let (_db, accounts) = open();
+        let (_db, accounts) = open().await;
         let a = accounts.authenticate(&key).unwrap();
         assert_eq!((a.id.as_str(), a.credits, a.tier.as_str(), a.subscription_active), (id.as_str(), 5, "pro", false));
         assert_eq!(accounts.tier(&id).as_deref(), Some("pro"));
         assert!(accounts.authenticate("kiln_nope").is_none());
-        assert!(accounts.has_funds("local") && accounts.subscription_active("local") && accounts.charge("local", 10).is_none());
-        accounts.disable("alice").unwrap();
+        assert!(accounts.has_funds("local") && accounts.subscription_active("local") && accounts.charge("local", 10).await.is_none());
+        accounts.disable("alice").await.unwrap();
         assert!(accounts.authenticate(&key).unwrap().disabled);
-        assert!(matches!(accounts.disable("bob"), Err(AccountError::NotFound(_))));
+        assert!(matches!(accounts.disable("bob").await, Err(AccountError::NotFound(_))));
+    }
+
+    /// Two servers sharing one account store (here: two `Accounts` over one
+    /// tree) charge and top up concurrently: no change is lost, and a
+    /// record write by one never puts back a balance the other changed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_credit_changes_through_two_servers_are_all_kept() {
+        let store: Arc<dyn AccountStore> = Arc::new(crate::store::SledAccounts::temporary().unwrap());
+        let hasher = KeyHasher::ephemeral();
+        let first = Arc::new(Accounts::open(store.clone(), hasher.clone(), PRICE).await.unwrap());
+        let (a, _) = first.create("alice", 10_000, None).await.unwrap();
+        let second = Arc::new(Accounts::open(store.clone(), hasher, PRICE).await.unwrap());
+        let mut tasks = Vec::new();
+        for i in 0..200 {
+            let (accounts, id) = (if i % 2 == 0 { first.clone() } else { second.clone() }, a.id.clone());
+            tasks.push(tokio::spawn(async move {
+                match i % 4 {
+                    // 1 s of execution: 10 credits.
+                    0 | 1 => drop(accounts.charge(&id, 1000).await),
+                    2 => drop(accounts.add_credits("alice", 3).await.unwrap()),
+                    // A record write from a stale copy of the balance.
+                    _ => drop(accounts.set_subscription("alice", i % 8 == 3).await.unwrap()),
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let stored = store.all().await.unwrap().into_iter().find(|s| s.id == a.id).unwrap();
+        assert_eq!(stored.credits, 10_000 - 100 * 10 + 50 * 3);
     }
 }

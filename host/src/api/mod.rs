@@ -56,7 +56,7 @@ pub struct AppState {
     pub rendered: parking_lot::Mutex<RenderedJobs>,
     /// The compatibility API's rendered `object_info` listing.
     pub object_info: compat::ObjectInfoCache,
-    /// The web frontend's settings and files, in the data directory.
+    /// The web frontend's settings and files of the one user (without accounts).
     pub user_files: Arc<crate::service::user_files::UserFiles>,
     /// Each account's own frontend files (cloud, serverless), by account id.
     pub account_files: parking_lot::Mutex<std::collections::HashMap<Arc<str>, Arc<crate::service::user_files::UserFiles>>>,
@@ -77,7 +77,11 @@ impl AppState {
     pub fn new(service: Arc<Service>, mut config: Config, signer: signing::Signer, local: SocketAddr, frontend: Option<compat::Frontend>) -> Arc<AppState> {
         config.mount_prefix = normalize_prefix(&config.mount_prefix);
         let token_hash = config.token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
-        let user_files = Arc::new(crate::service::user_files::UserFiles::new(&config.data_dir, user_file_limits(&config)));
+        let user_files = Arc::new(crate::service::user_files::UserFiles::new(
+            service.user_file_store().clone(),
+            crate::service::user_files::DEFAULT_USER,
+            user_file_limits(&config),
+        ));
         let default_caller = Caller::new(Arc::from(service.options().owner.as_str()));
         let admin_token_hash = config.admin_token.as_deref().filter(|t| !t.is_empty()).map(|t| blake3::hash(t.as_bytes()));
         Arc::new(AppState {
@@ -101,7 +105,7 @@ impl AppState {
 
 impl AppState {
     /// The frontend files of `caller`: the one user's without accounts,
-    /// else the account's own (`<data_dir>/users/<account id>`).
+    /// else the account's own (embedded: `<data_dir>/users/<account id>`).
     pub fn files_of(&self, caller: &Caller) -> Arc<crate::service::user_files::UserFiles> {
         if !self.config.mode.has_accounts() {
             return self.user_files.clone();
@@ -109,7 +113,9 @@ impl AppState {
         let owner = caller.owner_arc();
         let mut all = self.account_files.lock();
         all.entry(owner.clone())
-            .or_insert_with(|| Arc::new(crate::service::user_files::UserFiles::for_user(&self.config.data_dir, &owner, user_file_limits(&self.config))))
+            .or_insert_with(|| {
+                Arc::new(crate::service::user_files::UserFiles::new(self.service.user_file_store().clone(), &owner, user_file_limits(&self.config)))
+            })
             .clone()
     }
 }

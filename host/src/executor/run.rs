@@ -39,7 +39,9 @@ impl Progress {
     }
 }
 
-type NodeCall = Pin<Box<dyn Future<Output = (String, Result<NodeOutput, NodeFailure>, f64)> + Send>>;
+/// A node's id, its result and how long it ran (ms).
+type NodeResult = (String, Result<NodeOutput, NodeFailure>, f64);
+type NodeCall = Pin<Box<dyn Future<Output = NodeResult> + Send>>;
 
 /// The state of one run.
 pub(super) struct Run<'a> {
@@ -149,7 +151,7 @@ impl<'a> Run<'a> {
     async fn schedule(&mut self) -> RunStatus {
         let plan = self.plan;
         let mut sched = Scheduler::new(plan, |id| self.results.contains_key(id));
-        let mut tasks: JoinSet<(String, Result<NodeOutput, NodeFailure>, f64)> = JoinSet::new();
+        let mut tasks: JoinSet<NodeResult> = JoinSet::new();
         let run_cancel = self.ctx.cancel.child_token();
         let budget = self.ctx.budget.clone();
         let mut running: HashSet<&str> = HashSet::new();
@@ -181,21 +183,10 @@ impl<'a> Run<'a> {
                     None => tasks.spawn(call),
                 };
             }
-            let joined: Result<_, String> = match inline {
-                Some(call) => futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(call)).await.map_err(|_| "node call panicked".to_string()),
-                None => match tasks.join_next().await {
-                    Some(joined) => joined.map_err(|e| e.to_string()),
-                    None => break RunStatus::Succeeded,
-                },
-            };
-            let (id, result, elapsed_ms) = match joined {
-                Ok(r) => r,
-                Err(e) => {
-                    // A host bug panicked inside a node task: fail this run only.
-                    tracing::error!(error = %e, "node task panicked");
-                    let failure = NodeFailure { kind: FailureKind::Crashed, message: "internal error while running a node".into(), log: Default::default() };
-                    break RunStatus::Failed { node: String::new(), class_type: String::new(), failure };
-                }
+            let (id, result, elapsed_ms) = match next_result(inline, &mut tasks).await {
+                Some(Ok(joined)) => joined,
+                Some(Err(failed)) => break failed,
+                None => break RunStatus::Succeeded,
             };
             let Some(node) = plan.node(&id) else { continue };
             let id = node.id.as_str();
@@ -372,6 +363,21 @@ impl<'a> Run<'a> {
             }),
         }
     }
+}
+
+/// What a node call returned: the inline call's result (run here), or the
+/// next task's to finish; `None` when nothing runs. A host bug that
+/// panicked inside a node task fails this run only.
+async fn next_result(inline: Option<NodeCall>, tasks: &mut JoinSet<NodeResult>) -> Option<Result<NodeResult, RunStatus>> {
+    let joined: Result<_, String> = match inline {
+        Some(call) => futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(call)).await.map_err(|_| "node call panicked".to_string()),
+        None => tasks.join_next().await?.map_err(|e| e.to_string()),
+    };
+    Some(joined.map_err(|e| {
+        tracing::error!(error = %e, "node task panicked");
+        let failure = NodeFailure { kind: FailureKind::Crashed, message: "internal error while running a node".into(), log: Default::default() };
+        RunStatus::Failed { node: String::new(), class_type: String::new(), failure }
+    }))
 }
 
 fn append_log(log: &mut String, truncated: &mut bool, node: &str, class_type: &str, captured: &CapturedLog) {

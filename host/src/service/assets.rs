@@ -67,8 +67,10 @@ impl Service {
         {
             return Err(ServiceError::HashMismatch { expected: expected.clone(), actual });
         }
-        let _gate = self.blob_gate.read();
+        let _gate = self.blob_claims.writing();
         let (hash, size) = upload.finish()?;
+        // Claimed below; if the record is not made, the next pass frees it.
+        self.blob_claims.may_be_garbage(hash);
         let name = blob_name(&hash);
         let known = wait(self.owned_with_hash(owner, &name))?;
         if let Some(existing) = known.iter().find(|a| a.job_id.is_none()) {
@@ -142,7 +144,7 @@ impl Service {
     /// [`Service::commit_upload`].
     pub fn asset_from_hash(&self, owner: &str, hash: &str, file_path: Option<String>, labels: AssetLabels) -> Result<NewAsset, ServiceError> {
         let hash = hash.to_ascii_lowercase();
-        let _gate = self.blob_gate.read();
+        let _gate = self.blob_claims.writing();
         let known = wait(self.owned_with_hash(owner, &hash))?;
         let Some(first) = known.first() else { return Err(ServiceError::BlobNotFound(hash)) };
         if let Some(same) = known.iter().find(|a| a.job_id.is_none() && (file_path.is_none() || a.file_path == file_path)) {
@@ -188,7 +190,7 @@ impl Service {
                 return Err(ServiceError::AssetInUse);
             }
         }
-        self.meta.delete_asset(&asset).await?;
+        self.delete_asset_record(&asset).await?;
         self.meta.flush().await?;
         Ok(())
     }

@@ -4,8 +4,9 @@
 //!
 //! Messages are surface-neutral facts (a node started, a node's state
 //! changed, a file was saved, the queue changed), published by the job
-//! workers from the executor's events (`worker.rs`) and by the queue
-//! (`mod.rs`). The channel is a bounded `broadcast` of `Arc`s: publishing
+//! runner from the executor's events (`runner/`) and by the queue
+//! (`mod.rs`), through the [`ExecBus`] trait. The embedded [`LocalBus`] is a
+//! bounded `broadcast` of `Arc`s: publishing
 //! never waits, and a subscriber that falls behind by more than
 //! [`BUS_CAPACITY`] messages is told it lagged (the WebSocket then drops
 //! that connection), so a slow reader never holds up a job or another
@@ -84,40 +85,56 @@ pub enum ExecBody {
     Interrupted { node: Option<String>, class_type: Option<String>, executed: Vec<String>, at_ms: i64 },
 }
 
-/// The bus itself.
-pub struct ExecBus {
-    tx: broadcast::Sender<Arc<ExecMessage>>,
-}
-
-impl Default for ExecBus {
-    fn default() -> Self {
-        ExecBus { tx: broadcast::channel(BUS_CAPACITY).0 }
-    }
-}
-
-impl ExecBus {
+/// The bus: publishing never waits; a subscriber gets every message
+/// published after it subscribed, or is told it lagged. The embedded
+/// [`LocalBus`] reaches this process's subscribers; a bus shared by several
+/// hosts also delivers what other hosts publish.
+pub trait ExecBus: Send + Sync {
+    /// Sends `message` to every subscriber; never waits.
+    fn publish(&self, message: Arc<ExecMessage>);
     /// Receives every message published from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<ExecMessage>> {
-        self.tx.subscribe()
-    }
-
+    fn subscribe(&self) -> broadcast::Receiver<Arc<ExecMessage>>;
     /// Whether anyone listens (publishers skip building messages otherwise).
-    pub fn watched(&self) -> bool {
-        self.tx.receiver_count() > 0
-    }
+    fn watched(&self) -> bool;
 
-    /// Publishes a message about job `job_id` of `owner`; never waits.
-    pub fn job(&self, job_id: &Arc<str>, owner: &Arc<str>, body: ExecBody) {
+    /// Publishes a message about job `job_id` of `owner`.
+    fn job(&self, job_id: &Arc<str>, owner: &Arc<str>, body: ExecBody) {
         if self.watched() {
-            let _ = self.tx.send(Arc::new(ExecMessage { job_id: job_id.clone(), owner: Some(owner.clone()), body }));
+            self.publish(Arc::new(ExecMessage { job_id: job_id.clone(), owner: Some(owner.clone()), body }));
         }
     }
 
     /// Publishes a change of `owner`'s queue (its jobs queued or running).
-    pub fn queue(&self, owner: Arc<str>, remaining: usize) {
+    fn queue(&self, owner: Arc<str>, remaining: usize) {
         if self.watched() {
-            let _ = self.tx.send(Arc::new(ExecMessage { job_id: Arc::from(""), owner: Some(owner), body: ExecBody::Queue { remaining } }));
+            self.publish(Arc::new(ExecMessage { job_id: Arc::from(""), owner: Some(owner), body: ExecBody::Queue { remaining } }));
         }
+    }
+}
+
+/// The bus of one process: a bounded `broadcast` channel.
+pub struct LocalBus {
+    tx: broadcast::Sender<Arc<ExecMessage>>,
+}
+
+impl Default for LocalBus {
+    fn default() -> Self {
+        LocalBus { tx: broadcast::channel(BUS_CAPACITY).0 }
+    }
+}
+
+impl ExecBus for LocalBus {
+    fn publish(&self, message: Arc<ExecMessage>) {
+        // An error only says no one listens.
+        let _ = self.tx.send(message);
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Arc<ExecMessage>> {
+        self.tx.subscribe()
+    }
+
+    fn watched(&self) -> bool {
+        self.tx.receiver_count() > 0
     }
 }
 

@@ -3,24 +3,24 @@
 //!
 //! This module owns a deployment's record, its state machine
 //! (`starting` → `ready`, `failed`; `stop` → `stopped`; `start` →
-//! `starting` again), its persistence (one JSON file in the data directory,
-//! replaced atomically) and its loaded plugins: each deployment has a node
+//! `starting` again), its records (kept in a [`DeploymentStore`]; embedded:
+//! one JSON file in the data directory) and its loaded plugins: each deployment has a node
 //! registry of its own — the bundled plugins plus its `plugin_dirs`, loaded
 //! in the background while it is `starting` — so its jobs validate and run
 //! against exactly those classes, and one deployment's plugins are never
 //! visible to another's jobs or to the host's.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
 use super::fair::OwnerLimits;
 use crate::executor::Executor;
 use crate::plugins::{NodeRegistry, PluginRuntime};
-use crate::store::{Micros, now_micros};
+use crate::store::{DeploymentStore, Micros, StoreError, now_micros};
 
 /// Longest deployment id.
 pub const MAX_ID_LEN: usize = 64;
@@ -90,7 +90,7 @@ pub enum DeploymentError {
     #[error("no deployment {0:?}")]
     NotFound(String),
     #[error("cannot save the deployments: {0}")]
-    Io(#[from] std::io::Error),
+    Store(#[from] StoreError),
 }
 
 /// A deployment's loaded plugins and the executor of its jobs.
@@ -109,32 +109,26 @@ struct Entry {
 
 /// Every deployment of the server.
 pub struct Deployments {
-    /// `deployments.json` in the data directory; `None`: kept in memory.
-    file: Option<PathBuf>,
+    store: Arc<dyn DeploymentStore>,
     entries: RwLock<HashMap<String, Entry>>,
-    /// Serializes writes of the file.
-    save: Mutex<()>,
+    /// Serializes writes of records (each writes the latest state).
+    save: tokio::sync::Mutex<()>,
 }
 
 impl Deployments {
-    /// The deployments saved in `file` (none when it does not exist yet).
-    /// Those that were serving start again (`starting`).
-    pub fn open(file: Option<PathBuf>) -> Result<Deployments, DeploymentError> {
+    /// The deployments in `store`. Those that were serving start again
+    /// (`starting`).
+    pub async fn open(store: Arc<dyn DeploymentStore>) -> Result<Deployments, DeploymentError> {
         let mut entries = HashMap::new();
-        if let Some(path) = &file
-            && path.exists()
-        {
-            let text = std::fs::read(path)?;
-            let records: Vec<DeploymentRecord> =
-                serde_json::from_slice(&text).map_err(|e| DeploymentError::Invalid(format!("{} is not a deployments file: {e}", path.display())))?;
-            for mut record in records {
-                if record.state == DeploymentState::Ready {
-                    record.state = DeploymentState::Starting;
-                }
-                entries.insert(record.spec.id.clone(), Entry { record, loaded: None, generation: 0 });
+        for record in store.all().await? {
+            let mut record: DeploymentRecord =
+                serde_json::from_value(record).map_err(|e| DeploymentError::Invalid(format!("a stored deployment is not readable: {e}")))?;
+            if record.state == DeploymentState::Ready {
+                record.state = DeploymentState::Starting;
             }
+            entries.insert(record.spec.id.clone(), Entry { record, loaded: None, generation: 0 });
         }
-        Ok(Deployments { file, entries: RwLock::new(entries), save: Mutex::new(()) })
+        Ok(Deployments { store, entries: RwLock::new(entries), save: tokio::sync::Mutex::new(()) })
     }
 
     /// Ids of deployments that must load their plugins now (after `open`).
@@ -169,7 +163,7 @@ impl Deployments {
 
     /// Records a new deployment, `starting`; returns it and the load's
     /// generation.
-    pub fn create(&self, spec: DeploymentSpec) -> Result<(DeploymentRecord, u64), DeploymentError> {
+    pub async fn create(&self, spec: DeploymentSpec) -> Result<(DeploymentRecord, u64), DeploymentError> {
         check_spec(&spec)?;
         let now = now_micros();
         let record = DeploymentRecord { spec, state: DeploymentState::Starting, error: None, created_at: now, updated_at: now };
@@ -183,7 +177,7 @@ impl Deployments {
             }
             entries.insert(record.spec.id.clone(), Entry { record: record.clone(), loaded: None, generation: 0 });
         }
-        if let Err(e) = self.persist() {
+        if let Err(e) = self.persist(&record.spec.id).await {
             self.entries.write().remove(&record.spec.id);
             return Err(e);
         }
@@ -192,34 +186,38 @@ impl Deployments {
 
     /// Stops a deployment: its plugins are released (running jobs keep
     /// theirs until they end).
-    pub fn stop(&self, id: &str) -> Result<DeploymentRecord, DeploymentError> {
-        let record = self.transition(id, |e| {
-            e.record.state = DeploymentState::Stopped;
-            e.loaded = None;
-            e.generation += 1;
-        })?;
+    pub async fn stop(&self, id: &str) -> Result<DeploymentRecord, DeploymentError> {
+        let record = self
+            .transition(id, |e| {
+                e.record.state = DeploymentState::Stopped;
+                e.loaded = None;
+                e.generation += 1;
+            })
+            .await?;
         Ok(record.0)
     }
 
     /// Starts a stopped or failed deployment again (`starting`); a
     /// deployment already starting or ready is left as it is. Returns the
     /// generation of the load to run, if one must.
-    pub fn start(&self, id: &str) -> Result<(DeploymentRecord, Option<u64>), DeploymentError> {
+    pub async fn start(&self, id: &str) -> Result<(DeploymentRecord, Option<u64>), DeploymentError> {
         let mut load = None;
-        let (record, _) = self.transition(id, |e| {
-            if matches!(e.record.state, DeploymentState::Stopped | DeploymentState::Failed) {
-                e.record.state = DeploymentState::Starting;
-                e.record.error = None;
-                e.generation += 1;
-                load = Some(e.generation);
-            }
-        })?;
+        let (record, _) = self
+            .transition(id, |e| {
+                if matches!(e.record.state, DeploymentState::Stopped | DeploymentState::Failed) {
+                    e.record.state = DeploymentState::Starting;
+                    e.record.error = None;
+                    e.generation += 1;
+                    load = Some(e.generation);
+                }
+            })
+            .await?;
         Ok((record, load))
     }
 
     /// Ends a load of generation `generation`: ready with its plugins, or
     /// failed. A load overtaken by a stop or a newer start changes nothing.
-    pub fn finish_load(&self, id: &str, generation: u64, result: Result<Loaded, String>) -> Result<(), DeploymentError> {
+    pub async fn finish_load(&self, id: &str, generation: u64, result: Result<Loaded, String>) -> Result<(), DeploymentError> {
         let changed = {
             let mut entries = self.entries.write();
             let Some(e) = entries.get_mut(id) else { return Ok(()) };
@@ -240,10 +238,10 @@ impl Deployments {
                 true
             }
         };
-        if changed { self.persist() } else { Ok(()) }
+        if changed { self.persist(id).await } else { Ok(()) }
     }
 
-    fn transition(&self, id: &str, f: impl FnOnce(&mut Entry)) -> Result<(DeploymentRecord, u64), DeploymentError> {
+    async fn transition(&self, id: &str, f: impl FnOnce(&mut Entry)) -> Result<(DeploymentRecord, u64), DeploymentError> {
         let out = {
             let mut entries = self.entries.write();
             let e = entries.get_mut(id).ok_or_else(|| DeploymentError::NotFound(id.to_string()))?;
@@ -251,35 +249,18 @@ impl Deployments {
             e.record.updated_at = now_micros();
             (e.record.clone(), e.generation)
         };
-        self.persist()?;
+        self.persist(id).await?;
         Ok(out)
     }
 
-    /// Writes every record to the file: a temporary file, synced, renamed
-    /// over the old one (a crash leaves the old or the new, whole).
-    fn persist(&self) -> Result<(), DeploymentError> {
-        let Some(path) = &self.file else { return Ok(()) };
-        let _writing = self.save.lock();
-        let records = self.list();
-        let bytes = serde_json::to_vec_pretty(&records).map_err(|e| DeploymentError::Invalid(e.to_string()))?;
-        write_atomically(path, &bytes)?;
-        Ok(())
+    /// Writes deployment `id`'s record as it is now: taken under the write
+    /// turn, so of two changes written together the later is stored last.
+    async fn persist(&self, id: &str) -> Result<(), DeploymentError> {
+        let _writing = self.save.lock().await;
+        let Some(record) = self.get(id) else { return Ok(()) };
+        let json = serde_json::to_value(&record).map_err(|e| DeploymentError::Invalid(e.to_string()))?;
+        Ok(self.store.put(id, &json).await?)
     }
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("json.tmp");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// Ids are 1–64 of `[a-z0-9-]` (one path segment, one subdomain label).
@@ -328,7 +309,7 @@ impl From<DeploymentError> for super::ServiceError {
     fn from(e: DeploymentError) -> super::ServiceError {
         match e {
             DeploymentError::NotFound(_) => super::ServiceError::NotFound,
-            DeploymentError::Io(e) => super::ServiceError::Store(crate::store::StoreError::from(e)),
+            DeploymentError::Store(e) => super::ServiceError::Store(e),
             e => super::ServiceError::InvalidRequest(e.to_string()),
         }
     }
@@ -357,8 +338,8 @@ impl super::Service {
     }
 
     /// Creates a deployment and starts loading its plugins.
-    pub fn create_deployment(self: &Arc<Self>, spec: DeploymentSpec) -> Result<DeploymentRecord, DeploymentError> {
-        let (record, generation) = self.deployments.create(spec)?;
+    pub async fn create_deployment(self: &Arc<Self>, spec: DeploymentSpec) -> Result<DeploymentRecord, DeploymentError> {
+        let (record, generation) = self.deployments.create(spec).await?;
         self.load_deployment(&record.spec.id, generation);
         Ok(record)
     }
@@ -366,7 +347,7 @@ impl super::Service {
     /// Stops a deployment: its queued jobs are canceled; running ones end
     /// as they run.
     pub async fn stop_deployment(&self, id: &str) -> Result<DeploymentRecord, DeploymentError> {
-        let record = self.deployments.stop(id)?;
+        let record = self.deployments.stop(id).await?;
         let queued = self.queue.live_where(|j| {
             let r = j.record.lock();
             r.deployment.as_deref() == Some(id) && r.status == crate::store::JobStatus::Queued
@@ -397,8 +378,8 @@ impl super::Service {
     }
 
     /// Starts a stopped (or failed) deployment again.
-    pub fn start_deployment(self: &Arc<Self>, id: &str) -> Result<DeploymentRecord, DeploymentError> {
-        let (record, load) = self.deployments.start(id)?;
+    pub async fn start_deployment(self: &Arc<Self>, id: &str) -> Result<DeploymentRecord, DeploymentError> {
+        let (record, load) = self.deployments.start(id).await?;
         if let Some(generation) = load {
             self.load_deployment(id, generation);
         }
@@ -423,11 +404,11 @@ impl super::Service {
                 Ok(_) => tracing::info!(deployment = %id, ms = started.elapsed().as_millis() as u64, "deployment ready"),
                 Err(e) => tracing::error!(deployment = %id, error = %e, "deployment's plugins failed to load"),
             }
-            if let Err(e) = service.deployments.finish_load(&id, generation, result) {
+            if let Err(e) = handle.block_on(service.deployments.finish_load(&id, generation, result)) {
                 tracing::error!(deployment = %id, error = %e, "cannot save the deployment's state");
             }
             // Its queued jobs may run now.
-            service.queue.limits_changed();
+            service.queue.waiting().limits_changed();
         });
     }
 }
@@ -435,6 +416,7 @@ impl super::Service {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::FileDeployments;
 
     fn spec(id: &str) -> DeploymentSpec {
         DeploymentSpec { id: id.into(), owner: "acme".into(), plugin_dirs: vec![], public_demo: false, limits: None }
@@ -442,47 +424,51 @@ mod tests {
 
     const FALLBACK: OwnerLimits = OwnerLimits { max_running: 4, max_queued: 40 };
 
-    #[test]
-    fn ids_are_checked_and_unique() {
-        let d = Deployments::open(None).unwrap();
-        for bad in ["", "Upper", "a/b", "-x", &"x".repeat(65)] {
-            assert!(matches!(d.create(spec(bad)), Err(DeploymentError::Invalid(_))), "{bad}");
-        }
-        d.create(spec("demo-1")).unwrap();
-        assert!(matches!(d.create(spec("demo-1")), Err(DeploymentError::Exists(_))));
-        assert!(matches!(d.stop("nope"), Err(DeploymentError::NotFound(_))));
+    fn memory() -> Arc<dyn DeploymentStore> {
+        Arc::new(FileDeployments::open(None).unwrap())
     }
 
-    #[test]
-    fn states_move_and_stale_loads_are_dropped() {
-        let d = Deployments::open(None).unwrap();
-        let (rec, generation) = d.create(spec("a")).unwrap();
+    #[tokio::test]
+    async fn ids_are_checked_and_unique() {
+        let d = Deployments::open(memory()).await.unwrap();
+        for bad in ["", "Upper", "a/b", "-x", &"x".repeat(65)] {
+            assert!(matches!(d.create(spec(bad)).await, Err(DeploymentError::Invalid(_))), "{bad}");
+        }
+        d.create(spec("demo-1")).await.unwrap();
+        assert!(matches!(d.create(spec("demo-1")).await, Err(DeploymentError::Exists(_))));
+        assert!(matches!(d.stop("nope").await, Err(DeploymentError::NotFound(_))));
+    }
+
+    #[tokio::test]
+    async fn states_move_and_stale_loads_are_dropped() {
+        let d = Deployments::open(memory()).await.unwrap();
+        let (rec, generation) = d.create(spec("a")).await.unwrap();
         assert_eq!(rec.state, DeploymentState::Starting);
         assert_eq!(d.limits("a", FALLBACK).max_running, 0, "no job starts before it is ready");
-        d.stop("a").unwrap();
+        d.stop("a").await.unwrap();
         // The load that began before the stop finishes after it: ignored.
-        d.finish_load("a", generation, Err("late".into())).unwrap();
+        d.finish_load("a", generation, Err("late".into())).await.unwrap();
         assert_eq!(d.get("a").unwrap().state, DeploymentState::Stopped);
-        let (rec, load) = d.start("a").unwrap();
+        let (rec, load) = d.start("a").await.unwrap();
         assert_eq!((rec.state, load), (DeploymentState::Starting, Some(generation + 2)));
-        assert_eq!(d.start("a").unwrap().1, None, "already starting");
-        d.finish_load("a", generation + 2, Err("bad plugin".into())).unwrap();
+        assert_eq!(d.start("a").await.unwrap().1, None, "already starting");
+        d.finish_load("a", generation + 2, Err("bad plugin".into())).await.unwrap();
         let rec = d.get("a").unwrap();
         assert_eq!((rec.state, rec.error.as_deref()), (DeploymentState::Failed, Some("bad plugin")));
         assert!(d.loaded("a").is_none());
     }
 
-    #[test]
-    fn deployments_survive_a_reopen_and_serving_ones_start_again() {
+    #[tokio::test]
+    async fn deployments_survive_a_reopen_and_serving_ones_start_again() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("deployments.json");
         {
-            let d = Deployments::open(Some(file.clone())).unwrap();
-            d.create(spec("keep")).unwrap();
-            d.create(DeploymentSpec { public_demo: true, limits: Some(FALLBACK), ..spec("off") }).unwrap();
-            d.stop("off").unwrap();
+            let d = Deployments::open(Arc::new(FileDeployments::open(Some(file.clone())).unwrap())).await.unwrap();
+            d.create(spec("keep")).await.unwrap();
+            d.create(DeploymentSpec { public_demo: true, limits: Some(FALLBACK), ..spec("off") }).await.unwrap();
+            d.stop("off").await.unwrap();
         }
-        let d = Deployments::open(Some(file)).unwrap();
+        let d = Deployments::open(Arc::new(FileDeployments::open(Some(file)).unwrap())).await.unwrap();
         assert_eq!(d.list().len(), 2);
         let off = d.get("off").unwrap();
         assert!(off.spec.public_demo && off.state == DeploymentState::Stopped && off.spec.limits == Some(FALLBACK));

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
+use super::blob_gc::BlobClaims;
 use crate::files::{FileError, FileKind, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, check_extension, is_image_name, output_name, split_prefix};
 use crate::store::{BlobStore, JobInput, blob_name, parse_blob_name};
 
@@ -61,13 +62,13 @@ pub struct JobOutputs {
     counters: Mutex<HashMap<(FileKind, String, String), u64>>,
     /// Blobs written and not yet named by an asset record.
     pending: Arc<Mutex<Vec<String>>>,
-    /// The service's blob gate (see `Service::blob_gate`).
-    gate: Arc<RwLock<()>>,
+    /// The service's blob gate and collection candidates (see `blob_gc`).
+    claims: Arc<BlobClaims>,
 }
 
 impl JobOutputs {
-    pub fn new(blobs: Arc<dyn BlobStore>, pending: Arc<Mutex<Vec<String>>>, gate: Arc<RwLock<()>>) -> JobOutputs {
-        JobOutputs { blobs, counters: Mutex::new(HashMap::new()), pending, gate }
+    pub fn new(blobs: Arc<dyn BlobStore>, pending: Arc<Mutex<Vec<String>>>, claims: Arc<BlobClaims>) -> JobOutputs {
+        JobOutputs { blobs, counters: Mutex::new(HashMap::new()), pending, claims }
     }
 }
 
@@ -85,9 +86,11 @@ impl OutputFiles for JobOutputs {
         // Written and listed as pending under the gate, so a collection pass
         // sees it either absent or claimed, never unnamed.
         let hash = {
-            let _gate = self.gate.read();
+            let _gate = self.claims.writing();
             let hash = self.blobs.put(data).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
             self.pending.lock().push(blob_name(&hash));
+            // The job may end without a record over it.
+            self.claims.may_be_garbage(hash);
             hash
         };
         // Named by its hash: no local path to report (see `SavedFile::path`).
@@ -100,7 +103,7 @@ impl OutputFiles for JobOutputs {
     /// a deleted blob.
     fn adopt(&self, file: &SavedFile) -> bool {
         let Some(hash) = file.hash else { return false };
-        let _gate = self.gate.read();
+        let _gate = self.claims.writing();
         if !self.blobs.contains(&hash) {
             return false;
         }
@@ -141,10 +144,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(dir.path()).unwrap());
         let pending = Arc::new(Mutex::new(Vec::new()));
-        let first = JobOutputs::new(blobs.clone(), Arc::new(Mutex::new(Vec::new())), Arc::new(RwLock::new(())));
+        let first = JobOutputs::new(blobs.clone(), Arc::new(Mutex::new(Vec::new())), Arc::default());
         let saved = first.save(FileKind::Output, "kiln", "png", b"pixels").unwrap();
         // A later job served this file from the result cache claims its blob.
-        let later = JobOutputs::new(blobs.clone(), pending.clone(), Arc::new(RwLock::new(())));
+        let later = JobOutputs::new(blobs.clone(), pending.clone(), Arc::default());
         assert!(later.adopt(&saved));
         assert_eq!(*pending.lock(), [blob_name(&saved.hash.unwrap())], "pending: the collector keeps it");
         // Collected in between: not adopted, so no record will name it.

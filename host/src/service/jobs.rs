@@ -27,7 +27,7 @@ impl Service {
     /// 1-based position of a queued job among its owner's queued jobs (see
     /// [`fair::FairQueue::position`]).
     pub fn queue_position(&self, id: &str) -> Option<usize> {
-        self.queue.position(id)
+        self.queue.waiting().position(id)
     }
 
     /// The current record of a job the caller owns.
@@ -134,7 +134,7 @@ impl Service {
     /// A worker that took it meanwhile sees the status and skips it.
     pub(super) async fn stop_queued(&self, live: &Arc<LiveJob>, status: JobStatus) -> Result<JobRecord, ServiceError> {
         let id = live.record.lock().id.clone();
-        self.queue.withdraw(&id);
+        self.queue.waiting().withdraw(&id);
         let mut stopped = false;
         let rec = live
             .update(self.meta.as_ref(), |rec| {

@@ -7,6 +7,8 @@
 //! the records. API layers only translate requests and responses.
 
 mod assets;
+mod backends;
+mod blob_gc;
 pub mod bus;
 pub mod compat;
 pub mod deployments;
@@ -20,7 +22,7 @@ mod mask;
 pub mod memory_gate;
 mod options;
 mod preview;
-mod queue;
+pub mod queue;
 mod retention;
 mod runner;
 pub mod streams;
@@ -34,6 +36,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio_util::sync::CancellationToken;
 
 pub use assets::{AssetLabels, NewAsset, UploadMeta};
+pub use backends::Backends;
 pub use error::ServiceError;
 pub use intake::{Admitted, IDEMPOTENCY_TTL, OutputPolicy, Submission, SubmitError, Surface, intake_estimate};
 pub use jobs::ListQuery;
@@ -43,7 +46,7 @@ pub use streams::{EventStream, StreamGuard, StreamKind};
 
 use crate::executor::Executor;
 use crate::plugins::NodeRegistry;
-use crate::store::{BlobStore, DiskBlobs, JobRecord, JobStatus, MetaStore, SledMeta};
+use crate::store::{BlobStore, JobRecord, JobStatus, MetaStore};
 
 /// Finished records with a longer log are served from the store, not kept
 /// in memory (a log may be up to 1 MiB; the cache holds 4096 records).
@@ -78,10 +81,9 @@ pub struct Service {
     /// Bumped by every [`Service::forget_finished`]: a record read from the
     /// store before a forget may be stale and is not cached.
     finished_gen: AtomicU64,
-    /// Held shared while a blob is written and claimed (recorded as an
-    /// asset, or listed among a live job's pending outputs), exclusively by
-    /// garbage collection while it checks and deletes one.
-    blob_gate: Arc<RwLock<()>>,
+    /// The blob gate and the blobs the next collection pass checks (see
+    /// `blob_gc`).
+    blob_claims: Arc<blob_gc::BlobClaims>,
     /// Jobs execute on threads of their own, so nodes that compute (even
     /// ones that only yield at epoch ticks) never starve the HTTP reactor:
     /// one per running job, each its own single-threaded runtime, so
@@ -93,7 +95,7 @@ pub struct Service {
     branches: Mutex<Option<tokio::runtime::Runtime>>,
     /// Execution messages of every job and queue changes (the ComfyUI
     /// WebSocket's source).
-    bus: Arc<bus::ExecBus>,
+    bus: Arc<dyn bus::ExecBus>,
     /// The compatibility API's own state (its queue counter, the index of
     /// ComfyUI-style uploads).
     compat: compat::CompatState,
@@ -101,6 +103,9 @@ pub struct Service {
     accounts: Arc<crate::accounts::Accounts>,
     /// Serverless deployments and their loaded plugins.
     deployments: deployments::Deployments,
+    /// Where the web frontend's user files are kept (the API layer applies
+    /// `user_files`' rules over it per user).
+    user_files: Arc<dyn crate::store::UserFileStore>,
     /// Memory of submissions being parsed and uploads being decoded.
     intake: memory_gate::MemoryGate,
     /// Memory of queued jobs' parsed workflows and plans.
@@ -116,43 +121,24 @@ impl Drop for Service {
 }
 
 impl Service {
-    /// Opens the stores under `data_dir`, recovers jobs interrupted by a crash
-    /// or restart, and starts the workers and the retention sweeper.
+    /// Opens the embedded backends under `data_dir` and starts on them
+    /// (see [`Service::start_on`]).
     pub async fn start(opts: ServiceOptions, data_dir: &Path, registry: Arc<NodeRegistry>, executor: Arc<Executor>) -> Result<Arc<Service>, ServiceError> {
-        std::fs::create_dir_all(data_dir).map_err(crate::store::StoreError::from)?;
-        let sled = SledMeta::open(&data_dir.join("meta"))?;
-        let hasher = crate::accounts::KeyHasher::load_or_create(data_dir).map_err(crate::store::StoreError::from)?;
+        Service::start_on(opts, Backends::embedded(data_dir)?, registry, executor).await
+    }
+
+    /// Recovers the jobs a crash or restart interrupted, loads the
+    /// deployments, and starts the workers and the retention sweeper.
+    pub async fn start_on(
+        opts: ServiceOptions,
+        backends: Backends,
+        registry: Arc<NodeRegistry>,
+        executor: Arc<Executor>,
+    ) -> Result<Arc<Service>, ServiceError> {
+        let Backends { meta, blobs, accounts, key_hasher, deployments, user_files, waiting, bus } = backends;
         let accounts =
-            crate::accounts::Accounts::open(sled.open_tree("accounts")?, hasher, opts.pricing).map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
-        let meta: Arc<dyn MetaStore> = Arc::new(sled);
-        let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(data_dir.join("blobs"))?);
-        let deployments = deployments::Deployments::open(Some(data_dir.join("deployments.json"))).map_err(|e| ServiceError::InvalidRequest(e.to_string()))?;
-        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), deployments, registry, executor).await
-    }
-
-    /// [`Service::start`] on given stores (another backend, or a test
-    /// double), with an empty account store kept in memory.
-    pub async fn start_with_stores(
-        opts: ServiceOptions,
-        meta: Arc<dyn MetaStore>,
-        blobs: Arc<dyn BlobStore>,
-        registry: Arc<NodeRegistry>,
-        executor: Arc<Executor>,
-    ) -> Result<Arc<Service>, ServiceError> {
-        let accounts = crate::accounts::Accounts::in_memory(opts.pricing).map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
-        let deployments = deployments::Deployments::open(None).map_err(|e| ServiceError::InvalidRequest(e.to_string()))?;
-        Service::start_with_accounts(opts, (meta, blobs), Arc::new(accounts), deployments, registry, executor).await
-    }
-
-    /// [`Service::start_with_stores`] with a given account store.
-    pub async fn start_with_accounts(
-        opts: ServiceOptions,
-        (meta, blobs): (Arc<dyn MetaStore>, Arc<dyn BlobStore>),
-        accounts: Arc<crate::accounts::Accounts>,
-        deployments: deployments::Deployments,
-        registry: Arc<NodeRegistry>,
-        executor: Arc<Executor>,
-    ) -> Result<Arc<Service>, ServiceError> {
+            Arc::new(crate::accounts::Accounts::open(accounts, key_hasher, opts.pricing).await.map_err(|e| crate::store::StoreError::Backend(e.to_string()))?);
+        let deployments = deployments::Deployments::open(deployments).await?;
         let branches = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
             .thread_name("kiln-branch")
@@ -172,21 +158,22 @@ impl Service {
             blobs,
             executor,
             registry,
-            queue: queue::JobQueue::new(),
+            queue: queue::JobQueue::new(waiting),
             limits: RwLock::new(limits),
             streams,
             shutdown: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
             workers: Mutex::new(Vec::new()),
             branches: Mutex::new(Some(branches)),
-            blob_gate: Arc::default(),
+            blob_claims: Arc::default(),
             activity: AtomicU64::new(0),
             finished: Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
             finished_gen: AtomicU64::new(0),
-            bus: Arc::default(),
+            bus,
             compat: compat::CompatState::default(),
             accounts,
             deployments,
+            user_files,
             intake: memory_gate::MemoryGate::new(opts_intake, "intake_memory_mb"),
             queued_parsed: memory_gate::MemoryGate::new(opts_queued, "queued_parsed_mb"),
         });
@@ -311,6 +298,11 @@ impl Service {
     }
 
     /// The account store (cloud and serverless callers).
+    /// The store of the web frontend's user files.
+    pub fn user_file_store(&self) -> &Arc<dyn crate::store::UserFileStore> {
+        &self.user_files
+    }
+
     pub fn accounts(&self) -> &Arc<crate::accounts::Accounts> {
         &self.accounts
     }
@@ -329,8 +321,8 @@ impl Service {
     }
 
     /// The execution-message bus (every job's messages, queue changes).
-    pub fn bus(&self) -> &bus::ExecBus {
-        &self.bus
+    pub fn bus(&self) -> &dyn bus::ExecBus {
+        self.bus.as_ref()
     }
 
     /// The node each running job of `owner` started last, by job id.

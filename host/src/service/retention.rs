@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 
 use super::{ExtraData, LiveJob, Service, ServiceError};
 use crate::codes::JobErrorCode;
-use crate::store::{JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros, blob_name, now_micros};
+use crate::store::{JobErrorRecord, JobLogRecord, JobRecord, JobStatus, Micros, now_micros};
 
 /// A running job is re-run after a restart at most this many times in all.
 pub const MAX_ATTEMPTS: u32 = 2;
@@ -36,13 +36,13 @@ impl Service {
         let mut jobs = self.meta.unfinished_jobs().await?;
         jobs.sort_by_key(|j| j.seq);
         let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0).max(self.meta.max_seq().await?);
-        self.queue.start_seq_after(max_seq);
+        self.queue.waiting().start_seq_after(max_seq);
         // Output assets of interrupted runs that their stored record does not
         // list (outputs reach the store with the terminal record).
         for job in jobs.iter().filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Canceling)) {
             for asset in self.meta.assets_of_job(&job.id).await? {
                 if !job.outputs.iter().any(|o| o.asset_id == asset.id) {
-                    self.meta.delete_asset(&asset).await?;
+                    self.delete_asset_record(&asset).await?;
                 }
             }
         }
@@ -96,7 +96,7 @@ impl Service {
     pub(super) async fn drop_outputs(&self, job: &mut JobRecord) -> Result<(), ServiceError> {
         for out in job.outputs.drain(..) {
             if let Some(asset) = self.meta.get_asset(&out.asset_id).await? {
-                self.meta.delete_asset(&asset).await?;
+                self.delete_asset_record(&asset).await?;
             }
         }
         Ok(())
@@ -171,37 +171,12 @@ impl Service {
         }
         // Uploads (not job outputs, which go with their job) past their expiry.
         for asset in self.meta.uploads_due(now, SWEEP_BATCH).await? {
-            self.meta.delete_asset(&asset).await?;
+            self.delete_asset_record(&asset).await?;
             tracing::info!(asset_id = %asset.id, "asset expired");
         }
         self.meta.purge_claims(now).await?;
         self.collect_blobs()?;
         self.meta.flush().await?;
-        Ok(())
-    }
-
-    /// Deletes blobs that no asset and no live job refers to (synchronous:
-    /// it holds the blob gate).
-    fn collect_blobs(&self) -> Result<(), ServiceError> {
-        let mut deleted = false;
-        for hash in self.blobs.list()? {
-            let name = blob_name(&hash);
-            // Under the gate no upload or output can be between writing this
-            // blob and claiming it: unclaimed now means garbage.
-            let _gate = self.blob_gate.write();
-            let in_use = self.queue.live_jobs().iter().any(|l| l.pending_blobs.lock().contains(&name) || l.record.lock().inputs.iter().any(|i| i.hash == name));
-            // Read under the gate (a networked store holds up uploads for a
-            // round trip per blob).
-            if in_use || !crate::store::wait(self.meta.assets_with_hash(&name))?.is_empty() {
-                continue;
-            }
-            self.blobs.delete(&hash)?;
-            deleted = true;
-        }
-        if deleted {
-            // Cached results may name files that are gone.
-            self.executor.cache().clear();
-        }
         Ok(())
     }
 }

@@ -1,26 +1,26 @@
 //! What the web frontend keeps on the server for its user: settings (one
 //! JSON object) and user data files (saved workflows, subgraphs, templates
-//! state), under `<data_dir>/users/<user>/` — `comfy.settings.json` and
-//! `files/`. Every write goes to a temporary file in the same directory,
-//! is synced and renamed over the target, so a crash leaves the old or the
-//! new file, never half of one. Paths are relative, `/`-separated, and
-//! refused when any part is empty, `.`, `..`, starts with `.` (temporary
-//! files do), or holds `\` or a NUL; sizes, file count and depth are
-//! bounded by [`UserFileLimits`].
+//! state), kept in a [`UserFileStore`] (embedded: `<data_dir>/users/<user>/`
+//! — `comfy.settings.json` and `files/` — each write replacing a file
+//! whole, so a crash leaves the old or the new file, never half of one).
+//! This owns the rules: paths are relative, `/`-separated, and refused when
+//! any part is empty, `.`, `..`, starts with `.` (temporary files do), or
+//! holds `\` or a NUL; sizes, file count and depth are bounded by
+//! [`UserFileLimits`].
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde_json::{Map, Value as Json};
+
+pub use crate::store::FileInfo;
+use crate::store::{Entry, MAX_USER_FILE_DEPTH as MAX_DEPTH, StoreError, UserFileStore};
 
 /// The one user of a self-hosted server (ComfyUI's single-user mode).
 pub const DEFAULT_USER: &str = "default";
 /// Longest relative path accepted, bytes.
 const MAX_PATH_BYTES: usize = 1024;
-/// Deepest relative path accepted, in parts.
-const MAX_DEPTH: usize = 16;
 
 /// Bounds on what a user may keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,53 +50,28 @@ pub enum UserFilesError {
     Full { what: String },
     #[error("settings must be a JSON object: {0}")]
     BadSettings(String),
-    #[error("user data I/O failed: {0}")]
-    Io(#[from] std::io::Error),
+    #[error("user data store: {0}")]
+    Store(#[from] StoreError),
 }
 
-/// One listed file.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FileInfo {
-    /// Relative to the listed directory, `/`-separated.
-    pub path: String,
-    pub size: u64,
-    /// Milliseconds since the epoch.
-    pub modified_ms: i64,
-    /// Milliseconds since the epoch (the modification time where the file
-    /// system keeps no creation time).
-    pub created_ms: i64,
-}
-
-/// The user files of one data directory.
+/// One user's files.
 pub struct UserFiles {
-    root: PathBuf,
+    store: Arc<dyn UserFileStore>,
+    user: String,
     limits: UserFileLimits,
     /// Serializes writes and holds the settings once read.
     settings: Mutex<Option<Map<String, Json>>>,
 }
 
 impl UserFiles {
-    /// Files under `<data_dir>/users/default` (created on first write).
-    pub fn new(data_dir: &Path, limits: UserFileLimits) -> UserFiles {
-        UserFiles::for_user(data_dir, DEFAULT_USER, limits)
-    }
-
-    /// Files under `<data_dir>/users/<user>` (an account's id: letters,
-    /// digits and `_`, never a path of the client's choosing).
-    pub fn for_user(data_dir: &Path, user: &str, limits: UserFileLimits) -> UserFiles {
-        UserFiles { root: data_dir.join("users").join(user), limits, settings: Mutex::new(None) }
+    /// The files of `user` (`DEFAULT_USER`, or an account's id: letters,
+    /// digits and `_`, never a name of the client's choosing) in `store`.
+    pub fn new(store: Arc<dyn UserFileStore>, user: &str, limits: UserFileLimits) -> UserFiles {
+        UserFiles { store, user: user.to_string(), limits, settings: Mutex::new(None) }
     }
 
     pub fn limits(&self) -> UserFileLimits {
         self.limits
-    }
-
-    fn settings_path(&self) -> PathBuf {
-        self.root.join("comfy.settings.json")
-    }
-
-    fn files_dir(&self) -> PathBuf {
-        self.root.join("files")
     }
 
     /// All settings (`{}` before any is written).
@@ -120,24 +95,21 @@ impl UserFiles {
         if bytes.len() > self.limits.settings_bytes {
             return Err(UserFilesError::TooLarge { limit: self.limits.settings_bytes as u64 });
         }
-        write_atomic(&self.settings_path(), &bytes)?;
+        self.store.put_settings(&self.user, &bytes)?;
         *cached = Some(next);
         Ok(())
     }
 
     fn loaded<'a>(&self, cached: &'a mut Option<Map<String, Json>>) -> Result<&'a mut Map<String, Json>, UserFilesError> {
         if cached.is_none() {
-            let map = match std::fs::read(self.settings_path()) {
-                Ok(bytes) => match serde_json::from_slice::<Json>(&bytes) {
-                    Ok(Json::Object(map)) => map,
-                    // A damaged file starts over rather than locking the UI out.
-                    _ => {
-                        tracing::warn!(path = %self.settings_path().display(), "settings file is not a JSON object; starting from none");
-                        Map::new()
-                    }
-                },
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Map::new(),
-                Err(e) => return Err(e.into()),
+            let map = match self.store.settings(&self.user)?.map(|bytes| serde_json::from_slice::<Json>(&bytes)) {
+                None => Map::new(),
+                Some(Ok(Json::Object(map))) => map,
+                // A damaged file starts over rather than locking the UI out.
+                Some(_) => {
+                    tracing::warn!(user = %self.user, "settings are not a JSON object; starting from none");
+                    Map::new()
+                }
             };
             *cached = Some(map);
         }
@@ -147,26 +119,15 @@ impl UserFiles {
     /// The files under directory `dir` (`""`: all), recursing when asked,
     /// sorted by path; at most `max_files` entries.
     pub fn list(&self, dir: &str, recurse: bool) -> Result<Vec<FileInfo>, UserFilesError> {
-        let base = if dir.trim_matches('/').is_empty() { self.files_dir() } else { self.files_dir().join(checked(dir)?) };
-        if !base.is_dir() {
-            return Err(UserFilesError::NotFound);
-        }
-        let mut out = Vec::new();
-        walk(&base, "", recurse, 0, self.limits.max_files, &mut out)?;
+        let base = if dir.trim_matches('/').is_empty() { PathBuf::new() } else { checked(dir)? };
+        let mut out = self.store.list(&self.user, &base, recurse, self.limits.max_files)?.ok_or(UserFilesError::NotFound)?;
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
 
     /// A file's bytes (bounded by the file limit: nothing larger is written).
     pub fn read(&self, path: &str) -> Result<Vec<u8>, UserFilesError> {
-        let full = self.files_dir().join(checked(path)?);
-        match std::fs::metadata(&full) {
-            Ok(m) if m.is_file() => {}
-            Ok(_) => return Err(UserFilesError::NotFound),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(UserFilesError::NotFound),
-            Err(e) => return Err(e.into()),
-        }
-        Ok(std::fs::read(full)?)
+        self.store.read(&self.user, &checked(path)?)?.ok_or(UserFilesError::NotFound)
     }
 
     /// Writes `bytes` to `path` (its directories created); an existing
@@ -177,13 +138,11 @@ impl UserFiles {
             return Err(UserFilesError::TooLarge { limit: self.limits.file_bytes });
         }
         let _guard = self.settings.lock();
-        let full = self.files_dir().join(&rel);
-        let old = match std::fs::metadata(&full) {
-            Ok(m) if m.is_dir() => return Err(UserFilesError::InvalidPath(format!("{path} is a directory"))),
-            Ok(_) if !overwrite => return Err(UserFilesError::Exists),
-            Ok(m) => Some(m.len()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e.into()),
+        let old = match self.store.entry(&self.user, &rel)? {
+            Entry::Directory => return Err(UserFilesError::InvalidPath(format!("{path} is a directory"))),
+            Entry::File { .. } if !overwrite => return Err(UserFilesError::Exists),
+            Entry::File { size } => Some(size),
+            Entry::Missing => None,
         };
         let (count, total) = self.usage()?;
         if old.is_none() && count >= self.limits.max_files {
@@ -192,76 +151,38 @@ impl UserFiles {
         if total - old.unwrap_or(0) + bytes.len() as u64 > self.limits.total_bytes {
             return Err(UserFilesError::Full { what: format!("{} bytes", self.limits.total_bytes) });
         }
-        if let Some(parent) = full.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        write_atomic(&full, bytes)?;
-        info(&full, path_string(&rel))
+        Ok(self.store.put(&self.user, &rel, bytes)?)
     }
 
     /// Deletes a file.
     pub fn delete(&self, path: &str) -> Result<(), UserFilesError> {
-        let full = self.files_dir().join(checked(path)?);
+        let rel = checked(path)?;
         let _guard = self.settings.lock();
-        match std::fs::metadata(&full) {
-            Ok(m) if m.is_file() => {
-                std::fs::remove_file(&full)?;
-                self.remove_empty_parents(&full);
-                Ok(())
-            }
-            Ok(_) => Err(UserFilesError::NotFound),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(UserFilesError::NotFound),
-            Err(e) => Err(e.into()),
+        match self.store.entry(&self.user, &rel)? {
+            Entry::File { .. } if self.store.delete(&self.user, &rel)? => Ok(()),
+            _ => Err(UserFilesError::NotFound),
         }
     }
 
     /// Renames a file; an existing destination is replaced only with
     /// `overwrite`.
     pub fn rename(&self, from: &str, to: &str, overwrite: bool) -> Result<FileInfo, UserFilesError> {
-        let (src, dest) = (self.files_dir().join(checked(from)?), checked(to)?);
-        let dest_full = self.files_dir().join(&dest);
+        let (src, dest) = (checked(from)?, checked(to)?);
         let _guard = self.settings.lock();
-        if !src.is_file() {
+        if !matches!(self.store.entry(&self.user, &src)?, Entry::File { .. }) {
             return Err(UserFilesError::NotFound);
         }
-        match std::fs::metadata(&dest_full) {
-            Ok(m) if m.is_dir() => return Err(UserFilesError::InvalidPath(format!("{to} is a directory"))),
-            Ok(_) if !overwrite => return Err(UserFilesError::Exists),
+        match self.store.entry(&self.user, &dest)? {
+            Entry::Directory => return Err(UserFilesError::InvalidPath(format!("{to} is a directory"))),
+            Entry::File { .. } if !overwrite => return Err(UserFilesError::Exists),
             _ => {}
         }
-        if let Some(parent) = dest_full.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::rename(&src, &dest_full)?;
-        self.remove_empty_parents(&src);
-        info(&dest_full, path_string(&dest))
-    }
-
-    /// Removes the directories above `path` (a file just moved or deleted)
-    /// that are now empty, up to the user's `files/` directory, which
-    /// stays. Left behind, they were never counted yet walked by every
-    /// write: 150 moves made 2,250 of them under a 5-file limit. With them
-    /// removed every directory holds a file, so the walk is bounded by
-    /// `max_userdata_files` × `MAX_DEPTH` entries. (A directory that still
-    /// holds anything is kept: `remove_dir` refuses it.)
-    fn remove_empty_parents(&self, path: &Path) {
-        let root = self.files_dir();
-        let mut dir = path.parent();
-        while let Some(d) = dir {
-            if d == root || !d.starts_with(&root) || std::fs::remove_dir(d).is_err() {
-                return;
-            }
-            dir = d.parent();
-        }
+        Ok(self.store.rename(&self.user, &src, &dest)?)
     }
 
     /// `(files, bytes)` kept now.
     fn usage(&self) -> Result<(usize, u64), UserFilesError> {
-        let mut all = Vec::new();
-        let dir = self.files_dir();
-        if dir.is_dir() {
-            walk(&dir, "", true, 0, usize::MAX, &mut all)?;
-        }
+        let all = self.store.list(&self.user, &PathBuf::new(), true, usize::MAX)?.unwrap_or_default();
         Ok((all.len(), all.iter().map(|f| f.size).sum()))
     }
 }
@@ -286,64 +207,16 @@ fn checked(path: &str) -> Result<PathBuf, UserFilesError> {
     Ok(out)
 }
 
-fn path_string(rel: &Path) -> String {
-    rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
-}
-
-fn info(full: &Path, path: String) -> Result<FileInfo, UserFilesError> {
-    let meta = std::fs::metadata(full)?;
-    let ms = |t: std::io::Result<std::time::SystemTime>| t.ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_millis() as i64);
-    let modified_ms = ms(meta.modified()).unwrap_or(0);
-    Ok(FileInfo { path, size: meta.len(), modified_ms, created_ms: ms(meta.created()).unwrap_or(modified_ms) })
-}
-
-fn walk(dir: &Path, prefix: &str, recurse: bool, depth: usize, max: usize, out: &mut Vec<FileInfo>) -> Result<(), UserFilesError> {
-    for entry in std::fs::read_dir(dir)? {
-        if out.len() >= max {
-            return Ok(());
-        }
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') {
-            continue;
-        }
-        let rel = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            if recurse && depth + 1 < MAX_DEPTH {
-                walk(&entry.path(), &rel, recurse, depth + 1, max, out)?;
-            }
-        } else if kind.is_file() {
-            out.push(info(&entry.path(), rel)?);
-        }
-    }
-    Ok(())
-}
-
-/// Writes `bytes` to `path` through a synced temporary file in the same
-/// directory, renamed over it.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
-    let result = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+    use crate::store::DiskUserFiles;
 
     fn files(dir: &Path) -> UserFiles {
-        UserFiles::new(dir, UserFileLimits { file_bytes: 100, total_bytes: 250, max_files: 3, settings_bytes: 200 })
+        let store = Arc::new(DiskUserFiles::new(dir.join("users")));
+        UserFiles::new(store, DEFAULT_USER, UserFileLimits { file_bytes: 100, total_bytes: 250, max_files: 3, settings_bytes: 200 })
     }
 
     #[test]

@@ -1,21 +1,31 @@
-//! Durable state: job, asset and idempotency records ([`MetaStore`]) and the
-//! content-addressed blobs behind assets ([`BlobStore`]).
+//! Durable state: job, asset and idempotency records ([`MetaStore`]), the
+//! content-addressed blobs behind assets ([`BlobStore`]), accounts
+//! ([`AccountStore`]), deployments ([`DeploymentStore`]) and the web
+//! frontend's user files ([`UserFileStore`]).
 //!
-//! Both are traits so a distributed backend can replace the embedded ones
-//! ([`SledMeta`], [`DiskBlobs`]) without touching the job service.
+//! Each is a trait so a distributed backend can replace the embedded ones
+//! ([`SledMeta`], [`DiskBlobs`], [`SledAccounts`], [`FileDeployments`],
+//! [`DiskUserFiles`])
+//! without touching the job service.
 
+mod accounts;
 mod blobs;
 mod commit_log;
+mod deployments;
 pub mod records;
 mod sled;
 mod status;
+mod user_files;
 
 use std::path::PathBuf;
 
+pub use accounts::{AccountStore, CreditChange};
 pub use blobs::{BlobUpload, DiskBlobs};
+pub use deployments::{DeploymentStore, FileDeployments};
 pub use records::*;
-pub use sled::SledMeta;
+pub use sled::{SledAccounts, SledMeta};
 pub use status::IllegalTransition;
+pub use user_files::{DiskUserFiles, Entry, FileInfo, MAX_DEPTH as MAX_USER_FILE_DEPTH, UserFileStore};
 
 /// A storage failure.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,5 @@
-//! The records kiln persists: jobs, assets, idempotency claims and queue
-//! entries. They are plain data (serde JSON in the metadata store), shaped
+//! The records kiln persists: jobs, assets, idempotency claims, queue
+//! entries and accounts. They are plain data (serde JSON in the metadata store), shaped
 //! for the store rather than the wire; `api::v2::wire` renders them.
 
 use serde::{Deserialize, Serialize};
@@ -164,6 +164,27 @@ pub struct CompatFields {
     /// The submitting client's session id (`client_id`), if it gave one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_id: Option<String>,
+}
+
+/// One account (cloud and serverless servers; see `accounts`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Account {
+    /// `acct_` and 32 hex digits: the `owner` of its jobs and assets.
+    pub id: String,
+    /// Unique, chosen by the operator: letters, digits, `-`, `_`, `.`.
+    pub name: String,
+    /// Its API keys, as hex of their keyed hashes (never the keys).
+    pub key_hashes: Vec<String>,
+    /// Balance in credits; may go negative by at most the job that crossed zero.
+    pub credits: i64,
+    /// The tier's name (its limits are the scheduler's business).
+    pub tier: String,
+    /// Whether its subscription is active (the cloud's compatibility API
+    /// runs workflows only then).
+    pub subscription_active: bool,
+    /// A disabled account's keys answer 403.
+    pub disabled: bool,
+    pub created_at: Micros,
 }
 
 #[cfg(test)]

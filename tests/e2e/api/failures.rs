@@ -130,7 +130,14 @@ async fn start_not_durable(fail: bool, hold_finish: bool) -> (TestServer, Arc<No
     });
     let blobs = Arc::new(kiln::store::DiskBlobs::open(data.path().join("blobs")).unwrap());
     let executor = Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
-    let service = kiln::service::Service::start_with_stores(options, meta.clone(), blobs, env.registry.clone(), executor).await.unwrap();
+    let service = kiln::service::Service::start_on(
+        options,
+        kiln::service::Backends::with_stores(meta.clone(), blobs, data.path()).unwrap(),
+        env.registry.clone(),
+        executor,
+    )
+    .await
+    .unwrap();
     let server = kiln::server::Server::start_on(config, service).await.unwrap();
     (TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data }, meta)
 }

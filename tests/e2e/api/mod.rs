@@ -5,6 +5,7 @@
 mod admission;
 mod assets;
 mod auth;
+mod blob_gc;
 mod deployments;
 mod durability;
 mod events;

@@ -44,10 +44,14 @@ fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     body.map(|Json(b)| b).map_err(|e| ApiError::invalid_request(e.body_text()))
 }
 
-/// Runs an account write (sled, flushed) off the reactor.
-async fn write(state: &AppState, f: impl FnOnce(&Accounts) -> Result<Arc<Account>, AccountError> + Send + 'static) -> Result<Json<Json_>, ApiError> {
+/// Runs an account write to its end on the blocking pool (the store makes
+/// it durable before it returns).
+async fn write<F>(state: &AppState, f: impl FnOnce(Arc<Accounts>) -> F + Send + 'static) -> Result<Json<Json_>, ApiError>
+where
+    F: std::future::Future<Output = Result<Arc<Account>, AccountError>>,
+{
     let accounts = state.service.accounts().clone();
-    let account = tokio::task::spawn_blocking(move || f(&accounts)).await.map_err(|e| ApiError::internal(&e))??;
+    let account = crate::api::pool::on_pool(move || f(accounts)).await??;
     Ok(Json(view(&account)))
 }
 
@@ -63,8 +67,7 @@ struct NewAccount {
 async fn create(State(state): State<Arc<AppState>>, b: Result<Json<NewAccount>, JsonRejection>) -> Result<Response, ApiError> {
     let b = body(b)?;
     let accounts = state.service.accounts().clone();
-    let (account, key) =
-        tokio::task::spawn_blocking(move || accounts.create(&b.name, b.credits, b.tier.as_deref())).await.map_err(|e| ApiError::internal(&e))??;
+    let (account, key) = crate::api::pool::on_pool(move || async move { accounts.create(&b.name, b.credits, b.tier.as_deref()).await }).await??;
     tracing::info!(account = %account.id, name = %account.name, "account created");
     Ok((StatusCode::CREATED, Json(json!({ "account": view(&account), "key": key }))).into_response())
 }
@@ -86,7 +89,7 @@ struct Credit {
 
 async fn credit(State(state): State<Arc<AppState>>, Path(name): Path<String>, b: Result<Json<Credit>, JsonRejection>) -> Result<Json<Json_>, ApiError> {
     let amount = body(b)?.amount;
-    write(&state, move |a| a.add_credits(&name, amount)).await
+    write(&state, move |a| async move { a.add_credits(&name, amount).await }).await
 }
 
 #[derive(Deserialize)]
@@ -101,7 +104,7 @@ async fn subscription(
     b: Result<Json<Subscription>, JsonRejection>,
 ) -> Result<Json<Json_>, ApiError> {
     let active = body(b)?.active;
-    write(&state, move |a| a.set_subscription(&name, active)).await
+    write(&state, move |a| async move { a.set_subscription(&name, active).await }).await
 }
 
 /// Disables an account: its keys answer 403 from now on, and what it has
@@ -111,7 +114,7 @@ async fn subscription(
 async fn disable(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Json_>, ApiError> {
     let service = state.service.clone();
     let account = crate::api::pool::on_pool(move || async move {
-        let account = service.accounts().disable(&name)?;
+        let account = service.accounts().disable(&name).await?;
         service.end_account_work(&account.id).await;
         Ok::<_, AccountError>(account)
     })

@@ -31,7 +31,7 @@ fn error(e: DeploymentError) -> ApiError {
         DeploymentError::Invalid(m) => ApiError::invalid_request(m),
         DeploymentError::Exists(_) => ApiError::new(ApiCode::DeploymentExists, e.to_string()),
         DeploymentError::NotFound(_) => ApiError::not_found(),
-        DeploymentError::Io(e) => ApiError::internal(&e),
+        DeploymentError::Store(e) => ApiError::internal(&e),
     }
 }
 
@@ -55,7 +55,8 @@ async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRej
         let account = accounts.by_name(&spec.owner).or_else(|| accounts.get(&spec.owner));
         spec.owner = account.ok_or_else(|| ApiError::invalid_request(format!("No account {:?} to own the deployment.", spec.owner)))?.id.clone();
     }
-    let record = state.service.create_deployment(spec).map_err(error)?;
+    let service = state.service.clone();
+    let record = crate::api::pool::on_pool(move || async move { service.create_deployment(spec).await }).await?.map_err(error)?;
     Ok((StatusCode::CREATED, Json(view(&state, &record))).into_response())
 }
 
@@ -76,6 +77,7 @@ async fn stop(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Resul
 }
 
 async fn start(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
-    let record = state.service.start_deployment(&id).map_err(error)?;
+    let service = state.service.clone();
+    let record = crate::api::pool::on_pool(move || async move { service.start_deployment(&id).await }).await?.map_err(error)?;
     Ok(Json(view(&state, &record)).into_response())
 }

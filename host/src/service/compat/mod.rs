@@ -133,7 +133,7 @@ impl Service {
     /// ComfyUI's queue of `owner`: (running, pending), pending in queue
     /// order; records only (see [`Service::compat_job`]).
     pub fn compat_queue(&self, owner: &str) -> (Vec<JobRecord>, Vec<JobRecord>) {
-        let order: Vec<String> = self.queue.ordered();
+        let order: Vec<String> = self.queue.waiting().ordered();
         let live: Vec<JobRecord> = self.queue.live_jobs().iter().filter(|j| &*j.owner == owner).map(|j| j.snapshot()).collect();
         let mut running: Vec<JobRecord> = live.iter().filter(|r| matches!(r.status, JobStatus::Running | JobStatus::Canceling)).cloned().collect();
         running.sort_by_key(|r| (r.started_at, r.seq));
@@ -221,7 +221,7 @@ impl Service {
 
     /// Cancels every pending job.
     pub async fn clear_queue(&self, owner: &str) -> Result<(), ServiceError> {
-        let queued: Vec<String> = self.queue.ordered();
+        let queued: Vec<String> = self.queue.waiting().ordered();
         for id in queued {
             self.cancel_if_known(owner, &id).await?;
         }

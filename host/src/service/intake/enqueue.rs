@@ -33,7 +33,7 @@ impl Slot<'_> {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         if let Some(service) = self.0 {
-            service.queue.release();
+            service.queue.waiting().release();
         }
     }
 }
@@ -50,7 +50,7 @@ impl Service {
             return Err(ServiceError::InsufficientCredits);
         }
         // Reserve a queue slot; a full queue releases everything (no claim).
-        if !self.queue.reserve(self.opts.max_queued_jobs) {
+        if !self.queue.waiting().reserve(self.opts.max_queued_jobs) {
             return Err(queue_full(fair::OwnerLimits { max_running: self.opts.max_running_jobs, max_queued: self.opts.max_queued_jobs }));
         }
         let slot = Slot(Some(self));
@@ -108,7 +108,7 @@ impl Service {
             completed_at: None,
             updated_at: now,
             expires_at: now + self.opts.retention.as_micros() as Micros,
-            seq: self.queue.next_seq(),
+            seq: self.queue.waiting().next_seq(),
             attempts: 0,
             inputs,
             outputs: Vec::new(),
@@ -165,7 +165,7 @@ impl Service {
         }
         let key = fair::sched_key(owner, deployment);
         let limits = self.limits_for(&key);
-        let Ok(position) = self.queue.push(&key, owner, id.clone(), front, limits.max_queued) else {
+        let Ok(position) = self.queue.waiting().push(&key, owner, id.clone(), front, limits.max_queued) else {
             self.queue.leave(&id);
             return Err(queue_full(limits));
         };
@@ -226,7 +226,7 @@ impl Service {
     /// Takes back a job whose submission was not written (already marked
     /// so that a worker that took it meanwhile skips it).
     fn withdraw(&self, id: &str) {
-        self.queue.withdraw(id);
+        self.queue.waiting().withdraw(id);
         let removed = self.queue.leave(id);
         if let Some(job) = removed {
             self.publish_queue(&job.owner);

@@ -27,7 +27,7 @@ impl Service {
             };
             let (next, key) = next;
             let Some(live) = self.live_job(&next) else {
-                self.queue.done(&key);
+                self.queue.waiting().done(&key);
                 continue;
             };
             tokio::select! {
@@ -38,14 +38,14 @@ impl Service {
                 }
                 () = self.run_job(live.clone()) => {}
             }
-            self.queue.done(&key);
+            self.queue.waiting().done(&key);
         }
     }
 
     /// The next job to run, with its scheduling key (see `queue`).
     async fn next_job(&self) -> (String, String) {
         let limits = |key: &str| self.limits_for(key);
-        self.queue.next(&limits).await
+        self.queue.waiting().next(&limits).await
     }
 
     /// Runs one job taken from the queue, from its start to its durable end.
@@ -152,7 +152,7 @@ impl Service {
             prompt,
             extra_pnginfo: live.extra.extra_pnginfo.as_deref().cloned(),
             inputs: Arc::new(JobInputs::new(&job.inputs, self.blobs.clone())),
-            outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone(), self.blob_gate.clone())),
+            outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone(), self.blob_claims.clone())),
             events: self.sink(live.clone()),
             cancel: live.cancel.clone(),
             secrets: live.extra.secrets.clone(),
@@ -283,7 +283,7 @@ impl Service {
             && terminal.error.as_ref().is_none_or(|e| e.code != NO_CREDITS)
         {
             let billed = self.billed_account(&terminal);
-            let balance = self.accounts.charge(&billed, u64::try_from(ms).unwrap_or(0));
+            let balance = self.accounts.charge(&billed, u64::try_from(ms).unwrap_or(0)).await;
             tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, %billed, execution_ms = ms, ?balance, "job charged");
         }
     }

@@ -30,7 +30,7 @@ const PREVIEW_INTERVAL: Duration = Duration::from_millis(250);
 /// executor's thread and must not block.
 pub(super) struct JobSink {
     meta: Arc<dyn crate::store::MetaStore>,
-    bus: Arc<ExecBus>,
+    bus: Arc<dyn ExecBus>,
     live: Arc<LiveJob>,
     job_id: Arc<str>,
     owner: Arc<str>,
@@ -49,7 +49,7 @@ struct RunTrack {
 }
 
 impl JobSink {
-    pub(super) fn new(meta: Arc<dyn crate::store::MetaStore>, bus: Arc<ExecBus>, live: Arc<LiveJob>) -> JobSink {
+    pub(super) fn new(meta: Arc<dyn crate::store::MetaStore>, bus: Arc<dyn ExecBus>, live: Arc<LiveJob>) -> JobSink {
         let (job_id, owner) = {
             let rec = live.record.lock();
             (Arc::from(rec.id.as_str()), Arc::from(rec.owner.as_str()))

@@ -22,10 +22,9 @@ impl SledMeta {
         Sled::open(dir).map(|sled| SledMeta(Arc::new(sled)))
     }
 
-    /// Another tree of this store's database (the account store's, beside
-    /// the jobs).
-    pub fn open_tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
-        self.0.db.open_tree(name).map_err(backend)
+    /// The account store, in this store's database beside the jobs.
+    pub fn accounts(&self) -> Result<super::SledAccounts, StoreError> {
+        self.0.db.open_tree("accounts").map(super::SledAccounts::new).map_err(backend)
     }
 
     /// Runs `f`, which may wait for the disk: inline on a current-thread

@@ -15,6 +15,7 @@
 //! queue tree: the queue is the queued jobs in `seq` order, rebuilt from
 //! the job records when the service starts.
 
+mod accounts;
 mod index;
 mod meta;
 mod replay;
@@ -29,6 +30,8 @@ use super::commit_log::CommitLog;
 use super::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, JobStatus, Micros, StoreError};
 use index::Indexes;
 use replay::entry;
+
+pub use accounts::SledAccounts;
 
 /// sled-backed [`MetaStore`](crate::store::MetaStore): the synchronous store ([`Sled`]) behind the
 /// async trait; what may wait for the disk (a log sync, a flush, a scan)

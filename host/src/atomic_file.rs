@@ -1,0 +1,59 @@
+//! Replacing a small file whole: the bytes go to a temporary file in the
+//! same directory, which is synced and renamed over the target, and the
+//! directory synced, so a crash leaves the old file or the new one, never
+//! half of one, and a file that was replaced stays replaced. The one home
+//! of that rule for kiln's own files (secrets, the deployments file, the
+//! web frontend's user files).
+
+use std::io::Write;
+use std::path::Path;
+
+/// Replaces `path` with `bytes` (creating its directory); `mode`: the new
+/// file's Unix permission bits (default: the process umask's).
+pub fn write(path: &Path, bytes: &[u8], mode: Option<u32>) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    // A dot name: listings of the directory skip it.
+    let tmp = dir.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
+    let result = (|| {
+        let mut options = std::fs::File::options();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        if let Some(mode) = mode {
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+        }
+        #[cfg(not(unix))]
+        let _ = mode;
+        let mut file = options.open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return result;
+    }
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_file_is_replaced_whole_and_no_temporary_file_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub").join("f.json");
+        super::write(&path, b"one", None).unwrap();
+        super::write(&path, b"two", Some(0o600)).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("f.json")]);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        }
+        // A target that cannot be replaced (a directory) leaves nothing behind.
+        assert!(super::write(dir.path().join("sub").as_path(), b"x", None).is_err());
+        assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().count(), 1);
+    }
+}

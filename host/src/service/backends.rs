@@ -1,0 +1,72 @@
+//! What the service keeps its state in and sends its messages through,
+//! each behind a trait so another backend slots in: the metadata store,
+//! the blobs, accounts, deployments, the web frontend's user files, the
+//! waiting queue and the execution bus. [`Backends::embedded`] opens
+//! kiln's own: one sled database, blob files, the deployments file and the
+//! user files under the data directory, and the queue and bus of this
+//! process.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::ServiceError;
+use super::bus::{ExecBus, LocalBus};
+use super::queue::{LocalWaiting, Waiting};
+use crate::accounts::KeyHasher;
+use crate::store::{
+    AccountStore, BlobStore, DeploymentStore, DiskBlobs, DiskUserFiles, FileDeployments, MetaStore, SledAccounts, SledMeta, StoreError, UserFileStore,
+};
+
+/// The service's backends.
+pub struct Backends {
+    /// Jobs, assets, idempotency claims (see [`MetaStore`]).
+    pub meta: Arc<dyn MetaStore>,
+    /// Asset bytes, by content (see [`BlobStore`]).
+    pub blobs: Arc<dyn BlobStore>,
+    /// Account records (see [`AccountStore`]).
+    pub accounts: Arc<dyn AccountStore>,
+    /// The secret API keys are hashed with.
+    pub key_hasher: KeyHasher,
+    /// Deployment records (see [`DeploymentStore`]).
+    pub deployments: Arc<dyn DeploymentStore>,
+    /// The web frontend's settings and files (see [`UserFileStore`]).
+    pub user_files: Arc<dyn UserFileStore>,
+    /// Where queued jobs wait (see [`Waiting`]).
+    pub waiting: Arc<dyn Waiting>,
+    /// Execution messages (see [`ExecBus`]).
+    pub bus: Arc<dyn ExecBus>,
+}
+
+impl Backends {
+    /// kiln's embedded backends under `data_dir` (created when missing).
+    pub fn embedded(data_dir: &Path) -> Result<Backends, ServiceError> {
+        std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
+        let sled = SledMeta::open(&data_dir.join("meta"))?;
+        Ok(Backends {
+            accounts: Arc::new(sled.accounts()?),
+            meta: Arc::new(sled),
+            blobs: Arc::new(DiskBlobs::open(data_dir.join("blobs"))?),
+            key_hasher: KeyHasher::load_or_create(data_dir).map_err(StoreError::from)?,
+            deployments: Arc::new(FileDeployments::open(Some(data_dir.join("deployments.json")))?),
+            user_files: Arc::new(DiskUserFiles::new(data_dir.join("users"))),
+            waiting: Arc::new(LocalWaiting::default()),
+            bus: Arc::new(LocalBus::default()),
+        })
+    }
+
+    /// Given metadata and blob stores (another backend, or a test double);
+    /// the rest embedded: accounts and deployments in memory only, user
+    /// files under `data_dir`.
+    pub fn with_stores(meta: Arc<dyn MetaStore>, blobs: Arc<dyn BlobStore>, data_dir: &Path) -> Result<Backends, ServiceError> {
+        Ok(Backends {
+            meta,
+            blobs,
+            accounts: Arc::new(SledAccounts::temporary()?),
+            key_hasher: KeyHasher::ephemeral(),
+            deployments: Arc::new(FileDeployments::open(None)?),
+            user_files: Arc::new(DiskUserFiles::new(data_dir.join("users"))),
+            waiting: Arc::new(LocalWaiting::default()),
+            bus: Arc::new(LocalBus::default()),
+        })
+    }
+}

@@ -1,0 +1,104 @@
+//! The embedded waiting queue: a [`FairQueue`] in memory, a counter of the
+//! jobs queued on the server, a `Notify` that wakes idle workers and the
+//! submission counter. One process holds it; a restart rebuilds it from the
+//! store's unfinished jobs (`retention`).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use super::Waiting;
+use crate::service::fair::{FairQueue, KeyQueueFull, TenantLimits};
+
+/// Waiting jobs of one server, in memory.
+pub struct LocalWaiting {
+    /// Queued jobs per scheduling key, served round-robin (see `fair`).
+    waiting: Mutex<FairQueue>,
+    /// Jobs queued on the whole server (reserved before they are pushed).
+    queued: AtomicUsize,
+    /// Wakes a worker when a job is pushed or a key may run another.
+    notify: Notify,
+    /// The next submission's number (`JobRecord::seq`).
+    seq: AtomicU64,
+}
+
+impl Default for LocalWaiting {
+    fn default() -> Self {
+        LocalWaiting { waiting: Mutex::default(), queued: AtomicUsize::new(0), notify: Notify::new(), seq: AtomicU64::new(1) }
+    }
+}
+
+#[async_trait::async_trait]
+impl Waiting for LocalWaiting {
+    fn reserve(&self, max: usize) -> bool {
+        if self.queued.fetch_add(1, Ordering::SeqCst) >= max {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    fn release(&self) {
+        self.queued.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn push(&self, key: &str, owner: &str, id: String, front: bool, max_queued: usize) -> Result<usize, KeyQueueFull> {
+        let position = self.waiting.lock().push(key, owner, id, front, max_queued)?;
+        self.notify.notify_one();
+        Ok(position)
+    }
+
+    fn requeue(&self, key: &str, owner: &str, id: String) {
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        let _ = self.waiting.lock().push(key, owner, id, false, usize::MAX);
+    }
+
+    fn withdraw(&self, id: &str) -> bool {
+        let removed = self.waiting.lock().remove(id);
+        if removed {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        removed
+    }
+
+    async fn next(&self, limits: &dyn TenantLimits) -> (String, String) {
+        loop {
+            // Registered before the queue is checked, so a push in between
+            // still wakes this worker.
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(next) = self.waiting.lock().pop(limits) {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                return next;
+            }
+            notified.await;
+        }
+    }
+
+    fn done(&self, key: &str) {
+        self.waiting.lock().done(key);
+        self.notify.notify_one();
+    }
+
+    fn limits_changed(&self) {
+        self.notify.notify_waiters();
+    }
+
+    fn position(&self, id: &str) -> Option<usize> {
+        self.waiting.lock().position(id)
+    }
+
+    fn ordered(&self) -> Vec<String> {
+        self.waiting.lock().ordered()
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn start_seq_after(&self, max: u64) {
+        self.seq.store(max + 1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,143 @@
+//! The queue: every job that has not finished (the live set, by store
+//! key, always this process's) and, behind the [`Waiting`] trait, the jobs
+//! waiting to run, the server-wide count of queued jobs and the order
+//! submissions are numbered in. The embedded [`LocalWaiting`] keeps them in
+//! memory (a restart rebuilds them from the store, see `retention`).
+//!
+//! The rules of who may queue how much live in `intake` (bounds) and
+//! `fair` (per-key limits and round-robin order); this owns the state they
+//! act on and keeps the live set and the waiting queue in step.
+
+mod local;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+pub use local::LocalWaiting;
+
+use super::LiveJob;
+use super::fair::{KeyQueueFull, TenantLimits};
+
+/// Where jobs wait to run: the server's queue places, each scheduling
+/// key's queue (served round-robin within each key's limits, see `fair`),
+/// the workers' wake-ups and the numbering of submissions.
+///
+/// Every call but [`Waiting::next`] answers without waiting (they run under
+/// a job's write turn on the submission path). A backend shared by several
+/// hosts keeps its places and queues in its store (the queued jobs), takes
+/// jobs in [`Waiting::next`] under a lease, and gives the lease back in
+/// [`Waiting::done`].
+#[async_trait::async_trait]
+pub trait Waiting: Send + Sync {
+    /// Takes one of the server's `max` queue places; `false` when all are
+    /// taken. Given back by [`Waiting::release`], or by the job leaving the
+    /// queue ([`Waiting::withdraw`], [`Waiting::next`]).
+    fn reserve(&self, max: usize) -> bool;
+    /// Gives back a place taken by [`Waiting::reserve`] for a job not pushed.
+    fn release(&self);
+    /// Queues a job whose place is reserved under scheduling key `key`
+    /// (at most `max_queued` of the key's) and wakes a worker; its position
+    /// among its owner's queued jobs.
+    fn push(&self, key: &str, owner: &str, id: String, front: bool, max_queued: usize) -> Result<usize, KeyQueueFull>;
+    /// A job recovered at start: takes a place and queues it whatever its
+    /// key's limit.
+    fn requeue(&self, key: &str, owner: &str, id: String);
+    /// Takes a job out of the queue (canceled, expired, or its submission
+    /// not written); whether it was waiting.
+    fn withdraw(&self, id: &str) -> bool;
+    /// The next job to run, round-robin across scheduling keys within each
+    /// key's `limits`, with its key: waits until there is one.
+    async fn next(&self, limits: &dyn TenantLimits) -> (String, String);
+    /// A job of `key` stopped running: the key may run another (this
+    /// worker looks first, any other idle one too).
+    fn done(&self, key: &str);
+    /// Some key's limits changed: every idle worker looks again.
+    fn limits_changed(&self);
+    /// 1-based position of a queued job among its owner's queued jobs.
+    fn position(&self, id: &str) -> Option<usize>;
+    /// Queued job ids in the order they would run.
+    fn ordered(&self) -> Vec<String>;
+    /// Numbers a new submission (`JobRecord::seq`).
+    fn next_seq(&self) -> u64;
+    /// Numbers submissions from after `max` on (at start, after the store's).
+    fn start_seq_after(&self, max: u64);
+}
+
+/// The jobs not yet finished, and those of them waiting to run.
+pub(super) struct JobQueue {
+    live: RwLock<HashMap<String, Arc<LiveJob>>>,
+    waiting: Arc<dyn Waiting>,
+}
+
+impl JobQueue {
+    pub fn new(waiting: Arc<dyn Waiting>) -> JobQueue {
+        JobQueue { live: RwLock::default(), waiting }
+    }
+
+    /// The live job stored under `id`.
+    pub fn live(&self, id: &str) -> Option<Arc<LiveJob>> {
+        self.live.read().get(id).cloned()
+    }
+
+    /// Every live job (a copy of the set: no lock is held afterwards).
+    pub fn live_jobs(&self) -> Vec<Arc<LiveJob>> {
+        self.live.read().values().cloned().collect()
+    }
+
+    /// Live jobs of `owner` (ComfyUI's `queue_remaining`).
+    pub fn remaining_of(&self, owner: &str) -> usize {
+        self.live.read().values().filter(|j| &*j.owner == owner).count()
+    }
+
+    /// Whether no job is live.
+    pub fn is_idle(&self) -> bool {
+        self.live.read().is_empty()
+    }
+
+    /// The waiting queue.
+    pub fn waiting(&self) -> &dyn Waiting {
+        self.waiting.as_ref()
+    }
+
+    /// Adds a job to the live set; `false` (and nothing added) when its key
+    /// is taken.
+    pub fn join(&self, id: &str, job: Arc<LiveJob>) -> bool {
+        let mut live = self.live.write();
+        if live.contains_key(id) {
+            return false;
+        }
+        live.insert(id.to_string(), job);
+        true
+    }
+
+    /// Removes a job from the live set.
+    pub fn leave(&self, id: &str) -> Option<Arc<LiveJob>> {
+        self.live.write().remove(id)
+    }
+
+    /// A job recovered at start: queued whatever its key's limit.
+    pub fn requeue(&self, key: &str, job: Arc<LiveJob>) {
+        let id = job.record.lock().id.clone();
+        self.waiting.requeue(key, &job.owner, id.clone());
+        self.live.write().insert(id, job);
+    }
+
+    /// Live jobs that `keep` accepts. `keep` runs after the set's lock is
+    /// released: it may take a job's record lock (a submission holds that
+    /// lock while it joins or leaves the set).
+    pub fn live_where(&self, keep: impl Fn(&LiveJob) -> bool) -> Vec<Arc<LiveJob>> {
+        self.live_jobs().into_iter().filter(|job| keep(job)).collect()
+    }
+
+    /// Waiting jobs, in the order they would run, that `keep` accepts.
+    pub fn queued_where(&self, keep: impl Fn(&LiveJob) -> bool) -> Vec<Arc<LiveJob>> {
+        let order = self.waiting.ordered();
+        let waiting: Vec<Arc<LiveJob>> = {
+            let live = self.live.read();
+            order.iter().filter_map(|id| live.get(id).cloned()).collect()
+        };
+        waiting.into_iter().filter(|job| keep(job)).collect()
+    }
+}
