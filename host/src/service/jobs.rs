@@ -3,9 +3,8 @@
 //! workflow, and cancellation.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
-use super::{LIST_SCAN_BUDGET, LiveJob, MAX_CACHED_LOG_BYTES, Service, ServiceError};
+use super::{LIST_SCAN_BUDGET, LiveJob, Service, ServiceError};
 use crate::store::{JobRecord, JobStatus, now_micros};
 
 /// Filters of a job listing.
@@ -56,42 +55,20 @@ impl Service {
     pub(super) async fn record_at(&self, id: &str) -> Result<Option<Arc<JobRecord>>, ServiceError> {
         let record = match self.live_job(id) {
             Some(live) => Arc::new(live.snapshot()),
-            None => {
-                let cached = self.finished.lock().get(id).cloned();
-                match cached {
-                    Some(r) => r,
-                    None => {
-                        let generation = self.finished_gen.load(Ordering::SeqCst);
-                        let Some(r) = self.meta.get_job(id).await? else { return Ok(None) };
-                        let r = Arc::new(r);
-                        if r.status.is_terminal() && self.live_job(id).is_none() {
-                            self.remember_finished(r.clone(), Some(generation));
-                        }
-                        r
+            None => match self.finished.get(id) {
+                Some(r) => r,
+                None => {
+                    let generation = self.finished.generation();
+                    let Some(r) = self.meta.get_job(id).await? else { return Ok(None) };
+                    let r = Arc::new(r);
+                    if r.status.is_terminal() && self.live_job(id).is_none() {
+                        self.finished.remember(r.clone(), Some(generation));
                     }
+                    r
                 }
-            }
+            },
         };
         Ok(Some(record))
-    }
-
-    /// Drops a record from the finished-jobs cache (after a store write).
-    pub(super) fn forget_finished(&self, id: &str) {
-        let mut cache = self.finished.lock();
-        cache.pop(id);
-        self.finished_gen.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// Caches a finished record, unless its log is long or (`read_at`: the
-    /// generation before it was read from the store) a forget happened since.
-    pub(super) fn remember_finished(&self, record: Arc<JobRecord>, read_at: Option<u64>) {
-        if record.logs.as_ref().is_some_and(|l| l.text.len() > MAX_CACHED_LOG_BYTES) {
-            return;
-        }
-        let mut cache = self.finished.lock();
-        if read_at.is_none_or(|g| g == self.finished_gen.load(Ordering::SeqCst)) {
-            cache.put(record.id.clone(), record);
-        }
     }
 
     /// The executed (resolved) workflow of a job.

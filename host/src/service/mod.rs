@@ -14,6 +14,7 @@ pub mod compat;
 pub mod deployments;
 mod error;
 pub mod fair;
+mod finished;
 pub mod intake;
 pub mod job_files;
 mod jobs;
@@ -48,10 +49,6 @@ use crate::executor::Executor;
 use crate::plugins::NodeRegistry;
 use crate::store::{BlobStore, JobRecord, JobStatus, MetaStore};
 
-/// Finished records with a longer log are served from the store, not kept
-/// in memory (a log may be up to 1 MiB; the cache holds 4096 records).
-pub const MAX_CACHED_LOG_BYTES: usize = 64 << 10;
-
 /// The most records one filtered listing reads: a filter that few jobs
 /// match returns a short page (with a cursor to go on from) rather than
 /// reading an owner's whole history in one request.
@@ -74,13 +71,8 @@ pub struct Service {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Bumped by every submission and stream; the idle trimmer compares it.
     activity: AtomicU64,
-    /// Recently finished or read finished jobs (their records change only
-    /// at expiry); records with long logs are not kept (see
-    /// [`MAX_CACHED_LOG_BYTES`]).
-    finished: Mutex<lru::LruCache<String, Arc<JobRecord>>>,
-    /// Bumped by every [`Service::forget_finished`]: a record read from the
-    /// store before a forget may be stale and is not cached.
-    finished_gen: AtomicU64,
+    /// Recently finished or read finished jobs (see `finished`).
+    finished: finished::FinishedJobs,
     /// The blob gate and the blobs the next collection pass checks (see
     /// `blob_gc`).
     blob_claims: Arc<blob_gc::BlobClaims>,
@@ -167,8 +159,7 @@ impl Service {
             branches: Mutex::new(Some(branches)),
             blob_claims: Arc::default(),
             activity: AtomicU64::new(0),
-            finished: Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),
-            finished_gen: AtomicU64::new(0),
+            finished: Default::default(),
             bus,
             compat: compat::CompatState::default(),
             accounts,

@@ -162,11 +162,11 @@ impl Service {
                 job.transition(JobStatus::Expired, now)?;
                 job.progress = None;
                 self.meta.put_job(&job).await?;
-                self.forget_finished(&job.id);
+                self.finished.forget(&job.id);
                 tracing::info!(job_id = %job.id, "job expired");
             } else if job.expires_at + grace <= now {
                 self.meta.delete_job(&job).await?;
-                self.forget_finished(&job.id);
+                self.finished.forget(&job.id);
             }
         }
         // Uploads (not job outputs, which go with their job) past their expiry.

@@ -283,7 +283,7 @@ impl Service {
             job.transition(JobStatus::Expired, now)?;
             job.progress = None;
             self.meta.put_job(&job).await?;
-            self.forget_finished(&job.id);
+            self.finished.forget(&job.id);
         }
         self.meta.flush().await?;
         Ok(())

@@ -258,7 +258,7 @@ impl Service {
         }
         // Served from memory from now on (the sweeper forgets it when it
         // expires it; a live job is never expired under it).
-        self.remember_finished(terminal.clone(), None);
+        self.finished.remember(terminal.clone(), None);
         *live.record.lock() = (*terminal).clone();
         // The one line per job at `info` (queued and running are `debug`).
         tracing::info!(
