@@ -68,7 +68,7 @@ impl Service {
             return Err(ServiceError::HashMismatch { expected: expected.clone(), actual });
         }
         let _gate = self.blob_claims.writing();
-        let (hash, size) = upload.finish()?;
+        let (hash, size) = self.blobs.commit(upload)?;
         // Claimed below; if the record is not made, the next pass frees it.
         self.blob_claims.may_be_garbage(hash);
         let name = blob_name(&hash);

@@ -47,7 +47,7 @@ impl DiskBlobs {
 /// directory synced. Skipping either for known content made storing bytes
 /// some other tenant had already stored measurably faster — an answer to
 /// "has anyone stored these bytes?".
-fn commit(tmp: &Path, dest: &Path) -> Result<(), StoreError> {
+fn move_into_place(tmp: &Path, dest: &Path) -> Result<(), StoreError> {
     let parent = dest.parent().ok_or_else(|| StoreError::Corrupt(dest.display().to_string()))?;
     if !parent.is_dir() {
         std::fs::create_dir_all(parent)?;
@@ -80,13 +80,19 @@ impl BlobStore for DiskBlobs {
             let _ = std::fs::remove_file(&tmp);
             return Err(e.into());
         }
-        commit(&tmp, &dest)?;
+        move_into_place(&tmp, &dest)?;
         Ok(hash)
     }
 
     fn begin(&self, limit: u64) -> Result<BlobUpload, StoreError> {
-        let (path, file) = self.temp_file()?;
-        Ok(BlobUpload { path: Some(path), file, hasher: blake3::Hasher::new(), size: 0, limit, root: self.dir.clone() })
+        BlobUpload::create(self.tmp.join(uuid::Uuid::new_v4().simple().to_string()), limit)
+    }
+
+    fn commit(&self, upload: BlobUpload) -> Result<(blake3::Hash, u64), StoreError> {
+        let staged = upload.seal()?;
+        let (hash, size) = (staged.hash, staged.size);
+        move_into_place(&staged.take(), &self.final_path(&hash))?;
+        Ok((hash, size))
     }
 
     fn contains(&self, hash: &blake3::Hash) -> bool {
@@ -130,18 +136,25 @@ impl BlobStore for DiskBlobs {
     }
 }
 
-/// A blob being streamed in; hashed as it arrives. Dropped without
-/// [`BlobUpload::finish`], it leaves nothing behind.
+/// A blob being streamed in: staged in a local file (the store's own, from
+/// [`BlobStore::begin`]) and hashed as it arrives, then handed to
+/// [`BlobStore::commit`]. Dropped before that, it leaves nothing behind.
 pub struct BlobUpload {
     path: Option<PathBuf>,
     file: File,
     hasher: blake3::Hasher,
     size: u64,
     limit: u64,
-    root: PathBuf,
 }
 
 impl BlobUpload {
+    /// Stages an upload of at most `limit` bytes in a new file at `path`
+    /// (for a [`BlobStore`] implementation's `begin`).
+    pub fn create(path: PathBuf, limit: u64) -> Result<BlobUpload, StoreError> {
+        let file = File::options().write(true).create_new(true).open(&path)?;
+        Ok(BlobUpload { path: Some(path), file, hasher: blake3::Hasher::new(), size: 0, limit })
+    }
+
     /// Appends a chunk.
     pub fn write(&mut self, chunk: &[u8]) -> Result<(), StoreError> {
         self.size += chunk.len() as u64;
@@ -158,20 +171,42 @@ impl BlobUpload {
         (self.hasher.finalize(), self.size)
     }
 
-    /// Makes the blob durable under its hash.
-    pub fn finish(mut self) -> Result<(blake3::Hash, u64), StoreError> {
+    /// Ends the upload: its staged file, synced, with the hash and size
+    /// (for a [`BlobStore`] implementation's `commit`).
+    pub fn seal(mut self) -> Result<StagedBlob, StoreError> {
         self.file.sync_data()?;
-        let hash = self.hasher.finalize();
-        let hex = hash.to_hex();
-        let dest = self.root.join(&hex[..2]).join(hex.as_str());
-        if let Some(tmp) = self.path.take() {
-            commit(&tmp, &dest)?;
-        }
-        Ok((hash, self.size))
+        Ok(StagedBlob { path: self.path.take(), hash: self.hasher.finalize(), size: self.size })
     }
 }
 
 impl Drop for BlobUpload {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A sealed upload's local file: removed when dropped, unless taken.
+pub struct StagedBlob {
+    path: Option<PathBuf>,
+    pub hash: blake3::Hash,
+    pub size: u64,
+}
+
+impl StagedBlob {
+    /// The staged file (to copy elsewhere).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Takes the staged file: the caller moves or removes it.
+    pub fn take(mut self) -> PathBuf {
+        self.path.take().unwrap_or_default()
+    }
+}
+
+impl Drop for StagedBlob {
     fn drop(&mut self) {
         if let Some(path) = self.path.take() {
             let _ = std::fs::remove_file(path);
@@ -199,7 +234,7 @@ mod tests {
         assert_eq!(first, second, "an output of known bytes is not written again");
         let mut up = blobs.begin(100).unwrap();
         up.write(b"shared bytes").unwrap();
-        assert_eq!(up.finish().unwrap(), (h, 12));
+        assert_eq!(blobs.commit(up).unwrap(), (h, 12));
         assert_ne!(inode(&blobs), second, "a streamed upload of known bytes committed a new file");
         assert_eq!(std::fs::read(blobs.path(&h).unwrap()).unwrap(), b"shared bytes");
         assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0, "no temp file left");
@@ -215,7 +250,7 @@ mod tests {
         let mut up = blobs.begin(100).unwrap();
         up.write(b"hel").unwrap();
         up.write(b"lo").unwrap();
-        assert_eq!(up.finish().unwrap(), (h, 5));
+        assert_eq!(blobs.commit(up).unwrap(), (h, 5));
         assert_eq!(blobs.list().unwrap(), vec![h]);
         // Aborted and oversize uploads leave no temp files.
         let mut up = blobs.begin(4).unwrap();

@@ -20,7 +20,7 @@ mod user_files;
 use std::path::PathBuf;
 
 pub use accounts::{AccountStore, CreditChange};
-pub use blobs::{BlobUpload, DiskBlobs};
+pub use blobs::{BlobUpload, DiskBlobs, StagedBlob};
 pub use deployments::{DeploymentStore, FileDeployments};
 pub use records::*;
 pub use sled::{SledAccounts, SledMeta};
@@ -176,18 +176,24 @@ pub trait MetaStore: Send + Sync {
     async fn flush(&self) -> Result<(), StoreError>;
 }
 
-/// Content-addressed blobs.
+/// Content-addressed blobs. Calls may wait for a disk or a network:
+/// callers run them on blocking threads. Readers get a local file
+/// ([`BlobStore::open`], [`BlobStore::path`]): a store that keeps blobs
+/// elsewhere reads them through a local cache.
 pub trait BlobStore: Send + Sync {
     /// Stores `data`; returns its hash. Atomic and durable when it returns.
     fn put(&self, data: &[u8]) -> Result<blake3::Hash, StoreError>;
-    /// Starts a streamed upload of at most `limit` bytes.
+    /// Starts a streamed upload of at most `limit` bytes, staged locally.
     fn begin(&self, limit: u64) -> Result<BlobUpload, StoreError>;
+    /// Stores a finished upload under its hash; its hash and size. Atomic
+    /// and durable when it returns.
+    fn commit(&self, upload: BlobUpload) -> Result<(blake3::Hash, u64), StoreError>;
     fn contains(&self, hash: &blake3::Hash) -> bool;
     /// The blob opened for reading; `None` when it is not stored.
     fn open(&self, hash: &blake3::Hash) -> Result<Option<std::fs::File>, StoreError>;
     /// A local file holding the blob (for streaming and range reads).
     fn path(&self, hash: &blake3::Hash) -> Option<PathBuf>;
     fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError>;
-    /// Every blob present.
+    /// Every blob present (blob collection's full pass: at start and daily).
     fn list(&self) -> Result<Vec<blake3::Hash>, StoreError>;
 }

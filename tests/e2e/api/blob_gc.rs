@@ -24,6 +24,9 @@ impl BlobStore for CountingBlobs {
     fn begin(&self, limit: u64) -> Result<BlobUpload, StoreError> {
         self.inner.begin(limit)
     }
+    fn commit(&self, upload: BlobUpload) -> Result<(blake3::Hash, u64), StoreError> {
+        self.inner.commit(upload)
+    }
     fn contains(&self, hash: &blake3::Hash) -> bool {
         self.inner.contains(hash)
     }
