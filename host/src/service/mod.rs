@@ -27,13 +27,14 @@ pub mod queue;
 mod retention;
 mod runner;
 pub mod streams;
+mod threads;
 pub mod user_files;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 
 pub use assets::{AssetLabels, NewAsset, UploadMeta};
@@ -68,7 +69,8 @@ pub struct Service {
     /// Open SSE streams and WebSockets, per owner (see `streams`).
     streams: Arc<streams::StreamSlots>,
     shutdown: CancellationToken,
-    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The workers' threads, the branch runtime, the sweeper (see `threads`).
+    threads: threads::Threads,
     /// Bumped by every submission and stream; the idle trimmer compares it.
     activity: AtomicU64,
     /// Recently finished or read finished jobs (see `finished`).
@@ -76,15 +78,6 @@ pub struct Service {
     /// The blob gate and the blobs the next collection pass checks (see
     /// `blob_gc`).
     blob_claims: Arc<blob_gc::BlobClaims>,
-    /// Jobs execute on threads of their own, so nodes that compute (even
-    /// ones that only yield at epoch ticks) never starve the HTTP reactor:
-    /// one per running job, each its own single-threaded runtime, so
-    /// waking a worker wakes no other thread (a multi-threaded runtime woke
-    /// a sibling to look for work it never had).
-    workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    /// Where a job's parallel branches run, on every core (a chain runs on
-    /// its worker's thread).
-    branches: Mutex<Option<tokio::runtime::Runtime>>,
     /// Execution messages of every job and queue changes (the ComfyUI
     /// WebSocket's source).
     bus: Arc<dyn bus::ExecBus>,
@@ -102,14 +95,6 @@ pub struct Service {
     intake: memory_gate::MemoryGate,
     /// Memory of queued jobs' parsed workflows and plans.
     queued_parsed: memory_gate::MemoryGate,
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        if let Some(rt) = self.branches.get_mut().take() {
-            rt.shutdown_background();
-        }
-    }
 }
 
 impl Service {
@@ -131,12 +116,7 @@ impl Service {
         let accounts =
             Arc::new(crate::accounts::Accounts::open(accounts, key_hasher, opts.pricing).await.map_err(|e| crate::store::StoreError::Backend(e.to_string()))?);
         let deployments = deployments::Deployments::open(deployments).await?;
-        let branches = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
-            .thread_name("kiln-branch")
-            .enable_all()
-            .build()
-            .map_err(crate::store::StoreError::from)?;
+        let threads = threads::Threads::new().map_err(crate::store::StoreError::from)?;
         // A key's limits: its account's tier (or the default tier).
         let limits: Arc<dyn fair::TenantLimits> = {
             let (accounts, tiers, global) = (accounts.clone(), opts.tiers.clone(), opts.global_limits());
@@ -154,9 +134,7 @@ impl Service {
             limits: RwLock::new(limits),
             streams,
             shutdown: CancellationToken::new(),
-            tasks: Mutex::new(Vec::new()),
-            workers: Mutex::new(Vec::new()),
-            branches: Mutex::new(Some(branches)),
+            threads,
             blob_claims: Arc::default(),
             activity: AtomicU64::new(0),
             finished: Default::default(),
@@ -190,8 +168,7 @@ impl Service {
                 }
             }
         }
-        *service.workers.lock() = workers;
-        *service.tasks.lock() = vec![tokio::spawn(service.clone().sweeper_loop())];
+        service.threads.keep(workers, vec![tokio::spawn(service.clone().sweeper_loop())]);
         Ok(service)
     }
 
@@ -199,16 +176,7 @@ impl Service {
     /// the store, so the next start runs them again (see `recover`).
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
-        let tasks = std::mem::take(&mut *self.tasks.lock());
-        for t in tasks {
-            let _ = t.await;
-        }
-        // Each worker returns at its job's next yield (within an epoch tick).
-        let workers = std::mem::take(&mut *self.workers.lock());
-        let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
-        if let Some(rt) = self.branches.lock().take() {
-            rt.shutdown_background();
-        }
+        self.threads.join().await;
         let _ = self.meta.flush().await;
     }
 

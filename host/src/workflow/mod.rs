@@ -1,6 +1,7 @@
 //! ComfyUI API-format workflows: parsing ([`parse`]) and validation against
 //! node definitions ([`validate`]), producing a [`Plan`] the executor runs.
 
+mod coerce;
 pub mod cost;
 pub mod parse;
 pub mod plan;

@@ -156,7 +156,7 @@ impl Service {
             events: self.sink(live.clone()),
             cancel: live.cancel.clone(),
             secrets: live.extra.secrets.clone(),
-            branches: self.branches.lock().as_ref().map(|rt| rt.handle().clone()),
+            branches: self.threads.branches(),
             budget: crate::budget::JobBudget::new(self.opts.job_limits),
             // With accounts, results are never shared between them.
             cache_scope: if accounts { job.owner.clone() } else { String::new() },
