@@ -1,6 +1,7 @@
 //! The execution-message bus: what happens to every job, in order, for
 //! surfaces that watch all of an account's jobs at once (the ComfyUI
-//! WebSocket) rather than one job (the Jobs API's event stream).
+//! WebSocket), and each job's own channel ([`JobChannel`]: the Jobs API's
+//! event stream of one job).
 //!
 //! Messages are surface-neutral facts (a node started, a node's state
 //! changed, a file was saved, the queue changed), published by the job
@@ -16,6 +17,7 @@ use std::sync::Arc;
 
 use tokio::sync::broadcast;
 
+use super::live::JobEvent;
 use crate::files::SavedFile;
 
 /// Messages a subscriber may fall behind by before it lags.
@@ -96,6 +98,12 @@ pub trait ExecBus: Send + Sync {
     fn subscribe(&self) -> broadcast::Receiver<Arc<ExecMessage>>;
     /// Whether anyone listens (publishers skip building messages otherwise).
     fn watched(&self) -> bool;
+    /// The event channel of job `id`, whose run this process holds.
+    fn job_channel(&self, id: &str) -> Arc<dyn JobChannel>;
+    /// The events of job `id` when another process runs it, from now on;
+    /// `None` when none does (on the embedded bus, never: one process runs
+    /// every job).
+    fn follow(&self, id: &str) -> Option<broadcast::Receiver<JobEvent>>;
 
     /// Publishes a message about job `job_id` of `owner`.
     fn job(&self, job_id: &Arc<str>, owner: &Arc<str>, body: ExecBody) {
@@ -109,6 +117,41 @@ pub trait ExecBus: Send + Sync {
         if self.watched() {
             self.publish(Arc::new(ExecMessage { job_id: Arc::from(""), owner: Some(owner), body: ExecBody::Queue { remaining } }));
         }
+    }
+}
+
+/// One job's events, to the streams open on it: held by the live job.
+pub trait JobChannel: Send + Sync {
+    /// Sends `event` to the job's open streams; never waits.
+    fn publish(&self, event: JobEvent);
+    /// Receives the job's events from now on.
+    fn subscribe(&self) -> broadcast::Receiver<JobEvent>;
+    /// Whether a stream is open on the job.
+    fn watched(&self) -> bool;
+}
+
+/// A job's channel in one process: a small `broadcast` (a stream that
+/// falls behind re-syncs from the record).
+pub struct LocalJobChannel(broadcast::Sender<JobEvent>);
+
+impl Default for LocalJobChannel {
+    fn default() -> Self {
+        LocalJobChannel(broadcast::channel(32).0)
+    }
+}
+
+impl JobChannel for LocalJobChannel {
+    fn publish(&self, event: JobEvent) {
+        // An error only says no stream is open.
+        let _ = self.0.send(event);
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<JobEvent> {
+        self.0.subscribe()
+    }
+
+    fn watched(&self) -> bool {
+        self.0.receiver_count() > 0
     }
 }
 
@@ -135,6 +178,14 @@ impl ExecBus for LocalBus {
 
     fn watched(&self) -> bool {
         self.tx.receiver_count() > 0
+    }
+
+    fn job_channel(&self, _id: &str) -> Arc<dyn JobChannel> {
+        Arc::new(LocalJobChannel::default())
+    }
+
+    fn follow(&self, _id: &str) -> Option<broadcast::Receiver<JobEvent>> {
+        None
     }
 }
 

@@ -1,12 +1,11 @@
 //! The in-memory side of jobs that have not finished: the current record,
-//! the cancellation token of its run and the broadcast channel its event
-//! streams subscribe to.
+//! the cancellation token of its run and the channel its event streams
+//! subscribe to (from the bus, see `bus::JobChannel`).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{JobRecord, MetaStore, OutputRecord, ProgressSnapshot, StoreError};
@@ -46,7 +45,7 @@ pub struct LiveJob {
     /// across a store call).
     pub writes: tokio::sync::Mutex<()>,
     pub cancel: CancellationToken,
-    pub events: broadcast::Sender<JobEvent>,
+    pub events: Arc<dyn super::bus::JobChannel>,
     pub extra: ExtraData,
     /// Retention expired it while it ran: it ends `expired`, not `canceled`.
     pub expire_on_stop: std::sync::atomic::AtomicBool,
@@ -83,14 +82,13 @@ pub struct Prepared {
 }
 
 impl LiveJob {
-    pub fn new(record: JobRecord, extra: ExtraData) -> LiveJob {
+    pub fn new(record: JobRecord, extra: ExtraData, events: Arc<dyn super::bus::JobChannel>) -> LiveJob {
         LiveJob {
             owner: Arc::from(record.owner.as_str()),
             record: Mutex::new(record),
             writes: tokio::sync::Mutex::new(()),
             cancel: CancellationToken::new(),
-            // Small: a stream that falls behind re-syncs from the record.
-            events: broadcast::channel(32).0,
+            events,
             extra,
             expire_on_stop: Default::default(),
             last_progress: Mutex::new(None),
@@ -127,7 +125,7 @@ impl LiveJob {
 
     /// Sends an event to the open streams (none open is fine).
     pub fn publish(&self, event: JobEvent) {
-        let _ = self.events.send(event);
+        self.events.publish(event);
     }
 
     /// Publishes the record as a status event.

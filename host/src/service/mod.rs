@@ -348,7 +348,7 @@ impl Service {
     /// Tells streams of queued jobs their new positions. (Locks are released
     /// before publishing, which takes each job's record lock.)
     fn publish_queue_positions(&self) {
-        let watched = self.queue.queued_where(|job| job.events.receiver_count() > 0);
+        let watched = self.queue.queued_where(|job| job.events.watched());
         for job in watched {
             job.publish_status();
         }

@@ -159,8 +159,13 @@ impl Service {
             let preview = live.last_preview.lock().clone();
             return Ok(EventStream { snapshot, queue_position, progress, preview, events: Some(events), guard });
         }
+        // Another process may run it (a bus shared by several): followed
+        // from before the snapshot, so nothing falls between them.
+        let followed = self.bus.follow(id);
         let (snapshot, _) = self.get(owner, id).await?;
-        Ok(EventStream { snapshot, queue_position: None, progress: None, preview: None, events: None, guard })
+        let events = followed.filter(|_| !snapshot.status.is_terminal());
+        let progress = if events.is_some() && snapshot.status == JobStatus::Running { snapshot.progress.clone() } else { None };
+        Ok(EventStream { snapshot, queue_position: None, progress, preview: None, events, guard })
     }
 
     /// Notes that a request arrived (the idle memory trimmer waits for a

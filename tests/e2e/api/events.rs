@@ -268,3 +268,78 @@ async fn progress_advances_while_running_and_its_frames_are_throttled() {
     let bound = (elapsed.as_secs_f64() / 0.5).ceil() as usize + 1;
     assert!(frames.len() <= bound, "{} frames in {elapsed:?}", frames.len());
 }
+
+/// A bus whose `follow` hands out a channel the test feeds, as a bus
+/// shared by several hosts would relay a job another host runs.
+struct RelayBus {
+    local: kiln::service::bus::LocalBus,
+    relay: tokio::sync::broadcast::Sender<kiln::service::JobEvent>,
+}
+
+impl kiln::service::bus::ExecBus for RelayBus {
+    fn publish(&self, message: std::sync::Arc<kiln::service::bus::ExecMessage>) {
+        self.local.publish(message)
+    }
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<std::sync::Arc<kiln::service::bus::ExecMessage>> {
+        self.local.subscribe()
+    }
+    fn watched(&self) -> bool {
+        self.local.watched()
+    }
+    fn job_channel(&self, id: &str) -> std::sync::Arc<dyn kiln::service::bus::JobChannel> {
+        self.local.job_channel(id)
+    }
+    fn follow(&self, _id: &str) -> Option<tokio::sync::broadcast::Receiver<kiln::service::JobEvent>> {
+        Some(self.relay.subscribe())
+    }
+}
+
+#[tokio::test]
+async fn a_stream_on_a_job_another_process_runs_relays_the_bus_until_it_ends() {
+    use std::sync::Arc;
+
+    use kiln::service::JobEvent;
+    use kiln::store::{JobStatus, MetaStore};
+
+    let env = crate::support::env().await;
+    let data = tempfile::tempdir().unwrap();
+    let config = super::config(data.path());
+    let options = kiln::service::ServiceOptions::from_config(&config);
+    let meta = Arc::new(kiln::store::SledMeta::open(&data.path().join("meta")).unwrap());
+    let blobs = Arc::new(kiln::store::DiskBlobs::open(data.path().join("blobs")).unwrap());
+    let relay = tokio::sync::broadcast::channel(16).0;
+    let mut backends = kiln::service::Backends::with_stores(meta.clone(), blobs, data.path()).unwrap();
+    backends.bus = Arc::new(RelayBus { local: Default::default(), relay: relay.clone() });
+    let executor = Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
+    let service = kiln::service::Service::start_on(options, backends, env.registry.clone(), executor).await.unwrap();
+    let server = kiln::server::Server::start_on(config, service.clone()).await.unwrap();
+    let s = TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data };
+
+    // A record as another process would have written it: running, and not
+    // in this process's live set.
+    let done = s.submit(trivial(3)).await;
+    let done = s.wait(done["id"].as_str().unwrap()).await;
+    let mut record = meta.get_job(done["id"].as_str().unwrap()).await.unwrap().unwrap();
+    record.id = uuid::Uuid::now_v7().to_string();
+    (record.status, record.completed_at, record.outputs, record.execution_ms) = (JobStatus::Running, None, Vec::new(), None);
+    meta.put_job(&record).await.unwrap();
+
+    let url = s.url(&format!("/jobs/{}/events", record.id));
+    let feeder = {
+        let (relay, mut running, mut finished) = (relay.clone(), record.clone(), record.clone());
+        tokio::spawn(async move {
+            while relay.receiver_count() == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            running.updated_at += 1;
+            relay.send(JobEvent::Status(Arc::new(running))).unwrap();
+            (finished.status, finished.completed_at) = (JobStatus::Succeeded, Some(finished.updated_at + 2));
+            relay.send(JobEvent::Status(Arc::new(finished))).unwrap();
+        })
+    };
+    let (frames, ended, _) = read_stream(&s, &url, Duration::from_secs(20)).await;
+    feeder.await.unwrap();
+    let statuses: Vec<&str> = events(&frames).iter().filter(|(n, _)| *n == "status").map(|(_, d)| d["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["running", "running", "succeeded"], "the stored snapshot, then what the bus relayed");
+    assert!(ended, "the stream ends at the relayed terminal status");
+}

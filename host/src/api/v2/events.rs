@@ -95,15 +95,18 @@ pub async fn stream(State(state): State<Arc<AppState>>, caller: Caller, links: L
                         return;
                     }
                 }
-                Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => {
-                    // Fell behind (or the job finished): re-sync from the record.
+                Err(e) => {
+                    // Fell behind, or the channel is gone (the job finished,
+                    // or the process that ran it went away): re-sync from
+                    // the record. A closed channel sends nothing more, so
+                    // the stream ends there (the client may open another).
                     let Ok((now, _)) = state.service.get(caller.owner(), &job.id).await else { return };
                     for o in now.outputs.iter().filter(|o| sent.insert(o.asset_id.clone())) {
                         yield Ok(frame("output", &wire::output(o, &now, &links)));
                     }
                     job = now;
                     yield Ok(status_frame(&state, &job, &links));
-                    if job.status.is_terminal() {
+                    if job.status.is_terminal() || matches!(e, RecvError::Closed) {
                         return;
                     }
                 }

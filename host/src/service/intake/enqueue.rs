@@ -66,7 +66,7 @@ impl Service {
             claimed_at: now,
             expires_at: now + IDEMPOTENCY_TTL.as_micros() as Micros,
         });
-        let live = Arc::new(LiveJob::new(record.clone(), sub.extra));
+        let live = Arc::new(LiveJob::new(record.clone(), sub.extra, self.bus.job_channel(&record.id)));
         let (written, position) = self.commit(&live, slot, (&sub.owner, sub.deployment.as_deref(), sub.front), &workflow, claim.as_ref(), plan).await?;
         let id = &record.id;
         match written {

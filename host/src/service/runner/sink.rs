@@ -291,7 +291,7 @@ mod tests {
             }),
             ..JobRecord::queued_for_test("j", 0, 1)
         };
-        LiveJob::new(record, ExtraData::default())
+        LiveJob::new(record, ExtraData::default(), Arc::new(crate::service::bus::LocalJobChannel::default()))
     }
 
     fn value(live: &LiveJob) -> f64 {
