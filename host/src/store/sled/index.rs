@@ -39,10 +39,10 @@ const VERSION: u8 = 1;
 
 pub(super) struct Indexes {
     unfinished: Mutex<HashSet<String>>,
-    expiring: Tree,
+    pub(super) expiring: Tree,
     expired: Tree,
     by_job: Tree,
-    uploads_expiring: Tree,
+    pub(super) uploads_expiring: Tree,
     by_tag: Tree,
     info: Tree,
     /// The sequence bound `info` holds (see [`Indexes::submitted`]).
@@ -69,16 +69,48 @@ fn pair(first: &str, id: &str) -> Vec<u8> {
     k
 }
 
-/// The ids in `tree` whose key starts with a time at or before `until`,
-/// oldest first, at most `limit`.
-fn ids_until(tree: &Tree, until: Micros, limit: usize) -> Result<Vec<String>, StoreError> {
-    let end = until.saturating_add(1).to_be_bytes();
-    let mut ids = Vec::new();
-    for item in tree.range(..end.as_slice()).take(limit) {
-        let (_, id) = item.map_err(backend)?;
-        ids.push(String::from_utf8_lossy(&id).into_owned());
+/// Which time index an entry is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TimeIndex {
+    JobsExpiring,
+    JobsExpired,
+    UploadsExpiring,
+}
+
+/// An entry of a time index: the record's id and the time it is filed at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct TimeEntry {
+    pub index: TimeIndex,
+    pub at: Micros,
+    pub id: String,
+}
+
+impl TimeEntry {
+    /// Whether the stored job `job` (`None`: none) files this entry. One it
+    /// does not is stale (a crash between a record's write and the removal
+    /// of its old entry, or between a record's deletion and its entries').
+    pub fn matches_job(&self, job: Option<&JobRecord>) -> bool {
+        let expected = |j: &JobRecord| if j.status == JobStatus::Expired { TimeIndex::JobsExpired } else { TimeIndex::JobsExpiring };
+        job.is_some_and(|j| j.expires_at == self.at && expected(j) == self.index)
     }
-    Ok(ids)
+
+    /// Whether the stored asset `asset` (`None`: none) files this entry.
+    pub fn matches_upload(&self, asset: Option<&AssetRecord>) -> bool {
+        asset.is_some_and(|a| a.job_id.is_none() && a.expires_at == Some(self.at))
+    }
+}
+
+/// The entries in `tree` whose key starts with a time at or before `until`,
+/// oldest first, at most `limit`.
+fn entries_until(tree: &Tree, index: TimeIndex, until: Micros, limit: usize) -> Result<Vec<TimeEntry>, StoreError> {
+    let end = until.saturating_add(1).to_be_bytes();
+    let mut entries = Vec::new();
+    for item in tree.range(..end.as_slice()).take(limit) {
+        let (key, id) = item.map_err(backend)?;
+        let at = key.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, Micros::from_be_bytes);
+        entries.push(TimeEntry { index, at, id: String::from_utf8_lossy(&id).into_owned() });
+    }
+    Ok(entries)
 }
 
 /// The ids after `prefix ‖ 0` in the keys of `tree` that start with it.
@@ -307,15 +339,26 @@ impl Indexes {
     /// Ids of jobs due for the sweeper at `now`: not expired with
     /// `expires_at` ≤ `now`, and expired with `expires_at` ≤ `purge_before`;
     /// at most `limit` of each, oldest first.
-    pub(super) fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<String>, StoreError> {
-        let mut ids = ids_until(&self.expiring, now, limit)?;
-        ids.extend(ids_until(&self.expired, purge_before, limit)?);
-        Ok(ids)
+    pub(super) fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<TimeEntry>, StoreError> {
+        let mut entries = entries_until(&self.expiring, TimeIndex::JobsExpiring, now, limit)?;
+        entries.extend(entries_until(&self.expired, TimeIndex::JobsExpired, purge_before, limit)?);
+        Ok(entries)
     }
 
-    /// Ids of the uploads whose expiry is at or before `now` (at most `limit`).
-    pub(super) fn uploads_due(&self, now: Micros, limit: usize) -> Result<Vec<String>, StoreError> {
-        ids_until(&self.uploads_expiring, now, limit)
+    /// Entries of the uploads whose expiry is at or before `now` (at most `limit`).
+    pub(super) fn uploads_due(&self, now: Micros, limit: usize) -> Result<Vec<TimeEntry>, StoreError> {
+        entries_until(&self.uploads_expiring, TimeIndex::UploadsExpiring, now, limit)
+    }
+
+    /// Removes a stale entry (see [`TimeEntry::matches_job`]).
+    pub(super) fn drop_stale(&self, entry: &TimeEntry) -> Result<(), StoreError> {
+        let tree = match entry.index {
+            TimeIndex::JobsExpiring => &self.expiring,
+            TimeIndex::JobsExpired => &self.expired,
+            TimeIndex::UploadsExpiring => &self.uploads_expiring,
+        };
+        tree.remove(time_id(entry.at, &entry.id)).map_err(backend)?;
+        Ok(())
     }
 
     /// Ids of a job's output assets.

@@ -59,6 +59,9 @@ struct Sled {
 const RESCAN_MARGIN: Micros = 60_000_000;
 
 /// The commit log's file inside the store's directory.
+/// How far past its time an index entry that its record does not file
+/// must be before it is taken for stale (see [`Sled::jobs_due`]).
+const STALE_AFTER: Micros = 60_000_000;
 const LOG_FILE: &str = "commit.log";
 /// Where earlier versions journaled job starts (unsynced); removed on open.
 const OLD_JOURNAL_FILE: &str = "attempts.journal";
@@ -362,9 +365,23 @@ impl Sled {
         self.jobs_of(self.index.unfinished(), |j| matches!(j.status, JobStatus::Queued | JobStatus::Running | JobStatus::Canceling))
     }
 
+    /// Entries that name no record, or a record filed elsewhere, are
+    /// removed as they are met once [`STALE_AFTER`] old (a crash left them;
+    /// a record's new entries are written just before it, so one that old
+    /// without its record is stale), so the batch is not spent on them at
+    /// every sweep.
     fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
         let due = |j: &JobRecord| if j.status == JobStatus::Expired { j.expires_at <= purge_before } else { j.expires_at <= now };
-        self.jobs_of(self.index.jobs_due(now, purge_before, limit)?, due)
+        let mut out = Vec::new();
+        for entry in self.index.jobs_due(now, purge_before, limit)? {
+            let job = self.get_job(&entry.id)?;
+            if entry.matches_job(job.as_ref()) {
+                out.extend(job.filter(due));
+            } else if entry.at < now.saturating_sub(STALE_AFTER) {
+                self.index.drop_stale(&entry)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Logged without a sync: the frame is in the kernel's page cache once
@@ -443,8 +460,18 @@ impl Sled {
         self.assets_of(self.index.assets_of_job(job_id)?, |a| a.job_id.as_deref() == Some(job_id))
     }
 
+    /// Stale entries are removed as in [`Sled::jobs_due`].
     fn uploads_due(&self, now: Micros, limit: usize) -> Result<Vec<AssetRecord>, StoreError> {
-        self.assets_of(self.index.uploads_due(now, limit)?, |a| a.job_id.is_none() && a.expires_at.is_some_and(|e| e <= now))
+        let mut out = Vec::new();
+        for entry in self.index.uploads_due(now, limit)? {
+            let asset = self.get_asset(&entry.id)?;
+            if entry.matches_upload(asset.as_ref()) {
+                out.extend(asset);
+            } else if entry.at < now.saturating_sub(STALE_AFTER) {
+                self.index.drop_stale(&entry)?;
+            }
+        }
+        Ok(out)
     }
 
     fn assets_tagged(&self, prefix: &str) -> Result<Vec<AssetRecord>, StoreError> {

@@ -217,6 +217,52 @@ fn the_periodic_work_finds_its_records_through_indexes() {
     assert!(meta.index.max_seq().unwrap() >= 7, "rebuilt from the records left");
 }
 
+/// Entries a crash left without their record (deleted between the record
+/// and its entries) or filing a record elsewhere are removed once a minute
+/// past their time, so they do not take a share of every sweep's batch.
+#[test]
+fn stale_index_entries_are_removed_as_the_sweep_meets_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = Sled::open(dir.path()).unwrap();
+    // expires_at = created + 1000.
+    for (id, created) in [("gone", 10), ("kept", 20), ("moved", 30)] {
+        meta.submit(&job(id, created, 1), &serde_json::json!({}), None).unwrap();
+    }
+    // The record deleted and the crash before its entries went.
+    meta.jobs.remove(b"gone").unwrap();
+    // Expired, the crash before its `expiring` entry went.
+    let moved = meta.get_job("moved").unwrap().unwrap();
+    let moved = JobRecord { status: JobStatus::Expired, ..moved };
+    meta.index.before_job(&moved).unwrap();
+    meta.jobs.insert(b"moved", serde_json::to_vec(&moved).unwrap()).unwrap();
+    // Within a minute of their time, entries are left alone (a record's
+    // entries are written just before it).
+    assert_eq!(ids(meta.jobs_due(1040, 0, 100).unwrap(), |j| &j.id), ["kept"]);
+    assert_eq!(meta.index.expiring.len(), 3);
+    let later = 1040 + STALE_AFTER;
+    assert_eq!(ids(meta.jobs_due(later, 0, 100).unwrap(), |j| &j.id), ["kept"]);
+    assert_eq!(meta.index.expiring.len(), 1, "only the entry of the job still filed there is left");
+    assert_eq!(ids(meta.jobs_due(later, 2000, 100).unwrap(), |j| &j.id), ["kept", "moved"], "the expired job's own entry stays");
+
+    let upload = AssetRecord {
+        id: "up".into(),
+        owner: "local".into(),
+        hash: "blake3:cc".into(),
+        size_bytes: 1,
+        content_type: "image/png".into(),
+        file_path: None,
+        created_at: 0,
+        expires_at: Some(100),
+        job_id: None,
+        node_id: None,
+        tags: vec![],
+    };
+    meta.put_asset(&upload).unwrap();
+    meta.assets.remove(b"up").unwrap();
+    assert!(meta.uploads_due(later, 10).unwrap().is_empty());
+    assert_eq!(meta.index.uploads_expiring.len(), 0);
+}
+
 /// A submission whose record reached sled while its commit log frame did
 /// not, after the unfinished set was saved (a checkpoint's flush between
 /// its record and its frame, then a crash): the open finds it by its
