@@ -6,7 +6,9 @@
 //! - `assets_by_job` (job id ‖ 0 ‖ asset id → empty): a job's outputs;
 //! - `uploads_expiring` (expires_at ‖ asset id → id): uploads (assets of
 //!   no job) with an expiry;
-//! - `assets_by_tag` (tag ‖ 0 ‖ asset id → empty).
+//! - `assets_by_tag` (tag ‖ 0 ‖ asset id → empty);
+//! - `claims_expiring` (expires_at ‖ Idempotency-Key → key): claims, so
+//!   the purge reads the expired ones only.
 //!
 //! Times are big-endian microseconds (records' times are positive), so a
 //! range up to a time is a prefix of the tree. A record's new entries are
@@ -32,10 +34,11 @@ use parking_lot::Mutex;
 use sled::Tree;
 
 use super::{backend, decode};
-use crate::store::{AssetRecord, JobRecord, JobStatus, Micros, StoreError};
+use crate::store::{AssetRecord, IdempotencyClaim, JobRecord, JobStatus, Micros, StoreError};
 
-/// The version of the indexes a store holds (`info`'s `indexes` key).
-const VERSION: u8 = 1;
+/// The version of the indexes a store holds (`info`'s `indexes` key): 1
+/// without `claims_expiring`.
+const VERSION: u8 = 2;
 
 pub(super) struct Indexes {
     unfinished: Mutex<HashSet<String>>,
@@ -44,7 +47,8 @@ pub(super) struct Indexes {
     by_job: Tree,
     pub(super) uploads_expiring: Tree,
     by_tag: Tree,
-    info: Tree,
+    pub(super) claims_expiring: Tree,
+    pub(super) info: Tree,
     /// The sequence bound `info` holds (see [`Indexes::submitted`]).
     reserved: AtomicU64,
 }
@@ -75,6 +79,7 @@ pub(super) enum TimeIndex {
     JobsExpiring,
     JobsExpired,
     UploadsExpiring,
+    ClaimsExpiring,
 }
 
 /// An entry of a time index: the record's id and the time it is filed at.
@@ -135,21 +140,37 @@ impl Indexes {
             by_job: tree("assets_by_job")?,
             uploads_expiring: tree("uploads_expiring")?,
             by_tag: tree("assets_by_tag")?,
+            claims_expiring: tree("claims_expiring")?,
             info: tree("store_info")?,
             reserved: AtomicU64::new(0),
         })
     }
 
-    /// Indexes every record of a store written before these indexes (once;
-    /// then the version is recorded).
-    pub(super) fn build_once(&self, jobs: &Tree, assets: &Tree) -> Result<(), StoreError> {
-        if self.info.get(b"indexes").map_err(backend)?.is_some_and(|v| v.as_ref() == [VERSION]) {
-            if let Some(bytes) = self.info.get(b"unfinished").map_err(backend)? {
-                let ids: Vec<String> = decode(b"unfinished", &bytes)?;
-                self.unfinished.lock().extend(ids);
-            }
-            return Ok(());
+    /// Indexes every record of a store written before these indexes, or
+    /// before their latest version (once; then the version is recorded).
+    pub(super) fn build_once(&self, jobs: &Tree, assets: &Tree, claims: &Tree) -> Result<(), StoreError> {
+        let version = self.info.get(b"indexes").map_err(backend)?.and_then(|v| v.first().copied()).unwrap_or(0);
+        if version == 0 {
+            self.build_records(jobs, assets)?;
+        } else if let Some(bytes) = self.info.get(b"unfinished").map_err(backend)? {
+            let ids: Vec<String> = decode(b"unfinished", &bytes)?;
+            self.unfinished.lock().extend(ids);
         }
+        if version < 2 {
+            for item in claims.iter() {
+                let (k, v) = item.map_err(backend)?;
+                let Ok(claim) = decode::<IdempotencyClaim>(&k, &v) else { continue };
+                self.new_claim(&claim)?;
+            }
+        }
+        if version != VERSION {
+            self.info.insert(b"indexes", &[VERSION]).map_err(backend)?;
+        }
+        Ok(())
+    }
+
+    /// The job and asset entries of a store written before any index.
+    fn build_records(&self, jobs: &Tree, assets: &Tree) -> Result<(), StoreError> {
         let (mut job_count, mut asset_count) = (0, 0);
         for item in jobs.iter() {
             let (k, v) = item.map_err(backend)?;
@@ -165,7 +186,6 @@ impl Indexes {
             asset_count += 1;
         }
         self.save_unfinished()?;
-        self.info.insert(b"indexes", &[VERSION]).map_err(backend)?;
         if job_count + asset_count > 0 {
             tracing::info!(jobs = job_count, assets = asset_count, "indexed the store's records for recovery and retention");
         }
@@ -350,12 +370,31 @@ impl Indexes {
         entries_until(&self.uploads_expiring, TimeIndex::UploadsExpiring, now, limit)
     }
 
-    /// Removes a stale entry (see [`TimeEntry::matches_job`]).
+    /// The entry a claim about to be written needs (before it).
+    pub(super) fn new_claim(&self, claim: &IdempotencyClaim) -> Result<(), StoreError> {
+        self.claims_expiring.insert(time_id(claim.expires_at, &claim.key), claim.key.as_bytes()).map_err(backend)?;
+        Ok(())
+    }
+
+    /// Takes back the entry of a claim that was not written.
+    pub(super) fn drop_claim(&self, claim: &IdempotencyClaim) -> Result<(), StoreError> {
+        self.claims_expiring.remove(time_id(claim.expires_at, &claim.key)).map_err(backend)?;
+        Ok(())
+    }
+
+    /// Entries of the claims whose expiry is at or before `now`.
+    pub(super) fn claims_due(&self, now: Micros) -> Result<Vec<TimeEntry>, StoreError> {
+        entries_until(&self.claims_expiring, TimeIndex::ClaimsExpiring, now, usize::MAX)
+    }
+
+    /// Removes an entry: stale (see [`TimeEntry::matches_job`]), or its
+    /// record is gone.
     pub(super) fn drop_stale(&self, entry: &TimeEntry) -> Result<(), StoreError> {
         let tree = match entry.index {
             TimeIndex::JobsExpiring => &self.expiring,
             TimeIndex::JobsExpired => &self.expired,
             TimeIndex::UploadsExpiring => &self.uploads_expiring,
+            TimeIndex::ClaimsExpiring => &self.claims_expiring,
         };
         tree.remove(time_id(entry.at, &entry.id)).map_err(backend)?;
         Ok(())

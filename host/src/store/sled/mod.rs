@@ -140,7 +140,7 @@ impl Sled {
             db,
         };
         meta.index_owners()?;
-        meta.index.build_once(&meta.jobs, &meta.assets)?;
+        meta.index.build_once(&meta.jobs, &meta.assets, &meta.claims)?;
         meta.reindex_recent()?;
         meta.replay(entries)?;
         let _ = std::fs::remove_file(dir.join(OLD_JOURNAL_FILE));
@@ -214,11 +214,17 @@ impl Sled {
     /// written.
     fn take_claim(&self, claim: &IdempotencyClaim) -> Result<Vec<u8>, StoreError> {
         let bytes = encode(claim)?;
+        // Its expiry entry first (a claim that survives a crash has it).
+        self.index.new_claim(claim)?;
         loop {
             let current = self.claims.get(claim.key.as_bytes()).map_err(backend)?;
             if let Some(existing) = &current {
-                let live = serde_json::from_slice::<IdempotencyClaim>(existing).map_or(true, |c| c.expires_at > claim.claimed_at);
-                if live {
+                let existing = serde_json::from_slice::<IdempotencyClaim>(existing).ok();
+                if existing.as_ref().is_none_or(|c| c.expires_at > claim.claimed_at) {
+                    // The entry goes unless it is the holder's own too.
+                    if existing.is_some_and(|c| c.expires_at != claim.expires_at) {
+                        self.index.drop_claim(claim)?;
+                    }
                     return Err(StoreError::KeyClaimed);
                 }
             }
@@ -256,6 +262,7 @@ impl Sled {
             let _ = self.index.forget_job(job);
             if let (Some(claim), Some(bytes)) = (claim, claimed) {
                 let _ = self.claims.compare_and_swap(claim.key.as_bytes(), Some(bytes), None::<&[u8]>);
+                let _ = self.index.drop_claim(claim);
             }
             return Err(e);
         }
@@ -482,15 +489,20 @@ impl Sled {
         self.claims.get(key.as_bytes()).map_err(backend)?.map(|b| decode(key.as_bytes(), &b)).transpose()
     }
 
+    /// Reads the expired claims only (through `claims_expiring`). A claim
+    /// taken again since its entry was written has an entry of its own and
+    /// is left; one whose bytes changed under the purge is left too (the
+    /// compare-and-swap refuses).
     fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
         let mut purged = 0;
-        for item in self.claims.iter() {
-            let (k, v) = item.map_err(backend)?;
-            let expired = serde_json::from_slice::<IdempotencyClaim>(&v).map_or(true, |c| c.expires_at <= now);
-            if expired {
-                self.claims.remove(k).map_err(backend)?;
-                purged += 1;
+        for entry in self.index.claims_due(now)? {
+            if let Some(bytes) = self.claims.get(entry.id.as_bytes()).map_err(backend)? {
+                let expired_here = serde_json::from_slice::<IdempotencyClaim>(&bytes).map_or(true, |c| c.expires_at == entry.at);
+                if expired_here && self.claims.compare_and_swap(entry.id.as_bytes(), Some(bytes), None::<&[u8]>).map_err(backend)?.is_ok() {
+                    purged += 1;
+                }
             }
+            self.index.drop_stale(&entry)?;
         }
         Ok(purged)
     }

@@ -55,6 +55,7 @@ impl Sled {
                     if self.get_job(&job.id)?.is_none() {
                         tracing::info!(job_id = %job.id, "submission recovered from the commit log");
                         if let Some(claim) = claim {
+                            self.index.new_claim(&claim)?;
                             self.claims.insert(claim.key.as_bytes(), encode(&claim)?).map_err(backend)?;
                         }
                         self.write_submission(&job, &encode(&job)?, &encode(&workflow)?)?;

@@ -58,6 +58,43 @@ fn submit_claims_once_and_survives_reopen() {
     assert_eq!(meta.purge_claims(1_000).unwrap(), 1);
 }
 
+/// The purge reads only claims past their expiry (an index by expiry),
+/// leaves a key claimed again since, and a store whose indexes predate
+/// that index gets it when it opens.
+#[test]
+fn the_claim_purge_reads_expired_claims_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let claim = |key: &str, job: &str, at: Micros| IdempotencyClaim {
+        key: key.into(),
+        owner: "local".into(),
+        job_id: Some(job.into()),
+        claimed_at: at,
+        expires_at: at + 100,
+    };
+    {
+        let meta = Sled::open(dir.path()).unwrap();
+        meta.submit(&job("a", 10, 1), &serde_json::json!({}), Some(&claim("k1", "a", 10))).unwrap();
+        meta.submit(&job("b", 20, 2), &serde_json::json!({}), Some(&claim("k2", "b", 20))).unwrap();
+        assert!(matches!(meta.submit(&job("x", 30, 3), &serde_json::json!({}), Some(&claim("k2", "x", 30))), Err(StoreError::KeyClaimed)));
+        assert_eq!(meta.index.claims_expiring.len(), 2, "a refused claim leaves no entry");
+        // k1 expired at 110 and is claimed again (expiring at 300).
+        meta.submit(&job("c", 200, 4), &serde_json::json!({}), Some(&claim("k1", "c", 200))).unwrap();
+        meta.submit(&job("d", 500, 5), &serde_json::json!({}), Some(&claim("k3", "d", 500))).unwrap();
+        assert_eq!(meta.purge_claims(150).unwrap(), 1, "k2 only: k1's first entry finds a newer claim");
+        assert_eq!(meta.get_claim("k1").unwrap().unwrap().job_id.as_deref(), Some("c"));
+        assert!(meta.get_claim("k2").unwrap().is_none());
+        assert_eq!(meta.index.claims_due(i64::MAX).unwrap().len(), 2, "the entries read are gone; k1's new one and k3's stay");
+        // A store from before the claims index: built at open.
+        meta.db.drop_tree("claims_expiring").unwrap();
+        meta.index.info.insert(b"indexes", &[1u8]).unwrap();
+        meta.flush().unwrap();
+    }
+    let meta = Sled::open(dir.path()).unwrap();
+    assert_eq!(meta.index.claims_due(i64::MAX).unwrap().len(), 2);
+    assert_eq!(meta.purge_claims(1_000).unwrap(), 2);
+    assert!(meta.get_claim("k1").unwrap().is_none() && meta.get_claim("k3").unwrap().is_none());
+}
+
 #[test]
 fn one_of_many_concurrent_submissions_with_a_key_wins() {
     let dir = tempfile::tempdir().unwrap();
