@@ -11,6 +11,8 @@
 mod accounts;
 mod blobs;
 mod commit_log;
+#[cfg(test)]
+pub(crate) mod contract;
 mod deployments;
 pub mod records;
 mod sled;

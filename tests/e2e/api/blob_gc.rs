@@ -56,20 +56,17 @@ async fn upload(s: &TestServer, bytes: Vec<u8>) -> Value {
 
 #[tokio::test]
 async fn a_pass_checks_only_blobs_written_or_freed_since_the_last() {
-    let env = crate::support::env().await;
-    let data = tempfile::tempdir().unwrap();
-    let config = super::config(data.path());
-    let options = kiln::service::ServiceOptions::from_config(&config);
-    let meta = Arc::new(SledMeta::open(&data.path().join("meta")).unwrap());
-    let blobs = Arc::new(CountingBlobs { inner: DiskBlobs::open(data.path().join("blobs")).unwrap(), lists: AtomicUsize::new(0) });
-    // A blob a crash left without a record.
-    let stray = blobs.put(b"left by a crash").unwrap();
-    let backends = kiln::service::Backends::with_stores(meta, blobs.clone(), data.path()).unwrap();
-    let executor = Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
-    let service = kiln::service::Service::start_on(options, backends, env.registry.clone(), executor).await.unwrap();
-    let server = kiln::server::Server::start_on(config, service.clone()).await.unwrap();
-    let s = TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data };
-
+    let (mut counted, mut stray) = (None, None);
+    let s = super::start_on_backends(|data| {
+        let meta = Arc::new(SledMeta::open(&data.join("meta")).unwrap());
+        let blobs = Arc::new(CountingBlobs { inner: DiskBlobs::open(data.join("blobs")).unwrap(), lists: AtomicUsize::new(0) });
+        // A blob a crash left without a record.
+        stray = Some(blobs.put(b"left by a crash").unwrap());
+        counted = Some(blobs.clone());
+        kiln::service::Backends::with_stores(meta, blobs, data).unwrap()
+    })
+    .await;
+    let (blobs, stray, service) = (counted.unwrap(), stray.unwrap(), s.server.state.service.clone());
     // The sweeper's first pass runs at start.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while blobs.contains(&stray) {

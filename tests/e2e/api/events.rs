@@ -301,19 +301,18 @@ async fn a_stream_on_a_job_another_process_runs_relays_the_bus_until_it_ends() {
     use kiln::service::JobEvent;
     use kiln::store::{JobStatus, MetaStore};
 
-    let env = crate::support::env().await;
-    let data = tempfile::tempdir().unwrap();
-    let config = super::config(data.path());
-    let options = kiln::service::ServiceOptions::from_config(&config);
-    let meta = Arc::new(kiln::store::SledMeta::open(&data.path().join("meta")).unwrap());
-    let blobs = Arc::new(kiln::store::DiskBlobs::open(data.path().join("blobs")).unwrap());
     let relay = tokio::sync::broadcast::channel(16).0;
-    let mut backends = kiln::service::Backends::with_stores(meta.clone(), blobs, data.path()).unwrap();
-    backends.bus = Arc::new(RelayBus { local: Default::default(), relay: relay.clone() });
-    let executor = Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
-    let service = kiln::service::Service::start_on(options, backends, env.registry.clone(), executor).await.unwrap();
-    let server = kiln::server::Server::start_on(config, service.clone()).await.unwrap();
-    let s = TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data };
+    let mut store = None;
+    let s = super::start_on_backends(|data| {
+        let meta = Arc::new(kiln::store::SledMeta::open(&data.join("meta")).unwrap());
+        let blobs = Arc::new(kiln::store::DiskBlobs::open(data.join("blobs")).unwrap());
+        store = Some(meta.clone());
+        let mut backends = kiln::service::Backends::with_stores(meta, blobs, data).unwrap();
+        backends.bus = Arc::new(RelayBus { local: Default::default(), relay: relay.clone() });
+        backends
+    })
+    .await;
+    let meta = store.unwrap();
 
     // A record as another process would have written it: running, and not
     // in this process's live set.

@@ -115,31 +115,22 @@ impl MetaStore for NotDurable {
 
 /// A server on the `NotDurable` store.
 async fn start_not_durable(fail: bool, hold_finish: bool) -> (TestServer, Arc<NotDurable>) {
-    let env = crate::support::env().await;
-    let data = tempfile::tempdir().unwrap();
-    let config = super::config(data.path());
-    let options = kiln::service::ServiceOptions::from_config(&config);
-    let inner = SledMeta::open(&data.path().join("meta")).unwrap();
-    let meta = Arc::new(NotDurable {
-        inner,
-        fail: AtomicBool::new(fail),
-        reject: AtomicBool::new(false),
-        hold_finish: AtomicBool::new(hold_finish),
-        asset_reads: AtomicUsize::new(0),
-        asset_writes: AtomicUsize::new(0),
-    });
-    let blobs = Arc::new(kiln::store::DiskBlobs::open(data.path().join("blobs")).unwrap());
-    let executor = Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
-    let service = kiln::service::Service::start_on(
-        options,
-        kiln::service::Backends::with_stores(meta.clone(), blobs, data.path()).unwrap(),
-        env.registry.clone(),
-        executor,
-    )
-    .await
-    .unwrap();
-    let server = kiln::server::Server::start_on(config, service).await.unwrap();
-    (TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data }, meta)
+    let mut store = None;
+    let s = super::start_on_backends(|data| {
+        let meta = Arc::new(NotDurable {
+            inner: SledMeta::open(&data.join("meta")).unwrap(),
+            fail: AtomicBool::new(fail),
+            reject: AtomicBool::new(false),
+            hold_finish: AtomicBool::new(hold_finish),
+            asset_reads: AtomicUsize::new(0),
+            asset_writes: AtomicUsize::new(0),
+        });
+        store = Some(meta.clone());
+        let blobs = Arc::new(kiln::store::DiskBlobs::open(data.join("blobs")).unwrap());
+        kiln::service::Backends::with_stores(meta, blobs, data).unwrap()
+    })
+    .await;
+    (s, store.unwrap())
 }
 
 #[tokio::test]

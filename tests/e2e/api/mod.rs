@@ -48,6 +48,20 @@ pub async fn start_in(data: tempfile::TempDir, tweak: impl FnOnce(&mut Config, &
     TestServer { server, base, http: reqwest::Client::new(), data }
 }
 
+/// A server on the backends `make` builds in its data directory (test
+/// doubles around the embedded ones).
+pub async fn start_on_backends(make: impl FnOnce(&std::path::Path) -> kiln::service::Backends) -> TestServer {
+    let env = env().await;
+    let data = tempfile::tempdir().unwrap();
+    let config = config(data.path());
+    let options = ServiceOptions::from_config(&config);
+    let backends = make(data.path());
+    let executor = std::sync::Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
+    let service = kiln::service::Service::start_on(options, backends, env.registry.clone(), executor).await.expect("service starts");
+    let server = Server::start_on(config, service).await.expect("server starts");
+    TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data }
+}
+
 pub async fn start(tweak: impl FnOnce(&mut Config, &mut ServiceOptions)) -> TestServer {
     start_in(tempfile::tempdir().unwrap(), tweak).await
 }

@@ -1,9 +1,40 @@
-//! The sled store against its own contract: claims, replay, indexes, budgets.
+//! The sled store: the trait's contract (`store::contract`), and its own:
+//! claims, replay, indexes, budgets.
 
 use super::*;
 
+/// Every case of the `MetaStore` contract, each on a new store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_keeps_the_meta_store_contract() {
+    let dirs = parking_lot::Mutex::new(Vec::new());
+    crate::store::contract::run_all(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SledMeta::open(dir.path()).unwrap();
+        dirs.lock().push(dir);
+        async move { std::sync::Arc::new(meta) as std::sync::Arc<dyn crate::store::MetaStore> }
+    })
+    .await;
+}
+
 fn job(id: &str, created: Micros, seq: u64) -> JobRecord {
     JobRecord::queued_for_test(id, created, seq)
+}
+
+/// An asset record over `blake3:cc`.
+fn asset(id: &str, job: Option<&str>, expires: Option<Micros>, tags: &[&str]) -> AssetRecord {
+    AssetRecord {
+        id: id.into(),
+        owner: "local".into(),
+        hash: "blake3:cc".into(),
+        size_bytes: 1,
+        content_type: "image/png".into(),
+        file_path: None,
+        created_at: 0,
+        expires_at: expires,
+        job_id: job.map(str::to_string),
+        node_id: None,
+        tags: tags.iter().map(|t| t.to_string()).collect(),
+    }
 }
 
 /// The queue as the service rebuilds it: queued jobs in `seq` order.
@@ -96,29 +127,6 @@ fn the_claim_purge_reads_expired_claims_only() {
 }
 
 #[test]
-fn one_of_many_concurrent_submissions_with_a_key_wins() {
-    let dir = tempfile::tempdir().unwrap();
-    let meta = std::sync::Arc::new(Sled::open(dir.path()).unwrap());
-    let start = std::sync::Arc::new(std::sync::Barrier::new(16));
-    let threads: Vec<_> = (0..16)
-        .map(|i| {
-            let (meta, start) = (meta.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                let id = format!("j{i}");
-                let claim = IdempotencyClaim { key: "same".into(), owner: "local".into(), job_id: Some(id.clone()), claimed_at: 10, expires_at: 100 };
-                meta.submit(&job(&id, 10 + i, i as u64 + 1), &serde_json::json!({}), Some(&claim)).is_ok()
-            })
-        })
-        .collect();
-    let won: Vec<bool> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-    assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
-    let winner = format!("j{}", won.iter().position(|w| *w).unwrap());
-    assert_eq!(meta.get_claim("same").unwrap().unwrap().job_id, Some(winner.clone()));
-    assert_eq!(queued(&meta), vec![winner], "the losers wrote nothing");
-}
-
-#[test]
 fn assets_indexed_by_hash() {
     let dir = tempfile::tempdir().unwrap();
     let meta = Sled::open(dir.path()).unwrap();
@@ -164,19 +172,6 @@ fn ids<T>(records: Vec<T>, id: impl Fn(&T) -> &str) -> Vec<String> {
 #[test]
 fn the_periodic_work_finds_its_records_through_indexes() {
     let dir = tempfile::tempdir().unwrap();
-    let asset = |id: &str, job: Option<&str>, expires: Option<Micros>, tags: &[&str]| AssetRecord {
-        id: id.into(),
-        owner: "local".into(),
-        hash: "blake3:cc".into(),
-        size_bytes: 1,
-        content_type: "image/png".into(),
-        file_path: None,
-        created_at: 0,
-        expires_at: expires,
-        job_id: job.map(str::to_string),
-        node_id: None,
-        tags: tags.iter().map(|t| t.to_string()).collect(),
-    };
     {
         let meta = Sled::open(dir.path()).unwrap();
         // expires_at = created + 1000: a at 1010, b at 1020, c at 1030, d at 1040.
@@ -281,19 +276,7 @@ fn stale_index_entries_are_removed_as_the_sweep_meets_them() {
     assert_eq!(meta.index.expiring.len(), 1, "only the entry of the job still filed there is left");
     assert_eq!(ids(meta.jobs_due(later, 2000, 100).unwrap(), |j| &j.id), ["kept", "moved"], "the expired job's own entry stays");
 
-    let upload = AssetRecord {
-        id: "up".into(),
-        owner: "local".into(),
-        hash: "blake3:cc".into(),
-        size_bytes: 1,
-        content_type: "image/png".into(),
-        file_path: None,
-        created_at: 0,
-        expires_at: Some(100),
-        job_id: None,
-        node_id: None,
-        tags: vec![],
-    };
+    let upload = asset("up", None, Some(100), &[]);
     meta.put_asset(&upload).unwrap();
     meta.assets.remove(b"up").unwrap();
     assert!(meta.uploads_due(later, 10).unwrap().is_empty());
