@@ -16,5 +16,5 @@ where
     T: Send + 'static,
 {
     let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || runtime.block_on(call())).await.map_err(|e| ApiError::internal(&e))
+    tokio::task::spawn_blocking(move || crate::store::may_block_here(|| runtime.block_on(call()))).await.map_err(|e| ApiError::internal(&e))
 }

@@ -130,7 +130,7 @@ impl Service {
             }
             // On the blocking pool, as a whole: it lists and deletes files.
             let (this, runtime) = (self.clone(), tokio::runtime::Handle::current());
-            match tokio::task::spawn_blocking(move || runtime.block_on(this.sweep(now_micros()))).await {
+            match tokio::task::spawn_blocking(move || crate::store::may_block_here(|| runtime.block_on(this.sweep(now_micros())))).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::error!(error = %e, "retention sweep failed"),
                 Err(e) => tracing::error!(error = %e, "retention sweep panicked"),

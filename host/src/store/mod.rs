@@ -54,7 +54,30 @@ pub enum StoreError {
 /// a networked store's I/O is driven by the runtime it was opened on, never
 /// by the waiting thread. Never call it on an async worker thread.
 pub fn wait<F: std::future::Future>(call: F) -> F::Output {
-    pollster::block_on(call)
+    may_block_here(|| pollster::block_on(call))
+}
+
+thread_local! {
+    static MAY_BLOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread marked as one that may block (a blocking-pool
+/// thread driving service work to its end): a backend's waits for the disk
+/// run inline here rather than on yet another blocking thread.
+pub fn may_block_here<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            MAY_BLOCK.set(self.0);
+        }
+    }
+    let _restore = Restore(MAY_BLOCK.replace(true));
+    f()
+}
+
+/// Whether this thread is marked by [`may_block_here`].
+pub fn may_block() -> bool {
+    MAY_BLOCK.get()
 }
 
 /// A blob's name: `blake3:<64 lowercase hex>`.

@@ -121,8 +121,7 @@ pub async fn submit(
     let (record, position) = if size <= INLINE_SUBMIT_BYTES && !service.submit_may_block() {
         service.admit(submission).await.map(|a| (a.record, a.position)).map_err(ServiceError::from)?
     } else {
-        let runtime = tokio::runtime::Handle::current();
-        let admitted = tokio::task::spawn_blocking(move || runtime.block_on(service.admit(submission))).await.map_err(|e| ApiError::internal(&e))?;
+        let admitted = crate::api::pool::on_pool(move || async move { service.admit(submission).await }).await?;
         admitted.map(|a| (a.record, a.position)).map_err(ServiceError::from)?
     };
     drop(admitted);

@@ -9,11 +9,12 @@ use super::{Sled, SledMeta, backend};
 use crate::store::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, StoreError};
 
 /// Whether this thread runs a multi-thread runtime's tasks (the request
-/// runtime, its blocking pool included), where waiting for the disk goes
-/// to the blocking pool.
+/// runtime's workers), where waiting for the disk goes to the blocking
+/// pool; a thread marked as one that may block (`store::may_block_here`:
+/// the blocking pool driving service work) waits inline.
 fn on_request_runtime() -> bool {
     use tokio::runtime::{Handle, RuntimeFlavor};
-    Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread)
+    !crate::store::may_block() && Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread)
 }
 
 impl SledMeta {
@@ -136,5 +137,30 @@ impl MetaStore for SledMeta {
     }
     async fn flush(&self) -> Result<(), StoreError> {
         self.blocking(|sled| sled.flush()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call that may wait for the disk leaves a request worker for the
+    /// blocking pool, and runs where it is on a thread marked as one that
+    /// may block (no second hop from the pool to the pool).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn disk_waits_leave_request_workers_and_stay_on_blocking_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = Arc::new(SledMeta::open(dir.path()).unwrap());
+        let here = std::thread::current().id();
+        let ran = meta.blocking(|_| Ok(std::thread::current().id())).await.unwrap();
+        assert_ne!(ran, here, "off the request worker");
+        let runtime = tokio::runtime::Handle::current();
+        let (on_pool, ran) = tokio::task::spawn_blocking(move || {
+            crate::store::may_block_here(|| (std::thread::current().id(), runtime.block_on(meta.blocking(|_| Ok(std::thread::current().id()))).unwrap()))
+        })
+        .await
+        .unwrap();
+        assert_eq!(ran, on_pool, "inline on the marked pool thread");
+        assert!(!crate::store::may_block(), "the mark ends with its call");
     }
 }

@@ -101,7 +101,7 @@ pub(super) fn compat_error(e: ServiceError) -> ApiError {
 /// Waits for an async service call inside [`blocking`] work (on the
 /// blocking pool, where waiting is fine; never on the reactor).
 pub(super) fn block<F: std::future::Future>(call: F) -> F::Output {
-    tokio::runtime::Handle::current().block_on(call)
+    crate::store::may_block_here(|| tokio::runtime::Handle::current().block_on(call))
 }
 
 /// Runs blocking service work (store writes, fsyncs) off the reactor.

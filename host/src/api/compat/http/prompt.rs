@@ -129,8 +129,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     let fields = CompatFields { number: number.clone(), client_id };
     let submission = Submission { extra, id, front, ..Submission::compat(caller.owner(), workflow, fields) };
     let service = state.service.clone();
-    let runtime = tokio::runtime::Handle::current();
-    let outcome = tokio::task::spawn_blocking(move || runtime.block_on(service.admit(submission))).await.map_err(|e| ApiError::internal(&e))?;
+    let outcome = crate::api::pool::on_pool(move || async move { service.admit(submission).await }).await?;
     drop(admitted);
     let registry = state.service.registry();
     match outcome {
