@@ -1,6 +1,6 @@
 //! Replacing a small file whole: the bytes go to a temporary file in the
-//! same directory, which is synced and renamed over the target, and the
-//! directory synced, so a crash leaves the old file or the new one, never
+//! same directory (`.NAME.tmp`), which is synced and renamed over the
+//! target, and the directory synced, so a crash leaves the old file or the new one, never
 //! half of one, and a file that was replaced stays replaced. The one home
 //! of that rule for kiln's own files (secrets, the deployments file, the
 //! web frontend's user files).
@@ -13,11 +13,14 @@ use std::path::Path;
 pub fn write(path: &Path, bytes: &[u8], mode: Option<u32>) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    // A dot name: listings of the directory skip it.
-    let tmp = dir.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
+    // One temporary name per target (writers of one file are serialized by
+    // their owners), so what a crash left is reused, not piled up; a dot
+    // name: listings of the directory skip it.
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
     let result = (|| {
         let mut options = std::fs::File::options();
-        options.write(true).create_new(true);
+        options.write(true).create(true).truncate(true);
         #[cfg(unix)]
         if let Some(mode) = mode {
             std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);

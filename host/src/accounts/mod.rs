@@ -16,7 +16,7 @@ use parking_lot::RwLock;
 pub use crate::store::Account;
 pub use keys::KeyHasher;
 
-use crate::store::{AccountStore, CreditChange, StoreError, now_micros};
+use crate::store::{AccountChange, AccountStore, CreditChange, StoreError, now_micros};
 
 /// Longest account name.
 pub const MAX_NAME_LEN: usize = 64;
@@ -97,13 +97,6 @@ impl Accounts {
         Ok(Accounts { store, hasher, pricing, by_id: RwLock::new(by_id), by_key: RwLock::new(by_key), writing: tokio::sync::Mutex::new(()) })
     }
 
-    /// An empty set that keeps nothing on disk (a self-hosted service
-    /// started on other stores, tests).
-    pub async fn in_memory(pricing: Pricing) -> Result<Accounts, AccountError> {
-        let store = crate::store::SledAccounts::temporary()?;
-        Accounts::open(Arc::new(store), KeyHasher::ephemeral(), pricing).await
-    }
-
     pub fn pricing(&self) -> Pricing {
         self.pricing
     }
@@ -166,15 +159,26 @@ impl Accounts {
             disabled: false,
             created_at: now_micros(),
         };
-        let account = self.store(account).await?;
-        Ok((account, key))
+        if let Err(e) = self.store.create(&account).await {
+            self.read_back(&account.id).await;
+            return Err(e.into());
+        }
+        Ok((self.publish(account), key))
     }
 
     /// Adds `amount` (may be negative) to the balance of account `name`.
     pub async fn add_credits(&self, name: &str, amount: i64) -> Result<Arc<Account>, AccountError> {
         let _writing = self.writing.lock().await;
         let id = self.by_name(name).ok_or_else(|| AccountError::NotFound(name.to_string()))?.id.clone();
-        match self.store.add_credits(&id, amount, true).await? {
+        let changed = self.store.add_credits(&id, amount, true).await;
+        let changed = match changed {
+            Ok(changed) => changed,
+            Err(e) => {
+                self.read_back(&id).await;
+                return Err(e.into());
+            }
+        };
+        match changed {
             CreditChange::Changed(account) => Ok(self.publish(account)),
             CreditChange::NoAccount => Err(AccountError::NotFound(name.to_string())),
             CreditChange::Overflow => Err(AccountError::Overflow),
@@ -183,12 +187,12 @@ impl Accounts {
 
     /// Sets whether the subscription of account `name` is active.
     pub async fn set_subscription(&self, name: &str, active: bool) -> Result<Arc<Account>, AccountError> {
-        self.change_named(name, |a| a.subscription_active = active).await
+        self.change_named(name, AccountChange::Subscription(active)).await
     }
 
     /// Disables account `name`: its keys answer 403 from now on.
     pub async fn disable(&self, name: &str) -> Result<Arc<Account>, AccountError> {
-        self.change_named(name, |a| a.disabled = true).await
+        self.change_named(name, AccountChange::Disable).await
     }
 
     /// Charges the account `owner` for a job that executed `execution_ms`;
@@ -237,18 +241,28 @@ impl Accounts {
         self.get(owner).is_none_or(|a| a.subscription_active)
     }
 
-    async fn change_named(&self, name: &str, f: impl FnOnce(&mut Account)) -> Result<Arc<Account>, AccountError> {
+    async fn change_named(&self, name: &str, change: AccountChange) -> Result<Arc<Account>, AccountError> {
         let _writing = self.writing.lock().await;
-        let mut account = (*self.by_name(name).ok_or_else(|| AccountError::NotFound(name.to_string()))?).clone();
-        f(&mut account);
-        self.store(account).await
+        let id = self.by_name(name).ok_or_else(|| AccountError::NotFound(name.to_string()))?.id.clone();
+        match self.store.change(&id, change).await {
+            Ok(Some(account)) => Ok(self.publish(account)),
+            Ok(None) => Err(AccountError::NotFound(name.to_string())),
+            Err(e) => {
+                self.read_back(&id).await;
+                Err(e.into())
+            }
+        }
     }
 
-    /// Writes `account` (durably) and publishes it in memory. Called with
-    /// `writing` held.
-    async fn store(&self, account: Account) -> Result<Arc<Account>, AccountError> {
-        let stored = self.store.put(&account).await?;
-        Ok(self.publish(stored))
+    /// After a failed write, which may still have been applied: memory
+    /// shows what the store holds (a retried top-up then starts from the
+    /// stored balance). Called with `writing` held.
+    async fn read_back(&self, id: &str) {
+        match self.store.get(id).await {
+            Ok(Some(account)) => drop(self.publish(account)),
+            Ok(None) => {}
+            Err(e) => tracing::error!(account = id, error = %e, "cannot read an account back after a failed write"),
+        }
     }
 
     /// Shows `account`, as stored, to readers. Called with `writing` held.
@@ -357,7 +371,11 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
-        let stored = store.all().await.unwrap().into_iter().find(|s| s.id == a.id).unwrap();
+        let stored = store.get(&a.id).await.unwrap().unwrap();
         assert_eq!(stored.credits, 10_000 - 100 * 10 + 50 * 3);
+        // A flag one server set survives the other's change of another flag.
+        first.disable("alice").await.unwrap();
+        let seen = second.set_subscription("alice", true).await.unwrap();
+        assert!(seen.disabled && store.get(&a.id).await.unwrap().unwrap().disabled, "the disable is kept");
     }
 }

@@ -68,9 +68,10 @@ impl Service {
             return Err(ServiceError::HashMismatch { expected: expected.clone(), actual });
         }
         let _gate = self.blob_claims.writing();
+        // Claimed below; if the record is not made (or the commit fails
+        // after its rename), the next pass frees it.
+        self.blob_claims.may_be_garbage(digest);
         let (hash, size) = self.blobs.commit(upload)?;
-        // Claimed below; if the record is not made, the next pass frees it.
-        self.blob_claims.may_be_garbage(hash);
         let name = blob_name(&hash);
         let known = wait(self.owned_with_hash(owner, &name))?;
         if let Some(existing) = known.iter().find(|a| a.job_id.is_none()) {

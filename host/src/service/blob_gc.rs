@@ -22,14 +22,25 @@ use crate::store::blob_name;
 
 /// How often a pass lists every blob.
 pub const FULL_PASS_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+/// Most candidates kept: past it they are dropped and the next pass is a
+/// full one (passes that keep failing must not grow the set for ever).
+const MAX_CANDIDATES: usize = 1 << 20;
 
 /// The gate and the candidates.
 #[derive(Default)]
 pub struct BlobClaims {
     gate: RwLock<()>,
     candidates: Mutex<HashSet<blake3::Hash>>,
-    /// When the last full pass ran (`None`: none since start).
+    /// When the last full pass ended (`None`: none since start, or one is
+    /// due at once).
     last_full: Mutex<Option<Instant>>,
+}
+
+/// What a pass checks.
+enum Pass {
+    /// Every stored blob.
+    Full,
+    Candidates(Vec<blake3::Hash>),
 }
 
 impl BlobClaims {
@@ -41,21 +52,25 @@ impl BlobClaims {
     /// `hash` may have lost its last claim (just written, or a record over
     /// it deleted): the next pass looks at it.
     pub fn may_be_garbage(&self, hash: blake3::Hash) {
-        self.candidates.lock().insert(hash);
+        let mut candidates = self.candidates.lock();
+        if candidates.len() >= MAX_CANDIDATES {
+            candidates.clear();
+            *self.last_full.lock() = None;
+        }
+        candidates.insert(hash);
     }
 
-    /// What the next pass checks: every candidate, or `None` when a full
-    /// pass is due (then the candidates are dropped: the full pass sees
-    /// every blob).
-    fn take(&self, now: Instant) -> Option<Vec<blake3::Hash>> {
-        let mut last_full = self.last_full.lock();
-        let full = last_full.is_none_or(|at| now.duration_since(at) >= FULL_PASS_INTERVAL);
+    /// What the next pass checks: every candidate, or every blob when a
+    /// full pass is due (the candidates are then dropped: it sees them all).
+    fn take(&self, now: Instant) -> Pass {
+        let full = self.last_full.lock().is_none_or(|at| now.duration_since(at) >= FULL_PASS_INTERVAL);
         let candidates = std::mem::take(&mut *self.candidates.lock());
-        if full {
-            *last_full = Some(now);
-            return None;
-        }
-        Some(candidates.into_iter().collect())
+        if full { Pass::Full } else { Pass::Candidates(candidates.into_iter().collect()) }
+    }
+
+    /// A full pass ended at `now` (one that failed is due again at once).
+    fn full_pass_done(&self, now: Instant) {
+        *self.last_full.lock() = Some(now);
     }
 }
 
@@ -70,31 +85,29 @@ impl Service {
     }
 
     /// One collection pass (synchronous: it holds the gate while it checks
-    /// each blob). Returns how many blobs it deleted.
+    /// each blob). Returns how many blobs it deleted. On an error the blobs
+    /// it had not checked are noted again (a full pass is due again).
     pub(super) fn collect_blobs(&self) -> Result<usize, ServiceError> {
-        let (hashes, full) = match self.blob_claims.take(Instant::now()) {
-            Some(candidates) => (candidates, false),
-            None => (self.blobs.list()?, true),
+        let started = Instant::now();
+        let (hashes, full) = match self.blob_claims.take(started) {
+            Pass::Full => (self.blobs.list()?, true),
+            Pass::Candidates(candidates) => (candidates, false),
         };
         let mut deleted = 0;
-        for hash in hashes {
-            let name = blob_name(&hash);
-            // Under the gate no upload or output can be between writing this
-            // blob and claiming it: unclaimed now means garbage.
-            let _gate = self.blob_claims.gate.write();
-            let in_use = self.queue.live_jobs().iter().any(|l| l.pending_blobs.lock().contains(&name) || l.record.lock().inputs.iter().any(|i| i.hash == name));
-            if in_use {
-                // Claimed by a job that may end without a record over it.
-                self.blob_claims.may_be_garbage(hash);
-                continue;
+        for (i, hash) in hashes.iter().enumerate() {
+            match self.collect_blob(hash) {
+                Ok(true) => deleted += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    if !full {
+                        hashes[i..].iter().for_each(|h| self.blob_claims.may_be_garbage(*h));
+                    }
+                    return Err(e);
+                }
             }
-            // Read under the gate (a networked store holds up uploads for a
-            // round trip per blob).
-            if !crate::store::wait(self.meta.assets_with_hash(&name))?.is_empty() || !self.blobs.contains(&hash) {
-                continue;
-            }
-            self.blobs.delete(&hash)?;
-            deleted += 1;
+        }
+        if full {
+            self.blob_claims.full_pass_done(started);
         }
         if deleted > 0 {
             // Cached results may name files that are gone.
@@ -102,6 +115,27 @@ impl Service {
             tracing::info!(deleted, full, "blobs collected");
         }
         Ok(deleted)
+    }
+
+    /// Deletes `hash` if nothing claims it; whether it did. A blob a live
+    /// job claims is noted again (the job may end without a record over it).
+    fn collect_blob(&self, hash: &blake3::Hash) -> Result<bool, ServiceError> {
+        let name = blob_name(hash);
+        // Under the gate no upload or output can be between writing this
+        // blob and claiming it: unclaimed now means garbage.
+        let _gate = self.blob_claims.gate.write();
+        let in_use = self.queue.live_jobs().iter().any(|l| l.pending_blobs.lock().contains(&name) || l.record.lock().inputs.iter().any(|i| i.hash == name));
+        if in_use {
+            self.blob_claims.may_be_garbage(*hash);
+            return Ok(false);
+        }
+        // Read under the gate (a networked store holds up uploads for a
+        // round trip per blob).
+        if !crate::store::wait(self.meta.assets_with_hash(&name))?.is_empty() || !self.blobs.contains(hash) {
+            return Ok(false);
+        }
+        self.blobs.delete(hash)?;
+        Ok(true)
     }
 }
 
@@ -115,11 +149,13 @@ mod tests {
         let start = Instant::now();
         let h = blake3::hash(b"x");
         claims.may_be_garbage(h);
-        assert_eq!(claims.take(start), None, "the first pass lists every blob");
-        assert_eq!(claims.take(start), Some(vec![]), "its candidates went with it");
+        assert!(matches!(claims.take(start), Pass::Full), "the first pass lists every blob");
+        assert!(matches!(claims.take(start), Pass::Full), "and is due until one ends");
+        claims.full_pass_done(start);
+        assert!(matches!(claims.take(start), Pass::Candidates(c) if c.is_empty()), "its candidates went with it");
         claims.may_be_garbage(h);
         claims.may_be_garbage(h);
-        assert_eq!(claims.take(start + Duration::from_secs(60)), Some(vec![h]), "each candidate once");
-        assert_eq!(claims.take(start + FULL_PASS_INTERVAL), None);
+        assert!(matches!(claims.take(start + Duration::from_secs(60)), Pass::Candidates(c) if c == [h]), "each candidate once");
+        assert!(matches!(claims.take(start + FULL_PASS_INTERVAL), Pass::Full));
     }
 }

@@ -89,7 +89,7 @@ pub enum DeploymentError {
     Exists(String),
     #[error("no deployment {0:?}")]
     NotFound(String),
-    #[error("cannot save the deployments: {0}")]
+    #[error("deployment store: {0}")]
     Store(#[from] StoreError),
 }
 
@@ -179,6 +179,10 @@ impl Deployments {
         }
         if let Err(e) = self.persist(&record.spec.id).await {
             self.entries.write().remove(&record.spec.id);
+            // The write may have reached the store before it failed.
+            if let Err(undo) = self.store.delete(&record.spec.id).await {
+                tracing::error!(deployment = %record.spec.id, error = %undo, "cannot take back a deployment whose creation failed");
+            }
             return Err(e);
         }
         Ok((record, 0))

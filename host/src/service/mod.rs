@@ -256,12 +256,12 @@ impl Service {
         &self.blobs
     }
 
-    /// The account store (cloud and serverless callers).
     /// The store of the web frontend's user files.
     pub fn user_file_store(&self) -> &Arc<dyn crate::store::UserFileStore> {
         &self.user_files
     }
 
+    /// The accounts (cloud and serverless callers).
     pub fn accounts(&self) -> &Arc<crate::accounts::Accounts> {
         &self.accounts
     }

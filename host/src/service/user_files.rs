@@ -247,6 +247,10 @@ mod tests {
         assert!(matches!(store.write("b", &[0; 101], true), Err(UserFilesError::TooLarge { limit: 100 })));
         store.write("b", &[0; 100], true).unwrap();
         store.write("c", &[0; 100], true).unwrap();
+        // A path through a file names nothing.
+        assert!(matches!(store.read("b/x"), Err(UserFilesError::NotFound)));
+        assert!(matches!(store.rename("b/x", "y", false), Err(UserFilesError::NotFound)));
+        assert!(matches!(store.delete("b/x"), Err(UserFilesError::NotFound)));
         assert!(matches!(store.write("d", b"x", true), Err(UserFilesError::Full { .. })));
         assert!(matches!(store.write("workflows/a.json", &[0; 100], true), Err(UserFilesError::Full { .. })), "100 + 100 + 100 > 250");
         store.write("c", &[0; 50], true).unwrap();

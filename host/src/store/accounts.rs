@@ -1,7 +1,8 @@
 //! The account store: where account records live (see `accounts` for the
-//! rules over them). A balance changes only by [`AccountStore::add_credits`],
-//! one atomic step of the store, so concurrent charges and top-ups — from
-//! one process or several sharing the store — never lose one another.
+//! rules over them). Every change is one atomic step of the store that
+//! touches only what it changes — a balance by [`AccountStore::add_credits`],
+//! a flag by [`AccountStore::change`] — so writers sharing the store (two
+//! admin calls, a charge, several processes) never undo one another.
 
 use super::{Account, StoreError};
 
@@ -16,17 +17,42 @@ pub enum CreditChange {
     Overflow,
 }
 
+/// A change of an account's flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccountChange {
+    /// Its subscription becomes active or not.
+    Subscription(bool),
+    /// Its keys answer 403 from now on.
+    Disable,
+}
+
+impl AccountChange {
+    /// Applies the change to a record.
+    pub fn apply(self, account: &mut Account) {
+        match self {
+            AccountChange::Subscription(active) => account.subscription_active = active,
+            AccountChange::Disable => account.disabled = true,
+        }
+    }
+}
+
 /// Account records. They are few (a server keeps at most
 /// `accounts::MAX_ACCOUNTS`): [`AccountStore::all`] reads them once at start
-/// and the caller keeps them in memory.
+/// and the caller keeps them in memory. Calls may wait for a disk or a
+/// network: they are made from blocking threads and job threads, never
+/// from a request runtime's workers. A write that fails may still have
+/// been applied: the caller reads the record back ([`AccountStore::get`]).
 #[async_trait::async_trait]
 pub trait AccountStore: Send + Sync {
     /// Every account.
     async fn all(&self) -> Result<Vec<Account>, StoreError>;
-    /// Writes `account` (a new one whole; for one that exists, every field
-    /// but its balance, which only [`AccountStore::add_credits`] changes)
-    /// and returns it as stored. Durable when it returns.
-    async fn put(&self, account: &Account) -> Result<Account, StoreError>;
+    /// One account.
+    async fn get(&self, id: &str) -> Result<Option<Account>, StoreError>;
+    /// Writes a new account. Durable when it returns.
+    async fn create(&self, account: &Account) -> Result<(), StoreError>;
+    /// Changes account `id`'s flags in one atomic step; the account as
+    /// stored after it (`None`: no such account). Durable when it returns.
+    async fn change(&self, id: &str, change: AccountChange) -> Result<Option<Account>, StoreError>;
     /// Adds `delta` (negative: a charge) to the balance of account `id` in
     /// one atomic step. Durable when it returns if `durable`; otherwise soon
     /// after (a crash may forget the last moments of charges).

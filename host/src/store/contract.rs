@@ -1,8 +1,8 @@
 //! The contract every [`MetaStore`] keeps, written against the trait only,
-//! so each backend runs the same cases (the embedded store in
-//! `sled/tests.rs`; a new backend calls [`run_all`] on fresh stores of its
-//! own). What a backend does beneath the trait (logs, indexes, replay) is
-//! its own tests' business.
+//! so each backend of this crate runs the same cases in its tests (the
+//! embedded store in `sled/tests.rs`; another backend calls [`run_all`] on
+//! fresh stores of its own). What a backend does beneath the trait (logs,
+//! indexes, replay) is its own tests' business.
 
 use std::sync::Arc;
 

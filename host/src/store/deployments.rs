@@ -20,6 +20,8 @@ pub trait DeploymentStore: Send + Sync {
     async fn all(&self) -> Result<Vec<Json>, StoreError>;
     /// Writes the record of deployment `id`; durable when it returns.
     async fn put(&self, id: &str, record: &Json) -> Result<(), StoreError>;
+    /// Removes the record of deployment `id` (a creation taken back).
+    async fn delete(&self, id: &str) -> Result<(), StoreError>;
 }
 
 /// Records in a JSON array in one file (`None`: kept in memory only).
@@ -55,15 +57,55 @@ impl DeploymentStore for FileDeployments {
     }
 
     async fn put(&self, id: &str, record: &Json) -> Result<(), StoreError> {
+        self.write(id, Some(record)).await
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), StoreError> {
+        self.write(id, None).await
+    }
+}
+
+impl FileDeployments {
+    /// Writes the file with `id`'s record replaced (`None`: removed), then
+    /// keeps the change in memory: a write that fails leaves memory as the
+    /// file was, so a later write does not carry the failed change.
+    async fn write(&self, id: &str, record: Option<&Json>) -> Result<(), StoreError> {
         let _writing = self.writing.lock().await;
-        let bytes = {
-            let mut records = self.records.lock();
-            records.insert(id.to_string(), record.clone());
-            let all: Vec<&Json> = records.values().collect();
-            serde_json::to_vec_pretty(&all).map_err(|e| StoreError::Backend(e.to_string()))?
+        let mut next = self.records.lock().clone();
+        match record {
+            Some(record) => next.insert(id.to_string(), record.clone()),
+            None => next.remove(id),
         };
-        let Some(path) = self.path.clone() else { return Ok(()) };
-        tokio::task::spawn_blocking(move || crate::atomic_file::write(&path, &bytes, None)).await.map_err(|e| StoreError::Backend(e.to_string()))??;
+        if let Some(path) = self.path.clone() {
+            let all: Vec<&Json> = next.values().collect();
+            let bytes = serde_json::to_vec_pretty(&all).map_err(|e| StoreError::Backend(e.to_string()))?;
+            tokio::task::spawn_blocking(move || crate::atomic_file::write(&path, &bytes, None)).await.map_err(|e| StoreError::Backend(e.to_string()))??;
+        }
+        *self.records.lock() = next;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write that fails leaves nothing behind in memory: the next write
+    /// does not carry it.
+    #[tokio::test]
+    async fn a_failed_write_is_not_carried_by_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("not-a-dir");
+        std::fs::write(&blocker, b"").unwrap();
+        let store = FileDeployments::open(Some(blocker.join("deployments.json"))).unwrap();
+        assert!(store.put("a", &serde_json::json!({"id": "a"})).await.is_err());
+        assert!(store.all().await.unwrap().is_empty());
+        let path = dir.path().join("deployments.json");
+        let store = FileDeployments::open(Some(path.clone())).unwrap();
+        store.put("b", &serde_json::json!({"id": "b"})).await.unwrap();
+        store.put("c", &serde_json::json!({"id": "c"})).await.unwrap();
+        store.delete("b").await.unwrap();
+        let reopened = FileDeployments::open(Some(path)).unwrap();
+        assert_eq!(reopened.all().await.unwrap(), vec![serde_json::json!({"id": "c"})]);
     }
 }

@@ -21,7 +21,7 @@ mod user_files;
 
 use std::path::PathBuf;
 
-pub use accounts::{AccountStore, CreditChange};
+pub use accounts::{AccountChange, AccountStore, CreditChange};
 pub use blobs::{BlobUpload, DiskBlobs, StagedBlob};
 pub use deployments::{DeploymentStore, FileDeployments};
 pub use records::*;

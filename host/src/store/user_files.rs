@@ -103,7 +103,8 @@ impl UserFileStore for DiskUserFiles {
         match std::fs::metadata(self.files_dir(user).join(path)) {
             Ok(m) if m.is_dir() => Ok(Entry::Directory),
             Ok(m) => Ok(Entry::File { size: m.len() }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Entry::Missing),
+            // A part of the path that is a file names nothing either.
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => Ok(Entry::Missing),
             Err(e) => Err(e.into()),
         }
     }
@@ -156,7 +157,7 @@ fn read_if_file(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => Ok(Some(std::fs::read(path)?)),
         Ok(_) => Ok(None),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

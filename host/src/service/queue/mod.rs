@@ -26,9 +26,10 @@ use super::fair::{KeyQueueFull, TenantLimits};
 ///
 /// Every call but [`Waiting::next`] answers without waiting (they run under
 /// a job's write turn on the submission path). A backend shared by several
-/// hosts keeps its places and queues in its store (the queued jobs), takes
-/// jobs in [`Waiting::next`] under a lease, and gives the lease back in
-/// [`Waiting::done`].
+/// hosts would keep its places and queues in its store (the queued jobs)
+/// and take jobs in [`Waiting::next`] under a lease; the lease's renewal
+/// and release (by job, not only by key as [`Waiting::done`] is) are not
+/// part of this trait yet.
 #[async_trait::async_trait]
 pub trait Waiting: Send + Sync {
     /// Takes one of the server's `max` queue places; `false` when all are

@@ -2,7 +2,7 @@
 //! beside the jobs in the same database.
 
 use super::backend;
-use crate::store::{Account, AccountStore, CreditChange, StoreError};
+use crate::store::{Account, AccountChange, AccountStore, CreditChange, StoreError};
 
 /// Accounts in a sled tree.
 pub struct SledAccounts {
@@ -70,10 +70,25 @@ impl AccountStore for SledAccounts {
         Ok(all)
     }
 
-    async fn put(&self, account: &Account) -> Result<Account, StoreError> {
-        let stored = self.update(&account.id, |old| Some(Account { credits: old.map_or(account.credits, |o| o.credits), ..account.clone() }))?;
+    async fn get(&self, id: &str) -> Result<Option<Account>, StoreError> {
+        let bytes = self.tree.get(id.as_bytes()).map_err(backend)?;
+        bytes.map(|b| serde_json::from_slice(&b).map_err(|e| StoreError::Corrupt(format!("account {id}: {e}")))).transpose()
+    }
+
+    async fn create(&self, account: &Account) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(account).map_err(|e| StoreError::Backend(e.to_string()))?;
+        self.tree.insert(account.id.as_bytes(), bytes).map_err(backend)?;
+        self.flush()
+    }
+
+    async fn change(&self, id: &str, change: AccountChange) -> Result<Option<Account>, StoreError> {
+        let stored = self.update(id, |old| {
+            let mut account = old?;
+            change.apply(&mut account);
+            Some(account)
+        })?;
         self.flush()?;
-        stored.ok_or_else(|| StoreError::Backend(format!("account {} was not written", account.id)))
+        Ok(stored)
     }
 
     async fn add_credits(&self, id: &str, delta: i64, durable: bool) -> Result<CreditChange, StoreError> {

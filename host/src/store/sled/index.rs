@@ -159,8 +159,12 @@ impl Indexes {
         if version < 2 {
             for item in claims.iter() {
                 let (k, v) = item.map_err(backend)?;
-                let Ok(claim) = decode::<IdempotencyClaim>(&k, &v) else { continue };
-                self.new_claim(&claim)?;
+                match decode::<IdempotencyClaim>(&k, &v) {
+                    Ok(claim) => self.new_claim(&claim)?,
+                    // Unreadable: due at once, so the purge drops it (as the
+                    // scan that the index replaced did).
+                    Err(_) => drop(self.claims_expiring.insert(time_id(0, &String::from_utf8_lossy(&k)), k.as_ref()).map_err(backend)?),
+                }
             }
         }
         if version != VERSION {
@@ -387,16 +391,27 @@ impl Indexes {
         entries_until(&self.claims_expiring, TimeIndex::ClaimsExpiring, now, usize::MAX)
     }
 
-    /// Removes an entry: stale (see [`TimeEntry::matches_job`]), or its
-    /// record is gone.
-    pub(super) fn drop_stale(&self, entry: &TimeEntry) -> Result<(), StoreError> {
-        let tree = match entry.index {
+    fn tree(&self, index: TimeIndex) -> &Tree {
+        match index {
             TimeIndex::JobsExpiring => &self.expiring,
             TimeIndex::JobsExpired => &self.expired,
             TimeIndex::UploadsExpiring => &self.uploads_expiring,
             TimeIndex::ClaimsExpiring => &self.claims_expiring,
-        };
-        tree.remove(time_id(entry.at, &entry.id)).map_err(backend)?;
+        }
+    }
+
+    /// Removes an entry: stale (see [`TimeEntry::matches_job`]), or its
+    /// record is gone.
+    pub(super) fn drop_stale(&self, entry: &TimeEntry) -> Result<(), StoreError> {
+        self.tree(entry.index).remove(time_id(entry.at, &entry.id)).map_err(backend)?;
+        Ok(())
+    }
+
+    /// Puts back an entry removed as stale whose record, read again, files
+    /// it after all (its writer put the entry, then the record, between the
+    /// first read and the removal).
+    pub(super) fn restore(&self, entry: &TimeEntry) -> Result<(), StoreError> {
+        self.tree(entry.index).insert(time_id(entry.at, &entry.id), entry.id.as_bytes()).map_err(backend)?;
         Ok(())
     }
 

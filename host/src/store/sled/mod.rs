@@ -58,10 +58,11 @@ struct Sled {
 /// between).
 const RESCAN_MARGIN: Micros = 60_000_000;
 
-/// The commit log's file inside the store's directory.
 /// How far past its time an index entry that its record does not file
 /// must be before it is taken for stale (see [`Sled::jobs_due`]).
 const STALE_AFTER: Micros = 60_000_000;
+
+/// The commit log's file inside the store's directory.
 const LOG_FILE: &str = "commit.log";
 /// Where earlier versions journaled job starts (unsynced); removed on open.
 const OLD_JOURNAL_FILE: &str = "attempts.journal";
@@ -386,6 +387,9 @@ impl Sled {
                 out.extend(job.filter(due));
             } else if entry.at < now.saturating_sub(STALE_AFTER) {
                 self.index.drop_stale(&entry)?;
+                if entry.matches_job(self.get_job(&entry.id)?.as_ref()) {
+                    self.index.restore(&entry)?;
+                }
             }
         }
         Ok(out)
@@ -476,6 +480,9 @@ impl Sled {
                 out.extend(asset);
             } else if entry.at < now.saturating_sub(STALE_AFTER) {
                 self.index.drop_stale(&entry)?;
+                if entry.matches_upload(self.get_asset(&entry.id)?.as_ref()) {
+                    self.index.restore(&entry)?;
+                }
             }
         }
         Ok(out)

@@ -115,14 +115,17 @@ fn the_claim_purge_reads_expired_claims_only() {
         assert_eq!(meta.get_claim("k1").unwrap().unwrap().job_id.as_deref(), Some("c"));
         assert!(meta.get_claim("k2").unwrap().is_none());
         assert_eq!(meta.index.claims_due(i64::MAX).unwrap().len(), 2, "the entries read are gone; k1's new one and k3's stay");
-        // A store from before the claims index: built at open.
+        // A store from before the claims index: built at open (an
+        // unreadable claim is due at once, as the old full scan had it).
+        meta.claims.insert(b"bad", b"not json".as_slice()).unwrap();
         meta.db.drop_tree("claims_expiring").unwrap();
         meta.index.info.insert(b"indexes", &[1u8]).unwrap();
         meta.flush().unwrap();
     }
     let meta = Sled::open(dir.path()).unwrap();
-    assert_eq!(meta.index.claims_due(i64::MAX).unwrap().len(), 2);
-    assert_eq!(meta.purge_claims(1_000).unwrap(), 2);
+    assert_eq!(meta.index.claims_due(i64::MAX).unwrap().len(), 3);
+    assert_eq!(meta.purge_claims(1_000).unwrap(), 3);
+    assert!(meta.claims.get(b"bad").unwrap().is_none());
     assert!(meta.get_claim("k1").unwrap().is_none() && meta.get_claim("k3").unwrap().is_none());
 }
 
