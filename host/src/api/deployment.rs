@@ -1,7 +1,9 @@
 //! The deployment-scoped Jobs API: `{mount}/deployment/{id}/api/v2/...`.
 //!
 //! A request under a deployment's prefix is checked against the
-//! deployment's state (404 unknown, 429 `deployment_not_ready` with
+//! deployment's state (404 unknown — after authentication, so a caller
+//! without credentials cannot tell an unknown id from a known one — 429
+//! `deployment_not_ready` with
 //! `Retry-After` while its plugins load, 422 `deployment_stopped` after a
 //! stop or a failed load), then rewritten to the server's own Jobs API path
 //! with a [`DeploymentCtx`] attached: its links carry the prefix (see
@@ -45,7 +47,14 @@ pub async fn rewrite(State(state): State<Arc<AppState>>, mut request: Request, n
     }
     let record = match state.service.deployment(id) {
         Some(record) => record,
-        None => return ApiError::not_found().into_response(),
+        // Authenticated first: without credentials an unknown id answers
+        // as a known one does (401), so ids cannot be probed.
+        None => {
+            return match super::auth::authenticate(&state, super::auth::bearer(request.headers())) {
+                Err(e) => e.into_response(),
+                Ok(_) => ApiError::not_found().into_response(),
+            };
+        }
     };
     let ctx = DeploymentCtx {
         id: id.to_string(),

@@ -75,9 +75,11 @@ impl BlobClaims {
 }
 
 impl Service {
-    /// Deletes asset record `asset` (not flushed) and notes its blob.
+    /// Deletes asset record `asset` (not flushed), takes it out of the
+    /// compat upload index and notes its blob.
     pub(super) async fn delete_asset_record(&self, asset: &crate::store::AssetRecord) -> Result<(), ServiceError> {
         self.meta.delete_asset(asset).await?;
+        self.forget_upload(asset);
         if let Some(hash) = crate::store::parse_blob_name(&asset.hash) {
             self.blob_claims.may_be_garbage(hash);
         }

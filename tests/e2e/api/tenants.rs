@@ -524,6 +524,14 @@ async fn deployments_belong_to_accounts_and_a_public_demo_bills_its_owner() {
     let submit = json!({ "workflow": trivial(4) });
     let anonymous = s.http.post(jobs("alice-fn")).json(&submit).send().await.unwrap();
     assert_eq!(anonymous.status(), 401);
+    // An unknown id answers as a known one without a key: ids cannot be
+    // probed; with a key it is 404.
+    let probe = s.http.post(jobs("no-such-fn")).json(&submit).send().await.unwrap();
+    assert_eq!(probe.status(), 401);
+    let probe = s.http.get(jobs("no-such-fn")).bearer_auth("kiln_wrong").send().await.unwrap();
+    assert_eq!(probe.status(), 401);
+    let known = s.http.get(jobs("no-such-fn")).bearer_auth(&bob.key).send().await.unwrap();
+    assert_eq!(known.status(), 404);
     let by_bob = s.http.post(jobs("alice-fn")).bearer_auth(&bob.key).json(&submit).send().await.unwrap();
     assert_eq!(by_bob.status(), 403);
     assert_eq!(by_bob.json::<Value>().await.unwrap()["error"]["code"], "forbidden");

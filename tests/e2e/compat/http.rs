@@ -429,6 +429,30 @@ async fn object_info_is_cached_compressed_and_follows_uploads() {
     assert_eq!(get(&s, "/object_info/NoSuchNode").await, (200, json!({})));
 }
 
+/// An upload deleted through the Jobs API leaves ComfyUI's names at once:
+/// LoadImage's list, and a prompt naming it.
+#[tokio::test]
+async fn an_upload_deleted_through_the_jobs_api_leaves_the_compat_names_at_once() {
+    let s = start_default().await;
+    let bytes = png_bytes(4, 4, 11);
+    upload(&s, "/upload/image", "gone.png", bytes.clone(), &[]).await;
+    let listed = |info: &Value| info["LoadImage"]["input"]["required"]["image"][0].as_array().unwrap().contains(&json!("gone.png"));
+    assert!(listed(&get(&s, "/api/object_info/LoadImage").await.1));
+    // Its asset, found by its bytes.
+    let hash = format!("blake3:{}", blake3::hash(&bytes).to_hex());
+    let found = s.http.post(s.url("/assets/from-hash")).json(&json!({ "hash": hash, "file_path": "gone.png" })).send().await.unwrap();
+    assert_eq!(found.status(), 200, "the upload's own record");
+    let id = found.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    assert_eq!(s.http.delete(s.url(&format!("/assets/{id}"))).send().await.unwrap().status(), 204);
+    assert!(!listed(&get(&s, "/api/object_info/LoadImage").await.1), "no longer listed");
+    let load = json!({ "prompt": {
+        "1": { "class_type": "LoadImage", "inputs": { "image": "gone.png" } },
+        "2": { "class_type": "SaveImage", "inputs": { "images": ["1", 0], "filename_prefix": "g" } },
+    } });
+    let (code, body) = post(&s, "/api/prompt", &load).await;
+    assert_eq!(code, 400, "a prompt naming it is refused: {body}");
+}
+
 #[tokio::test]
 async fn a_mask_upload_replaces_the_alpha_of_its_original() {
     let s = start_default().await;

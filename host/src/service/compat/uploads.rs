@@ -45,6 +45,18 @@ impl Uploads {
     fn get(&self, owner: &str, kind: &str, path: &str) -> Option<&AssetRecord> {
         self.files.get(owner)?.get(&(kind.to_string(), path.to_string()))
     }
+
+    /// Drops the names record `asset` holds; whether it held any.
+    fn remove(&mut self, asset: &AssetRecord) -> bool {
+        let Some(files) = self.files.get_mut(&asset.owner) else { return false };
+        let before = files.len();
+        files.retain(|_, held| held.id != asset.id);
+        let removed = files.len() != before;
+        if files.is_empty() {
+            self.files.remove(&asset.owner);
+        }
+        removed
+    }
 }
 
 /// `subfolder/name` (just `name` without a subfolder).
@@ -118,6 +130,18 @@ impl Service {
 
     fn usable(&self, owner: &str, asset: &AssetRecord) -> bool {
         asset.owner == owner && asset.expires_at.is_none_or(|e| e > now_micros())
+    }
+
+    /// A deleted asset record (any path: the Jobs API, expiry) leaves the
+    /// upload index at once.
+    pub(in crate::service) fn forget_upload(&self, asset: &AssetRecord) {
+        if !asset.tags.iter().any(|t| t.starts_with(TAG_PREFIX)) {
+            return;
+        }
+        let removed = self.compat.uploads.lock().as_mut().is_some_and(|u| u.remove(asset));
+        if removed {
+            self.compat.generation.fetch_add(1, Ordering::SeqCst);
+        }
     }
 
     /// The uploaded files of type `input`, as inputs a job can read.
