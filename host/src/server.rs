@@ -61,6 +61,7 @@ impl Server {
     async fn bind(config: &Config) -> anyhow::Result<tokio::net::TcpListener> {
         api::check_mount_prefix(config.mount_prefix.trim()).map_err(anyhow::Error::msg)?;
         config.check_tiers().map_err(anyhow::Error::msg)?;
+        config.check_serverless_host().map_err(anyhow::Error::msg)?;
         tokio::net::TcpListener::bind((config.host.as_str(), config.port)).await.with_context(|| format!("cannot listen on {}:{}", config.host, config.port))
     }
 

@@ -1,4 +1,6 @@
-//! The deployment-scoped Jobs API: `{mount}/deployment/{id}/api/v2/...`.
+//! The deployment-scoped Jobs API: `{mount}/deployment/{id}/api/v2/...`,
+//! and `{id}.{serverless_host}{mount}/api/v2/...` when `serverless_host` is
+//! set (its links host-relative, without the deployment prefix).
 //!
 //! A request under a deployment's prefix is checked against the
 //! deployment's state (404 unknown — after authentication, so a caller
@@ -38,38 +40,59 @@ pub use crate::service::deployments::demo_owner;
 /// doc); other requests pass unchanged. The deployment's state is checked
 /// after authentication (`check_state`, from the edge), so a caller without
 /// credentials learns nothing of it.
-pub async fn rewrite(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
-    let prefix = format!("{}/deployment/", state.config.mount_prefix);
+pub async fn rewrite(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let mount = state.config.mount_prefix.as_str();
+    // `{id}.{serverless_host}/api/v2/...`: the path stays, links carry no prefix.
+    if let Some(id) = subdomain(&state, &request) {
+        let base: Arc<str> = Arc::clone(&state.api_base);
+        let path = request.uri().path();
+        if path != &*base && !path.strip_prefix(&*base).is_some_and(|rest| rest.starts_with('/')) {
+            return ApiError::not_found().into_response();
+        }
+        return route(&state, request, next, &id, None, base).await;
+    }
+    let prefix = format!("{mount}/deployment/");
     let Some(rest) = request.uri().path().strip_prefix(prefix.as_str()) else { return next.run(request).await };
     let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
     if !(tail == "api/v2" || tail.starts_with("api/v2/")) {
         return ApiError::not_found().into_response();
     }
-    let record = match state.service.deployment(id) {
-        Some(record) => record,
-        // Authenticated first: without credentials an unknown id answers
-        // as a known one does (401), so ids cannot be probed.
-        None => {
-            return match super::auth::authenticate(&state, super::auth::bearer(request.headers())) {
-                Err(e) => e.into_response(),
-                Ok(_) => ApiError::not_found().into_response(),
-            };
+    let (id, path) = (id.to_string(), format!("{mount}/{tail}"));
+    let base: Arc<str> = format!("{mount}/deployment/{id}/api/v2").into();
+    route(&state, request, next, &id, Some(path), base).await
+}
+
+/// The deployment a request's host names as `{id}.{serverless_host}`
+/// (one DNS label; the port ignored), when `serverless_host` is set.
+fn subdomain(state: &AppState, request: &Request) -> Option<String> {
+    let suffix = state.config.serverless_host.as_deref()?;
+    let host = super::links::request_host(request.headers(), request.uri(), state.config.trust_forwarded_headers)?;
+    let host = host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
+    let label = host.to_ascii_lowercase().strip_suffix(&suffix.to_ascii_lowercase())?.strip_suffix('.')?.to_string();
+    (!label.is_empty() && !label.contains('.')).then_some(label)
+}
+
+/// Sends a request addressed to deployment `id` on to the Jobs API: its
+/// path rewritten to `path` (`None`: kept), its links under `base`. An
+/// unknown id is authenticated first: without credentials it answers as a
+/// known one does (401), so ids cannot be probed.
+async fn route(state: &AppState, mut request: Request, next: Next, id: &str, path: Option<String>, base: Arc<str>) -> Response {
+    let Some(record) = state.service.deployment(id) else {
+        return match super::auth::authenticate(state, super::auth::bearer(request.headers())) {
+            Err(e) => e.into_response(),
+            Ok(_) => ApiError::not_found().into_response(),
+        };
+    };
+    let ctx = DeploymentCtx { id: id.to_string(), public_demo: record.spec.public_demo, owner: record.spec.owner.clone(), base };
+    if let Some(path) = path {
+        let uri = match request.uri().query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path,
+        };
+        match uri.parse::<Uri>() {
+            Ok(uri) => *request.uri_mut() = uri,
+            Err(_) => return ApiError::not_found().into_response(),
         }
-    };
-    let ctx = DeploymentCtx {
-        id: id.to_string(),
-        public_demo: record.spec.public_demo,
-        owner: record.spec.owner.clone(),
-        base: format!("{}/deployment/{id}/api/v2", state.config.mount_prefix).into(),
-    };
-    let path = format!("{}/{tail}", state.config.mount_prefix);
-    let uri = match request.uri().query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path,
-    };
-    match uri.parse::<Uri>() {
-        Ok(uri) => *request.uri_mut() = uri,
-        Err(_) => return ApiError::not_found().into_response(),
     }
     request.extensions_mut().insert(ctx);
     next.run(request).await

@@ -21,7 +21,7 @@ pub struct DeploymentsArgs {
 pub enum Action {
     /// Create a deployment; its plugins load in the background.
     Create {
-        /// Its id: 1-64 of a-z 0-9 - (the `/deployment/{id}` segment).
+        /// Its id: 1-63 of a-z 0-9 - (the `/deployment/{id}` segment and the `{id}.{serverless_host}` label).
         id: String,
         /// The account that owns it.
         #[arg(long)]

@@ -54,6 +54,7 @@ impl Default for Config {
             signed_url_ttl_s: 3600,
             sse_keepalive_s: 15,
             trust_forwarded_headers: false,
+            serverless_host: None,
             front_end_root: None,
             max_userdata_file_kb: 16 * 1024,
             max_userdata_mb: 1024,

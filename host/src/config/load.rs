@@ -81,6 +81,7 @@ const ENV_FIELDS: &[&str] = &[
     "signed_url_ttl_s",
     "sse_keepalive_s",
     "trust_forwarded_headers",
+    "serverless_host",
     "front_end_root",
     "max_userdata_file_kb",
     "max_userdata_mb",
@@ -130,9 +131,8 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
                 toml::Value::Array(value.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.into())).collect())
             }
             "partner_base_url" | "partner_api_key" => toml::Value::String(value),
-            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" | "gpu" => {
-                toml::Value::String(value)
-            }
+            "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" | "gpu"
+            | "serverless_host" => toml::Value::String(value),
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),
@@ -195,6 +195,18 @@ mod tests {
         assert_eq!((tiny.queued_jobs_per_account(), tiny.event_streams_per_account()), (1, 1), "never 0");
         let config = from_env(&[("KILN_MAX_QUEUED_JOBS_PER_ACCOUNT", "40"), ("KILN_MAX_EVENT_STREAMS_PER_ACCOUNT", "7")]).unwrap();
         assert_eq!((config.queued_jobs_per_account(), config.event_streams_per_account()), (40, 7));
+    }
+
+    #[test]
+    fn the_serverless_host_comes_from_the_environment_and_is_checked() {
+        let config = from_env(&[("KILN_SERVERLESS_HOST", "run.example.com")]).unwrap();
+        assert_eq!(config.serverless_host.as_deref(), Some("run.example.com"));
+        assert!(config.check_serverless_host().is_ok());
+        assert_eq!(Config::default().serverless_host, None);
+        for bad in ["", ".run.example.com", "run example.com", "run/x"] {
+            let config = from_env(&[("KILN_SERVERLESS_HOST", bad)]).unwrap();
+            assert!(config.check_serverless_host().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

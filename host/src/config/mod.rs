@@ -215,6 +215,12 @@ pub struct Config {
     /// Build absolute URLs from `X-Forwarded-Proto`/`X-Forwarded-Host`
     /// (only behind a trusted proxy). Default false.
     pub trust_forwarded_headers: bool,
+    /// The host whose subdomains are deployments: a request to
+    /// `{deployment id}.{serverless_host}` reaches that deployment's Jobs
+    /// API at `/api/v2` (as `/deployment/{id}/api/v2` does), its links
+    /// without a prefix. The `Host` header decides (`X-Forwarded-Host` with
+    /// `trust_forwarded_headers`). `KILN_SERVERLESS_HOST`. Default: none.
+    pub serverless_host: Option<String>,
     /// A built ComfyUI web frontend (the `static/` directory of PyPI's
     /// `comfyui-frontend-package`) to serve at `/`, with a
     /// Content-Security-Policy that keeps the browser on this server.
@@ -426,6 +432,16 @@ impl Config {
     /// `max_event_streams_per_account`).
     pub fn event_streams_per_account(&self) -> usize {
         self.max_event_streams_per_account.unwrap_or(self.max_event_streams / 4).max(1)
+    }
+
+    /// `serverless_host`, when set: a DNS name (letters, digits, `-`, `.`).
+    pub fn check_serverless_host(&self) -> Result<(), String> {
+        match &self.serverless_host {
+            Some(h) if h.is_empty() || h.starts_with('.') || !h.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.') => {
+                Err(format!("serverless_host {h:?} is not a host name"))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// `default_tier` must name a configured tier.

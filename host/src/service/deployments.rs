@@ -22,8 +22,9 @@ use crate::executor::Executor;
 use crate::plugins::{NodeRegistry, PluginRuntime};
 use crate::store::{DeploymentStore, Micros, StoreError, now_micros};
 
-/// Longest deployment id.
-pub const MAX_ID_LEN: usize = 64;
+/// Longest deployment id (a DNS label's longest: an id is also the
+/// subdomain of `serverless_host`).
+pub const MAX_ID_LEN: usize = 63;
 /// Most deployments one server keeps.
 pub const MAX_DEPLOYMENTS: usize = 1000;
 /// Most plugin directories of one deployment.
@@ -267,14 +268,16 @@ impl Deployments {
     }
 }
 
-/// Ids are 1–64 of `[a-z0-9-]` (one path segment, one subdomain label).
+/// Ids are 1–63 of `[a-z0-9-]`, not starting or ending with `-` (one path
+/// segment, one DNS label).
 fn check_spec(spec: &DeploymentSpec) -> Result<(), DeploymentError> {
     let id_ok = !spec.id.is_empty()
         && spec.id.len() <= MAX_ID_LEN
         && spec.id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !spec.id.starts_with('-');
+        && !spec.id.starts_with('-')
+        && !spec.id.ends_with('-');
     if !id_ok {
-        return Err(DeploymentError::Invalid(format!("deployment id must be 1-{MAX_ID_LEN} characters of a-z 0-9 - (not starting with -)")));
+        return Err(DeploymentError::Invalid(format!("deployment id must be 1-{MAX_ID_LEN} characters of a-z 0-9 - (not starting or ending with -)")));
     }
     if spec.owner.is_empty() || spec.owner.len() > 256 {
         return Err(DeploymentError::Invalid("owner must be 1-256 bytes".into()));
@@ -435,7 +438,7 @@ mod tests {
     #[tokio::test]
     async fn ids_are_checked_and_unique() {
         let d = Deployments::open(memory()).await.unwrap();
-        for bad in ["", "Upper", "a/b", "-x", &"x".repeat(65)] {
+        for bad in ["", "Upper", "a/b", "-x", "x-", &"x".repeat(64)] {
             assert!(matches!(d.create(spec(bad)).await, Err(DeploymentError::Invalid(_))), "{bad}");
         }
         d.create(spec("demo-1")).await.unwrap();

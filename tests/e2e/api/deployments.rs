@@ -329,3 +329,41 @@ async fn queued_jobs_of_a_deployment_stopped_across_a_restart_are_canceled_not_l
     let (status, _, _) = dep_get(&s, "gone", "/jobs").await;
     assert_eq!(status, 422);
 }
+
+/// `{id}.{serverless_host}`: the deployment's Jobs API at `/api/v2`, links
+/// without a prefix; an unknown label answers as an unknown deployment;
+/// other hosts reach the server itself; `X-Forwarded-Host` only when
+/// trusted.
+#[tokio::test]
+async fn a_deployment_answers_on_its_subdomain_of_the_serverless_host() {
+    let s = start(|c, _| {
+        server_with_admin(c);
+        c.serverless_host = Some("run.test".into());
+    })
+    .await;
+    create(&s, json!({ "id": "sub-a", "owner": "local" })).await;
+    wait_state(&s, "sub-a", "ready").await;
+    let on = |host: &str, path: &str| s.http.get(format!("{}{path}", s.server.url())).header("host", host.to_string());
+    let submit = s.http.post(format!("{}/api/v2/jobs", s.server.url())).header("host", "sub-a.run.test:8080").json(&json!({ "workflow": trivial(5) }));
+    let resp = submit.send().await.unwrap();
+    assert_eq!(resp.status(), 201);
+    let job: Value = resp.json().await.unwrap();
+    let own = job["urls"]["self"].as_str().unwrap().to_string();
+    assert!(own.starts_with("/api/v2/jobs/"), "links carry no prefix on the subdomain: {own}");
+    // The same job through the deployment's prefix: it is the deployment's.
+    let id = job["id"].as_str().unwrap();
+    let done = dep_wait(&s, "sub-a", id).await;
+    assert_eq!(done["status"], "succeeded");
+    assert_eq!(on("SUB-A.Run.Test", &own).send().await.unwrap().status(), 200, "host names are case-insensitive");
+    assert_eq!(on("nope.run.test", "/api/v2/jobs").send().await.unwrap().status(), 404, "an unknown label is an unknown deployment");
+    assert_eq!(on("sub-a.run.test", "/api/object_info").send().await.unwrap().status(), 404, "only the Jobs API is on the subdomain");
+    assert_eq!(on("run.test", "/api/v2/health").send().await.unwrap().status(), 200, "the bare host is the server's");
+    // The deployment's state answers there: stopped, its subdomain is 422.
+    let (status, _) = admin(&s, reqwest::Method::POST, "/deployments/sub-a/stop", None).await;
+    assert_eq!(status, 200);
+    let resp = on("sub-a.run.test", "/api/v2/jobs").send().await.unwrap();
+    assert_eq!((resp.status().as_u16(), resp.json::<Value>().await.unwrap()["error"]["code"].clone()), (422, json!("deployment_stopped")));
+    // X-Forwarded-Host counts only when trusted: here the server's own API answers.
+    let forwarded = s.http.get(format!("{}/api/v2/jobs", s.server.url())).header("x-forwarded-host", "sub-a.run.test").send().await.unwrap();
+    assert_eq!(forwarded.status(), 200);
+}
