@@ -23,6 +23,8 @@ struct NotDurable {
     asset_reads: AtomicUsize,
     /// Asset records written (`put_asset`).
     asset_writes: AtomicUsize,
+    /// Job records listings returned (`list_jobs`).
+    jobs_listed: AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -56,7 +58,9 @@ impl MetaStore for NotDurable {
         max_scanned: usize,
         keep: &JobFilter<'_>,
     ) -> Result<JobPage, StoreError> {
-        self.inner.list_jobs(owner, cursor, limit, max_scanned, keep).await
+        let page = self.inner.list_jobs(owner, cursor, limit, max_scanned, keep).await?;
+        self.jobs_listed.fetch_add(page.jobs.len(), Ordering::SeqCst);
+        Ok(page)
     }
     async fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get_workflow_bytes(id).await
@@ -124,6 +128,7 @@ async fn start_not_durable(fail: bool, hold_finish: bool) -> (TestServer, Arc<No
             hold_finish: AtomicBool::new(hold_finish),
             asset_reads: AtomicUsize::new(0),
             asset_writes: AtomicUsize::new(0),
+            jobs_listed: AtomicUsize::new(0),
         });
         store = Some(meta.clone());
         let blobs = Arc::new(kiln::store::DiskBlobs::open(data.join("blobs")).unwrap());
@@ -236,4 +241,25 @@ async fn listings_show_output_subfolders_without_reading_assets() {
     let jobs: serde_json::Value = s.http.get(format!("{origin}/api/jobs")).send().await.unwrap().json().await.unwrap();
     assert_eq!(jobs["jobs"][0]["preview_output"]["subfolder"], "shots/day1", "{jobs}");
     assert_eq!(meta.asset_reads.load(Ordering::SeqCst), 0, "no asset record read");
+}
+
+/// `/history?max_items=N` reads the newest N records, not the whole
+/// history window.
+#[tokio::test]
+async fn a_short_history_reads_only_its_own_records() {
+    let (s, meta) = start_not_durable(false, false).await;
+    let origin = s.server.url();
+    for n in 0..5 {
+        let queued: serde_json::Value =
+            s.http.post(format!("{origin}/api/prompt")).json(&json!({ "prompt": trivial(20 + n) })).send().await.unwrap().json().await.unwrap();
+        assert_eq!(s.wait(queued["prompt_id"].as_str().unwrap()).await["status"], "succeeded");
+    }
+    meta.jobs_listed.store(0, Ordering::SeqCst);
+    let last: serde_json::Value = s.http.get(format!("{origin}/history?max_items=2")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(last.as_object().unwrap().len(), 2, "{last}");
+    assert_eq!(meta.jobs_listed.load(Ordering::SeqCst), 2, "two records read for two items");
+    meta.jobs_listed.store(0, Ordering::SeqCst);
+    let page: serde_json::Value = s.http.get(format!("{origin}/history?max_items=1&offset=1")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(page.as_object().unwrap().len(), 1, "{page}");
+    assert_eq!(meta.jobs_listed.load(Ordering::SeqCst), 5, "an offset counts from the oldest: the window is read");
 }

@@ -145,13 +145,15 @@ impl Service {
     /// `owner`'s finished jobs (not expired), oldest first; at most
     /// [`MAX_HISTORY`], the newest ones; records only, without logs (see
     /// [`Service::compat_job`]).
-    pub async fn compat_history(&self, owner: &str) -> Result<Vec<JobRecord>, ServiceError> {
+    /// `newest`: only that many of the newest (read, not the whole window).
+    pub async fn compat_history(&self, owner: &str, newest: Option<usize>) -> Result<Vec<JobRecord>, ServiceError> {
         let keep = |j: &JobRecord| j.status.is_terminal() && j.status != JobStatus::Expired;
+        let want = newest.unwrap_or(MAX_HISTORY).min(MAX_HISTORY);
         // Page by page (each within the scan budget) until the history is
         // full or the owner's index ends.
         let (mut jobs, mut cursor) = (Vec::new(), None);
-        while jobs.len() < MAX_HISTORY {
-            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), MAX_HISTORY - jobs.len(), LIST_SCAN_BUDGET, &keep).await?;
+        while jobs.len() < want {
+            let page = self.meta.list_jobs(Some(owner), cursor.as_deref(), want - jobs.len(), LIST_SCAN_BUDGET, &keep).await?;
             jobs.extend(page.jobs);
             match page.next {
                 Some(next) => cursor = Some(next),

@@ -132,7 +132,9 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, query: Res
     let Query(q) = query.map_err(|_| ApiError::invalid_request("`max_items` and `offset` must be whole numbers."))?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
     // The page is chosen on the records; only its jobs' workflows are read.
-    let mut jobs = on_pool(move || async move { service.compat_history(&owner).await }).await?.map_err(super::compat_error)?;
+    // `max_items` alone: only the newest N are read.
+    let newest = q.max_items.filter(|_| q.offset.is_none());
+    let mut jobs = on_pool(move || async move { service.compat_history(&owner, newest).await }).await?.map_err(super::compat_error)?;
     // ComfyUI: `offset` skips from the oldest; `max_items` alone keeps the last N.
     let start = match (q.offset, q.max_items) {
         (Some(offset), _) => offset.min(jobs.len()),

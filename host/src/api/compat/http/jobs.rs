@@ -109,7 +109,7 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, Query(q): 
     // Records only: no listing here shows a workflow.
     let mut jobs = blocking(move || {
         let (running, pending) = service.compat_queue(&owner);
-        let mut all = super::block(service.compat_history(&owner))?;
+        let mut all = super::block(service.compat_history(&owner, None))?;
         all.extend(running);
         all.extend(pending);
         Ok(all)
