@@ -36,6 +36,8 @@ pub(super) struct JobSink {
     owner: Arc<str>,
     /// What the bus's messages need to know of the run so far.
     run: Mutex<RunTrack>,
+    /// The node the last `Executing` on the bus named (see [`JobSink::publish`]).
+    said: Mutex<Option<String>>,
 }
 
 /// What the bus has been told of the run (the run's own state — nodes
@@ -54,7 +56,7 @@ impl JobSink {
             let rec = live.record.lock();
             (Arc::from(rec.id.as_str()), Arc::from(rec.owner.as_str()))
         };
-        JobSink { meta, bus, live, job_id, owner, run: Mutex::new(RunTrack::default()) }
+        JobSink { meta, bus, live, job_id, owner, run: Mutex::new(RunTrack::default()), said: Mutex::new(None) }
     }
 
     pub(super) fn handle(&self, event: Event) {
@@ -73,7 +75,26 @@ impl JobSink {
         }
     }
 
+    /// Puts a message on the bus, in the order ComfyUI could have sent it:
+    /// ComfyUI runs one node at a time and its clients take `executing` as
+    /// "the node now running", attributing what follows to it, while kiln
+    /// runs branches in parallel. So a node's progress, output, preview or
+    /// text whose node the last `executing` did not name is preceded by an
+    /// `executing` naming it (the lock keeps the pair together across the
+    /// branches' threads). Cached outputs go out as ComfyUI sends them,
+    /// without (see `output`).
     fn publish(&self, body: ExecBody) {
+        let mut said = self.said.lock();
+        match &body {
+            ExecBody::Executing { node } => said.clone_from(node),
+            ExecBody::Progress { node, .. } | ExecBody::Output { node, .. } | ExecBody::Preview { node, .. } | ExecBody::Text { node, .. } => {
+                if said.as_deref() != Some(node.as_str()) {
+                    self.bus.job(&self.job_id, &self.owner, ExecBody::Executing { node: Some(node.clone()) });
+                    *said = Some(node.clone());
+                }
+            }
+            _ => {}
+        }
         self.bus.job(&self.job_id, &self.owner, body);
     }
 
@@ -203,7 +224,14 @@ impl JobSink {
             live.publish(JobEvent::Output(output));
         }
         if !files.is_empty() {
-            self.publish(ExecBody::Output { node: node.clone(), files });
+            let body = ExecBody::Output { node: node.clone(), files };
+            if cached {
+                // As ComfyUI reports a cached output node: `executed`
+                // after `execution_cached`, with no `executing` of its own.
+                self.bus.job(&self.job_id, &self.owner, body);
+            } else {
+                self.publish(body);
+            }
         }
         if cached {
             self.node_state(&node, 1.0, 1.0, NodeRunState::Finished);
@@ -292,6 +320,46 @@ mod tests {
             ..JobRecord::queued_for_test("j", 0, 1)
         };
         LiveJob::new(record, ExtraData::default(), Arc::new(crate::service::bus::LocalJobChannel::default()))
+    }
+
+    /// ComfyUI's order, checked on a run of two parallel branches: every
+    /// node-scoped message follows an `executing` naming its node, with no
+    /// other `executing` in between.
+    #[test]
+    fn node_messages_follow_an_executing_naming_their_node() {
+        let bus = Arc::new(crate::service::bus::LocalBus::default());
+        let mut rx = bus.subscribe();
+        let dir = tempfile::tempdir().unwrap();
+        let meta: Arc<dyn crate::store::MetaStore> = Arc::new(crate::store::SledMeta::open(dir.path()).unwrap());
+        let sink = JobSink::new(meta, bus.clone(), Arc::new(running_job(4)));
+        let text = |node: &str| Event::Text { node: node.into(), text: format!("from {node}") };
+        for event in [
+            Event::Executing { node: "2".into(), class_type: "A".into() },
+            Event::Executing { node: "9".into(), class_type: "B".into() },
+            text("2"),
+            text("2"),
+            text("9"),
+            Event::Executing { node: "5".into(), class_type: "C".into() },
+            text("9"),
+        ] {
+            sink.handle(event);
+        }
+        let mut said: Option<String> = None;
+        let mut order = Vec::new();
+        while let Ok(message) = rx.try_recv() {
+            match &message.body {
+                ExecBody::Executing { node } => {
+                    said.clone_from(node);
+                    order.push(format!("executing {}", node.as_deref().unwrap_or("-")));
+                }
+                ExecBody::Text { node, .. } => {
+                    assert_eq!(said.as_deref(), Some(node.as_str()), "text of {node} after executing {said:?}");
+                    order.push(format!("text {node}"));
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(order, ["executing 2", "executing 9", "executing 2", "text 2", "text 2", "executing 9", "text 9", "executing 5", "executing 9", "text 9"]);
     }
 
     fn value(live: &LiveJob) -> f64 {
