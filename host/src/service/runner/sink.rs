@@ -87,11 +87,11 @@ impl JobSink {
         let mut said = self.said.lock();
         match &body {
             ExecBody::Executing { node } => said.clone_from(node),
-            ExecBody::Progress { node, .. } | ExecBody::Output { node, .. } | ExecBody::Preview { node, .. } | ExecBody::Text { node, .. } => {
-                if said.as_deref() != Some(node.as_str()) {
-                    self.bus.job(&self.job_id, &self.owner, ExecBody::Executing { node: Some(node.clone()) });
-                    *said = Some(node.clone());
-                }
+            ExecBody::Progress { node, .. } | ExecBody::Output { node, .. } | ExecBody::Preview { node, .. } | ExecBody::Text { node, .. }
+                if said.as_deref() != Some(node.as_str()) =>
+            {
+                self.bus.job(&self.job_id, &self.owner, ExecBody::Executing { node: Some(node.clone()) });
+                *said = Some(node.clone());
             }
             _ => {}
         }
