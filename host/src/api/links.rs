@@ -16,6 +16,9 @@ pub struct Links {
     /// Path of the Jobs API: mount prefix (e.g. `/deployment/x`, empty by
     /// default) and `/api/v2`. Shared, not copied per request.
     base: Arc<str>,
+    /// With accounts (cloud, serverless): content URLs are signed and
+    /// short-lived (the signer, their lifetime in seconds).
+    signing: Option<(Arc<super::signing::Signer>, u64)>,
 }
 
 impl Links {
@@ -27,13 +30,35 @@ impl Links {
     pub fn absolute(&self, path: &str) -> String {
         format!("{}{}", self.origin, path)
     }
+    /// Whether content URLs are signed (each rendering signs afresh).
+    pub fn signs(&self) -> bool {
+        self.signing.is_some()
+    }
+    /// The URL of asset `id`'s bytes and when it stops working (Unix
+    /// microseconds): with accounts a signed URL that needs no credentials
+    /// until its signature expires; otherwise the content route, until
+    /// `until` (the record's own end).
+    pub fn content(&self, id: &str, until: crate::store::Micros) -> (String, crate::store::Micros) {
+        match &self.signing {
+            Some((signer, ttl_s)) => {
+                let expires = crate::store::now_micros() / 1_000_000 + *ttl_s as i64;
+                (self.signed(signer, id, expires), expires * 1_000_000)
+            }
+            None => (self.absolute(&format!("{}/assets/{id}/content", self.v2())), until),
+        }
+    }
+    /// The signed URL of asset `id` until `expires` (Unix seconds).
+    pub fn signed(&self, signer: &super::signing::Signer, id: &str, expires: i64) -> String {
+        let sig = signer.sign(id, expires);
+        self.absolute(&format!("{}/signed/assets/{id}?expires={expires}&sig={sig}", self.v2()))
+    }
 }
 
 #[cfg(test)]
 impl Links {
     /// Links of a request to `http://test` with no mount prefix.
     pub fn for_test() -> Links {
-        Links { origin: "http://test".into(), base: Arc::from("/api/v2") }
+        Links { origin: "http://test".into(), base: Arc::from("/api/v2"), signing: None }
     }
 }
 
@@ -64,6 +89,7 @@ impl FromRequestParts<Arc<AppState>> for Links {
         let host = request_host(&parts.headers, &parts.uri, trust).unwrap_or(&state.local_authority);
         // A deployment's surface links under its own prefix.
         let base = parts.extensions.get::<super::deployment::DeploymentCtx>().map_or_else(|| state.api_base.clone(), |d| d.base.clone());
-        Ok(Links { origin: format!("{scheme}://{host}"), base })
+        let signing = state.config.mode.has_accounts().then(|| (state.signer.clone(), state.config.signed_url_ttl_s));
+        Ok(Links { origin: format!("{scheme}://{host}"), base, signing })
     }
 }

@@ -41,7 +41,7 @@ pub struct AppState {
     pub config: Config,
     /// blake3 of the bearer token, when one is configured.
     pub token_hash: Option<blake3::Hash>,
-    pub signer: signing::Signer,
+    pub signer: Arc<signing::Signer>,
     /// Path of the Jobs API: the mount prefix and `/api/v2`.
     pub api_base: Arc<str>,
     /// `host:port` the server listens on (links fall back to it).
@@ -94,7 +94,7 @@ impl AppState {
             service,
             config,
             token_hash,
-            signer,
+            signer: Arc::new(signer),
             local_authority: local.to_string(),
             closing: Default::default(),
             rendered: parking_lot::Mutex::new(lru::LruCache::new(std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN))),

@@ -9,6 +9,13 @@ pub struct Signer {
     key: [u8; 32],
 }
 
+/// Never prints the key.
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Signer")
+    }
+}
+
 impl Signer {
     /// Loads the key from `dir/signing.key`, creating it (owner-only) on first use.
     pub fn load_or_create(dir: &Path) -> std::io::Result<Signer> {

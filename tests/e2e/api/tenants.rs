@@ -165,6 +165,25 @@ async fn accounts_cannot_reach_each_others_jobs_or_assets_on_v2() {
         let status = a.v2(Method::GET, &path).send().await.unwrap().status();
         assert_eq!(status, 200, "alice: {path}");
     }
+    // Hosted outputs: a short-lived signed URL that needs no credentials,
+    // bound to its asset; the content route answers 302 to a fresh one.
+    let url = done["outputs"][0]["url"].as_str().unwrap().to_string();
+    assert!(url.contains("/signed/assets/") && url.contains(&output), "{url}");
+    let expires = chrono::DateTime::parse_from_rfc3339(done["outputs"][0]["url_expires_at"].as_str().unwrap()).unwrap().timestamp();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!((now + 3500..=now + 3700).contains(&expires), "url_expires_at is the signature's: {expires} vs now {now}");
+    let anonymous = reqwest::Client::new();
+    let got = anonymous.get(&url).send().await.unwrap();
+    assert_eq!(got.status(), 200, "no credentials needed");
+    assert_eq!(&got.bytes().await.unwrap()[..4], b"\x89PNG");
+    let moved = url.replace(&output, &aid);
+    assert_eq!(anonymous.get(&moved).send().await.unwrap().status(), 403, "a signature moved to another asset serves nothing");
+    let bare = url.split('?').next().unwrap().to_string();
+    assert_eq!(anonymous.get(&bare).send().await.unwrap().status(), 403, "nor one without its query");
+    let no_follow = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let redirect = no_follow.get(s.url(&format!("/assets/{output}/content"))).bearer_auth(&a.key).send().await.unwrap();
+    assert_eq!(redirect.status(), 302);
+    assert!(redirect.headers()["location"].to_str().unwrap().contains("/signed/assets/"));
     // ... Bob none of it: the answer is the one a made-up id gets.
     let nobody = uuid::Uuid::new_v4().to_string();
     let (_, unknown) = json_of(b.v2(Method::GET, &format!("/jobs/{nobody}"))).await;

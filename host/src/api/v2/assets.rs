@@ -165,10 +165,10 @@ pub async fn delete_asset(State(state): State<Arc<AppState>>, caller: Caller, Se
 pub async fn content(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment, headers: HeaderMap) -> Result<Response, ApiError> {
     check_id(&id)?;
     let asset = state.service.asset(caller.owner(), &id).await?;
-    if state.config.download_redirect {
+    // Hosted (accounts), or when the operator asks: a fresh signed URL.
+    if state.config.download_redirect || links.signs() {
         let expires = now_micros() / 1_000_000 + state.config.signed_url_ttl_s as i64;
-        let sig = state.signer.sign(&asset.id, expires);
-        let location = links.absolute(&format!("{}/signed/assets/{}?expires={expires}&sig={sig}", links.v2(), asset.id));
+        let location = links.signed(&state.signer, &asset.id, expires);
         return Ok((StatusCode::FOUND, [(header::LOCATION, location)]).into_response());
     }
     let path = state.service.asset_file(&asset)?;

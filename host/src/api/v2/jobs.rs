@@ -136,7 +136,8 @@ pub async fn get_job(State(state): State<Arc<AppState>>, caller: Caller, links: 
     let (record, position) = state.service.get_shared(caller.owner(), &id).await?;
     // The one read that may show `logs` (serverless jobs only).
     let with_logs = state.service.shows_logs(&record);
-    if !record.status.is_terminal() {
+    // Signed content URLs are signed afresh for every reading.
+    if !record.status.is_terminal() || links.signs() {
         return Ok(Json(wire::job(&record, position, &links, with_logs)).into_response());
     }
     // Links differ by origin and by surface (a deployment's prefix).

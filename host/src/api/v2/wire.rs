@@ -36,6 +36,7 @@ pub struct OutputView<'a> {
 }
 
 pub fn output<'a>(o: &'a OutputRecord, job: &'a JobRecord, links: &Links) -> OutputView<'a> {
+    let (url, url_expires_at) = links.content(&o.asset_id, job.expires_at);
     OutputView {
         node_id: &o.node_id,
         name: &o.name,
@@ -44,8 +45,8 @@ pub fn output<'a>(o: &'a OutputRecord, job: &'a JobRecord, links: &Links) -> Out
         size_bytes: o.size_bytes,
         id: &o.asset_id,
         hash: &o.hash,
-        url: links.absolute(&format!("{}/assets/{}/content", links.v2(), o.asset_id)),
-        url_expires_at: timestamp(job.expires_at),
+        url,
+        url_expires_at: timestamp(url_expires_at),
         job_id: job.public_id(),
     }
 }
@@ -138,14 +139,15 @@ pub struct AssetView<'a> {
 }
 
 pub fn asset<'a>(a: &'a AssetRecord, links: &Links, created_new: Option<bool>) -> AssetView<'a> {
+    let (url, url_expires_at) = links.content(&a.id, a.expires_at.unwrap_or_else(|| now_micros() + UPLOAD_URL_TTL_US));
     AssetView {
         id: &a.id,
         hash: &a.hash,
         size_bytes: a.size_bytes,
         content_type: &a.content_type,
         created_at: timestamp(a.created_at),
-        url: links.absolute(&format!("{}/assets/{}/content", links.v2(), a.id)),
-        url_expires_at: timestamp(a.expires_at.unwrap_or_else(|| now_micros() + UPLOAD_URL_TTL_US)),
+        url,
+        url_expires_at: timestamp(url_expires_at),
         file_path: &a.file_path,
         expires_at: a.expires_at.map(timestamp),
         job_id: a.job_id.as_deref().map(crate::store::public_job_id),
