@@ -46,12 +46,18 @@ impl Uploads {
         self.files.get(owner)?.get(&(kind.to_string(), path.to_string()))
     }
 
-    /// Drops the names record `asset` holds; whether it held any.
+    /// Drops the names record `asset` holds (looked up by its own tags and
+    /// path, not by scanning the owner's names); whether it held any.
     fn remove(&mut self, asset: &AssetRecord) -> bool {
-        let Some(files) = self.files.get_mut(&asset.owner) else { return false };
-        let before = files.len();
-        files.retain(|_, held| held.id != asset.id);
-        let removed = files.len() != before;
+        let (Some(path), Some(files)) = (&asset.file_path, self.files.get_mut(&asset.owner)) else { return false };
+        let mut removed = false;
+        for kind in asset.tags.iter().filter_map(|t| t.strip_prefix(TAG_PREFIX)) {
+            let key = (kind.to_string(), path.clone());
+            if files.get(&key).is_some_and(|held| held.id == asset.id) {
+                files.remove(&key);
+                removed = true;
+            }
+        }
         if files.is_empty() {
             self.files.remove(&asset.owner);
         }
