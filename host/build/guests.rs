@@ -6,6 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The target the guests build for.
+const TARGET: &str = "wasm32-wasip2";
+
 /// Builds `packages` and copies `<artifact>.wasm` for each into `OUT_DIR`.
 pub fn build_guests(packages: &[(&str, &str)]) {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
@@ -20,6 +23,7 @@ pub fn build_guests(packages: &[(&str, &str)]) {
         Some(dir) => PathBuf::from(dir),
         None => cargo_target_dir(&out_dir).join("wasm-guests"),
     };
+    ensure_target(&target_dir);
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&root).args(["build", "--target", "wasm32-wasip2", "--profile", "guest"]).arg("--target-dir").arg(&target_dir);
@@ -41,12 +45,58 @@ pub fn build_guests(packages: &[(&str, &str)]) {
     // cost nothing. LoadImage of a 64² PNG: 84–100 → 70 µs (BENCHMARKS.md).
     cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-feature=+simd128\x1f-Clink-arg=--initial-memory=4194304");
     let status = cmd.status().expect("running cargo to build the wasm guests");
-    assert!(status.success(), "building the wasm guests failed (is the wasm32-wasip2 target installed? `rustup target add wasm32-wasip2`)");
+    assert!(status.success(), "building the wasm guests failed (see the errors above)");
     for (_, artifact) in packages {
         let from = target_dir.join("wasm32-wasip2/guest").join(format!("{artifact}.wasm"));
         let to = out_dir.join(format!("{artifact}.wasm"));
         std::fs::copy(&from, &to).unwrap_or_else(|e| panic!("copying {} to {}: {e}", from.display(), to.display()));
     }
+}
+
+/// Makes sure the toolchain has the standard library for [`TARGET`].
+/// rustup installs the targets `rust-toolchain.toml` names only when it
+/// installs the toolchain itself, so a machine whose Rust 1.95 came first
+/// lacks it, and the guests' build would fail deep inside with "can't find
+/// crate for `core`". Under rustup the target is added here (saying so);
+/// otherwise, or when that fails (offline), the build stops at once with
+/// the one command to run. Concurrent build scripts (the host's and the
+/// suites') take turns through a lock file in the guests' target folder.
+fn ensure_target(target_dir: &Path) {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let has_target = || {
+        let out = Command::new(&rustc).args(["--print", "target-libdir", "--target", TARGET]).output();
+        out.ok()
+            .filter(|o| o.status.success())
+            .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+            .is_some_and(|dir| std::fs::read_dir(dir).is_ok_and(|entries| entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with("libcore-"))))
+    };
+    if has_target() {
+        return;
+    }
+    let toolchain = std::env::var("RUSTUP_TOOLCHAIN").ok();
+    let command = match &toolchain {
+        Some(t) => format!("rustup target add {TARGET} --toolchain {t}"),
+        None => format!("rustup target add {TARGET}"),
+    };
+    if let Some(toolchain) = &toolchain {
+        let _ = std::fs::create_dir_all(target_dir);
+        let lock = std::fs::File::create(target_dir.join(".target-install.lock"));
+        let _turn = lock.as_ref().ok().map(|f| f.lock());
+        if has_target() {
+            return;
+        }
+        println!("cargo:warning=this Rust toolchain ({toolchain}) lacks the {TARGET} target that kiln's plugins build for: installing it (`{command}`)");
+        let added = Command::new("rustup").args(["target", "add", TARGET, "--toolchain", toolchain]).status().is_ok_and(|s| s.success());
+        if added && has_target() {
+            return;
+        }
+    }
+    eprintln!(
+        "\nerror: kiln's plugins build for {TARGET}, and this Rust toolchain does not have that target{}.\n\
+         Run once:\n\n    {command}\n\nthen build again.\n",
+        if toolchain.is_some() { " (installing it through rustup failed; see above)" } else { "" }
+    );
+    std::process::exit(1);
 }
 
 /// The target directory of the outer build: the nearest ancestor of `OUT_DIR`
