@@ -24,6 +24,7 @@ pub mod memory_gate;
 mod options;
 mod preview;
 pub mod queue;
+pub mod reencode;
 mod retention;
 mod runner;
 pub mod streams;

@@ -484,6 +484,82 @@ async fn a_mask_upload_replaces_the_alpha_of_its_original() {
     assert_eq!(code, 404);
 }
 
+/// `/view`'s `preview` and `channel` convert as ComfyUI does (headers as in
+/// the captures), `rgba` stays the stored bytes, and a file that is no
+/// image is a clear 400.
+#[tokio::test]
+async fn view_converts_for_preview_and_channel() {
+    let s = start_default().await;
+    let rgba = {
+        let mut out = Vec::new();
+        let mut e = png::Encoder::new(&mut out, 2, 1);
+        e.set_color(png::ColorType::Rgba);
+        e.set_depth(png::BitDepth::Eight);
+        let mut w = e.write_header().unwrap();
+        w.write_image_data(&[200, 10, 20, 128, 0, 0, 255, 255]).unwrap();
+        w.finish().unwrap();
+        out
+    };
+    let (code, body) = upload(&s, "/upload/image", "half.png", rgba.clone(), &[]).await;
+    assert_eq!(code, 200, "{body}");
+    let view = |query: &str| {
+        let url = root(&s, &format!("/view?filename=half.png&type=input&{query}"));
+        async move {
+            let resp = reqwest::get(url).await.unwrap();
+            let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+            (status, headers, resp.bytes().await.unwrap().to_vec())
+        }
+    };
+    let header = |h: &reqwest::header::HeaderMap, name: &str| h.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+
+    // preview=webp;50: a WebP (lossless here, so the very pixels).
+    let theirs = capture("http-e-view-preview-webp.json");
+    let (status, headers, bytes) = view("preview=webp;50").await;
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "content-type"), "image/webp");
+    assert_eq!(header(&headers, "content-disposition"), "filename=\"half.png\"");
+    assert_eq!(&bytes[..4], &hex(&theirs["body_first_bytes_hex"])[..4], "RIFF");
+    assert_eq!(&bytes[8..12], b"WEBP");
+    assert_eq!(image::load_from_memory(&bytes).unwrap().into_rgba8().into_raw(), vec![200, 10, 20, 128, 0, 0, 255, 255]);
+
+    // preview=jpeg;50: a JPEG without alpha.
+    let (status, headers, bytes) = view("preview=jpeg;50").await;
+    assert_eq!((status, header(&headers, "content-type").as_str()), (200, "image/jpeg"));
+    assert_eq!(&bytes[..3], &[0xFF, 0xD8, 0xFF]);
+    assert!(!image::load_from_memory(&bytes).unwrap().color().has_alpha());
+    // A channel with `a` forces WebP.
+    let (_, headers, _) = view("preview=jpeg;50&channel=a").await;
+    assert_eq!(header(&headers, "content-type"), "image/webp");
+
+    // channel=a: black with the source's alpha; channel=rgb: no alpha.
+    let theirs = capture("http-e-view-channel-a.json");
+    let (status, headers, bytes) = view("channel=a").await;
+    assert_eq!((status, header(&headers, "content-type")), (200, "image/png".to_string()));
+    assert_eq!(&bytes[..16], &hex(&theirs["body_first_bytes_hex"])[..16], "PNG signature and IHDR");
+    assert_eq!(image::load_from_memory(&bytes).unwrap().into_rgba8().into_raw(), vec![0, 0, 0, 128, 0, 0, 0, 255]);
+    let (_, _, bytes) = view("channel=rgb").await;
+    let rgb = image::load_from_memory(&bytes).unwrap();
+    assert!(!rgb.color().has_alpha());
+    assert_eq!(rgb.into_rgb8().into_raw(), vec![200, 10, 20, 0, 0, 255]);
+
+    // rgba (the default) is the stored file itself.
+    let (status, _, bytes) = view("channel=rgba").await;
+    assert_eq!((status, bytes), (200, rgba));
+
+    // A file that is not an image cannot be converted: 400, not a crash.
+    let (code, _) = upload(&s, "/upload/image", "notes.png", b"plain text, not a PNG".to_vec(), &[]).await;
+    assert_eq!(code, 200);
+    let resp = reqwest::get(root(&s, "/view?filename=notes.png&type=input&preview=webp;90")).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert!(body.to_string().contains("notes.png"), "{body}");
+}
+
+fn hex(v: &Value) -> Vec<u8> {
+    let text = v.as_str().unwrap();
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
+}
+
 #[tokio::test]
 async fn small_routes_answer_as_clients_expect() {
     let s = start_default().await;

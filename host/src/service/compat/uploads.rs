@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use serde_json::Value as Json;
 
 use super::MAX_HISTORY;
+use crate::service::reencode::{Conversion, Converted, Decoding};
 use crate::service::{AssetLabels, Service, ServiceError, UploadMeta};
 use crate::store::{AssetRecord, BlobUpload, JobInput, blob_name, now_micros, parse_blob_name, wait};
 
@@ -262,6 +263,21 @@ impl Service {
         let mut upload = self.begin_upload()?;
         composition.write(UploadWriter(&mut upload)).map_err(ServiceError::InvalidRequest)?;
         self.commit_compat_upload(owner, upload, req)
+    }
+
+    /// A ComfyUI file (`file`: type, subfolder, filename) converted as
+    /// `/view`'s `preview` or `channel` asks, with its media type. The
+    /// decode's memory is taken from the intake budget before any pixel is
+    /// decoded. On the blocking pool.
+    pub fn compat_converted(&self, owner: &str, file: (&str, &str, &str), conversion: Conversion) -> Result<Converted, ServiceError> {
+        let (kind, subfolder, filename) = file;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
+        let asset = runtime.block_on(self.compat_file(owner, kind, subfolder, filename))?;
+        let hash = parse_blob_name(&asset.hash).ok_or(ServiceError::NotFound)?;
+        let file = self.blobs.open(&hash)?.ok_or(ServiceError::NotFound)?;
+        let decoding = Decoding::open(std::io::BufReader::new(file)).map_err(|e| ServiceError::InvalidRequest(format!("cannot convert `{filename}`: {e}")))?;
+        let _held = runtime.block_on(self.intake.enter(decoding.memory())).map_err(|e| ServiceError::InvalidRequest(e.to_string()))?;
+        decoding.convert(conversion).map_err(|e| ServiceError::InvalidRequest(format!("cannot convert `{filename}`: {e}")))
     }
 
     /// The asset behind a ComfyUI file reference: an upload (`input`,

@@ -5,8 +5,12 @@
 //! `blake3:<hex>` content hash. Nothing here touches a path: names are
 //! looked up among the caller's uploads and job outputs, and a name or
 //! subfolder that tries to climb (`..`, a leading `/`) is refused with 400.
-//! Other parameters (`preview`, `channel`, `rand`, `clientId`) are ignored:
-//! the original bytes are served.
+//! With `preview` (`webp;90`, `jpeg;50`…) or `channel` (`rgb`, `a`) the
+//! file is converted as ComfyUI does (`service::reencode` says how) and
+//! served here, 200 with the converted bytes, `Content-Disposition`
+//! naming the file and `nosniff`; `channel=rgba` (the default) is the
+//! stored bytes, by the redirect. Other parameters (`rand`, `clientId`)
+//! are ignored.
 
 use crate::api::pool::on_pool;
 use std::sync::Arc;
@@ -19,6 +23,7 @@ use axum::response::{IntoResponse, Response};
 use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
+use crate::service::reencode::{Conversion, Converted};
 use crate::store::now_micros;
 
 #[derive(serde::Deserialize)]
@@ -27,6 +32,8 @@ pub struct ViewQuery {
     subfolder: Option<String>,
     #[serde(rename = "type")]
     kind: Option<String>,
+    preview: Option<String>,
+    channel: Option<String>,
 }
 
 /// A name or folder that stays where it is put: no `..` segment, no
@@ -36,10 +43,10 @@ fn contained(path: &str) -> bool {
 }
 
 /// `(type, subfolder, filename)` of a view request, or why not.
-fn parse(q: ViewQuery) -> Result<(String, String, String), ApiError> {
-    let filename = q.filename.filter(|f| !f.is_empty()).ok_or_else(ApiError::not_found)?;
-    let mut kind = q.kind.unwrap_or_else(|| "output".into());
-    let mut name = filename.as_str();
+fn parse(q: &ViewQuery) -> Result<(String, String, String), ApiError> {
+    let filename = q.filename.as_deref().filter(|f| !f.is_empty()).ok_or_else(ApiError::not_found)?;
+    let mut kind = q.kind.clone().unwrap_or_else(|| "output".into());
+    let mut name = filename;
     for annotated in ["input", "output", "temp"] {
         if let Some(stripped) = name.strip_suffix(&format!(" [{annotated}]") as &str) {
             name = stripped;
@@ -54,7 +61,7 @@ fn parse(q: ViewQuery) -> Result<(String, String, String), ApiError> {
     if !matches!(kind.as_str(), "output" | "input" | "temp") {
         return Err(ApiError::invalid_request("`type` must be output, input or temp."));
     }
-    let subfolder = q.subfolder.unwrap_or_default();
+    let subfolder = q.subfolder.clone().unwrap_or_default();
     if !contained(&subfolder) {
         return Err(ApiError::invalid_request("`subfolder` must not leave its folder."));
     }
@@ -68,8 +75,13 @@ pub async fn view(
     query: Result<Query<ViewQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|_| ApiError::invalid_request("Bad query string."))?;
-    let (kind, subfolder, filename) = parse(q)?;
+    let (kind, subfolder, filename) = parse(&q)?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
+    if let Some(conversion) = Conversion::parse(q.preview.as_deref(), q.channel.as_deref()) {
+        let name = filename.clone();
+        let converted = super::blocking(move || service.compat_converted(&owner, (&kind, &subfolder, &filename), conversion)).await?;
+        return Ok(converted_response(converted, &name));
+    }
     let asset = on_pool(move || async move { service.compat_file(&owner, &kind, &subfolder, &filename).await }).await?.map_err(super::compat_error)?;
     let expires = now_micros() / 1_000_000 + state.config.signed_url_ttl_s as i64;
     let sig = state.signer.sign(&asset.id, expires);
@@ -77,12 +89,26 @@ pub async fn view(
     Ok((StatusCode::FOUND, [(header::LOCATION, location)]).into_response())
 }
 
+/// A conversion's bytes as ComfyUI serves them.
+fn converted_response(converted: Converted, name: &str) -> Response {
+    let disposition = format!("filename=\"{}\"", name.replace(['"', '\\'], "_"));
+    let headers = [
+        (header::CONTENT_TYPE, converted.content_type.to_string()),
+        (header::CONTENT_DISPOSITION, disposition),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
+        (header::CACHE_CONTROL, "private, no-cache".to_string()),
+    ];
+    (headers, converted.bytes).into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn q(filename: Option<&str>, subfolder: Option<&str>, kind: Option<&str>) -> Result<(String, String, String), u16> {
-        parse(ViewQuery { filename: filename.map(Into::into), subfolder: subfolder.map(Into::into), kind: kind.map(Into::into) }).map_err(|e| e.status.as_u16())
+        let q =
+            ViewQuery { filename: filename.map(Into::into), subfolder: subfolder.map(Into::into), kind: kind.map(Into::into), preview: None, channel: None };
+        parse(&q).map_err(|e| e.status.as_u16())
     }
 
     #[test]
