@@ -364,46 +364,101 @@ async fn a_websocket_api_example_client_runs_a_workflow() {
 /// CI installs all three (`.ci/run`); elsewhere the test skips without them.
 #[test]
 fn the_official_frontend_runs_a_workflow_in_a_real_browser() {
-    let python = std::env::var("KILN_BROWSER_PYTHON").unwrap_or_else(|_| "python3".into());
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    let root = std::env::var_os("KILN_TEST_FRONT_END").map(std::path::PathBuf::from);
-    let has_playwright = Command::new(&python).args(["-c", "import playwright"]).status().is_ok_and(|s| s.success());
-    let missing: Vec<&str> = [
-        (!has_playwright).then_some("Playwright for Python (KILN_BROWSER_PYTHON)"),
-        (!Path::new(&chromium).exists()).then_some("Chromium (CHROMIUM)"),
-        (!root.as_ref().is_some_and(|r| r.join("index.html").is_file())).then_some("the frontend's static/ directory (KILN_TEST_FRONT_END)"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if !missing.is_empty() {
-        assert!(std::env::var_os("CI").is_none(), "CI must provide {missing:?} (.ci/run installs them)");
-        eprintln!("SKIPPED: missing {missing:?}; .ci/run installs them");
-        return;
-    }
+    let Some(browser) = BrowserTest::find() else { return };
     let data = tempfile::tempdir().unwrap();
-    let root = root.unwrap();
-    let kiln = spawn(data.path(), &[], &["--front-end-root", root.to_str().unwrap()]);
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser-frontend");
-    let _ = std::fs::remove_dir_all(&artifacts);
-    let started = std::time::Instant::now();
-    let out = Command::new(&python)
-        .arg(here.join("../tests/browser/comfyui_frontend.py"))
-        .arg(&kiln.base)
-        .arg(here.join("../tests/fixtures/ui-workflow.json"))
-        .arg(&artifacts)
-        .env("CHROMIUM", &chromium)
-        .output()
-        .expect("python runs");
-    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    eprintln!("{log}");
-    eprintln!("browser test took {:.1}s; screenshots in {}", started.elapsed().as_secs_f64(), artifacts.display());
-    assert!(out.status.success(), "the browser test failed:\n{log}");
-    assert!(artifacts.join("final.png").is_file());
+    let kiln = spawn(data.path(), &[], &["--front-end-root", browser.root.to_str().unwrap()]);
+    browser.run(&kiln, "browser-frontend", None);
     // Saved with the UI: the settings it wrote are in the data directory.
     let settings = std::fs::read_to_string(data.path().join("users/default/comfy.settings.json")).unwrap();
     assert!(settings.contains("Comfy.InstalledVersion"), "{settings}");
+}
+
+/// The same flow on a cloud server: the UI sends the browser to kiln's
+/// sign-in page, an account's key signs it in, the session cookie carries
+/// the UI's requests and WebSocket (the job is the account's), a request
+/// from another origin with it is refused, and signing out ends it
+/// (`tests/browser/comfyui_frontend.py` with a key).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_official_frontend_signs_in_to_a_cloud_server_in_a_real_browser() {
+    let Some(browser) = BrowserTest::find() else { return };
+    const OPERATOR: &str = "browser-operator-token";
+    let data = tempfile::tempdir().unwrap();
+    let kiln = spawn(data.path(), &[("KILN_ADMIN_TOKEN", OPERATOR)], &["--mode", "cloud", "--front-end-root", browser.root.to_str().unwrap()]);
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{}/admin/accounts", kiln.base))
+        .bearer_auth(OPERATOR)
+        .json(&json!({ "name": "browser", "credits": 1000 }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (id, key) = (created["account"]["id"].as_str().unwrap().to_string(), created["key"].as_str().unwrap().to_string());
+    tokio::task::block_in_place(|| browser.run(&kiln, "browser-frontend-cloud", Some(&key)));
+    // The UI's job and settings are the account's.
+    let jobs: Value = http.get(format!("{}/api/v2/jobs", kiln.base)).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+    let jobs = jobs["jobs"].as_array().unwrap();
+    assert!(jobs.iter().any(|j| j["status"] == "succeeded"), "{jobs:?}");
+    let settings = std::fs::read_to_string(data.path().join(format!("users/{id}/comfy.settings.json"))).unwrap();
+    assert!(settings.contains("Comfy.InstalledVersion"), "{settings}");
+}
+
+/// What the browser tests need: Playwright for Python (`KILN_BROWSER_PYTHON`),
+/// Chromium (`CHROMIUM`, default `/usr/bin/chromium`) and the frontend's
+/// `static/` directory (`KILN_TEST_FRONT_END`). CI installs all three
+/// (`.ci/run`); elsewhere the tests skip without them.
+struct BrowserTest {
+    python: String,
+    chromium: String,
+    root: std::path::PathBuf,
+}
+
+impl BrowserTest {
+    fn find() -> Option<BrowserTest> {
+        let python = std::env::var("KILN_BROWSER_PYTHON").unwrap_or_else(|_| "python3".into());
+        let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        let root = std::env::var_os("KILN_TEST_FRONT_END").map(std::path::PathBuf::from);
+        let has_playwright = Command::new(&python).args(["-c", "import playwright"]).status().is_ok_and(|s| s.success());
+        let missing: Vec<&str> = [
+            (!has_playwright).then_some("Playwright for Python (KILN_BROWSER_PYTHON)"),
+            (!Path::new(&chromium).exists()).then_some("Chromium (CHROMIUM)"),
+            (!root.as_ref().is_some_and(|r| r.join("index.html").is_file())).then_some("the frontend's static/ directory (KILN_TEST_FRONT_END)"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !missing.is_empty() {
+            assert!(std::env::var_os("CI").is_none(), "CI must provide {missing:?} (.ci/run installs them)");
+            eprintln!("SKIPPED: missing {missing:?}; .ci/run installs them");
+            return None;
+        }
+        Some(BrowserTest { python, chromium, root: root.unwrap() })
+    }
+
+    /// Runs the script against `kiln` (signing in with `key`), screenshots
+    /// under `artifacts` in the tests' temporary folder.
+    fn run(&self, kiln: &Kiln, artifacts: &str, key: Option<&str>) {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join(artifacts);
+        let _ = std::fs::remove_dir_all(&artifacts);
+        let started = std::time::Instant::now();
+        let out = Command::new(&self.python)
+            .arg(here.join("../tests/browser/comfyui_frontend.py"))
+            .arg(&kiln.base)
+            .arg(here.join("../tests/fixtures/ui-workflow.json"))
+            .arg(&artifacts)
+            .args(key)
+            .env("CHROMIUM", &self.chromium)
+            .output()
+            .expect("python runs");
+        let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        eprintln!("{log}");
+        eprintln!("browser test took {:.1}s; screenshots in {}", started.elapsed().as_secs_f64(), artifacts.display());
+        assert!(out.status.success(), "the browser test failed:\n{log}");
+        assert!(artifacts.join("final.png").is_file());
+    }
 }
 
 /// `kiln accounts …` (the real binary) against `kiln serve --mode cloud`

@@ -1,6 +1,6 @@
 """The official ComfyUI web frontend on kiln, in headless Chromium.
 
-Usage: comfyui_frontend.py BASE_URL WORKFLOW_JSON ARTIFACT_DIR
+Usage: comfyui_frontend.py BASE_URL WORKFLOW_JSON ARTIFACT_DIR [KEY]
 
 Driven by host/tests/serve.rs against a real `kiln serve --front-end-root`.
 Playwright (pinned by .ci/run) drives Debian's Chromium (CHROMIUM, default
@@ -15,6 +15,13 @@ LoadImage's upload button; the Run button queues it; the queue panel shows
 it finished; the SaveImage node shows the output, which equals pixel for
 pixel (at its natural size) what GET /api/view serves and is the inverse of
 the uploaded image; the node library lists the core nodes by category.
+With KEY (a cloud or serverless server, or a self-hosted token): the UI
+first sends the browser to kiln's sign-in page, the key is typed into its
+form, and the session cookie (HttpOnly, SameSite=Strict) then carries every
+request and the WebSocket; at the end a request from another origin with
+that cookie is refused, the same one from the page is not, and signing out
+through the page ends the session on the server (the old cookie, replayed,
+gets 401).
 Writes ARTIFACT_DIR/final.png (the output on SaveImage), queue.png and
 node-library.png (screenshots).
 """
@@ -30,6 +37,7 @@ import zlib
 from playwright.sync_api import sync_playwright
 
 BASE, WORKFLOW, ARTIFACTS = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
+KEY = sys.argv[4] if len(sys.argv) > 4 else None
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 DEADLINE = time.monotonic() + 150
 # A loopback port nothing listens on (the discard port).
@@ -150,8 +158,26 @@ with sync_playwright() as pw:
     page.on("console", lambda m: "Content Security Policy" in m.text and csp_blocked.append(m.text[:200]))
     page.on("pageerror", lambda e: print("page error:", str(e)[:300], flush=True))
 
+    if KEY:
+        step("sign in")
+        page.goto(BASE + "/")
+        assert page.url == BASE + "/login", f"not sent to the sign-in page: {page.url}"
+        page.fill("input[name=key]", "kiln_wrong_key")
+        with page.expect_navigation():
+            page.get_by_role("button", name="Sign in").click()
+        assert "not accepted" in page.content(), "a wrong key was not refused on the page"
+        bad_statuses.clear()  # that 401 was the point
+        page.fill("input[name=key]", KEY)
+        with page.expect_navigation():
+            page.get_by_role("button", name="Sign in").click()
+        assert page.url == BASE + "/", f"signing in led to {page.url}"
+        cookie = next(c for c in page.context.cookies() if c["name"] == "kiln_session")
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict", cookie
+        assert page.evaluate("() => document.cookie.includes('kiln_session')") is False, "the page's scripts can read the session"
+
     step("load the UI")
-    page.goto(BASE + "/")
+    if not KEY:
+        page.goto(BASE + "/")
     wait(page, "() => !!(window.app && window.app.graph && window.app.vueAppReady && window.LiteGraph)", "the app")
     count = page.evaluate("() => Object.keys(LiteGraph.registered_node_types).length")
     assert count >= 30, f"only {count} node types registered"
@@ -272,6 +298,24 @@ with sync_playwright() as pw:
     for node in ["Load Image", "Invert Image", "Save Image"]:
         page.get_by_text(node, exact=True).first.wait_for(timeout=30_000)
     page.screenshot(path=os.path.join(ARTIFACTS, "node-library.png"))
+
+    if KEY:
+        step("the session and another origin; sign out")
+        forged = page.request.post(BASE + "/api/interrupt", headers={"Origin": "http://evil.example"})
+        assert forged.status == 403, f"a cross-origin request with the cookie answered {forged.status}"
+        own = page.evaluate("() => fetch('/api/interrupt', { method: 'POST' }).then(r => r.status)")
+        assert own == 200, f"the page's own request answered {own}"
+        page.goto(BASE + "/login")
+        with page.expect_navigation():
+            page.get_by_role("button", name="Sign out").click()
+        assert page.url == BASE + "/login", page.url
+        assert not [c for c in page.context.cookies() if c["name"] == "kiln_session"], "the cookie stayed"
+        replayed = page.request.get(BASE + "/api/queue", headers={"Cookie": f"kiln_session={cookie['value']}"})
+        assert replayed.status == 401, f"the ended session still opens /api/queue ({replayed.status})"
+        page.goto(BASE + "/")
+        assert page.url == BASE + "/login", f"signed out, the UI still opened: {page.url}"
+        # (The refusals above were asked for.)
+        bad_statuses = [s for s in bad_statuses if s not in ("403 POST /api/interrupt", "401 GET /api/queue")]
     browser.close()
 
 assert not bad_statuses, f"error statuses from kiln: {bad_statuses}"

@@ -7,6 +7,7 @@
 //! only by the store's atomic credit step. A job's owner is its account's id.
 
 pub mod keys;
+pub mod sessions;
 
 use std::collections::HashMap;
 use std::sync::Arc;

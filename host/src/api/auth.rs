@@ -11,6 +11,10 @@
 //! on `/api/v2`, `X-API-Key` or `?token=` on the compatibility API — and the
 //! caller is that account (a disabled one: 403). The WebSocket (`/ws`,
 //! `/api/ws`) checks its own `?token=` through [`authenticate`].
+//!
+//! In either mode, when a key is asked for, a browser signed in through
+//! `/login` is let through by its session cookie instead (`api::session`
+//! finds it, checked for CSRF, before these checks run).
 
 use std::sync::Arc;
 
@@ -146,9 +150,25 @@ fn check_host(state: &AppState, request: &mut Request) -> Result<(), ApiError> {
             request.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim).or_else(|| query_token(request.uri()))
         }
     };
-    let caller = authenticate(state, key)?;
+    let caller = match (key, request.extensions().get::<super::session::SessionOwner>()) {
+        (None, Some(session)) => session_caller(state, session.0.clone())?,
+        _ => authenticate(state, key)?,
+    };
     request.extensions_mut().insert(caller);
     Ok(())
+}
+
+/// The caller a signed-in session names: with accounts, its account (401
+/// when it is gone, 403 when it was disabled since); else the one owner.
+pub fn session_caller(state: &AppState, owner: Arc<str>) -> Result<Caller, ApiError> {
+    if !state.config.mode.has_accounts() {
+        return Ok(state.default_caller.clone());
+    }
+    match state.service.accounts().get(&owner) {
+        None => Err(ApiError::unauthorized("The signed-in account no longer exists.")),
+        Some(account) if account.disabled => Err(ApiError::forbidden("This account is disabled.")),
+        Some(_) => Ok(Caller::new(owner)),
+    }
 }
 
 /// Paths under the Jobs API that need no token.
@@ -162,6 +182,10 @@ fn is_public(path: &str) -> bool {
 /// paths, or with the right bearer token.
 fn check_self_hosted(state: &AppState, request: &Request) -> Result<(), ApiError> {
     let Some(expected) = &state.token_hash else { return Ok(()) };
+    // A browser signed in with the token.
+    if request.extensions().get::<super::session::SessionOwner>().is_some() {
+        return Ok(());
+    }
     // A public demo deployment takes callers without credentials.
     if request.extensions().get::<super::deployment::DeploymentCtx>().is_some_and(|d| d.public_demo) {
         return Ok(());

@@ -16,6 +16,7 @@ pub mod pool;
 #[cfg(test)]
 mod proptests;
 pub mod proxy;
+pub mod session;
 pub mod signing;
 pub mod statuses;
 pub mod v2;
@@ -152,6 +153,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let inner = v2::routes(&state.api_base, state.clone())
         .merge(compat::routes(state.clone()))
         .merge(admin::routes(state.clone()))
+        .merge(session::routes(state.clone()))
         .merge(
             body_limit::BodyLimit::refusing(state.config.route_body_bytes(), proxy::too_large)
                 .on(Router::new().route(&format!("{}/proxy/{{*rest}}", state.config.mount_prefix), axum::routing::any(proxy::serve)))
@@ -191,7 +193,17 @@ fn next_request_id() -> String {
 async fn edge(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let id = next_request_id();
     state.service.touch();
-    let mut response = match auth::check(&state, &mut request).and_then(|()| deployment::check_state(&state, &request)) {
+    // A signed-in browser's session (checked for CSRF) stands in for a key.
+    let checked = match session::resolve(&state, request.headers(), request.uri(), session::unsafe_method(request.method())).await {
+        Ok(owner) => {
+            if let Some(owner) = owner {
+                request.extensions_mut().insert(owner);
+            }
+            auth::check(&state, &mut request)
+        }
+        Err(e) => Err(e),
+    };
+    let mut response = match checked.and_then(|()| deployment::check_state(&state, &request)) {
         Ok(()) => {
             let span = tracing::debug_span!("request", request_id = %id, method = %request.method(), path = %request.uri().path());
             tracing::Instrument::instrument(next.run(request), span).await

@@ -52,6 +52,7 @@ impl Default for Config {
             max_event_streams_per_account: None,
             download_redirect: false,
             signed_url_ttl_s: 3600,
+            session_ttl_s: 43_200,
             sse_keepalive_s: 15,
             trust_forwarded_headers: false,
             serverless_host: None,

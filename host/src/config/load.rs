@@ -79,6 +79,7 @@ const ENV_FIELDS: &[&str] = &[
     "max_event_streams_per_account",
     "download_redirect",
     "signed_url_ttl_s",
+    "session_ttl_s",
     "sse_keepalive_s",
     "trust_forwarded_headers",
     "serverless_host",

@@ -209,6 +209,9 @@ pub struct Config {
     pub download_redirect: bool,
     /// Lifetime of signed download URLs. Default 3600 s.
     pub signed_url_ttl_s: u64,
+    /// Lifetime of a web sign-in session (`/login`; servers that ask for a
+    /// key). Default 43200 s (12 hours). `KILN_SESSION_TTL_S`.
+    pub session_ttl_s: u64,
     /// Silence after which an event stream sends a keepalive comment.
     /// Default 15 s (clients give up after 45 s).
     pub sse_keepalive_s: u64,

@@ -1,6 +1,6 @@
 //! What the service keeps its state in and sends its messages through,
 //! each behind a trait so another backend slots in: the metadata store,
-//! the blobs, accounts, deployments, the web frontend's user files, the
+//! the blobs, accounts, sign-in sessions, deployments, the web frontend's user files, the
 //! waiting queue and the execution bus. [`Backends::embedded`] opens
 //! kiln's own: one sled database, blob files, the deployments file and the
 //! user files under the data directory, and the queue and bus of this
@@ -14,7 +14,8 @@ use super::bus::{ExecBus, LocalBus};
 use super::queue::{LocalWaiting, Waiting};
 use crate::accounts::KeyHasher;
 use crate::store::{
-    AccountStore, BlobStore, DeploymentStore, DiskBlobs, DiskUserFiles, FileDeployments, MetaStore, SledAccounts, SledMeta, StoreError, UserFileStore,
+    AccountStore, BlobStore, DeploymentStore, DiskBlobs, DiskUserFiles, FileDeployments, MetaStore, SessionStore, SledAccounts, SledMeta, SledSessions,
+    StoreError, UserFileStore,
 };
 
 /// The service's backends.
@@ -27,6 +28,8 @@ pub struct Backends {
     pub accounts: Arc<dyn AccountStore>,
     /// The secret API keys are hashed with.
     pub key_hasher: KeyHasher,
+    /// Web sign-in sessions (see [`SessionStore`]).
+    pub sessions: Arc<dyn SessionStore>,
     /// Deployment records (see [`DeploymentStore`]).
     pub deployments: Arc<dyn DeploymentStore>,
     /// The web frontend's settings and files (see [`UserFileStore`]).
@@ -44,6 +47,7 @@ impl Backends {
         let sled = SledMeta::open(&data_dir.join("meta"))?;
         Ok(Backends {
             accounts: Arc::new(sled.accounts()?),
+            sessions: Arc::new(sled.sessions()?),
             meta: Arc::new(sled),
             blobs: Arc::new(DiskBlobs::open(data_dir.join("blobs"))?),
             key_hasher: KeyHasher::load_or_create(data_dir).map_err(StoreError::from)?,
@@ -55,7 +59,7 @@ impl Backends {
     }
 
     /// Given metadata and blob stores (another backend, or a test double);
-    /// the rest embedded: accounts and deployments in memory only, user
+    /// the rest embedded: accounts, sessions and deployments in memory only, user
     /// files under `data_dir`.
     pub fn with_stores(meta: Arc<dyn MetaStore>, blobs: Arc<dyn BlobStore>, data_dir: &Path) -> Result<Backends, ServiceError> {
         Ok(Backends {
@@ -63,6 +67,7 @@ impl Backends {
             blobs,
             accounts: Arc::new(SledAccounts::temporary()?),
             key_hasher: KeyHasher::ephemeral(),
+            sessions: Arc::new(SledSessions::temporary()?),
             deployments: Arc::new(FileDeployments::open(None)?),
             user_files: Arc::new(DiskUserFiles::new(data_dir.join("users"))),
             waiting: Arc::new(LocalWaiting::default()),

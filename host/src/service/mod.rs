@@ -87,6 +87,8 @@ pub struct Service {
     compat: compat::CompatState,
     /// The accounts jobs belong to (cloud, serverless; empty self-hosted).
     accounts: Arc<crate::accounts::Accounts>,
+    /// Web sign-in sessions (any mode that asks for a key).
+    sessions: crate::accounts::sessions::Sessions,
     /// Serverless deployments and their loaded plugins.
     deployments: deployments::Deployments,
     /// Where the web frontend's user files are kept (the API layer applies
@@ -113,7 +115,8 @@ impl Service {
         registry: Arc<NodeRegistry>,
         executor: Arc<Executor>,
     ) -> Result<Arc<Service>, ServiceError> {
-        let Backends { meta, blobs, accounts, key_hasher, deployments, user_files, waiting, bus } = backends;
+        let Backends { meta, blobs, accounts, key_hasher, sessions, deployments, user_files, waiting, bus } = backends;
+        let sessions = crate::accounts::sessions::Sessions::new(sessions, opts.session_ttl_s);
         let accounts =
             Arc::new(crate::accounts::Accounts::open(accounts, key_hasher, opts.pricing).await.map_err(|e| crate::store::StoreError::Backend(e.to_string()))?);
         let deployments = deployments::Deployments::open(deployments).await?;
@@ -142,6 +145,7 @@ impl Service {
             bus,
             compat: compat::CompatState::default(),
             accounts,
+            sessions,
             deployments,
             user_files,
             intake: memory_gate::MemoryGate::new(opts_intake, "intake_memory_mb"),
@@ -265,6 +269,11 @@ impl Service {
     /// The accounts (cloud and serverless callers).
     pub fn accounts(&self) -> &Arc<crate::accounts::Accounts> {
         &self.accounts
+    }
+
+    /// The web sign-in sessions.
+    pub fn sessions(&self) -> &crate::accounts::sessions::Sessions {
+        &self.sessions
     }
 
     /// The tier of the account `owner` (`None`: no such account, e.g. the

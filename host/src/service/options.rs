@@ -12,6 +12,8 @@ pub struct ServiceOptions {
     pub max_running_jobs: usize,
     pub retention: Duration,
     pub sweep_interval: Duration,
+    /// How long a web sign-in session lasts (config `session_ttl_s`).
+    pub session_ttl_s: u64,
     pub max_upload_bytes: u64,
     pub max_event_streams: usize,
     /// With accounts: the most jobs one scheduling key may have waiting,
@@ -59,6 +61,7 @@ impl ServiceOptions {
             max_running_jobs: config.max_running_jobs.max(1),
             retention: Duration::from_secs(config.job_retention_s.max(1)),
             sweep_interval: Duration::from_secs(config.sweep_interval_s.max(1)),
+            session_ttl_s: config.session_ttl_s.max(1),
             max_upload_bytes: config.max_upload_mb.saturating_mul(1 << 20),
             max_event_streams: config.max_event_streams,
             max_queued_per_account: config.queued_jobs_per_account(),

@@ -15,6 +15,7 @@ mod commit_log;
 pub(crate) mod contract;
 mod deployments;
 pub mod records;
+mod sessions;
 mod sled;
 mod status;
 mod user_files;
@@ -25,7 +26,8 @@ pub use accounts::{AccountChange, AccountStore, CreditChange};
 pub use blobs::{BlobUpload, DiskBlobs, StagedBlob};
 pub use deployments::{DeploymentStore, FileDeployments};
 pub use records::*;
-pub use sled::{SledAccounts, SledMeta};
+pub use sessions::{SessionRecord, SessionStore};
+pub use sled::{SledAccounts, SledMeta, SledSessions};
 pub use status::IllegalTransition;
 pub use user_files::{DiskUserFiles, Entry, FileInfo, MAX_DEPTH as MAX_USER_FILE_DEPTH, UserFileStore};
 

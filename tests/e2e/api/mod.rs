@@ -14,6 +14,7 @@ mod fair;
 mod idempotency;
 mod intake;
 mod jobs;
+mod sessions;
 mod tenants;
 
 use std::time::Duration;

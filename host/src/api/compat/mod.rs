@@ -23,7 +23,10 @@ pub fn routes(state: Arc<AppState>) -> Router {
 }
 
 /// What no route answers: a file of the web frontend when one is served
-/// (`GET`/`HEAD` under the mount prefix), else the API's 404.
+/// (`GET`/`HEAD` under the mount prefix), else the API's 404. On a server
+/// that asks for a key, the frontend's page itself sends a browser that is
+/// not signed in to `/login` (its scripts and styles stay public: they
+/// are the published frontend, the same for everyone).
 pub async fn static_file(state: Arc<AppState>, request: axum::extract::Request) -> axum::response::Response {
     use axum::response::IntoResponse;
     let not_found = || super::error::ApiError::not_found().into_response();
@@ -33,6 +36,10 @@ pub async fn static_file(state: Arc<AppState>, request: axum::extract::Request) 
     }
     let path = request.uri().path().to_string();
     match path.strip_prefix(state.config.mount_prefix.as_str()) {
+        Some("" | "/" | "/index.html") if super::session::offered(&state) && request.extensions().get::<super::session::SessionOwner>().is_none() => {
+            let login = format!("{}/login", state.config.mount_prefix);
+            (axum::http::StatusCode::SEE_OTHER, [(axum::http::header::LOCATION, login)]).into_response()
+        }
         Some(rest) if rest.is_empty() || rest.starts_with('/') => frontend.file(rest, request).await,
         _ => not_found(),
     }

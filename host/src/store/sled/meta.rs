@@ -28,6 +28,11 @@ impl SledMeta {
         self.0.db.open_tree("accounts").map(super::SledAccounts::new).map_err(backend)
     }
 
+    /// The web sign-in sessions, in the same database.
+    pub fn sessions(&self) -> Result<super::SledSessions, StoreError> {
+        self.0.db.open_tree("sessions").map(super::SledSessions::new).map_err(backend)
+    }
+
     /// Runs `f`, which may wait for the disk: inline on a current-thread
     /// runtime (kiln's job execution runtimes, there for blocking job work:
     /// a hand-off and back costs ~100 µs a job), on the blocking pool

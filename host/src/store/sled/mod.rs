@@ -19,6 +19,7 @@ mod accounts;
 mod index;
 mod meta;
 mod replay;
+mod sessions;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use index::Indexes;
 use replay::entry;
 
 pub use accounts::SledAccounts;
+pub use sessions::SledSessions;
 
 /// sled-backed [`MetaStore`](crate::store::MetaStore): the synchronous store ([`Sled`]) behind the
 /// async trait; what may wait for the disk (a log sync, a flush, a scan)

@@ -61,12 +61,25 @@ pub fn server_features(state: &AppState) -> serde_json::Value {
     })
 }
 
-async fn upgrade(State(state): State<Arc<AppState>>, Query(query): Query<WsQuery>, headers: axum::http::HeaderMap, ws: WebSocketUpgrade) -> Response {
+async fn upgrade(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<WsQuery>,
+    headers: axum::http::HeaderMap,
+    uri: axum::http::Uri,
+    ws: WebSocketUpgrade,
+) -> Response {
     // `?token=` (or an `X-API-Key` header) names the caller: the token of a
     // self-hosted server that has one, an account's key with accounts (the
-    // edge leaves the WebSocket to this check).
+    // edge leaves the WebSocket to this check). Without one, a signed-in
+    // browser's session cookie, from the server's own origin only (a
+    // socket can queue and interrupt).
     let key = query.token.as_deref().or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim));
-    let caller = match crate::api::auth::authenticate(&state, key) {
+    let session = match crate::api::session::resolve(&state, &headers, &uri, true).await {
+        Ok(session) => session,
+        Err(e) => return e.into_response(),
+    };
+    let signed_in = session.map(|s| crate::api::auth::session_caller(&state, s.0));
+    let caller = match signed_in.unwrap_or_else(|| crate::api::auth::authenticate(&state, key)) {
         Ok(caller) => caller,
         Err(e) if key.is_none() => return ApiError { message: "Missing token: connect with ?token=<token>.".into(), ..e }.into_response(),
         Err(e) => return e.into_response(),
