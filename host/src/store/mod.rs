@@ -201,6 +201,16 @@ pub trait MetaStore: Send + Sync {
 
     /// Makes every write so far durable.
     async fn flush(&self) -> Result<(), StoreError>;
+
+    /// A number that is different each time a finished job of `owner` has
+    /// been written or deleted since it was last read: what a cached view
+    /// of the owner's history compares before it is used (read it before
+    /// the view is read). A store that cannot tell cheaply keeps this
+    /// default, a new number every time, and nothing is served cached.
+    async fn finished_changes(&self, _owner: &str) -> Result<u64, StoreError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 63);
+        Ok(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// Content-addressed blobs. Calls may wait for a disk or a network:

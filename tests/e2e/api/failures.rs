@@ -25,6 +25,8 @@ struct NotDurable {
     asset_writes: AtomicUsize,
     /// Job records listings returned (`list_jobs`).
     jobs_listed: AtomicUsize,
+    /// Job records read one by one (`get_job`).
+    jobs_read: AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -42,6 +44,7 @@ impl MetaStore for NotDurable {
         self.inner.put_job(job).await
     }
     async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        self.jobs_read.fetch_add(1, Ordering::SeqCst);
         self.inner.get_job(id).await
     }
     async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
@@ -115,6 +118,9 @@ impl MetaStore for NotDurable {
     async fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush().await
     }
+    async fn finished_changes(&self, owner: &str) -> Result<u64, StoreError> {
+        self.inner.finished_changes(owner).await
+    }
 }
 
 /// A server on the `NotDurable` store.
@@ -129,6 +135,7 @@ async fn start_not_durable(fail: bool, hold_finish: bool) -> (TestServer, Arc<No
             asset_reads: AtomicUsize::new(0),
             asset_writes: AtomicUsize::new(0),
             jobs_listed: AtomicUsize::new(0),
+            jobs_read: AtomicUsize::new(0),
         });
         store = Some(meta.clone());
         let blobs = Arc::new(kiln::store::DiskBlobs::open(data.join("blobs")).unwrap());
@@ -244,22 +251,67 @@ async fn listings_show_output_subfolders_without_reading_assets() {
 }
 
 /// `/history?max_items=N` reads the newest N records, not the whole
-/// history window.
+/// history window; `/history?offset=` and `/api/jobs` read the window
+/// once per change of the owner's history and then only their page.
 #[tokio::test]
-async fn a_short_history_reads_only_its_own_records() {
+async fn history_pages_read_only_their_own_records() {
     let (s, meta) = start_not_durable(false, false).await;
     let origin = s.server.url();
+    let run = |n: i64| {
+        let (s, origin) = (&s, origin.clone());
+        async move {
+            let queued: serde_json::Value =
+                s.http.post(format!("{origin}/api/prompt")).json(&json!({ "prompt": trivial(n) })).send().await.unwrap().json().await.unwrap();
+            let id = queued["prompt_id"].as_str().unwrap().to_string();
+            assert_eq!(s.wait(&id).await["status"], "succeeded");
+            id
+        }
+    };
+    let mut ids = Vec::new();
     for n in 0..5 {
-        let queued: serde_json::Value =
-            s.http.post(format!("{origin}/api/prompt")).json(&json!({ "prompt": trivial(20 + n) })).send().await.unwrap().json().await.unwrap();
-        assert_eq!(s.wait(queued["prompt_id"].as_str().unwrap()).await["status"], "succeeded");
+        ids.push(run(20 + n).await);
     }
-    meta.jobs_listed.store(0, Ordering::SeqCst);
-    let last: serde_json::Value = s.http.get(format!("{origin}/history?max_items=2")).send().await.unwrap().json().await.unwrap();
+    let reads = || (meta.jobs_listed.swap(0, Ordering::SeqCst), meta.jobs_read.swap(0, Ordering::SeqCst));
+    let get = |path: &str| {
+        let url = format!("{origin}{path}");
+        let http = s.http.clone();
+        async move { http.get(url).send().await.unwrap().json::<serde_json::Value>().await.unwrap() }
+    };
+    reads();
+    let last = get("/history?max_items=2").await;
     assert_eq!(last.as_object().unwrap().len(), 2, "{last}");
-    assert_eq!(meta.jobs_listed.load(Ordering::SeqCst), 2, "two records read for two items");
-    meta.jobs_listed.store(0, Ordering::SeqCst);
-    let page: serde_json::Value = s.http.get(format!("{origin}/history?max_items=1&offset=1")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(page.as_object().unwrap().len(), 1, "{page}");
-    assert_eq!(meta.jobs_listed.load(Ordering::SeqCst), 5, "an offset counts from the oldest: the window is read");
+    assert_eq!(reads().0, 2, "two records listed for two items");
+
+    // The first page with an offset reads the window (5) and its own record.
+    let page = get("/history?max_items=1&offset=1").await;
+    assert_eq!(page.as_object().unwrap().keys().collect::<Vec<_>>(), vec![&ids[1]], "offset counts from the oldest");
+    assert_eq!(reads(), (5, 1));
+    // Every later page, and /api/jobs, reads no more than its page.
+    let page = get("/history?max_items=2&offset=3").await;
+    let mut keys: Vec<&String> = page.as_object().unwrap().keys().collect();
+    keys.sort();
+    let mut want = vec![&ids[3], &ids[4]];
+    want.sort();
+    assert_eq!(keys, want);
+    assert_eq!(reads(), (0, 2));
+    let jobs = get("/api/jobs?limit=2&offset=1").await;
+    assert_eq!(jobs["pagination"]["total"], 5, "{jobs}");
+    assert_eq!(jobs["jobs"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap()).collect::<Vec<_>>(), vec![&ids[3], &ids[2]], "newest first");
+    assert_eq!(reads(), (0, 0), "/api/jobs renders the kept short records");
+    let detail = get(&format!("/api/jobs/{}", ids[3])).await;
+    assert_eq!(jobs["jobs"][0]["outputs_count"], detail["outputs_count"], "the short record keeps the count");
+    assert_eq!(jobs["jobs"][0]["preview_output"], detail["preview_output"], "and the first output");
+
+    // A finished job changes the history: the next request reads it again, and sees it.
+    ids.push(run(40).await);
+    reads();
+    let jobs = get("/api/jobs?limit=1").await;
+    assert_eq!((jobs["pagination"]["total"].as_u64(), jobs["jobs"][0]["id"].as_str()), (Some(6), Some(ids[5].as_str())), "{jobs}");
+    assert_eq!(reads().0, 6);
+    // So does one that leaves it.
+    let deleted = s.http.post(format!("{origin}/history")).json(&json!({ "delete": [ids[0]] })).send().await.unwrap();
+    assert_eq!(deleted.status(), 200);
+    let page = get("/history?offset=0&max_items=100").await;
+    assert_eq!(page.as_object().unwrap().len(), 5, "{page}");
+    assert!(!page.as_object().unwrap().contains_key(&ids[0]));
 }

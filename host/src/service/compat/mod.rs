@@ -14,6 +14,9 @@
 //! Prompts themselves go through the service's one intake (`intake`).
 
 mod uploads;
+mod window;
+
+pub use window::WindowJob;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -41,6 +44,8 @@ pub struct CompatState {
     uploads: Mutex<Option<Uploads>>,
     /// Bumped by every upload (what `object_info` lists depends on it).
     generation: AtomicU64,
+    /// Owners' history windows, kept between requests.
+    windows: window::Windows,
 }
 
 /// A job as ComfyUI's queue and history show it.

@@ -143,6 +143,9 @@ impl MetaStore for SledMeta {
     async fn flush(&self) -> Result<(), StoreError> {
         self.blocking(|sled| sled.flush()).await
     }
+    async fn finished_changes(&self, owner: &str) -> Result<u64, StoreError> {
+        Ok(self.0.finished_changes(owner))
+    }
 }
 
 #[cfg(test)]

@@ -52,6 +52,10 @@ struct Sled {
     claims: sled::Tree,
     index: Indexes,
     log: CommitLog,
+    /// Per owner, a count of writes and deletions of its finished jobs
+    /// (`MetaStore::finished_changes`), bumped after each is done; one
+    /// entry per owner that has finished a job since the store opened.
+    finished_changes: parking_lot::Mutex<std::collections::HashMap<Box<str>, u64>>,
 }
 
 /// How long before the saved unfinished set a job's creation time may lie
@@ -140,6 +144,7 @@ impl Sled {
             claims: tree("claims")?,
             index: Indexes::open(&db)?,
             log,
+            finished_changes: Default::default(),
             db,
         };
         meta.index_owners()?;
@@ -210,6 +215,7 @@ impl Sled {
         self.index.submitted(job.seq)?;
         self.index.new_job(job)?;
         self.jobs.insert(job.id.as_bytes(), job_bytes).map_err(backend)?;
+        self.finished_changed(job);
         Ok(())
     }
 
@@ -259,6 +265,7 @@ impl Sled {
         if let Err(e) = self.write_submission(job, &job_bytes, &wf_bytes) {
             // Undo what can be undone, so the key is free again.
             let _ = self.jobs.remove(job.id.as_bytes());
+            self.finished_changed(job);
             let _ = self.by_time.remove(time_key(job));
             let _ = self.by_owner.remove(owner_key(job));
             let _ = self.workflows.remove(job.id.as_bytes());
@@ -279,7 +286,20 @@ impl Sled {
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.index.before_job(job)?;
         self.jobs.insert(job.id.as_bytes(), encode(job)?).map_err(backend)?;
+        self.finished_changed(job);
         self.index.after_job(job)
+    }
+
+    /// Counts a write or deletion of `job` when it is finished (see
+    /// `finished_changes`), after the write.
+    fn finished_changed(&self, job: &JobRecord) {
+        if job.status.is_terminal() {
+            *self.finished_changes.lock().entry(job.owner.as_str().into()).or_default() += 1;
+        }
+    }
+
+    fn finished_changes(&self, owner: &str) -> u64 {
+        self.finished_changes.lock().get(owner).copied().unwrap_or(0)
     }
 
     fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
@@ -288,6 +308,7 @@ impl Sled {
 
     fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.jobs.remove(job.id.as_bytes()).map_err(backend)?;
+        self.finished_changed(job);
         self.workflows.remove(job.id.as_bytes()).map_err(backend)?;
         self.by_time.remove(time_key(job)).map_err(backend)?;
         self.by_owner.remove(owner_key(job)).map_err(backend)?;
@@ -419,6 +440,7 @@ impl Sled {
         let job_bytes = encode(job)?;
         self.index.before_job(job)?;
         self.jobs.insert(job.id.as_bytes(), job_bytes.as_slice()).map_err(backend)?;
+        self.finished_changed(job);
         self.index.after_job(job)?;
         self.append(&entry("finished", &[("job", &job_bytes), ("assets", &encode(&assets)?)]), true)
     }

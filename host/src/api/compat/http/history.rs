@@ -131,18 +131,22 @@ fn write_items(service: &Service, records: Vec<crate::store::JobRecord>, out: &m
 pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, query: Result<Query<HistoryQuery>, QueryRejection>) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|_| ApiError::invalid_request("`max_items` and `offset` must be whole numbers."))?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    // The page is chosen on the records; only its jobs' workflows are read.
-    // `max_items` alone: only the newest N are read.
-    let newest = q.max_items.filter(|_| q.offset.is_none());
-    let mut jobs = on_pool(move || async move { service.compat_history(&owner, newest).await }).await?.map_err(super::compat_error)?;
-    // ComfyUI: `offset` skips from the oldest; `max_items` alone keeps the last N.
-    let start = match (q.offset, q.max_items) {
-        (Some(offset), _) => offset.min(jobs.len()),
-        (None, Some(max)) => jobs.len().saturating_sub(max),
-        (None, None) => 0,
-    };
-    jobs.drain(..start);
-    jobs.truncate(q.max_items.unwrap_or(usize::MAX));
+    // ComfyUI: `offset` skips from the oldest; `max_items` alone keeps the
+    // last N. Only the page's records and workflows are read: the newest N
+    // alone, or the page of the owner's kept window (`compat_window`).
+    let jobs = on_pool(move || async move {
+        match (q.offset, q.max_items) {
+            (None, newest) => service.compat_history(&owner, newest).await,
+            (Some(offset), max) => {
+                let window = service.compat_window(&owner).await?;
+                let start = offset.min(window.len());
+                let end = start.saturating_add(max.unwrap_or(usize::MAX)).min(window.len());
+                service.compat_window_records(&window[start..end]).await
+            }
+        }
+    })
+    .await?
+    .map_err(super::compat_error)?;
     let service = state.service.clone();
     Ok(streamed::json(move |out| write_items(&service, jobs, out)))
 }

@@ -33,9 +33,11 @@ fn error(status: StatusCode, message: &str) -> Response {
 }
 
 /// The list form of a job (keys whose value would be null are left out);
-/// a finished job's first output is its `preview_output`.
-fn summary(service: &Service, record: &JobRecord) -> Result<Map<String, Json_>, ServiceError> {
+/// a finished job's first output is its `preview_output`. `outputs_count`:
+/// how many outputs it has (a window's short record keeps only the first).
+fn summary(service: &Service, record: &JobRecord, outputs_count: usize) -> Result<Map<String, Json_>, ServiceError> {
     let mut out = short(record);
+    out.insert("outputs_count".into(), json!(outputs_count));
     if record.status.is_terminal()
         && let (Some(file), Some(rec)) = (super::block(service.compat_outputs(record))?.into_iter().next(), record.outputs.first())
     {
@@ -106,26 +108,26 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, Query(q): 
     let by_duration = q.sort_by.as_deref() == Some("execution_duration");
     let ascending = q.sort_order.as_deref() == Some("asc");
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    // Records only: no listing here shows a workflow.
-    let mut jobs = blocking(move || {
+    // Records only (no listing here shows a workflow): the finished ones
+    // from the owner's kept history window (short records, read again only
+    // when the owner's history changed), the queue from memory.
+    let (window, running, pending) = blocking(move || {
         let (running, pending) = service.compat_queue(&owner);
-        let mut all = super::block(service.compat_history(&owner, None))?;
-        all.extend(running);
-        all.extend(pending);
-        Ok(all)
+        Ok((super::block(service.compat_window(&owner))?, running, pending))
     })
     .await?;
-    jobs.retain(|j| wanted.iter().any(|w| w == statuses::comfy_jobs_list(j)));
+    let live = running.iter().chain(&pending).map(|r| (r, r.outputs.len()));
+    let mut jobs: Vec<(&JobRecord, usize)> = window.iter().map(|w| (&w.record, w.outputs_count)).chain(live).collect();
+    jobs.retain(|(j, _)| wanted.iter().any(|w| w == statuses::comfy_jobs_list(j)));
     let key = |j: &JobRecord| if by_duration { j.completed_at.zip(j.started_at).map_or(0, |(end, start)| end - start) } else { j.created_at };
-    jobs.sort_by_key(key);
+    jobs.sort_by_key(|(j, _)| key(j));
     if !ascending {
         jobs.reverse();
     }
     let total = jobs.len();
-    jobs.drain(..offset.min(total));
-    jobs.truncate(limit.unwrap_or(usize::MAX));
+    let page: Vec<(JobRecord, usize)> = jobs.into_iter().skip(offset).take(limit.unwrap_or(usize::MAX)).map(|(j, n)| (j.clone(), n)).collect();
     let service = state.service.clone();
-    let page: Vec<Json_> = blocking(move || jobs.iter().map(|j| summary(&service, j).map(Json_::Object)).collect()).await?;
+    let page: Vec<Json_> = blocking(move || page.iter().map(|(j, n)| summary(&service, j, *n).map(Json_::Object)).collect()).await?;
     let has_more = offset.saturating_add(page.len()) < total;
     Ok(Json(json!({ "jobs": page, "pagination": { "offset": offset, "limit": limit, "total": total, "has_more": has_more } })).into_response())
 }
@@ -143,7 +145,7 @@ pub async fn detail(State(state): State<Arc<AppState>>, caller: Caller, Segment(
         };
         let finished = super::block(service.compat_history_item(&owner, &id))?;
         let Some(job) = finished else { return Ok(Some(serde_json::to_vec(&short(&record)))) };
-        let mut out = summary(&service, &job.record)?;
+        let mut out = summary(&service, &job.record, job.record.outputs.len())?;
         let item = super::history::item(&service, &job)?;
         out.insert("outputs".into(), item.outputs);
         out.insert("execution_status".into(), item.status);
