@@ -41,7 +41,7 @@ impl Links {
     pub fn content(&self, id: &str, until: crate::store::Micros) -> (String, crate::store::Micros) {
         match &self.signing {
             Some((signer, ttl_s)) => {
-                let expires = crate::store::now_micros() / 1_000_000 + *ttl_s as i64;
+                let expires = super::signing::expiry(*ttl_s);
                 (self.signed(signer, id, expires), expires * 1_000_000)
             }
             None => (self.absolute(&format!("{}/assets/{id}/content", self.v2())), until),

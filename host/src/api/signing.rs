@@ -4,6 +4,12 @@
 
 use std::path::Path;
 
+/// When a URL signed now for `ttl_s` seconds expires (Unix seconds): the
+/// one rule for every signed link (bodies, `/view`, content redirects).
+pub fn expiry(ttl_s: u64) -> i64 {
+    (crate::store::now_micros() / 1_000_000).saturating_add(i64::try_from(ttl_s).unwrap_or(i64::MAX))
+}
+
 /// Signs and checks download URLs.
 pub struct Signer {
     key: [u8; 32],

@@ -167,7 +167,7 @@ pub async fn content(State(state): State<Arc<AppState>>, caller: Caller, links: 
     let asset = state.service.asset(caller.owner(), &id).await?;
     // Hosted (accounts), or when the operator asks: a fresh signed URL.
     if state.config.download_redirect || links.signs() {
-        let expires = now_micros() / 1_000_000 + state.config.signed_url_ttl_s as i64;
+        let expires = crate::api::signing::expiry(state.config.signed_url_ttl_s);
         let location = links.signed(&state.signer, &asset.id, expires);
         return Ok((StatusCode::FOUND, [(header::LOCATION, location)]).into_response());
     }

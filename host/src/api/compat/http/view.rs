@@ -24,7 +24,6 @@ use crate::api::Caller;
 use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
 use crate::service::reencode::{Conversion, Converted};
-use crate::store::now_micros;
 
 #[derive(serde::Deserialize)]
 pub struct ViewQuery {
@@ -83,7 +82,7 @@ pub async fn view(
         return Ok(converted_response(converted, &name));
     }
     let asset = on_pool(move || async move { service.compat_file(&owner, &kind, &subfolder, &filename).await }).await?.map_err(super::compat_error)?;
-    let expires = now_micros() / 1_000_000 + state.config.signed_url_ttl_s as i64;
+    let expires = crate::api::signing::expiry(state.config.signed_url_ttl_s);
     let sig = state.signer.sign(&asset.id, expires);
     let location = links.absolute(&format!("{}/signed/assets/{}?expires={expires}&sig={sig}", links.v2(), asset.id));
     Ok((StatusCode::FOUND, [(header::LOCATION, location)]).into_response())
