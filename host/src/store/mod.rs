@@ -13,7 +13,10 @@ mod blobs;
 mod commit_log;
 #[cfg(test)]
 pub(crate) mod contract;
+#[cfg(test)]
+pub(crate) mod contract_accounts;
 mod deployments;
+pub mod postgres;
 pub mod records;
 mod sessions;
 mod sled;

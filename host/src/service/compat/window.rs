@@ -38,8 +38,11 @@ impl WindowJob {
     }
 }
 
-/// The kept windows: owner → (stamp, jobs oldest first).
-pub struct Windows(parking_lot::Mutex<lru::LruCache<String, (u64, Arc<Vec<WindowJob>>)>>);
+/// A kept window: the stamp it was read under, its jobs oldest first.
+type Kept = (u64, Arc<Vec<WindowJob>>);
+
+/// The kept windows by owner.
+pub struct Windows(parking_lot::Mutex<lru::LruCache<String, Kept>>);
 
 impl Default for Windows {
     fn default() -> Windows {

@@ -16,6 +16,13 @@ async fn sled_keeps_the_meta_store_contract() {
     .await;
 }
 
+/// The account and session stores' contracts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_keeps_the_account_and_session_store_contracts() {
+    crate::store::contract_accounts::accounts(std::sync::Arc::new(SledAccounts::temporary().unwrap())).await;
+    crate::store::contract_accounts::sessions(std::sync::Arc::new(super::SledSessions::temporary().unwrap())).await;
+}
+
 fn job(id: &str, created: Micros, seq: u64) -> JobRecord {
     JobRecord::queued_for_test(id, created, seq)
 }

@@ -1,0 +1,47 @@
+//! A fresh database for each test of the PostgreSQL stores, on the server
+//! `KILN_TEST_DATABASE_URL` names (`.ci/run` starts one on loopback).
+//! Without it the tests skip, except under CI, where they fail.
+
+use super::PgDatabase;
+
+/// A new, empty database with kiln's schema; `None` (skipped) when no
+/// server is configured outside CI.
+pub async fn fresh() -> Option<PgDatabase> {
+    let Ok(url) = std::env::var("KILN_TEST_DATABASE_URL") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_DATABASE_URL (.ci/run starts PostgreSQL)");
+        eprintln!("SKIPPED: KILN_TEST_DATABASE_URL is not set; .ci/run starts PostgreSQL");
+        return None;
+    };
+    let name = format!("kiln_test_{}", uuid::Uuid::new_v4().simple());
+    let admin = sqlx::PgPool::connect(&url).await.expect("the test server answers");
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.expect("a test database");
+    admin.close().await;
+    let (base, _) = url.rsplit_once('/').expect("a database URL ends with /NAME");
+    Some(PgDatabase::connect(&format!("{base}/{name}")).await.expect("kiln's schema applies"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_the_account_store_contract() {
+    let Some(db) = fresh().await else { return };
+    crate::store::contract_accounts::accounts(std::sync::Arc::new(super::PgAccounts::new(db))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_the_session_store_contract() {
+    let Some(db) = fresh().await else { return };
+    crate::store::contract_accounts::sessions(std::sync::Arc::new(super::PgSessions::new(db))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_apply_once_however_many_hosts_connect() {
+    let Some(db) = fresh().await else { return };
+    assert_eq!(db.applied().await.unwrap(), vec![1]);
+    // Four more hosts connecting at once to the same database.
+    let name = db.pool.connect_options().get_database().unwrap().to_string();
+    let base = std::env::var("KILN_TEST_DATABASE_URL").unwrap();
+    let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
+    let hosts = (0..4).map(|_| PgDatabase::connect(&url));
+    for host in futures_util::future::join_all(hosts).await {
+        assert_eq!(host.unwrap().applied().await.unwrap(), vec![1]);
+    }
+}
