@@ -1,6 +1,6 @@
 //! kiln's stores on PostgreSQL, for hosts that share one database: so far
-//! the accounts ([`PgAccounts`]) and the web sign-in sessions
-//! ([`PgSessions`]). Queries are checked at run time (no database at build
+//! the metadata store ([`PgMeta`]: jobs, assets, claims), the accounts
+//! ([`PgAccounts`]) and the web sign-in sessions ([`PgSessions`]). Queries are checked at run time (no database at build
 //! time); the schema is kiln's own migrations, embedded in the binary and
 //! applied by [`PgDatabase::connect`] under sqlx's migration lock, so hosts
 //! starting together apply each once.
@@ -10,6 +10,7 @@
 //! calls are also made from blocking threads through `store::wait`.
 
 mod accounts;
+mod meta;
 mod sessions;
 
 use std::borrow::Cow;
@@ -18,12 +19,16 @@ use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 pub use accounts::PgAccounts;
+pub use meta::PgMeta;
 pub use sessions::PgSessions;
 
 use super::StoreError;
 
 /// The schema, in order (version, description, SQL).
-const MIGRATIONS: &[(i64, &str, &str)] = &[(1, "accounts and sessions", include_str!("migrations/0001_accounts_and_sessions.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "accounts and sessions", include_str!("migrations/0001_accounts_and_sessions.sql")),
+    (2, "jobs, assets and claims", include_str!("migrations/0002_jobs_assets_claims.sql")),
+];
 
 /// Most connections one host opens.
 const MAX_CONNECTIONS: u32 = 16;

@@ -3,6 +3,7 @@
 //! Without it the tests skip, except under CI, where they fail.
 
 use super::PgDatabase;
+use crate::store::MetaStore;
 
 /// A new, empty database with kiln's schema; `None` (skipped) when no
 /// server is configured outside CI.
@@ -35,13 +36,45 @@ async fn postgres_keeps_the_session_store_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_apply_once_however_many_hosts_connect() {
     let Some(db) = fresh().await else { return };
-    assert_eq!(db.applied().await.unwrap(), vec![1]);
+    assert_eq!(db.applied().await.unwrap(), vec![1, 2]);
     // Four more hosts connecting at once to the same database.
     let name = db.pool.connect_options().get_database().unwrap().to_string();
     let base = std::env::var("KILN_TEST_DATABASE_URL").unwrap();
     let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
     let hosts = (0..4).map(|_| PgDatabase::connect(&url));
     for host in futures_util::future::join_all(hosts).await {
-        assert_eq!(host.unwrap().applied().await.unwrap(), vec![1]);
+        assert_eq!(host.unwrap().applied().await.unwrap(), vec![1, 2]);
     }
+}
+
+/// Every case of the `MetaStore` contract, each on a new database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_the_meta_store_contract() {
+    if fresh().await.is_none() {
+        return;
+    }
+    crate::store::contract::run_all(|| async {
+        let db = fresh().await.expect("the test server answers");
+        std::sync::Arc::new(super::PgMeta::new(db)) as std::sync::Arc<dyn crate::store::MetaStore>
+    })
+    .await;
+}
+
+/// A call awaited off any runtime (`store::wait` on a job's thread) runs
+/// on the pool's runtime and answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_from_a_thread_outside_the_runtime_answer() {
+    let Some(db) = fresh().await else { return };
+    let meta = std::sync::Arc::new(super::PgMeta::new(db));
+    let job = crate::store::JobRecord::queued_for_test("t1", 5, 3);
+    meta.submit(&job, &serde_json::json!({}), None).await.unwrap();
+    let m = meta.clone();
+    let (seq, page) = std::thread::spawn(move || {
+        let seq = crate::store::wait(m.max_seq()).unwrap();
+        let page = crate::store::wait(m.list_jobs(None, None, 10, 100, &|_| true)).unwrap();
+        (seq, page.jobs.len())
+    })
+    .join()
+    .unwrap();
+    assert_eq!((seq, page), (3, 1));
 }

@@ -1,0 +1,363 @@
+//! [`MetaStore`] on PostgreSQL (tables `jobs`, `assets`, `claims`; each
+//! row keeps its record as JSON beside the columns queries use). A
+//! submission, its claim and its workflow commit in one transaction; a
+//! claim is taken by one `INSERT … ON CONFLICT DO UPDATE … WHERE` the
+//! holder's claim has expired, so two hosts submitting one key cannot both
+//! win. Every commit is durable (the server's `synchronous_commit`), so
+//! the flush and sync calls have nothing left to do. A listing's cursor is
+//! the created time (8 bytes, big-endian) and id of the last job it showed,
+//! as in the embedded store.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::Row;
+use sqlx::postgres::PgPool;
+
+use super::{PgDatabase, backend};
+use crate::store::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, StoreError};
+
+macro_rules! on_pool {
+    ($self:ident, |$pool:ident| $body:expr) => {
+        $self.db.run(move |$pool| Box::pin(async move { $body })).await
+    };
+}
+
+/// Rows a listing reads per query (its scan budget bounds the total).
+const LIST_CHUNK: usize = 256;
+
+/// Jobs, assets and claims in PostgreSQL.
+pub struct PgMeta {
+    db: PgDatabase,
+}
+
+impl PgMeta {
+    pub fn new(db: PgDatabase) -> PgMeta {
+        PgMeta { db }
+    }
+}
+
+fn enc<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|e| StoreError::Backend(e.to_string()))
+}
+
+fn dec<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+fn status(job: &JobRecord) -> String {
+    serde_json::to_value(job.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+}
+
+fn seq(job: &JobRecord) -> i64 {
+    i64::try_from(job.seq).unwrap_or(i64::MAX)
+}
+
+/// The cursor after `job`: its created time and id.
+fn cursor_of(job: &JobRecord) -> Vec<u8> {
+    let mut k = job.created_at.to_be_bytes().to_vec();
+    k.extend_from_slice(job.id.as_bytes());
+    k
+}
+
+fn parse_cursor(cursor: &[u8]) -> Option<(i64, String)> {
+    let (time, id) = cursor.split_at_checked(8)?;
+    Some((i64::from_be_bytes(time.try_into().ok()?), String::from_utf8(id.to_vec()).ok()?))
+}
+
+fn records<T: DeserializeOwned>(what: &str, rows: &[sqlx::postgres::PgRow]) -> Result<Vec<T>, StoreError> {
+    rows.iter().map(|r| r.try_get::<Vec<u8>, _>("record").map_err(backend).and_then(|b| dec(what, &b))).collect()
+}
+
+/// Inserts or replaces a job's record (and its workflow when given).
+async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, workflow: Option<&[u8]>) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+         ON CONFLICT (id) DO UPDATE SET owner = $2, created_at = $3, seq = $4, status = $5, expires_at = $6, record = $7, \
+         workflow = COALESCE($8, jobs.workflow)",
+    )
+    .bind(&job.id)
+    .bind(&job.owner)
+    .bind(job.created_at)
+    .bind(seq(job))
+    .bind(status(job))
+    .bind(job.expires_at)
+    .bind(enc(job)?)
+    .bind(workflow)
+    .execute(exec)
+    .await
+    .map_err(backend)?;
+    Ok(())
+}
+
+async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<IdempotencyClaim>) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await.map_err(backend)?;
+    if let Some(claim) = &claim {
+        // Taken when free, or when the holder's claim has expired by now.
+        let taken = sqlx::query(
+            "INSERT INTO claims (key, expires_at, record) VALUES ($1, $2, $3) \
+             ON CONFLICT (key) DO UPDATE SET expires_at = $2, record = $3 WHERE claims.expires_at <= $4 RETURNING key",
+        )
+        .bind(&claim.key)
+        .bind(claim.expires_at)
+        .bind(enc(claim)?)
+        .bind(claim.claimed_at)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        if taken.is_none() {
+            return Err(StoreError::KeyClaimed);
+        }
+    }
+    upsert_job(&mut *tx, &job, Some(&workflow)).await?;
+    tx.commit().await.map_err(backend)
+}
+
+/// Up to `chunk` job records (JSON) of `owner` (everyone's: `None`)
+/// before `after` (created time, id), newest first.
+async fn chunk(pool: PgPool, owner: Option<String>, after: Option<(i64, String)>, chunk: usize) -> Result<Vec<Vec<u8>>, StoreError> {
+    let (time, id) = after.clone().unwrap_or((i64::MAX, String::new()));
+    // Before the cursor: an older time, or the same time and a smaller id
+    // (no cursor: everything).
+    let rows: Vec<(Vec<u8>,)> = sqlx::query_as(
+        "SELECT record FROM jobs WHERE ($1::text IS NULL OR owner = $1) \
+         AND ($4 OR created_at < $2 OR (created_at = $2 AND id < $3)) \
+         ORDER BY created_at DESC, id DESC LIMIT $5",
+    )
+    .bind(owner)
+    .bind(time)
+    .bind(id)
+    .bind(after.is_none())
+    .bind(i64::try_from(chunk).unwrap_or(i64::MAX))
+    .fetch_all(&pool)
+    .await
+    .map_err(backend)?;
+    Ok(rows.into_iter().map(|(r,)| r).collect())
+}
+
+impl PgMeta {
+    /// One page of a listing (see [`MetaStore::list_jobs`]): chunks read on
+    /// the pool's runtime, the filter (which borrows from the caller)
+    /// applied here.
+    async fn list(&self, owner: Option<&str>, cursor: Option<&[u8]>, limit: usize, max_scanned: usize, keep: &JobFilter<'_>) -> Result<JobPage, StoreError> {
+        let mut after = match cursor {
+            Some(c) => Some(parse_cursor(c).ok_or_else(|| StoreError::Backend("not a listing cursor".into()))?),
+            None => None,
+        };
+        let (mut jobs, mut scanned) = (Vec::new(), 0usize);
+        loop {
+            let size = LIST_CHUNK.min(max_scanned.saturating_sub(scanned)).max(1);
+            let (who, from) = (owner.map(str::to_string), after.clone());
+            let rows = on_pool!(self, |pool| chunk(pool, who, from, size).await)?;
+            let got = rows.len();
+            for bytes in rows {
+                let mut job: JobRecord = dec("job", &bytes)?;
+                if keep(&job) {
+                    if jobs.len() == limit {
+                        let next = jobs.last().map(cursor_of);
+                        return Ok(JobPage { jobs, next });
+                    }
+                    job.logs = None;
+                    jobs.push(job.clone());
+                }
+                scanned += 1;
+                after = Some((job.created_at, job.id.clone()));
+                if scanned >= max_scanned {
+                    return Ok(JobPage { jobs, next: Some(cursor_of(&job)) });
+                }
+            }
+            if got < size {
+                return Ok(JobPage { jobs, next: None });
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl MetaStore for PgMeta {
+    async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
+        let (job, workflow, claim) = (job.clone(), enc(workflow)?, claim.cloned());
+        on_pool!(self, |pool| submit(pool, job, workflow, claim).await)
+    }
+
+    async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        let job = job.clone();
+        on_pool!(self, |pool| upsert_job(&pool, &job, None).await)
+    }
+
+    async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let id = id.to_string();
+        on_pool!(self, |pool| {
+            let row = sqlx::query("SELECT record FROM jobs WHERE id = $1").bind(&id).fetch_optional(&pool).await.map_err(backend)?;
+            Ok(records("job", row.as_slice())?.pop())
+        })
+    }
+
+    async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        let id = job.id.clone();
+        on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
+            let deleted: Option<(i64,)> =
+                sqlx::query_as("DELETE FROM jobs WHERE id = $1 RETURNING seq").bind(id).fetch_optional(&mut *tx).await.map_err(backend)?;
+            if let Some((seq,)) = deleted {
+                sqlx::query("UPDATE seq_bound SET value = GREATEST(value, $1)").bind(seq).execute(&mut *tx).await.map_err(backend)?;
+            }
+            tx.commit().await.map_err(backend)
+        })
+    }
+
+    async fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        self.get_workflow_bytes(id).await?.map(|b| dec("workflow", &b)).transpose()
+    }
+
+    async fn list_jobs(
+        &self,
+        owner: Option<&str>,
+        cursor: Option<&[u8]>,
+        limit: usize,
+        max_scanned: usize,
+        keep: &JobFilter<'_>,
+    ) -> Result<JobPage, StoreError> {
+        self.list(owner, cursor, limit, max_scanned, keep).await
+    }
+
+    async fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let id = id.to_string();
+        on_pool!(self, |pool| {
+            let row: Option<(Option<Vec<u8>>,)> =
+                sqlx::query_as("SELECT workflow FROM jobs WHERE id = $1").bind(&id).fetch_optional(&pool).await.map_err(backend)?;
+            Ok(row.and_then(|(w,)| w))
+        })
+    }
+
+    async fn unfinished_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        on_pool!(self, |pool| {
+            let rows = sqlx::query("SELECT record FROM jobs WHERE status IN ('queued', 'running', 'canceling') ORDER BY seq")
+                .fetch_all(&pool)
+                .await
+                .map_err(backend)?;
+            records("job", &rows)
+        })
+    }
+
+    async fn max_seq(&self) -> Result<u64, StoreError> {
+        on_pool!(self, |pool| {
+            let (max,): (Option<i64>,) =
+                sqlx::query_as("SELECT GREATEST((SELECT MAX(seq) FROM jobs), (SELECT value FROM seq_bound))").fetch_one(&pool).await.map_err(backend)?;
+            Ok(u64::try_from(max.unwrap_or(0)).unwrap_or(0))
+        })
+    }
+
+    async fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        on_pool!(self, |pool| {
+            let rows = sqlx::query(
+                "(SELECT record, expires_at FROM jobs WHERE status <> 'expired' AND expires_at <= $1 ORDER BY expires_at LIMIT $3) \
+                 UNION ALL (SELECT record, expires_at FROM jobs WHERE status = 'expired' AND expires_at <= $2 ORDER BY expires_at LIMIT $3)",
+            )
+            .bind(now)
+            .bind(purge_before)
+            .bind(limit)
+            .fetch_all(&pool)
+            .await
+            .map_err(backend)?;
+            records("job", &rows)
+        })
+    }
+
+    async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        let asset = asset.clone();
+        on_pool!(self, |pool| {
+            sqlx::query(
+                "INSERT INTO assets (id, hash, job_id, expires_at, tags, record) VALUES ($1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (id) DO UPDATE SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6",
+            )
+            .bind(&asset.id)
+            .bind(&asset.hash)
+            .bind(&asset.job_id)
+            .bind(asset.expires_at)
+            .bind(&asset.tags)
+            .bind(enc(&asset)?)
+            .execute(&pool)
+            .await
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
+        let id = id.to_string();
+        on_pool!(self, |pool| {
+            let row = sqlx::query("SELECT record FROM assets WHERE id = $1").bind(&id).fetch_optional(&pool).await.map_err(backend)?;
+            Ok(records("asset", row.as_slice())?.pop())
+        })
+    }
+
+    async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
+        let id = asset.id.clone();
+        on_pool!(self, |pool| {
+            sqlx::query("DELETE FROM assets WHERE id = $1").bind(id).execute(&pool).await.map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        let hash = hash.to_string();
+        on_pool!(self, |pool| {
+            let rows = sqlx::query("SELECT record FROM assets WHERE hash = $1 ORDER BY id").bind(&hash).fetch_all(&pool).await.map_err(backend)?;
+            records("asset", &rows)
+        })
+    }
+
+    async fn assets_of_job(&self, job_id: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        let job_id = job_id.to_string();
+        on_pool!(self, |pool| {
+            let rows = sqlx::query("SELECT record FROM assets WHERE job_id = $1 ORDER BY id").bind(&job_id).fetch_all(&pool).await.map_err(backend)?;
+            records("asset", &rows)
+        })
+    }
+
+    async fn uploads_due(&self, now: Micros, limit: usize) -> Result<Vec<AssetRecord>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        on_pool!(self, |pool| {
+            let rows = sqlx::query("SELECT record FROM assets WHERE job_id IS NULL AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2")
+                .bind(now)
+                .bind(limit)
+                .fetch_all(&pool)
+                .await
+                .map_err(backend)?;
+            records("asset", &rows)
+        })
+    }
+
+    async fn assets_tagged(&self, prefix: &str) -> Result<Vec<AssetRecord>, StoreError> {
+        let prefix = prefix.to_string();
+        on_pool!(self, |pool| {
+            let rows = sqlx::query("SELECT record FROM assets WHERE EXISTS (SELECT 1 FROM unnest(tags) AS t WHERE starts_with(t, $1)) ORDER BY id")
+                .bind(&prefix)
+                .fetch_all(&pool)
+                .await
+                .map_err(backend)?;
+            records("asset", &rows)
+        })
+    }
+
+    async fn get_claim(&self, key: &str) -> Result<Option<IdempotencyClaim>, StoreError> {
+        let key = key.to_string();
+        on_pool!(self, |pool| {
+            let row = sqlx::query("SELECT record FROM claims WHERE key = $1").bind(&key).fetch_optional(&pool).await.map_err(backend)?;
+            Ok(records("claim", row.as_slice())?.pop())
+        })
+    }
+
+    async fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
+        on_pool!(self, |pool| {
+            let done = sqlx::query("DELETE FROM claims WHERE expires_at <= $1").bind(now).execute(&pool).await.map_err(backend)?;
+            Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+        })
+    }
+
+    /// Every commit is already durable.
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
