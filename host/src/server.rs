@@ -45,7 +45,9 @@ impl Server {
     pub async fn start_with(config: Config, options: ServiceOptions, runtime: Arc<PluginRuntime>, registry: Arc<NodeRegistry>) -> anyhow::Result<Server> {
         let listener = Server::bind(&config).await?;
         let executor = Arc::new(Executor::new(runtime.clone(), registry.clone(), config.result_cache_mb << 20, config.max_concurrency as usize));
-        let service = Service::start(options, &config.data_dir, registry, executor)
+        config.check_store().map_err(anyhow::Error::msg)?;
+        let backends = crate::service::Backends::from_config(&config).await.with_context(|| format!("opening the {:?} store", config.store))?;
+        let service = Service::start_on(options, backends, registry, executor)
             .await
             .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
         Server::serve(config, service, listener)

@@ -56,6 +56,8 @@ impl Default for Config {
             sse_keepalive_s: 15,
             trust_forwarded_headers: false,
             serverless_host: None,
+            store: Default::default(),
+            database_url: None,
             front_end_root: None,
             max_userdata_file_kb: 16 * 1024,
             max_userdata_mb: 1024,

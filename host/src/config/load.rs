@@ -83,6 +83,8 @@ const ENV_FIELDS: &[&str] = &[
     "sse_keepalive_s",
     "trust_forwarded_headers",
     "serverless_host",
+    "store",
+    "database_url",
     "front_end_root",
     "max_userdata_file_kb",
     "max_userdata_mb",
@@ -133,7 +135,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
             }
             "partner_base_url" | "partner_api_key" => toml::Value::String(value),
             "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" | "gpu"
-            | "serverless_host" => toml::Value::String(value),
+            | "serverless_host" | "store" | "database_url" => toml::Value::String(value),
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),
@@ -196,6 +198,19 @@ mod tests {
         assert_eq!((tiny.queued_jobs_per_account(), tiny.event_streams_per_account()), (1, 1), "never 0");
         let config = from_env(&[("KILN_MAX_QUEUED_JOBS_PER_ACCOUNT", "40"), ("KILN_MAX_EVENT_STREAMS_PER_ACCOUNT", "7")]).unwrap();
         assert_eq!((config.queued_jobs_per_account(), config.event_streams_per_account()), (40, 7));
+    }
+
+    #[test]
+    fn the_store_and_its_database_come_from_the_environment_and_are_checked() {
+        use crate::config::StoreKind;
+        assert_eq!(Config::default().store, StoreKind::Embedded);
+        assert!(Config::default().check_store().is_ok());
+        let config = from_env(&[("KILN_STORE", "postgres"), ("KILN_DATABASE_URL", "postgres://kiln@db:5432/kiln")]).unwrap();
+        assert_eq!((config.store, config.database_url.as_deref()), (StoreKind::Postgres, Some("postgres://kiln@db:5432/kiln")));
+        assert!(config.check_store().is_ok());
+        assert!(from_env(&[("KILN_STORE", "postgres")]).unwrap().check_store().is_err(), "no URL");
+        assert!(from_env(&[("KILN_STORE", "postgres"), ("KILN_DATABASE_URL", "mysql://x")]).unwrap().check_store().is_err());
+        assert!(from_env(&[("KILN_STORE", "oracle")]).is_err());
     }
 
     #[test]

@@ -224,6 +224,15 @@ pub struct Config {
     /// without a prefix. The `Host` header decides (`X-Forwarded-Host` with
     /// `trust_forwarded_headers`). `KILN_SERVERLESS_HOST`. Default: none.
     pub serverless_host: Option<String>,
+    /// Where jobs, assets, claims, accounts and sign-in sessions live:
+    /// `embedded` (the default: sled under the data directory) or
+    /// `postgres` (the database `database_url` names; blobs, deployments
+    /// and user files stay under the data directory, and only one host may
+    /// use a database so far). `KILN_STORE`.
+    pub store: StoreKind,
+    /// The PostgreSQL database of `store = "postgres"` (`postgres://…`).
+    /// `KILN_DATABASE_URL`.
+    pub database_url: Option<String>,
     /// A built ComfyUI web frontend (the `static/` directory of PyPI's
     /// `comfyui-frontend-package`) to serve at `/`, with a
     /// Content-Security-Policy that keeps the browser on this server.
@@ -394,6 +403,17 @@ pub struct TierConfig {
     pub max_queued: usize,
 }
 
+/// Where the service keeps its records (`store`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StoreKind {
+    /// sled under the data directory.
+    #[default]
+    Embedded,
+    /// PostgreSQL at `database_url`.
+    Postgres,
+}
+
 /// The deployment kind a server runs as.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -435,6 +455,16 @@ impl Config {
     /// `max_event_streams_per_account`).
     pub fn event_streams_per_account(&self) -> usize {
         self.max_event_streams_per_account.unwrap_or(self.max_event_streams / 4).max(1)
+    }
+
+    /// `store = "postgres"` needs a `postgres://` `database_url`.
+    pub fn check_store(&self) -> Result<(), String> {
+        match (self.store, self.database_url.as_deref()) {
+            (StoreKind::Embedded, _) => Ok(()),
+            (StoreKind::Postgres, Some(url)) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Ok(()),
+            (StoreKind::Postgres, Some(_)) => Err("database_url must be a postgres:// URL".into()),
+            (StoreKind::Postgres, None) => Err("store = \"postgres\" needs database_url (KILN_DATABASE_URL)".into()),
+        }
     }
 
     /// `serverless_host`, when set: a DNS name (letters, digits, `-`, `.`).

@@ -58,6 +58,35 @@ impl Backends {
         })
     }
 
+    /// Jobs, assets, claims, accounts and sessions in the PostgreSQL
+    /// database at `url` (its schema migrated first); blobs, deployments
+    /// and user files under `data_dir`, the queue and bus of this process.
+    /// One host per database so far: the queue is not shared yet.
+    pub async fn postgres(url: &str, data_dir: &Path) -> Result<Backends, ServiceError> {
+        std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
+        let db = crate::store::postgres::PgDatabase::connect(url).await?;
+        Ok(Backends {
+            meta: Arc::new(crate::store::postgres::PgMeta::new(db.clone())),
+            accounts: Arc::new(crate::store::postgres::PgAccounts::new(db.clone())),
+            sessions: Arc::new(crate::store::postgres::PgSessions::new(db)),
+            blobs: Arc::new(DiskBlobs::open(data_dir.join("blobs"))?),
+            key_hasher: KeyHasher::load_or_create(data_dir).map_err(StoreError::from)?,
+            deployments: Arc::new(FileDeployments::open(Some(data_dir.join("deployments.json")))?),
+            user_files: Arc::new(DiskUserFiles::new(data_dir.join("users"))),
+            waiting: Arc::new(LocalWaiting::default()),
+            bus: Arc::new(LocalBus::default()),
+        })
+    }
+
+    /// The backends `config.store` names.
+    pub async fn from_config(config: &crate::config::Config) -> Result<Backends, ServiceError> {
+        match (config.store, config.database_url.as_deref()) {
+            (crate::config::StoreKind::Postgres, Some(url)) => Backends::postgres(url, &config.data_dir).await,
+            (crate::config::StoreKind::Postgres, None) => Err(ServiceError::InvalidRequest("store = \"postgres\" needs database_url".into())),
+            (crate::config::StoreKind::Embedded, _) => Backends::embedded(&config.data_dir),
+        }
+    }
+
     /// Given metadata and blob stores (another backend, or a test double);
     /// the rest embedded: accounts, sessions and deployments in memory only, user
     /// files under `data_dir`.

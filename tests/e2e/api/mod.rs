@@ -14,6 +14,7 @@ mod fair;
 mod idempotency;
 mod intake;
 mod jobs;
+mod postgres;
 mod sessions;
 mod tenants;
 
