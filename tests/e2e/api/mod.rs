@@ -40,9 +40,45 @@ pub fn config(data: &std::path::Path) -> Config {
     Config { host: "127.0.0.1".into(), port: 0, data_dir: data.to_path_buf(), max_running_jobs: 2, ..test_config() }
 }
 
+/// A new database on the PostgreSQL test server (`KILN_TEST_DATABASE_URL`),
+/// as a `postgres://` URL; `None` when there is none (outside CI only).
+pub async fn fresh_database() -> Option<String> {
+    let Ok(url) = std::env::var("KILN_TEST_DATABASE_URL") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_DATABASE_URL (.ci/run starts PostgreSQL)");
+        eprintln!("SKIPPED: KILN_TEST_DATABASE_URL is not set");
+        return None;
+    };
+    let name = format!("kiln_e2e_{}", uuid::Uuid::new_v4().simple());
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap();
+    admin.close().await;
+    Some(format!("{}/{name}", url.rsplit_once('/').unwrap().0))
+}
+
+/// With `KILN_TEST_STORE=postgres` every server of these suites keeps its
+/// records in PostgreSQL: a database of its own, remembered in its data
+/// directory so a restart on that directory finds it again.
+async fn store_of_the_run(config: &mut Config) {
+    if std::env::var("KILN_TEST_STORE").as_deref() != Ok("postgres") {
+        return;
+    }
+    let remembered = config.data_dir.join("test-database-url");
+    let url = match std::fs::read_to_string(&remembered) {
+        Ok(url) => url,
+        Err(_) => {
+            let url = fresh_database().await.expect("KILN_TEST_STORE=postgres needs KILN_TEST_DATABASE_URL");
+            std::fs::write(&remembered, &url).unwrap();
+            url
+        }
+    };
+    config.store = kiln::config::StoreKind::Postgres;
+    config.database_url = Some(url);
+}
+
 pub async fn start_in(data: tempfile::TempDir, tweak: impl FnOnce(&mut Config, &mut ServiceOptions)) -> TestServer {
     let env = env().await;
     let mut config = config(data.path());
+    store_of_the_run(&mut config).await;
     let mut options = ServiceOptions::from_config(&config);
     tweak(&mut config, &mut options);
     let server = Server::start_with(config, options, env.runtime.clone(), env.registry.clone()).await.expect("server starts");

@@ -8,21 +8,7 @@
 use kiln::config::{Mode, StoreKind};
 use serde_json::{Value, json};
 
-use super::{load_save, png_bytes, start_in, trivial};
-
-/// A new database on the test server, as a `postgres://` URL.
-async fn fresh_database() -> Option<String> {
-    let Ok(url) = std::env::var("KILN_TEST_DATABASE_URL") else {
-        assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_DATABASE_URL (.ci/run starts PostgreSQL)");
-        eprintln!("SKIPPED: KILN_TEST_DATABASE_URL is not set");
-        return None;
-    };
-    let name = format!("kiln_e2e_{}", uuid::Uuid::new_v4().simple());
-    let admin = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap();
-    admin.close().await;
-    Some(format!("{}/{name}", url.rsplit_once('/').unwrap().0))
-}
+use super::{fresh_database, load_save, png_bytes, start_in, trivial};
 
 fn on_postgres(url: String, mode: Mode) -> impl FnOnce(&mut kiln::config::Config, &mut kiln::service::ServiceOptions) {
     move |c, o| {
