@@ -45,17 +45,8 @@ impl Backends {
     pub fn embedded(data_dir: &Path) -> Result<Backends, ServiceError> {
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
         let sled = SledMeta::open(&data_dir.join("meta"))?;
-        Ok(Backends {
-            accounts: Arc::new(sled.accounts()?),
-            sessions: Arc::new(sled.sessions()?),
-            meta: Arc::new(sled),
-            blobs: Arc::new(DiskBlobs::open(data_dir.join("blobs"))?),
-            key_hasher: KeyHasher::load_or_create(data_dir).map_err(StoreError::from)?,
-            deployments: Arc::new(FileDeployments::open(Some(data_dir.join("deployments.json")))?),
-            user_files: Arc::new(DiskUserFiles::new(data_dir.join("users"))),
-            waiting: Arc::new(LocalWaiting::default()),
-            bus: Arc::new(LocalBus::default()),
-        })
+        let (accounts, sessions) = (Arc::new(sled.accounts()?), Arc::new(sled.sessions()?));
+        Backends::beside(Arc::new(sled), accounts, sessions, data_dir)
     }
 
     /// Jobs, assets, claims, accounts and sessions in the PostgreSQL
@@ -63,12 +54,20 @@ impl Backends {
     /// and user files under `data_dir`, the queue and bus of this process.
     /// One host per database so far: the queue is not shared yet.
     pub async fn postgres(url: &str, data_dir: &Path) -> Result<Backends, ServiceError> {
+        use crate::store::postgres::{PgAccounts, PgDatabase, PgMeta, PgSessions};
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
-        let db = crate::store::postgres::PgDatabase::connect(url).await?;
+        let db = PgDatabase::connect(url).await?;
+        Backends::beside(Arc::new(PgMeta::new(db.clone())), Arc::new(PgAccounts::new(db.clone())), Arc::new(PgSessions::new(db)), data_dir)
+    }
+
+    /// The given record stores with what stays under `data_dir` (blobs,
+    /// the key secret, deployments, user files) and this process's queue
+    /// and bus.
+    fn beside(meta: Arc<dyn MetaStore>, accounts: Arc<dyn AccountStore>, sessions: Arc<dyn SessionStore>, data_dir: &Path) -> Result<Backends, ServiceError> {
         Ok(Backends {
-            meta: Arc::new(crate::store::postgres::PgMeta::new(db.clone())),
-            accounts: Arc::new(crate::store::postgres::PgAccounts::new(db.clone())),
-            sessions: Arc::new(crate::store::postgres::PgSessions::new(db)),
+            meta,
+            accounts,
+            sessions,
             blobs: Arc::new(DiskBlobs::open(data_dir.join("blobs"))?),
             key_hasher: KeyHasher::load_or_create(data_dir).map_err(StoreError::from)?,
             deployments: Arc::new(FileDeployments::open(Some(data_dir.join("deployments.json")))?),
