@@ -18,6 +18,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -48,7 +49,9 @@ pub fn offered(state: &AppState) -> bool {
 /// The `/login` and `/logout` routes, under the mount prefix.
 pub fn routes(state: Arc<AppState>) -> Router {
     let prefix = state.config.mount_prefix.clone();
-    Router::new().route(&format!("{prefix}/login"), get(page).post(login)).route(&format!("{prefix}/logout"), post(logout)).with_state(state)
+    let routes = Router::new().route(&format!("{prefix}/login"), get(page).post(login)).route(&format!("{prefix}/logout"), post(logout));
+    // A sign-in form is a key: its body is refused before it is read past this.
+    super::body_limit::BodyLimit::new(FORM_LIMIT).on(routes).with_state(state)
 }
 
 /// The session secret a request's cookies carry.
@@ -177,16 +180,17 @@ async fn page(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri) 
 
 /// `POST /login` (`key=…`, form-encoded): a session for the key's owner
 /// and a 303 to the frontend; a wrong key shows the form again (401).
-async fn login(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
+async fn login(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: Uri, body: Result<Bytes, BytesRejection>) -> Response {
     if !offered(&state) {
         return ApiError::not_found().into_response();
     }
     if !same_origin(&state, &headers, &uri) {
         return ApiError::forbidden("Sign in from this server's own page.").into_response();
     }
-    if body.len() > FORM_LIMIT {
-        return ApiError::payload_too_large(FORM_LIMIT as u64).into_response();
-    }
+    let body = match body {
+        Ok(body) => body,
+        Err(e) => return super::body::body_error(e, FORM_LIMIT).into_response(),
+    };
     let key = form_urlencoded::parse(&body).find(|(k, _)| k == "key").map(|(_, v)| v.trim().to_string()).unwrap_or_default();
     let caller = match authenticate(&state, Some(&key)) {
         Ok(caller) => caller,

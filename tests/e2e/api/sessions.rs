@@ -94,6 +94,8 @@ async fn a_browser_signs_in_with_a_key_and_its_session_stands_in_for_it() {
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
     assert!(wrong.headers().get(header::SET_COOKIE).is_none());
     assert!(wrong.text().await.unwrap().contains("not accepted"));
+    let huge = sign_in(&s, &"k".repeat(8192), &me).await;
+    assert_eq!(huge.status(), StatusCode::PAYLOAD_TOO_LARGE, "a form is a key, not a body of any size");
     let cross = sign_in(&s, &key, "http://evil.example").await;
     assert_eq!(cross.status(), StatusCode::FORBIDDEN);
     assert!(cross.headers().get(header::SET_COOKIE).is_none());

@@ -18,8 +18,10 @@ use crate::store::{JobRecord, JobStatus};
 /// Owners whose windows are kept.
 const OWNERS: usize = 32;
 
-/// A job of the window: its record without what no listing shows (logs,
-/// traceback, every output but the first), and how many outputs it has.
+/// A job of the window: its record without what no listing of it shows
+/// (inputs, metadata, progress, logs, traceback, every output but the
+/// first), and how many outputs it has. What a kept window holds is then
+/// a few hundred bytes a job, whatever its submission carried.
 #[derive(Clone, Debug)]
 pub struct WindowJob {
     pub record: JobRecord,
@@ -30,6 +32,9 @@ impl WindowJob {
     fn new(mut record: JobRecord) -> WindowJob {
         let outputs_count = record.outputs.len();
         record.outputs.truncate(1);
+        record.inputs = Vec::new();
+        record.metadata = None;
+        record.progress = None;
         record.logs = None;
         if let Some(error) = &mut record.error {
             error.traceback = None;
