@@ -171,6 +171,24 @@ pub fn session_caller(state: &AppState, owner: Arc<str>) -> Result<Caller, ApiEr
     }
 }
 
+/// Whether a request goes where a signed-in session can matter: the Jobs
+/// API (a deployment's too), the compatibility API's routes, and the
+/// frontend's page itself (which sends a stranger to `/login`; `/ws`
+/// and `/login` look the session up themselves). The
+/// frontend's scripts, styles and other files do not, so a page load does
+/// not look its session up for each of them.
+pub fn may_use_session(state: &AppState, request: &Request) -> bool {
+    if request.extensions().get::<DeploymentCtx>().is_some() {
+        return true;
+    }
+    let path = request.uri().path();
+    if path.strip_prefix(&*state.api_base).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')) {
+        return true;
+    }
+    let path = path.strip_prefix(state.config.mount_prefix.as_str()).unwrap_or(path);
+    is_compat(path) || matches!(path, "" | "/" | "/index.html")
+}
+
 /// Paths under the Jobs API that need no token.
 /// (`path` is relative to the Jobs API's mount point.)
 fn is_public(path: &str) -> bool {

@@ -193,8 +193,13 @@ fn next_request_id() -> String {
 async fn edge(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let id = next_request_id();
     state.service.touch();
-    // A signed-in browser's session (checked for CSRF) stands in for a key.
-    let checked = match session::resolve(&state, request.headers(), request.uri(), session::unsafe_method(request.method())).await {
+    // A signed-in browser's session (checked for CSRF) stands in for a key
+    // where one can matter.
+    let session = match auth::may_use_session(&state, &request) {
+        true => session::resolve(&state, request.headers(), request.uri(), session::unsafe_method(request.method())).await,
+        false => Ok(None),
+    };
+    let checked = match session {
         Ok(owner) => {
             if let Some(owner) = owner {
                 request.extensions_mut().insert(owner);
