@@ -8,7 +8,9 @@
 //! device's memory bandwidth, to print the invert as a fraction of it;
 //! `KILN_BENCH_WRITE_INPUTS=DIR`: only write the input PNGs (64², 2048²,
 //! 4096²) for whole-process runs (`tests/benches/gpu-box.sh`);
-//! `KILN_BENCH_DEVICE_ONLY=1`: only the device figures. Figures go to
+//! `KILN_BENCH_DEVICE_ONLY=1`: only the device figures;
+//! `KILN_BENCH_PROFILE_CALLS=N` (with it): only N chained host kernel calls,
+//! for a profiler. Figures go to
 //! BENCHMARKS.md.
 
 use std::collections::BTreeMap;
@@ -144,6 +146,15 @@ fn device_figures() {
     let tiny = device.upload(&vec![0.25; 256]).expect("upload");
     for _ in 0..20 {
         drop(kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("warm-up"));
+    }
+    // `KILN_BENCH_PROFILE_CALLS=N`: only N chained calls, for a profiler.
+    if let Some(n) = std::env::var("KILN_BENCH_PROFILE_CALLS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        let mut last = kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("tiny invert");
+        for _ in 1..n {
+            last = kiln::gpu::ops::affine(&device, &limits, &last, -1.0, 1.0, &cutoff()).expect("tiny invert");
+        }
+        drop(last.read().expect("read"));
+        return;
     }
     let calls = 500;
     let (created, reused) = device.buffer_counts();

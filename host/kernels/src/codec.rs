@@ -1,7 +1,8 @@
 //! Encoding on the host: one image of a tensor as an 8-bit PNG, the way
 //! SaveImage writes it (values truncated as [`crate::convert::to_u8`],
-//! fdeflate's fast compression with the Up filter, text chunks for the
-//! workflow). Only trusted data is handled here: the pixels are numbers the
+//! the Up filter, fdeflate's fast compression on one core, text chunks for
+//! the workflow); a large image on several cores is compressed in pieces
+//! ([`crate::deflate`]). Only trusted data is handled here: the pixels are numbers the
 //! host already holds and the text is copied into chunks, never parsed.
 //! Decoding untrusted files stays inside the sandbox.
 
@@ -89,6 +90,15 @@ fn encode_pixels(pixels: &[u8], dims: Dims, text: Vec<(String, String)>, stop: S
     }
     // Keywords are checked here: 1–79 Latin-1 characters.
     let mut writer = encoder.write_header().map_err(failed)?;
+    #[cfg(feature = "parallel")]
+    if pixels.len() >= 2 * crate::deflate::PIECE_BYTES && crate::threads() > 1 {
+        let stream = crate::deflate::zlib_stream(pixels, dims.row_len(), stop)?;
+        for chunk in stream.chunks(CHUNK_BYTES) {
+            writer.write_chunk(png::chunk::IDAT, chunk).map_err(failed)?;
+        }
+        writer.finish().map_err(failed)?;
+        return Ok(out);
+    }
     let mut stream = writer.stream_writer_with_size(CHUNK_BYTES.min(pixels.len()).max(1)).map_err(failed)?;
     let rows_per_band = (BAND_BYTES / dims.row_len()).max(1);
     for band in pixels.chunks(rows_per_band * dims.row_len()) {
@@ -130,6 +140,28 @@ mod tests {
             assert_eq!((info.width, info.height, info.color_type), (300, 700, png::ColorType::Rgb));
             let frame = dims.frame_len();
             assert_eq!(pixels, to_u8(&data[index * frame..(index + 1) * frame], &|| false).unwrap());
+            assert_eq!(got_text, text);
+        }
+    }
+
+    #[cfg(feature = "parallel")]
+    #[test]
+    fn a_large_image_on_several_cores_is_compressed_in_pieces_to_the_same_pixels() {
+        // 1100×900 RGB: ~3 MiB of rows, several pieces of ~1 MiB.
+        let dims = Dims { batch: 1, height: 1100, width: 900, channels: 3 };
+        let data: Vec<f32> = (0..dims.len().unwrap()).map(|i| ((i * 7919) % 1013) as f32 / 1012.0).collect();
+        let text = vec![("prompt".to_string(), "{}".to_string())];
+        let encode = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| encode_png(&data, dims, 0, text.clone(), &|| false).unwrap())
+        };
+        let (one, two) = (encode(1), encode(2));
+        assert_ne!(one, two, "two cores take the other path");
+        let want = to_u8(&data, &|| false).unwrap();
+        for png in [one, two] {
+            let (info, pixels, got_text) = decode(&png);
+            assert_eq!((info.width, info.height), (900, 1100));
+            assert_eq!(pixels, want);
             assert_eq!(got_text, text);
         }
     }

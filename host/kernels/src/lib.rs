@@ -16,6 +16,8 @@ mod bands;
 pub mod codec;
 pub mod convert;
 pub mod convolve;
+#[cfg(feature = "parallel")]
+mod deflate;
 pub mod resample;
 
 pub use bands::Stop;
