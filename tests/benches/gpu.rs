@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use kiln::config::Config;
 use kiln::executor::Executor;
 use kiln::files::NamedInputs;
-use kiln::gpu::dispatch::{Bound, Cutoff, Dispatch, submit};
+use kiln::gpu::dispatch::{Bound, Cutoff, Dispatch, When, submit};
 use kiln::gpu::{Gpu, GpuLimits, GpuMode};
 use kiln::plugins::{NodeRegistry, PluginRuntime};
 use serde_json::{Value, json};
@@ -158,6 +158,7 @@ fn device_figures() {
     }
     let calls = 500;
     let (created, reused) = device.buffer_counts();
+    let submitted = device.submissions();
     let start = Instant::now();
     let mut last = kiln::gpu::ops::affine(&device, &limits, &tiny, -1.0, 1.0, &cutoff()).expect("tiny invert");
     for _ in 1..calls {
@@ -169,10 +170,11 @@ fn device_figures() {
     assert!(chained.iter().all(|&v| (v - 0.25).abs() < 1e-6), "the chain computed");
     let (created2, reused2) = device.buffer_counts();
     println!(
-        "host kernel call on 256 resident values, chained (result buffer + uniforms + submit; one read at the end): {:.1} µs per call; driver allocations per call {:.3}, pooled buffers per call {:.2}",
+        "host kernel call on 256 resident values, chained (result buffer + uniforms + dispatch; one read at the end): {:.1} µs per call; driver allocations per call {:.3}, pooled buffers per call {:.2}, submissions per call {:.3}",
         per_call * 1e6,
         (created2 - created) as f64 / calls as f64,
-        (reused2 - reused) as f64 / calls as f64
+        (reused2 - reused) as f64 / calls as f64,
+        (device.submissions() - submitted) as f64 / calls as f64
     );
     let start = Instant::now();
     for _ in 0..200 {
@@ -241,7 +243,7 @@ fn device_figures() {
         let batch = 50;
         let dispatches: Vec<Dispatch<'_>> = (0..batch).map(|_| Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &[], groups }).collect();
         let run_batch = || {
-            let submission = submit(&device, &dispatches, &limits).expect("submit").expect("work");
+            let submission = submit(&device, &dispatches, &limits, When::Now).expect("submit").expect("work");
             device.wait(submission, Instant::now() + Duration::from_secs(60)).expect("wait");
         };
         let warm = Instant::now();
@@ -259,6 +261,48 @@ fn device_figures() {
         let expected = 1.0 - data[12345];
         assert!((dst.read().expect("read")[12345] - expected).abs() < 1e-6, "the batch computed the invert");
     }
+    // The kernel alone again, each dispatch reading the last one's result
+    // (two buffers in turn): what a chain of dependent kernels can reach
+    // on the device, whoever submits them.
+    {
+        let kernel = kiln::gpu::kernel::compile(&device, &limits, INVERT4, "main").expect("compile");
+        let (p, q) = (device.zeroed(values).expect("p"), device.zeroed(values).expect("q"));
+        let forth = [Bound { index: 1, buffer: &p, writable: false }, Bound { index: 2, buffer: &q, writable: true }];
+        let back = [Bound { index: 1, buffer: &q, writable: false }, Bound { index: 2, buffer: &p, writable: true }];
+        let groups_needed = (values / 4) as u32 / 256;
+        let groups = (groups_needed.min(limits.max_workgroups_per_dim), groups_needed.div_ceil(limits.max_workgroups_per_dim), 1);
+        let batch = 50;
+        let dispatches: Vec<Dispatch<'_>> =
+            (0..batch).map(|i| Dispatch { kernel: &kernel, bindings: if i % 2 == 0 { &forth } else { &back }, uniforms: &[], groups }).collect();
+        let run_batch = || {
+            let submission = submit(&device, &dispatches, &limits, When::Now).expect("submit").expect("work");
+            device.wait(submission, Instant::now() + Duration::from_secs(60)).expect("wait");
+        };
+        run_batch();
+        let t = median(
+            (0..5)
+                .map(|_| {
+                    let start = Instant::now();
+                    run_batch();
+                    start.elapsed().as_secs_f64() / batch as f64
+                })
+                .collect(),
+        );
+        report(&format!("four values (vec4) per invocation, {batch} dependent dispatches (each reads the last's result) per submission, per dispatch"), t);
+    }
+    // Host kernel calls on the resident image that do not depend on each
+    // other (each inverts the same source, as a fan-out does), one wait.
+    let independent = |calls: usize| {
+        let start = Instant::now();
+        let outs: Vec<_> = (0..calls).map(|_| kiln::gpu::ops::affine(&device, &limits, &src, -1.0, 1.0, &cutoff()).expect("invert")).collect();
+        device.finish(Instant::now() + Duration::from_secs(60)).expect("finish");
+        let t = start.elapsed().as_secs_f64() / calls as f64;
+        drop(outs);
+        t
+    };
+    independent(20);
+    let t = median((0..5).map(|_| independent(20)).collect());
+    report("20 independent host kernel calls (each from the same source), one wait, per call", t);
     // Host kernel calls chained on the resident image (each inverts the
     // last's result, as GPU nodes in a chain do), one wait at the end.
     let chained = |calls: usize| {
@@ -271,8 +315,12 @@ fn device_figures() {
         start.elapsed().as_secs_f64() / calls as f64
     };
     chained(20);
+    let submitted = device.submissions();
     let t = median((0..5).map(|_| chained(20)).collect());
-    report("host kernel calls chained 20 deep, one wait, per call", t);
+    let per_call = (device.submissions() - submitted) as f64 / 100.0;
+    report(&format!("host kernel calls chained 20 deep, one wait ({per_call:.2} submissions per call), per call"), t);
+    let t = median((0..3).map(|_| chained(200)).collect());
+    report("host kernel calls chained 200 deep, one wait, per call", t);
     // The host kernel call again, now that the clocks are up.
     let t = call_and_wait();
     report("host kernel call after the warm-up", t);

@@ -31,7 +31,7 @@ const ADLER_MOD: u64 = 65521;
 
 /// The zlib stream of `pixels` (rows of `row_len` bytes), Up-filtered.
 pub(crate) fn zlib_stream(pixels: &[u8], row_len: usize, stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
-    if row_len == 0 || pixels.is_empty() || pixels.len() % row_len != 0 {
+    if row_len == 0 || pixels.is_empty() || !pixels.len().is_multiple_of(row_len) {
         return Err(KernelError::Invalid(format!("{} bytes are not whole rows of {row_len}", pixels.len())));
     }
     let rows = pixels.len() / row_len;

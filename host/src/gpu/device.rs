@@ -5,7 +5,8 @@
 //! and anything that escapes them is logged by the uncaptured-error handler.
 //! A lost device is flagged by its callback; [`super::Gpu::device`] then
 //! builds a new one, and buffers of the old one answer `DeviceLost`.
-//! Buffers come from and go back to the device's [`Pool`].
+//! Buffers come from and go back to the device's [`Pool`]; small work may be
+//! recorded for the next submission ([`Batch`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 use parking_lot::Mutex;
 
+use super::batch::Batch;
 use super::pool::{Pool, Usage, class_of};
 use super::{GpuError, GpuLimits, Kernel, TRANSFER_TIMEOUT};
 
@@ -40,6 +42,11 @@ pub struct Device {
     /// upstream after that release, gfx-rs/wgpu#9958). Waits poll in
     /// slices of at most [`POLL_SLICE`], so no thread holds it for long.
     poll_lock: Mutex<()>,
+    /// Commands recorded for the next submission, and the buffers parked
+    /// behind them.
+    batch: Batch,
+    /// Submissions made to the queue.
+    submissions: AtomicU64,
     /// Test hook: read-back callbacks fire this many ms late, from another
     /// thread (as when another thread's poll collects them).
     #[cfg(test)]
@@ -93,6 +100,8 @@ impl Device {
             max_buffer_bytes,
             pool: Pool::new(limits.max_idle_bytes),
             poll_lock: Mutex::new(()),
+            batch: Batch::new(limits.max_idle_bytes / 2),
+            submissions: AtomicU64::new(0),
             #[cfg(test)]
             late_callbacks_ms: AtomicU64::new(0),
         })
@@ -161,10 +170,87 @@ impl Device {
         self.wait(submission, deadline)
     }
 
-    /// Submits command buffers (one poller at a time: see `poll_lock`).
+    /// Submits command buffers (one poller at a time: see `poll_lock`),
+    /// after the commands recorded so far.
     pub(crate) fn submit<I: IntoIterator<Item = wgpu::CommandBuffer>>(&self, buffers: I) -> wgpu::SubmissionIndex {
+        let mut open = self.batch.lock();
+        let taken = open.take();
+        let index = {
+            let _one = self.poll_lock.lock();
+            if let Some(commands) = taken.commands {
+                self.submit_recorded(commands);
+            }
+            self.submissions.fetch_add(1, Ordering::Relaxed);
+            self.queue.submit(buffers)
+        };
+        drop(open);
+        self.pool_parked(taken.parked);
+        index
+    }
+
+    /// Records `dispatches` dispatches with `f` for the next submission
+    /// (see [`Batch`]), submitting them now once the batch is full, or when
+    /// `if_idle` and the GPU has finished all it was given (it would
+    /// otherwise wait for work already recorded).
+    pub(crate) fn record(&self, dispatches: u32, if_idle: bool, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let open = || self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        let full = self.batch.lock().record(open, dispatches, f);
+        if full || (if_idle && self.queue_idle()) {
+            self.flush();
+        }
+    }
+
+    /// Whether every submission so far has finished (a poll that does not
+    /// wait).
+    fn queue_idle(&self) -> bool {
         let _one = self.poll_lock.lock();
-        self.queue.submit(buffers)
+        matches!(self.device.poll(wgpu::PollType::Poll), Ok(status) if status.is_queue_empty())
+    }
+
+    /// Submits the recorded commands, if any.
+    pub(crate) fn flush(&self) {
+        let mut open = self.batch.lock();
+        let taken = open.take();
+        if let Some(commands) = taken.commands {
+            let _one = self.poll_lock.lock();
+            self.submit_recorded(commands);
+        }
+        drop(open);
+        self.pool_parked(taken.parked);
+    }
+
+    /// Submits recorded commands inside their own error scopes. An error
+    /// there belongs to work whose node has already returned and whose
+    /// results were never written, so the device is treated as lost (its
+    /// buffers answer `DeviceLost`, the next use opens a new one) rather
+    /// than let a reader see a reused buffer's old contents. Recorded work
+    /// is the host's own, checked like every dispatch: this is not expected.
+    fn submit_recorded(&self, commands: wgpu::CommandEncoder) {
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        self.submissions.fetch_add(1, Ordering::Relaxed);
+        self.queue.submit([commands.finish()]);
+        let errors = [validation.pop(), memory.pop(), internal.pop()].map(pollster::block_on);
+        if let Some(e) = errors.into_iter().flatten().next() {
+            tracing::error!(error = %error_text(&e), "recorded GPU work failed: the device is dropped");
+            self.lost.store(true, Ordering::Release);
+        }
+    }
+
+    /// Pools buffers that were parked behind submitted commands.
+    fn pool_parked(&self, parked: Vec<Pooled>) {
+        if self.is_lost() {
+            return;
+        }
+        for p in parked {
+            self.pool.give(p.usage, p.class, p.buffer);
+        }
+    }
+
+    /// Submissions made to the queue since the device opened.
+    pub fn submissions(&self) -> u64 {
+        self.submissions.load(Ordering::Relaxed)
     }
 
     /// Processes finished work without blocking: runs the callbacks due.
@@ -185,7 +271,7 @@ impl Device {
     }
 
     /// Buffers the driver allocated on this device, and buffers reused
-    /// from its pool instead.
+    /// instead (from its pool, or parked behind recorded commands).
     pub fn buffer_counts(&self) -> (u64, u64) {
         self.pool.counts()
     }
@@ -198,7 +284,7 @@ impl Device {
     /// A buffer of `usage` holding at least `bytes`: from the pool, else
     /// allocated (inside error scopes: out of memory is an error, not a
     /// panic). `fresh`: allocated now, so wgpu cleared it.
-    pub(crate) fn buffer(&self, usage: Usage, bytes: u64) -> Result<Pooled, GpuError> {
+    pub(crate) fn buffer(&self, usage: Usage, bytes: u64, first_write: FirstWrite) -> Result<Pooled, GpuError> {
         if self.is_lost() {
             return Err(GpuError::DeviceLost);
         }
@@ -208,6 +294,12 @@ impl Device {
             .filter(|&c| c <= self.max_buffer_bytes)
             .or_else(|| bytes.checked_next_multiple_of(4))
             .ok_or_else(|| GpuError::InvalidDispatch(format!("a buffer of {bytes} bytes")))?;
+        if first_write == FirstWrite::Commands
+            && let Some(parked) = self.batch.lock().unpark(usage, class)
+        {
+            self.pool.count_reused();
+            return Ok(Pooled { fresh: false, ..parked });
+        }
         if let Some(buffer) = self.pool.take(usage, class) {
             return Ok(Pooled { buffer, usage, class, fresh: false });
         }
@@ -225,17 +317,30 @@ impl Device {
         Ok(Pooled { buffer, usage, class, fresh: true })
     }
 
-    /// Gives `pooled` back for reuse (not on a lost device).
+    /// Gives `pooled` back for reuse (not on a lost device): parked while
+    /// recorded commands may use it (see [`Batch`]).
     pub(crate) fn recycle(&self, pooled: Pooled) {
-        if !self.is_lost() {
-            self.pool.give(pooled.usage, pooled.class, pooled.buffer);
+        if self.is_lost() {
+            return;
+        }
+        let parked = self.batch.lock().park(pooled);
+        match parked {
+            Err(pooled) => self.pool.give(pooled.usage, pooled.class, pooled.buffer),
+            Ok(true) => self.flush(),
+            Ok(false) => {}
         }
     }
 
     /// A storage buffer of `len` f32 values whose contents are undefined:
-    /// for a result every value of which the caller writes before anything
-    /// reads it (the host's kernels write every value of their results).
+    /// for a result every value of which the caller writes with GPU commands
+    /// before anything reads it (the host's kernels write every value of
+    /// their results).
     pub(crate) fn for_overwrite(self: &Arc<Self>, len: usize) -> Result<DeviceBuffer, GpuError> {
+        self.storage(len, FirstWrite::Commands)
+    }
+
+    /// A storage buffer of `len` f32 values, first written as `first_write` says.
+    fn storage(self: &Arc<Self>, len: usize, first_write: FirstWrite) -> Result<DeviceBuffer, GpuError> {
         let size = byte_size(len)?;
         if size > self.max_binding_bytes {
             return Err(GpuError::InvalidDispatch(format!(
@@ -244,7 +349,7 @@ impl Device {
                 self.max_binding_bytes >> 20
             )));
         }
-        let pooled = self.buffer(Usage::Storage, size)?;
+        let pooled = self.buffer(Usage::Storage, size, first_write)?;
         Ok(DeviceBuffer::new(pooled, len, self.clone()))
     }
 
@@ -266,7 +371,7 @@ impl Device {
 
     /// A storage buffer holding `data` (queued before any later work).
     pub fn upload(self: &Arc<Self>, data: &[f32]) -> Result<DeviceBuffer, GpuError> {
-        let buffer = self.for_overwrite(data.len())?;
+        let buffer = self.storage(data.len(), FirstWrite::Queue)?;
         self.scoped(|| self.queue.write_buffer(buffer.raw(), 0, bytemuck::cast_slice(data)))?;
         Ok(buffer)
     }
@@ -285,6 +390,30 @@ pub(crate) struct Pooled {
     class: u64,
     /// Allocated now (wgpu cleared it), not reused.
     fresh: bool,
+}
+
+impl Pooled {
+    /// Its size class, bytes.
+    pub(crate) fn class(&self) -> u64 {
+        self.class
+    }
+
+    /// What it is for.
+    pub(crate) fn usage(&self) -> Usage {
+        self.usage
+    }
+}
+
+/// How a buffer taken for a new holder is first written, which decides
+/// whether a buffer parked behind recorded commands will do (see [`Batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FirstWrite {
+    /// By commands (a kernel, a clear, a copy), which the queue runs after
+    /// the recorded ones: a parked buffer will do.
+    Commands,
+    /// By `write_buffer`, which the queue runs before recorded commands:
+    /// only a pooled buffer.
+    Queue,
 }
 
 fn byte_size(len: usize) -> Result<u64, GpuError> {
@@ -378,7 +507,7 @@ impl DeviceBuffer {
     pub fn map_read<T>(&self, deadline: Instant, f: impl FnOnce(&[f32]) -> T) -> Result<T, GpuError> {
         let device = &self.device;
         let size = byte_size(self.len)?;
-        let staging = device.buffer(Usage::Staging, size)?;
+        let staging = device.buffer(Usage::Staging, size, FirstWrite::Commands)?;
         let submission = device.scoped(|| {
             let mut encoder = device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
             encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging.buffer, 0, size);

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::device::Pooled;
+use super::device::{FirstWrite, Pooled};
 use super::kernel::{Kernel, Slot};
 use super::pool::Usage;
 use super::{Device, DeviceBuffer, GpuError, GpuLimits};
@@ -124,16 +124,31 @@ pub fn run(
     limits: &GpuLimits,
     deadline: Instant,
 ) -> Result<(), GpuError> {
-    match submit(device, &[Dispatch { kernel, bindings, uniforms, groups }], limits)? {
+    match submit(device, &[Dispatch { kernel, bindings, uniforms, groups }], limits, When::Now)? {
         Some(submission) => device.wait(submission, deadline),
         None => Ok(()),
     }
 }
 
+/// When dispatches reach the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// In a submission of their own, now.
+    Now,
+    /// Recorded, and submitted with the device's next submission (small
+    /// work only: see `super::batch`).
+    WithNext,
+    /// Recorded, and submitted at once when the GPU has nothing else to do
+    /// (work that an idle GPU should not wait on), else with the next
+    /// submission.
+    Soon,
+}
+
 /// Checks every dispatch (see [`check`]), then submits them as one
-/// submission, in order (each sees what the previous ones wrote), inside
-/// error scopes; does not wait. `None`: nothing to run (no workgroups).
-pub fn submit(device: &Device, dispatches: &[Dispatch<'_>], limits: &GpuLimits) -> Result<Option<wgpu::SubmissionIndex>, GpuError> {
+/// submission (or records them, `when` says), in order (each sees what the
+/// previous ones wrote), inside error scopes; does not wait. `None`:
+/// nothing was submitted now (no workgroups, or recorded).
+pub fn submit(device: &Device, dispatches: &[Dispatch<'_>], limits: &GpuLimits, when: When) -> Result<Option<wgpu::SubmissionIndex>, GpuError> {
     for d in dispatches {
         check(device, d.kernel, d.bindings, d.uniforms, d.groups, limits)?;
     }
@@ -142,13 +157,12 @@ pub fn submit(device: &Device, dispatches: &[Dispatch<'_>], limits: &GpuLimits) 
         return Ok(None);
     }
     let mut uniforms = Vec::new();
-    let submission = device.scoped(|| -> Result<wgpu::SubmissionIndex, GpuError> {
+    let submission = device.scoped(|| -> Result<Option<wgpu::SubmissionIndex>, GpuError> {
         let mut groups = Vec::with_capacity(dispatches.len());
         for d in &dispatches {
             groups.push(bind_group(device, d, limits, &mut uniforms)?);
         }
-        let mut encoder = device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        {
+        let encode = |encoder: &mut wgpu::CommandEncoder| {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             for (d, group) in dispatches.iter().zip(&groups) {
                 pass.set_pipeline(&d.kernel.pipeline);
@@ -157,14 +171,25 @@ pub fn submit(device: &Device, dispatches: &[Dispatch<'_>], limits: &GpuLimits) 
                 }
                 pass.dispatch_workgroups(d.groups.0, d.groups.1, d.groups.2);
             }
+        };
+        match when {
+            When::Now => {
+                let mut encoder = device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+                encode(&mut encoder);
+                Ok(Some(device.submit([encoder.finish()])))
+            }
+            When::WithNext | When::Soon => {
+                device.record(dispatches.len() as u32, when == When::Soon, encode);
+                Ok(None)
+            }
         }
-        Ok(device.submit([encoder.finish()]))
     });
-    // Reusable at once: later writes to them run after this submission.
+    // Reusable once submitted (later writes to them run after): recorded
+    // commands keep them parked until then.
     for u in uniforms {
         device.recycle(u);
     }
-    Ok(Some(submission??))
+    submission?
 }
 
 /// Writes a uniform block into a pooled buffer kept in `uniforms`: its index
@@ -172,7 +197,7 @@ pub fn submit(device: &Device, dispatches: &[Dispatch<'_>], limits: &GpuLimits) 
 fn uniform_block(device: &Device, bytes: &[u8], uniforms: &mut Vec<Pooled>) -> Result<(usize, usize), GpuError> {
     let mut padded = bytes.to_vec();
     padded.resize(bytes.len().next_multiple_of(16), 0);
-    let pooled = device.buffer(Usage::Uniform, padded.len() as u64)?;
+    let pooled = device.buffer(Usage::Uniform, padded.len() as u64, FirstWrite::Queue)?;
     device.queue.write_buffer(&pooled.buffer, 0, &padded);
     uniforms.push(pooled);
     Ok((uniforms.len() - 1, padded.len()))

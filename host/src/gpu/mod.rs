@@ -7,11 +7,13 @@
 //!
 //! - [`device`]: the device, its loss and re-creation, device buffers.
 //! - [`pool`]: device buffers reused by size class, idle memory bounded.
+//! - [`batch`]: small work recorded for the next submission.
 //! - [`policy`]: where `auto` runs a kernel, transfers and the device's opening counted.
 //! - [`kernel`]: WGSL validation, loop bounding ([`loops`]), the pipeline cache.
 //! - [`dispatch`]: binding checks, bounded dispatch, captured errors.
 //! - [`ops`]: the host's WGSL versions of the pixel kernels.
 
+mod batch;
 mod device;
 pub mod dispatch;
 pub mod kernel;

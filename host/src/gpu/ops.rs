@@ -10,7 +10,10 @@
 //! the node's [`Cutoff`] (deadline, cancellation) is asked between bands.
 //! The last band is submitted and not waited for: the next reader of the
 //! result (the next kernel's first band, a read-back) waits for it, in
-//! queue order, so a chain of GPU nodes pays one round trip to the device.
+//! queue order, so a chain of GPU nodes pays one round trip to the device;
+//! a small last band is not even submitted alone but recorded for the
+//! device's next submission (`super::batch`), so such a chain pays one
+//! submission per [`super::batch::MAX_RECORDED`] kernels.
 //! A submitted dispatch runs to its end whether anyone waits or not (a
 //! driver may even run it inside `submit`), so a band is all that can run
 //! past the deadline: one huge dispatch had the node fail in time on
@@ -29,7 +32,7 @@ use kiln_kernels::Dims;
 use kiln_kernels::convolve::Finish;
 use kiln_kernels::resample::{Method, tap_table};
 
-use super::dispatch::{Bound, Cutoff, Dispatch, submit};
+use super::dispatch::{Bound, Cutoff, Dispatch, When, submit};
 use super::kernel::compile;
 use super::{Device, DeviceBuffer, GpuError, GpuLimits};
 
@@ -50,6 +53,17 @@ pub const FIRST_BAND_WORK: u64 = 1 << 24;
 /// The least work of a band however slowly the last one ran, so a stalled
 /// band does not leave the rest of the kernel in tiny submissions.
 pub const MIN_BAND_WORK: u64 = 1 << 22;
+
+/// The most work a kernel's last band may have and still be recorded for
+/// the device's next submission rather than submitted alone (see
+/// `super::batch`): one first band, tens of microseconds on a GPU.
+pub const DEFER_WORK: u64 = FIRST_BAND_WORK;
+
+/// A recorded last band of at least this much work is submitted at once
+/// when the GPU is idle (it would otherwise wait for work that is ready):
+/// about 10 µs on a GPU, half a submission's own cost. Smaller ones wait
+/// for the next submission whatever the GPU does.
+pub const IDLE_SUBMIT_WORK: u64 = 1 << 22;
 
 /// How long a band should take: what may run past the node's deadline.
 pub const BAND_TIME: Duration = Duration::from_millis(50);
@@ -92,16 +106,19 @@ impl BandSizer {
     }
 }
 
-/// Runs `len` output values band by band: `band(first, end)` submits one
-/// band, which is waited for (all but the last); between bands the `cutoff` is asked, and past
-/// it the kernel stops with [`GpuError::Timeout`]. `cost`: taps per value.
+/// Runs `len` output values band by band: `band(first, end, when)` submits
+/// one band, which is waited for (all but the last; a last band of at most
+/// [`DEFER_WORK`] is recorded for the next submission, or submitted at
+/// once on an idle GPU from [`IDLE_SUBMIT_WORK`] up: `when` says);
+/// between bands the `cutoff` is asked, and past it the kernel stops with
+/// [`GpuError::Timeout`]. `cost`: taps per value.
 fn in_bands(
     device: &Device,
     len: usize,
     granule: usize,
     cost: u64,
     cutoff: &Cutoff<'_>,
-    mut band: impl FnMut(usize, usize) -> Result<Option<wgpu::SubmissionIndex>, GpuError>,
+    mut band: impl FnMut(usize, usize, When) -> Result<Option<wgpu::SubmissionIndex>, GpuError>,
 ) -> Result<(), GpuError> {
     let mut sizer = BandSizer::new(granule, cost);
     let (started, mut first, mut bands) = (Instant::now(), 0, 0);
@@ -115,7 +132,14 @@ fn in_bands(
         // The last band is not waited for: whoever reads the result next
         // (a read-back, the next kernel's first band) waits for it, so a
         // chain of GPU nodes pays one round trip, not one per node.
-        match band(first, end)? {
+        let work = ((end - first) as u64).saturating_mul(cost.max(1));
+        let when = match work {
+            _ if end < len => When::Now,
+            w if w < IDLE_SUBMIT_WORK => When::WithNext,
+            w if w <= DEFER_WORK => When::Soon,
+            _ => When::Now,
+        };
+        match band(first, end, when)? {
             Some(submission) if end < len => device.wait(submission, cutoff.deadline)?,
             _ => {}
         }
@@ -170,10 +194,10 @@ pub fn affine(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, scal
     let bindings = [Bound { index: 1, buffer: src, writable: false }, Bound { index: 2, buffer: &dst, writable: true }];
     let limits = trusted(limits);
     // Bands count the kernel's elements (vec4s or values), each `width` values of work.
-    in_bands(device, src.len() / width, 1, width as u64, cutoff, |first, end| {
+    in_bands(device, src.len() / width, 1, width as u64, cutoff, |first, end, when| {
         let (header, groups) = band_header(first, end, &limits)?;
         let uniforms = words_of(&[header[0], header[1], header[2], scale.to_bits(), offset.to_bits()]);
-        submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits)
+        submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits, when)
     })?;
     Ok(dst)
 }
@@ -192,10 +216,10 @@ pub fn to_u8(device: &Arc<Device>, limits: &GpuLimits, src: &DeviceBuffer, base:
     let bindings = [Bound { index: 1, buffer: src, writable: false }, Bound { index: 2, buffer: &dst, writable: true }];
     let limits = trusted(limits);
     let (base, count) = (as_u32(base)?, as_u32(count)?);
-    in_bands(device, words, 1, 4, cutoff, |first, end| {
+    in_bands(device, words, 1, 4, cutoff, |first, end, when| {
         let (header, groups) = band_header(first, end, &limits)?;
         let uniforms = words_of(&[header[0], header[1], header[2], base, count]);
-        submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits)
+        submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits, when)
     })?;
     Ok(dst)
 }
@@ -238,14 +262,14 @@ pub fn convolve(
     // A band is whole rows: the horizontal pass reads the vertical pass's
     // results of the same row only, so both passes go in one submission.
     let row = dims.width.saturating_mul(dims.channels);
-    in_bands(device, src.len(), row, 2 * taps.len() as u64, cutoff, |first, end| {
+    in_bands(device, src.len(), row, 2 * taps.len() as u64, cutoff, |first, end, when| {
         let (header, groups) = band_header(first, end, &limits)?;
         let uniforms = words_of(&[header[0], header[1], header[2], height, width, channels, radius, mode, strength.to_bits()]);
         let passes = [
             Dispatch { kernel: &vertical, bindings: &vertical_bindings, uniforms: &uniforms, groups },
             Dispatch { kernel: &horizontal, bindings: &horizontal_bindings, uniforms: &uniforms, groups },
         ];
-        submit(device, &passes, &limits)
+        submit(device, &passes, &limits, when)
     })?;
     Ok(dst)
 }
@@ -296,10 +320,10 @@ pub fn resize(
         Bound { index: 3, buffer: &dst, writable: true },
     ];
     let limits = trusted(limits);
-    in_bands(device, len, 1, (nx as u64).saturating_mul(ny as u64), cutoff, |first, end| {
+    in_bands(device, len, 1, (nx as u64).saturating_mul(ny as u64), cutoff, |first, end, when| {
         let (header, groups) = band_header(first, end, &limits)?;
         let uniforms = words_of(&[&header[..], &shape_words].concat());
-        submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits)
+        submit(device, &[Dispatch { kernel: &kernel, bindings: &bindings, uniforms: &uniforms, groups }], &limits, when)
     })?;
     Ok(dst)
 }

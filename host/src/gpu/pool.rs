@@ -120,6 +120,12 @@ impl Pool {
         drop(released);
     }
 
+    /// Counts a buffer reused without passing through the pool (one
+    /// parked behind recorded commands).
+    pub(crate) fn count_reused(&self) {
+        self.reused.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a buffer the driver allocated.
     pub(crate) fn count_created(&self) {
         self.created.fetch_add(1, Ordering::Relaxed);
