@@ -171,17 +171,22 @@ impl Device {
     }
 
     /// Submits command buffers (one poller at a time: see `poll_lock`),
-    /// after the commands recorded so far.
+    /// after the commands recorded so far (with none given, the recorded
+    /// ones are the submission).
     pub(crate) fn submit<I: IntoIterator<Item = wgpu::CommandBuffer>>(&self, buffers: I) -> wgpu::SubmissionIndex {
+        let buffers: Vec<wgpu::CommandBuffer> = buffers.into_iter().collect();
         let mut open = self.batch.lock();
         let taken = open.take();
         let index = {
             let _one = self.poll_lock.lock();
-            if let Some(commands) = taken.commands {
-                self.submit_recorded(commands);
+            let recorded = taken.commands.map(|commands| self.submit_recorded(commands));
+            match recorded {
+                Some(index) if buffers.is_empty() => index,
+                _ => {
+                    self.submissions.fetch_add(1, Ordering::Relaxed);
+                    self.queue.submit(buffers)
+                }
             }
-            self.submissions.fetch_add(1, Ordering::Relaxed);
-            self.queue.submit(buffers)
         };
         drop(open);
         self.pool_parked(taken.parked);
@@ -213,7 +218,7 @@ impl Device {
         let taken = open.take();
         if let Some(commands) = taken.commands {
             let _one = self.poll_lock.lock();
-            self.submit_recorded(commands);
+            let _ = self.submit_recorded(commands);
         }
         drop(open);
         self.pool_parked(taken.parked);
@@ -225,17 +230,18 @@ impl Device {
     /// buffers answer `DeviceLost`, the next use opens a new one) rather
     /// than let a reader see a reused buffer's old contents. Recorded work
     /// is the host's own, checked like every dispatch: this is not expected.
-    fn submit_recorded(&self, commands: wgpu::CommandEncoder) {
+    fn submit_recorded(&self, commands: wgpu::CommandEncoder) -> wgpu::SubmissionIndex {
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         self.submissions.fetch_add(1, Ordering::Relaxed);
-        self.queue.submit([commands.finish()]);
+        let index = self.queue.submit([commands.finish()]);
         let errors = [validation.pop(), memory.pop(), internal.pop()].map(pollster::block_on);
         if let Some(e) = errors.into_iter().flatten().next() {
             tracing::error!(error = %error_text(&e), "recorded GPU work failed: the device is dropped");
             self.lost.store(true, Ordering::Release);
         }
+        index
     }
 
     /// Pools buffers that were parked behind submitted commands.
