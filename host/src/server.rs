@@ -35,7 +35,8 @@ fn connection_limits(config: &Config) -> ConnectionLimits {
 pub struct Server {
     pub addr: SocketAddr,
     pub state: Arc<AppState>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The HTTP listener's task (taken by [`Server::shutdown`]).
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Server {
@@ -75,7 +76,7 @@ impl Server {
         let state = AppState::new(service, config, signer, addr, frontend);
         let router = api::router(state.clone());
         let task = tokio::spawn(api::listener::serve(listener, router, limits, state.closing.clone()));
-        Ok(Server { addr, state, task })
+        Ok(Server { addr, state, task: Some(task) })
     }
 
     /// Loads the configured plugins and starts a server.
@@ -96,10 +97,23 @@ impl Server {
 
     /// Graceful shutdown: stop accepting, end event streams, let requests
     /// finish, then stop the workers (running jobs re-run at the next start).
-    pub async fn shutdown(self) -> anyhow::Result<()> {
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
         self.state.closing.cancel();
-        self.task.await??;
+        if let Some(task) = self.task.take() {
+            task.await??;
+        }
         self.state.service.shutdown().await;
         Ok(())
+    }
+}
+
+impl Drop for Server {
+    /// A server dropped without [`Server::shutdown`] stops as well, without
+    /// waiting: it takes no more connections and its workers end (running
+    /// jobs are left to the next start, as after a crash), so nothing it
+    /// holds — a database's connections — outlives it.
+    fn drop(&mut self) {
+        self.state.closing.cancel();
+        self.state.service.stop();
     }
 }

@@ -58,6 +58,7 @@ impl Default for Config {
             serverless_host: None,
             store: Default::default(),
             database_url: None,
+            database_max_connections: 16,
             front_end_root: None,
             max_userdata_file_kb: 16 * 1024,
             max_userdata_mb: 1024,

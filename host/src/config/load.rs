@@ -85,6 +85,7 @@ const ENV_FIELDS: &[&str] = &[
     "serverless_host",
     "store",
     "database_url",
+    "database_max_connections",
     "front_end_root",
     "max_userdata_file_kb",
     "max_userdata_mb",
@@ -211,6 +212,11 @@ mod tests {
         assert!(from_env(&[("KILN_STORE", "postgres")]).unwrap().check_store().is_err(), "no URL");
         assert!(from_env(&[("KILN_STORE", "postgres"), ("KILN_DATABASE_URL", "mysql://x")]).unwrap().check_store().is_err());
         assert!(from_env(&[("KILN_STORE", "oracle")]).is_err());
+        assert_eq!(Config::default().database_max_connections, 16);
+        let pool = [("KILN_STORE", "postgres"), ("KILN_DATABASE_URL", "postgres://kiln@db/kiln"), ("KILN_DATABASE_MAX_CONNECTIONS", "4")];
+        assert_eq!(from_env(&pool).unwrap().database_max_connections, 4);
+        let none = [("KILN_STORE", "postgres"), ("KILN_DATABASE_URL", "postgres://kiln@db/kiln"), ("KILN_DATABASE_MAX_CONNECTIONS", "0")];
+        assert!(from_env(&none).unwrap().check_store().is_err(), "no connection at all");
     }
 
     #[test]

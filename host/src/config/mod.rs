@@ -233,6 +233,9 @@ pub struct Config {
     /// The PostgreSQL database of `store = "postgres"` (`postgres://…`).
     /// `KILN_DATABASE_URL`.
     pub database_url: Option<String>,
+    /// Most connections this host opens to that database (idle ones close
+    /// after a minute). `KILN_DATABASE_MAX_CONNECTIONS`. Default: 16.
+    pub database_max_connections: u32,
     /// A built ComfyUI web frontend (the `static/` directory of PyPI's
     /// `comfyui-frontend-package`) to serve at `/`, with a
     /// Content-Security-Policy that keeps the browser on this server.
@@ -460,11 +463,15 @@ impl Config {
     /// `store = "postgres"` needs a `postgres://` `database_url`.
     pub fn check_store(&self) -> Result<(), String> {
         match (self.store, self.database_url.as_deref()) {
-            (StoreKind::Embedded, _) => Ok(()),
+            (StoreKind::Embedded, _) => Ok::<(), String>(()),
             (StoreKind::Postgres, Some(url)) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Ok(()),
             (StoreKind::Postgres, Some(_)) => Err("database_url must be a postgres:// URL".into()),
             (StoreKind::Postgres, None) => Err("store = \"postgres\" needs database_url (KILN_DATABASE_URL)".into()),
+        }?;
+        if self.database_max_connections == 0 {
+            return Err("database_max_connections must be at least 1".into());
         }
+        Ok(())
     }
 
     /// `serverless_host`, when set: a DNS name (letters, digits, `-`, `.`).

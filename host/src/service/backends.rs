@@ -50,13 +50,14 @@ impl Backends {
     }
 
     /// Jobs, assets, claims, accounts and sessions in the PostgreSQL
-    /// database at `url` (its schema migrated first); blobs, deployments
+    /// database at `url` (its schema migrated first; at most
+    /// `max_connections` open); blobs, deployments
     /// and user files under `data_dir`, the queue and bus of this process.
     /// One host per database so far: the queue is not shared yet.
-    pub async fn postgres(url: &str, data_dir: &Path) -> Result<Backends, ServiceError> {
+    pub async fn postgres(url: &str, max_connections: u32, data_dir: &Path) -> Result<Backends, ServiceError> {
         use crate::store::postgres::{PgAccounts, PgDatabase, PgMeta, PgSessions};
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
-        let db = PgDatabase::connect(url).await?;
+        let db = PgDatabase::connect(url, max_connections).await?;
         Backends::beside(Arc::new(PgMeta::new(db.clone())), Arc::new(PgAccounts::new(db.clone())), Arc::new(PgSessions::new(db)), data_dir)
     }
 
@@ -80,7 +81,7 @@ impl Backends {
     /// The backends `config.store` names.
     pub async fn from_config(config: &crate::config::Config) -> Result<Backends, ServiceError> {
         match (config.store, config.database_url.as_deref()) {
-            (crate::config::StoreKind::Postgres, Some(url)) => Backends::postgres(url, &config.data_dir).await,
+            (crate::config::StoreKind::Postgres, Some(url)) => Backends::postgres(url, config.database_max_connections, &config.data_dir).await,
             (crate::config::StoreKind::Postgres, None) => Err(ServiceError::InvalidRequest("store = \"postgres\" needs database_url".into())),
             (crate::config::StoreKind::Embedded, _) => Backends::embedded(&config.data_dir),
         }

@@ -177,12 +177,19 @@ impl Service {
         Ok(service)
     }
 
+    /// Tells the workers and the periodic work to end, without waiting for
+    /// them (what dropping a [`crate::server::Server`] does; see [`Service::shutdown`]).
+    pub fn stop(&self) {
+        self.shutdown.cancel();
+    }
+
     /// Stops taking work: running jobs are interrupted and left `running` in
     /// the store, so the next start runs them again (see `recover`).
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
         self.threads.join().await;
         let _ = self.meta.flush().await;
+        self.meta.close().await;
     }
 
     /// Whether [`Service::submit`] may now wait for a flush of the whole

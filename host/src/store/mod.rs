@@ -205,6 +205,10 @@ pub trait MetaStore: Send + Sync {
     /// Makes every write so far durable.
     async fn flush(&self) -> Result<(), StoreError>;
 
+    /// Lets go of what the store holds outside this process (a database's
+    /// connections) when the service stops; later calls may fail.
+    async fn close(&self) {}
+
     /// A number that is different each time a finished job of `owner` has
     /// been written or deleted since it was last read: what a cached view
     /// of the owner's history compares before it is used (read it before

@@ -360,4 +360,9 @@ impl MetaStore for PgMeta {
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    async fn close(&self) {
+        // The accounts and sessions share this pool: the host stops them too.
+        self.db.close().await;
+    }
 }

@@ -5,9 +5,11 @@
 //! applied by [`PgDatabase::connect`] under sqlx's migration lock, so hosts
 //! starting together apply each once.
 //!
-//! Every call runs on the runtime the pool was opened on (its connections
-//! belong to that runtime's reactor), whichever thread awaits it: store
-//! calls are also made from blocking threads through `store::wait`.
+//! Every call runs on the database's own runtime (two threads; the
+//! connections belong to its reactor), whichever thread awaits it: store
+//! calls are also made from blocking threads through `store::wait`, and a
+//! caller that blocks its own runtime's threads that way (a current-thread
+//! runtime has one) must not stall the calls it waits for.
 
 mod accounts;
 mod meta;
@@ -30,8 +32,8 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (2, "jobs, assets and claims", include_str!("migrations/0002_jobs_assets_claims.sql")),
 ];
 
-/// Most connections one host opens.
-const MAX_CONNECTIONS: u32 = 16;
+/// How long an idle connection stays open.
+const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// kiln's embedded migrations as sqlx's migration source.
 #[derive(Debug)]
@@ -45,11 +47,32 @@ impl<'s> MigrationSource<'s> for Embedded {
     }
 }
 
-/// A connection pool to kiln's database, on the runtime it was opened on.
+/// Threads of the database's own runtime.
+const THREADS: usize = 2;
+
+/// A connection pool to kiln's database, on a runtime of its own.
 #[derive(Clone)]
 pub struct PgDatabase {
     pool: PgPool,
-    runtime: tokio::runtime::Handle,
+    runtime: std::sync::Arc<DbRuntime>,
+}
+
+/// The database's runtime, shut down without waiting when the last handle
+/// goes (a runtime may not be dropped where blocking is not allowed).
+struct DbRuntime(Option<tokio::runtime::Runtime>);
+
+impl DbRuntime {
+    fn handle(&self) -> Result<&tokio::runtime::Handle, StoreError> {
+        self.0.as_ref().map(tokio::runtime::Runtime::handle).ok_or_else(|| backend("the database runtime has stopped"))
+    }
+}
+
+impl Drop for DbRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 pub(super) fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -57,22 +80,52 @@ pub(super) fn backend(e: impl std::fmt::Display) -> StoreError {
 }
 
 impl PgDatabase {
-    /// Connects to `url` (`postgres://…`) and applies the migrations this
-    /// build has and the database lacks. On a tokio runtime.
-    pub async fn connect(url: &str) -> Result<PgDatabase, StoreError> {
-        let pool = PgPoolOptions::new().max_connections(MAX_CONNECTIONS).connect(url).await.map_err(backend)?;
-        Migrator::new(Embedded).await.map_err(backend)?.run(&pool).await.map_err(backend)?;
-        let runtime = tokio::runtime::Handle::try_current().map_err(backend)?;
+    /// Connects to `url` (`postgres://…`) with at most `max_connections`
+    /// open, and applies the migrations this build has and the database
+    /// lacks.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<PgDatabase, StoreError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(THREADS)
+            .thread_name("kiln-db")
+            .enable_all()
+            .build()
+            .map_err(|e| backend(format!("cannot start the database runtime: {e}")))?;
+        let runtime = std::sync::Arc::new(DbRuntime(Some(runtime)));
+        let url = url.to_string();
+        let pool = runtime
+            .handle()?
+            .spawn(async move {
+                let pool = PgPoolOptions::new()
+                    .max_connections(max_connections.max(1))
+                    .min_connections(0)
+                    .idle_timeout(IDLE_TIMEOUT)
+                    .connect(&url)
+                    .await
+                    .map_err(backend)?;
+                Migrator::new(Embedded).await.map_err(backend)?.run(&pool).await.map_err(backend)?;
+                Ok::<_, StoreError>(pool)
+            })
+            .await
+            .map_err(backend)??;
         Ok(PgDatabase { pool, runtime })
     }
 
-    /// Runs `call` on the pool's runtime and waits for it there.
+    /// Runs `call` on the database's runtime and waits for it there.
     async fn run<T: Send + 'static>(
         &self,
         call: impl FnOnce(PgPool) -> futures_util::future::BoxFuture<'static, Result<T, StoreError>> + Send + 'static,
     ) -> Result<T, StoreError> {
         let pool = self.pool.clone();
-        self.runtime.spawn(call(pool)).await.map_err(backend)?
+        self.runtime.handle()?.spawn(call(pool)).await.map_err(backend)?
+    }
+
+    /// Closes every connection (waiting for those in use to come back);
+    /// later calls fail. What a host does when it stops.
+    pub async fn close(&self) {
+        let pool = self.pool.clone();
+        if let Ok(handle) = self.runtime.handle() {
+            let _ = handle.spawn(async move { pool.close().await }).await;
+        }
     }
 
     /// The versions of the migrations applied (what `kiln doctor` shows).

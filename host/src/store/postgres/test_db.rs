@@ -18,7 +18,7 @@ pub async fn fresh() -> Option<PgDatabase> {
     sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.expect("a test database");
     admin.close().await;
     let (base, _) = url.rsplit_once('/').expect("a database URL ends with /NAME");
-    Some(PgDatabase::connect(&format!("{base}/{name}")).await.expect("kiln's schema applies"))
+    Some(PgDatabase::connect(&format!("{base}/{name}"), 4).await.expect("kiln's schema applies"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,7 +41,7 @@ async fn migrations_apply_once_however_many_hosts_connect() {
     let name = db.pool.connect_options().get_database().unwrap().to_string();
     let base = std::env::var("KILN_TEST_DATABASE_URL").unwrap();
     let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
-    let hosts = (0..4).map(|_| PgDatabase::connect(&url));
+    let hosts = (0..4).map(|_| PgDatabase::connect(&url, 4));
     for host in futures_util::future::join_all(hosts).await {
         assert_eq!(host.unwrap().applied().await.unwrap(), vec![1, 2]);
     }
