@@ -51,6 +51,30 @@ where
     the_periodic_queries_find_exactly_their_records(fresh().await.as_ref()).await;
     listings_page_newest_first_per_owner_within_a_budget(fresh().await.as_ref()).await;
     a_finished_job_reads_back_with_its_outputs(fresh().await.as_ref()).await;
+    the_owner_stamp_moves_with_each_finished_write(fresh().await.as_ref()).await;
+}
+
+/// `finished_changes` stays put while nothing finished of the owner is
+/// written, and moves with each finished write or deletion of theirs.
+pub(crate) async fn the_owner_stamp_moves_with_each_finished_write(meta: &dyn MetaStore) {
+    let stamp = |owner: &'static str| async move { meta.finished_changes(owner).await.unwrap() };
+    let start = stamp("a").await;
+    assert_eq!(stamp("a").await, start, "read twice, nothing written");
+    let j = job("j", "a", 10, 1);
+    meta.submit(&j, &json!({}), None).await.unwrap();
+    let running = JobRecord { status: JobStatus::Running, started_at: Some(11), attempts: 1, ..j.clone() };
+    meta.put_job(&running).await.unwrap();
+    assert_eq!(stamp("a").await, start, "queued and running writes");
+    let done = JobRecord { status: JobStatus::Succeeded, completed_at: Some(20), ..running };
+    meta.put_job(&done).await.unwrap();
+    let finished = stamp("a").await;
+    assert_ne!(finished, start, "a finished write");
+    let other = JobRecord { status: JobStatus::Failed, completed_at: Some(21), ..job("k", "b", 12, 2) };
+    meta.submit(&other, &json!({}), None).await.unwrap();
+    meta.put_job(&other).await.unwrap();
+    assert_eq!(stamp("a").await, finished, "another owner's finished writes");
+    meta.delete_job(&done).await.unwrap();
+    assert_ne!(stamp("a").await, finished, "a finished job deleted");
 }
 
 /// A live claim refuses its key and records nothing; an expired one frees

@@ -89,6 +89,19 @@ async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, workfl
     Ok(())
 }
 
+/// Counts a write or deletion of `job` when it is finished (see
+/// `MetaStore::finished_changes`), in the transaction that makes it.
+async fn finished_changed<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord) -> Result<(), StoreError> {
+    if job.status.is_terminal() {
+        sqlx::query("INSERT INTO finished_changes (owner, n) VALUES ($1, 1) ON CONFLICT (owner) DO UPDATE SET n = finished_changes.n + 1")
+            .bind(job.owner.as_str())
+            .execute(exec)
+            .await
+            .map_err(backend)?;
+    }
+    Ok(())
+}
+
 async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<IdempotencyClaim>) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(backend)?;
     if let Some(claim) = &claim {
@@ -109,6 +122,7 @@ async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<I
         }
     }
     upsert_job(&mut *tx, &job, Some(&workflow)).await?;
+    finished_changed(&mut *tx, &job).await?;
     tx.commit().await.map_err(backend)
 }
 
@@ -181,7 +195,15 @@ impl MetaStore for PgMeta {
 
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         let job = job.clone();
-        on_pool!(self, |pool| upsert_job(&pool, &job, None).await)
+        if !job.status.is_terminal() {
+            return on_pool!(self, |pool| upsert_job(&pool, &job, None).await);
+        }
+        on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
+            upsert_job(&mut *tx, &job, None).await?;
+            finished_changed(&mut *tx, &job).await?;
+            tx.commit().await.map_err(backend)
+        })
     }
 
     async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
@@ -193,14 +215,15 @@ impl MetaStore for PgMeta {
     }
 
     async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        let id = job.id.clone();
+        let job = job.clone();
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
             let deleted: Option<(i64,)> =
-                sqlx::query_as("DELETE FROM jobs WHERE id = $1 RETURNING seq").bind(id).fetch_optional(&mut *tx).await.map_err(backend)?;
+                sqlx::query_as("DELETE FROM jobs WHERE id = $1 RETURNING seq").bind(&job.id).fetch_optional(&mut *tx).await.map_err(backend)?;
             if let Some((seq,)) = deleted {
                 sqlx::query("UPDATE seq_bound SET value = GREATEST(value, $1)").bind(seq).execute(&mut *tx).await.map_err(backend)?;
             }
+            finished_changed(&mut *tx, &job).await?;
             tx.commit().await.map_err(backend)
         })
     }
@@ -359,6 +382,15 @@ impl MetaStore for PgMeta {
     /// Every commit is already durable.
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn finished_changes(&self, owner: &str) -> Result<u64, StoreError> {
+        let owner = owner.to_string();
+        on_pool!(self, |pool| {
+            let n: Option<(i64,)> =
+                sqlx::query_as("SELECT n FROM finished_changes WHERE owner = $1").bind(&owner).fetch_optional(&pool).await.map_err(backend)?;
+            Ok(n.map_or(0, |(n,)| n as u64))
+        })
     }
 
     async fn close(&self) {

@@ -30,6 +30,7 @@ use super::StoreError;
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "accounts and sessions", include_str!("migrations/0001_accounts_and_sessions.sql")),
     (2, "jobs, assets and claims", include_str!("migrations/0002_jobs_assets_claims.sql")),
+    (3, "finished changes", include_str!("migrations/0003_finished_changes.sql")),
 ];
 
 /// How long an idle connection stays open.
