@@ -43,107 +43,87 @@ fn account(row: &PgRow) -> Result<Account, StoreError> {
 #[async_trait::async_trait]
 impl AccountStore for PgAccounts {
     async fn all(&self) -> Result<Vec<Account>, StoreError> {
-        self.db
-            .run(|pool| {
-                Box::pin(async move {
-                    let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM accounts ORDER BY created_at, id")).fetch_all(&pool).await.map_err(backend)?;
-                    rows.iter().map(account).collect()
-                })
-            })
-            .await
+        on_pool!(self, |pool| {
+            let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM accounts ORDER BY created_at, id")).fetch_all(&pool).await.map_err(backend)?;
+            rows.iter().map(account).collect()
+        })
     }
 
     async fn get(&self, id: &str) -> Result<Option<Account>, StoreError> {
         let id = id.to_string();
-        self.db
-            .run(move |pool| {
-                Box::pin(async move {
-                    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM accounts WHERE id = $1")).bind(id).fetch_optional(&pool).await.map_err(backend)?;
-                    row.as_ref().map(account).transpose()
-                })
-            })
-            .await
+        on_pool!(self, |pool| {
+            let row = sqlx::query(&format!("SELECT {COLUMNS} FROM accounts WHERE id = $1")).bind(id).fetch_optional(&pool).await.map_err(backend)?;
+            row.as_ref().map(account).transpose()
+        })
     }
 
     async fn create(&self, a: &Account) -> Result<(), StoreError> {
         let a = a.clone();
-        self.db
-            .run(move |pool| {
-                Box::pin(async move {
-                    let inserted = sqlx::query(&format!("INSERT INTO accounts ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"))
-                        .bind(&a.id)
-                        .bind(&a.name)
-                        .bind(&a.key_hashes)
-                        .bind(a.credits)
-                        .bind(&a.tier)
-                        .bind(a.subscription_active)
-                        .bind(a.disabled)
-                        .bind(a.created_at)
-                        .execute(&pool)
-                        .await;
-                    match inserted {
-                        Ok(_) => Ok(()),
-                        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                            Err(StoreError::Backend(format!("an account named {:?} (or with id {}) already exists", a.name, a.id)))
-                        }
-                        Err(e) => Err(backend(e)),
-                    }
-                })
-            })
-            .await
+        on_pool!(self, |pool| {
+            let inserted = sqlx::query(&format!("INSERT INTO accounts ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"))
+                .bind(&a.id)
+                .bind(&a.name)
+                .bind(&a.key_hashes)
+                .bind(a.credits)
+                .bind(&a.tier)
+                .bind(a.subscription_active)
+                .bind(a.disabled)
+                .bind(a.created_at)
+                .execute(&pool)
+                .await;
+            match inserted {
+                Ok(_) => Ok(()),
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                    Err(StoreError::Backend(format!("an account named {:?} (or with id {}) already exists", a.name, a.id)))
+                }
+                Err(e) => Err(backend(e)),
+            }
+        })
     }
 
     async fn change(&self, id: &str, change: AccountChange) -> Result<Option<Account>, StoreError> {
         let id = id.to_string();
-        self.db
-            .run(move |pool| {
-                Box::pin(async move {
-                    let (set, active) = match change {
-                        AccountChange::Subscription(active) => ("subscription_active = $2", Some(active)),
-                        AccountChange::Disable => ("disabled = TRUE", None),
-                    };
-                    let sql = format!("UPDATE accounts SET {set} WHERE id = $1 RETURNING {COLUMNS}");
-                    let mut query = sqlx::query(&sql).bind(id);
-                    if let Some(active) = active {
-                        query = query.bind(active);
-                    }
-                    let row = query.fetch_optional(&pool).await.map_err(backend)?;
-                    row.as_ref().map(account).transpose()
-                })
-            })
-            .await
+        on_pool!(self, |pool| {
+            let (set, active) = match change {
+                AccountChange::Subscription(active) => ("subscription_active = $2", Some(active)),
+                AccountChange::Disable => ("disabled = TRUE", None),
+            };
+            let sql = format!("UPDATE accounts SET {set} WHERE id = $1 RETURNING {COLUMNS}");
+            let mut query = sqlx::query(&sql).bind(id);
+            if let Some(active) = active {
+                query = query.bind(active);
+            }
+            let row = query.fetch_optional(&pool).await.map_err(backend)?;
+            row.as_ref().map(account).transpose()
+        })
     }
 
     async fn add_credits(&self, id: &str, delta: i64, durable: bool) -> Result<CreditChange, StoreError> {
         let id = id.to_string();
-        self.db
-            .run(move |pool| {
-                Box::pin(async move {
-                    let mut tx = pool.begin().await.map_err(backend)?;
-                    if !durable {
-                        sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await.map_err(backend)?;
-                    }
-                    // The sum is checked in `numeric`: a balance never leaves i64.
-                    let row = sqlx::query(&format!(
-                        "UPDATE accounts SET credits = credits + $2 WHERE id = $1 \
+        on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
+            if !durable {
+                sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await.map_err(backend)?;
+            }
+            // The sum is checked in `numeric`: a balance never leaves i64.
+            let row = sqlx::query(&format!(
+                "UPDATE accounts SET credits = credits + $2 WHERE id = $1 \
                          AND credits::numeric + $2::numeric BETWEEN -9223372036854775808 AND 9223372036854775807 RETURNING {COLUMNS}"
-                    ))
-                    .bind(&id)
-                    .bind(delta)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(backend)?;
-                    let change = match row {
-                        Some(row) => CreditChange::Changed(account(&row)?),
-                        None => {
-                            let exists = sqlx::query("SELECT 1 FROM accounts WHERE id = $1").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
-                            if exists.is_some() { CreditChange::Overflow } else { CreditChange::NoAccount }
-                        }
-                    };
-                    tx.commit().await.map_err(backend)?;
-                    Ok(change)
-                })
-            })
+            ))
+            .bind(&id)
+            .bind(delta)
+            .fetch_optional(&mut *tx)
             .await
+            .map_err(backend)?;
+            let change = match row {
+                Some(row) => CreditChange::Changed(account(&row)?),
+                None => {
+                    let exists = sqlx::query("SELECT 1 FROM accounts WHERE id = $1").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
+                    if exists.is_some() { CreditChange::Overflow } else { CreditChange::NoAccount }
+                }
+            };
+            tx.commit().await.map_err(backend)?;
+            Ok(change)
+        })
     }
 }

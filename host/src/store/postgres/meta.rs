@@ -16,12 +16,6 @@ use sqlx::postgres::PgPool;
 use super::{PgDatabase, backend};
 use crate::store::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, StoreError};
 
-macro_rules! on_pool {
-    ($self:ident, |$pool:ident| $body:expr) => {
-        $self.db.run(move |$pool| Box::pin(async move { $body })).await
-    };
-}
-
 /// Rows a listing reads per query (its scan budget bounds the total).
 const LIST_CHUNK: usize = 256;
 

@@ -11,6 +11,15 @@
 //! caller that blocks its own runtime's threads that way (a current-thread
 //! runtime has one) must not stall the calls it waits for.
 
+/// Runs `body` with a pool connection on the database's runtime (see
+/// [`PgDatabase::run`]) and awaits it: `on_pool!(self, |pool| { … })` in a
+/// store holding `db: PgDatabase`.
+macro_rules! on_pool {
+    ($self:ident, |$pool:ident| $body:expr) => {
+        $self.db.run(move |$pool| Box::pin(async move { $body })).await
+    };
+}
+
 mod accounts;
 mod meta;
 mod sessions;
