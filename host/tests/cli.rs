@@ -204,10 +204,12 @@ fn timings_say_where_each_node_ran_and_doctor_names_the_gpu() {
         String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect::<Vec<_>>()
     };
     let off = doctor("off");
-    assert_eq!(off.len(), 3, "{off:?}");
+    assert_eq!(off.len(), 5, "{off:?}");
     assert_eq!(off[0], "gpu: none (gpu = \"off\")");
     assert!(off[1].starts_with("plugin cache: "), "{off:?}");
     assert_eq!(off[2], "data dir: /srv/kiln-data");
+    assert_eq!(off[3], "store: embedded (sled under /srv/kiln-data/meta)");
+    assert_eq!(off[4], "blobs: files under /srv/kiln-data/blobs");
     let auto = doctor("auto");
     let has_adapter = !auto[0].starts_with("gpu: none");
     assert!(auto[0].starts_with("gpu: "), "{auto:?}");
@@ -325,4 +327,44 @@ fn auto_probes_the_gpu_only_when_a_node_would_use_it() {
     assert_eq!(large.matches(kiln::gpu::PROBE_CHILD_LOG).count(), 1, "one probe, for the blur:\n{large}");
     let invert = large.lines().find(|l| l.starts_with("timing 2 ")).unwrap_or_default();
     assert!(invert.contains(" cpu "), "the invert of a host image stays on the CPU: {invert}");
+}
+
+/// `kiln doctor` asks the networked backends it is configured with:
+/// PostgreSQL (`KILN_TEST_DATABASE_URL`) and an S3 bucket
+/// (`KILN_TEST_S3_ENDPOINT`, created on the way), and exits 1 naming the
+/// one that does not answer. Skipped without them, except under CI.
+#[test]
+fn doctor_checks_that_the_database_and_the_bucket_answer() {
+    let (Ok(database), Ok(endpoint)) = (std::env::var("KILN_TEST_DATABASE_URL"), std::env::var("KILN_TEST_S3_ENDPOINT")) else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_DATABASE_URL and KILN_TEST_S3_ENDPOINT");
+        eprintln!("SKIPPED: KILN_TEST_DATABASE_URL or KILN_TEST_S3_ENDPOINT is not set");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = format!("kiln-doctor-{}", uuid::Uuid::new_v4().simple());
+    let doctor = |database: &str, endpoint: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .arg("doctor")
+            .env("KILN_GPU", "off")
+            .env("KILN_DATA_DIR", dir.path())
+            .env("KILN_STORE", "postgres")
+            .env("KILN_DATABASE_URL", database)
+            .env("KILN_BLOB_STORE", "s3")
+            .env("KILN_S3_ENDPOINT", endpoint)
+            .env("KILN_S3_BUCKET", &bucket)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        (out.status.code(), stdout.lines().skip(3).map(str::to_string).collect::<Vec<_>>())
+    };
+    let (code, lines) = doctor(&database, &endpoint);
+    assert_eq!(code, Some(0), "{lines:?}");
+    assert!(lines[0].starts_with("store: postgres at ") && lines[0].contains("(answers; migrations applied: "), "{lines:?}");
+    assert_eq!(lines[1], format!("blobs: s3 bucket `{bucket}` at {endpoint} (answers; local cache 0 of 10240 MiB)"));
+    // Nothing listens on port 1.
+    let (code, lines) = doctor("postgres://kiln:hunter2@127.0.0.1:1/kiln", "http://127.0.0.1:1");
+    assert_eq!(code, Some(1), "{lines:?}");
+    assert!(lines[0].starts_with("store: postgres at postgres://kiln:***@127.0.0.1:1/kiln (does not answer: "), "{lines:?}");
+    assert!(!lines.join("\n").contains("hunter2"), "the password is not shown");
+    assert!(lines[1].starts_with(&format!("blobs: s3 bucket `{bucket}` (does not answer: ")), "{lines:?}");
 }

@@ -9,7 +9,6 @@
 
 use std::io::SeekFrom;
 use std::ops::RangeInclusive;
-use std::path::Path;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -70,9 +69,9 @@ fn satisfiable(range: &SyntacticallyCorrectRange, len: u64) -> bool {
     }
 }
 
-/// Streams `path` as `content_type`, honouring a `Range` request header.
-pub async fn serve(path: &Path, content_type: &str, etag: &str, request: &HeaderMap) -> Result<Response, ApiError> {
-    let mut file = tokio::fs::File::open(path).await.map_err(|e| ApiError::internal(&e))?;
+/// Streams `file` as `content_type`, honouring a `Range` request header.
+pub async fn serve(file: std::fs::File, content_type: &str, etag: &str, request: &HeaderMap) -> Result<Response, ApiError> {
+    let mut file = tokio::fs::File::from_std(file);
     let len = file.metadata().await.map_err(|e| ApiError::internal(&e))?.len();
     let range = match range_reply(request.get(header::RANGE).and_then(|v| v.to_str().ok()), len) {
         RangeReply::Whole => None,

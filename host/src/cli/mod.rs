@@ -113,10 +113,11 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
             Ok(0)
         }
         Command::Doctor => {
-            for line in doctor(&config) {
+            let (backends, answered) = doctor_backends(&config).await;
+            for line in doctor(&config).into_iter().chain(backends) {
                 println!("{line}");
             }
-            Ok(0)
+            Ok(if answered { 0 } else { 1 })
         }
         Command::Nodes => {
             let (_, registry) = run::load(&config).await?;
@@ -129,6 +130,39 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
             Ok(0)
         }
     }
+}
+
+/// `kiln doctor`'s lines on where records and blobs live, each networked
+/// backend checked to answer (opening the bucket creates it when missing);
+/// whether all did.
+pub async fn doctor_backends(config: &crate::config::Config) -> (Vec<String>, bool) {
+    use crate::config::StoreKind;
+    let mut answered = true;
+    let store = match (config.store, config.database_url.as_deref()) {
+        (StoreKind::Embedded, _) => format!("store: embedded (sled under {})", config.data_dir.join("meta").display()),
+        (StoreKind::Postgres, None) => {
+            answered = false;
+            "store: postgres (no database_url)".to_string()
+        }
+        (StoreKind::Postgres, Some(url)) => match crate::store::postgres::probe(url).await {
+            Ok(applied) => format!("store: postgres at {} (answers; migrations applied: {applied:?})", crate::store::postgres::redacted(url)),
+            Err(e) => {
+                answered = false;
+                format!("store: postgres at {} (does not answer: {e})", crate::store::postgres::redacted(url))
+            }
+        },
+    };
+    let blobs = match crate::service::s3_settings(config) {
+        None => format!("blobs: files under {}", config.data_dir.join("blobs").display()),
+        Some(settings) => match crate::store::s3::S3Blobs::open(&settings).await {
+            Ok(blobs) => format!("blobs: s3 {} (answers; local cache {} of {} MiB)", blobs.place(), blobs.cached_bytes() >> 20, config.blob_cache_mb),
+            Err(e) => {
+                answered = false;
+                format!("blobs: s3 bucket `{}` (does not answer: {e})", settings.bucket)
+            }
+        },
+    };
+    (vec![store, blobs], answered)
 }
 
 /// `kiln doctor`'s lines: the GPU adapter (or `none` and why), the plugin

@@ -86,6 +86,11 @@ const ENV_FIELDS: &[&str] = &[
     "store",
     "database_url",
     "database_max_connections",
+    "blob_store",
+    "s3_endpoint",
+    "s3_bucket",
+    "s3_region",
+    "blob_cache_mb",
     "front_end_root",
     "max_userdata_file_kb",
     "max_userdata_mb",
@@ -136,7 +141,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
             }
             "partner_base_url" | "partner_api_key" => toml::Value::String(value),
             "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" | "gpu"
-            | "serverless_host" | "store" | "database_url" => toml::Value::String(value),
+            | "serverless_host" | "store" | "database_url" | "blob_store" | "s3_endpoint" | "s3_bucket" | "s3_region" => toml::Value::String(value),
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),
@@ -217,6 +222,28 @@ mod tests {
         assert_eq!(from_env(&pool).unwrap().database_max_connections, 4);
         let none = [("KILN_STORE", "postgres"), ("KILN_DATABASE_URL", "postgres://kiln@db/kiln"), ("KILN_DATABASE_MAX_CONNECTIONS", "0")];
         assert!(from_env(&none).unwrap().check_store().is_err(), "no connection at all");
+    }
+
+    #[test]
+    fn the_blob_store_and_its_bucket_come_from_the_environment_and_are_checked() {
+        use crate::config::BlobStoreKind;
+        let defaults = Config::default();
+        assert_eq!((defaults.blob_store, defaults.s3_region.as_str(), defaults.blob_cache_mb), (BlobStoreKind::Fs, "us-east-1", 10240));
+        let s3 = [("KILN_BLOB_STORE", "s3"), ("KILN_S3_BUCKET", "kiln-blobs"), ("KILN_S3_ENDPOINT", "http://127.0.0.1:8333"), ("KILN_BLOB_CACHE_MB", "64")];
+        let config = from_env(&s3).unwrap();
+        assert_eq!(
+            (config.blob_store, config.s3_bucket.as_deref(), config.s3_endpoint.as_deref()),
+            (BlobStoreKind::S3, Some("kiln-blobs"), Some("http://127.0.0.1:8333"))
+        );
+        assert_eq!(config.blob_cache_mb, 64);
+        assert!(config.check_store().is_ok());
+        assert!(from_env(&[("KILN_BLOB_STORE", "s3")]).unwrap().check_store().unwrap_err().contains("s3_bucket"), "no bucket");
+        for bad in ["Kiln", "ab", "-kiln", "kiln_blobs", "kiln-"] {
+            assert!(from_env(&[("KILN_BLOB_STORE", "s3"), ("KILN_S3_BUCKET", bad)]).unwrap().check_store().is_err(), "{bad}");
+        }
+        let no_scheme = [("KILN_BLOB_STORE", "s3"), ("KILN_S3_BUCKET", "kiln"), ("KILN_S3_ENDPOINT", "127.0.0.1:8333")];
+        assert!(from_env(&no_scheme).unwrap().check_store().unwrap_err().contains("http"));
+        assert!(from_env(&[("KILN_BLOB_STORE", "gcs")]).is_err());
     }
 
     #[test]

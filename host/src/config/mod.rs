@@ -236,6 +236,24 @@ pub struct Config {
     /// Most connections this host opens to that database (idle ones close
     /// after a minute). `KILN_DATABASE_MAX_CONNECTIONS`. Default: 16.
     pub database_max_connections: u32,
+    /// Where asset bytes live: `fs` (the default: files under the data
+    /// directory) or `s3` (the bucket `s3_bucket`, shared by the hosts
+    /// that name it; read through a local cache). `KILN_BLOB_STORE`.
+    pub blob_store: BlobStoreKind,
+    /// The S3-compatible service's URL (`http://127.0.0.1:8333`); none:
+    /// AWS S3 in `s3_region`. Credentials: the standard `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`, or the instance's
+    /// role). `KILN_S3_ENDPOINT`.
+    pub s3_endpoint: Option<String>,
+    /// The bucket of `blob_store = "s3"`, created when missing.
+    /// `KILN_S3_BUCKET`.
+    pub s3_bucket: Option<String>,
+    /// The bucket's region. `KILN_S3_REGION`. Default `us-east-1`.
+    pub s3_region: String,
+    /// Most MiB of blobs the local cache of `blob_store = "s3"` keeps under
+    /// the data directory (least recently used go first).
+    /// `KILN_BLOB_CACHE_MB`. Default 10240.
+    pub blob_cache_mb: u64,
     /// A built ComfyUI web frontend (the `static/` directory of PyPI's
     /// `comfyui-frontend-package`) to serve at `/`, with a
     /// Content-Security-Policy that keeps the browser on this server.
@@ -417,6 +435,17 @@ pub enum StoreKind {
     Postgres,
 }
 
+/// Where asset bytes live (`blob_store`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BlobStoreKind {
+    /// Files under the data directory.
+    #[default]
+    Fs,
+    /// An S3-compatible bucket.
+    S3,
+}
+
 /// The deployment kind a server runs as.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -460,7 +489,8 @@ impl Config {
         self.max_event_streams_per_account.unwrap_or(self.max_event_streams / 4).max(1)
     }
 
-    /// `store = "postgres"` needs a `postgres://` `database_url`.
+    /// `store = "postgres"` needs a `postgres://` `database_url`;
+    /// `blob_store = "s3"` a valid `s3_bucket`.
     pub fn check_store(&self) -> Result<(), String> {
         match (self.store, self.database_url.as_deref()) {
             (StoreKind::Embedded, _) => Ok::<(), String>(()),
@@ -470,6 +500,18 @@ impl Config {
         }?;
         if self.database_max_connections == 0 {
             return Err("database_max_connections must be at least 1".into());
+        }
+        if self.blob_store == BlobStoreKind::S3 {
+            match self.s3_bucket.as_deref() {
+                None | Some("") => return Err("blob_store = \"s3\" needs s3_bucket (KILN_S3_BUCKET)".into()),
+                Some(b) if !valid_bucket_name(b) => {
+                    return Err(format!("s3_bucket `{b}` is not a bucket name (3 to 63 lowercase letters, digits, `-` and `.`)"));
+                }
+                Some(_) => {}
+            }
+            if let Some(e) = self.s3_endpoint.as_deref().filter(|e| !(e.starts_with("http://") || e.starts_with("https://"))) {
+                return Err(format!("s3_endpoint `{e}` must be an http:// or https:// URL"));
+            }
         }
         Ok(())
     }
@@ -496,4 +538,14 @@ impl Config {
     pub fn route_body_bytes(&self) -> usize {
         usize::try_from(self.route_max_body_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
     }
+}
+
+/// An S3 bucket name: 3 to 63 lowercase letters, digits, `-` and `.`,
+/// starting and ending with a letter or digit.
+fn valid_bucket_name(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    (3..=63).contains(&name.len())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && edge(name.chars().next())
+        && edge(name.chars().last())
 }

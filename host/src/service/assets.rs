@@ -9,7 +9,7 @@
 //! record's retention and adds its tags, never shortens or drops them.
 
 use super::{Service, ServiceError};
-use crate::store::{AssetRecord, BlobUpload, Micros, blob_name, now_micros, parse_blob_name, wait};
+use crate::store::{AssetRecord, BlobUpload, Micros, StoreError, blob_name, now_micros, parse_blob_name, wait};
 
 /// The text fields of an upload.
 #[derive(Debug, Default, Clone)]
@@ -173,9 +173,13 @@ impl Service {
         }
     }
 
-    /// The local file holding an asset's bytes.
-    pub fn asset_file(&self, asset: &AssetRecord) -> Result<std::path::PathBuf, ServiceError> {
-        parse_blob_name(&asset.hash).and_then(|h| self.blobs.path(&h)).ok_or(ServiceError::NotFound)
+    /// An asset's bytes, opened (a blob store that keeps them elsewhere
+    /// fetches them first, on the blocking pool).
+    pub async fn asset_file(&self, asset: &AssetRecord) -> Result<std::fs::File, ServiceError> {
+        let hash = parse_blob_name(&asset.hash).ok_or(ServiceError::NotFound)?;
+        let blobs = self.blobs.clone();
+        let file = tokio::task::spawn_blocking(move || blobs.open(&hash)).await.map_err(|e| StoreError::Backend(e.to_string()))??;
+        file.ok_or(ServiceError::NotFound)
     }
 
     /// Deletes an asset record. Outputs of a job that is still retained are

@@ -4,7 +4,8 @@
 //! waiting queue and the execution bus. [`Backends::embedded`] opens
 //! kiln's own: one sled database, blob files, the deployments file and the
 //! user files under the data directory, and the queue and bus of this
-//! process.
+//! process; [`Backends::from_config`] swaps in PostgreSQL and an S3 bucket
+//! where the settings ask.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -13,10 +14,23 @@ use super::ServiceError;
 use super::bus::{ExecBus, LocalBus};
 use super::queue::{LocalWaiting, Waiting};
 use crate::accounts::KeyHasher;
+use crate::store::s3::{S3Blobs, S3Settings};
 use crate::store::{
     AccountStore, BlobStore, DeploymentStore, DiskBlobs, DiskUserFiles, FileDeployments, MetaStore, SessionStore, SledAccounts, SledMeta, SledSessions,
     StoreError, UserFileStore,
 };
+
+/// The bucket `blob_store = "s3"` names, its cache under the data
+/// directory; `None` for blobs on the file system.
+pub fn s3_settings(config: &crate::config::Config) -> Option<S3Settings> {
+    (config.blob_store == crate::config::BlobStoreKind::S3).then(|| S3Settings {
+        endpoint: config.s3_endpoint.clone(),
+        bucket: config.s3_bucket.clone().unwrap_or_default(),
+        region: config.s3_region.clone(),
+        cache_dir: config.data_dir.join("blob-cache"),
+        cache_bytes: config.blob_cache_mb.saturating_mul(1 << 20),
+    })
+}
 
 /// The service's backends.
 pub struct Backends {
@@ -78,13 +92,20 @@ impl Backends {
         })
     }
 
-    /// The backends `config.store` names.
+    /// The backends `config.store` and `config.blob_store` name.
     pub async fn from_config(config: &crate::config::Config) -> Result<Backends, ServiceError> {
-        match (config.store, config.database_url.as_deref()) {
-            (crate::config::StoreKind::Postgres, Some(url)) => Backends::postgres(url, config.database_max_connections, &config.data_dir).await,
-            (crate::config::StoreKind::Postgres, None) => Err(ServiceError::InvalidRequest("store = \"postgres\" needs database_url".into())),
-            (crate::config::StoreKind::Embedded, _) => Backends::embedded(&config.data_dir),
+        config.check_store().map_err(ServiceError::InvalidRequest)?;
+        let mut backends = match (config.store, config.database_url.as_deref()) {
+            (crate::config::StoreKind::Postgres, Some(url)) => Backends::postgres(url, config.database_max_connections, &config.data_dir).await?,
+            (crate::config::StoreKind::Postgres, None) => return Err(ServiceError::InvalidRequest("store = \"postgres\" needs database_url".into())),
+            (crate::config::StoreKind::Embedded, _) => Backends::embedded(&config.data_dir)?,
+        };
+        if let Some(settings) = s3_settings(config) {
+            let blobs = S3Blobs::open(&settings).await?;
+            tracing::info!(place = blobs.place(), cached_bytes = blobs.cached_bytes(), "blobs in S3");
+            backends.blobs = Arc::new(blobs);
         }
+        Ok(backends)
     }
 
     /// Given metadata and blob stores (another backend, or a test double);

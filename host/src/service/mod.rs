@@ -39,7 +39,7 @@ use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 
 pub use assets::{AssetLabels, NewAsset, UploadMeta};
-pub use backends::Backends;
+pub use backends::{Backends, s3_settings};
 pub use error::ServiceError;
 pub use intake::{Admitted, IDEMPOTENCY_TTL, OutputPolicy, Submission, SubmitError, Surface, intake_estimate};
 pub use jobs::ListQuery;

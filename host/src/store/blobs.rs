@@ -32,6 +32,20 @@ impl DiskBlobs {
         self.dir.join(&hex[..2]).join(hex.as_str())
     }
 
+    /// The file holding `hash`, when stored.
+    pub fn path(&self, hash: &blake3::Hash) -> Option<PathBuf> {
+        let p = self.final_path(hash);
+        p.is_file().then_some(p)
+    }
+
+    /// Stores a sealed upload (staged anywhere on this file system) under
+    /// its hash; its hash and size.
+    pub fn adopt(&self, staged: StagedBlob) -> Result<(blake3::Hash, u64), StoreError> {
+        let (hash, size) = (staged.hash, staged.size);
+        move_into_place(&staged.take(), &self.final_path(&hash))?;
+        Ok((hash, size))
+    }
+
     fn temp_file(&self) -> Result<(PathBuf, File), StoreError> {
         let path = self.tmp.join(uuid::Uuid::new_v4().simple().to_string());
         let file = File::options().write(true).create_new(true).open(&path)?;
@@ -89,10 +103,7 @@ impl BlobStore for DiskBlobs {
     }
 
     fn commit(&self, upload: BlobUpload) -> Result<(blake3::Hash, u64), StoreError> {
-        let staged = upload.seal()?;
-        let (hash, size) = (staged.hash, staged.size);
-        move_into_place(&staged.take(), &self.final_path(&hash))?;
-        Ok((hash, size))
+        self.adopt(upload.seal()?)
     }
 
     fn contains(&self, hash: &blake3::Hash) -> bool {
@@ -105,11 +116,6 @@ impl BlobStore for DiskBlobs {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),
         }
-    }
-
-    fn path(&self, hash: &blake3::Hash) -> Option<PathBuf> {
-        let p = self.final_path(hash);
-        p.is_file().then_some(p)
     }
 
     fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError> {

@@ -15,15 +15,17 @@ mod commit_log;
 pub(crate) mod contract;
 #[cfg(test)]
 pub(crate) mod contract_accounts;
+#[cfg(test)]
+pub(crate) mod contract_blobs;
 mod deployments;
+mod io_runtime;
 pub mod postgres;
 pub mod records;
+pub mod s3;
 mod sessions;
 mod sled;
 mod status;
 mod user_files;
-
-use std::path::PathBuf;
 
 pub use accounts::{AccountChange, AccountStore, CreditChange};
 pub use blobs::{BlobUpload, DiskBlobs, StagedBlob};
@@ -222,8 +224,8 @@ pub trait MetaStore: Send + Sync {
 
 /// Content-addressed blobs. Calls may wait for a disk or a network:
 /// callers run them on blocking threads. Readers get a local file
-/// ([`BlobStore::open`], [`BlobStore::path`]): a store that keeps blobs
-/// elsewhere reads them through a local cache.
+/// ([`BlobStore::open`]): a store that keeps blobs elsewhere
+/// ([`s3::S3Blobs`]) reads them through a local cache.
 pub trait BlobStore: Send + Sync {
     /// Stores `data`; returns its hash. Atomic and durable when it returns.
     fn put(&self, data: &[u8]) -> Result<blake3::Hash, StoreError>;
@@ -233,10 +235,9 @@ pub trait BlobStore: Send + Sync {
     /// and durable when it returns.
     fn commit(&self, upload: BlobUpload) -> Result<(blake3::Hash, u64), StoreError>;
     fn contains(&self, hash: &blake3::Hash) -> bool;
-    /// The blob opened for reading; `None` when it is not stored.
+    /// The blob opened for reading (a local file: streaming, range reads);
+    /// `None` when it is not stored.
     fn open(&self, hash: &blake3::Hash) -> Result<Option<std::fs::File>, StoreError>;
-    /// A local file holding the blob (for streaming and range reads).
-    fn path(&self, hash: &blake3::Hash) -> Option<PathBuf>;
     fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError>;
     /// Every blob present (blob collection's full pass: at start and daily).
     fn list(&self) -> Result<Vec<blake3::Hash>, StoreError>;

@@ -2,7 +2,6 @@
 //! written or freed since the last one; a full listing runs at the first
 //! pass after start (what a crash left behind) and once a day.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -32,9 +31,6 @@ impl BlobStore for CountingBlobs {
     }
     fn open(&self, hash: &blake3::Hash) -> Result<Option<std::fs::File>, StoreError> {
         self.inner.open(hash)
-    }
-    fn path(&self, hash: &blake3::Hash) -> Option<PathBuf> {
-        self.inner.path(hash)
     }
     fn delete(&self, hash: &blake3::Hash) -> Result<(), StoreError> {
         self.inner.delete(hash)

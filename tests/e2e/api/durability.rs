@@ -148,8 +148,8 @@ async fn retention_expires_jobs_and_their_outputs() {
     let done = s.wait(&id).await;
     let out = done["outputs"][0].clone();
     let expires = kiln::store::now_micros() + 24 * 3600 * 1_000_000 + 1_000_000;
-    let blobs_dir = s.data.path().join("blobs");
-    let count_blobs = || walk_files(&blobs_dir).len();
+    let blobs = s.server.state.service.blobs().clone();
+    let count_blobs = || blobs.list().unwrap().len();
     assert_eq!(count_blobs(), 2, "input + output");
 
     s.server.state.service.sweep(expires).await.unwrap();
@@ -162,19 +162,6 @@ async fn retention_expires_jobs_and_their_outputs() {
     // One retention period later the record itself is gone.
     s.server.state.service.sweep(expires + 24 * 3600 * 1_000_000).await.unwrap();
     assert_eq!(s.get(&format!("/jobs/{id}")).await.0, 404);
-}
-
-fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk_files(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// `expires_at` is `created_at` plus the retention period; a sweep before

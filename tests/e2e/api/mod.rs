@@ -57,8 +57,11 @@ pub async fn fresh_database() -> Option<String> {
 
 /// With `KILN_TEST_STORE=postgres` every server of these suites keeps its
 /// records in PostgreSQL: a database of its own, remembered in its data
-/// directory so a restart on that directory finds it again.
+/// directory so a restart on that directory finds it again. With
+/// `KILN_TEST_BLOB_STORE=s3`, its blobs in a bucket of its own on the S3
+/// server `KILN_TEST_S3_ENDPOINT` names, remembered the same way.
 async fn store_of_the_run(config: &mut Config) {
+    blobs_of_the_run(config);
     if std::env::var("KILN_TEST_STORE").as_deref() != Ok("postgres") {
         return;
     }
@@ -73,6 +76,22 @@ async fn store_of_the_run(config: &mut Config) {
     };
     config.store = kiln::config::StoreKind::Postgres;
     config.database_url = Some(url);
+}
+
+fn blobs_of_the_run(config: &mut Config) {
+    if std::env::var("KILN_TEST_BLOB_STORE").as_deref() != Ok("s3") {
+        return;
+    }
+    let endpoint = std::env::var("KILN_TEST_S3_ENDPOINT").expect("KILN_TEST_BLOB_STORE=s3 needs KILN_TEST_S3_ENDPOINT");
+    let remembered = config.data_dir.join("test-bucket");
+    let bucket = std::fs::read_to_string(&remembered).unwrap_or_else(|_| {
+        let bucket = format!("kiln-e2e-{}", uuid::Uuid::new_v4().simple());
+        std::fs::write(&remembered, &bucket).unwrap();
+        bucket
+    });
+    config.blob_store = kiln::config::BlobStoreKind::S3;
+    config.s3_endpoint = Some(endpoint);
+    config.s3_bucket = Some(bucket);
 }
 
 pub async fn start_in(data: tempfile::TempDir, tweak: impl FnOnce(&mut Config, &mut ServiceOptions)) -> TestServer {

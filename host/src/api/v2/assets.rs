@@ -171,8 +171,8 @@ pub async fn content(State(state): State<Arc<AppState>>, caller: Caller, links: 
         let location = links.signed(&state.signer, &asset.id, expires);
         return Ok((StatusCode::FOUND, [(header::LOCATION, location)]).into_response());
     }
-    let path = state.service.asset_file(&asset)?;
-    content::serve(&path, &asset.content_type, &asset.hash, &headers).await
+    let file = state.service.asset_file(&asset).await?;
+    content::serve(file, &asset.content_type, &asset.hash, &headers).await
 }
 
 #[derive(serde::Deserialize)]
@@ -193,6 +193,6 @@ pub async fn signed_content(
         return Err(forbidden());
     }
     let asset = state.service.signed_asset(&id).await?;
-    let path = state.service.asset_file(&asset)?;
-    content::serve(&path, &asset.content_type, &asset.hash, &headers).await
+    let file = state.service.asset_file(&asset).await?;
+    content::serve(file, &asset.content_type, &asset.hash, &headers).await
 }

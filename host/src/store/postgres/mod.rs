@@ -34,6 +34,7 @@ pub use meta::PgMeta;
 pub use sessions::PgSessions;
 
 use super::StoreError;
+use super::io_runtime::IoRuntime;
 
 /// The schema, in order (version, description, SQL).
 const MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -64,25 +65,7 @@ const THREADS: usize = 2;
 #[derive(Clone)]
 pub struct PgDatabase {
     pool: PgPool,
-    runtime: std::sync::Arc<DbRuntime>,
-}
-
-/// The database's runtime, shut down without waiting when the last handle
-/// goes (a runtime may not be dropped where blocking is not allowed).
-struct DbRuntime(Option<tokio::runtime::Runtime>);
-
-impl DbRuntime {
-    fn handle(&self) -> Result<&tokio::runtime::Handle, StoreError> {
-        self.0.as_ref().map(tokio::runtime::Runtime::handle).ok_or_else(|| backend("the database runtime has stopped"))
-    }
-}
-
-impl Drop for DbRuntime {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.0.take() {
-            runtime.shutdown_background();
-        }
-    }
+    runtime: std::sync::Arc<IoRuntime>,
 }
 
 pub(super) fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -94,17 +77,10 @@ impl PgDatabase {
     /// open, and applies the migrations this build has and the database
     /// lacks.
     pub async fn connect(url: &str, max_connections: u32) -> Result<PgDatabase, StoreError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(THREADS)
-            .thread_name("kiln-db")
-            .enable_all()
-            .build()
-            .map_err(|e| backend(format!("cannot start the database runtime: {e}")))?;
-        let runtime = std::sync::Arc::new(DbRuntime(Some(runtime)));
+        let runtime = IoRuntime::start("kiln-db", THREADS)?;
         let url = url.to_string();
         let pool = runtime
-            .handle()?
-            .spawn(async move {
+            .run(async move {
                 let pool = PgPoolOptions::new()
                     .max_connections(max_connections.max(1))
                     .min_connections(0)
@@ -113,10 +89,9 @@ impl PgDatabase {
                     .await
                     .map_err(backend)?;
                 Migrator::new(Embedded).await.map_err(backend)?.run(&pool).await.map_err(backend)?;
-                Ok::<_, StoreError>(pool)
+                Ok(pool)
             })
-            .await
-            .map_err(backend)??;
+            .await?;
         Ok(PgDatabase { pool, runtime })
     }
 
@@ -125,8 +100,7 @@ impl PgDatabase {
         &self,
         call: impl FnOnce(PgPool) -> futures_util::future::BoxFuture<'static, Result<T, StoreError>> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let pool = self.pool.clone();
-        self.runtime.handle()?.spawn(call(pool)).await.map_err(backend)?
+        self.runtime.run(call(self.pool.clone())).await
     }
 
     /// Closes every connection (waiting for those in use to come back);
@@ -150,5 +124,51 @@ impl PgDatabase {
     }
 }
 
+/// Connects once to `url` (within 5 s) without changing anything; the
+/// kiln migrations the database has (none before kiln's first start on
+/// it). What `kiln doctor` asks.
+pub async fn probe(url: &str) -> Result<Vec<i64>, StoreError> {
+    use sqlx::Connection;
+    let connect = sqlx::PgConnection::connect(url);
+    let mut conn = tokio::time::timeout(std::time::Duration::from_secs(5), connect).await.map_err(|_| backend("no answer within 5 s"))?.map_err(backend)?;
+    let exists: (bool,) = sqlx::query_as("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(&mut conn).await.map_err(backend)?;
+    let applied = if exists.0 {
+        let rows: Vec<(i64,)> = sqlx::query_as("SELECT version FROM _sqlx_migrations ORDER BY version").fetch_all(&mut conn).await.map_err(backend)?;
+        rows.into_iter().map(|(v,)| v).collect()
+    } else {
+        Vec::new()
+    };
+    let _ = conn.close().await;
+    Ok(applied)
+}
+
+/// `url` with its password replaced by `***` (for logs and `kiln doctor`).
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let (authority, path) = rest.split_once('/').map_or((rest, None), |(a, p)| (a, Some(p)));
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None => authority.to_string(),
+        },
+        None => authority.to_string(),
+    };
+    match path {
+        Some(p) => format!("{scheme}://{authority}/{p}"),
+        None => format!("{scheme}://{authority}"),
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod test_db;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_password_in_a_database_url_is_not_shown() {
+        assert_eq!(super::redacted("postgres://kiln:s3cret@db:5432/kiln?sslmode=require"), "postgres://kiln:***@db:5432/kiln?sslmode=require");
+        assert_eq!(super::redacted("postgres://kiln@db/kiln"), "postgres://kiln@db/kiln");
+        assert_eq!(super::redacted("postgres://u:p@ss@db"), "postgres://u:***@db");
+        assert_eq!(super::redacted("not a url"), "not a url");
+    }
+}
