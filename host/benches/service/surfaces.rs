@@ -6,6 +6,11 @@
 //! of small jobs one at a time (p50/p95, each job polled until it is done)
 //! on `POST /api/v2/jobs` and on `POST /api/prompt`, then jobs/s with 8
 //! concurrent clients on each surface.
+//!
+//! `KILN_BENCH_ENV_A` / `KILN_BENCH_ENV_B` (space-separated `KEY=VALUE`)
+//! add settings to one side: the same binary as both builds, with
+//! `KILN_STORE=postgres KILN_DATABASE_URL=…` (and `KILN_BLOB_STORE=s3 …`)
+//! on side B, compares the backends.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -122,6 +127,10 @@ pub fn fixed() {
     }
 }
 
+fn borrowed(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
 fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
@@ -134,8 +143,15 @@ pub fn run() {
     let rounds: usize = std::env::var("KILN_BENCH_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(6);
     let jobs: u64 = std::env::var("KILN_BENCH_JOBS").ok().and_then(|n| n.parse().ok()).unwrap_or(200);
     let cache = tempfile::tempdir().unwrap();
-    let env = [("KILN_CACHE_DIR", cache.path().to_str().unwrap())];
-    let servers: [(&str, Server); 2] = [("A (baseline)", start_binary(&baseline, &env)), ("B (this build)", start_binary(&current, &env))];
+    let side_env = |var: &str| {
+        let extra = std::env::var(var).unwrap_or_default();
+        let mut env: Vec<(String, String)> = vec![("KILN_CACHE_DIR".into(), cache.path().to_str().unwrap().into())];
+        env.extend(extra.split_whitespace().map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).expect("KEY=VALUE")));
+        env
+    };
+    let (env_a, env_b) = (side_env("KILN_BENCH_ENV_A"), side_env("KILN_BENCH_ENV_B"));
+    let servers: [(&str, Server); 2] =
+        [("A (baseline)", start_binary(&baseline, &borrowed(&env_a))), ("B (this build)", start_binary(&current, &borrowed(&env_b)))];
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     for (_, s) in &servers {
         rt.block_on(latencies(&s.base, Surface::V2, 30));
