@@ -7,11 +7,20 @@ queues 1000 small EmptyImage -> SaveImage prompts through /api/prompt, waits
 for them, then for 5 s each requests `/api/jobs?limit=20&offset=40` and
 `/history?max_items=20&offset=100` one after another from one client and
 prints requests/s; two rounds, the builds alternating. Figures: BENCHMARKS.md.
+
+With KILN_BENCH_PG (a postgres:// URL of a server whose user may create
+databases) each run keeps its records in a fresh database there
+(`store = "postgres"`), and whole-window `/history` is timed too.
 """
-import json, os, subprocess, sys, tempfile, threading, time, urllib.request
+import json, os, subprocess, sys, tempfile, threading, time, urllib.request, uuid
+PG = os.environ.get("KILN_BENCH_PG")
 def run(binary):
     data = tempfile.mkdtemp()
     env = dict(os.environ, KILN_RESULT_CACHE_MB="0")
+    if PG:
+        name = "kiln_bench_" + uuid.uuid4().hex
+        subprocess.run(["psql", "-q", PG, "-c", "CREATE DATABASE " + name], check=True)
+        env.update(KILN_STORE="postgres", KILN_DATABASE_URL=PG.rsplit("/", 1)[0] + "/" + name)
     p = subprocess.Popen([binary, "serve", "--port", "0", "--data-dir", data], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     base = p.stdout.readline().decode().strip().split("listening on ")[1]
     wf = {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 1}},
@@ -24,7 +33,8 @@ def run(binary):
     while json.load(urllib.request.urlopen(base + "/api/queue"))["queue_pending"] or json.load(urllib.request.urlopen(base + "/api/queue"))["queue_running"]:
         time.sleep(0.2)
     out = {}
-    for path in ["/api/jobs?limit=20&offset=40", "/history?max_items=20&offset=100"]:
+    paths = ["/api/jobs?limit=20&offset=40", "/history?max_items=20&offset=100"] + (["/history"] if PG else [])
+    for path in paths:
         urllib.request.urlopen(base + path).read()
         n, t0 = 0, time.time()
         while time.time() - t0 < 5:

@@ -368,3 +368,37 @@ fn doctor_checks_that_the_database_and_the_bucket_answer() {
     assert!(!lines.join("\n").contains("hunter2"), "the password is not shown");
     assert!(lines[1].starts_with(&format!("blobs: s3 bucket `{bucket}` (does not answer: ")), "{lines:?}");
 }
+
+/// `kiln db migrate` applies kiln's schema to an empty database once (a
+/// second run applies nothing), and refuses without `store = "postgres"`.
+/// Skipped without `KILN_TEST_DATABASE_URL`, except under CI.
+#[test]
+fn db_migrate_applies_the_schema_once() {
+    let Ok(server) = std::env::var("KILN_TEST_DATABASE_URL") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_DATABASE_URL");
+        eprintln!("SKIPPED: KILN_TEST_DATABASE_URL is not set");
+        return;
+    };
+    let name = format!("kiln_cli_{}", uuid::Uuid::new_v4().simple());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let admin = sqlx::PgPool::connect(&server).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap();
+        admin.close().await;
+    });
+    let url = format!("{}/{name}", server.rsplit_once('/').unwrap().0);
+    let migrate = |store: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(["db", "migrate"]).env("KILN_STORE", store).env("KILN_DATABASE_URL", &url).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).trim().to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (ok, first, err) = migrate("postgres");
+    assert!(ok, "{err}");
+    assert!(first.starts_with(&format!("{url}: migrations [1, 2, 3")), "{first}");
+    let all = first.split_once("migrations ").unwrap().1.split_once(" (").unwrap().0.to_string();
+    assert!(first.ends_with(&format!("(applied now: {all})")), "everything is new the first time: {first}");
+    let (ok, second, err) = migrate("postgres");
+    assert!(ok, "{err}");
+    assert_eq!(second, format!("{url}: migrations {all} (applied now: [])"));
+    let (ok, _, err) = migrate("embedded");
+    assert!(!ok && err.contains("kiln db needs store = \"postgres\""), "{err}");
+}

@@ -2,6 +2,7 @@
 
 mod accounts;
 pub mod admin;
+mod db;
 mod deployments;
 mod front_end;
 mod run;
@@ -33,7 +34,8 @@ pub enum Command {
     /// Print the node definitions as ComfyUI `object_info` JSON.
     Nodes,
     /// Print what kiln will use, one line each: the GPU adapter, the plugin
-    /// cache, the data directory.
+    /// cache, the data directory, the record store and the blob store (a
+    /// database or bucket checked to answer; exit 1 when one does not).
     Doctor,
     /// Serve the Jobs API (`/api/v2`) until interrupted.
     Serve(serve::ServeArgs),
@@ -41,6 +43,8 @@ pub enum Command {
     Accounts(accounts::AccountsArgs),
     /// Manage serverless deployments through a server's admin API.
     Deployments(deployments::DeploymentsArgs),
+    /// The PostgreSQL database of `store = "postgres"`: `kiln db migrate`.
+    Db(db::DbArgs),
     /// Compile one component (kiln runs itself so to compile plugins under
     /// limits; see `plugins::compile`).
     #[command(name = "compile-component", hide = true)]
@@ -106,6 +110,7 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
         Command::Serve(args) => serve::serve(config, args).await,
         Command::Accounts(args) => accounts::run(config, args).await,
         Command::Deployments(args) => deployments::run(&config, args).await,
+        Command::Db(args) => db::run(&config, args).await,
         Command::CompileComponent(args) => Ok(i32::from(compile_component(&args))),
         // (Handled by `main` before any set-up; here for completeness.)
         Command::ProbeGpu => {

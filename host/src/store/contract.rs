@@ -52,6 +52,19 @@ where
     listings_page_newest_first_per_owner_within_a_budget(fresh().await.as_ref()).await;
     a_finished_job_reads_back_with_its_outputs(fresh().await.as_ref()).await;
     the_owner_stamp_moves_with_each_finished_write(fresh().await.as_ref()).await;
+    jobs_read_at_once_come_in_the_order_asked(fresh().await.as_ref()).await;
+}
+
+/// `get_jobs` answers the records that exist, in the order of the ids
+/// asked (repeats included), skipping the unknown.
+pub(crate) async fn jobs_read_at_once_come_in_the_order_asked(meta: &dyn MetaStore) {
+    for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+        meta.submit(&job(id, "o", 10 + i as Micros, i as u64 + 1), &json!({}), None).await.unwrap();
+    }
+    let ask: Vec<String> = ["c", "nope", "a", "b", "a"].into_iter().map(String::from).collect();
+    let got: Vec<String> = meta.get_jobs(&ask).await.unwrap().into_iter().map(|j| j.id).collect();
+    assert_eq!(got, ["c", "a", "b", "a"]);
+    assert!(meta.get_jobs(&[]).await.unwrap().is_empty());
 }
 
 /// `finished_changes` stays put while nothing finished of the owner is

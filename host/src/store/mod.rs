@@ -122,6 +122,15 @@ pub trait MetaStore: Send + Sync {
     /// Writes a job record (not flushed; see [`MetaStore::flush`]).
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;
     async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
+    /// The records of `ids` that exist, in the order of `ids` (a page of
+    /// a listing read at once; a networked store answers in one round trip).
+    async fn get_jobs(&self, ids: &[String]) -> Result<Vec<JobRecord>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.extend(self.get_job(id).await?);
+        }
+        Ok(out)
+    }
     /// Removes a job, its workflow and its index entry.
     async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError>;
     async fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError>;

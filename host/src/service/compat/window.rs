@@ -83,15 +83,11 @@ impl Service {
     /// The full records (without logs) of `jobs`, a page of a window, that
     /// are still in the history (one may have left it since).
     pub async fn compat_window_records(&self, jobs: &[WindowJob]) -> Result<Vec<JobRecord>, ServiceError> {
-        let mut records = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            if let Some(mut record) = self.meta.get_job(&job.record.id).await?
-                && record.status.is_terminal()
-                && record.status != JobStatus::Expired
-            {
-                record.logs = None;
-                records.push(record);
-            }
+        let ids: Vec<String> = jobs.iter().map(|j| j.record.id.clone()).collect();
+        let mut records = self.meta.get_jobs(&ids).await?;
+        records.retain(|r| r.status.is_terminal() && r.status != JobStatus::Expired);
+        for record in &mut records {
+            record.logs = None;
         }
         Ok(records)
     }

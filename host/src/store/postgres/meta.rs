@@ -208,6 +208,19 @@ impl MetaStore for PgMeta {
         })
     }
 
+    async fn get_jobs(&self, ids: &[String]) -> Result<Vec<JobRecord>, StoreError> {
+        let ids = ids.to_vec();
+        on_pool!(self, |pool| {
+            let rows =
+                sqlx::query("SELECT j.record FROM unnest($1::text[]) WITH ORDINALITY AS wanted(id, n) JOIN jobs j ON j.id = wanted.id ORDER BY wanted.n")
+                    .bind(&ids)
+                    .fetch_all(&pool)
+                    .await
+                    .map_err(backend)?;
+            records("job", &rows)
+        })
+    }
+
     async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         let job = job.clone();
         on_pool!(self, |pool| {
