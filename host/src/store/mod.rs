@@ -43,6 +43,10 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
     #[error("metadata store: {0}")]
     Backend(String),
+    /// A networked backend cannot be reached now (refused, lost, or
+    /// restarting): the same call may succeed later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
     #[error("corrupt record under {0}")]
     Corrupt(String),
     #[error("the Idempotency-Key is already claimed")]

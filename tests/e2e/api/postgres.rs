@@ -92,3 +92,121 @@ async fn accounts_live_in_postgres_across_a_restart() {
         s.http.get(format!("{}/admin/accounts/pg-tenant", s.server.url())).bearer_auth("pg-operator").send().await.unwrap().json().await.unwrap();
     assert!(account["credits"].as_i64().unwrap() <= 100, "{account}");
 }
+
+/// A PostgreSQL server of one test's own (from the server binaries in
+/// `KILN_TEST_PG_BIN`, which `.ci/run` sets), so it can be stopped and
+/// started without disturbing the other tests. As root, it runs as
+/// `postgres` (PostgreSQL refuses root).
+struct OwnPostgres {
+    bin: std::path::PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+    as_postgres: bool,
+}
+
+impl OwnPostgres {
+    /// A new cluster, started; `None` (skipped) without `KILN_TEST_PG_BIN`
+    /// outside CI.
+    fn start_new() -> Option<OwnPostgres> {
+        let Some(bin) = std::env::var_os("KILN_TEST_PG_BIN") else {
+            assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_PG_BIN (.ci/run finds PostgreSQL's server binaries)");
+            eprintln!("SKIPPED: KILN_TEST_PG_BIN is not set");
+            return None;
+        };
+        let uid = std::process::Command::new("id").arg("-u").output().unwrap();
+        let as_postgres = String::from_utf8_lossy(&uid.stdout).trim() == "0";
+        let dir = tempfile::tempdir().unwrap();
+        if as_postgres {
+            assert!(std::process::Command::new("chown").arg("postgres").arg(dir.path()).status().unwrap().success());
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let pg = OwnPostgres { bin: bin.into(), dir, port, as_postgres };
+        let data = pg.dir.path().join("data");
+        pg.run("initdb", &["-D", data.to_str().unwrap(), "--auth=trust", "-U", "postgres", "--no-sync"]);
+        pg.start();
+        Some(pg)
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) {
+        let exe = self.bin.join(tool);
+        let mut cmd = if self.as_postgres {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(exe);
+            c
+        } else {
+            std::process::Command::new(exe)
+        };
+        let out = cmd.args(args).output().unwrap();
+        assert!(out.status.success(), "{tool} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn ctl(&self, action: &str) {
+        let (data, dir) = (self.dir.path().join("data"), self.dir.path().to_str().unwrap().to_string());
+        let options = format!("-c listen_addresses=127.0.0.1 -p {} -k {dir} -c fsync=off", self.port);
+        let log = self.dir.path().join("log");
+        self.run("pg_ctl", &["-D", data.to_str().unwrap(), "-l", log.to_str().unwrap(), "-o", &options, "-m", "fast", "-w", action]);
+    }
+
+    fn start(&self) {
+        self.ctl("start");
+    }
+
+    fn stop(&self) {
+        self.ctl("stop");
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        let exe = self.bin.join("pg_ctl");
+        let args = ["-D", data.to_str().unwrap_or_default(), "-m", "immediate", "stop"];
+        let _ = if self.as_postgres {
+            std::process::Command::new("runuser").args(["-u", "postgres", "--"]).arg(exe).args(args).output()
+        } else {
+            std::process::Command::new(exe).args(args).output()
+        };
+    }
+}
+
+/// PostgreSQL stops while a job runs and comes back: a submission made
+/// meanwhile is refused with 500 `upstream_error` and its Idempotency-Key
+/// stays free; the job that ended during the outage is recorded once the
+/// database is back (and shown finished only then), so after a restart of
+/// kiln every job is as it ended — none interrupted or run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_mid_run_loses_no_job_and_no_key() {
+    let Some(pg) = OwnPostgres::start_new() else { return };
+    let s = start_in(tempfile::tempdir().unwrap(), on_postgres(pg.url(), Mode::SelfHosted)).await;
+    let before = s.submit(trivial(1)).await["id"].as_str().unwrap().to_string();
+    assert_eq!(s.wait(&before).await["status"], "succeeded");
+    // Runs until its node's 2 s limit, which it reaches while the database is down.
+    let spinning = s.submit(super::spinner(5)).await["id"].as_str().unwrap().to_string();
+    s.wait_for(&spinning, "running").await;
+    pg.stop();
+    let body = json!({ "workflow": trivial(2) });
+    let (status, refused, _) = s.post_job(&body, Some("during-the-outage")).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (500, Some("upstream_error")), "{refused}");
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(s.job(&spinning).await["status"], "running", "not shown finished while its end cannot be recorded");
+    pg.start();
+    let ended = s.wait(&spinning).await;
+    assert_eq!((ended["status"].as_str(), ended["error"]["code"].as_str()), (Some("failed"), Some("node_timeout")), "{ended}");
+    let (status, accepted, _) = s.post_job(&body, Some("during-the-outage")).await;
+    assert_eq!(status, 201, "the key is free: {accepted}");
+    let after = accepted["id"].as_str().unwrap().to_string();
+    assert_eq!(s.wait(&after).await["status"], "succeeded");
+
+    let data = s.shutdown().await;
+    let s = start_in(data, on_postgres(pg.url(), Mode::SelfHosted)).await;
+    assert_eq!(s.job(&before).await["status"], "succeeded");
+    let reread = s.job(&spinning).await;
+    assert_eq!((reread["status"].as_str(), reread["error"]["code"].as_str()), (Some("failed"), Some("node_timeout")), "recorded as it ended: {reread}");
+    assert_eq!(s.job(&after).await["status"], "succeeded");
+    let (again, _, _) = s.post_job(&body, Some("during-the-outage")).await;
+    assert_eq!(again, 422, "the key is held by the job it made");
+}

@@ -18,6 +18,9 @@ use crate::codes::JobErrorCode;
 use crate::executor::{Event, RunContext, RunOutcome};
 use crate::store::{JobErrorRecord, JobRecord, JobStatus, ProgressSnapshot, now_micros};
 
+/// The longest wait between tries to record a finished job.
+const FINISH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Service {
     pub(super) async fn worker_loop(self: Arc<Self>) {
         loop {
@@ -219,6 +222,29 @@ impl Service {
     /// takes no other write (a cancel arriving now changes nothing). The
     /// record's lock is not held across this write, so a poll does not wait
     /// for it.
+    /// Writes a job's terminal record with its output assets. While the
+    /// store is unreachable (a database restarting) it tries again, backing
+    /// off to [`FINISH_RETRY_MAX`], so the job is shown finished only once
+    /// its record and outputs are durable; it gives up only when the
+    /// service stops (a restart then recovers the job) or on any other
+    /// error.
+    async fn record_finished(&self, terminal: &JobRecord, assets: &[crate::store::AssetRecord]) -> Result<(), crate::store::StoreError> {
+        let mut delay = std::time::Duration::from_millis(50);
+        loop {
+            match self.meta.finish_job(terminal, assets).await {
+                Err(crate::store::StoreError::Unavailable(e)) if !self.shutdown.is_cancelled() => {
+                    tracing::warn!(job_id = %terminal.id, error = %e, retry_in_ms = delay.as_millis() as u64, "the store is unavailable; the finished job waits to be recorded");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.shutdown.cancelled() => {}
+                    }
+                    delay = (delay * 2).min(FINISH_RETRY_MAX);
+                }
+                done => return done,
+            }
+        }
+    }
+
     async fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, NotRun>) {
         if let Err(NotRun { error, .. }) = &outcome {
             let (id, owner) = {
@@ -251,8 +277,7 @@ impl Service {
         // On this thread: the execution runtime's threads are there for
         // blocking job work, and a hand-off to the blocking pool and back
         // cost ~100 µs per job here (BENCHMARKS.md, "fewer hand-offs on a job's critical path").
-        let durable = self.meta.finish_job(&terminal, &assets).await;
-        if let Err(e) = &durable {
+        if let Err(e) = self.record_finished(&terminal, &assets).await {
             // Ended either way: a store failure only means a restart may run it again.
             tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job");
         }

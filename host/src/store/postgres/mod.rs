@@ -45,6 +45,10 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
 
 /// How long an idle connection stays open.
 const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a call waits for a connection (every one busy, or the server
+/// not answering) before it fails `Unavailable`: a client sees 500
+/// `upstream_error` within this while the database is down.
+const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// kiln's embedded migrations as sqlx's migration source.
 #[derive(Debug)]
@@ -68,8 +72,18 @@ pub struct PgDatabase {
     runtime: std::sync::Arc<IoRuntime>,
 }
 
-pub(super) fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("postgres: {e}"))
+/// A failure of the database as the store's error: a connection that
+/// cannot be made or was lost, or a server shutting down or starting, is
+/// [`StoreError::Unavailable`] (worth retrying); anything else `Backend`.
+pub(super) fn backend<E: std::fmt::Display + 'static>(e: E) -> StoreError {
+    let unavailable = (&e as &dyn std::any::Any).downcast_ref::<sqlx::Error>().is_some_and(|e| match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
+        // SQLSTATE class 08: connection exception; 57P01–57P03: the server
+        // is shutting down or cannot take connections yet.
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+        _ => false,
+    });
+    if unavailable { StoreError::Unavailable(format!("postgres: {e}")) } else { StoreError::Backend(format!("postgres: {e}")) }
 }
 
 impl PgDatabase {
@@ -85,6 +99,7 @@ impl PgDatabase {
                     .max_connections(max_connections.max(1))
                     .min_connections(0)
                     .idle_timeout(IDLE_TIMEOUT)
+                    .acquire_timeout(ACQUIRE_TIMEOUT)
                     .connect(&url)
                     .await
                     .map_err(backend)?;
@@ -164,6 +179,16 @@ pub(crate) mod test_db;
 
 #[cfg(test)]
 mod tests {
+    use super::StoreError;
+
+    #[test]
+    fn a_lost_connection_is_unavailable_and_a_bad_query_is_not() {
+        assert!(matches!(super::backend(sqlx::Error::PoolTimedOut), StoreError::Unavailable(_)));
+        assert!(matches!(super::backend(sqlx::Error::Io(std::io::ErrorKind::ConnectionRefused.into())), StoreError::Unavailable(_)));
+        assert!(matches!(super::backend(sqlx::Error::RowNotFound), StoreError::Backend(_)));
+        assert!(matches!(super::backend("no answer"), StoreError::Backend(_)));
+    }
+
     #[test]
     fn a_password_in_a_database_url_is_not_shown() {
         assert_eq!(super::redacted("postgres://kiln:s3cret@db:5432/kiln?sslmode=require"), "postgres://kiln:***@db:5432/kiln?sslmode=require");
