@@ -15,6 +15,7 @@ mod idempotency;
 mod intake;
 mod jobs;
 mod postgres;
+mod s3;
 mod sessions;
 mod tenants;
 

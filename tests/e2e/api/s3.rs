@@ -1,0 +1,144 @@
+//! A server whose blobs are in an S3 bucket (`blob_store = "s3"`), on a
+//! SeaweedFS server of the test's own (`KILN_TEST_WEED`, the `weed` binary
+//! `.ci/run` installs), so it can be stopped without disturbing the other
+//! tests: while the bucket is away, uploads fail with 500
+//! `upstream_error` and cached blobs still download; once it is back, a
+//! host that lost its whole cache serves every asset from the bucket.
+
+use kiln::config::BlobStoreKind;
+
+use super::{png_bytes, start_in};
+
+/// A `weed server -s3` of one test's own, on free loopback ports.
+struct OwnWeed {
+    exe: std::path::PathBuf,
+    dir: tempfile::TempDir,
+    ports: [u16; 4],
+    child: Option<std::process::Child>,
+}
+
+/// A loopback port that is free, with the one 10000 above it (weed's gRPC).
+fn free_port_pair(taken: &[u16]) -> u16 {
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if port < 55000 && !taken.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+impl OwnWeed {
+    fn start_new() -> Option<OwnWeed> {
+        // The server takes the credentials kiln's store reads from the
+        // standard variables.
+        let (Some(exe), Ok(key), Ok(secret)) = (std::env::var_os("KILN_TEST_WEED"), std::env::var("AWS_ACCESS_KEY_ID"), std::env::var("AWS_SECRET_ACCESS_KEY"))
+        else {
+            assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_WEED and the AWS_* credentials (.ci/run installs SeaweedFS)");
+            eprintln!("SKIPPED: KILN_TEST_WEED or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY is not set");
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        std::fs::write(dir.path().join("master.toml"), "[master.volume_growth]\ncopy_1 = 1\n").unwrap();
+        let identities = format!(
+            r#"{{"identities":[{{"name":"kiln","credentials":[{{"accessKey":"{}","secretKey":"{}"}}],"actions":["Admin","Read","Write","List","Tagging"]}}]}}"#,
+            key, secret
+        );
+        std::fs::write(dir.path().join("s3.json"), identities).unwrap();
+        let mut ports = [0; 4];
+        for i in 0..4 {
+            ports[i] = free_port_pair(&ports[..i]);
+        }
+        let mut weed = OwnWeed { exe: exe.into(), dir, ports, child: None };
+        weed.start();
+        Some(weed)
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports[3])
+    }
+
+    /// Starts the server on its directory and waits until S3 answers.
+    fn start(&mut self) {
+        let [master, volume, filer, s3] = self.ports;
+        let d = self.dir.path();
+        let child = std::process::Command::new(&self.exe)
+            .current_dir(d)
+            .args(["server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"])
+            .arg(format!("-dir={}", d.join("data").display()))
+            .arg(format!("-master.port={master}"))
+            .arg(format!("-volume.port={volume}"))
+            .arg(format!("-filer.port={filer}"))
+            .arg(format!("-s3.port={s3}"))
+            .arg(format!("-s3.config={}", d.join("s3.json").display()))
+            .args(["-master.volumeSizeLimitMB=64", "-volume.max=100"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(d.join("log")).unwrap())
+            .spawn()
+            .expect("weed starts");
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", s3)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "weed did not answer: {}", std::fs::read_to_string(d.join("log")).unwrap_or_default());
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// Stops the server (as a crash would: killed).
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnWeed {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_survive_the_bucket_going_away_and_a_lost_cache() {
+    let Some(mut weed) = OwnWeed::start_new() else { return };
+    let endpoint = weed.endpoint();
+    let in_bucket = move |c: &mut kiln::config::Config, _: &mut kiln::service::ServiceOptions| {
+        c.blob_store = BlobStoreKind::S3;
+        c.s3_endpoint = Some(endpoint.clone());
+        c.s3_bucket = Some("kiln-outage".into());
+    };
+    let s = start_in(tempfile::tempdir().unwrap(), in_bucket.clone()).await;
+    let image = png_bytes(16, 16, 7);
+    let (code, asset) = s.upload("kept.png", image.clone(), None).await;
+    assert_eq!(code, 201, "{asset}");
+    let content = format!("/assets/{}/content", asset["id"].as_str().unwrap());
+
+    weed.stop();
+    let (code, refused) = s.upload("refused.png", png_bytes(16, 16, 8), None).await;
+    assert_eq!((code, refused["error"]["code"].as_str()), (500, Some("upstream_error")), "{refused}");
+    let cached = s.http.get(s.url(&content)).send().await.unwrap();
+    assert_eq!(cached.status(), 200, "a cached blob downloads while the bucket is away");
+    assert_eq!(cached.bytes().await.unwrap(), image);
+
+    weed.start();
+    let data = s.shutdown().await;
+    std::fs::remove_dir_all(data.path().join("blob-cache")).unwrap();
+    let s = start_in(data, in_bucket).await;
+    // A restarted SeaweedFS answers before its volume server has
+    // registered again: until then a read is 500 `upstream_error`.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let fetched = loop {
+        let response = s.http.get(s.url(&content)).send().await.unwrap();
+        if response.status() == 200 || std::time::Instant::now() > deadline {
+            break response;
+        }
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    assert_eq!(fetched.status(), 200);
+    assert_eq!(fetched.bytes().await.unwrap(), image, "read back from the bucket");
+    let (code, again) = s.upload("refused.png", png_bytes(16, 16, 8), None).await;
+    assert_eq!(code, 201, "uploads work again: {again}");
+}
