@@ -33,7 +33,7 @@ def run(binary):
     while json.load(urllib.request.urlopen(base + "/api/queue"))["queue_pending"] or json.load(urllib.request.urlopen(base + "/api/queue"))["queue_running"]:
         time.sleep(0.2)
     out = {}
-    paths = ["/api/jobs?limit=20&offset=40", "/history?max_items=20&offset=100"] + (["/history"] if PG else [])
+    paths = ["/api/jobs?limit=20&offset=40", "/history?max_items=20&offset=100"] + (["/history?max_items=64", "/history"] if PG else [])
     for path in paths:
         urllib.request.urlopen(base + path).read()
         n, t0 = 0, time.time()

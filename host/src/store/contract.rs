@@ -53,6 +53,32 @@ where
     a_finished_job_reads_back_with_its_outputs(fresh().await.as_ref()).await;
     the_owner_stamp_moves_with_each_finished_write(fresh().await.as_ref()).await;
     jobs_read_at_once_come_in_the_order_asked(fresh().await.as_ref()).await;
+    workflows_read_at_once_stay_within_their_budget(fresh().await.as_ref()).await;
+}
+
+/// `get_workflows_bytes` answers the workflows of a prefix of the ids
+/// asked, in order: those starting within the budget, at least one.
+pub(crate) async fn workflows_read_at_once_stay_within_their_budget(meta: &dyn MetaStore) {
+    let workflow = |c: char| json!({ "1": { "class_type": c.to_string().repeat(80) } });
+    let size = serde_json::to_vec(&workflow('x')).unwrap().len();
+    for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+        meta.submit(&job(id, "o", 10 + i as Micros, i as u64 + 1), &workflow(id.chars().next().unwrap()), None).await.unwrap();
+    }
+    let ids: Vec<String> = ["a", "b", "nope", "c"].into_iter().map(String::from).collect();
+    let ids = &ids;
+    let read = |budget| async move {
+        let got = meta.get_workflows_bytes(ids, budget).await.unwrap();
+        got.into_iter()
+            .map(|w| w.map(|b| serde_json::from_slice::<serde_json::Value>(&b).unwrap()["1"]["class_type"].as_str().unwrap()[..1].to_string()))
+            .collect::<Vec<_>>()
+    };
+    let (a, b, c) = (Some("a".to_string()), Some("b".to_string()), Some("c".to_string()));
+    assert_eq!(read(0).await, [a.clone()], "at least one");
+    assert_eq!(read(size).await, [a.clone()], "the second starts at the budget");
+    assert_eq!(read(size + 1).await, [a.clone(), b.clone()]);
+    assert_eq!(read(2 * size + 1).await, [a.clone(), b.clone(), None, c.clone()], "the unknown id adds no bytes");
+    assert_eq!(read(usize::MAX).await, [a, b, None, c]);
+    assert!(meta.get_workflows_bytes(&[], 10).await.unwrap().is_empty());
 }
 
 /// `get_jobs` answers the records that exist, in the order of the ids

@@ -156,6 +156,24 @@ pub trait MetaStore: Send + Sync {
     /// A job's stored workflow as its JSON text (rendered into a listing
     /// without being parsed).
     async fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// The stored workflows of the first of `ids` (at least one when any
+    /// are asked) whose sizes together stay within `budget` bytes (the last
+    /// may pass it), in the order asked: a listing reads its items'
+    /// workflows a few at a time (a networked store in one round trip),
+    /// never holding much more than `budget`.
+    async fn get_workflows_bytes(&self, ids: &[String], budget: usize) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let mut out = Vec::new();
+        let mut held = 0;
+        for id in ids {
+            if !out.is_empty() && held >= budget {
+                break;
+            }
+            let workflow = self.get_workflow_bytes(id).await?;
+            held += workflow.as_ref().map_or(0, Vec::len);
+            out.push(workflow);
+        }
+        Ok(out)
+    }
     /// The jobs queued, running or canceling (recovery at start).
     async fn unfinished_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
     /// A bound on the queue `seq` of every job ever submitted (new jobs

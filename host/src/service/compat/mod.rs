@@ -32,6 +32,12 @@ use crate::store::{JobRecord, JobStatus, now_micros};
 /// Finished jobs the history (and an output's lookup by name) looks through.
 pub const MAX_HISTORY: usize = 1000;
 
+/// Most items of a listing whose workflows are read at once.
+const LISTING_WORKFLOW_BATCH: usize = 64;
+/// The bytes of workflows a listing reads at once (a workflow larger
+/// than this is read alone).
+const LISTING_WORKFLOW_BYTES: usize = 1 << 20;
+
 /// The compatibility API's state in the service.
 #[derive(Default)]
 pub struct CompatState {
@@ -128,7 +134,33 @@ impl Service {
     /// A job with its stored workflow, for ComfyUI's queue and history
     /// (one at a time: a listing renders each as it goes).
     pub async fn compat_job(&self, record: JobRecord) -> Result<CompatJob, ServiceError> {
-        let bytes = self.meta.get_workflow_bytes(&record.id).await?.unwrap_or_else(|| b"null".to_vec());
+        let bytes = self.meta.get_workflow_bytes(&record.id).await?;
+        self.compat_job_with(record, bytes)
+    }
+
+    /// The next few of `records` (at least one while any are left) with
+    /// their workflows, read at once within [`LISTING_WORKFLOW_BYTES`]: a
+    /// listing renders these before it reads more.
+    pub async fn compat_next_jobs(&self, records: &mut std::collections::VecDeque<JobRecord>) -> Result<Vec<CompatJob>, ServiceError> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = records.iter().take(LISTING_WORKFLOW_BATCH).map(|r| r.id.clone()).collect();
+        let workflows = self.meta.get_workflows_bytes(&ids, LISTING_WORKFLOW_BYTES).await?;
+        if workflows.is_empty() {
+            return Err(crate::store::StoreError::Backend("the store read none of the workflows asked".into()).into());
+        }
+        let mut jobs = Vec::with_capacity(workflows.len());
+        for bytes in workflows {
+            let Some(record) = records.pop_front() else { break };
+            jobs.push(self.compat_job_with(record, bytes)?);
+        }
+        Ok(jobs)
+    }
+
+    /// A record with its stored workflow (`None`: `null`).
+    fn compat_job_with(&self, record: JobRecord, bytes: Option<Vec<u8>>) -> Result<CompatJob, ServiceError> {
+        let bytes = bytes.unwrap_or_else(|| b"null".to_vec());
         let outputs_to_execute = self.output_nodes(&bytes);
         let text = String::from_utf8(bytes).map_err(|_| crate::store::StoreError::Corrupt(record.id.clone()))?;
         let workflow = serde_json::value::RawValue::from_string(text).map_err(|_| crate::store::StoreError::Corrupt(record.id.clone()))?;

@@ -259,6 +259,27 @@ impl MetaStore for PgMeta {
         })
     }
 
+    async fn get_workflows_bytes(&self, ids: &[String], budget: usize) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let (ids, budget) = (ids.to_vec(), i64::try_from(budget).unwrap_or(i64::MAX));
+        on_pool!(self, |pool| {
+            // Each row with the bytes of the rows before it: those that
+            // start within the budget (always the first).
+            let rows: Vec<(Option<Vec<u8>>,)> = sqlx::query_as(
+                "SELECT workflow FROM (\
+                   SELECT j.workflow, wanted.n, \
+                     COALESCE(SUM(octet_length(j.workflow)) OVER (ORDER BY wanted.n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before \
+                   FROM unnest($1::text[]) WITH ORDINALITY AS wanted(id, n) LEFT JOIN jobs j ON j.id = wanted.id\
+                 ) t WHERE n = 1 OR before < $2 ORDER BY n",
+            )
+            .bind(&ids)
+            .bind(budget)
+            .fetch_all(&pool)
+            .await
+            .map_err(backend)?;
+            Ok(rows.into_iter().map(|(w,)| w).collect())
+        })
+    }
+
     async fn unfinished_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
         on_pool!(self, |pool| {
             let rows = sqlx::query("SELECT record FROM jobs WHERE status IN ('queued', 'running', 'canceling') ORDER BY seq")

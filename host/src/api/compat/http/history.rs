@@ -112,18 +112,26 @@ fn terminal_message(r: &JobRecord, executed: &[&String], ended: i64) -> Json_ {
     }
 }
 
-/// Writes `{id: item, …}` for `records`, loading and rendering one job at
-/// a time (each item carries its workflow).
+/// Writes `{id: item, …}` for `records`, their workflows read a few at a
+/// time (within the service's listing budget) and each item rendered as
+/// soon as its workflow is there.
 fn write_items(service: &Service, records: Vec<crate::store::JobRecord>, out: &mut streamed::Sink) -> Result<(), crate::service::ServiceError> {
     out.raw(b"{")?;
-    for (i, record) in records.into_iter().enumerate() {
-        if i > 0 {
-            out.raw(b",")?;
+    let mut records = records.into();
+    let mut first = true;
+    loop {
+        let jobs = super::block(service.compat_next_jobs(&mut records))?;
+        if jobs.is_empty() {
+            break;
         }
-        out.json(record.public_id())?;
-        out.raw(b":")?;
-        let job = super::block(service.compat_job(record))?;
-        out.json(&item(service, &job)?)?;
+        for job in jobs {
+            if !std::mem::take(&mut first) {
+                out.raw(b",")?;
+            }
+            out.json(job.record.public_id())?;
+            out.raw(b":")?;
+            out.json(&item(service, &job)?)?;
+        }
     }
     out.raw(b"}")
 }
