@@ -43,7 +43,9 @@ pub struct NewAsset {
 
 impl Service {
     pub(super) fn visible(&self, owner: &str, asset: &AssetRecord) -> bool {
-        asset.owner == owner && asset.expires_at.is_none_or(|e| e > now_micros()) && parse_blob_name(&asset.hash).is_some_and(|h| self.blobs.contains(&h))
+        asset.owner == owner
+            && asset.expires_at.is_none_or(|e| e > now_micros())
+            && parse_blob_name(&asset.hash).is_some_and(|h| self.blobs.presumed_present(&h))
     }
 
     /// Assets over `hash` the caller may mint from.

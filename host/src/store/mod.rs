@@ -266,6 +266,15 @@ pub trait BlobStore: Send + Sync {
     /// and durable when it returns.
     fn commit(&self, upload: BlobUpload) -> Result<(blake3::Hash, u64), StoreError>;
     fn contains(&self, hash: &blake3::Hash) -> bool;
+    /// Whether an asset record naming `hash` may be shown, answered
+    /// without waiting for a network (callers may be on async threads):
+    /// the file store checks its file (a crash can leave a record whose
+    /// blob never landed); a remote store, whose blobs are written before
+    /// their records and collected only once no record names them, trusts
+    /// the record (a blob missing anyway reads as not found).
+    fn presumed_present(&self, hash: &blake3::Hash) -> bool {
+        self.contains(hash)
+    }
     /// The blob opened for reading (a local file: streaming, range reads);
     /// `None` when it is not stored.
     fn open(&self, hash: &blake3::Hash) -> Result<Option<std::fs::File>, StoreError>;

@@ -265,6 +265,10 @@ impl BlobStore for S3Blobs {
             })
     }
 
+    fn presumed_present(&self, _hash: &blake3::Hash) -> bool {
+        true
+    }
+
     fn open(&self, hash: &blake3::Hash) -> Result<Option<std::fs::File>, StoreError> {
         if let Some(file) = self.cache.open(hash)? {
             self.used(*hash, file.metadata()?.len());
