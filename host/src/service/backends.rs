@@ -29,6 +29,7 @@ pub fn s3_settings(config: &crate::config::Config) -> Option<S3Settings> {
         region: config.s3_region.clone(),
         cache_dir: config.data_dir.join("blob-cache"),
         cache_bytes: config.blob_cache_mb.saturating_mul(1 << 20),
+        installation: None,
     })
 }
 
@@ -100,7 +101,8 @@ impl Backends {
             (crate::config::StoreKind::Postgres, None) => return Err(ServiceError::InvalidRequest("store = \"postgres\" needs database_url".into())),
             (crate::config::StoreKind::Embedded, _) => Backends::embedded(&config.data_dir)?,
         };
-        if let Some(settings) = s3_settings(config) {
+        if let Some(mut settings) = s3_settings(config) {
+            settings.installation = Some(backends.meta.installation_id().await?);
             let blobs = S3Blobs::open(&settings).await?;
             tracing::info!(place = blobs.place(), cached_bytes = blobs.cached_bytes(), "blobs in S3");
             backends.blobs = Arc::new(blobs);

@@ -54,6 +54,16 @@ where
     the_owner_stamp_moves_with_each_finished_write(fresh().await.as_ref()).await;
     jobs_read_at_once_come_in_the_order_asked(fresh().await.as_ref()).await;
     workflows_read_at_once_stay_within_their_budget(fresh().await.as_ref()).await;
+    the_installation_id_is_made_once(fresh().await.as_ref(), fresh().await.as_ref()).await;
+}
+
+/// A store's installation id is made once and answered every time; two
+/// fresh stores have two.
+pub(crate) async fn the_installation_id_is_made_once(one: &dyn MetaStore, other: &dyn MetaStore) {
+    let id = one.installation_id().await.unwrap();
+    assert!(!id.is_empty());
+    assert_eq!(one.installation_id().await.unwrap(), id);
+    assert_ne!(other.installation_id().await.unwrap(), id);
 }
 
 /// `get_workflows_bytes` answers the workflows of a prefix of the ids

@@ -242,6 +242,13 @@ pub trait MetaStore: Send + Sync {
     /// connections) when the service stops; later calls may fail.
     async fn close(&self) {}
 
+    /// This installation's id: made once with the store and kept by it
+    /// (hosts sharing the store share it). What an S3 bucket is marked
+    /// with. A store that keeps none answers an error.
+    async fn installation_id(&self) -> Result<String, StoreError> {
+        Err(StoreError::Backend("this store keeps no installation id".into()))
+    }
+
     /// A number that is different each time a finished job of `owner` has
     /// been written or deleted since it was last read: what a cached view
     /// of the owner's history compares before it is used (read it before

@@ -45,7 +45,15 @@ pub struct S3Settings {
     /// Most bytes the cache keeps (the blob just read or written is kept
     /// even when larger).
     pub cache_bytes: u64,
+    /// The installation the bucket must belong to (its record store's
+    /// [`installation_id`](super::MetaStore::installation_id)): a bucket
+    /// marked for another is refused, an unmarked one is marked. `None`:
+    /// not checked.
+    pub installation: Option<String>,
 }
+
+/// The object naming the installation a bucket belongs to.
+const OWNER_KEY: &str = "kiln-installation";
 
 /// Blob objects live under this prefix (the bucket may hold other things).
 const PREFIX: &str = "blobs";
@@ -92,6 +100,10 @@ impl S3Blobs {
         let store = Arc::new(builder.build().map_err(backend)?);
         let (s, wanted) = (store.clone(), settings.clone());
         runtime.run(async move { ensure_bucket(&s, &wanted).await }).await?;
+        if let Some(installation) = settings.installation.clone() {
+            let (s, bucket) = (store.clone(), settings.bucket.clone());
+            runtime.run(async move { claim_bucket(&s, &bucket, &installation).await }).await?;
+        }
         let cache = DiskBlobs::open(&settings.cache_dir)?;
         let mut index = CacheIndex { lru: lru::LruCache::unbounded(), bytes: 0, limit: settings.cache_bytes };
         for hash in cache.list()? {
@@ -332,6 +344,36 @@ impl CacheIndex {
         if let Some(size) = self.lru.pop(hash) {
             self.bytes -= size;
         }
+    }
+}
+
+/// Marks the bucket as `installation`'s unless it is marked; refuses one
+/// marked for another installation, whose blob collection would delete
+/// this one's blobs (it knows nothing of their records). Two installations
+/// marking a new bucket at once: each reads the mark back, and the one
+/// whose write was replaced refuses.
+async fn claim_bucket(store: &AmazonS3, bucket: &str, installation: &str) -> Result<(), StoreError> {
+    let key = Key::from(OWNER_KEY);
+    let read = |store: &AmazonS3| {
+        let key = key.clone();
+        let store = store.clone();
+        async move {
+            match store.get(&key).await {
+                Ok(got) => got.bytes().await.map(|b| Some(String::from_utf8_lossy(&b).trim().to_string())).map_err(backend),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(backend(e)),
+            }
+        }
+    };
+    if read(store).await?.is_none() {
+        store.put(&key, PutPayload::from(installation.to_string())).await.map_err(backend)?;
+    }
+    match read(store).await? {
+        Some(owner) if owner == installation => Ok(()),
+        owner => Err(StoreError::Backend(format!(
+            "s3: bucket `{bucket}` belongs to another kiln installation ({}): its blob collection would delete this installation's blobs; give each installation a bucket of its own",
+            owner.unwrap_or_default()
+        ))),
     }
 }
 

@@ -412,6 +412,13 @@ impl MetaStore for PgMeta {
         Ok(())
     }
 
+    async fn installation_id(&self) -> Result<String, StoreError> {
+        on_pool!(self, |pool| {
+            let (id,): (String,) = sqlx::query_as("SELECT id FROM installation").fetch_one(&pool).await.map_err(backend)?;
+            Ok(id)
+        })
+    }
+
     async fn finished_changes(&self, owner: &str) -> Result<u64, StoreError> {
         let owner = owner.to_string();
         on_pool!(self, |pool| {

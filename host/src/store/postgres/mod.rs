@@ -41,6 +41,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "accounts and sessions", include_str!("migrations/0001_accounts_and_sessions.sql")),
     (2, "jobs, assets and claims", include_str!("migrations/0002_jobs_assets_claims.sql")),
     (3, "finished changes", include_str!("migrations/0003_finished_changes.sql")),
+    (4, "installation", include_str!("migrations/0004_installation.sql")),
 ];
 
 /// How long an idle connection stays open.

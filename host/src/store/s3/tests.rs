@@ -18,7 +18,7 @@ fn settings(dir: &std::path::Path, bucket: Option<&str>, cache_bytes: u64) -> Op
         return None;
     };
     let bucket = bucket.map_or_else(|| format!("kiln-test-{}", uuid::Uuid::new_v4().simple()), str::to_string);
-    Some(S3Settings { endpoint: Some(endpoint), bucket, region: "us-east-1".into(), cache_dir: dir.to_path_buf(), cache_bytes })
+    Some(S3Settings { endpoint: Some(endpoint), bucket, region: "us-east-1".into(), cache_dir: dir.to_path_buf(), cache_bytes, installation: None })
 }
 
 fn read(blobs: &S3Blobs, hash: &blake3::Hash) -> Result<Option<Vec<u8>>, StoreError> {
@@ -102,4 +102,17 @@ async fn the_local_cache_keeps_to_its_size_least_recently_used_first() {
     let blobs = S3Blobs::open(&smaller).await.unwrap();
     assert_eq!((blobs.cached_bytes(), cached_files(dir.path())), (MIB as u64, 1));
     assert_eq!(blobs.list().unwrap().len(), 4, "the bucket keeps every blob");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_serves_one_installation() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let Some(first) = settings(dir_a.path(), None, 1 << 30) else { return };
+    let mine = S3Settings { installation: Some("installation-a".into()), ..first };
+    S3Blobs::open(&mine).await.expect("an unmarked bucket is marked");
+    S3Blobs::open(&S3Settings { cache_dir: dir_b.path().to_path_buf(), ..mine.clone() }).await.expect("another host of the same installation");
+    let theirs = S3Settings { installation: Some("installation-b".into()), cache_dir: dir_b.path().to_path_buf(), ..mine.clone() };
+    let Err(refused) = S3Blobs::open(&theirs).await else { panic!("a second installation opened the bucket") };
+    assert!(refused.to_string().contains("belongs to another kiln installation (installation-a)"), "{refused}");
+    S3Blobs::open(&mine).await.expect("still the first installation's");
 }

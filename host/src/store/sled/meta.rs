@@ -146,6 +146,10 @@ impl MetaStore for SledMeta {
     async fn finished_changes(&self, owner: &str) -> Result<u64, StoreError> {
         Ok(self.0.finished_changes(owner))
     }
+
+    async fn installation_id(&self) -> Result<String, StoreError> {
+        self.0.installation_id()
+    }
 }
 
 #[cfg(test)]

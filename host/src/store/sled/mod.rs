@@ -157,6 +157,22 @@ impl Sled {
         Ok(meta)
     }
 
+    /// The installation's id, made (and flushed) at its first ask.
+    fn installation_id(&self) -> Result<String, StoreError> {
+        const KEY: &[u8] = b"installation_id";
+        let made = uuid::Uuid::new_v4().to_string();
+        let id = match self.db.compare_and_swap(KEY, None::<&[u8]>, Some(made.as_bytes())).map_err(backend)? {
+            Ok(()) => {
+                self.db.flush().map_err(backend)?;
+                made
+            }
+            Err(taken) => {
+                String::from_utf8(taken.current.map(|v| v.to_vec()).unwrap_or_default()).map_err(|_| StoreError::Corrupt("installation_id".into()))?
+            }
+        };
+        Ok(id)
+    }
+
     /// Builds the owner index of a store written before it existed (once:
     /// the index is empty while jobs exist), then flushes it.
     fn index_owners(&self) -> Result<(), StoreError> {
