@@ -128,6 +128,18 @@ impl Service {
                 }
                 _ = tick.tick() => {}
             }
+            // One host at a time, where hosts share the store.
+            let _lease = match self.meta.periodic_lease("retention sweep").await {
+                Ok(Some(lease)) => lease,
+                Ok(None) => {
+                    tracing::debug!("another host holds the retention sweep");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot take the retention sweep's lease");
+                    continue;
+                }
+            };
             // On the blocking pool, as a whole: it lists and deletes files.
             let (this, runtime) = (self.clone(), tokio::runtime::Handle::current());
             match tokio::task::spawn_blocking(move || crate::store::may_block_here(|| runtime.block_on(this.sweep(now_micros())))).await {

@@ -242,6 +242,14 @@ pub trait MetaStore: Send + Sync {
     /// connections) when the service stops; later calls may fail.
     async fn close(&self) {}
 
+    /// The right to run periodic work `name` (the retention sweep) now,
+    /// held until the lease is dropped; `None` while another host sharing
+    /// the store holds it. A store of one process grants it always.
+    async fn periodic_lease(&self, name: &str) -> Result<Option<PeriodicLease>, StoreError> {
+        let _ = name;
+        Ok(Some(PeriodicLease(None)))
+    }
+
     /// This installation's id: made once with the store and kept by it
     /// (hosts sharing the store share it). What an S3 bucket is marked
     /// with. A store that keeps none answers an error.
@@ -259,6 +267,10 @@ pub trait MetaStore: Send + Sync {
         Ok(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
     }
 }
+
+/// A granted [`MetaStore::periodic_lease`]: released when dropped (and by
+/// the store when the holder dies).
+pub struct PeriodicLease(pub Option<Box<dyn Send + Sync>>);
 
 /// Content-addressed blobs. Calls may wait for a disk or a network:
 /// callers run them on blocking threads. Readers get a local file

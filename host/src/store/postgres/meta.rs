@@ -412,6 +412,10 @@ impl MetaStore for PgMeta {
         Ok(())
     }
 
+    async fn periodic_lease(&self, name: &str) -> Result<Option<crate::store::PeriodicLease>, StoreError> {
+        self.db.advisory_lease(name).await
+    }
+
     async fn installation_id(&self) -> Result<String, StoreError> {
         on_pool!(self, |pool| {
             let (id,): (String,) = sqlx::query_as("SELECT id FROM installation").fetch_one(&pool).await.map_err(backend)?;

@@ -119,6 +119,23 @@ impl PgDatabase {
         self.runtime.run(call(self.pool.clone())).await
     }
 
+    /// PostgreSQL's session advisory lock on `name` (a 64-bit key from
+    /// its blake3), on a connection held until the lease is dropped: one
+    /// host at a time; released by the server if the host dies.
+    pub async fn advisory_lease(&self, name: &str) -> Result<Option<super::PeriodicLease>, StoreError> {
+        let key = i64::from_le_bytes(blake3::hash(name.as_bytes()).as_bytes()[..8].try_into().unwrap_or_default());
+        let pool = self.pool.clone();
+        let conn = self
+            .runtime
+            .run(async move {
+                let mut conn = pool.acquire().await.map_err(backend)?;
+                let (got,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_lock($1)").bind(key).fetch_one(&mut *conn).await.map_err(backend)?;
+                Ok(got.then_some(conn))
+            })
+            .await?;
+        Ok(conn.map(|conn| super::PeriodicLease(Some(Box::new(AdvisoryLock { conn: Some(conn), key, runtime: self.runtime.clone() })))))
+    }
+
     /// Closes every connection (waiting for those in use to come back);
     /// later calls fail. What a host does when it stops.
     pub async fn close(&self) {
@@ -137,6 +154,34 @@ impl PgDatabase {
             })
         })
         .await
+    }
+}
+
+/// A held advisory lock: unlocked on its own connection when dropped (on
+/// the database's runtime, where the connection must go back to the pool).
+struct AdvisoryLock {
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    key: i64,
+    runtime: std::sync::Arc<IoRuntime>,
+}
+
+impl Drop for AdvisoryLock {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else { return };
+        match self.runtime.handle() {
+            Ok(handle) => {
+                let key = self.key;
+                handle.spawn(async move {
+                    if sqlx::query("SELECT pg_advisory_unlock($1)").bind(key).execute(&mut *conn).await.is_err() {
+                        // Not known to be unlocked: the connection must not serve again.
+                        conn.detach();
+                    }
+                });
+            }
+            // The runtime is gone (the process is stopping): the server
+            // releases the lock with the connection.
+            Err(_) => std::mem::forget(conn),
+        }
     }
 }
 

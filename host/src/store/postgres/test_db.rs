@@ -79,3 +79,28 @@ async fn calls_from_a_thread_outside_the_runtime_answer() {
     .unwrap();
     assert_eq!((seq, page), (3, 1));
 }
+
+/// The retention sweep's lease goes to one host of a database at a time,
+/// and to another once it is dropped; other names are other leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_periodic_lease_is_held_by_one_host_at_a_time() {
+    let Some(db) = fresh().await else { return };
+    let name = db.pool.connect_options().get_database().unwrap().to_string();
+    let base = std::env::var("KILN_TEST_DATABASE_URL").unwrap();
+    let other = PgDatabase::connect(&format!("{}/{name}", base.rsplit_once('/').unwrap().0), 4).await.unwrap();
+    let (one, two) = (super::PgMeta::new(db), super::PgMeta::new(other));
+    let held = one.periodic_lease("retention sweep").await.unwrap().expect("the first host takes it");
+    assert!(two.periodic_lease("retention sweep").await.unwrap().is_none(), "the second host waits");
+    assert!(two.periodic_lease("another job").await.unwrap().is_some(), "another name is another lease");
+    drop(held);
+    let mut taken = None;
+    for _ in 0..100 {
+        taken = two.periodic_lease("retention sweep").await.unwrap();
+        if taken.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(taken.is_some(), "released when dropped");
+    assert!(one.periodic_lease("retention sweep").await.unwrap().is_none(), "now held by the second");
+}
