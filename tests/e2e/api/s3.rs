@@ -154,3 +154,35 @@ async fn blobs_survive_the_bucket_going_away_and_a_lost_cache() {
     let (code, again) = s.upload("refused.png", png_bytes(16, 16, 8), None).await;
     assert_eq!(code, 201, "uploads work again: {again}");
 }
+
+/// Two installations (each its own data directory, so its own records)
+/// named one bucket: the second server does not start, naming the owner;
+/// the first's restart does. On the shared S3 test server
+/// (`KILN_TEST_S3_ENDPOINT`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_installation_on_a_bucket_does_not_start() {
+    let Ok(endpoint) = std::env::var("KILN_TEST_S3_ENDPOINT") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_S3_ENDPOINT");
+        eprintln!("SKIPPED: KILN_TEST_S3_ENDPOINT is not set");
+        return;
+    };
+    let bucket = format!("kiln-shared-{}", uuid::Uuid::new_v4().simple());
+    let in_bucket = |c: &mut kiln::config::Config, _: &mut kiln::service::ServiceOptions| {
+        c.store = kiln::config::StoreKind::Embedded;
+        c.blob_store = BlobStoreKind::S3;
+        c.s3_endpoint = Some(endpoint.clone());
+        c.s3_bucket = Some(bucket.clone());
+    };
+    let first = start_in(tempfile::tempdir().unwrap(), in_bucket).await;
+    let other = tempfile::tempdir().unwrap();
+    let mut config = super::config(other.path());
+    let mut options = kiln::service::ServiceOptions::from_config(&config);
+    in_bucket(&mut config, &mut options);
+    let env = super::env().await;
+    let refused = kiln::server::Server::start_with(config, options, env.runtime.clone(), env.registry.clone()).await;
+    let Err(e) = refused else { panic!("a second installation started on the bucket") };
+    assert!(format!("{e:#}").contains("belongs to another kiln installation"), "{e:#}");
+    let data = first.shutdown().await;
+    let again = start_in(data, in_bucket).await;
+    assert_eq!(again.get("/health").await.0, 200);
+}
