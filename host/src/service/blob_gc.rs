@@ -133,7 +133,7 @@ impl Service {
         }
         // Read under the gate (a networked store holds up uploads for a
         // round trip per blob).
-        if !crate::store::wait(self.meta.assets_with_hash(&name))?.is_empty() || !self.blobs.contains(hash) {
+        if !crate::store::wait(self.meta.assets_with_hash(&name))?.is_empty() || !self.blobs.contains(hash)? {
             return Ok(false);
         }
         self.blobs.delete(hash)?;

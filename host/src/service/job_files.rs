@@ -44,7 +44,12 @@ impl InputFiles for JobInputs {
         Ok(bytes)
     }
     fn contains(&self, name: &str) -> bool {
-        self.hash(name).is_some_and(|h| self.blobs.contains(h))
+        self.hash(name).is_some_and(|h| {
+            self.blobs.contains(h).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot tell whether a job file's blob is stored");
+                false
+            })
+        })
     }
     fn content_hash(&self, name: &str) -> Option<blake3::Hash> {
         self.hash(name).copied()
@@ -104,7 +109,8 @@ impl OutputFiles for JobOutputs {
     fn adopt(&self, file: &SavedFile) -> bool {
         let Some(hash) = file.hash else { return false };
         let _gate = self.claims.writing();
-        if !self.blobs.contains(&hash) {
+        // Not known to be stored: not a hit (the node runs again).
+        if !self.blobs.contains(&hash).unwrap_or(false) {
             return false;
         }
         self.pending.lock().push(blob_name(&hash));

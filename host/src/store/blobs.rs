@@ -106,8 +106,8 @@ impl BlobStore for DiskBlobs {
         self.adopt(upload.seal()?)
     }
 
-    fn contains(&self, hash: &blake3::Hash) -> bool {
-        self.final_path(hash).is_file()
+    fn contains(&self, hash: &blake3::Hash) -> Result<bool, StoreError> {
+        Ok(self.final_path(hash).is_file())
     }
 
     fn open(&self, hash: &blake3::Hash) -> Result<Option<File>, StoreError> {
@@ -265,7 +265,7 @@ mod tests {
         drop(blobs.begin(10).unwrap());
         assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
         blobs.delete(&h).unwrap();
-        assert!(!blobs.contains(&h));
+        assert!(!blobs.contains(&h).unwrap());
         blobs.delete(&h).unwrap();
     }
 }

@@ -284,7 +284,9 @@ pub trait BlobStore: Send + Sync {
     /// Stores a finished upload under its hash; its hash and size. Atomic
     /// and durable when it returns.
     fn commit(&self, upload: BlobUpload) -> Result<(blake3::Hash, u64), StoreError>;
-    fn contains(&self, hash: &blake3::Hash) -> bool;
+    /// Whether the blob is stored; an error when the store cannot tell (a
+    /// bucket not answering).
+    fn contains(&self, hash: &blake3::Hash) -> Result<bool, StoreError>;
     /// Whether an asset record naming `hash` may be shown, answered
     /// without waiting for a network (callers may be on async threads):
     /// the file store checks its file (a crash can leave a record whose
@@ -292,7 +294,7 @@ pub trait BlobStore: Send + Sync {
     /// their records and collected only once no record names them, trusts
     /// the record (a blob missing anyway reads as not found).
     fn presumed_present(&self, hash: &blake3::Hash) -> bool {
-        self.contains(hash)
+        self.contains(hash).unwrap_or(false)
     }
     /// The blob opened for reading (a local file: streaming, range reads);
     /// `None` when it is not stored.

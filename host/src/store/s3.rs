@@ -269,12 +269,11 @@ impl BlobStore for S3Blobs {
         Ok((hash, size))
     }
 
-    fn contains(&self, hash: &blake3::Hash) -> bool {
-        self.cache.contains(hash)
-            || self.exists(hash).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cannot ask the bucket for a blob");
-                false
-            })
+    fn contains(&self, hash: &blake3::Hash) -> Result<bool, StoreError> {
+        if self.cache.contains(hash)? {
+            return Ok(true);
+        }
+        self.exists(hash)
     }
 
     fn presumed_present(&self, _hash: &blake3::Hash) -> bool {

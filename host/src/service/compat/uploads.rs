@@ -211,7 +211,10 @@ impl Service {
         for n in 0..=MAX_RENAMES {
             let name = if n == 0 { req.filename.clone() } else { format!("{stem} ({n}){ext}") };
             let key = (req.kind.clone(), join_path(&req.subfolder, &name));
-            match uploads.get(owner, &key.0, &key.1).filter(|a| self.usable(owner, a) && parse_blob_name(&a.hash).is_some_and(|h| self.blobs.contains(&h))) {
+            match uploads
+                .get(owner, &key.0, &key.1)
+                .filter(|a| self.usable(owner, a) && parse_blob_name(&a.hash).is_some_and(|h| self.blobs.presumed_present(&h)))
+            {
                 Some(a) if a.hash == hash => return Ok(name),
                 Some(a) if n == 0 && req.overwrite => {
                     replaced = Some(a.clone());
