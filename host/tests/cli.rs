@@ -360,7 +360,8 @@ fn doctor_checks_that_the_database_and_the_bucket_answer() {
     let (code, lines) = doctor(&database, &endpoint);
     assert_eq!(code, Some(0), "{lines:?}");
     assert!(lines[0].starts_with("store: postgres at ") && lines[0].contains("(answers; migrations applied: "), "{lines:?}");
-    assert_eq!(lines[1], format!("blobs: s3 bucket `{bucket}` at {endpoint} (answers; local cache 0 of 10240 MiB)"));
+    assert_eq!(lines[1], format!("blobs: s3 bucket `{bucket}` at {endpoint} (answers; local cache up to 10240 MiB)"));
+    assert!(!dir.path().join("blob-cache").exists(), "doctor leaves a server's blob cache alone");
     // Nothing listens on port 1.
     let (code, lines) = doctor("postgres://kiln:hunter2@127.0.0.1:1/kiln", "http://127.0.0.1:1");
     assert_eq!(code, Some(1), "{lines:?}");

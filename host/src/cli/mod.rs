@@ -138,7 +138,8 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
 }
 
 /// `kiln doctor`'s lines on where records and blobs live, each networked
-/// backend checked to answer (opening the bucket creates it when missing);
+/// backend checked to answer (the bucket is created when missing; the
+/// local blob cache, which a running server may be using, is not touched);
 /// whether all did.
 pub async fn doctor_backends(config: &crate::config::Config) -> (Vec<String>, bool) {
     use crate::config::StoreKind;
@@ -159,8 +160,8 @@ pub async fn doctor_backends(config: &crate::config::Config) -> (Vec<String>, bo
     };
     let blobs = match crate::service::s3_settings(config) {
         None => format!("blobs: files under {}", config.data_dir.join("blobs").display()),
-        Some(settings) => match crate::store::s3::S3Blobs::open(&settings).await {
-            Ok(blobs) => format!("blobs: s3 {} (answers; local cache {} of {} MiB)", blobs.place(), blobs.cached_bytes() >> 20, config.blob_cache_mb),
+        Some(settings) => match crate::store::s3::S3Blobs::probe(&settings).await {
+            Ok(place) => format!("blobs: s3 {place} (answers; local cache up to {} MiB)", config.blob_cache_mb),
             Err(e) => {
                 answered = false;
                 format!("blobs: s3 bucket `{}` (does not answer: {e})", settings.bucket)

@@ -17,7 +17,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder, AwsAuthorizer};
 use object_store::client::HttpRequestBody;
@@ -54,6 +53,8 @@ pub struct S3Settings {
 
 /// The object naming the installation a bucket belongs to.
 const OWNER_KEY: &str = "kiln-installation";
+/// The most bytes of that object read.
+const MAX_OWNER_BYTES: u64 = 256;
 
 /// Blob objects live under this prefix (the bucket may hold other things).
 const PREFIX: &str = "blobs";
@@ -84,22 +85,11 @@ pub struct S3Blobs {
 }
 
 impl S3Blobs {
-    /// Connects to the bucket (creating it when missing) and opens the
-    /// local cache, trimming it to its size.
+    /// Connects to the bucket (creating it when missing), checks it is
+    /// this installation's, and opens the local cache, trimming it to its
+    /// size.
     pub async fn open(settings: &S3Settings) -> Result<S3Blobs, StoreError> {
-        let runtime = IoRuntime::start("kiln-s3", THREADS)?;
-        let retry = RetryConfig { backoff: BackoffConfig::default(), max_retries: 3, retry_timeout: Duration::from_secs(15) };
-        let mut builder = AmazonS3Builder::from_env()
-            .with_bucket_name(&settings.bucket)
-            .with_region(&settings.region)
-            .with_retry(retry)
-            .with_client_options(ClientOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(60)));
-        if let Some(endpoint) = &settings.endpoint {
-            builder = builder.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://")).with_virtual_hosted_style_request(false);
-        }
-        let store = Arc::new(builder.build().map_err(backend)?);
-        let (s, wanted) = (store.clone(), settings.clone());
-        runtime.run(async move { ensure_bucket(&s, &wanted).await }).await?;
+        let (store, runtime) = connect(settings).await?;
         if let Some(installation) = settings.installation.clone() {
             let (s, bucket) = (store.clone(), settings.bucket.clone());
             runtime.run(async move { claim_bucket(&s, &bucket, &installation).await }).await?;
@@ -113,8 +103,14 @@ impl S3Blobs {
                 }
             }
         }
-        let place = format!("bucket `{}` at {}", settings.bucket, settings.endpoint.as_deref().unwrap_or("AWS S3"));
-        Ok(S3Blobs { store, runtime, cache, cached: Mutex::new(index), place })
+        Ok(S3Blobs { store, runtime, cache, cached: Mutex::new(index), place: place(settings) })
+    }
+
+    /// Whether the bucket answers (created when missing), without touching
+    /// the local cache (a server may be using it): what `kiln doctor`
+    /// asks. The bucket and where it is.
+    pub async fn probe(settings: &S3Settings) -> Result<String, StoreError> {
+        connect(settings).await.map(|_| place(settings))
     }
 
     /// The bucket and where it is (for `kiln doctor` and the start-up log).
@@ -189,9 +185,10 @@ impl S3Blobs {
         Ok(Some(file))
     }
 
-    /// Sends a staged file of `size` bytes to `hash`'s key.
-    fn send(&self, path: &std::path::Path, hash: &blake3::Hash, size: u64) -> Result<(), StoreError> {
-        let mut file = std::fs::File::open(path)?;
+    /// Sends a local file of `size` bytes to `hash`'s key: at most
+    /// [`PART_BYTES`] in one request, else in parts (never more than
+    /// [`PARTS_IN_FLIGHT`] + 1 parts in memory).
+    fn send(&self, mut file: std::fs::File, hash: &blake3::Hash, size: u64) -> Result<(), StoreError> {
         if size <= PART_BYTES as u64 {
             let mut bytes = Vec::with_capacity(size as usize);
             file.read_to_end(&mut bytes)?;
@@ -232,6 +229,29 @@ impl S3Blobs {
     }
 }
 
+/// The bucket's client, on a runtime of its own, once the bucket exists.
+async fn connect(settings: &S3Settings) -> Result<(Arc<AmazonS3>, Arc<IoRuntime>), StoreError> {
+    let runtime = IoRuntime::start("kiln-s3", THREADS)?;
+    let retry = RetryConfig { backoff: BackoffConfig::default(), max_retries: 3, retry_timeout: Duration::from_secs(15) };
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(&settings.bucket)
+        .with_region(&settings.region)
+        .with_retry(retry)
+        .with_client_options(ClientOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(60)));
+    if let Some(endpoint) = &settings.endpoint {
+        builder = builder.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://")).with_virtual_hosted_style_request(false);
+    }
+    let store = Arc::new(builder.build().map_err(backend)?);
+    let (s, wanted) = (store.clone(), settings.clone());
+    runtime.run(async move { ensure_bucket(&s, &wanted).await }).await?;
+    Ok((store, runtime))
+}
+
+/// "bucket `NAME` at ENDPOINT".
+fn place(settings: &S3Settings) -> String {
+    format!("bucket `{}` at {}", settings.bucket, settings.endpoint.as_deref().unwrap_or("AWS S3"))
+}
+
 /// Waits for a spawned part upload.
 async fn finish_part(part: Option<tokio::task::JoinHandle<Result<(), StoreError>>>) -> Result<(), StoreError> {
     match part {
@@ -242,13 +262,21 @@ async fn finish_part(part: Option<tokio::task::JoinHandle<Result<(), StoreError>
 
 impl BlobStore for S3Blobs {
     fn put(&self, data: &[u8]) -> Result<blake3::Hash, StoreError> {
-        let hash = blake3::hash(data);
+        // Into the cache first, then sent from there (as an upload is):
+        // a large output is not copied whole into a request body.
+        let hash = self.cache.put(data)?;
+        let size = data.len() as u64;
         if !self.exists(&hash)? {
-            let (store, key, bytes) = (self.store.clone(), object_key(&hash), Bytes::copy_from_slice(data));
-            wait(self.runtime.run(async move { store.put(&key, PutPayload::from(bytes)).await.map(drop).map_err(backend) }))?;
+            let file = self.cache.open(&hash)?.ok_or_else(|| StoreError::Corrupt(format!("cached blob {hash} vanished")))?;
+            if let Err(e) = self.send(file, &hash, size) {
+                // Not in the bucket: not in the cache either, or this host
+                // would take it for stored.
+                self.cached.lock().forget(&hash);
+                let _ = self.cache.delete(&hash);
+                return Err(e);
+            }
         }
-        self.cache.put(data)?;
-        self.used(hash, data.len() as u64);
+        self.used(hash, size);
         Ok(hash)
     }
 
@@ -263,7 +291,7 @@ impl BlobStore for S3Blobs {
         let staged = upload.seal()?;
         let (hash, size) = (staged.hash, staged.size);
         let path = staged.path().ok_or_else(|| StoreError::Corrupt("a sealed upload without its file".into()))?;
-        self.send(path, &hash, size)?;
+        self.send(std::fs::File::open(path)?, &hash, size)?;
         self.cache.adopt(staged)?;
         self.used(hash, size);
         Ok((hash, size))
@@ -358,6 +386,8 @@ async fn claim_bucket(store: &AmazonS3, bucket: &str, installation: &str) -> Res
         let store = store.clone();
         async move {
             match store.get(&key).await {
+                // An id is a UUID: anything larger is not kiln's mark (and is not read).
+                Ok(got) if got.meta.size > MAX_OWNER_BYTES => Ok(Some(format!("an object of {} bytes, not a kiln installation id", got.meta.size))),
                 Ok(got) => got.bytes().await.map(|b| Some(String::from_utf8_lossy(&b).trim().to_string())).map_err(backend),
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(backend(e)),
