@@ -9,29 +9,33 @@ pub type Hidden = wit::HiddenInput;
 /// What one input accepts; build with the constructors and chain options.
 #[derive(Clone, Debug)]
 pub struct Kind {
-    kind: wit::InputKind,
+    pub(crate) kind: wit::InputKind,
+    tooltip: Option<String>,
 }
 
 impl Kind {
     /// A link from another node's output of `type_name` (e.g. `"IMAGE"`).
     pub fn link(type_name: &str) -> Kind {
-        Kind { kind: wit::InputKind::Link(type_name.to_string()) }
+        Kind { kind: wit::InputKind::Link(type_name.to_string()), tooltip: None }
     }
     /// An INT widget with no options yet.
     pub fn int() -> Kind {
-        Kind { kind: wit::InputKind::Int(wit::IntSpec { default: None, min: None, max: None, step: None, display: None, control_after_generate: false }) }
+        Kind {
+            kind: wit::InputKind::Int(wit::IntSpec { default: None, min: None, max: None, step: None, display: None, control_after_generate: false }),
+            tooltip: None,
+        }
     }
     /// A FLOAT widget with no options yet.
     pub fn float() -> Kind {
-        Kind { kind: wit::InputKind::Float(wit::FloatSpec { default: None, min: None, max: None, step: None, round: None, display: None }) }
+        Kind { kind: wit::InputKind::Float(wit::FloatSpec { default: None, min: None, max: None, step: None, round: None, display: None }), tooltip: None }
     }
     /// A STRING widget (single line unless [`Kind::multiline`]).
     pub fn string() -> Kind {
-        Kind { kind: wit::InputKind::String(wit::StringSpec { default: None, multiline: None, placeholder: None }) }
+        Kind { kind: wit::InputKind::String(wit::StringSpec { default: None, multiline: None, placeholder: None }), tooltip: None }
     }
     /// A BOOLEAN widget.
     pub fn boolean() -> Kind {
-        Kind { kind: wit::InputKind::Boolean(wit::BooleanSpec { default: None, label_on: None, label_off: None }) }
+        Kind { kind: wit::InputKind::Boolean(wit::BooleanSpec { default: None, label_on: None, label_off: None }), tooltip: None }
     }
     /// A combo (drop-down) over fixed `choices`; the first is the frontend's default.
     pub fn combo(choices: &[&str]) -> Kind {
@@ -41,11 +45,12 @@ impl Kind {
                 default: None,
                 source: wit::ComboSource::Fixed,
             }),
+            tooltip: None,
         }
     }
     /// A combo over the image files uploaded to the host, with an upload button.
     pub fn input_image() -> Kind {
-        Kind { kind: wit::InputKind::Combo(wit::ComboSpec { choices: Vec::new(), default: None, source: wit::ComboSource::InputImages }) }
+        Kind { kind: wit::InputKind::Combo(wit::ComboSpec { choices: Vec::new(), default: None, source: wit::ComboSource::InputImages }), tooltip: None }
     }
 
     /// Sets the default of an INT (`i64`), FLOAT (`f64`), STRING (`&str`),
@@ -121,6 +126,11 @@ impl Kind {
         if let wit::InputKind::Int(s) = &mut self.kind {
             s.control_after_generate = true;
         }
+        self
+    }
+    /// Sets the input's tooltip.
+    pub fn tooltip(mut self, text: &str) -> Kind {
+        self.tooltip = Some(text.to_string());
         self
     }
     /// Makes a STRING widget multi-line.
@@ -213,13 +223,21 @@ impl NodeDef {
         self
     }
     /// Adds a required input.
-    pub fn required(mut self, name: &str, kind: Kind) -> NodeDef {
-        self.def.required.push(wit::InputSpec { name: name.to_string(), kind: kind.kind, tooltip: None });
-        self
+    pub fn required(self, name: &str, kind: Kind) -> NodeDef {
+        self.input(name, false, kind)
     }
     /// Adds an optional input.
-    pub fn optional(mut self, name: &str, kind: Kind) -> NodeDef {
-        self.def.optional.push(wit::InputSpec { name: name.to_string(), kind: kind.kind, tooltip: None });
+    pub fn optional(self, name: &str, kind: Kind) -> NodeDef {
+        self.input(name, true, kind)
+    }
+    /// Adds an input, optional or required.
+    pub fn input(mut self, name: &str, optional: bool, kind: Kind) -> NodeDef {
+        let spec = wit::InputSpec { name: name.to_string(), kind: kind.kind, tooltip: kind.tooltip };
+        if optional {
+            self.def.optional.push(spec)
+        } else {
+            self.def.required.push(spec)
+        }
         self
     }
     /// Sets the tooltip of the input added last.

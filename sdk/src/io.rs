@@ -197,17 +197,31 @@ impl Inputs {
     pub fn opt_image(&self, name: &str) -> Result<Option<Image>> {
         if self.has(name) { self.image(name).map(Some) } else { Ok(None) }
     }
+    /// Takes a STRING or combo input's value out (no copy).
+    pub fn take_string(&mut self, name: &str) -> Result<String> {
+        self.take_value(name, "STRING", |v| match v {
+            wit::Value::String(s) => Ok(s),
+            other => Err(other),
+        })
+    }
     /// Takes a tensor input's handle out, to pass it through as an output without copying.
     pub fn take_tensor(&mut self, name: &str) -> Result<Tensor> {
-        let slot = self.values.iter_mut().find(|(n, _)| n == name).ok_or_else(|| Error::invalid(format!("missing input `{name}`")))?;
-        match slot.1.take() {
-            Some(wit::Value::Tensor(t)) => Ok(t),
-            Some(other) => {
+        self.take_value(name, "a tensor", |v| match v {
+            wit::Value::Tensor(t) => Ok(t),
+            other => Err(other),
+        })
+    }
+    /// Takes input `name` out if `extract` accepts it; otherwise it stays.
+    fn take_value<T>(&mut self, name: &str, want: &str, extract: impl FnOnce(wit::Value) -> std::result::Result<T, wit::Value>) -> Result<T> {
+        let missing = || Error::invalid(format!("missing input `{name}`"));
+        let slot = self.values.iter_mut().find(|(n, _)| n == name).ok_or_else(missing)?;
+        match extract(slot.1.take().ok_or_else(missing)?) {
+            Ok(value) => Ok(value),
+            Err(other) => {
                 let kind = kind_name(&other);
                 slot.1 = Some(other);
-                Err(Error::invalid(format!("input `{name}` is {kind}, not a tensor")))
+                Err(Error::invalid(format!("input `{name}` is {kind}, not {want}")))
             }
-            None => Err(Error::invalid(format!("missing input `{name}`"))),
         }
     }
 }

@@ -1,27 +1,53 @@
 //! # kiln-sdk: node plugins for kiln
 //!
 //! A kiln plugin is a WebAssembly component (target `wasm32-wasip2`) that
-//! provides one or more node classes. This crate hides the component bindings:
-//! you describe each node with [`NodeDef`] and write a plain Rust function
-//! over [`Inputs`] that returns [`Outputs`].
+//! provides one or more node classes. This crate hides the component
+//! bindings: a node is a Rust function marked [`#[node]`](node). Its
+//! parameters are the node's inputs, its return type its outputs:
 //!
 //! ```text
 //! use kiln_sdk::prelude::*;
 //!
-//! pub const INVERT: NodeClass = NodeClass {
-//!     class_type: "MyInvert",
-//!     define: || NodeDef::new("image").display_name("My Invert")
-//!         .required("image", Kind::link("IMAGE"))
-//!         .output("IMAGE", "IMAGE"),
-//!     run: |inputs| {
-//!         let mut image = inputs.image("image")?;
-//!         image.data.iter_mut().for_each(|v| *v = 1.0 - *v);
-//!         Ok(vec![Output::Image(image)])
-//!     },
-//! };
+//! #[node(class = "MyPosterize", category = "image/filters")]
+//! pub fn posterize(mut image: Image, #[input(default = 4, min = 2, max = 256)] levels: i64) -> Image {
+//!     let steps = (levels - 1) as f32;
+//!     image.data.iter_mut().for_each(|v| *v = (v.clamp(0.0, 1.0) * steps).round() / steps);
+//!     image
+//! }
 //!
-//! kiln_sdk::export_plugin!(INVERT);
+//! kiln_sdk::export_plugin!(POSTERIZE);
 //! ```
+//!
+//! `#[node]` leaves the function as it is (call it in unit tests with plain
+//! values) and adds the constant `POSTERIZE` (the function's name in upper
+//! case), a [`NodeClass`] holding the generated definition and dispatch.
+//!
+//! - **Inputs.** The parameter's type picks the socket or widget (see
+//!   [`typed`]): `i64`, `usize`, `f64`, `bool`, `String`/`&str` widgets;
+//!   [`Image`]/[`Mask`] (copied into the plugin) and
+//!   [`ImageHandle`]/[`MaskHandle`] (left on the host) links; `Option<T>`
+//!   for an optional input; `&T` borrows. `#[input(..)]` sets a widget's
+//!   `default`, `min`, `max`, `step`, `round`, `display`, `tooltip`,
+//!   `multiline`/`single_line`, `control_after_generate`; `choices = LIST`
+//!   makes a `String` a combo and `image_upload` a combo of the uploaded
+//!   images; `name = ".."` names an input that is not a Rust identifier.
+//!   `#[hidden]` on a `String` or `Option<String>` named `prompt`,
+//!   `extra_pnginfo` or `unique_id` asks the host for that value.
+//! - **Outputs.** One type, or a tuple for several, optionally in a
+//!   `Result` (its error becomes the node's [`Error`]). Each output is named
+//!   after its type unless `outputs = ["width", "height"]` names them.
+//! - **The node.** `#[node(..)]` takes `category` (required), `class`
+//!   (default: the function's name in UpperCamelCase), `display_name`,
+//!   `description`, `search_aliases = [..]`, the flags `output_node`,
+//!   `deprecated`, `experimental`, `api_node`, and
+//!   `dynamic_combo(INPUT, OPTIONS)`.
+//!
+//! Mistakes are compile errors: an input is a variable, so a misspelled one
+//! is unknown; an option that does not fit its input's type, a default of
+//! the wrong type, a type that is no input or output, or an `outputs` list
+//! whose length differs from the function's outputs is refused with a
+//! message naming it. [`NodeDef`] and [`Inputs`] remain for nodes written
+//! by hand as [`NodeClass`] values.
 //!
 //! Build with `cargo build --release --target wasm32-wasip2` and put the
 //! `.wasm` with a `kiln-plugin.toml` manifest into a plugin directory.
@@ -56,6 +82,7 @@ pub mod host;
 mod image;
 mod io;
 pub mod kernels;
+pub mod typed;
 
 #[doc(hidden)]
 pub mod bindings {
@@ -76,13 +103,15 @@ pub use dispatch::NodeClass;
 pub use dispatch::{definitions, describe, execute};
 pub use image::{Image, Mask};
 pub use io::{Error, Inputs, Output, Outputs, Result, Tensor};
+pub use kiln_sdk_macros::node;
+pub use typed::{ImageHandle, MaskHandle};
 
 /// Everything a node plugin usually needs.
 pub mod prelude {
     pub use crate::gpu;
     pub use crate::host;
     pub use crate::kernels;
-    pub use crate::{Error, Hidden, Image, Inputs, Kind, Mask, NodeClass, NodeDef, Output, Outputs, Result};
+    pub use crate::{Error, Hidden, Image, ImageHandle, Inputs, Kind, Mask, MaskHandle, NodeClass, NodeDef, Output, Outputs, Result, node};
 }
 
 /// Exports the listed [`NodeClass`] constants as this component's nodes.

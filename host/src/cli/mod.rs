@@ -5,6 +5,7 @@ pub mod admin;
 mod db;
 mod deployments;
 mod front_end;
+mod plugin;
 mod run;
 mod serve;
 
@@ -45,6 +46,8 @@ pub enum Command {
     Deployments(deployments::DeploymentsArgs),
     /// The PostgreSQL database of `store = "postgres"`: `kiln db migrate`.
     Db(db::DbArgs),
+    /// Write, build and check node plugins: `kiln plugin new | build | check`.
+    Plugin(plugin::PluginArgs),
     /// Compile one component (kiln runs itself so to compile plugins under
     /// limits; see `plugins::compile`).
     #[command(name = "compile-component", hide = true)]
@@ -111,6 +114,7 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
         Command::Accounts(args) => accounts::run(config, args).await,
         Command::Deployments(args) => deployments::run(&config, args).await,
         Command::Db(args) => db::run(&config, args).await,
+        Command::Plugin(args) => plugin::run(&config, args).await,
         Command::CompileComponent(args) => Ok(i32::from(compile_component(&args))),
         // (Handled by `main` before any set-up; here for completeness.)
         Command::ProbeGpu => {

@@ -99,7 +99,38 @@ pub enum ManifestError {
     CapabilityNotGranted(String),
 }
 
+/// Interfaces any plugin may import: kiln's own and the WASI runtime a
+/// Rust or C guest links (the host gives it no files or sockets).
+const PROVIDED_IMPORTS: &[&str] = &["kiln:plugin/", "wasi:cli/", "wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "wasi:sockets/"];
+/// `wasi:http`: only for a plugin whose manifest asks for the network.
+const HTTP_IMPORTS: &str = "wasi:http/";
+
+/// Why a component's import does not fit its manifest.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("imports `{0}`, which kiln does not provide")]
+    NotProvided(String),
+    #[error("imports `{import}`, but its manifest does not declare it: it needs {needs}")]
+    Undeclared { import: String, needs: &'static str },
+}
+
 impl Manifest {
+    /// Checks one import of the plugin's component against what kiln
+    /// provides and what this manifest declares.
+    pub fn check_import(&self, import: &str) -> Result<(), ImportError> {
+        let caps = &self.capabilities;
+        if import.starts_with(HTTP_IMPORTS) {
+            if caps.outbound_hosts.is_empty() && caps.routes.is_empty() {
+                return Err(ImportError::Undeclared { import: import.to_string(), needs: "`capabilities.outbound_hosts` or `capabilities.routes`" });
+            }
+            return Ok(());
+        }
+        match PROVIDED_IMPORTS.iter().any(|p| import.starts_with(p)) {
+            true => Ok(()),
+            false => Err(ImportError::NotProvided(import.to_string())),
+        }
+    }
+
     /// Parses and checks a manifest.
     pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
         let manifest: Manifest = toml::from_str(text)?;

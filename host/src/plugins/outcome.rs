@@ -81,8 +81,8 @@ pub enum LoadError {
     NetworkNotGranted { plugin: String, capability: String, hash_grant: String },
     #[error("plugin `{plugin}` declares routes but does not export wasi:http/incoming-handler: {message}")]
     NoHttpHandler { plugin: String, message: String },
-    #[error("plugin `{plugin}` imports `{import}`, which kiln does not provide")]
-    ForbiddenImport { plugin: String, import: String },
+    #[error("plugin `{plugin}` {refusal}")]
+    Import { plugin: String, refusal: super::manifest::ImportError },
     #[error("plugin `{plugin}` failed to describe its nodes: {failure}")]
     Definitions { plugin: String, failure: NodeFailure },
     #[error("plugin `{plugin}` failed to describe its nodes' extras: {failure}")]

@@ -84,12 +84,6 @@ pub struct PluginRuntime {
     deadlines: Arc<Deadlines>,
 }
 
-/// Imports a plugin may have: the kiln contract and the WASI p2 runtime
-/// (whose filesystem and sockets are empty or denied), and `wasi:http` for
-/// a plugin whose manifest asks for outbound hosts or routes.
-const ALLOWED_IMPORTS: &[&str] = &["kiln:plugin/", "wasi:cli/", "wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "wasi:sockets/"];
-const HTTP_IMPORTS: &str = "wasi:http/";
-
 /// Limits for a plugin's `definitions` call at load.
 const DEFINITIONS_LIMITS: EffectiveLimits = EffectiveLimits { memory_bytes: 64 << 20, timeout: Duration::from_secs(10) };
 
@@ -142,12 +136,8 @@ impl PluginRuntime {
         let caps = &manifest.capabilities;
         let net = PluginNet::resolve(&self.config.net_grants, &id, &component_hash, &caps.outbound_hosts, &caps.routes)
             .map_err(|capability| LoadError::NetworkNotGranted { plugin: plugin.clone(), capability, hash_grant: hash_grant(&component_hash) })?;
-        let wants_http = !caps.outbound_hosts.is_empty() || !caps.routes.is_empty();
         for (name, _) in component.component_type().imports(&self.engine) {
-            let allowed = ALLOWED_IMPORTS.iter().any(|p| name.starts_with(p)) || (wants_http && name.starts_with(HTTP_IMPORTS));
-            if !allowed {
-                return Err(LoadError::ForbiddenImport { plugin, import: name.to_string() });
-            }
+            manifest.check_import(name).map_err(|refusal| LoadError::Import { plugin: plugin.clone(), refusal })?;
         }
         let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| LoadError::Compile { plugin: plugin.clone(), message: format!("{e:#}") })?;
         let proxy = match caps.routes.is_empty() {

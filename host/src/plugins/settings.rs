@@ -113,6 +113,19 @@ impl RuntimeConfig {
     }
 }
 
+impl RuntimeConfig {
+    /// [`RuntimeConfig::from_config`], granting the plugin in `dir` all it
+    /// may ask for (secrets, routes; no outbound host): `kiln plugin check`
+    /// judges the plugin, not an operator's policy.
+    pub fn granting_dir(config: &Config, dir: &std::path::Path) -> Result<RuntimeConfig, SettingsError> {
+        let mut runtime = RuntimeConfig::from_config(config)?;
+        let grant = || PluginGrant::Dir(dir.to_path_buf());
+        runtime.secret_plugins.push(grant());
+        runtime.net_grants.push(NetGrant { plugin: grant(), outbound_hosts: Vec::new(), routes: true, env: Vec::new() });
+        Ok(runtime)
+    }
+}
+
 /// The bounds on GPU kernels.
 fn gpu_limits(config: &Config) -> GpuLimits {
     GpuLimits {

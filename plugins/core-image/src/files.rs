@@ -4,105 +4,84 @@
 //! host already holds) is a host kernel.
 
 use kiln_sdk::host::{self, FileKind};
+use kiln_sdk::kernels;
 use kiln_sdk::prelude::*;
-use kiln_sdk::{Tensor, kernels};
 
 /// `LoadImage`: decodes an uploaded image into IMAGE and MASK (1 − alpha).
-pub const LOAD_IMAGE: NodeClass = NodeClass {
-    class_type: "LoadImage",
-    define: || {
-        NodeDef::new("image")
-            .display_name("Load Image")
-            .required("image", Kind::input_image())
-            .output("IMAGE", "IMAGE")
-            .output("MASK", "MASK")
-            .search_aliases(&["load image", "open image", "import image", "image input", "upload image", "read image", "image loader"])
-    },
-    run: |inputs| {
-        let decoded = decode(inputs.string("image")?)?;
-        let (h, w) = (decoded.height, decoded.width);
-        let mask = match &decoded.alpha {
-            // ComfyUI's LoadImage returns a 64×64 zero mask for images without alpha.
-            None => Mask::filled(1, 64, 64, 0.0),
-            Some(alpha) => Mask { batch: 1, height: h, width: w, data: alpha.iter().map(|&a| 1.0 - f32::from(a) / 255.0).collect() },
-        };
-        // The host turns the 8-bit pixels into the f32 IMAGE: a quarter of
-        // the bytes cross the sandbox edge.
-        let image = kernels::create_from_u8(&[1, h, w, 3], &decoded.rgb)?;
-        Ok(vec![Output::Tensor(image), Output::Mask(mask)])
-    },
-};
+#[node(
+    class = "LoadImage",
+    category = "image",
+    display_name = "Load Image",
+    search_aliases = ["load image", "open image", "import image", "image input", "upload image", "read image", "image loader"]
+)]
+pub fn load_image(#[input(image_upload)] image: &str) -> Result<(ImageHandle, Mask)> {
+    let decoded = decode(image)?;
+    let (h, w) = (decoded.height, decoded.width);
+    let mask = match &decoded.alpha {
+        // ComfyUI's LoadImage returns a 64×64 zero mask for images without alpha.
+        None => Mask::filled(1, 64, 64, 0.0),
+        Some(alpha) => Mask { batch: 1, height: h, width: w, data: alpha.iter().map(|&a| 1.0 - f32::from(a) / 255.0).collect() },
+    };
+    // The host turns the 8-bit pixels into the f32 IMAGE: a quarter of
+    // the bytes cross the sandbox edge.
+    let image = ImageHandle::new(kernels::create_from_u8(&[1, h, w, 3], &decoded.rgb)?);
+    Ok((image, mask))
+}
+
+const MASK_CHANNELS: [&str; 4] = ["alpha", "red", "green", "blue"];
 
 /// `LoadImageMask`: one channel of an uploaded image as a MASK.
-pub const LOAD_IMAGE_MASK: NodeClass = NodeClass {
-    class_type: "LoadImageMask",
-    define: || {
-        NodeDef::new("mask")
-            .display_name("Load Image (as Mask)")
-            .required("image", Kind::input_image())
-            .required("channel", Kind::combo(&["alpha", "red", "green", "blue"]))
-            .output("MASK", "MASK")
-    },
-    run: |inputs| {
-        let decoded = decode(inputs.string("image")?)?;
-        let (h, w) = (decoded.height, decoded.width);
-        let data = match inputs.string("channel")? {
-            "alpha" => match decoded.alpha {
-                Some(alpha) => alpha.iter().map(|&a| 1.0 - f32::from(a) / 255.0).collect(),
-                None => vec![0.0; h * w],
-            },
-            channel => {
-                let c = ["red", "green", "blue"].iter().position(|n| *n == channel).ok_or_else(|| Error::invalid(format!("unknown channel `{channel}`")))?;
-                decoded.rgb.chunks_exact(3).map(|px| f32::from(px[c]) / 255.0).collect()
-            }
-        };
-        Ok(vec![Output::Mask(Mask { batch: 1, height: h, width: w, data })])
-    },
-};
+#[node(class = "LoadImageMask", category = "mask", display_name = "Load Image (as Mask)")]
+pub fn load_image_mask(#[input(image_upload)] image: &str, #[input(choices = MASK_CHANNELS)] channel: &str) -> Result<Mask> {
+    let decoded = decode(image)?;
+    let (h, w) = (decoded.height, decoded.width);
+    let data = match channel {
+        "alpha" => match decoded.alpha {
+            Some(alpha) => alpha.iter().map(|&a| 1.0 - f32::from(a) / 255.0).collect(),
+            None => vec![0.0; h * w],
+        },
+        channel => {
+            let c = ["red", "green", "blue"].iter().position(|n| *n == channel).ok_or_else(|| Error::invalid(format!("unknown channel `{channel}`")))?;
+            decoded.rgb.chunks_exact(3).map(|px| f32::from(px[c]) / 255.0).collect()
+        }
+    };
+    Ok(Mask { batch: 1, height: h, width: w, data })
+}
 
 /// `SaveImage`: writes each image of the batch as a PNG with the workflow in
 /// its text chunks.
-pub const SAVE_IMAGE: NodeClass = NodeClass {
-    class_type: "SaveImage",
-    define: || {
-        NodeDef::new("image")
-            .display_name("Save Image")
-            .description("Saves the input images to your ComfyUI output directory.")
-            .required("images", Kind::link("IMAGE"))
-            .tooltip("The images to save.")
-            .required("filename_prefix", Kind::string().default("ComfyUI"))
-            .tooltip("The prefix for the file to save. This may include formatting information such as %date:yyyy-MM-dd% or %Empty Latent Image.width% to include values from nodes.")
-            .hidden(Hidden::Prompt)
-            .hidden(Hidden::ExtraPnginfo)
-            .output_node()
-            .search_aliases(&["save", "save image", "export image", "output image", "write image", "download"])
-    },
-    run: |inputs| {
-        let prefix = inputs.string("filename_prefix")?.to_string();
-        let text = png_text(inputs);
-        save_all(inputs.tensor("images")?, FileKind::Output, &prefix, &text)?;
-        Ok(vec![])
-    },
-};
+#[node(
+    class = "SaveImage",
+    category = "image",
+    display_name = "Save Image",
+    description = "Saves the input images to your ComfyUI output directory.",
+    output_node,
+    search_aliases = ["save", "save image", "export image", "output image", "write image", "download"]
+)]
+pub fn save_image(
+    #[input(tooltip = "The images to save.")] images: ImageHandle,
+    #[input(
+        default = "ComfyUI",
+        tooltip = "The prefix for the file to save. This may include formatting information such as %date:yyyy-MM-dd% or %Empty Latent Image.width% to include values from nodes."
+    )]
+    filename_prefix: &str,
+    #[hidden] prompt: Option<String>,
+    #[hidden] extra_pnginfo: Option<String>,
+) -> Result<()> {
+    save_all(&images, FileKind::Output, filename_prefix, &png_text(prompt, extra_pnginfo))
+}
 
 /// `PreviewImage`: like SaveImage, into the temporary area.
-pub const PREVIEW_IMAGE: NodeClass = NodeClass {
-    class_type: "PreviewImage",
-    define: || {
-        NodeDef::new("image")
-            .display_name("Preview Image")
-            .description("Saves the input images to your ComfyUI output directory.")
-            .required("images", Kind::link("IMAGE"))
-            .hidden(Hidden::Prompt)
-            .hidden(Hidden::ExtraPnginfo)
-            .output_node()
-    },
-    run: |inputs| {
-        let text = png_text(inputs);
-        save_all(inputs.tensor("images")?, FileKind::Temp, "ComfyUI_temp", &text)?;
-        Ok(vec![])
-    },
-};
+#[node(
+    class = "PreviewImage",
+    category = "image",
+    display_name = "Preview Image",
+    description = "Saves the input images to your ComfyUI output directory.",
+    output_node
+)]
+pub fn preview_image(images: ImageHandle, #[hidden] prompt: Option<String>, #[hidden] extra_pnginfo: Option<String>) -> Result<()> {
+    save_all(&images, FileKind::Temp, "ComfyUI_temp", &png_text(prompt, extra_pnginfo))
+}
 
 /// A decoded image: 8-bit RGB and, when the file has alpha, the alpha plane.
 struct Decoded {
@@ -138,13 +117,13 @@ fn decode(name: &str) -> Result<Decoded> {
 }
 
 /// PNG text chunks: `prompt` and each key of `extra_pnginfo`, JSON-encoded.
-fn png_text(inputs: &Inputs) -> Vec<(String, String)> {
+fn png_text(prompt: Option<String>, extra_pnginfo: Option<String>) -> Vec<(String, String)> {
     let mut text = Vec::new();
-    if let Ok(prompt) = inputs.string("prompt") {
-        text.push(("prompt".to_string(), prompt.to_string()));
+    if let Some(prompt) = prompt {
+        text.push(("prompt".to_string(), prompt));
     }
-    if let Ok(extra) = inputs.string("extra_pnginfo")
-        && let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(extra)
+    if let Some(extra) = extra_pnginfo
+        && let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(&extra)
     {
         for (key, value) in map {
             text.push((key, value.to_string()));
@@ -155,13 +134,12 @@ fn png_text(inputs: &Inputs) -> Vec<(String, String)> {
 
 /// Encodes (on the host: the pixels never enter this plugin) and saves
 /// every image of an IMAGE tensor.
-fn save_all(images: &Tensor, kind: FileKind, prefix: &str, text: &[(String, String)]) -> Result<()> {
-    let shape = images.shape();
-    let [batch, _, _, _] = shape[..] else { return Err(Error::invalid(format!("`images` has shape {shape:?}, not an IMAGE [B,H,W,C]"))) };
-    for b in 0..batch as usize {
-        let png = kernels::encode_png(images, b, text)?;
+fn save_all(images: &ImageHandle, kind: FileKind, prefix: &str, text: &[(String, String)]) -> Result<()> {
+    let [batch, _, _, _] = images.shape()?;
+    for b in 0..batch {
+        let png = kernels::encode_png(images.tensor(), b, text)?;
         host::save_file(kind, prefix, "png", &png).map_err(Error::failed)?;
-        host::progress(b as u64 + 1, u64::from(batch));
+        host::progress(b as u64 + 1, batch as u64);
     }
     Ok(())
 }

@@ -16,9 +16,6 @@ use crate::proxy::{self, Answer};
 use crate::settings::Settings;
 use crate::validate::OPTIMIZED_FOR;
 
-/// The node class.
-pub const SKIN_ENHANCER: NodeClass = NodeClass { class_type: "MagnificImageSkinEnhancerNode", define, run };
-
 /// First wait between two polls, ms; each next one is 1.5× longer, up to [`MAX_POLL_MS`].
 const FIRST_POLL_MS: u64 = 500;
 const MAX_POLL_MS: u64 = 10_000;
@@ -29,22 +26,23 @@ const MAX_RESULT_BYTES: usize = 64 << 20;
 /// Largest result image decoded, pixels.
 const MAX_RESULT_PIXELS: u64 = 8192 * 8192;
 
-fn define() -> NodeDef {
-    NodeDef::new("partner/image/Magnific")
-        .display_name("Magnific Image Skin Enhancer")
-        .description("Skin enhancement for portraits with multiple processing modes.")
-        .required("image", Kind::link("IMAGE"))
-        .required("sharpen", Kind::int().int_range(0, 100).default(0).display("slider"))
-        .required("smart_grain", Kind::int().int_range(0, 100).default(2).display("slider"))
-        .required("mode", Kind::combo(&["flexible"]))
-        .required("mode.optimized_for", Kind::combo(&OPTIMIZED_FOR))
-        .hidden(Hidden::UniqueId)
-        .output("IMAGE", "IMAGE")
-        .api_node()
-        .dynamic_combo("mode", &[("flexible", &["mode.optimized_for"])])
-}
-
-fn run(inputs: &mut Inputs) -> Result<Outputs> {
+/// The node class's function.
+#[node(
+    class = "MagnificImageSkinEnhancerNode",
+    category = "partner/image/Magnific",
+    display_name = "Magnific Image Skin Enhancer",
+    description = "Skin enhancement for portraits with multiple processing modes.",
+    api_node,
+    dynamic_combo("mode", &[("flexible", &["mode.optimized_for"])])
+)]
+pub fn skin_enhancer(
+    image: ImageHandle,
+    #[input(default = 0, min = 0, max = 100, display = "slider")] sharpen: i64,
+    #[input(default = 2, min = 0, max = 100, display = "slider")] smart_grain: i64,
+    #[input(choices = ["flexible"])] mode: &str,
+    #[input(name = "mode.optimized_for", choices = OPTIMIZED_FOR)] optimized_for: &str,
+    #[hidden] _unique_id: Option<String>,
+) -> Result<ImageHandle> {
     let Some(key) = host::secret("api_key_svc_org") else {
         return Err(Error::failed(
             "MagnificImageSkinEnhancerNode needs a partner key: submit the prompt with extra_data.api_key_svc_org set to a key the partner proxy accepts.",
@@ -56,17 +54,16 @@ fn run(inputs: &mut Inputs) -> Result<Outputs> {
         Err(answer) if answer.status == 401 => return Err(Error::failed("The partner proxy does not accept the key in extra_data.api_key_svc_org.")),
         Err(answer) => return Err(Error::failed(answer.message().to_string())),
     };
-    if inputs.string("mode")? != "flexible" {
+    if mode != "flexible" {
         return Err(Error::invalid("mode must be `flexible`: kiln proxies no other mode."));
     }
-    let image = inputs.tensor("image")?;
-    check_image(&image.shape())?;
-    let png = kernels::encode_png(image, 0, &[])?;
+    check_image(&image.tensor().shape())?;
+    let png = kernels::encode_png(image.tensor(), 0, &[])?;
     let body = json!({
         "image": base64::engine::general_purpose::STANDARD.encode(&png),
-        "sharpen": inputs.int("sharpen")?,
-        "smart_grain": inputs.int("smart_grain")?,
-        "optimized_for": inputs.string("mode.optimized_for")?,
+        "sharpen": sharpen,
+        "smart_grain": smart_grain,
+        "optimized_for": optimized_for,
     });
     let created = proxy::create(&settings, &base, body.to_string().as_bytes());
     let task_id = task(&created)?.get("task_id").and_then(Value::as_str).unwrap_or_default().to_string();
@@ -76,7 +73,7 @@ fn run(inputs: &mut Inputs) -> Result<Outputs> {
     if result.status != 200 {
         return Err(Error::failed(format!("Downloading the result failed: HTTP {}", result.status)));
     }
-    Ok(vec![Output::Tensor(decode(&result.body)?)])
+    Ok(ImageHandle::new(decode(&result.body)?))
 }
 
 /// ComfyUI's checks: one image, aspect ratio within 1:3..3:1, at least 160×160.

@@ -3,49 +3,36 @@
 
 use kiln_sdk::prelude::*;
 
-const CATEGORY: &str = "utils/primitive";
 const I64_LIMIT: i64 = 9_223_372_036_854_775_807;
 
 /// `PrimitiveInt`: an INT value.
-pub const PRIMITIVE_INT: NodeClass = NodeClass {
-    class_type: "PrimitiveInt",
-    define: || {
-        NodeDef::new(CATEGORY).display_name("Int").required("value", Kind::int().int_range(-I64_LIMIT, I64_LIMIT).control_after_generate()).output("INT", "INT")
-    },
-    run: |inputs| Ok(vec![Output::Int(inputs.int("value")?)]),
-};
+#[node(class = "PrimitiveInt", category = "utils/primitive", display_name = "Int")]
+pub fn primitive_int(#[input(min = -I64_LIMIT, max = I64_LIMIT, control_after_generate)] value: i64) -> i64 {
+    value
+}
 
 /// `PrimitiveFloat`: a FLOAT value.
-pub const PRIMITIVE_FLOAT: NodeClass = NodeClass {
-    class_type: "PrimitiveFloat",
-    define: || {
-        NodeDef::new(CATEGORY)
-            .display_name("Float")
-            .required("value", Kind::float().min(-I64_LIMIT as f64).max(I64_LIMIT as f64).step(0.1))
-            .output("FLOAT", "FLOAT")
-    },
-    run: |inputs| Ok(vec![Output::Float(inputs.float("value")?)]),
-};
+#[node(class = "PrimitiveFloat", category = "utils/primitive", display_name = "Float")]
+pub fn primitive_float(#[input(min = -I64_LIMIT as f64, max = I64_LIMIT as f64, step = 0.1)] value: f64) -> f64 {
+    value
+}
 
 /// `PrimitiveString`: a single-line STRING value (deprecated in ComfyUI).
-pub const PRIMITIVE_STRING: NodeClass = NodeClass {
-    class_type: "PrimitiveString",
-    define: || NodeDef::new(CATEGORY).display_name("String").required("value", Kind::string().single_line()).output("STRING", "STRING"),
-    run: |inputs| Ok(vec![Output::String(inputs.string("value")?.to_string())]),
-};
+#[node(class = "PrimitiveString", category = "utils/primitive", display_name = "String")]
+pub fn primitive_string(#[input(single_line)] value: String) -> String {
+    value
+}
 
 /// `PrimitiveStringMultiline`: a multi-line STRING value.
-pub const PRIMITIVE_STRING_MULTILINE: NodeClass = NodeClass {
-    class_type: "PrimitiveStringMultiline",
-    define: || NodeDef::new(CATEGORY).display_name("String (Multiline)").required("value", Kind::string().multiline()).output("STRING", "STRING"),
-    run: |inputs| Ok(vec![Output::String(inputs.string("value")?.to_string())]),
-};
+#[node(class = "PrimitiveStringMultiline", category = "utils/primitive", display_name = "String (Multiline)")]
+pub fn primitive_string_multiline(#[input(multiline)] value: String) -> String {
+    value
+}
 
 /// `PrimitiveBoolean`: a BOOLEAN value.
-pub const PRIMITIVE_BOOLEAN: NodeClass = NodeClass {
-    class_type: "PrimitiveBoolean",
-    define: || NodeDef::new(CATEGORY).display_name("Boolean").required("value", Kind::boolean()).output("BOOLEAN", "BOOLEAN"),
-    run: |inputs| Ok(vec![Output::Boolean(inputs.boolean("value")?)]),
-};
+#[node(class = "PrimitiveBoolean", category = "utils/primitive", display_name = "Boolean")]
+pub fn primitive_boolean(value: bool) -> bool {
+    value
+}
 
 kiln_sdk::export_plugin!(PRIMITIVE_INT, PRIMITIVE_FLOAT, PRIMITIVE_STRING, PRIMITIVE_STRING_MULTILINE, PRIMITIVE_BOOLEAN);

@@ -8,21 +8,8 @@ use crate::ops::resample::{Method, resize_image};
 
 /// `ImageBatch`: `image2` (channels equalized, resized bilinear with centre
 /// crop to `image1`) appended to `image1`.
-pub const IMAGE_BATCH: NodeClass = NodeClass {
-    class_type: "ImageBatch",
-    define: || {
-        NodeDef::new("image")
-            .display_name("Batch Images")
-            .required("image1", Kind::link("IMAGE"))
-            .required("image2", Kind::link("IMAGE"))
-            .output("IMAGE", "IMAGE")
-            .deprecated()
-    },
-    run: |inputs| Ok(vec![Output::Image(image_batch(inputs.image("image1")?, inputs.image("image2")?)?)]),
-};
-
-/// The two batches concatenated (see [`IMAGE_BATCH`]).
-pub fn image_batch(i1: Image, i2: Image) -> Result<Image> {
+#[node(class = "ImageBatch", category = "image", display_name = "Batch Images", deprecated)]
+pub fn image_batch(#[input(name = "image1")] i1: Image, #[input(name = "image2")] i2: Image) -> Result<Image> {
     check_nonempty(&i1)?;
     check_nonempty(&i2)?;
     let channels = i1.channels.max(i2.channels);
@@ -36,43 +23,25 @@ pub fn image_batch(i1: Image, i2: Image) -> Result<Image> {
     Ok(i1)
 }
 
-/// `RepeatImageBatch`: the batch tiled `amount` times.
-pub const REPEAT_IMAGE_BATCH: NodeClass = NodeClass {
-    class_type: "RepeatImageBatch",
-    define: || {
-        NodeDef::new("image/batch")
-            .required("image", Kind::link("IMAGE"))
-            .required("amount", Kind::int().default(1).min(1.0).max(4096.0))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| Ok(vec![Output::Image(repeat_image_batch(&inputs.image("image")?, inputs.usize("amount")?)?)]),
-};
-
-/// The batch repeated `amount` times (`image.repeat((amount, 1, 1, 1))`);
-/// an amount below 1 counts as 1.
-pub fn repeat_image_batch(image: &Image, amount: usize) -> Result<Image> {
+/// `RepeatImageBatch`: the batch repeated `amount` times
+/// (`image.repeat((amount, 1, 1, 1))`); an amount below 1 counts as 1.
+#[node(class = "RepeatImageBatch", category = "image/batch")]
+pub fn repeat_image_batch(image: &Image, #[input(default = 1, min = 1, max = 4096)] amount: usize) -> Result<Image> {
     check_nonempty(image)?;
     let amount = amount.clamp(1, 4096);
     Ok(Image { batch: image.batch * amount, data: image.data.repeat(amount), ..image.clone() })
 }
 
 /// `ImageFromBatch`: `length` images from `batch_index`, both clamped.
-pub const IMAGE_FROM_BATCH: NodeClass = NodeClass {
-    class_type: "ImageFromBatch",
-    define: || {
-        NodeDef::new("image/batch")
-            .required("image", Kind::link("IMAGE"))
-            .required("batch_index", Kind::int().default(0).min(0.0).max(4095.0))
-            .required("length", Kind::int().default(1).min(1.0).max(4096.0))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| Ok(vec![Output::Image(image_from_batch(inputs.image("image")?, inputs.int("batch_index")?, inputs.usize("length")?)?)]),
-};
-
 /// `length` images from `batch_index`: a negative index counts from the end
 /// (as ComfyUI 0.27 does; the reference definition's minimum is 0), the index
 /// is clamped to the batch and the length to what is left (at least one).
-pub fn image_from_batch(image: Image, batch_index: i64, length: usize) -> Result<Image> {
+#[node(class = "ImageFromBatch", category = "image/batch")]
+pub fn image_from_batch(
+    image: Image,
+    #[input(default = 0, min = 0, max = 4095)] batch_index: i64,
+    #[input(default = 1, min = 1, max = 4096)] length: usize,
+) -> Result<Image> {
     check_nonempty(&image)?;
     let n = image.batch as i64;
     let index = if batch_index < 0 { batch_index + n } else { batch_index }.clamp(0, n - 1) as usize;
@@ -85,27 +54,19 @@ pub fn image_from_batch(image: Image, batch_index: i64, length: usize) -> Result
     Ok(Image { batch: length, data, ..image })
 }
 
-/// `GetImageSize`: width, height and batch size.
-pub const GET_IMAGE_SIZE: NodeClass = NodeClass {
-    class_type: "GetImageSize",
-    define: || {
-        NodeDef::new("image")
-            .display_name("Get Image Size")
-            .description("Returns width and height of the image, and passes it through unchanged.")
-            .required("image", Kind::link("IMAGE"))
-            .hidden(Hidden::UniqueId)
-            .output("width", "INT")
-            .output("height", "INT")
-            .output("batch_size", "INT")
-    },
-    run: |inputs| {
-        // Only the shape is needed: read it from the host handle, no pixel copy.
-        let shape = inputs.tensor("image")?.shape();
-        let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-        let [w, h, b] = image_size(&shape)?;
-        Ok(vec![Output::Int(w), Output::Int(h), Output::Int(b)])
-    },
-};
+/// `GetImageSize`: width, height and batch size. Only the shape is needed:
+/// it is read from the host handle, no pixel copy.
+#[node(
+    class = "GetImageSize",
+    category = "image",
+    display_name = "Get Image Size",
+    description = "Returns width and height of the image, and passes it through unchanged.",
+    outputs = ["width", "height", "batch_size"]
+)]
+pub fn get_image_size(image: ImageHandle, #[hidden] _unique_id: Option<String>) -> Result<(i64, i64, i64)> {
+    let [w, h, b] = image_size(&image.shape()?)?;
+    Ok((w, h, b))
+}
 
 /// `[width, height, batch_size]` of an IMAGE of shape `[B, H, W, C]`.
 pub fn image_size(shape: &[usize]) -> Result<[i64; 3]> {

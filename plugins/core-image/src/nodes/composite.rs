@@ -7,32 +7,25 @@ use super::filters::match_channels;
 use super::{check_mask_nonempty, check_nonempty};
 use crate::ops::resample::{Method, resize_image, resize_mask};
 
-/// `ImageCompositeMasked`: `source` over `destination` at (x, y) through `mask`.
-pub const IMAGE_COMPOSITE_MASKED: NodeClass = NodeClass {
-    class_type: "ImageCompositeMasked",
-    define: || {
-        NodeDef::new("image")
-            .required("destination", Kind::link("IMAGE"))
-            .required("source", Kind::link("IMAGE"))
-            .required("x", Kind::int().default(0).min(0.0).max(16384.0).step(1.0))
-            .required("y", Kind::int().default(0).min(0.0).max(16384.0).step(1.0))
-            .required("resize_source", Kind::boolean().default(false))
-            .optional("mask", Kind::link("MASK"))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let (x, y, resize) = (inputs.usize("x")?, inputs.usize("y")?, inputs.boolean("resize_source")?);
-        let on_cpu = || {
-            let (dst, src) = (inputs.image("destination")?, inputs.image("source")?);
-            composite_masked(dst, src, x, y, resize, inputs.opt_mask("mask")?.as_ref())
-        };
-        let mask = if inputs.has("mask") { Some(inputs.tensor("mask")?) } else { None };
-        if let Some(out) = crate::gpu::composite(inputs.tensor("destination")?, inputs.tensor("source")?, mask, x, y, resize, || on_cpu()?.to_tensor()) {
-            return Ok(vec![Output::Tensor(out?)]);
-        }
-        Ok(vec![Output::Image(on_cpu()?)])
-    },
-};
+/// `ImageCompositeMasked`: `source` over `destination` at (x, y) through
+/// `mask`, on the GPU when there is one.
+#[node(class = "ImageCompositeMasked", category = "image")]
+pub fn image_composite_masked(
+    destination: ImageHandle,
+    source: ImageHandle,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] x: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] y: usize,
+    #[input(default = false)] resize_source: bool,
+    mask: Option<MaskHandle>,
+) -> Result<ImageHandle> {
+    let on_cpu = || composite_masked(destination.read()?, source.read()?, x, y, resize_source, mask.as_ref().map(MaskHandle::read).transpose()?.as_ref());
+    let gpu =
+        crate::gpu::composite(destination.tensor(), source.tensor(), mask.as_ref().map(MaskHandle::tensor), x, y, resize_source, || on_cpu()?.to_tensor());
+    match gpu {
+        Some(out) => Ok(ImageHandle::new(out?)),
+        None => ImageHandle::from_image(&on_cpu()?),
+    }
+}
 
 /// Index `i` of a batch repeated (or cut) to another batch size, as
 /// `comfy.utils.repeat_to_batch_size` tiles it.
@@ -90,22 +83,8 @@ pub fn composite_masked(mut dst: Image, src: Image, x: usize, y: usize, resize_s
 }
 
 /// `SplitImageWithAlpha`: RGB and `1 − alpha` (all zeros without alpha).
-pub const SPLIT_IMAGE_WITH_ALPHA: NodeClass = NodeClass {
-    class_type: "SplitImageWithAlpha",
-    define: || {
-        NodeDef::new("mask/compositing")
-            .display_name("Split Image with Alpha")
-            .required("image", Kind::link("IMAGE"))
-            .output("IMAGE", "IMAGE")
-            .output("MASK", "MASK")
-    },
-    run: |inputs| {
-        let (rgb, mask) = split_alpha(&inputs.image("image")?)?;
-        Ok(vec![Output::Image(rgb), Output::Mask(mask)])
-    },
-};
-
 /// The first three channels and `1 − alpha`.
+#[node(class = "SplitImageWithAlpha", category = "mask/compositing", display_name = "Split Image with Alpha")]
 pub fn split_alpha(image: &Image) -> Result<(Image, Mask)> {
     if image.channels < 3 {
         return Err(Error::invalid("SplitImageWithAlpha needs an RGB or RGBA image"));
@@ -120,20 +99,9 @@ pub fn split_alpha(image: &Image) -> Result<(Image, Mask)> {
 }
 
 /// `JoinImageWithAlpha`: appends `1 − mask` (resized to the image) as alpha.
-pub const JOIN_IMAGE_WITH_ALPHA: NodeClass = NodeClass {
-    class_type: "JoinImageWithAlpha",
-    define: || {
-        NodeDef::new("mask/compositing")
-            .display_name("Join Image with Alpha")
-            .required("image", Kind::link("IMAGE"))
-            .required("alpha", Kind::link("MASK"))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| Ok(vec![Output::Image(join_alpha(&inputs.image("image")?, &inputs.mask("alpha")?)?)]),
-};
-
 /// RGB of `image` plus `1 − alpha` as a fourth channel; the smaller batch is
 /// repeated to the larger.
+#[node(class = "JoinImageWithAlpha", category = "mask/compositing", display_name = "Join Image with Alpha")]
 pub fn join_alpha(image: &Image, alpha: &Mask) -> Result<Image> {
     if image.channels < 3 {
         return Err(Error::invalid("JoinImageWithAlpha needs an RGB image"));

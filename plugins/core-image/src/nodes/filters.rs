@@ -12,9 +12,8 @@ use crate::ops::resample::{Method, resize_image};
 /// Runs the Gaussian convolution on the host over the input tensor (the
 /// pixels never enter the plugin); the host checks the radius against the
 /// image and answers with the same error as the CPU path.
-fn convolve_on_host(inputs: &Inputs, radius: usize, sigma: f64, finish: kernels::Finish) -> Result<Outputs> {
-    let out = kernels::convolve(inputs.tensor("image")?, &gaussian_1d(radius, sigma as f32), finish)?;
-    Ok(vec![Output::Tensor(out)])
+fn convolve_on_host(image: &ImageHandle, radius: usize, sigma: f64, finish: kernels::Finish) -> Result<ImageHandle> {
+    Ok(ImageHandle::new(kernels::convolve(image.tensor(), &gaussian_1d(radius, sigma as f32), finish)?))
 }
 
 /// The same convolution on pixels in this plugin's memory (what the parity
@@ -27,23 +26,17 @@ fn convolve_here(image: Image, radius: usize, sigma: f64, finish: Finish) -> Res
 }
 
 /// `ImageBlur`: Gaussian blur with reflect padding.
-pub const IMAGE_BLUR: NodeClass = NodeClass {
-    class_type: "ImageBlur",
-    define: || {
-        NodeDef::new("image/postprocessing")
-            .required("image", Kind::link("IMAGE"))
-            .required("blur_radius", Kind::int().default(1).min(1.0).max(31.0).step(1.0))
-            .required("sigma", Kind::float().default(1.0).min(0.1).max(10.0).step(0.1))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let radius = inputs.usize("blur_radius")?;
-        if radius == 0 {
-            return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
-        }
-        convolve_on_host(inputs, radius, inputs.float("sigma")?, kernels::Finish::Blur)
-    },
-};
+#[node(class = "ImageBlur", category = "image/postprocessing")]
+pub fn image_blur(
+    image: ImageHandle,
+    #[input(default = 1, min = 1, max = 31, step = 1)] blur_radius: usize,
+    #[input(default = 1.0, min = 0.1, max = 10.0, step = 0.1)] sigma: f64,
+) -> Result<ImageHandle> {
+    if blur_radius == 0 {
+        return Ok(image);
+    }
+    convolve_on_host(&image, blur_radius, sigma, kernels::Finish::Blur)
+}
 
 /// ImageBlur's computation: the image convolved with the normalized
 /// `(2r+1)²` Gaussian over [-1, 1]², reflect-padded; radius 0 is the identity.
@@ -55,25 +48,18 @@ pub fn blur(image: Image, radius: usize, sigma: f64) -> Result<Image> {
 }
 
 /// `ImageSharpen`: unsharp masking, `clamp((1+s)·x − s·blur(x))` with `s = 10·alpha`.
-pub const IMAGE_SHARPEN: NodeClass = NodeClass {
-    class_type: "ImageSharpen",
-    define: || {
-        NodeDef::new("image/postprocessing")
-            .required("image", Kind::link("IMAGE"))
-            .required("sharpen_radius", Kind::int().default(1).min(1.0).max(31.0).step(1.0))
-            .required("sigma", Kind::float().default(1.0).min(0.1).max(10.0).step(0.01))
-            .required("alpha", Kind::float().default(1.0).min(0.0).max(5.0).step(0.01))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let radius = inputs.usize("sharpen_radius")?;
-        if radius == 0 {
-            return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
-        }
-        let (sigma, alpha) = (inputs.float("sigma")?, inputs.float("alpha")?);
-        convolve_on_host(inputs, radius, sigma, kernels::Finish::Sharpen((alpha * 10.0) as f32))
-    },
-};
+#[node(class = "ImageSharpen", category = "image/postprocessing")]
+pub fn image_sharpen(
+    image: ImageHandle,
+    #[input(default = 1, min = 1, max = 31, step = 1)] sharpen_radius: usize,
+    #[input(default = 1.0, min = 0.1, max = 10.0, step = 0.01)] sigma: f64,
+    #[input(default = 1.0, min = 0.0, max = 5.0, step = 0.01)] alpha: f64,
+) -> Result<ImageHandle> {
+    if sharpen_radius == 0 {
+        return Ok(image);
+    }
+    convolve_on_host(&image, sharpen_radius, sigma, kernels::Finish::Sharpen((alpha * 10.0) as f32))
+}
 
 /// ImageSharpen's computation. ComfyUI's kernel is `K = −s·G` (s = 10·alpha,
 /// G the normalized Gaussian) with the centre tap raised by `1 − ΣK = 1 + s`
@@ -89,26 +75,22 @@ pub fn sharpen(image: Image, radius: usize, sigma: f64, alpha: f64) -> Result<Im
 
 use crate::gpu::BLEND_MODES;
 
-/// `ImageBlend`: blends `image2` over `image1` by a mode and a factor.
-pub const IMAGE_BLEND: NodeClass = NodeClass {
-    class_type: "ImageBlend",
-    define: || {
-        NodeDef::new("image/postprocessing")
-            .required("image1", Kind::link("IMAGE"))
-            .required("image2", Kind::link("IMAGE"))
-            .required("blend_factor", Kind::float().default(0.5).min(0.0).max(1.0).step(0.01))
-            .required("blend_mode", Kind::combo(&BLEND_MODES))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let (factor, mode) = (inputs.float("blend_factor")? as f32, inputs.string("blend_mode")?);
-        let on_cpu = || blend(inputs.image("image1")?, inputs.image("image2")?, factor, mode);
-        if let Some(out) = crate::gpu::blend(inputs.tensor("image1")?, inputs.tensor("image2")?, factor, mode, || on_cpu()?.to_tensor()) {
-            return Ok(vec![Output::Tensor(out?)]);
-        }
-        Ok(vec![Output::Image(on_cpu()?)])
-    },
-};
+/// `ImageBlend`: blends `image2` over `image1` by a mode and a factor, on
+/// the GPU when there is one.
+#[node(class = "ImageBlend", category = "image/postprocessing")]
+pub fn image_blend(
+    image1: ImageHandle,
+    image2: ImageHandle,
+    #[input(default = 0.5, min = 0.0, max = 1.0, step = 0.01)] blend_factor: f64,
+    #[input(choices = BLEND_MODES)] blend_mode: &str,
+) -> Result<ImageHandle> {
+    let factor = blend_factor as f32;
+    let on_cpu = || blend(image1.read()?, image2.read()?, factor, blend_mode);
+    match crate::gpu::blend(image1.tensor(), image2.tensor(), factor, blend_mode, || on_cpu()?.to_tensor()) {
+        Some(out) => Ok(ImageHandle::new(out?)),
+        None => ImageHandle::from_image(&on_cpu()?),
+    }
+}
 
 /// Cuts or pads (alpha 1) `img` to `channels`.
 pub fn match_channels(img: Image, channels: usize) -> Image {
@@ -168,25 +150,17 @@ pub fn blend(i1: Image, i2: Image, factor: f32, mode: &str) -> Result<Image> {
 const DITHERS: [&str; 6] = ["none", "floyd-steinberg", "bayer-2", "bayer-4", "bayer-8", "bayer-16"];
 
 /// `ImageQuantize`: reduces each image to a palette of `colors` colours.
-pub const IMAGE_QUANTIZE: NodeClass = NodeClass {
-    class_type: "ImageQuantize",
-    define: || {
-        NodeDef::new("image/postprocessing")
-            .required("image", Kind::link("IMAGE"))
-            .required("colors", Kind::int().default(256).min(1.0).max(256.0).step(1.0))
-            .required("dither", Kind::combo(&DITHERS))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let image = inputs.image("image")?;
-        let colors = inputs.usize("colors")?.clamp(1, 256);
-        let dither = inputs.string("dither")?;
-        if !DITHERS.contains(&dither) {
-            return Err(Error::invalid(format!("unknown dither `{dither}`")));
-        }
-        Ok(vec![Output::Image(quantize(&image, colors, dither)?)])
-    },
-};
+#[node(class = "ImageQuantize", category = "image/postprocessing")]
+pub fn image_quantize(
+    image: &Image,
+    #[input(default = 256, min = 1, max = 256, step = 1)] colors: usize,
+    #[input(choices = DITHERS)] dither: &str,
+) -> Result<Image> {
+    if !DITHERS.contains(&dither) {
+        return Err(Error::invalid(format!("unknown dither `{dither}`")));
+    }
+    quantize(image, colors.clamp(1, 256), dither)
+}
 
 /// Quantizes each image of the batch on its 8-bit RGB values (ComfyUI goes
 /// through Pillow, truncating to 8 bits).

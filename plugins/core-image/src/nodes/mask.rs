@@ -6,20 +6,10 @@ use kiln_sdk::prelude::*;
 const CHANNELS: [&str; 4] = ["red", "green", "blue", "alpha"];
 
 /// `ImageToMask`: one channel of an image.
-pub const IMAGE_TO_MASK: NodeClass = NodeClass {
-    class_type: "ImageToMask",
-    define: || {
-        NodeDef::new("mask")
-            .display_name("Convert Image to Mask")
-            .required("image", Kind::link("IMAGE"))
-            .required("channel", Kind::combo(&CHANNELS))
-            .output("MASK", "MASK")
-    },
-    run: |inputs| {
-        let c = channel_index(inputs.string("channel")?)?;
-        Ok(vec![Output::Mask(image_to_mask(&inputs.image("image")?, c)?)])
-    },
-};
+#[node(class = "ImageToMask", category = "mask", display_name = "Convert Image to Mask")]
+pub fn image_to_mask_node(image: &Image, #[input(choices = CHANNELS)] channel: &str) -> Result<Mask> {
+    image_to_mask(image, channel_index(channel)?)
+}
 
 /// The index of a `channel` combo value (`red` 0 … `alpha` 3).
 pub fn channel_index(channel: &str) -> Result<usize> {
@@ -36,19 +26,9 @@ pub fn image_to_mask(image: &Image, c: usize) -> Result<Mask> {
 }
 
 /// `ImageColorToMask`: 1 where the pixel's 8-bit colour equals `color`.
-pub const IMAGE_COLOR_TO_MASK: NodeClass = NodeClass {
-    class_type: "ImageColorToMask",
-    define: || {
-        NodeDef::new("mask")
-            .required("image", Kind::link("IMAGE"))
-            .required("color", Kind::int().default(0).min(0.0).max(16777215.0).step(1.0).display("number"))
-            .output("MASK", "MASK")
-    },
-    run: |inputs| Ok(vec![Output::Mask(image_color_to_mask(&inputs.image("image")?, inputs.int("color")?)?)]),
-};
-
 /// 1.0 where `round(clamp(x)·255)` packed as `R<<16 | G<<8 | B` equals `color`.
-pub fn image_color_to_mask(image: &Image, color: i64) -> Result<Mask> {
+#[node(class = "ImageColorToMask", category = "mask")]
+pub fn image_color_to_mask(image: &Image, #[input(default = 0, min = 0, max = 16777215, step = 1, display = "number")] color: i64) -> Result<Mask> {
     if image.channels < 3 {
         return Err(Error::invalid("ImageColorToMask needs an RGB image"));
     }
@@ -57,37 +37,20 @@ pub fn image_color_to_mask(image: &Image, color: i64) -> Result<Mask> {
     Ok(Mask { batch: image.batch, height: image.height, width: image.width, data })
 }
 
-/// `MaskToImage`: a grey RGB image from a mask.
-pub const MASK_TO_IMAGE: NodeClass = NodeClass {
-    class_type: "MaskToImage",
-    define: || NodeDef::new("mask").display_name("Convert Mask to Image").required("mask", Kind::link("MASK")).output("IMAGE", "IMAGE"),
-    run: |inputs| Ok(vec![Output::Image(mask_to_image(&inputs.mask("mask")?))]),
-};
-
-/// Each mask value repeated into R, G and B.
+/// `MaskToImage`: a grey RGB image from a mask, each value repeated into R, G and B.
+#[node(class = "MaskToImage", category = "mask", display_name = "Convert Mask to Image")]
 pub fn mask_to_image(mask: &Mask) -> Image {
     let data = mask.data.iter().flat_map(|&v| [v, v, v]).collect();
     Image { batch: mask.batch, height: mask.height, width: mask.width, channels: 3, data }
 }
 
-/// `SolidMask`: a `[1, height, width]` mask of one value.
-pub const SOLID_MASK: NodeClass = NodeClass {
-    class_type: "SolidMask",
-    define: || {
-        NodeDef::new("mask")
-            .required("value", Kind::float().default(1.0).min(0.0).max(1.0).step(0.01))
-            .required("width", Kind::int().default(512).min(1.0).max(16384.0).step(1.0))
-            .required("height", Kind::int().default(512).min(1.0).max(16384.0).step(1.0))
-            .output("MASK", "MASK")
-    },
-    run: |inputs| {
-        let (w, h) = (inputs.usize("width")?, inputs.usize("height")?);
-        Ok(vec![Output::Mask(solid_mask(inputs.float("value")?, w, h)?)])
-    },
-};
-
-/// A `[1, height, width]` mask filled with `value`.
-pub fn solid_mask(value: f64, width: usize, height: usize) -> Result<Mask> {
+/// `SolidMask`: a `[1, height, width]` mask filled with `value`.
+#[node(class = "SolidMask", category = "mask")]
+pub fn solid_mask(
+    #[input(default = 1.0, min = 0.0, max = 1.0, step = 0.01)] value: f64,
+    #[input(default = 512, min = 1, max = 16384, step = 1)] width: usize,
+    #[input(default = 512, min = 1, max = 16384, step = 1)] height: usize,
+) -> Result<Mask> {
     if width == 0 || height == 0 || width > 16384 || height > 16384 {
         return Err(Error::invalid(format!("SolidMask size {width}×{height} is outside 1..=16384")));
     }
@@ -95,19 +58,15 @@ pub fn solid_mask(value: f64, width: usize, height: usize) -> Result<Mask> {
 }
 
 /// `InvertMask`: `1 − m`.
-pub const INVERT_MASK: NodeClass = NodeClass {
-    class_type: "InvertMask",
-    define: || NodeDef::new("mask").required("mask", Kind::link("MASK")).output("MASK", "MASK"),
-    run: |inputs| {
-        let mask = inputs.tensor("mask")?;
-        if mask.shape().len() == 3 {
-            // On the host, bit for bit `1 − m` (see ImageInvert).
-            return Ok(vec![Output::Tensor(kiln_sdk::kernels::affine(mask, -1.0, 1.0)?)]);
-        }
+#[node(class = "InvertMask", category = "mask")]
+pub fn invert_mask_node(mask: MaskHandle) -> Result<MaskHandle> {
+    if mask.is_unbatched() {
         // An [H, W] mask becomes [1, H, W] on the way in.
-        Ok(vec![Output::Mask(invert_mask(inputs.mask("mask")?))])
-    },
-};
+        return MaskHandle::from_mask(&invert_mask(mask.read()?));
+    }
+    // On the host, bit for bit `1 − m` (see ImageInvert).
+    Ok(MaskHandle::new(kiln_sdk::kernels::affine(mask.tensor(), -1.0, 1.0)?))
+}
 
 /// `1 − m`, in place.
 pub fn invert_mask(mut mask: Mask) -> Mask {
@@ -115,27 +74,16 @@ pub fn invert_mask(mut mask: Mask) -> Mask {
     mask
 }
 
-/// `CropMask`: the `width × height` region at (x, y), cut at the border.
-pub const CROP_MASK: NodeClass = NodeClass {
-    class_type: "CropMask",
-    define: || {
-        NodeDef::new("mask")
-            .required("mask", Kind::link("MASK"))
-            .required("x", Kind::int().default(0).min(0.0).max(16384.0).step(1.0))
-            .required("y", Kind::int().default(0).min(0.0).max(16384.0).step(1.0))
-            .required("width", Kind::int().default(512).min(1.0).max(16384.0).step(1.0))
-            .required("height", Kind::int().default(512).min(1.0).max(16384.0).step(1.0))
-            .output("MASK", "MASK")
-    },
-    run: |inputs| {
-        let mask = inputs.mask("mask")?;
-        let r = [inputs.usize("x")?, inputs.usize("y")?, inputs.usize("width")?, inputs.usize("height")?];
-        Ok(vec![Output::Mask(crop_mask(&mask, r[0], r[1], r[2], r[3])?)])
-    },
-};
-
-/// Python-slice semantics: `m[:, y:y+h, x:x+w]`, cut at the border.
-pub fn crop_mask(mask: &Mask, x: usize, y: usize, width: usize, height: usize) -> Result<Mask> {
+/// `CropMask`: the `width × height` region at (x, y), with Python-slice
+/// semantics: `m[:, y:y+h, x:x+w]`, cut at the border.
+#[node(class = "CropMask", category = "mask")]
+pub fn crop_mask(
+    mask: &Mask,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] x: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] y: usize,
+    #[input(default = 512, min = 1, max = 16384, step = 1)] width: usize,
+    #[input(default = 512, min = 1, max = 16384, step = 1)] height: usize,
+) -> Result<Mask> {
     let (x1, y1) = (x.saturating_add(width).min(mask.width), y.saturating_add(height).min(mask.height));
     if x >= x1 || y >= y1 {
         return Err(Error::invalid(format!("crop at ({x}, {y}) lies outside the {}×{} mask", mask.width, mask.height)));
@@ -150,27 +98,24 @@ pub fn crop_mask(mask: &Mask, x: usize, y: usize, width: usize, height: usize) -
     Ok(Mask { batch: mask.batch, height: y1 - y, width: x1 - x, data })
 }
 
-/// `MaskComposite`: combines `source` into `destination` at (x, y).
-pub const MASK_COMPOSITE: NodeClass = NodeClass {
-    class_type: "MaskComposite",
-    define: || {
-        NodeDef::new("mask")
-            .required("destination", Kind::link("MASK"))
-            .required("source", Kind::link("MASK"))
-            .required("x", Kind::int().default(0).min(0.0).max(16384.0).step(1.0))
-            .required("y", Kind::int().default(0).min(0.0).max(16384.0).step(1.0))
-            .required("operation", Kind::combo(&["multiply", "add", "subtract", "and", "or", "xor"]))
-            .output("MASK", "MASK")
-    },
-    run: |inputs| {
-        let (x, y, op) = (inputs.usize("x")?, inputs.usize("y")?, inputs.string("operation")?);
-        let on_cpu = || -> Result<Mask> { mask_composite(&inputs.mask("destination")?, &inputs.mask("source")?, x, y, op) };
-        if let Some(out) = crate::gpu::mask_composite(inputs.tensor("destination")?, inputs.tensor("source")?, x, y, op, || on_cpu()?.to_tensor()) {
-            return Ok(vec![Output::Tensor(out?)]);
-        }
-        Ok(vec![Output::Mask(on_cpu()?)])
-    },
-};
+const OPERATIONS: [&str; 6] = ["multiply", "add", "subtract", "and", "or", "xor"];
+
+/// `MaskComposite`: combines `source` into `destination` at (x, y), on the
+/// GPU when there is one.
+#[node(class = "MaskComposite", category = "mask")]
+pub fn mask_composite_node(
+    destination: MaskHandle,
+    source: MaskHandle,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] x: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] y: usize,
+    #[input(choices = OPERATIONS)] operation: &str,
+) -> Result<MaskHandle> {
+    let on_cpu = || mask_composite(&destination.read()?, &source.read()?, x, y, operation);
+    match crate::gpu::mask_composite(destination.tensor(), source.tensor(), x, y, operation, || on_cpu()?.to_tensor()) {
+        Some(out) => Ok(MaskHandle::new(out?)),
+        None => MaskHandle::from_mask(&on_cpu()?),
+    }
+}
 
 /// The destination with the visible part of `src` combined in, clamped to 0..1.
 /// Logic operations work on values rounded half-to-even, as torch does. A one-mask source applies to
@@ -204,32 +149,25 @@ pub fn mask_composite(dst: &Mask, src: &Mask, x: usize, y: usize, op: &str) -> R
     Ok(out)
 }
 
-/// `FeatherMask`: linear ramps towards each edge.
-pub const FEATHER_MASK: NodeClass = NodeClass {
-    class_type: "FeatherMask",
-    define: || {
-        let side = || Kind::int().default(0).min(0.0).max(16384.0).step(1.0);
-        NodeDef::new("mask")
-            .required("mask", Kind::link("MASK"))
-            .required("left", side())
-            .required("top", side())
-            .required("right", side())
-            .required("bottom", side())
-            .output("MASK", "MASK")
-    },
-    run: |inputs| {
-        let s = [inputs.usize("left")?, inputs.usize("top")?, inputs.usize("right")?, inputs.usize("bottom")?];
-        let on_cpu = || -> Result<Mask> {
-            let mut mask = inputs.mask("mask")?;
-            feather_mask(&mut mask, s[0], s[1], s[2], s[3]);
-            Ok(mask)
-        };
-        if let Some(out) = crate::gpu::feather(inputs.tensor("mask")?, s[0], s[1], s[2], s[3], || on_cpu()?.to_tensor()) {
-            return Ok(vec![Output::Tensor(out?)]);
-        }
-        Ok(vec![Output::Mask(on_cpu()?)])
-    },
-};
+/// `FeatherMask`: linear ramps towards each edge, on the GPU when there is one.
+#[node(class = "FeatherMask", category = "mask")]
+pub fn feather_mask_node(
+    mask: MaskHandle,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] left: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] top: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] right: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] bottom: usize,
+) -> Result<MaskHandle> {
+    let on_cpu = || -> Result<Mask> {
+        let mut values = mask.read()?;
+        feather_mask(&mut values, left, top, right, bottom);
+        Ok(values)
+    };
+    match crate::gpu::feather(mask.tensor(), left, top, right, bottom, || on_cpu()?.to_tensor()) {
+        Some(out) => Ok(MaskHandle::new(out?)),
+        None => MaskHandle::from_mask(&on_cpu()?),
+    }
+}
 
 /// ComfyUI's feathering: column/row `i` from the left/top edge is scaled by
 /// `(i+1)/n`; the right/bottom ramps index from the end with `-i`, so their
@@ -264,26 +202,20 @@ pub fn feather_mask(mask: &mut Mask, left: usize, top: usize, right: usize, bott
     }
 }
 
-/// `GrowMask`: grey dilation (expand > 0) or erosion (< 0), |expand| times.
-pub const GROW_MASK: NodeClass = NodeClass {
-    class_type: "GrowMask",
-    define: || {
-        NodeDef::new("mask")
-            .display_name("Grow Mask")
-            .required("mask", Kind::link("MASK"))
-            .required("expand", Kind::int().default(0).min(-16384.0).max(16384.0).step(1.0))
-            .required("tapered_corners", Kind::boolean().default(true))
-            .output("MASK", "MASK")
-    },
-    run: |inputs| {
-        let (expand, tapered) = (inputs.int("expand")?, inputs.boolean("tapered_corners")?);
-        let on_cpu = || -> Result<Mask> { Ok(grow_mask(&inputs.mask("mask")?, expand, tapered)) };
-        if let Some(out) = crate::gpu::grow(inputs.tensor("mask")?, expand, tapered, || on_cpu()?.to_tensor()) {
-            return Ok(vec![Output::Tensor(out?)]);
-        }
-        Ok(vec![Output::Mask(on_cpu()?)])
-    },
-};
+/// `GrowMask`: grey dilation (expand > 0) or erosion (< 0), |expand| times,
+/// on the GPU when there is one.
+#[node(class = "GrowMask", category = "mask", display_name = "Grow Mask")]
+pub fn grow_mask_node(
+    mask: MaskHandle,
+    #[input(default = 0, min = -16384, max = 16384, step = 1)] expand: i64,
+    #[input(default = true)] tapered_corners: bool,
+) -> Result<MaskHandle> {
+    let on_cpu = || -> Result<Mask> { Ok(grow_mask(&mask.read()?, expand, tapered_corners)) };
+    match crate::gpu::grow(mask.tensor(), expand, tapered_corners, || on_cpu()?.to_tensor()) {
+        Some(out) => Ok(MaskHandle::new(out?)),
+        None => MaskHandle::from_mask(&on_cpu()?),
+    }
+}
 
 /// Max (or min) over a 3×3 neighbourhood — a cross when `tapered` — repeated
 /// |expand| times. Pixels outside the mask do not take part (the same as
@@ -321,24 +253,15 @@ pub fn grow_mask(mask: &Mask, expand: i64, tapered: bool) -> Mask {
     cur
 }
 
-/// `ThresholdMask`: 1 where `m > value`, else 0.
-pub const THRESHOLD_MASK: NodeClass = NodeClass {
-    class_type: "ThresholdMask",
-    define: || {
-        NodeDef::new("mask")
-            .required("mask", Kind::link("MASK"))
-            .required("value", Kind::float().default(0.5).min(0.0).max(1.0).step(0.01))
-            .output("MASK", "MASK")
-    },
-    run: |inputs| {
-        let value = inputs.float("value")?;
-        let on_cpu = || -> Result<Mask> { Ok(threshold_mask(inputs.mask("mask")?, value)) };
-        if let Some(out) = crate::gpu::threshold(inputs.tensor("mask")?, value as f32, || on_cpu()?.to_tensor()) {
-            return Ok(vec![Output::Tensor(out?)]);
-        }
-        Ok(vec![Output::Mask(on_cpu()?)])
-    },
-};
+/// `ThresholdMask`: 1 where `m > value`, else 0, on the GPU when there is one.
+#[node(class = "ThresholdMask", category = "mask")]
+pub fn threshold_mask_node(mask: MaskHandle, #[input(default = 0.5, min = 0.0, max = 1.0, step = 0.01)] value: f64) -> Result<MaskHandle> {
+    let on_cpu = || -> Result<Mask> { Ok(threshold_mask(mask.read()?, value)) };
+    match crate::gpu::threshold(mask.tensor(), value as f32, || on_cpu()?.to_tensor()) {
+        Some(out) => Ok(MaskHandle::new(out?)),
+        None => MaskHandle::from_mask(&on_cpu()?),
+    }
+}
 
 /// 1 where `m > value`, else 0; the comparison is in f32, as torch compares
 /// a float32 tensor with a Python float.

@@ -8,19 +8,20 @@ use super::check_nonempty;
 use crate::ops::py_round;
 use crate::ops::resample::{METHODS, Method, resample, resize_image};
 
-/// Width and height of an IMAGE input, from its host tensor (no copy).
-fn input_size(inputs: &Inputs) -> Result<(usize, usize)> {
-    match inputs.tensor("image")?.shape()[..] {
-        [b, h, w, c] if b > 0 && h > 0 && w > 0 && c > 0 => Ok((w as usize, h as usize)),
-        ref shape => Err(Error::invalid(format!("input `image` has shape {shape:?}, not a non-empty IMAGE [B,H,W,C]"))),
+/// Width and height of a non-empty IMAGE, from its host tensor (no copy).
+fn input_size(image: &ImageHandle) -> Result<(usize, usize)> {
+    match image.shape()? {
+        [b, h, w, c] if b > 0 && h > 0 && w > 0 && c > 0 => Ok((w, h)),
+        shape => Err(Error::invalid(format!("input `image` has shape {shape:?}, not a non-empty IMAGE [B,H,W,C]"))),
     }
 }
 
-/// Resizes the `image` input on the host to `w × h`.
-fn resize_on_host(inputs: &Inputs, method: &str, w: usize, h: usize, crop: bool) -> Result<Outputs> {
-    let out = kernels::resize_image(inputs.tensor("image")?, w, h, resample(parse_method(method)?), crop)?;
-    Ok(vec![Output::Tensor(out)])
+/// Resizes `image` on the host to `w × h`.
+fn resize_on_host(image: &ImageHandle, method: &str, w: usize, h: usize, crop: bool) -> Result<ImageHandle> {
+    Ok(ImageHandle::new(kernels::resize_image(image.tensor(), w, h, resample(parse_method(method)?), crop)?))
 }
+
+const CROPS: [&str; 2] = ["disabled", "center"];
 
 fn parse_crop(crop: &str) -> Result<bool> {
     match crop {
@@ -35,31 +36,22 @@ fn size(v: i64, what: &str) -> Result<usize> {
 }
 
 /// `ImageScale`: to `width × height`; a 0 keeps the aspect ratio.
-pub const IMAGE_SCALE: NodeClass = NodeClass {
-    class_type: "ImageScale",
-    define: || {
-        NodeDef::new("image/upscaling")
-            .display_name("Upscale Image")
-            .required("image", Kind::link("IMAGE"))
-            .required("upscale_method", Kind::combo(&METHODS))
-            .required("width", Kind::int().default(512).min(0.0).max(16384.0).step(1.0))
-            .required("height", Kind::int().default(512).min(0.0).max(16384.0).step(1.0))
-            .required("crop", Kind::combo(&["disabled", "center"]))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let (w, h) = (inputs.usize("width")?, inputs.usize("height")?);
-        let crop = inputs.string("crop")?.to_owned();
-        let method = inputs.string("upscale_method")?.to_owned();
-        if w == 0 && h == 0 {
-            // Unchanged: hand the host's tensor back without copying it in and out.
-            return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
-        }
-        let (iw, ih) = input_size(inputs)?;
-        let (tw, th) = target_size(iw, ih, w, h)?;
-        resize_on_host(inputs, &method, tw, th, parse_crop(&crop)?)
-    },
-};
+#[node(class = "ImageScale", category = "image/upscaling", display_name = "Upscale Image")]
+pub fn image_scale_node(
+    image: ImageHandle,
+    #[input(choices = METHODS)] upscale_method: &str,
+    #[input(default = 512, min = 0, max = 16384, step = 1)] width: usize,
+    #[input(default = 512, min = 0, max = 16384, step = 1)] height: usize,
+    #[input(choices = CROPS)] crop: &str,
+) -> Result<ImageHandle> {
+    if width == 0 && height == 0 {
+        // Unchanged: hand the host's tensor back without copying it in and out.
+        return Ok(image);
+    }
+    let (iw, ih) = input_size(&image)?;
+    let (tw, th) = target_size(iw, ih, width, height)?;
+    resize_on_host(&image, upscale_method, tw, th, parse_crop(crop)?)
+}
 
 /// The resampling method named by an `upscale_method` combo value.
 pub fn parse_method(name: &str) -> Result<Method> {
@@ -91,22 +83,16 @@ pub fn target_size(iw: usize, ih: usize, w: usize, h: usize) -> Result<(usize, u
 }
 
 /// `ImageScaleBy`: by a factor, `round(W·s) × round(H·s)`.
-pub const IMAGE_SCALE_BY: NodeClass = NodeClass {
-    class_type: "ImageScaleBy",
-    define: || {
-        NodeDef::new("image/upscaling")
-            .display_name("Upscale Image By")
-            .required("image", Kind::link("IMAGE"))
-            .required("upscale_method", Kind::combo(&METHODS))
-            .required("scale_by", Kind::float().default(1.0).min(0.01).max(8.0).step(0.01))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let (iw, ih) = input_size(inputs)?;
-        let (w, h) = scale_by_size(iw, ih, inputs.float("scale_by")?)?;
-        resize_on_host(inputs, inputs.string("upscale_method")?, w, h, false)
-    },
-};
+#[node(class = "ImageScaleBy", category = "image/upscaling", display_name = "Upscale Image By")]
+pub fn image_scale_by_node(
+    image: ImageHandle,
+    #[input(choices = METHODS)] upscale_method: &str,
+    #[input(default = 1.0, min = 0.01, max = 8.0, step = 0.01)] scale_by: f64,
+) -> Result<ImageHandle> {
+    let (iw, ih) = input_size(&image)?;
+    let (w, h) = scale_by_size(iw, ih, scale_by)?;
+    resize_on_host(&image, upscale_method, w, h, false)
+}
 
 /// ImageScaleBy's computation: `round(W·s) × round(H·s)` (Python rounding), no crop.
 pub fn image_scale_by(image: &Image, method: &str, scale_by: f64) -> Result<Image> {
@@ -122,22 +108,17 @@ pub fn scale_by_size(iw: usize, ih: usize, scale_by: f64) -> Result<(usize, usiz
 }
 
 /// `ImageScaleToTotalPixels`: to about `megapixels` MiP, sides multiples of `resolution_steps`.
-pub const IMAGE_SCALE_TO_TOTAL_PIXELS: NodeClass = NodeClass {
-    class_type: "ImageScaleToTotalPixels",
-    define: || {
-        NodeDef::new("image/upscaling")
-            .required("image", Kind::link("IMAGE"))
-            .required("upscale_method", Kind::combo(&METHODS))
-            .required("megapixels", Kind::float().default(1.0).min(0.01).max(16.0).step(0.01))
-            .required("resolution_steps", Kind::int().default(1).min(1.0).max(256.0))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let (iw, ih) = input_size(inputs)?;
-        let (w, h) = total_pixels_size(iw, ih, inputs.float("megapixels")?, inputs.usize("resolution_steps")?)?;
-        resize_on_host(inputs, inputs.string("upscale_method")?, w, h, false)
-    },
-};
+#[node(class = "ImageScaleToTotalPixels", category = "image/upscaling")]
+pub fn image_scale_to_total_pixels_node(
+    image: ImageHandle,
+    #[input(choices = METHODS)] upscale_method: &str,
+    #[input(default = 1.0, min = 0.01, max = 16.0, step = 0.01)] megapixels: f64,
+    #[input(default = 1, min = 1, max = 256)] resolution_steps: usize,
+) -> Result<ImageHandle> {
+    let (iw, ih) = input_size(&image)?;
+    let (w, h) = total_pixels_size(iw, ih, megapixels, resolution_steps)?;
+    resize_on_host(&image, upscale_method, w, h, false)
+}
 
 /// ImageScaleToTotalPixels' computation: `s = sqrt(megapixels·1024² / (W·H))`,
 /// each side `round(side·s / steps)·steps`.

@@ -7,24 +7,16 @@ use crate::ops::resample::crop_image;
 
 /// `ImageCrop`: `width × height` at (x, y); x and y clamp inside the image and
 /// the region is cut at the border.
-pub const IMAGE_CROP: NodeClass = NodeClass {
-    class_type: "ImageCrop",
-    define: || {
-        NodeDef::new("image/transform")
-            .display_name("Image Crop")
-            .required("image", Kind::link("IMAGE"))
-            .required("width", Kind::int().default(512).min(1.0).max(16384.0).step(1.0))
-            .required("height", Kind::int().default(512).min(1.0).max(16384.0).step(1.0))
-            .required("x", Kind::int().default(0).min(0.0).max(16384.0).step(1.0))
-            .required("y", Kind::int().default(0).min(0.0).max(16384.0).step(1.0))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let image = inputs.image("image")?;
-        let r = [inputs.usize("x")?, inputs.usize("y")?, inputs.usize("width")?, inputs.usize("height")?];
-        Ok(vec![Output::Image(crop(&image, r[0], r[1], r[2], r[3])?)])
-    },
-};
+#[node(class = "ImageCrop", category = "image/transform", display_name = "Image Crop")]
+pub fn image_crop(
+    image: &Image,
+    #[input(default = 512, min = 1, max = 16384, step = 1)] width: usize,
+    #[input(default = 512, min = 1, max = 16384, step = 1)] height: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] x: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 1)] y: usize,
+) -> Result<Image> {
+    crop(image, x, y, width, height)
+}
 
 /// ComfyUI's crop: `x = min(x, W−1)`, `y = min(y, H−1)`, then a slice that
 /// may be smaller at the border (at least one pixel).
@@ -35,24 +27,17 @@ pub fn crop(image: &Image, x: usize, y: usize, width: usize, height: usize) -> R
     crop_image(image, x, y, w, h)
 }
 
+const ROTATIONS: [&str; 4] = ["none", "90 degrees", "180 degrees", "270 degrees"];
+
 /// `ImageRotate`: by multiples of 90° (clockwise on screen).
-pub const IMAGE_ROTATE: NodeClass = NodeClass {
-    class_type: "ImageRotate",
-    define: || {
-        NodeDef::new("image/transform")
-            .required("image", Kind::link("IMAGE"))
-            .required("rotation", Kind::combo(&["none", "90 degrees", "180 degrees", "270 degrees"]))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let turns = rotation_turns(inputs.string("rotation")?)?;
-        if turns == 0 {
-            // Unchanged: hand the host's tensor back without copying it.
-            return Ok(vec![Output::Tensor(inputs.take_tensor("image")?)]);
-        }
-        Ok(vec![Output::Image(rotate(inputs.image("image")?, turns))])
-    },
-};
+#[node(class = "ImageRotate", category = "image/transform")]
+pub fn image_rotate(image: ImageHandle, #[input(choices = ROTATIONS)] rotation: &str) -> Result<ImageHandle> {
+    match rotation_turns(rotation)? {
+        // Unchanged: hand the host's tensor back without copying it.
+        0 => Ok(image),
+        turns => ImageHandle::from_image(&rotate(image.read()?, turns)),
+    }
+}
 
 /// Clockwise quarter turns for a `rotation` combo value.
 pub fn rotation_turns(rotation: &str) -> Result<usize> {
@@ -91,20 +76,13 @@ pub fn rotate_90(image: &Image) -> Image {
     Image { batch: image.batch, height: w, width: h, channels: c, data }
 }
 
+const FLIP_METHODS: [&str; 2] = ["x-axis: vertically", "y-axis: horizontally"];
+
 /// `ImageFlip`: rows ("x-axis: vertically") or columns ("y-axis: horizontally").
-pub const IMAGE_FLIP: NodeClass = NodeClass {
-    class_type: "ImageFlip",
-    define: || {
-        NodeDef::new("image/transform")
-            .required("image", Kind::link("IMAGE"))
-            .required("flip_method", Kind::combo(&["x-axis: vertically", "y-axis: horizontally"]))
-            .output("IMAGE", "IMAGE")
-    },
-    run: |inputs| {
-        let vertical = flip_is_vertical(inputs.string("flip_method")?)?;
-        Ok(vec![Output::Image(flip(&inputs.image("image")?, vertical))])
-    },
-};
+#[node(class = "ImageFlip", category = "image/transform")]
+pub fn image_flip(image: &Image, #[input(choices = FLIP_METHODS)] flip_method: &str) -> Result<Image> {
+    Ok(flip(image, flip_is_vertical(flip_method)?))
+}
 
 /// Whether a `flip_method` combo value flips rows (`x-axis: vertically`)
 /// rather than columns (`y-axis: horizontally`).
@@ -137,32 +115,18 @@ pub fn flip(image: &Image, vertical: bool) -> Image {
 }
 
 /// `ImagePadForOutpaint`: a grey border, and a mask of the border with a
-/// feathered band inside the original image.
-pub const IMAGE_PAD_FOR_OUTPAINT: NodeClass = NodeClass {
-    class_type: "ImagePadForOutpaint",
-    define: || {
-        let side = || Kind::int().default(0).min(0.0).max(16384.0).step(8.0);
-        NodeDef::new("image")
-            .display_name("Pad Image for Outpainting")
-            .required("image", Kind::link("IMAGE"))
-            .required("left", side())
-            .required("top", side())
-            .required("right", side())
-            .required("bottom", side())
-            .required("feathering", Kind::int().default(40).min(0.0).max(16384.0).step(1.0))
-            .output("IMAGE", "IMAGE")
-            .output("MASK", "MASK")
-    },
-    run: |inputs| {
-        let image = inputs.image("image")?;
-        let s = [inputs.usize("left")?, inputs.usize("top")?, inputs.usize("right")?, inputs.usize("bottom")?];
-        let (padded, mask) = pad_for_outpaint(&image, s[0], s[1], s[2], s[3], inputs.usize("feathering")?);
-        Ok(vec![Output::Image(padded), Output::Mask(mask)])
-    },
-};
-
+/// feathered band inside the original image: the padded image (0.5 grey,
+/// every channel) and its `[1, H', W']` mask.
+#[node(class = "ImagePadForOutpaint", category = "image", display_name = "Pad Image for Outpainting")]
 /// The padded image (0.5 grey, every channel) and its `[1, H', W']` mask.
-pub fn pad_for_outpaint(image: &Image, left: usize, top: usize, right: usize, bottom: usize, feathering: usize) -> (Image, Mask) {
+pub fn pad_for_outpaint(
+    image: &Image,
+    #[input(default = 0, min = 0, max = 16384, step = 8)] left: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 8)] top: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 8)] right: usize,
+    #[input(default = 0, min = 0, max = 16384, step = 8)] bottom: usize,
+    #[input(default = 40, min = 0, max = 16384, step = 1)] feathering: usize,
+) -> (Image, Mask) {
     let (h, w, c) = (image.height, image.width, image.channels);
     let (nh, nw) = (h + top + bottom, w + left + right);
     let mut out = Image::filled(image.batch, nh, nw, c, 0.5);

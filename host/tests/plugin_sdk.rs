@@ -1,0 +1,99 @@
+//! A node author's path, through the real `kiln` binary and cargo: `kiln
+//! plugin new` writes a crate in a temporary folder outside kiln's
+//! workspace, `kiln plugin build` builds it into a plugin folder (and checks
+//! it), and a job runs its node. `kiln plugin check` refuses a component
+//! whose manifest under-declares what it imports, naming the import.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const PARTNER_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_partner.wasm"));
+
+fn kiln(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .current_dir(dir)
+        .env("KILN_GPU", "off")
+        .env("KILN_DATA_DIR", dir.join("data"))
+        // The plugin's build keeps its own target folder beside kiln's, so
+        // a second run compiles only the plugin.
+        .env("CARGO_TARGET_DIR", target_dir().join("plugin-sdk-test"))
+        .output()
+        .expect("kiln runs")
+}
+
+/// The cargo target folder this test binary was built into.
+fn target_dir() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_kiln"));
+    exe.ancestors().nth(2).expect("the kiln binary sits in <target>/<profile>/").to_path_buf()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn a_new_plugin_builds_outside_the_workspace_and_runs_in_a_job() {
+    let work = tempfile::tempdir().unwrap();
+    let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk");
+    let out = kiln(&["plugin", "new", "edge-lab", "--sdk", sdk.to_str().unwrap()], work.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let crate_dir = work.path().join("edge-lab");
+    assert_eq!(text(&out.stdout).trim(), "./edge-lab");
+    for file in ["Cargo.toml", "Cargo.lock", "kiln-plugin.toml", "src/lib.rs", ".cargo/config.toml"] {
+        assert!(crate_dir.join(file).is_file(), "{file} written");
+    }
+    let again = kiln(&["plugin", "new", "edge-lab", "--sdk", sdk.to_str().unwrap()], work.path());
+    assert!(!again.status.success() && text(&again.stderr).contains("already exists"), "{}", text(&again.stderr));
+
+    let out = kiln(&["plugin", "build", "edge-lab"], work.path());
+    assert!(out.status.success(), "build failed: {}", text(&out.stderr));
+    let folder = PathBuf::from(text(&out.stdout).trim());
+    assert!(folder.is_absolute() && folder.join("kiln-plugin.toml").is_file() && folder.join("edge_lab.wasm").is_file(), "{}", folder.display());
+    assert!(
+        text(&out.stderr).contains("edge-lab 0.1.0 ok: component blake3:") && text(&out.stderr).contains("classes: EdgeLabInvert"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Its node in a job: a green image inverted (magenta), saved.
+    let workflow = serde_json::json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 2, "batch_size": 1, "color": 0x00ff00}},
+        "2": {"class_type": "EdgeLabInvert", "inputs": {"image": ["1", 0], "amount": 1.0}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "lab"}}
+    });
+    std::fs::write(work.path().join("workflow.json"), workflow.to_string()).unwrap();
+    let out_dir = work.path().join("out");
+    let run = kiln(&["--plugins", folder.to_str().unwrap(), "run", "workflow.json", "--out", out_dir.to_str().unwrap(), "--no-progress-bar"], work.path());
+    assert!(run.status.success(), "{}\n{}", text(&run.stdout), text(&run.stderr));
+    let png = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "png")).expect("a saved PNG");
+    let image = image::open(&png).unwrap().into_rgb8();
+    assert_eq!((image.width(), image.height()), (4, 2));
+    assert!(image.pixels().all(|p| p.0 == [255, 0, 255]), "{:?}", image.get_pixel(0, 0));
+}
+
+#[test]
+fn check_refuses_a_manifest_that_under_declares_an_import() {
+    let work = tempfile::tempdir().unwrap();
+    let folder = work.path().join("quiet");
+    std::fs::create_dir(&folder).unwrap();
+    // The partner plugin calls out through wasi:http; this manifest does
+    // not say so.
+    std::fs::write(folder.join("partner.wasm"), PARTNER_WASM).unwrap();
+    std::fs::write(folder.join("kiln-plugin.toml"), "name = \"quiet\"\nversion = \"1.0.0\"\ncomponent = \"partner.wasm\"\n").unwrap();
+    let out = kiln(&["plugin", "check", folder.to_str().unwrap()], work.path());
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("imports `wasi:http/") && stderr.contains("it needs `capabilities.outbound_hosts` or `capabilities.routes`"), "{stderr}");
+
+    // Declared, the same component passes.
+    let manifest = "name = \"quiet\"\nversion = \"1.0.0\"\ncomponent = \"partner.wasm\"\n[capabilities]\noutbound_hosts = [\"example.com\"]\nroutes = [\"/proxy/partner/\"]\nsecrets = [\"api_key_svc_org\"]\n";
+    std::fs::write(folder.join("kiln-plugin.toml"), manifest).unwrap();
+    let out = kiln(&["plugin", "check", folder.to_str().unwrap()], work.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("quiet 1.0.0 ok: component blake3:") && text(&out.stdout).contains("MagnificImageSkinEnhancerNode"),
+        "{}",
+        text(&out.stdout)
+    );
+}
