@@ -36,6 +36,12 @@ pub fn write(path: &Path, bytes: &[u8], mode: Option<u32>) -> std::io::Result<()
         let _ = std::fs::remove_file(&tmp);
         return result;
     }
+    sync_dir(dir)
+}
+
+/// Makes the entries of `dir` (files created, renamed or removed in it)
+/// survive a crash.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 

@@ -45,10 +45,12 @@ impl Server {
     /// start the recovered jobs (each start counts as an attempt).
     pub async fn start_with(config: Config, options: ServiceOptions, runtime: Arc<PluginRuntime>, registry: Arc<NodeRegistry>) -> anyhow::Result<Server> {
         let listener = Server::bind(&config).await?;
-        let executor = Arc::new(Executor::new(runtime.clone(), registry.clone(), config.result_cache_mb << 20, config.max_concurrency as usize));
+        let executor = Arc::new(Executor::new(runtime.clone(), config.result_cache_mb << 20, config.max_concurrency as usize));
         config.check_store().map_err(anyhow::Error::msg)?;
         let backends = crate::service::Backends::from_config(&config).await.with_context(|| format!("opening the {:?} store", config.store))?;
-        let service = Service::start_on(options, backends, registry, executor)
+        // Plugins installed through the admin API, on top of those it started with.
+        let plugins = crate::plugins::LivePlugins::open(runtime.clone(), registry, &config.data_dir.join("plugins")).await?;
+        let service = Service::start_on(options, backends, plugins, executor)
             .await
             .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
         Server::serve(config, service, listener)

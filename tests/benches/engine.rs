@@ -29,8 +29,8 @@ fn chain(n: usize, size: u32) -> Value {
     Value::Object(wf)
 }
 
-async fn run(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInputs>, out: &Path) -> Duration {
-    run_timed(executor, workflow, inputs, out).await.0
+async fn run(executor: &Executor, registry: &Arc<NodeRegistry>, workflow: &Value, inputs: &Arc<NamedInputs>, out: &Path) -> Duration {
+    run_timed(executor, registry, workflow, inputs, out).await.0
 }
 
 fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
@@ -66,7 +66,7 @@ fn main() {
         drop(registry_warm);
         println!("allocator: {:?}", runtime.allocator());
         // Cache disabled: every node runs every time.
-        let executor = Executor::new(runtime.clone(), registry.clone(), 0, config.max_concurrency as usize);
+        let executor = Executor::new(runtime.clone(), 0, config.max_concurrency as usize);
         let no_inputs = Arc::new(NamedInputs::new());
         let out = dir.path().join("out");
         let small = dir.path().join("small.png");
@@ -103,8 +103,8 @@ fn main() {
         if std::env::var("KILN_BENCH_ONLY").is_ok() { return; }
         for size in [8u32, 64] {
             let wf = chain(200, size);
-            let _ = run(&executor, &wf, &no_inputs, &out).await;
-            let samples: Vec<Duration> = repeat(&executor, &wf, &no_inputs, &out, 10).await;
+            let _ = run(&executor, &registry, &wf, &no_inputs, &out).await;
+            let samples: Vec<Duration> = repeat(&executor, &registry, &wf, &no_inputs, &out, 10).await;
             let (min, p50, max) = stats(samples);
             println!(
                 "200-node ImageInvert chain, {size}x{size}: run min {min:.1} / median {p50:.1} / max {max:.1} ms; per node (202 nodes) median {:.1} µs",
@@ -122,12 +122,12 @@ fn main() {
             "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "small"}}
         });
         for _ in 0..50 {
-            run(&executor, &job, &named, &job_out).await;
+            run(&executor, &registry, &job, &named, &job_out).await;
             let _ = std::fs::remove_dir_all(&job_out);
         }
         let (mut runs, mut load, mut save) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..1000 {
-            let (elapsed, nodes) = run_timed(&executor, &job, &named, &job_out).await;
+            let (elapsed, nodes) = run_timed(&executor, &registry, &job, &named, &job_out).await;
             let _ = std::fs::remove_dir_all(&job_out);
             runs.push(elapsed);
             for (class, ms) in nodes {
@@ -157,8 +157,8 @@ fn main() {
             "4": {"class_type": "ImageSharpen", "inputs": {"image": ["3", 0], "sharpen_radius": 2, "sigma": 1.0, "alpha": 1.0}},
             "5": {"class_type": "SaveImage", "inputs": {"images": ["4", 0], "filename_prefix": "heavy"}}
         });
-        let _ = run(&executor, &heavy, &named, &out).await;
-        let samples = repeat(&executor, &heavy, &named, &out, 5).await;
+        let _ = run(&executor, &registry, &heavy, &named, &out).await;
+        let samples = repeat(&executor, &registry, &heavy, &named, &out, 5).await;
         let probe = json!({
             "1": {"class_type": "LoadImage", "inputs": {"image": "heavy.png"}},
             "2": {"class_type": "ImageScaleBy", "inputs": {"image": ["1", 0], "upscale_method": "nearest-exact", "scale_by": 1.5}},
@@ -167,10 +167,10 @@ fn main() {
             "5": {"class_type": "GetImageSize", "inputs": {"image": ["4", 0]}},
             "6": {"class_type": "PreviewImage", "inputs": {"images": ["4", 0]}}
         });
-        let (_, per_node) = run_timed(&executor, &probe, &named, &out).await;
+        let (_, per_node) = run_timed(&executor, &registry, &probe, &named, &out).await;
         let breakdown: Vec<String> = per_node.iter().map(|(class, ms)| format!("{class} {ms:.0} ms")).collect();
         println!("3072² data-movement probe per node: {}", breakdown.join(", "));
-        let (_, per_node) = run_timed(&executor, &heavy, &named, &out).await;
+        let (_, per_node) = run_timed(&executor, &registry, &heavy, &named, &out).await;
         let breakdown: Vec<String> = per_node.iter().map(|(class, ms)| format!("{class} {ms:.0} ms")).collect();
         println!("heavy chain per node: {}", breakdown.join(", "));
         let (min, p50, max) = stats(samples);
@@ -181,10 +181,10 @@ fn main() {
     });
 }
 
-async fn repeat(executor: &Executor, wf: &Value, inputs: &Arc<NamedInputs>, out: &Path, n: usize) -> Vec<Duration> {
+async fn repeat(executor: &Executor, registry: &Arc<NodeRegistry>, wf: &Value, inputs: &Arc<NamedInputs>, out: &Path, n: usize) -> Vec<Duration> {
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
-        samples.push(run(executor, wf, inputs, out).await);
+        samples.push(run(executor, registry, wf, inputs, out).await);
     }
     samples
 }

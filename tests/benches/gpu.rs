@@ -84,7 +84,7 @@ async fn workflows_in_process() {
         let gpu = runtime_config.gpu.clone();
         let runtime = Arc::new(PluginRuntime::new(runtime_config).expect("runtime"));
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &[]).await.expect("plugins"));
-        let executor = Executor::new(runtime, registry, 0, config.max_concurrency as usize);
+        let executor = Executor::new(runtime, 0, config.max_concurrency as usize);
         for (name, side, runs, workflow) in workflows() {
             let input = dir.path().join(format!("input-{side}.png"));
             if !input.exists() {
@@ -93,10 +93,10 @@ async fn workflows_in_process() {
             let mut named = NamedInputs::new();
             named.insert("input.png", &input);
             let named = Arc::new(named);
-            let _ = run_timed(&executor, &workflow, &named, &out).await;
+            let _ = run_timed(&executor, &registry, &workflow, &named, &out).await;
             let (mut walls, mut per_class) = (Vec::new(), BTreeMap::<String, Vec<f64>>::new());
             for _ in 0..runs {
-                let (wall, nodes) = run_timed(&executor, &workflow, &named, &out).await;
+                let (wall, nodes) = run_timed(&executor, &registry, &workflow, &named, &out).await;
                 walls.push(wall.as_secs_f64() * 1e3);
                 for (class, ms) in nodes {
                     per_class.entry(class).or_default().push(ms);

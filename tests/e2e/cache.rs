@@ -11,7 +11,7 @@ use crate::support::{RunOpts, env, run_with, write_png};
 async fn unchanged_rerun_is_served_from_cache_and_writes_nothing() {
     let env = env().await;
     // A private executor so other tests' runs do not share this cache.
-    let executor = Executor::new(env.runtime.clone(), env.registry.clone(), 64 << 20, 2);
+    let executor = Executor::new(env.runtime.clone(), 64 << 20, 2);
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.png");
     write_png(&input, 4, 3, 3, &[10u8; 36]);
@@ -27,12 +27,12 @@ async fn unchanged_rerun_is_served_from_cache_and_writes_nothing() {
         o.inputs.insert("in.png", &input);
         o
     };
-    let first = run_with(&executor, workflow.clone(), opts()).await;
+    let first = run_with(&executor, &env.registry, workflow.clone(), opts()).await;
     assert!(matches!(first.outcome.status, RunStatus::Succeeded), "{:?}", first.outcome.status);
     assert_eq!(first.outcome.executed, vec!["1", "2", "3"], "node 4 feeds no output and never runs");
     assert!(first.outcome.cached.is_empty());
 
-    let second = run_with(&executor, workflow.clone(), opts()).await;
+    let second = run_with(&executor, &env.registry, workflow.clone(), opts()).await;
     assert!(second.outcome.executed.is_empty(), "nothing re-runs: {:?}", second.outcome.executed);
     assert_eq!(second.outcome.cached, vec!["1", "2", "3"]);
     assert!(second.events.iter().any(|e| matches!(e, Event::Cached { nodes, .. } if nodes.len() == 3)));
@@ -42,13 +42,13 @@ async fn unchanged_rerun_is_served_from_cache_and_writes_nothing() {
 
     // Same file name, different content: LoadImage and everything after re-run.
     write_png(&input, 4, 3, 3, &[200u8; 36]);
-    let third = run_with(&executor, workflow.clone(), opts()).await;
+    let third = run_with(&executor, &env.registry, workflow.clone(), opts()).await;
     assert_eq!(third.outcome.executed, vec!["1", "2", "3"]);
 
     // Changing only the save prefix re-runs only SaveImage.
     let mut renamed = workflow.clone();
     renamed["3"]["inputs"]["filename_prefix"] = json!("d");
-    let fourth = run_with(&executor, renamed, opts()).await;
+    let fourth = run_with(&executor, &env.registry, renamed, opts()).await;
     assert_eq!(fourth.outcome.executed, vec!["3"]);
     assert_eq!(fourth.outcome.cached, vec!["1", "2"]);
 }
@@ -56,11 +56,12 @@ async fn unchanged_rerun_is_served_from_cache_and_writes_nothing() {
 #[tokio::test]
 async fn the_node_id_is_not_part_of_the_key() {
     let env = env().await;
-    let executor = Executor::new(env.runtime.clone(), env.registry.clone(), 64 << 20, 2);
+    let executor = Executor::new(env.runtime.clone(), 64 << 20, 2);
     let out = tempfile::tempdir().unwrap();
     let empty = json!({"class_type": "EmptyImage", "inputs": {"width": 4, "height": 4, "batch_size": 1, "color": 0}});
     let first = run_with(
         &executor,
+        &env.registry,
         json!({"1": empty, "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "a"}}}),
         RunOpts::new(out.path()),
     )
@@ -69,6 +70,7 @@ async fn the_node_id_is_not_part_of_the_key() {
     // The same nodes under other ids are the same computation.
     let second = run_with(
         &executor,
+        &env.registry,
         json!({"70": empty, "80": {"class_type": "SaveImage", "inputs": {"images": ["70", 0], "filename_prefix": "a"}}}),
         RunOpts::new(out.path()),
     )

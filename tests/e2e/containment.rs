@@ -152,6 +152,7 @@ async fn a_planned_node_without_a_provider_fails_the_run() {
     let plan = Plan::new(vec![PlannedNode { id: "1".into(), class_type: "NoSuchClass".into(), inputs: vec![] }], vec!["1".into()]);
     let ctx = kiln::executor::RunContext {
         job_id: "missing".into(),
+        registry: env.registry.clone(),
         prompt: Arc::from("{}"),
         extra_pnginfo: None,
         inputs: Arc::new(NamedInputs::new()),

@@ -321,7 +321,7 @@ async fn gpu_nodes_on_parallel_branches_succeed_every_time() {
         files.push((format!("in{b}.png"), path));
     }
     // No result cache: every run computes every node. Every branch may run at once.
-    let executor = kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, BRANCHES);
+    let executor = kiln::executor::Executor::new(env.runtime.clone(), 0, BRANCHES);
     let workflow = parallel_branches();
     let mut first: Option<Vec<Vec<u8>>> = None;
     let runs = stress_runs();
@@ -332,7 +332,7 @@ async fn gpu_nodes_on_parallel_branches_succeed_every_time() {
         for (name, path) in &files {
             opts.inputs.insert(name.clone(), path.clone());
         }
-        let ran = crate::support::run_with(&executor, workflow.clone(), opts).await;
+        let ran = crate::support::run_with(&executor, &env.registry, workflow.clone(), opts).await;
         match &ran.outcome.status {
             kiln::executor::RunStatus::Succeeded => {}
             other => panic!("run {run} of {runs} failed after {:?}: {other:?}", started.elapsed()),
@@ -369,10 +369,10 @@ async fn a_gpu_result_is_encoded_from_its_read_back() {
         "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
         "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "inv"}}
     });
-    let executor = kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 1);
+    let executor = kiln::executor::Executor::new(env.runtime.clone(), 0, 1);
     let mut opts = crate::support::RunOpts::new(dir.path());
     opts.inputs.insert("in.png".to_string(), input);
-    let ran = crate::support::run_with(&executor, workflow, opts).await;
+    let ran = crate::support::run_with(&executor, &env.registry, workflow, opts).await;
     assert!(matches!(ran.outcome.status, kiln::executor::RunStatus::Succeeded), "{:?}", ran.outcome.status);
     let gpu_nodes: Vec<String> = ran
         .events

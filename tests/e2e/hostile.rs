@@ -309,9 +309,13 @@ pub fn clock_report(report: &str) -> (std::time::Duration, u64, String) {
 /// (kept across runs: a cached output is served only while its file is
 /// there): the outcome, and the report it saved when it ran (not when
 /// served from the cache).
-pub async fn run_clock_probe(executor: &kiln::executor::Executor, out: &std::path::Path) -> (kiln::executor::RunOutcome, Option<String>) {
+pub async fn run_clock_probe(
+    executor: &kiln::executor::Executor,
+    registry: &std::sync::Arc<kiln::plugins::NodeRegistry>,
+    out: &std::path::Path,
+) -> (kiln::executor::RunOutcome, Option<String>) {
     let workflow = json!({"7": {"class_type": "HostileClockProbe", "inputs": {"trigger": 1}}});
-    let ran = crate::support::run_with(executor, workflow, RunOpts::new(out)).await;
+    let ran = crate::support::run_with(executor, registry, workflow, RunOpts::new(out)).await;
     assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
     let report = (!ran.outcome.executed.is_empty()).then(|| {
         let (_, files) = ran.outcome.outputs.iter().find(|(node, _)| node == "7").expect("the probe is an output");
@@ -326,20 +330,20 @@ pub async fn run_clock_probe(executor: &kiln::executor::Executor, out: &std::pat
 #[tokio::test]
 async fn nodes_see_virtual_clocks_and_seeded_randomness() {
     let env = env().await;
-    let fresh = || kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 16 << 20, 2);
+    let fresh = || kiln::executor::Executor::new(env.runtime.clone(), 16 << 20, 2);
     let first = fresh();
     let out = tempfile::tempdir().unwrap();
-    let (ran, report) = run_clock_probe(&first, out.path()).await;
+    let (ran, report) = run_clock_probe(&first, &env.registry, out.path()).await;
     let report = report.expect("the first run executes the probe");
     let (wall, step, _) = clock_report(&report);
     assert_eq!(wall, kiln::plugins::determinism::VIRTUAL_WALL_CLOCK, "{report}");
     assert_eq!(step, kiln::plugins::determinism::MONOTONIC_STEP.as_nanos() as u64, "{report}");
     assert_eq!(ran.executed, ["7"]);
 
-    let (again, _) = run_clock_probe(&first, out.path()).await;
+    let (again, _) = run_clock_probe(&first, &env.registry, out.path()).await;
     assert_eq!(again.cached, ["7"], "a deterministic node's result is reused");
 
-    let (cold, report_cold) = run_clock_probe(&fresh(), out.path()).await;
+    let (cold, report_cold) = run_clock_probe(&fresh(), &env.registry, out.path()).await;
     assert_eq!(cold.executed, ["7"]);
     assert_eq!(report_cold.as_deref(), Some(report.as_str()), "a re-run computes the same bytes");
 

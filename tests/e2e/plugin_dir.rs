@@ -220,11 +220,11 @@ async fn nondeterministic_nodes_see_real_clocks_and_are_never_cached() {
     let registry = Arc::new(NodeRegistry::load_all(&env.runtime, &[plugins.path().to_path_buf()]).await.unwrap());
     let (plugin, _) = registry.get("HostileClockProbe").unwrap();
     assert!(!plugin.is_deterministic("HostileClockProbe") && plugin.is_deterministic("HostilePanic"));
-    let executor = Executor::new(env.runtime.clone(), registry.clone(), 16 << 20, 2);
+    let executor = Executor::new(env.runtime.clone(), 16 << 20, 2);
 
     let out = tempfile::tempdir().unwrap();
-    let (first, report) = run_clock_probe(&executor, out.path()).await;
-    let (second, report_again) = run_clock_probe(&executor, out.path()).await;
+    let (first, report) = run_clock_probe(&executor, &registry, out.path()).await;
+    let (second, report_again) = run_clock_probe(&executor, &registry, out.path()).await;
     assert_eq!((first.executed, second.executed), (vec!["7".to_string()], vec!["7".to_string()]), "never served from the cache");
     let (report, report_again) = (report.unwrap(), report_again.unwrap());
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
@@ -239,7 +239,7 @@ async fn nondeterministic_nodes_see_real_clocks_and_are_never_cached() {
     });
     for _ in 0..2 {
         let out = tempfile::tempdir().unwrap();
-        let ran = run_with(&executor, workflow.clone(), RunOpts::new(out.path())).await;
+        let ran = run_with(&executor, &registry, workflow.clone(), RunOpts::new(out.path())).await;
         assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
         assert!(ran.outcome.cached.is_empty(), "cached: {:?}", ran.outcome.cached);
     }
@@ -339,10 +339,11 @@ async fn network_grants_intersect_manifests_and_routes_need_a_handler() {
 /// Runs EmptyImage → ExamplePosterize(2 levels) → SaveImage on `registry`
 /// and checks the pixels: 0x40 → 0, 0x80 → 255 (0.502 rounds up), 0xc0 → 255.
 async fn posterizes(env: &crate::support::Env, registry: Arc<NodeRegistry>) {
-    let executor = Executor::new(env.runtime.clone(), registry, 16 << 20, 2);
+    let executor = Executor::new(env.runtime.clone(), 16 << 20, 2);
     let out = tempfile::tempdir().unwrap();
     let ran = run_with(
         &executor,
+        &registry,
         json!({
             "1": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 2, "batch_size": 1, "color": 0x4080c0}},
             "2": {"class_type": "ExamplePosterize", "inputs": {"image": ["1", 0], "levels": 2}},

@@ -64,7 +64,7 @@ pub async fn env() -> &'static Env {
         let plugin_dir = tempfile::tempdir().unwrap();
         install_plugin(&plugin_dir.path().join("hostile"), HOSTILE_MANIFEST, HOSTILE_WASM);
         let registry = Arc::new(NodeRegistry::load_all(&runtime, &[plugin_dir.path().to_path_buf()]).await.expect("plugins load"));
-        let executor = Executor::new(runtime.clone(), registry.clone(), 512 << 20, 4);
+        let executor = Executor::new(runtime.clone(), 512 << 20, 4);
         Env { runtime, registry, executor, _plugin_dir: plugin_dir }
     })
     .await
@@ -101,14 +101,15 @@ impl<'a> RunOpts<'a> {
 }
 
 /// Validates (all-or-nothing) and runs `workflow` on `executor`.
-pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: RunOpts<'_>) -> Ran {
+pub async fn run_with(executor: &Executor, registry: &Arc<NodeRegistry>, workflow: serde_json::Value, opts: RunOpts<'_>) -> Ran {
     let parsed = Workflow::from_json(&workflow, &Default::default()).expect("parses");
-    let (plan, issues) = validate(&parsed, executor.registry(), &opts.inputs).expect("validates");
+    let (plan, issues) = validate(&parsed, registry, &opts.inputs).expect("validates");
     assert!(issues.is_empty(), "validation issues: {issues:?}");
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = events.clone();
     let ctx = RunContext {
         job_id: "test".into(),
+        registry: registry.clone(),
         prompt: Arc::from(workflow.to_string()),
         extra_pnginfo: None,
         inputs: Arc::new(opts.inputs),
@@ -127,7 +128,8 @@ pub async fn run_with(executor: &Executor, workflow: serde_json::Value, opts: Ru
 }
 
 pub async fn run_workflow(workflow: serde_json::Value, opts: RunOpts<'_>) -> Ran {
-    run_with(&env().await.executor, workflow, opts).await
+    let env = env().await;
+    run_with(&env.executor, &env.registry, workflow, opts).await
 }
 
 /// Encodes an 8-bit PNG (RGB or RGBA) for tests.

@@ -47,6 +47,9 @@ crate::codes::code_table! {
         MissingAsset => (StatusCode::UNPROCESSABLE_ENTITY, "missing_asset"),
         IdempotencyKeyReuse => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reuse"),
         DeploymentStopped => (StatusCode::UNPROCESSABLE_ENTITY, "deployment_stopped"),
+        /// A plugin the host would not load (compile failure, an import its
+        /// manifest does not declare, a class or route already taken).
+        PluginRefused => (StatusCode::UNPROCESSABLE_ENTITY, "plugin_refused"),
         MetadataInvalid => (StatusCode::UNPROCESSABLE_ENTITY, "metadata_invalid"),
         QueueFull => (StatusCode::TOO_MANY_REQUESTS, "queue_full"),
         DeploymentNotReady => (StatusCode::TOO_MANY_REQUESTS, "deployment_not_ready"),

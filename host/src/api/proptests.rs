@@ -52,7 +52,7 @@ impl App {
         let config = Config { data_dir: data.path().to_path_buf(), max_running_jobs: 1, download_redirect: false, ..test_support::config() };
         let options = ServiceOptions::from_config(&config);
         let registry = test_support::registry().clone();
-        let executor = Arc::new(Executor::new(test_support::runtime().clone(), registry.clone(), 16 << 20, 1));
+        let executor = Arc::new(Executor::new(test_support::runtime().clone(), 16 << 20, 1));
         let service = runtime.block_on(Service::start(options, &config.data_dir, registry, executor)).unwrap();
         let signer = Signer::load_or_create(&config.data_dir).unwrap();
         let state = AppState::new(service, config, signer, "127.0.0.1:8188".parse().unwrap(), None);

@@ -35,11 +35,22 @@ impl AdminClient {
     /// `method` on `path` (below `/admin`) with an optional JSON body; the
     /// response's JSON, or the server's error message.
     pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        self.send(method, path, |request| match body {
+            Some(body) => request.json(&body),
+            None => request,
+        })
+        .await
+    }
+
+    /// `POST` of the multipart `form` to `path` (below `/admin`), given
+    /// `timeout` (a plugin compiles before the answer); as [`AdminClient::call`].
+    pub async fn upload(&self, path: &str, form: reqwest::multipart::Form, timeout: std::time::Duration) -> anyhow::Result<Value> {
+        self.send(reqwest::Method::POST, path, |request| request.multipart(form).timeout(timeout)).await
+    }
+
+    async fn send(&self, method: reqwest::Method, path: &str, body: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder) -> anyhow::Result<Value> {
         let url = format!("{}/admin{path}", self.base);
-        let mut request = self.http.request(method, &url).bearer_auth(&self.token);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
+        let request = body(self.http.request(method, &url).bearer_auth(&self.token));
         let response = request.send().await.with_context(|| format!("cannot reach {url}"))?;
         let status = response.status();
         let text = response.text().await.unwrap_or_default();

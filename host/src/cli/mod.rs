@@ -6,6 +6,7 @@ mod db;
 mod deployments;
 mod front_end;
 mod plugin;
+mod plugins;
 mod run;
 mod serve;
 
@@ -48,6 +49,8 @@ pub enum Command {
     Db(db::DbArgs),
     /// Write, build and check node plugins: `kiln plugin new | build | check`.
     Plugin(plugin::PluginArgs),
+    /// Install, list and remove plugins of a running server (admin API).
+    Plugins(plugins::PluginsArgs),
     /// Compile one component (kiln runs itself so to compile plugins under
     /// limits; see `plugins::compile`).
     #[command(name = "compile-component", hide = true)]
@@ -115,6 +118,7 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
         Command::Deployments(args) => deployments::run(&config, args).await,
         Command::Db(args) => db::run(&config, args).await,
         Command::Plugin(args) => plugin::run(&config, args).await,
+        Command::Plugins(args) => plugins::run(&config, args).await,
         Command::CompileComponent(args) => Ok(i32::from(compile_component(&args))),
         // (Handled by `main` before any set-up; here for completeness.)
         Command::ProbeGpu => {

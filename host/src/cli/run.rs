@@ -89,7 +89,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
         return Ok(EXIT_INVALID);
     }
 
-    let executor = Executor::new(runtime, registry, config.result_cache_mb << 20, config.max_concurrency as usize);
+    let executor = Executor::new(runtime, config.result_cache_mb << 20, config.max_concurrency as usize);
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     tokio::spawn(async move {
@@ -116,6 +116,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     };
     let ctx = RunContext {
         job_id: uuid::Uuid::new_v4().to_string(),
+        registry,
         prompt: Arc::from(json.to_string()),
         extra_pnginfo: None,
         inputs: Arc::new(inputs),

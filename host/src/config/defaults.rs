@@ -48,6 +48,7 @@ impl Default for Config {
             job_retention_s: 86_400,
             sweep_interval_s: 60,
             max_upload_mb: 100,
+            max_plugin_mb: 64,
             max_event_streams: 10_000,
             max_event_streams_per_account: None,
             download_redirect: false,

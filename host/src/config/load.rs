@@ -75,6 +75,7 @@ const ENV_FIELDS: &[&str] = &[
     "job_retention_s",
     "sweep_interval_s",
     "max_upload_mb",
+    "max_plugin_mb",
     "max_event_streams",
     "max_event_streams_per_account",
     "download_redirect",

@@ -192,6 +192,9 @@ pub struct Config {
     pub sweep_interval_s: u64,
     /// Largest asset upload. Default 100 MiB.
     pub max_upload_mb: u64,
+    /// Largest plugin an operator installs through the admin API (its
+    /// manifest and component). Default 64 MiB.
+    pub max_plugin_mb: u64,
     /// Event streams open at once on the whole server: SSE streams of
     /// `/api/v2` and WebSocket connections of the compatibility API;
     /// beyond it 429 `too_many_streams`. Default 10000.

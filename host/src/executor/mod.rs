@@ -32,6 +32,10 @@ use crate::workflow::{Plan, PlannedInput};
 /// Everything one run needs besides the plan.
 pub struct RunContext {
     pub job_id: String,
+    /// The node classes the plan was made against: the run looks every
+    /// class up here, so a plugin installed, upgraded or removed while it
+    /// runs changes nothing for it.
+    pub registry: Arc<NodeRegistry>,
     /// The workflow's JSON text, for the `prompt` hidden input (the run
     /// holds the text, not a parsed tree).
     pub prompt: Arc<str>,
@@ -86,10 +90,11 @@ pub struct RunOutcome {
     pub log_truncated: bool,
 }
 
-/// Runs plans against a registry of plugins, sharing one result cache.
+/// Runs plans (each against the registry in its [`RunContext`]), sharing
+/// one result cache: keys hold the component hash, so versions of a plugin
+/// never share results.
 pub struct Executor {
     runtime: Arc<PluginRuntime>,
-    registry: Arc<NodeRegistry>,
     cache: ResultCache,
     concurrency: usize,
 }
@@ -97,19 +102,14 @@ pub struct Executor {
 impl Executor {
     /// An executor with a result cache of `cache_bytes` running up to
     /// `concurrency` nodes at once.
-    pub fn new(runtime: Arc<PluginRuntime>, registry: Arc<NodeRegistry>, cache_bytes: u64, concurrency: usize) -> Executor {
-        Executor { runtime, registry, cache: ResultCache::new(cache_bytes), concurrency: concurrency.max(1) }
+    pub fn new(runtime: Arc<PluginRuntime>, cache_bytes: u64, concurrency: usize) -> Executor {
+        Executor { runtime, cache: ResultCache::new(cache_bytes), concurrency: concurrency.max(1) }
     }
 
     /// The plugin runtime it runs nodes on (plugin routes are served
     /// through it too).
     pub fn runtime(&self) -> &Arc<PluginRuntime> {
         &self.runtime
-    }
-
-    /// The node registry.
-    pub fn registry(&self) -> &Arc<NodeRegistry> {
-        &self.registry
     }
 
     /// Node calls of one job that may run at once.
@@ -132,10 +132,11 @@ impl Executor {
     /// plugin reads secrets is keyed by them too (see `JobSecrets::cache_salt`),
     /// every node by the run's cache scope when it has one;
     /// a nondeterministic one by a fresh random value (see `plugins::determinism`).
-    fn cache_keys(&self, plan: &Plan, files: &dyn InputFiles, secrets: &crate::plugins::JobSecrets, scope: &str) -> HashMap<String, CacheKey> {
+    fn cache_keys(&self, plan: &Plan, ctx: &RunContext) -> HashMap<String, CacheKey> {
+        let (files, secrets, scope) = (ctx.inputs.as_ref(), &ctx.secrets, ctx.cache_scope.as_str());
         let mut keys: HashMap<String, CacheKey> = HashMap::new();
         for node in &plan.nodes {
-            let Some((plugin, def)) = self.registry.get(&node.class_type) else { continue };
+            let Some((plugin, def)) = ctx.registry.get(&node.class_type) else { continue };
             let mut key = cache::KeyBuilder::new(&node.class_type, &plugin.component_hash);
             if !scope.is_empty() {
                 key.salt("cache_scope", scope);

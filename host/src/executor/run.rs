@@ -64,7 +64,7 @@ pub(super) struct Run<'a> {
 
 impl<'a> Run<'a> {
     pub(super) fn new(executor: &'a Executor, plan: &'a Plan, ctx: &'a RunContext) -> Run<'a> {
-        let keys = executor.cache_keys(plan, ctx.inputs.as_ref(), &ctx.secrets, &ctx.cache_scope);
+        let keys = executor.cache_keys(plan, ctx);
         let progress = Progress { total: plan.nodes.len(), done: 0, running: HashMap::new(), shown: 0.0 };
         Run {
             executor,
@@ -229,12 +229,12 @@ impl<'a> Run<'a> {
         let failed = |message: String| NodeFailure { kind: FailureKind::Failed, message, log: Default::default() };
         // Validated against the same registry, so only a host bug gets here;
         // never skip a planned node and call the run a success.
-        let Some((plugin, _)) = self.executor.registry.get(&node.class_type) else {
+        let Some((plugin, _)) = self.ctx.registry.get(&node.class_type) else {
             return Err(failed(format!("node class `{}` is not provided by any loaded plugin", node.class_type)));
         };
         // An API node spends money at a partner: not for an account
         // without funds (InsufficientFundsError on the compatibility API).
-        let paid = self.executor.registry.meta(&node.class_type).is_some_and(|m| m.api_node);
+        let paid = self.ctx.registry.meta(&node.class_type).is_some_and(|m| m.api_node);
         if paid && self.ctx.funds.as_ref().is_some_and(|has_funds| !has_funds()) {
             let message = format!("`{}` is an API node and the account has no credits left", node.class_type);
             return Err(NodeFailure { kind: FailureKind::InsufficientFunds, message, log: Default::default() });

@@ -31,6 +31,7 @@ mod gpu_calls;
 pub mod identity;
 mod imports;
 mod kernels;
+pub mod live;
 mod log_pipe;
 pub mod manifest;
 pub mod meta;
@@ -45,6 +46,7 @@ pub mod state;
 
 pub use bindings::node;
 pub use identity::{PluginGrant, PluginId};
+pub use live::{InstallError, LivePlugins, PluginInfo};
 pub use manifest::{Manifest, OperatorLimits};
 pub use outcome::{FailureKind, LoadError, NodeFailure, NodeOutput};
 pub use registry::{NodeRegistry, RegistryError};

@@ -1,7 +1,8 @@
 //! The node registry: which plugin provides each node class.
 //!
-//! Built once at start-up from the bundled plugins and the plugin
-//! directories; `object_info` and validation read node definitions from here.
+//! Built at start-up from the bundled plugins and the plugin directories,
+//! and built anew when a plugin is installed or removed in a running host
+//! (see `live`); `object_info` and validation read node definitions from here.
 //! Plugin names and class names are unique: a plugin claiming a name or a
 //! class already taken (a bundled one's included) is refused, so no plugin
 //! can pass for another in logs, errors or `object_info`.
@@ -51,6 +52,21 @@ impl NodeRegistry {
     /// Adds a loaded plugin; refuses it whole if its name or any class
     /// name is taken.
     pub fn add(&mut self, plugin: Plugin) -> Result<(), RegistryError> {
+        tracing::info!(plugin = %plugin.manifest.name, id = %plugin.id, version = %plugin.manifest.version, nodes = plugin.definitions.len(), cached = plugin.from_cache, "plugin loaded");
+        self.add_shared(Arc::new(plugin))
+    }
+
+    /// A registry of `plugins` (already loaded, perhaps serving in another
+    /// registry), under the same rules as [`NodeRegistry::add`].
+    pub fn of(plugins: impl IntoIterator<Item = Arc<Plugin>>) -> Result<NodeRegistry, RegistryError> {
+        let mut registry = NodeRegistry::new();
+        for plugin in plugins {
+            registry.add_shared(plugin)?;
+        }
+        Ok(registry)
+    }
+
+    fn add_shared(&mut self, plugin: Arc<Plugin>) -> Result<(), RegistryError> {
         if let Some(existing) = self.plugins.iter().find(|p| p.manifest.name == plugin.manifest.name) {
             return Err(RegistryError::DuplicateName { name: plugin.manifest.name.clone(), plugin: plugin.id.clone(), existing: existing.id.clone() });
         }
@@ -73,8 +89,7 @@ impl NodeRegistry {
             self.classes.insert(def.class_type.clone(), (index, d));
             self.order.push(def.class_type.clone());
         }
-        tracing::info!(plugin = %plugin.manifest.name, id = %plugin.id, version = %plugin.manifest.version, nodes = plugin.definitions.len(), cached = plugin.from_cache, "plugin loaded");
-        self.plugins.push(Arc::new(plugin));
+        self.plugins.push(plugin);
         Ok(())
     }
 
@@ -100,6 +115,12 @@ impl NodeRegistry {
     /// (prefixes never overlap, see `add`).
     pub fn route(&self, path: &str) -> Option<&Arc<Plugin>> {
         self.plugins.iter().find(|p| p.net.routes.iter().any(|r| path.starts_with(r.as_str())))
+    }
+
+    /// Plugin name → `blake3:<hex>` of the component of each plugin
+    /// providing one of `classes`.
+    pub fn components_of<'a>(&self, classes: impl Iterator<Item = &'a str>) -> std::collections::BTreeMap<String, String> {
+        classes.filter_map(|c| self.get(c)).map(|(plugin, _)| (plugin.manifest.name.clone(), format!("blake3:{}", plugin.component_hash.to_hex()))).collect()
     }
 
     /// The loaded plugins.

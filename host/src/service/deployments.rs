@@ -299,7 +299,7 @@ fn check_spec(spec: &DeploymentSpec) -> Result<(), DeploymentError> {
 /// Loads a deployment's plugins: the bundled ones and its directories.
 pub async fn load(runtime: Arc<PluginRuntime>, plugin_dirs: Vec<PathBuf>, concurrency: usize) -> Result<Loaded, String> {
     let registry = Arc::new(NodeRegistry::load_all(&runtime, &plugin_dirs).await.map_err(|e| e.to_string())?);
-    let executor = Arc::new(Executor::new(runtime, registry.clone(), DEPLOYMENT_CACHE_BYTES, concurrency));
+    let executor = Arc::new(Executor::new(runtime, DEPLOYMENT_CACHE_BYTES, concurrency));
     Ok(Loaded { registry, executor })
 }
 

@@ -77,6 +77,8 @@ pub struct Prepared {
     /// The workflow's JSON text (the `prompt` nodes may read).
     pub text: std::sync::Arc<str>,
     pub plan: crate::workflow::Plan,
+    /// The node classes the plan was made against.
+    pub registry: std::sync::Arc<crate::plugins::NodeRegistry>,
     /// Their estimated size, taken from the queued jobs' share.
     pub _held: super::memory_gate::GatePermit,
 }

@@ -62,7 +62,9 @@ pub struct Service {
     meta: Arc<dyn MetaStore>,
     blobs: Arc<dyn BlobStore>,
     executor: Arc<Executor>,
-    registry: Arc<NodeRegistry>,
+    /// The node classes new work uses (installs swap them, see
+    /// `plugins::live`).
+    plugins: crate::plugins::LivePlugins,
     /// Jobs not yet finished, and those waiting (see `queue`).
     queue: queue::JobQueue,
     /// The limits of each scheduling key (tiers; see [`Service::set_tenant_limits`]).
@@ -103,8 +105,13 @@ pub struct Service {
 impl Service {
     /// Opens the embedded backends under `data_dir` and starts on them
     /// (see [`Service::start_on`]).
-    pub async fn start(opts: ServiceOptions, data_dir: &Path, registry: Arc<NodeRegistry>, executor: Arc<Executor>) -> Result<Arc<Service>, ServiceError> {
-        Service::start_on(opts, Backends::embedded(data_dir)?, registry, executor).await
+    pub async fn start(
+        opts: ServiceOptions,
+        data_dir: &Path,
+        plugins: impl Into<crate::plugins::LivePlugins>,
+        executor: Arc<Executor>,
+    ) -> Result<Arc<Service>, ServiceError> {
+        Service::start_on(opts, Backends::embedded(data_dir)?, plugins, executor).await
     }
 
     /// Recovers the jobs a crash or restart interrupted, loads the
@@ -112,7 +119,7 @@ impl Service {
     pub async fn start_on(
         opts: ServiceOptions,
         backends: Backends,
-        registry: Arc<NodeRegistry>,
+        plugins: impl Into<crate::plugins::LivePlugins>,
         executor: Arc<Executor>,
     ) -> Result<Arc<Service>, ServiceError> {
         let Backends { meta, blobs, accounts, key_hasher, sessions, deployments, user_files, waiting, bus } = backends;
@@ -133,7 +140,7 @@ impl Service {
             meta,
             blobs,
             executor,
-            registry,
+            plugins: plugins.into(),
             queue: queue::JobQueue::new(waiting),
             limits: RwLock::new(limits),
             streams,
@@ -250,13 +257,19 @@ impl Service {
     /// when that deployment no longer serves), else the server's.
     pub(crate) fn engine(&self, deployment: Option<&str>) -> Option<(Arc<NodeRegistry>, Arc<Executor>)> {
         match deployment {
-            None => Some((self.registry.clone(), self.executor.clone())),
+            None => Some((self.plugins.current(), self.executor.clone())),
             Some(id) => self.deployments.loaded(id).map(|l| (l.registry.clone(), l.executor.clone())),
         }
     }
 
-    pub fn registry(&self) -> &Arc<NodeRegistry> {
-        &self.registry
+    /// The node classes new work uses now.
+    pub fn registry(&self) -> Arc<NodeRegistry> {
+        self.plugins.current()
+    }
+
+    /// The plugins served, and installs (admin API).
+    pub fn plugins(&self) -> &crate::plugins::LivePlugins {
+        &self.plugins
     }
 
     /// The plugin runtime (plugin routes, see `api::proxy`).

@@ -119,6 +119,10 @@ pub struct JobRecord {
     /// Ran on a public demo deployment: its log is stored, never shown.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logs_withheld: bool,
+    /// The components its run used: plugin name → `blake3:<hex>` of the
+    /// component (set when it starts running; what reproduces it).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub components: std::collections::BTreeMap<String, String>,
 }
 
 /// The store key of a job whose client-chosen id `id` another owner's job
@@ -215,6 +219,7 @@ impl JobRecord {
             compat: None,
             deployment: None,
             logs_withheld: false,
+            components: Default::default(),
         }
     }
 }

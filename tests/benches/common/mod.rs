@@ -12,15 +12,22 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 /// Runs once; returns the wall time and each node's own time.
-pub async fn run_timed(executor: &Executor, workflow: &Value, inputs: &Arc<NamedInputs>, out: &Path) -> (Duration, Vec<(String, f64)>) {
+pub async fn run_timed(
+    executor: &Executor,
+    registry: &Arc<kiln::plugins::NodeRegistry>,
+    workflow: &Value,
+    inputs: &Arc<NamedInputs>,
+    out: &Path,
+) -> (Duration, Vec<(String, f64)>) {
     let nodes = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = nodes.clone();
     let parsed = Workflow::from_json(workflow, &Default::default()).expect("workflow parses");
     let start = Instant::now();
-    let (plan, issues) = validate(&parsed, executor.registry(), inputs.as_ref()).expect("workflow validates");
+    let (plan, issues) = validate(&parsed, registry, inputs.as_ref()).expect("workflow validates");
     assert!(issues.is_empty(), "{issues:?}");
     let ctx = RunContext {
         job_id: "bench".into(),
+        registry: registry.clone(),
         prompt: Arc::from(workflow.to_string()),
         extra_pnginfo: None,
         inputs: inputs.clone(),

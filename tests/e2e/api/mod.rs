@@ -14,6 +14,7 @@ mod fair;
 mod idempotency;
 mod intake;
 mod jobs;
+mod plugins;
 mod postgres;
 mod s3;
 mod sessions;
@@ -114,7 +115,7 @@ pub async fn start_on_backends(make: impl FnOnce(&std::path::Path) -> kiln::serv
     let config = config(data.path());
     let options = ServiceOptions::from_config(&config);
     let backends = make(data.path());
-    let executor = std::sync::Arc::new(kiln::executor::Executor::new(env.runtime.clone(), env.registry.clone(), 0, 2));
+    let executor = std::sync::Arc::new(kiln::executor::Executor::new(env.runtime.clone(), 0, 2));
     let service = kiln::service::Service::start_on(options, backends, env.registry.clone(), executor).await.expect("service starts");
     let server = Server::start_on(config, service).await.expect("server starts");
     TestServer { base: format!("{}/api/v2", server.url()), server, http: reqwest::Client::new(), data }

@@ -466,7 +466,7 @@ async fn an_unreachable_provider_is_502_without_internal_detail() {
 #[tokio::test]
 async fn an_api_node_of_an_account_without_funds_is_insufficient_funds() {
     let p = partner().await;
-    let executor = kiln::executor::Executor::new(p.runtime.clone(), p.registry.clone(), 16 << 20, 2);
+    let executor = kiln::executor::Executor::new(p.runtime.clone(), 16 << 20, 2);
     let out = tempfile::tempdir().unwrap();
     let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = asked.clone();
@@ -475,7 +475,7 @@ async fn an_api_node_of_an_account_without_funds_is_insufficient_funds() {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         false
     }));
-    let ran = crate::support::run_with(&executor, node_workflow(41), opts).await;
+    let ran = crate::support::run_with(&executor, &p.registry, node_workflow(41), opts).await;
     match &ran.outcome.status {
         kiln::executor::RunStatus::Failed { node, class_type, failure } => {
             assert_eq!((node.as_str(), class_type.as_str()), ("2", "MagnificImageSkinEnhancerNode"));

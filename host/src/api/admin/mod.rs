@@ -1,5 +1,5 @@
 //! The admin API under `/admin/`: the operator's routes (accounts; the
-//! deployments of serverless hosting). It exists only when an operator
+//! deployments of serverless hosting; plugins installed into the running host). It exists only when an operator
 //! token (`admin_token`) is configured — otherwise every `/admin/` path
 //! answers 404 like any unknown path — and every route passes [`authorize`],
 //! the one gate: the operator token as `Authorization: Bearer` opens it, no
@@ -9,6 +9,7 @@
 
 mod accounts;
 mod deployments;
+mod plugins;
 
 use std::sync::Arc;
 
@@ -31,9 +32,12 @@ pub fn routes(state: Arc<AppState>) -> Router {
     if state.admin_token_hash.is_none() {
         return Router::new();
     }
-    // Operator input: small objects with known fields.
+    // Operator input: small objects with known fields; plugins (a
+    // component) have their own bound.
+    let plugin_bytes = usize::try_from(state.config.max_plugin_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     BodyLimit::new(MAX_BODY)
         .on(Router::new().merge(accounts::routes()).merge(deployments::routes()))
+        .merge(plugins::routes(plugin_bytes))
         // Every admin area's routes join here, behind the one gate.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), gate))
         .with_state(state)

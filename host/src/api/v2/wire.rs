@@ -93,6 +93,9 @@ pub struct JobView<'a> {
     metadata: Option<&'a Map<String, Json>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     logs: Option<LogsView<'a>>,
+    /// Plugin name → component hash of what its run used.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    components: &'a std::collections::BTreeMap<String, String>,
 }
 
 /// A Job; `logs` only when asked (GET of one job).
@@ -116,6 +119,7 @@ pub fn job<'a>(rec: &'a JobRecord, queue_position: Option<usize>, links: &Links,
         update_time: timestamp(rec.updated_at),
         metadata: rec.metadata.as_ref(),
         logs: rec.logs.as_ref().filter(|_| with_logs).map(|l| LogsView { text: &l.text, truncated: l.truncated, captured_at: timestamp(l.captured_at) }),
+        components: &rec.components,
     }
 }
 

@@ -123,10 +123,11 @@ impl Service {
     /// and class names only: every other value is skipped unparsed).
     fn output_nodes(&self, workflow: &[u8]) -> Vec<String> {
         let Ok(nodes) = serde_json::from_slice::<NodeClasses>(workflow) else { return Vec::new() };
+        let registry = self.registry();
         nodes
             .0
             .into_iter()
-            .filter(|(_, class)| class.as_deref().and_then(|c| self.registry.get(c)).is_some_and(|(_, def)| def.output_node))
+            .filter(|(_, class)| class.as_deref().and_then(|c| registry.get(c)).is_some_and(|(_, def)| def.output_node))
             .map(|(id, _)| id)
             .collect()
     }

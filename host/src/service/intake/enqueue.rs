@@ -14,6 +14,9 @@ use crate::service::{Service, ServiceError, fair};
 use crate::store::{IdempotencyClaim, JobInput, JobRecord, JobStatus, Micros, StoreError, now_micros};
 use crate::workflow::Plan;
 
+/// A plan and the node classes it was made against.
+type PlannedOn = (Plan, std::sync::Arc<crate::plugins::NodeRegistry>);
+
 /// 429 `queue_full` for a key (or the server) with these limits: retry
 /// after about the time a queue this deep takes to drain, 1 to 60 s.
 fn queue_full(limits: fair::OwnerLimits) -> ServiceError {
@@ -41,7 +44,7 @@ impl Drop for Slot<'_> {
 impl Service {
     /// Records a validated job (`workflow` resolved, `plan` its plan); it
     /// is durable and queued when this returns, at the position returned.
-    pub(super) async fn enqueue(&self, sub: Submission, workflow: Json, inputs: Vec<JobInput>, plan: Plan) -> Result<(JobRecord, usize), ServiceError> {
+    pub(super) async fn enqueue(&self, sub: Submission, workflow: Json, inputs: Vec<JobInput>, plan: PlannedOn) -> Result<(JobRecord, usize), ServiceError> {
         let now = now_micros();
         self.activity.fetch_add(1, Ordering::Relaxed);
         // An account without credits submits nothing (no claim is made, so
@@ -120,6 +123,7 @@ impl Service {
             metadata: sub.metadata.clone(),
             surface: sub.surface.as_str().to_string(),
             logs_withheld: sub.deployment.as_deref().and_then(|d| self.deployments.get(d)).is_some_and(|d| d.spec.public_demo),
+            components: Default::default(),
             deployment: sub.deployment.clone(),
             had_extra_data: !sub.extra.secrets.is_empty(),
             compat: sub.compat.clone(),
@@ -147,7 +151,7 @@ impl Service {
         (owner, deployment, front): (&str, Option<&str>, bool),
         workflow: &Json,
         claim: Option<&IdempotencyClaim>,
-        plan: Plan,
+        (plan, registry): PlannedOn,
     ) -> Result<(Result<(), StoreError>, usize), ServiceError> {
         // Uncontended (the job is new); a worker that takes the job waits for it.
         let _turn = live.writes.lock().await;
@@ -184,7 +188,7 @@ impl Service {
                 let held = crate::workflow::cost::of_value(workflow).tree_bytes();
                 if let Some(permit) = self.queued_parsed.try_enter(held) {
                     let text = Arc::from(workflow.to_string());
-                    *live.prepared.lock() = Some(live::Prepared { text, plan, _held: permit });
+                    *live.prepared.lock() = Some(live::Prepared { text, plan, registry, _held: permit });
                 }
             }
             // Not written: a worker that took it meanwhile finds it no

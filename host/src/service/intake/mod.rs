@@ -206,7 +206,7 @@ impl Service {
             return Err(ServiceError::WorkflowFormatUi.into());
         }
         let registry = match &sub.deployment {
-            None => self.registry.clone(),
+            None => self.registry(),
             Some(id) => self.deployment_serving(id)?.registry.clone(),
         };
         let (workflow, inputs) = self.resolve_inputs(&mut sub).await?;
@@ -221,7 +221,7 @@ impl Service {
                 nodes.shift_remove(output);
             }
         }
-        let (record, position) = self.enqueue(sub, workflow, inputs, plan).await?;
+        let (record, position) = self.enqueue(sub, workflow, inputs, (plan, registry)).await?;
         Ok(Admitted { record, position: Some(position), dropped })
     }
 

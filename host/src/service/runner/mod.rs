@@ -54,14 +54,16 @@ impl Service {
     /// Runs one job taken from the queue, from its start to its durable end.
     async fn run_job(&self, live: Arc<LiveJob>) {
         let Some(snapshot) = self.begin(&live).await else { return };
-        let kept = live.prepared.lock().take().map(|p| (p.text, p.plan));
+        let kept = live.prepared.lock().take();
         let prepared = match (self.engine_for(&snapshot), kept) {
             (Err(e), _) => Err(e),
-            (Ok((_, executor)), Some(kept)) => Ok((kept, executor)),
-            (Ok((registry, executor)), None) => self.prepare(&snapshot, &registry).await.map(|p| (p, executor)),
+            // Planned against the classes that serve now (no plugin was
+            // installed or removed since): the plan holds.
+            (Ok((registry, executor)), Some(kept)) if Arc::ptr_eq(&registry, &kept.registry) => Ok(((kept.text, kept.plan), registry, executor)),
+            (Ok((registry, executor)), _) => self.prepare(&snapshot, &registry).await.map(|p| (p, registry, executor)),
         };
         let outcome = match prepared {
-            Ok(((prompt, plan), executor)) => self.execute(&live, &snapshot, prompt, plan, &executor).await,
+            Ok(((prompt, plan), registry, executor)) => self.execute(&live, &snapshot, (prompt, plan, registry), &executor).await,
             Err(error) => {
                 // It never started: the bus still shows it start and fail.
                 self.bus.job(&Arc::from(snapshot.id.as_str()), &Arc::from(snapshot.owner.as_str()), ExecBody::Started { at_ms: bus::now_ms() });
@@ -134,24 +136,29 @@ impl Service {
         &self,
         live: &Arc<LiveJob>,
         job: &JobRecord,
-        prompt: Arc<str>,
-        plan: crate::workflow::Plan,
+        (prompt, plan, registry): (Arc<str>, crate::workflow::Plan, Arc<crate::plugins::NodeRegistry>),
         executor: &crate::executor::Executor,
     ) -> Result<RunOutcome, NotRun> {
         let total = plan.nodes.len() as u64;
-        live.record.lock().progress = Some(ProgressSnapshot {
-            value: 0.0,
-            nodes_done: 0,
-            nodes_total: total,
-            current_node: None,
-            current_node_class: None,
-            step: None,
-            steps: None,
-            message: None,
-        });
+        let components = registry.components_of(plan.nodes.iter().map(|n| n.class_type.as_str()));
+        {
+            let mut rec = live.record.lock();
+            rec.components = components;
+            rec.progress = Some(ProgressSnapshot {
+                value: 0.0,
+                nodes_done: 0,
+                nodes_total: total,
+                current_node: None,
+                current_node_class: None,
+                step: None,
+                steps: None,
+                message: None,
+            });
+        }
         let accounts = self.opts.mode.has_accounts();
         let ctx = RunContext {
             job_id: job.id.clone(),
+            registry,
             prompt,
             extra_pnginfo: live.extra.extra_pnginfo.as_deref().cloned(),
             inputs: Arc::new(JobInputs::new(&job.inputs, self.blobs.clone())),

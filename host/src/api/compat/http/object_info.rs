@@ -2,8 +2,8 @@
 //! definitions of the loaded plugins in ComfyUI's shape
 //! (`crate::object_info`), LoadImage's `image` combo listing the uploaded
 //! input images at request time. The whole listing is rendered once per
-//! change of the uploads and kept with its gzip form and an `ETag` (the
-//! body's hash, so it changes with the plugins and the uploads too): a
+//! change of the uploads or the plugins (an install) and kept with its gzip
+//! form and an `ETag` (the body's hash): a
 //! matching `If-None-Match` gets 304, `Accept-Encoding: gzip` the
 //! compressed bytes.
 
@@ -22,9 +22,10 @@ use crate::api::error::ApiError;
 use crate::api::v2::Segment;
 use crate::service::job_files::JobInputs;
 
-/// The rendered listing and the uploads generation it was rendered at.
+/// The rendered listing and the generations (uploads, plugins) it was
+/// rendered at.
 pub struct Rendered {
-    generation: u64,
+    generation: (u64, u64),
     etag: HeaderValue,
     json: Bytes,
     gzip: Bytes,
@@ -62,11 +63,12 @@ pub async fn files(State(state): State<Arc<AppState>>, caller: Caller, Path(kind
     }
 }
 
-fn render(state: &AppState, owner: &str, generation: u64) -> Result<Rendered, ApiError> {
+fn render(state: &AppState, owner: &str, generation: (u64, u64)) -> Result<Rendered, ApiError> {
     let files = uploads(state, owner)?;
+    let registry = state.service.registry();
     let mut all = Map::new();
-    for def in state.service.registry().definitions() {
-        all.insert(def.class_type.clone(), crate::object_info::node_info(def, state.service.registry().meta(&def.class_type), &files));
+    for def in registry.definitions() {
+        all.insert(def.class_type.clone(), crate::object_info::node_info(def, registry.meta(&def.class_type), &files));
     }
     let json = serde_json::to_vec(&Json::Object(all)).map_err(|e| ApiError::internal(&e))?;
     let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(json.len() / 4), flate2::Compression::default());
@@ -78,7 +80,10 @@ fn render(state: &AppState, owner: &str, generation: u64) -> Result<Rendered, Ap
 
 /// `owner`'s current listing (rendered again when an upload happened since).
 fn current(state: &AppState, owner: &str) -> Result<Arc<Rendered>, ApiError> {
-    let generation = state.service.uploads_generation();
+    // The plugins' generation first: a listing rendered after an install
+    // never carries the generation from before it.
+    let plugins = state.service.plugins().generation();
+    let generation = (state.service.uploads_generation(), plugins);
     if let Some(r) = state.object_info.0.lock().get(owner).filter(|r| r.generation == generation) {
         return Ok(r.clone());
     }
@@ -123,9 +128,10 @@ pub async fn all(State(state): State<Arc<AppState>>, caller: Caller, headers: He
 /// One class, or `{}` (200) for a class that does not exist, as ComfyUI answers.
 pub async fn one(State(state): State<Arc<AppState>>, caller: Caller, Segment(class): Segment) -> Result<Response, ApiError> {
     let mut out = Map::new();
-    if let Some((_, def)) = state.service.registry().get(&class) {
+    let registry = state.service.registry();
+    if let Some((_, def)) = registry.get(&class) {
         let files = uploads(&state, caller.owner())?;
-        out.insert(def.class_type.clone(), crate::object_info::node_info(def, state.service.registry().meta(&class), &files));
+        out.insert(def.class_type.clone(), crate::object_info::node_info(def, registry.meta(&class), &files));
     }
     Ok(axum::Json(Json::Object(out)).into_response())
 }

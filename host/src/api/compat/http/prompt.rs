@@ -134,10 +134,10 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     let registry = state.service.registry();
     match outcome {
         Ok(accepted) => {
-            Ok(Json(json!({ "prompt_id": accepted.record.public_id(), "number": number, "node_errors": node_errors(&accepted.dropped, registry) }))
+            Ok(Json(json!({ "prompt_id": accepted.record.public_id(), "number": number, "node_errors": node_errors(&accepted.dropped, &registry) }))
                 .into_response())
         }
-        Err(e) => refused(e, &titles, registry),
+        Err(e) => refused(e, &titles, &registry),
     }
 }
 

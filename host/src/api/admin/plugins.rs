@@ -1,0 +1,77 @@
+//! Admin routes of the plugins a running host serves: `POST /admin/plugins`
+//! installs or upgrades one (multipart: `manifest`, the manifest's TOML
+//! text; `component`, the `.wasm`) and answers 201 `{name, version, hash,
+//! classes}`; `GET /admin/plugins` lists them; `DELETE
+//! /admin/plugins/{name}` removes an installed one (204). The rules live in
+//! `plugins::live`; the body is bounded by `max_plugin_mb`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::multipart::MultipartRejection;
+use axum::extract::{Multipart, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, post};
+
+use crate::api::AppState;
+use crate::api::body::{self, multipart_error};
+use crate::api::body_limit::BodyLimit;
+use crate::api::error::{ApiCode, ApiError};
+use crate::api::v2::Segment;
+use crate::plugins::InstallError;
+
+/// Largest manifest text.
+const MAX_MANIFEST: usize = 64 << 10;
+
+/// The routes, with a body limit of `max_bytes` (a component and its manifest).
+pub fn routes(max_bytes: usize) -> Router<Arc<AppState>> {
+    BodyLimit::new(max_bytes).on(Router::new().route("/admin/plugins", post(install).get(list)).route("/admin/plugins/{name}", delete(remove)))
+}
+
+fn error(e: InstallError) -> ApiError {
+    match e {
+        InstallError::Disabled | InstallError::NotFound(_) => ApiError::new(ApiCode::NotFound, e.to_string()),
+        InstallError::Manifest(_) => ApiError::invalid_request(e.to_string()),
+        InstallError::Fixed(_) => ApiError::new(ApiCode::Conflict, e.to_string()),
+        InstallError::Refused(_) => ApiError::new(ApiCode::PluginRefused, e.to_string()),
+        InstallError::Io(e) => ApiError::internal(&e),
+    }
+}
+
+async fn install(State(state): State<Arc<AppState>>, multipart: Result<Multipart, MultipartRejection>) -> Result<Response, ApiError> {
+    let limit = state.config.max_plugin_mb.saturating_mul(1 << 20);
+    let mut multipart = body::multipart(multipart)?;
+    let (mut manifest, mut component) = (None, None);
+    while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, limit))? {
+        match field.name().unwrap_or("") {
+            "manifest" if manifest.is_none() => {
+                let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
+                if bytes.len() > MAX_MANIFEST {
+                    return Err(ApiError::invalid_request(format!("The manifest is over {} KiB.", MAX_MANIFEST >> 10)));
+                }
+                manifest = Some(String::from_utf8(bytes.to_vec()).map_err(|_| ApiError::invalid_request("The manifest is not UTF-8 text."))?);
+            }
+            "component" if component.is_none() => component = Some(field.bytes().await.map_err(|e| multipart_error(e, limit))?.to_vec()),
+            "manifest" | "component" => return Err(ApiError::invalid_request("Each of `manifest` and `component` is sent once.")),
+            other => return Err(ApiError::invalid_request(format!("Unknown part `{other}`: send `manifest` and `component`."))),
+        }
+    }
+    let (Some(manifest), Some(component)) = (manifest, component) else {
+        return Err(ApiError::invalid_request("A plugin is two parts: `manifest` (its kiln-plugin.toml) and `component` (its .wasm)."));
+    };
+    let service = state.service.clone();
+    let info = crate::api::pool::on_pool(move || async move { service.plugins().install(&manifest, component).await }).await?.map_err(error)?;
+    Ok((StatusCode::CREATED, Json(serde_json::json!({"name": info.name, "version": info.version, "hash": info.hash, "classes": info.classes}))).into_response())
+}
+
+async fn list(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "plugins": state.service.plugins().list() }))
+}
+
+async fn remove(State(state): State<Arc<AppState>>, Segment(name): Segment) -> Result<StatusCode, ApiError> {
+    let service = state.service.clone();
+    crate::api::pool::on_pool(move || async move { service.plugins().remove(&name).await }).await?.map_err(error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
