@@ -1,13 +1,17 @@
 //! A node author's path, through the real `kiln` binary and cargo: `kiln
 //! plugin new` writes a crate in a temporary folder outside kiln's
 //! workspace, `kiln plugin build` builds it into a plugin folder (and checks
-//! it), and a job runs its node. `kiln plugin check` refuses a component
-//! whose manifest under-declares what it imports, naming the import.
+//! it), a one-off `kiln run` runs its node, and `kiln plugins install`
+//! puts it into a running `kiln serve` (the admin API) where a job runs it. `kiln plugin check` refuses a component
+//! whose manifest under-declares what it imports, naming the import, and
+//! one built against a contract version the host does not implement,
+//! naming the versions it speaks.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const PARTNER_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_partner.wasm"));
+const PRIMITIVES_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_primitives.wasm"));
 
 fn kiln(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kiln"))
@@ -70,6 +74,66 @@ fn a_new_plugin_builds_outside_the_workspace_and_runs_in_a_job() {
     let image = image::open(&png).unwrap().into_rgb8();
     assert_eq!((image.width(), image.height()), (4, 2));
     assert!(image.pixels().all(|p| p.0 == [255, 0, 255]), "{:?}", image.get_pixel(0, 0));
+
+    // Into a running server, without a restart.
+    let server = Serve::start(&work.path().join("served"));
+    let mut install = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    install.args(["plugins", "--url", &server.base, "install", folder.to_str().unwrap()]).env("KILN_ADMIN_TOKEN", TOKEN);
+    let installed = install.output().unwrap();
+    assert!(installed.status.success(), "{}", text(&installed.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&installed.stdout).unwrap();
+    assert_eq!((answer["name"].as_str(), answer["classes"].clone()), (Some("edge-lab"), serde_json::json!(["EdgeLabInvert"])), "{answer}");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let job = rt.block_on(async {
+        let http = reqwest::Client::new();
+        let created: serde_json::Value =
+            http.post(format!("{}/api/v2/jobs", server.base)).json(&serde_json::json!({ "workflow": workflow })).send().await.unwrap().json().await.unwrap();
+        let id = created["id"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
+        for _ in 0..600 {
+            let job: serde_json::Value = http.get(format!("{}/api/v2/jobs/{id}", server.base)).send().await.unwrap().json().await.unwrap();
+            if ["succeeded", "failed"].contains(&job["status"].as_str().unwrap_or("")) {
+                return job;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("the job did not finish");
+    });
+    assert_eq!(job["status"], "succeeded", "{job}");
+    assert_eq!(job["components"]["edge-lab"], answer["hash"], "{job}");
+}
+
+const TOKEN: &str = "plugin-sdk-operator";
+
+/// A `kiln serve` on loopback with an operator token, killed on drop.
+struct Serve {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Serve {
+    fn start(data: &Path) -> Serve {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["serve", "--port", "0", "--data-dir"])
+            .arg(data)
+            .env("KILN_GPU", "off")
+            .env("KILN_ADMIN_TOKEN", TOKEN)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let base = line.trim().strip_prefix("kiln listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
+        Serve { child, base }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 #[test]
@@ -95,5 +159,42 @@ fn check_refuses_a_manifest_that_under_declares_an_import() {
         text(&out.stdout).contains("quiet 1.0.0 ok: component blake3:") && text(&out.stdout).contains("MagnificImageSkinEnhancerNode"),
         "{}",
         text(&out.stdout)
+    );
+}
+
+/// `wasm` with every `kiln:plugin/…@0.1.2` import renamed to `@0.9.2` (same
+/// length: the component stays well-formed).
+fn built_against_0_9(wasm: &[u8]) -> Vec<u8> {
+    let mut out = wasm.to_vec();
+    let (prefix, old, new) = (b"kiln:plugin/", b"@0.1.2", b"@0.9.2");
+    let mut i = 0;
+    while let Some(at) = out[i..].windows(prefix.len()).position(|w| w == prefix).map(|p| p + i) {
+        let end = (at..out.len().min(at + 64)).find(|&j| out[j..].starts_with(old));
+        if let Some(j) = end {
+            out[j..j + old.len()].copy_from_slice(new);
+        }
+        i = at + prefix.len();
+    }
+    out
+}
+
+#[test]
+fn check_names_the_contract_versions_the_host_speaks() {
+    let work = tempfile::tempdir().unwrap();
+    let folder = work.path().join("future");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("kiln-plugin.toml"), "name = \"future\"\nversion = \"1.0.0\"\ncomponent = \"p.wasm\"\n").unwrap();
+    // As built (kiln:plugin@0.1.2): loads.
+    std::fs::write(folder.join("p.wasm"), PRIMITIVES_WASM).unwrap();
+    let out = kiln(&["plugin", "check", folder.to_str().unwrap()], work.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Built against a newer contract: refused, saying which versions this host speaks.
+    std::fs::write(folder.join("p.wasm"), built_against_0_9(PRIMITIVES_WASM)).unwrap();
+    let out = kiln(&["plugin", "check", folder.to_str().unwrap()], work.path());
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("@0.9.2`: it was built against a version of kiln's plugin contract") && stderr.contains("it speaks kiln:plugin@0.1.0 to @0.1.2"),
+        "{stderr}"
     );
 }

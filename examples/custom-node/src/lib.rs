@@ -1,12 +1,7 @@
 //! An example plugin: one node that posterizes, with progress per image and a preview.
 use kiln_sdk::prelude::*;
 
-#[node(
-    class = "ExamplePosterize",
-    category = "examples",
-    display_name = "Posterize (example)",
-    description = "Reduces each channel to a few evenly spaced levels."
-)]
+#[node(class = "ExamplePosterize", category = "examples", display_name = "Posterize (example)")]
 pub fn posterize(mut image: Image, #[input(default = 4, min = 2, max = 256, step = 1)] levels: i64) -> Result<ImageHandle> {
     let (steps, frame) = ((levels - 1) as f32, (image.height * image.width * image.channels).max(1));
     for (b, pixels) in image.data.chunks_mut(frame).enumerate() {

@@ -104,6 +104,14 @@ pub enum ManifestError {
 const PROVIDED_IMPORTS: &[&str] = &["kiln:plugin/", "wasi:cli/", "wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "wasi:sockets/"];
 /// `wasi:http`: only for a plugin whose manifest asks for the network.
 const HTTP_IMPORTS: &str = "wasi:http/";
+/// kiln's own interfaces, `kiln:plugin/<name>@<version>`.
+const CONTRACT: &str = "kiln:plugin/";
+/// The versions of `kiln:plugin` this host implements: a component built
+/// against any of them loads (the linker resolves an older patch version
+/// to the newest, see `wit/kiln-plugin.wit`); `NEWEST` is the package
+/// version of `wit/kiln-plugin.wit`.
+pub const CONTRACT_OLDEST: (u64, u64, u64) = (0, 1, 0);
+pub const CONTRACT_NEWEST: (u64, u64, u64) = (0, 1, 2);
 
 /// Why a component's import does not fit its manifest.
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +120,19 @@ pub enum ImportError {
     NotProvided(String),
     #[error("imports `{import}`, but its manifest does not declare it: it needs {needs}")]
     Undeclared { import: String, needs: &'static str },
+    #[error("imports `{import}`: it was built against a version of kiln's plugin contract this host does not implement (it speaks kiln:plugin@{}.{}.{} to @{}.{}.{})", CONTRACT_OLDEST.0, CONTRACT_OLDEST.1, CONTRACT_OLDEST.2, CONTRACT_NEWEST.0, CONTRACT_NEWEST.1, CONTRACT_NEWEST.2)]
+    Version { import: String },
+}
+
+/// Whether `import` (`kiln:plugin/<name>@<version>`) names a version of the
+/// contract this host implements.
+fn contract_version_ok(import: &str) -> bool {
+    let Some((_, version)) = import.split_once('@') else { return false };
+    let mut parts = version.split('.').map(|p| p.parse::<u64>().ok());
+    match (parts.next().flatten(), parts.next().flatten(), parts.next().flatten(), parts.next()) {
+        (Some(major), Some(minor), Some(patch), None) => (CONTRACT_OLDEST..=CONTRACT_NEWEST).contains(&(major, minor, patch)),
+        _ => false,
+    }
 }
 
 impl Manifest {
@@ -124,6 +145,9 @@ impl Manifest {
                 return Err(ImportError::Undeclared { import: import.to_string(), needs: "`capabilities.outbound_hosts` or `capabilities.routes`" });
             }
             return Ok(());
+        }
+        if import.starts_with(CONTRACT) && !contract_version_ok(import) {
+            return Err(ImportError::Version { import: import.to_string() });
         }
         match PROVIDED_IMPORTS.iter().any(|p| import.starts_with(p)) {
             true => Ok(()),
@@ -191,6 +215,31 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn imports_of_each_contract_version_this_host_speaks_are_taken_others_refused_naming_the_range() {
+        let m = Manifest::parse("name = \"p\"\nversion = \"1\"\ncomponent = \"p.wasm\"\n").unwrap();
+        for ok in ["kiln:plugin/tensors@0.1.0", "kiln:plugin/host@0.1.1", "kiln:plugin/gpu@0.1.2", "wasi:io/streams@0.2.6"] {
+            assert!(m.check_import(ok).is_ok(), "{ok}");
+        }
+        for newer in ["kiln:plugin/tensors@0.1.3", "kiln:plugin/tensors@0.2.0", "kiln:plugin/tensors@1.0.0", "kiln:plugin/tensors", "kiln:plugin/tensors@0.1"] {
+            let e = m.check_import(newer).unwrap_err().to_string();
+            assert!(e.contains(newer) && e.contains("it speaks kiln:plugin@0.1.0 to @0.1.2"), "{e}");
+        }
+        let e = m.check_import("wasi:http/types@0.2.6").unwrap_err().to_string();
+        assert!(e.contains("it needs `capabilities.outbound_hosts` or `capabilities.routes`"), "{e}");
+        assert!(m.check_import("acme:evil/iface@1.0.0").unwrap_err().to_string().contains("which kiln does not provide"));
+    }
+
+    #[test]
+    fn the_newest_contract_version_is_the_wit_package_version() {
+        let wit = include_str!("../../../wit/kiln-plugin.wit");
+        let (a, b, c) = CONTRACT_NEWEST;
+        assert!(
+            wit.lines().any(|l| l.trim() == format!("package kiln:plugin@{a}.{b}.{c};")),
+            "wit/kiln-plugin.wit's package version moved: update CONTRACT_NEWEST"
+        );
+    }
 
     const OP: OperatorLimits = OperatorLimits {
         default_memory_bytes: 256 << 20,
