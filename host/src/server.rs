@@ -48,8 +48,12 @@ impl Server {
         let executor = Arc::new(Executor::new(runtime.clone(), config.result_cache_mb << 20, config.max_concurrency as usize));
         config.check_store().map_err(anyhow::Error::msg)?;
         let backends = crate::service::Backends::from_config(&config).await.with_context(|| format!("opening the {:?} store", config.store))?;
-        // Plugins installed through the admin API, on top of those it started with.
-        let plugins = crate::plugins::LivePlugins::open(runtime.clone(), registry, &config.data_dir.join("plugins")).await?;
+        // Plugins installed through the admin API, on top of those it started
+        // with, and (with accounts) each account's own.
+        let accounts_dir = config.data_dir.join("account-plugins");
+        let account_plugins = (config.mode.has_accounts() && config.max_plugins_per_account > 0)
+            .then_some((accounts_dir.as_path(), crate::plugins::AccountQuota { max_plugins: config.max_plugins_per_account, gpu: config.account_plugin_gpu }));
+        let plugins = crate::plugins::LivePlugins::open(runtime.clone(), registry, &config.data_dir.join("plugins"), account_plugins).await?;
         let service = Service::start_on(options, backends, plugins, executor)
             .await
             .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;

@@ -3,6 +3,9 @@
 use std::path::Path;
 use std::process::Command;
 
+mod common;
+use common::slow_to_compile;
+
 fn kiln(args: &[&str], cwd: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(args)
@@ -80,44 +83,6 @@ fn a_failing_node_exits_non_zero_with_its_error() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("node 1 (LoadImage) failed [failed]"), "{stderr}");
-}
-
-/// A valid component that Cranelift takes long to compile: one function
-/// whose `locals` i64 locals are all live around a loop of `ops` additions
-/// (5000 and 50 000: ~50 s on one core here; 0.5 MB of wasm).
-fn slow_to_compile(locals: u32, ops: u32) -> Vec<u8> {
-    use wasm_encoder::{
-        BlockType, CodeSection, Component, ExportKind, ExportSection, Function, FunctionSection, Instruction, Module, ModuleSection, TypeSection, ValType,
-    };
-    let mut module = Module::new();
-    let mut types = TypeSection::new();
-    types.ty().function([], []);
-    module.section(&types);
-    let mut funcs = FunctionSection::new();
-    funcs.function(0);
-    module.section(&funcs);
-    let mut exports = ExportSection::new();
-    exports.export("f", ExportKind::Func, 0);
-    module.section(&exports);
-    let mut body = Function::new([(locals, ValType::I64)]);
-    body.instruction(&Instruction::Loop(BlockType::Empty));
-    for i in 0..ops {
-        body.instruction(&Instruction::LocalGet(i.wrapping_mul(7919) % locals));
-        body.instruction(&Instruction::LocalGet((i.wrapping_mul(104_729) + 1) % locals));
-        body.instruction(&Instruction::I64Add);
-        body.instruction(&Instruction::LocalSet(i % locals));
-    }
-    body.instruction(&Instruction::LocalGet(0));
-    body.instruction(&Instruction::I64Eqz);
-    body.instruction(&Instruction::BrIf(0));
-    body.instruction(&Instruction::End);
-    body.instruction(&Instruction::End);
-    let mut code = CodeSection::new();
-    code.function(&body);
-    module.section(&code);
-    let mut component = Component::new();
-    component.section(&ModuleSection(&module));
-    component.finish()
 }
 
 /// A plugin whose component would take the compiler most of a minute does

@@ -5,10 +5,13 @@
 //! puts it into a running `kiln serve` (the admin API) where a job runs it. `kiln plugin check` refuses a component
 //! whose manifest under-declares what it imports, naming the import, and
 //! one built against a contract version the host does not implement,
-//! naming the versions it speaks.
+//! naming the versions it speaks. A tenant's compile bomb costs its own
+//! install only.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+mod common;
 
 const PARTNER_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_partner.wasm"));
 const PRIMITIVES_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_primitives.wasm"));
@@ -76,7 +79,7 @@ fn a_new_plugin_builds_outside_the_workspace_and_runs_in_a_job() {
     assert!(image.pixels().all(|p| p.0 == [255, 0, 255]), "{:?}", image.get_pixel(0, 0));
 
     // Into a running server, without a restart.
-    let server = Serve::start(&work.path().join("served"));
+    let server = serve(&work.path().join("served"), &[]);
     let mut install = Command::new(env!("CARGO_BIN_EXE_kiln"));
     install.args(["plugins", "--url", &server.base, "install", folder.to_str().unwrap()]).env("KILN_ADMIN_TOKEN", TOKEN);
     let installed = install.output().unwrap();
@@ -88,15 +91,7 @@ fn a_new_plugin_builds_outside_the_workspace_and_runs_in_a_job() {
         let http = reqwest::Client::new();
         let created: serde_json::Value =
             http.post(format!("{}/api/v2/jobs", server.base)).json(&serde_json::json!({ "workflow": workflow })).send().await.unwrap().json().await.unwrap();
-        let id = created["id"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
-        for _ in 0..600 {
-            let job: serde_json::Value = http.get(format!("{}/api/v2/jobs/{id}", server.base)).send().await.unwrap().json().await.unwrap();
-            if ["succeeded", "failed"].contains(&job["status"].as_str().unwrap_or("")) {
-                return job;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        panic!("the job did not finish");
+        settled(&http, &server.base, None, created["id"].as_str().unwrap_or_else(|| panic!("{created}"))).await
     });
     assert_eq!(job["status"], "succeeded", "{job}");
     assert_eq!(job["components"]["edge-lab"], answer["hash"], "{job}");
@@ -104,36 +99,27 @@ fn a_new_plugin_builds_outside_the_workspace_and_runs_in_a_job() {
 
 const TOKEN: &str = "plugin-sdk-operator";
 
-/// A `kiln serve` on loopback with an operator token, killed on drop.
-struct Serve {
-    child: std::process::Child,
-    base: String,
+/// A `kiln serve` on loopback with the operator token and `env`.
+fn serve(data: &Path, env: &[(&str, &str)]) -> common::Kiln {
+    let env: Vec<(&str, &str)> = [("KILN_GPU", "off"), ("KILN_ADMIN_TOKEN", TOKEN)].into_iter().chain(env.iter().copied()).collect();
+    common::spawn(data, &env, &[])
 }
 
-impl Serve {
-    fn start(data: &Path) -> Serve {
-        use std::io::BufRead;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["serve", "--port", "0", "--data-dir"])
-            .arg(data)
-            .env("KILN_GPU", "off")
-            .env("KILN_ADMIN_TOKEN", TOKEN)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let base = line.trim().strip_prefix("kiln listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
-        Serve { child, base }
+/// Polls job `id` (with `key`, if any) until it leaves `queued` and
+/// `running`; the job.
+async fn settled(http: &reqwest::Client, base: &str, key: Option<&str>, id: &str) -> serde_json::Value {
+    for _ in 0..600 {
+        let mut request = http.get(format!("{base}/api/v2/jobs/{id}"));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let job: serde_json::Value = request.send().await.unwrap().json().await.unwrap();
+        if !["queued", "running"].contains(&job["status"].as_str().unwrap_or("")) {
+            return job;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    panic!("job {id} did not finish");
 }
 
 #[test]
@@ -197,4 +183,82 @@ fn check_names_the_contract_versions_the_host_speaks() {
         stderr.contains("@0.9.2`: it was built against a version of kiln's plugin contract") && stderr.contains("it speaks kiln:plugin@0.1.0 to @0.1.2"),
         "{stderr}"
     );
+}
+
+/// A component that takes Cranelift most of a minute, sent by one account
+/// of a cloud server: refused at `compile_timeout_s`, while another
+/// account's job and its own install go through meanwhile.
+#[test]
+fn a_tenants_compile_bomb_costs_only_its_own_install() {
+    let work = tempfile::tempdir().unwrap();
+    let server = serve(&work.path().join("data"), &[("KILN_MODE", "cloud"), ("KILN_COMPILE_TIMEOUT_S", "3")]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        let account = |name: &'static str| {
+            let (http, base) = (http.clone(), server.base.clone());
+            async move {
+                let made: serde_json::Value = http
+                    .post(format!("{base}/admin/accounts"))
+                    .bearer_auth(TOKEN)
+                    .json(&serde_json::json!({ "name": name, "credits": 100 }))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                made["key"].as_str().unwrap_or_else(|| panic!("{made}")).to_string()
+            }
+        };
+        let (bomber, bystander) = (account("bomber").await, account("bystander").await);
+        let install = |key: String, name: &'static str, wasm: Vec<u8>| {
+            let (http, base) = (http.clone(), server.base.clone());
+            async move {
+                let form = reqwest::multipart::Form::new()
+                    .text("manifest", format!("name = \"{name}\"\nversion = \"1\"\ncomponent = \"p.wasm\"\n"))
+                    .part("component", reqwest::multipart::Part::bytes(wasm).file_name("p.wasm"));
+                let resp = http.post(format!("{base}/api/v2/plugins")).bearer_auth(key).multipart(form).send().await.unwrap();
+                (resp.status().as_u16(), resp.json::<serde_json::Value>().await.unwrap_or_default())
+            }
+        };
+        let started = std::time::Instant::now();
+        let bomb = tokio::spawn(install(bomber.clone(), "bomb", common::slow_to_compile(5000, 50_000)));
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        // Meanwhile the other account installs a plugin and runs a job.
+        let (status, body) = install(bystander.clone(), "prims", PRIMITIVES_WASM.to_vec()).await;
+        assert_eq!(status, 422, "its classes are the host's: {body}");
+        let job: serde_json::Value = http
+            .post(format!("{}/api/v2/jobs", server.base))
+            .bearer_auth(&bystander)
+            .json(&serde_json::json!({ "workflow": {
+                "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 7}},
+                "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "b"}}
+            } }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let id = job["id"].as_str().unwrap_or_else(|| panic!("{job}")).to_string();
+        let mut status = String::new();
+        for _ in 0..200 {
+            let job: serde_json::Value =
+                http.get(format!("{}/api/v2/jobs/{id}", server.base)).bearer_auth(&bystander).send().await.unwrap().json().await.unwrap();
+            status = job["status"].as_str().unwrap_or("").to_string();
+            if status != "queued" && status != "running" {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(!bomb.is_finished(), "the bomb still compiles while the other account works");
+        assert_ne!(status, "queued", "the other account's job was not held up");
+        let (code, body) = bomb.await.unwrap();
+        assert_eq!((code, body["error"]["code"].as_str()), (422, Some("plugin_refused")), "{body}");
+        assert!(body["error"]["message"].as_str().unwrap_or("").contains("compile_timeout_s = 3 s"), "{body}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "bounded by the compile time limit: {:?}", started.elapsed());
+        let listed: serde_json::Value = http.get(format!("{}/api/v2/plugins", server.base)).bearer_auth(&bomber).send().await.unwrap().json().await.unwrap();
+        assert_eq!(listed, serde_json::json!({ "plugins": [] }), "nothing half-installed");
+    });
 }

@@ -1,47 +1,14 @@
 //! `kiln serve` as a process: the real binary on loopback, killed with
 //! SIGKILL to prove durability, and driven by the real Python `comfy-sdk`.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-/// A running `kiln serve`.
-struct Kiln {
-    child: Child,
-    base: String,
-}
-
-fn spawn(data: &Path, extra_env: &[(&str, &str)], args: &[&str]) -> Kiln {
-    spawn_with(data, extra_env, args, Stdio::inherit())
-}
-
-fn spawn_with(data: &Path, extra_env: &[(&str, &str)], args: &[&str], stderr: Stdio) -> Kiln {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
-    cmd.args(["serve", "--port", "0", "--data-dir"])
-        .arg(data)
-        .args(args)
-        .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
-        .stdout(Stdio::piped())
-        .stderr(stderr);
-    for (k, v) in extra_env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("kiln serve starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let base = line.trim().strip_prefix("kiln listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
-    Kiln { child, base }
-}
-
-impl Drop for Kiln {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::{Kiln, spawn, spawn_with};
 
 fn heavy(color: i64) -> Value {
     json!({

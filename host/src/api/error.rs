@@ -37,6 +37,8 @@ crate::codes::code_table! {
         AssetInUse => (StatusCode::CONFLICT, "asset_in_use"),
         NameTaken => (StatusCode::CONFLICT, "name_taken"),
         TooManyAccounts => (StatusCode::CONFLICT, "too_many_accounts"),
+        /// An account at its `max_plugins_per_account`.
+        TooManyPlugins => (StatusCode::CONFLICT, "too_many_plugins"),
         DeploymentExists => (StatusCode::CONFLICT, "deployment_exists"),
         /// A user file that already exists (compatibility `/userdata`).
         Conflict => (StatusCode::CONFLICT, "conflict"),

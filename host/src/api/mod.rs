@@ -12,6 +12,7 @@ pub mod deployment;
 pub mod error;
 mod links;
 pub mod listener;
+mod plugins;
 pub mod pool;
 #[cfg(test)]
 mod proptests;

@@ -195,6 +195,15 @@ pub struct Config {
     /// Largest plugin an operator installs through the admin API (its
     /// manifest and component). Default 64 MiB.
     pub max_plugin_mb: u64,
+    /// With accounts: the plugins one account may install for itself
+    /// (`/api/v2/plugins`); 0 turns account plugins off. Default 10.
+    pub max_plugins_per_account: usize,
+    /// With accounts: the largest plugin an account installs. Default 32 MiB.
+    pub max_account_plugin_mb: u64,
+    /// With accounts: whether an account's plugin gets the GPU its manifest
+    /// asks for (`capabilities.gpu`); otherwise it computes on the CPU.
+    /// Default false.
+    pub account_plugin_gpu: bool,
     /// Event streams open at once on the whole server: SSE streams of
     /// `/api/v2` and WebSocket connections of the compatibility API;
     /// beyond it 429 `too_many_streams`. Default 10000.

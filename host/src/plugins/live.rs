@@ -1,7 +1,8 @@
 //! The plugin set a running host serves: the plugins it started with
 //! (bundled and `--plugins` folders, fixed for its life) plus the plugins
 //! an operator installs into it (admin API), kept under
-//! `<data dir>/plugins/<name>/` and loaded again at every start.
+//! `<data dir>/plugins/<name>/` and loaded again at every start; with
+//! accounts, each account's own plugins on top (see `account_plugins`).
 //!
 //! A change never edits a registry in place: install, upgrade and remove
 //! build a whole new [`NodeRegistry`] (every rule of `registry` applied:
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
+use super::account_plugins::{AccountPlugins, AccountQuota, load_blocking};
 use super::identity::PluginId;
 use super::manifest::{Manifest, ManifestError};
 use super::outcome::LoadError;
@@ -30,7 +32,10 @@ pub struct LivePlugins {
     fixed: Vec<Arc<Plugin>>,
     installs: Option<Installs>,
     current: RwLock<Arc<NodeRegistry>>,
-    /// Bumped by every change (caches of `object_info` compare it).
+    /// Accounts' own plugins (cloud and serverless modes).
+    accounts: Option<AccountPlugins>,
+    /// Bumped by every change, an account's included (caches of
+    /// `object_info` compare it).
     generation: AtomicU64,
 }
 
@@ -54,6 +59,8 @@ pub enum InstallError {
     Fixed(String),
     #[error("no installed plugin is named `{0}`")]
     NotFound(String),
+    #[error("an account may have at most {0} plugins installed: remove one first")]
+    Quota(usize),
     /// Compile, load or registry rules (a class or route taken).
     #[error(transparent)]
     Refused(#[from] RegistryError),
@@ -69,18 +76,26 @@ pub struct PluginInfo {
     /// `blake3:<hex>` of its component.
     pub hash: String,
     pub classes: Vec<String>,
-    /// Installed through the admin API (else it came with the server).
+    /// Installed into the running host (else it came with the server).
     pub installed: bool,
+    /// What one node call of it may use, after the operator's ceilings.
+    pub memory_mb: u64,
+    pub timeout_ms: u64,
+    /// Whether it gets the GPU (asked for, and not capped off).
+    pub gpu: bool,
 }
 
 impl PluginInfo {
-    fn of(plugin: &Plugin, installed: bool) -> PluginInfo {
+    pub(super) fn of(plugin: &Plugin, installed: bool) -> PluginInfo {
         PluginInfo {
             name: plugin.manifest.name.clone(),
             version: plugin.manifest.version.clone(),
             hash: format!("blake3:{}", plugin.component_hash.to_hex()),
             classes: plugin.definitions.iter().map(|d| d.class_type.clone()).collect(),
             installed,
+            memory_mb: plugin.limits.memory_bytes >> 20,
+            timeout_ms: u64::try_from(plugin.limits.timeout.as_millis()).unwrap_or(u64::MAX),
+            gpu: plugin.manifest.capabilities.gpu,
         }
     }
 }
@@ -92,35 +107,84 @@ const REPLACED: &str = ".old-";
 impl From<Arc<NodeRegistry>> for LivePlugins {
     /// A set that never changes (no installs).
     fn from(registry: Arc<NodeRegistry>) -> LivePlugins {
-        LivePlugins { fixed: registry.plugins().to_vec(), installs: None, current: RwLock::new(registry), generation: AtomicU64::new(0) }
+        LivePlugins { fixed: registry.plugins().to_vec(), installs: None, current: RwLock::new(registry), accounts: None, generation: AtomicU64::new(0) }
     }
 }
 
 impl LivePlugins {
     /// The `fixed` plugins plus every plugin installed under `dir`
-    /// (created when missing; what a crash left half-moved is settled first).
-    pub async fn open(runtime: Arc<PluginRuntime>, fixed: Arc<NodeRegistry>, dir: &Path) -> Result<LivePlugins, RegistryError> {
+    /// (created when missing; what a crash left half-moved is settled
+    /// first), and, given `accounts` (their folder and quota), every
+    /// account's own plugins.
+    pub async fn open(
+        runtime: Arc<PluginRuntime>,
+        fixed: Arc<NodeRegistry>,
+        dir: &Path,
+        accounts: Option<(&Path, AccountQuota)>,
+    ) -> Result<LivePlugins, RegistryError> {
         let dir_err = |source| RegistryError::Dir { path: dir.to_path_buf(), source };
         std::fs::create_dir_all(dir).map_err(dir_err)?;
         let dir = dir.canonicalize().map_err(dir_err)?;
         settle(&dir).map_err(dir_err)?;
         let mut registry = NodeRegistry::of(fixed.plugins().iter().cloned())?;
-        let mut names: Vec<PathBuf> = std::fs::read_dir(&dir).map_err(dir_err)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_dir()).collect();
-        names.sort();
-        for plugin_dir in names {
+        for plugin_dir in super::account_plugins::subdirs(&dir).map_err(dir_err)? {
             registry.load_dir(&runtime, &plugin_dir).await?;
         }
+        let accounts = match accounts {
+            Some((accounts_dir, quota)) => Some(AccountPlugins::open(runtime.clone(), accounts_dir, quota, &registry).await?),
+            None => None,
+        };
         Ok(LivePlugins {
             fixed: fixed.plugins().to_vec(),
             installs: Some(Installs { runtime, dir, changing: tokio::sync::Mutex::new(()) }),
             current: RwLock::new(Arc::new(registry)),
+            accounts,
             generation: AtomicU64::new(0),
         })
     }
 
-    /// The registry new work uses.
+    /// The registry new work uses: the host's plugins.
     pub fn current(&self) -> Arc<NodeRegistry> {
         self.current.read().clone()
+    }
+
+    /// The registry `owner`'s new work uses: the host's plugins, plus its
+    /// own when it installed some.
+    pub fn registry_for(&self, owner: &str) -> Arc<NodeRegistry> {
+        self.accounts.as_ref().and_then(|a| a.view(owner)).unwrap_or_else(|| self.current())
+    }
+
+    /// `owner`'s own plugins.
+    pub fn list_for(&self, owner: &str) -> Result<Vec<PluginInfo>, InstallError> {
+        Ok(self.accounts.as_ref().ok_or(InstallError::Disabled)?.list(owner))
+    }
+
+    /// Installs (or upgrades) a plugin of `owner`'s own: seen by its work only.
+    pub async fn install_for(&self, owner: &str, manifest_text: &str, component: Vec<u8>) -> Result<PluginInfo, InstallError> {
+        let accounts = self.accounts.as_ref().ok_or(InstallError::Disabled)?;
+        let base = self.current();
+        let info = accounts.install(owner, &base, manifest_text, component).await?;
+        self.after_account_change(accounts, &base);
+        Ok(info)
+    }
+
+    /// Removes `owner`'s own plugin `name`.
+    pub async fn remove_for(&self, owner: &str, name: &str) -> Result<(), InstallError> {
+        let accounts = self.accounts.as_ref().ok_or(InstallError::Disabled)?;
+        let base = self.current();
+        accounts.remove(owner, &base, name).await?;
+        self.after_account_change(accounts, &base);
+        Ok(())
+    }
+
+    /// An account's view was built on `base`: if the host's plugins changed
+    /// meanwhile, every view is built again on the new ones.
+    fn after_account_change(&self, accounts: &AccountPlugins, base: &Arc<NodeRegistry>) {
+        let current = self.current();
+        if !Arc::ptr_eq(base, &current) {
+            accounts.rebase(&current);
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Changes so far (0 at start).
@@ -150,15 +214,8 @@ impl LivePlugins {
         let _turn = installs.changing.lock().await;
         let target = installs.dir.join(&name);
         let id = PluginId::Dir(target.clone());
-        let runtime = installs.runtime.clone();
         let wasm = Arc::new(component);
-        let loading = wasm.clone();
-        let handle = tokio::runtime::Handle::current();
-        let plugin = tokio::task::spawn_blocking(move || handle.block_on(runtime.load(id, manifest, &loading)))
-            .await
-            .map_err(|e| InstallError::Io(std::io::Error::other(e.to_string())))?
-            .map_err(RegistryError::from)?;
-        let plugin = Arc::new(plugin);
+        let plugin = Arc::new(load_blocking(installs.runtime.clone(), id, manifest, wasm.clone()).await?);
         let others = self.current().plugins().iter().filter(|p| p.manifest.name != name).cloned().collect::<Vec<_>>();
         let registry = NodeRegistry::of(others.into_iter().chain([plugin.clone()]))?;
         let text = manifest_text.to_string();
@@ -193,7 +250,11 @@ impl LivePlugins {
     }
 
     fn swap(&self, registry: NodeRegistry) {
-        *self.current.write() = Arc::new(registry);
+        let registry = Arc::new(registry);
+        *self.current.write() = registry.clone();
+        if let Some(accounts) = &self.accounts {
+            accounts.rebase(&registry);
+        }
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 }
@@ -206,7 +267,7 @@ impl From<LoadError> for InstallError {
 
 /// Writes the plugin into `target` (a folder of `dir`): staged, synced,
 /// then renamed over the old version.
-fn store(dir: &Path, target: &Path, manifest: &str, component_name: &str, wasm: &[u8]) -> std::io::Result<()> {
+pub(super) fn store(dir: &Path, target: &Path, manifest: &str, component_name: &str, wasm: &[u8]) -> std::io::Result<()> {
     let staging = dir.join(format!("{STAGING}{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir(&staging)?;
     let written = (|| {
@@ -231,7 +292,7 @@ fn store(dir: &Path, target: &Path, manifest: &str, component_name: &str, wasm: 
 }
 
 /// Moves the folder of `name` aside, then deletes it.
-fn unstore(dir: &Path, name: &str) -> std::io::Result<()> {
+pub(super) fn unstore(dir: &Path, name: &str) -> std::io::Result<()> {
     let removed = dir.join(format!("{REPLACED}{name}"));
     std::fs::rename(dir.join(name), &removed)?;
     crate::atomic_file::sync_dir(dir)?;
@@ -240,7 +301,7 @@ fn unstore(dir: &Path, name: &str) -> std::io::Result<()> {
 
 /// Settles what a crash left in `dir`: staged folders are dropped; a
 /// replaced folder comes back if its successor never got into place.
-fn settle(dir: &Path) -> std::io::Result<()> {
+pub(super) fn settle(dir: &Path) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         let Some(file) = path.file_name().and_then(|n| n.to_str()).map(str::to_string) else { continue };

@@ -19,6 +19,7 @@
 //!   the CPU or the GPU; `gpu_calls`: plugins' own WGSL kernels).
 //! - [`bundled`]: the plugins shipped inside the binary.
 
+mod account_plugins;
 pub mod artifacts;
 pub mod bindings;
 pub mod bundled;
@@ -44,6 +45,7 @@ pub mod secrets;
 pub mod settings;
 pub mod state;
 
+pub use account_plugins::AccountQuota;
 pub use bindings::node;
 pub use identity::{PluginGrant, PluginId};
 pub use live::{InstallError, LivePlugins, PluginInfo};

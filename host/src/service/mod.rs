@@ -255,16 +255,22 @@ impl Service {
 
     /// The node classes and executor of a job: its deployment's (`None`
     /// when that deployment no longer serves), else the server's.
-    pub(crate) fn engine(&self, deployment: Option<&str>) -> Option<(Arc<NodeRegistry>, Arc<Executor>)> {
+    pub(crate) fn engine(&self, owner: &str, deployment: Option<&str>) -> Option<(Arc<NodeRegistry>, Arc<Executor>)> {
         match deployment {
-            None => Some((self.plugins.current(), self.executor.clone())),
+            None => Some((self.plugins.registry_for(owner), self.executor.clone())),
             Some(id) => self.deployments.loaded(id).map(|l| (l.registry.clone(), l.executor.clone())),
         }
     }
 
-    /// The node classes new work uses now.
+    /// The node classes new work uses now: the host's plugins.
     pub fn registry(&self) -> Arc<NodeRegistry> {
         self.plugins.current()
+    }
+
+    /// The node classes `owner`'s new work uses: the host's plugins and,
+    /// with accounts, its own.
+    pub fn registry_for(&self, owner: &str) -> Arc<NodeRegistry> {
+        self.plugins.registry_for(owner)
     }
 
     /// The plugins served, and installs (admin API).

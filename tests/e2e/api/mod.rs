@@ -2,6 +2,7 @@
 //! (`kiln::server::Server`) on the shared plugin runtime, driven with
 //! reqwest. One module per area of the spec.
 
+mod account_plugins;
 mod admission;
 mod assets;
 mod auth;

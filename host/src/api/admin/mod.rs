@@ -9,7 +9,6 @@
 
 mod accounts;
 mod deployments;
-mod plugins;
 
 use std::sync::Arc;
 
@@ -37,7 +36,7 @@ pub fn routes(state: Arc<AppState>) -> Router {
     let plugin_bytes = usize::try_from(state.config.max_plugin_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     BodyLimit::new(MAX_BODY)
         .on(Router::new().merge(accounts::routes()).merge(deployments::routes()))
-        .merge(plugins::routes(plugin_bytes))
+        .merge(super::plugins::admin_routes(plugin_bytes))
         // Every admin area's routes join here, behind the one gate.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), gate))
         .with_state(state)

@@ -37,9 +37,13 @@ pub fn routes(base: &str, state: Arc<AppState>) -> Router {
         .route(&at("/assets/{id}/content"), get(assets::content))
         .route(&at("/signed/assets/{id}"), get(assets::signed_content)));
     let uploads = BodyLimit::new(upload_limit).on(Router::new().route(&at("/assets"), post(assets::upload)));
+    // An account's own plugins (a component and its manifest).
+    let plugin_bytes = usize::try_from(state.config.max_account_plugin_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+    let plugins = super::plugins::account_routes(base, plugin_bytes);
     submit
         .merge(json)
         .merge(uploads)
+        .merge(plugins)
         .method_not_allowed_fallback(|| async { ApiError::new(crate::api::error::ApiCode::MethodNotAllowed, "Method not allowed.").into_response() })
         .with_state(state)
 }

@@ -121,9 +121,9 @@ impl Service {
 
     /// The output node ids of a graph, read from its JSON text (node ids
     /// and class names only: every other value is skipped unparsed).
-    fn output_nodes(&self, workflow: &[u8]) -> Vec<String> {
+    fn output_nodes(&self, owner: &str, workflow: &[u8]) -> Vec<String> {
         let Ok(nodes) = serde_json::from_slice::<NodeClasses>(workflow) else { return Vec::new() };
-        let registry = self.registry();
+        let registry = self.registry_for(owner);
         nodes
             .0
             .into_iter()
@@ -162,7 +162,7 @@ impl Service {
     /// A record with its stored workflow (`None`: `null`).
     fn compat_job_with(&self, record: JobRecord, bytes: Option<Vec<u8>>) -> Result<CompatJob, ServiceError> {
         let bytes = bytes.unwrap_or_else(|| b"null".to_vec());
-        let outputs_to_execute = self.output_nodes(&bytes);
+        let outputs_to_execute = self.output_nodes(&record.owner, &bytes);
         let text = String::from_utf8(bytes).map_err(|_| crate::store::StoreError::Corrupt(record.id.clone()))?;
         let workflow = serde_json::value::RawValue::from_string(text).map_err(|_| crate::store::StoreError::Corrupt(record.id.clone()))?;
         Ok(CompatJob { record, workflow, outputs_to_execute })

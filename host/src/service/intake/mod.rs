@@ -206,7 +206,7 @@ impl Service {
             return Err(ServiceError::WorkflowFormatUi.into());
         }
         let registry = match &sub.deployment {
-            None => self.registry(),
+            None => self.registry_for(&sub.owner),
             Some(id) => self.deployment_serving(id)?.registry.clone(),
         };
         let (workflow, inputs) = self.resolve_inputs(&mut sub).await?;

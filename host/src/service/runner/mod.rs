@@ -126,7 +126,7 @@ impl Service {
         if self.opts.mode.has_accounts() && !self.accounts.has_funds(&self.billed_account(job)) {
             return Err(error(NO_CREDITS, "the account ran out of credits before the job started"));
         }
-        self.engine(job.deployment.as_deref())
+        self.engine(&job.owner, job.deployment.as_deref())
             .ok_or_else(|| error(JobErrorCode::DeploymentStopped, "the job's deployment was stopped before the job could run"))
     }
 

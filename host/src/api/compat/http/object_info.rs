@@ -65,7 +65,7 @@ pub async fn files(State(state): State<Arc<AppState>>, caller: Caller, Path(kind
 
 fn render(state: &AppState, owner: &str, generation: (u64, u64)) -> Result<Rendered, ApiError> {
     let files = uploads(state, owner)?;
-    let registry = state.service.registry();
+    let registry = state.service.registry_for(owner);
     let mut all = Map::new();
     for def in registry.definitions() {
         all.insert(def.class_type.clone(), crate::object_info::node_info(def, registry.meta(&def.class_type), &files));
@@ -128,7 +128,7 @@ pub async fn all(State(state): State<Arc<AppState>>, caller: Caller, headers: He
 /// One class, or `{}` (200) for a class that does not exist, as ComfyUI answers.
 pub async fn one(State(state): State<Arc<AppState>>, caller: Caller, Segment(class): Segment) -> Result<Response, ApiError> {
     let mut out = Map::new();
-    let registry = state.service.registry();
+    let registry = state.service.registry_for(caller.owner());
     if let Some((_, def)) = registry.get(&class) {
         let files = uploads(&state, caller.owner())?;
         out.insert(def.class_type.clone(), crate::object_info::node_info(def, registry.meta(&class), &files));

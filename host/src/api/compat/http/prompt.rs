@@ -131,7 +131,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     let service = state.service.clone();
     let outcome = crate::api::pool::on_pool(move || async move { service.admit(submission).await }).await?;
     drop(admitted);
-    let registry = state.service.registry();
+    let registry = state.service.registry_for(caller.owner());
     match outcome {
         Ok(accepted) => {
             Ok(Json(json!({ "prompt_id": accepted.record.public_id(), "number": number, "node_errors": node_errors(&accepted.dropped, &registry) }))

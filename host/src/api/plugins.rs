@@ -1,0 +1,124 @@
+//! Plugins installed into a running host. The operator's, under the admin
+//! gate: `POST /admin/plugins` installs or upgrades one (multipart:
+//! `manifest`, the manifest's TOML text; `component`, the `.wasm`) and
+//! answers 201 `{name, version, hash, classes}`; `GET /admin/plugins` lists
+//! them; `DELETE /admin/plugins/{name}` removes an installed one (204);
+//! bodies bounded by `max_plugin_mb`. An account's own (cloud and
+//! serverless modes), with its key: the same three under
+//! `/api/v2/plugins`, seen by that account only, bodies bounded by
+//! `max_account_plugin_mb`. The rules live in `plugins::live` and
+//! `plugins::account_plugins`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::multipart::MultipartRejection;
+use axum::extract::{Multipart, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, post};
+
+use crate::api::AppState;
+use crate::api::Caller;
+use crate::api::body::{self, multipart_error};
+use crate::api::body_limit::BodyLimit;
+use crate::api::error::{ApiCode, ApiError};
+use crate::api::v2::Segment;
+use crate::plugins::{InstallError, PluginInfo};
+
+/// Largest manifest text.
+const MAX_MANIFEST: usize = 64 << 10;
+
+/// The operator's routes, with a body limit of `max_bytes`.
+pub fn admin_routes(max_bytes: usize) -> Router<Arc<AppState>> {
+    BodyLimit::new(max_bytes).on(Router::new().route("/admin/plugins", post(install).get(list)).route("/admin/plugins/{name}", delete(remove)))
+}
+
+/// An account's routes at `base` (the Jobs API's), with a body limit of `max_bytes`.
+pub fn account_routes(base: &str, max_bytes: usize) -> Router<Arc<AppState>> {
+    BodyLimit::new(max_bytes)
+        .on(Router::new().route(&format!("{base}/plugins"), post(install_own).get(list_own)).route(&format!("{base}/plugins/{{name}}"), delete(remove_own)))
+}
+
+fn error(e: InstallError) -> ApiError {
+    match e {
+        InstallError::Disabled | InstallError::NotFound(_) => ApiError::new(ApiCode::NotFound, e.to_string()),
+        InstallError::Manifest(_) => ApiError::invalid_request(e.to_string()),
+        InstallError::Fixed(_) => ApiError::new(ApiCode::Conflict, e.to_string()),
+        InstallError::Quota(_) => ApiError::new(ApiCode::TooManyPlugins, e.to_string()),
+        InstallError::Refused(_) => ApiError::new(ApiCode::PluginRefused, e.to_string()),
+        InstallError::Io(e) => ApiError::internal(&e),
+    }
+}
+
+/// The two parts of an install: the manifest's text and the component.
+async fn read_plugin(multipart: Result<Multipart, MultipartRejection>, limit: u64) -> Result<(String, Vec<u8>), ApiError> {
+    let mut multipart = body::multipart(multipart)?;
+    let (mut manifest, mut component) = (None, None);
+    while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, limit))? {
+        match field.name().unwrap_or("") {
+            "manifest" if manifest.is_none() => {
+                let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
+                if bytes.len() > MAX_MANIFEST {
+                    return Err(ApiError::invalid_request(format!("The manifest is over {} KiB.", MAX_MANIFEST >> 10)));
+                }
+                manifest = Some(String::from_utf8(bytes.to_vec()).map_err(|_| ApiError::invalid_request("The manifest is not UTF-8 text."))?);
+            }
+            "component" if component.is_none() => component = Some(field.bytes().await.map_err(|e| multipart_error(e, limit))?.to_vec()),
+            "manifest" | "component" => return Err(ApiError::invalid_request("Each of `manifest` and `component` is sent once.")),
+            other => return Err(ApiError::invalid_request(format!("Unknown part `{other}`: send `manifest` and `component`."))),
+        }
+    }
+    match (manifest, component) {
+        (Some(manifest), Some(component)) => Ok((manifest, component)),
+        _ => Err(ApiError::invalid_request("A plugin is two parts: `manifest` (its kiln-plugin.toml) and `component` (its .wasm).")),
+    }
+}
+
+fn created(info: PluginInfo) -> Response {
+    (StatusCode::CREATED, Json(serde_json::json!({"name": info.name, "version": info.version, "hash": info.hash, "classes": info.classes}))).into_response()
+}
+
+async fn install(State(state): State<Arc<AppState>>, multipart: Result<Multipart, MultipartRejection>) -> Result<Response, ApiError> {
+    let (manifest, component) = read_plugin(multipart, state.config.max_plugin_mb.saturating_mul(1 << 20)).await?;
+    let service = state.service.clone();
+    let info = crate::api::pool::on_pool(move || async move { service.plugins().install(&manifest, component).await }).await?.map_err(error)?;
+    Ok(created(info))
+}
+
+async fn list(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "plugins": state.service.plugins().list() }))
+}
+
+async fn remove(State(state): State<Arc<AppState>>, Segment(name): Segment) -> Result<StatusCode, ApiError> {
+    let service = state.service.clone();
+    crate::api::pool::on_pool(move || async move { service.plugins().remove(&name).await }).await?.map_err(error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// An account's plugins exist only on a host with accounts; elsewhere (and
+/// for a deployment's caller) the routes answer as unknown ones.
+fn own_plugins(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+    if state.config.mode.has_accounts() && caller.deployment_id().is_none() { Ok(()) } else { Err(ApiError::not_found()) }
+}
+
+async fn install_own(State(state): State<Arc<AppState>>, caller: Caller, multipart: Result<Multipart, MultipartRejection>) -> Result<Response, ApiError> {
+    own_plugins(&state, &caller)?;
+    let (manifest, component) = read_plugin(multipart, state.config.max_account_plugin_mb.saturating_mul(1 << 20)).await?;
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
+    let info = crate::api::pool::on_pool(move || async move { service.plugins().install_for(&owner, &manifest, component).await }).await?.map_err(error)?;
+    Ok(created(info))
+}
+
+async fn list_own(State(state): State<Arc<AppState>>, caller: Caller) -> Result<Json<serde_json::Value>, ApiError> {
+    own_plugins(&state, &caller)?;
+    Ok(Json(serde_json::json!({ "plugins": state.service.plugins().list_for(caller.owner()).map_err(error)? })))
+}
+
+async fn remove_own(State(state): State<Arc<AppState>>, caller: Caller, Segment(name): Segment) -> Result<StatusCode, ApiError> {
+    own_plugins(&state, &caller)?;
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
+    crate::api::pool::on_pool(move || async move { service.plugins().remove_for(&owner, &name).await }).await?.map_err(error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
