@@ -148,34 +148,45 @@ fn check_refuses_a_manifest_that_under_declares_an_import() {
     );
 }
 
-/// `wasm` with every `kiln:plugin/…@0.1.2` import renamed to `@0.9.2` (same
+/// `wasm` (built against `kiln:plugin@0.1.2`) with every `kiln:plugin/…`
+/// import and export renamed to `@<version>` (a version of the same
 /// length: the component stays well-formed).
-fn built_against_0_9(wasm: &[u8]) -> Vec<u8> {
+fn built_against(wasm: &[u8], version: &str) -> Vec<u8> {
     let mut out = wasm.to_vec();
-    let (prefix, old, new) = (b"kiln:plugin/", b"@0.1.2", b"@0.9.2");
+    let (prefix, old, new) = (b"kiln:plugin/", b"@0.1.2", format!("@{version}").into_bytes());
+    assert_eq!(new.len(), old.len());
     let mut i = 0;
     while let Some(at) = out[i..].windows(prefix.len()).position(|w| w == prefix).map(|p| p + i) {
         let end = (at..out.len().min(at + 64)).find(|&j| out[j..].starts_with(old));
         if let Some(j) = end {
-            out[j..j + old.len()].copy_from_slice(new);
+            out[j..j + old.len()].copy_from_slice(&new);
         }
         i = at + prefix.len();
     }
     out
 }
 
+/// Every contract version the host speaks loads (0.1.0: the example as this
+/// repository built it then; 0.1.1 and 0.1.2: the primitives plugin as
+/// built, renamed), and one it does not is refused, naming the versions.
 #[test]
 fn check_names_the_contract_versions_the_host_speaks() {
     let work = tempfile::tempdir().unwrap();
-    let folder = work.path().join("future");
+    let folder = work.path().join("versions");
     std::fs::create_dir(&folder).unwrap();
-    std::fs::write(folder.join("kiln-plugin.toml"), "name = \"future\"\nversion = \"1.0.0\"\ncomponent = \"p.wasm\"\n").unwrap();
-    // As built (kiln:plugin@0.1.2): loads.
-    std::fs::write(folder.join("p.wasm"), PRIMITIVES_WASM).unwrap();
-    let out = kiln(&["plugin", "check", folder.to_str().unwrap()], work.path());
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::fs::write(folder.join("kiln-plugin.toml"), "name = \"versions\"\nversion = \"1.0.0\"\ncomponent = \"p.wasm\"\n").unwrap();
+    let v0_1_0 = include_bytes!("../../tests/fixtures/plugins/custom-node-kiln-plugin-0.1.0.wasm").to_vec();
+    for (version, wasm, class) in [
+        ("0.1.0", v0_1_0, "ExamplePosterize"),
+        ("0.1.1", built_against(PRIMITIVES_WASM, "0.1.1"), "PrimitiveInt"),
+        ("0.1.2", PRIMITIVES_WASM.to_vec(), "PrimitiveInt"),
+    ] {
+        std::fs::write(folder.join("p.wasm"), wasm).unwrap();
+        let out = kiln(&["plugin", "check", folder.to_str().unwrap()], work.path());
+        assert!(out.status.success() && text(&out.stdout).contains(class), "kiln:plugin@{version}: {}", text(&out.stderr));
+    }
     // Built against a newer contract: refused, saying which versions this host speaks.
-    std::fs::write(folder.join("p.wasm"), built_against_0_9(PRIMITIVES_WASM)).unwrap();
+    std::fs::write(folder.join("p.wasm"), built_against(PRIMITIVES_WASM, "0.9.2")).unwrap();
     let out = kiln(&["plugin", "check", folder.to_str().unwrap()], work.path());
     let stderr = text(&out.stderr);
     assert!(!out.status.success());
