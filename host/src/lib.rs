@@ -3,6 +3,23 @@
 //! kiln executes ComfyUI API-format workflows whose node classes are sandboxed
 //! WebAssembly components.
 //!
+//! ## Embedding kiln
+//!
+//! Two entry points are meant for other programs:
+//! - [`Engine`] (module [`embed`]) runs workflows in-process: build it from a
+//!   [`Config`], then [`Engine::run`] a workflow with named input files, an
+//!   event callback and a cancellation token (`examples/run_workflow.rs`).
+//! - [`Mounted`] starts the job service and hands its HTTP surfaces (Jobs
+//!   API, ComfyUI API and `/ws`, admin API) to the application as an axum
+//!   `Router` to merge beside its own routes; set `mount_prefix` and links
+//!   keep it (`examples/mount_router.rs`). [`Server`] is the same, serving
+//!   on its own listener (`kiln serve`).
+//!
+//! The other modules are the host's internals, public for its binary and
+//! its test suites; they change without notice.
+//!
+//! ## Inside
+//!
 //! Following one workflow through the crate:
 //! 1. [`workflow`] parses the API format and validates it against the node
 //!    definitions in the [`plugins::NodeRegistry`] — every error names the node,
@@ -33,6 +50,7 @@ pub mod budget;
 pub mod cli;
 pub mod codes;
 pub mod config;
+pub mod embed;
 pub mod executor;
 pub mod files;
 pub mod gpu;
@@ -49,3 +67,7 @@ pub mod tensor;
 mod test_support;
 pub mod value;
 pub mod workflow;
+
+pub use config::Config;
+pub use embed::Engine;
+pub use server::{Mounted, Server};

@@ -11,7 +11,7 @@ use crate::api::listener::ConnectionLimits;
 use crate::api::{self, AppState};
 use crate::config::Config;
 use crate::executor::Executor;
-use crate::plugins::{NodeRegistry, PluginRuntime, RuntimeConfig};
+use crate::plugins::{NodeRegistry, PluginRuntime};
 use crate::service::{Service, ServiceOptions};
 
 /// The configured connection limits, `max_connections` fitted under this
@@ -45,18 +45,7 @@ impl Server {
     /// start the recovered jobs (each start counts as an attempt).
     pub async fn start_with(config: Config, options: ServiceOptions, runtime: Arc<PluginRuntime>, registry: Arc<NodeRegistry>) -> anyhow::Result<Server> {
         let listener = Server::bind(&config).await?;
-        let executor = Arc::new(Executor::new(runtime.clone(), config.result_cache_mb << 20, config.max_concurrency as usize));
-        config.check_store().map_err(anyhow::Error::msg)?;
-        let backends = crate::service::Backends::from_config(&config).await.with_context(|| format!("opening the {:?} store", config.store))?;
-        // Plugins installed through the admin API, on top of those it started
-        // with, and (with accounts) each account's own.
-        let accounts_dir = config.data_dir.join("account-plugins");
-        let account_plugins = (config.mode.has_accounts() && config.max_plugins_per_account > 0)
-            .then_some((accounts_dir.as_path(), crate::plugins::AccountQuota { max_plugins: config.max_plugins_per_account, gpu: config.account_plugin_gpu }));
-        let plugins = crate::plugins::LivePlugins::open(runtime.clone(), registry, &config.data_dir.join("plugins"), account_plugins).await?;
-        let service = Service::start_on(options, backends, plugins, executor)
-            .await
-            .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
+        let service = open_service(&config, options, runtime, registry).await?;
         Server::serve(config, service, listener)
     }
 
@@ -68,18 +57,14 @@ impl Server {
     }
 
     async fn bind(config: &Config) -> anyhow::Result<tokio::net::TcpListener> {
-        api::check_mount_prefix(config.mount_prefix.trim()).map_err(anyhow::Error::msg)?;
-        config.check_tiers().map_err(anyhow::Error::msg)?;
-        config.check_serverless_host().map_err(anyhow::Error::msg)?;
+        check_config(config)?;
         tokio::net::TcpListener::bind((config.host.as_str(), config.port)).await.with_context(|| format!("cannot listen on {}:{}", config.host, config.port))
     }
 
     fn serve(config: Config, service: Arc<Service>, listener: tokio::net::TcpListener) -> anyhow::Result<Server> {
         let addr = listener.local_addr()?;
-        let signer = api::signing::Signer::load_or_create(&config.data_dir).context("signing key")?;
-        let frontend = config.front_end_root.as_deref().map(api::compat::Frontend::load).transpose()?;
         let limits = connection_limits(&config);
-        let state = AppState::new(service, config, signer, addr, frontend);
+        let state = app_state(config, service, addr)?;
         let router = api::router(state.clone());
         let task = tokio::spawn(api::listener::serve(listener, router, limits, state.closing.clone()));
         Ok(Server { addr, state, task: Some(task) })
@@ -87,11 +72,7 @@ impl Server {
 
     /// Loads the configured plugins and starts a server.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
-        let runtime = Arc::new(PluginRuntime::new(RuntimeConfig::from_config(&config)?).map_err(|e| anyhow::anyhow!("{e:#}"))?);
-        let registry = Arc::new(NodeRegistry::load_all(&runtime, &config.plugin_dirs).await?);
-        // Compiling plugins (first start, or after a change) leaves tens of
-        // MiB of freed compiler memory that the allocator keeps (see `memory`).
-        tokio::task::spawn_blocking(crate::memory::release_free_memory).await?;
+        let (runtime, registry) = crate::embed::load_plugins(&config).await?;
         let options = ServiceOptions::from_config(&config);
         Server::start_with(config, options, runtime, registry).await
     }
@@ -121,5 +102,70 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.state.closing.cancel();
         self.state.service.stop();
+    }
+}
+
+/// The configuration checks a server makes before it starts.
+fn check_config(config: &Config) -> anyhow::Result<()> {
+    api::check_mount_prefix(config.mount_prefix.trim()).map_err(anyhow::Error::msg)?;
+    config.check_tiers().map_err(anyhow::Error::msg)?;
+    config.check_serverless_host().map_err(anyhow::Error::msg)
+}
+
+/// Opens the stores and starts the job service on `registry` (plus the
+/// plugins installed into this data directory).
+async fn open_service(config: &Config, options: ServiceOptions, runtime: Arc<PluginRuntime>, registry: Arc<NodeRegistry>) -> anyhow::Result<Arc<Service>> {
+    let executor = Arc::new(Executor::new(runtime.clone(), config.result_cache_mb << 20, config.max_concurrency as usize));
+    config.check_store().map_err(anyhow::Error::msg)?;
+    let backends = crate::service::Backends::from_config(config).await.with_context(|| format!("opening the {:?} store", config.store))?;
+    // Plugins installed through the admin API, on top of those it started
+    // with, and (with accounts) each account's own.
+    let accounts_dir = config.data_dir.join("account-plugins");
+    let account_plugins = (config.mode.has_accounts() && config.max_plugins_per_account > 0)
+        .then_some((accounts_dir.as_path(), crate::plugins::AccountQuota { max_plugins: config.max_plugins_per_account, gpu: config.account_plugin_gpu }));
+    let plugins = crate::plugins::LivePlugins::open(runtime, registry, &config.data_dir.join("plugins"), account_plugins).await?;
+    Service::start_on(options, backends, plugins, executor).await.with_context(|| format!("opening the data directory {}", config.data_dir.display()))
+}
+
+/// The APIs' shared state for `service`, answering as `local` when a
+/// request names no host.
+fn app_state(config: Config, service: Arc<Service>, local: SocketAddr) -> anyhow::Result<Arc<AppState>> {
+    let signer = api::signing::Signer::load_or_create(&config.data_dir).context("signing key")?;
+    let frontend = config.front_end_root.as_deref().map(api::compat::Frontend::load).transpose()?;
+    Ok(AppState::new(service, config, signer, local, frontend))
+}
+
+/// kiln's HTTP surfaces for an application that serves them itself: the
+/// Jobs API, the ComfyUI API and `/ws`, the admin API, all at their full
+/// paths under `mount_prefix` (so the application merges the router beside
+/// its own routes and middleware, and links keep the prefix). The
+/// application's server owns the connections, so kiln's connection limits
+/// and timeouts are its to set.
+pub struct Mounted {
+    state: Arc<AppState>,
+}
+
+impl Mounted {
+    /// Loads the configured plugins and starts the job service; `local`
+    /// is the address the application serves on (links use it when a
+    /// request names no host).
+    pub async fn start(config: Config, local: SocketAddr) -> anyhow::Result<Mounted> {
+        check_config(&config)?;
+        let (runtime, registry) = crate::embed::load_plugins(&config).await?;
+        let options = ServiceOptions::from_config(&config);
+        let service = open_service(&config, options, runtime, registry).await?;
+        Ok(Mounted { state: app_state(config, service, local)? })
+    }
+
+    /// The routes, to merge into the application's router.
+    pub fn router(&self) -> axum::Router {
+        api::router(self.state.clone())
+    }
+
+    /// Ends event streams and stops the workers (running jobs re-run at
+    /// the next start); the application stops its own server first.
+    pub async fn shutdown(self) {
+        self.state.closing.cancel();
+        self.state.service.shutdown().await;
     }
 }

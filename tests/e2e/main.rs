@@ -10,6 +10,7 @@ mod cache;
 mod cancel;
 mod compat;
 mod containment;
+mod embed;
 mod events;
 mod examples;
 mod files;

@@ -133,7 +133,8 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
             Ok(if answered { 0 } else { 1 })
         }
         Command::Nodes => {
-            let (_, registry) = run::load(&config).await?;
+            let engine = crate::Engine::new(config).await?;
+            let registry = engine.registry();
             let files = crate::files::NamedInputs::new();
             let mut all = serde_json::Map::new();
             for def in registry.definitions() {

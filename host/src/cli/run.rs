@@ -10,10 +10,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::executor::{Event, Executor, RunContext, RunStatus};
-use crate::files::{DirOutputs, NamedInputs};
-use crate::plugins::{NodeRegistry, PluginRuntime, RuntimeConfig};
-use crate::workflow::{ValidationError, Workflow, WorkflowLimits, validate};
+use crate::embed::{Engine, EngineError, Run};
+use crate::executor::{Event, RunStatus};
+use crate::workflow::{ValidationError, Workflow, WorkflowLimits};
 
 /// Arguments of `kiln run`.
 #[derive(Debug, clap::Args)]
@@ -51,13 +50,6 @@ fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
     Ok((name.to_string(), PathBuf::from(path)))
 }
 
-/// Builds the plugin runtime and loads every plugin.
-pub async fn load(config: &Config) -> anyhow::Result<(Arc<PluginRuntime>, Arc<NodeRegistry>)> {
-    let runtime = Arc::new(PluginRuntime::new(RuntimeConfig::from_config(config)?).map_err(|e| anyhow::anyhow!("{e:#}"))?);
-    let registry = NodeRegistry::load_all(&runtime, &config.plugin_dirs).await?;
-    Ok((runtime, Arc::new(registry)))
-}
-
 /// Exit code for validation errors.
 const EXIT_INVALID: i32 = 2;
 /// Exit code for an interrupted run.
@@ -70,26 +62,13 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     if config.decommit_batch == Config::default().decommit_batch {
         config.decommit_batch = RUN_DECOMMIT_BATCH;
     }
-    let Some((json, workflow)) = read_workflow(&args, &WorkflowLimits::from_config(&config))? else { return Ok(EXIT_INVALID) };
-    let mut inputs = NamedInputs::new();
+    let Some(json) = read_workflow(&args, &WorkflowLimits::from_config(&config))? else { return Ok(EXIT_INVALID) };
+    let mut run = Run::new(&args.out);
     for (name, path) in &args.inputs {
         anyhow::ensure!(path.is_file(), "--input {name}: {} is not a file", path.display());
-        inputs.insert(name.clone(), path.clone());
+        run = run.input(name.clone(), path.clone());
     }
-    let (runtime, registry) = load(&config).await?;
-    let (plan, issues) = match validate(&workflow, &registry, &inputs) {
-        Ok(r) => r,
-        Err(e) => {
-            print_validation(&e);
-            return Ok(EXIT_INVALID);
-        }
-    };
-    if !issues.is_empty() {
-        print_validation(&ValidationError::OutputsFailed(issues));
-        return Ok(EXIT_INVALID);
-    }
-
-    let executor = Executor::new(runtime, config.result_cache_mb << 20, config.max_concurrency as usize);
+    let engine = Engine::new(config).await?;
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     tokio::spawn(async move {
@@ -107,29 +86,21 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     let timings = Arc::new(parking_lot::Mutex::new(Vec::<Timing>::new()));
     let events = {
         let (bar, timings) = (bar.clone(), timings.clone());
-        Arc::new(move |event: Event| {
+        move |event: Event| {
             if let Event::Executed { node, class_type, elapsed_ms, on_gpu, .. } = &event {
                 timings.lock().push(Timing { node: node.clone(), class_type: class_type.clone(), on_gpu: *on_gpu, elapsed_ms: *elapsed_ms });
             }
             report(&bar, &event)
-        })
+        }
     };
-    let ctx = RunContext {
-        job_id: uuid::Uuid::new_v4().to_string(),
-        registry,
-        prompt: Arc::from(json.to_string()),
-        extra_pnginfo: None,
-        inputs: Arc::new(inputs),
-        outputs: Arc::new(DirOutputs::new(&args.out, args.out.join("temp"))),
-        events,
-        cancel,
-        secrets: Default::default(),
-        branches: None,
-        budget: crate::budget::JobBudget::new(crate::budget::JobLimits::from_config(&config)),
-        cache_scope: String::new(),
-        funds: None,
+    let outcome = match engine.run(&json, run.on_event(events).cancel_with(cancel)).await {
+        Ok(outcome) => outcome,
+        Err(EngineError::Invalid(e)) => {
+            print_validation(&e);
+            return Ok(EXIT_INVALID);
+        }
+        Err(e) => return Err(e.into()),
     };
-    let outcome = executor.run(&plan, ctx).await;
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
@@ -148,7 +119,7 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
 /// `None` (exit 2, said why) when it is over the size limit or does not
 /// parse as a workflow. Its size is checked before it is read: a workflow
 /// is bounded here as on the API (`max_workflow_kb`).
-fn read_workflow(args: &RunArgs, limits: &WorkflowLimits) -> anyhow::Result<Option<(serde_json::Value, Workflow)>> {
+fn read_workflow(args: &RunArgs, limits: &WorkflowLimits) -> anyhow::Result<Option<serde_json::Value>> {
     let size = std::fs::metadata(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?.len();
     if let Err(e) = limits.check_size(usize::try_from(size).unwrap_or(usize::MAX)) {
         eprintln!("error: {e}");
@@ -159,8 +130,9 @@ fn read_workflow(args: &RunArgs, limits: &WorkflowLimits) -> anyhow::Result<Opti
     if let Some(prompt) = json.get("prompt").filter(|p| p.is_object()) {
         json = prompt.clone();
     }
+    // Parsed here too, so a malformed file fails before plugins load.
     match Workflow::from_json(&json, limits) {
-        Ok(w) => Ok(Some((json, w))),
+        Ok(_) => Ok(Some(json)),
         Err(e) => {
             eprintln!("error: {e}");
             Ok(None)
