@@ -252,19 +252,9 @@ fn a_tenants_compile_bomb_costs_only_its_own_install() {
             .json()
             .await
             .unwrap();
-        let id = job["id"].as_str().unwrap_or_else(|| panic!("{job}")).to_string();
-        let mut status = String::new();
-        for _ in 0..200 {
-            let job: serde_json::Value =
-                http.get(format!("{}/api/v2/jobs/{id}", server.base)).bearer_auth(&bystander).send().await.unwrap().json().await.unwrap();
-            status = job["status"].as_str().unwrap_or("").to_string();
-            if status != "queued" && status != "running" {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        assert!(!bomb.is_finished(), "the bomb still compiles while the other account works");
-        assert_ne!(status, "queued", "the other account's job was not held up");
+        let done = settled(&http, &server.base, Some(&bystander), job["id"].as_str().unwrap_or_else(|| panic!("{job}"))).await;
+        assert!(!bomb.is_finished(), "the bomb still compiles while the other account's job ran");
+        assert_eq!(done["status"], "succeeded", "the other account's job was not held up: {done}");
         let (code, body) = bomb.await.unwrap();
         assert_eq!((code, body["error"]["code"].as_str()), (422, Some("plugin_refused")), "{body}");
         assert!(body["error"]["message"].as_str().unwrap_or("").contains("compile_timeout_s = 3 s"), "{body}");

@@ -9,9 +9,10 @@
 //! asking for the network or a secret is refused at load; the GPU is capped
 //! off unless `account_plugin_gpu`; memory and time are capped by the
 //! operator's node ceilings like any plugin's. The count per account is
-//! bounded, each compile runs in the compiler child under its limits, and
-//! an account compiles one plugin at a time, so a compile bomb costs its
-//! own installs only.
+//! bounded, each compile runs in the compiler child under its limits, an
+//! account compiles one plugin at a time, and all accounts together at most
+//! [`COMPILES`] (each child may take `compile_memory_mb`), so a compile bomb
+//! holds one slot for at most `compile_timeout_s` and costs its own install.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,9 @@ use super::live::{InstallError, PluginInfo, settle, store, unstore};
 use super::manifest::Manifest;
 use super::registry::{NodeRegistry, RegistryError};
 use super::runtime::{Plugin, PluginRuntime};
+
+/// Account installs compiling at once, across accounts.
+pub const COMPILES: usize = 2;
 
 /// The operator's bounds on account plugins.
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +49,8 @@ pub(super) struct AccountPlugins {
     views: RwLock<HashMap<String, Arc<NodeRegistry>>>,
     /// Account → its change lock (one install or removal at a time each).
     turns: parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Slots for compiles in progress (see [`COMPILES`]).
+    compiles: tokio::sync::Semaphore,
 }
 
 /// The file in an account's folder naming the account.
@@ -69,7 +75,15 @@ impl AccountPlugins {
                 }
             }
         }
-        let plugins = AccountPlugins { runtime, dir, quota, own: RwLock::new(own), views: RwLock::default(), turns: Default::default() };
+        let plugins = AccountPlugins {
+            runtime,
+            dir,
+            quota,
+            own: RwLock::new(own),
+            views: RwLock::default(),
+            turns: Default::default(),
+            compiles: tokio::sync::Semaphore::new(COMPILES),
+        };
         plugins.rebase(base);
         Ok(plugins)
     }
@@ -119,7 +133,9 @@ impl AccountPlugins {
         let target = account_dir.join(&name);
         let runtime = self.runtime.clone();
         let wasm = Arc::new(component);
+        let slot = self.compiles.acquire().await.map_err(|e| InstallError::Io(std::io::Error::other(e.to_string())))?;
         let plugin = Arc::new(load_blocking(runtime, PluginId::Dir(target.clone()), manifest, wasm.clone()).await?);
+        drop(slot);
         // Its classes must be new to the account's view.
         NodeRegistry::of(base.plugins().iter().cloned().chain(others.iter().cloned()).chain([plugin.clone()]))?;
         let (text, component_name) = (manifest_text.to_string(), plugin.manifest.component.clone());
