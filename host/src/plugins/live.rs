@@ -314,3 +314,51 @@ pub(super) fn settle(dir: &Path) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn an_upgrade_replaces_the_folder_whole_and_a_removal_takes_it_away() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("p");
+        store(dir.path(), &target, "v1", "p.wasm", b"one").unwrap();
+        store(dir.path(), &target, "v2", "p.wasm", b"two").unwrap();
+        assert_eq!(files(dir.path()), ["p"], "no staged or replaced folder stays");
+        assert_eq!(std::fs::read_to_string(target.join("kiln-plugin.toml")).unwrap(), "v2");
+        assert_eq!(std::fs::read(target.join("p.wasm")).unwrap(), b"two");
+        unstore(dir.path(), "p").unwrap();
+        assert!(files(dir.path()).is_empty());
+    }
+
+    /// What a crash can leave at each step of `store`, and what `settle`
+    /// makes of it: the old version or the new one, whole.
+    #[test]
+    fn settle_keeps_the_old_version_or_the_new_one_never_a_half() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |folder: &str, version: &str| {
+            std::fs::create_dir_all(dir.path().join(folder)).unwrap();
+            std::fs::write(dir.path().join(folder).join("kiln-plugin.toml"), version).unwrap();
+        };
+        let version = |folder: &str| std::fs::read_to_string(dir.path().join(folder).join("kiln-plugin.toml")).unwrap();
+        // Crashed while staging: the staged copy goes, the old one stays.
+        write("a", "old");
+        write(".staging-1", "new");
+        // Crashed between moving the old version aside and moving the new in.
+        write(".old-b", "old");
+        write(".staging-2", "new");
+        // Crashed after the new version was in place, before the old one was deleted.
+        write("c", "new");
+        write(".old-c", "old");
+        settle(dir.path()).unwrap();
+        assert_eq!(files(dir.path()), ["a", "b", "c"]);
+        assert_eq!((version("a"), version("b"), version("c")), ("old".into(), "old".into(), "new".into()));
+    }
+}
