@@ -32,7 +32,11 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::executor::{Event, EventSink, Executor, RunContext, RunOutcome};
+#[doc(inline)]
+pub use crate::executor::{Event, RunOutcome, RunStatus};
+use crate::executor::{EventSink, Executor, RunContext};
+#[doc(inline)]
+pub use crate::files::SavedFile;
 use crate::files::{DirOutputs, NamedInputs};
 use crate::plugins::{NodeRegistry, PluginRuntime, RegistryError, RuntimeConfig};
 use crate::workflow::{ParseError, ValidationError, Workflow, WorkflowLimits, validate};
@@ -116,7 +120,8 @@ impl Engine {
         Ok(Engine { registry, executor, config })
     }
 
-    /// The node classes it runs.
+    /// The node classes it runs (the host's own type; `kiln nodes`).
+    #[doc(hidden)]
     pub fn registry(&self) -> &Arc<NodeRegistry> {
         &self.registry
     }

@@ -15,8 +15,11 @@
 //!   keep it (`examples/mount_router.rs`). [`Server`] is the same, serving
 //!   on its own listener (`kiln serve`).
 //!
-//! The other modules are the host's internals, public for its binary and
-//! its test suites; they change without notice.
+//! [`config`] holds the settings both take. The other modules are the
+//! host's internals, public for its binary and its test suites, hidden from
+//! these docs; they change without notice. CI keeps the public surface
+//! (`host/public-api.txt`, made by `.ci/public-api.py`) from changing by
+//! accident.
 //!
 //! ## Inside
 //!
@@ -43,31 +46,52 @@
 //! typed configuration; [`cli`] is the `kiln` binary's front end;
 //! [`object_info`] renders node definitions in ComfyUI's format.
 
+#[doc(hidden)]
 pub mod accounts;
+#[doc(hidden)]
 pub mod api;
+#[doc(hidden)]
 pub mod atomic_file;
+#[doc(hidden)]
 pub mod budget;
+#[doc(hidden)]
 pub mod cli;
+#[doc(hidden)]
 pub mod codes;
 pub mod config;
 pub mod embed;
+#[doc(hidden)]
 pub mod executor;
+#[doc(hidden)]
 pub mod files;
+#[doc(hidden)]
 pub mod gpu;
+#[doc(hidden)]
 pub mod logging;
+#[doc(hidden)]
 pub mod memory;
+#[doc(hidden)]
 pub mod object_info;
+#[doc(hidden)]
 pub mod plugins;
+#[doc(hidden)]
 pub mod secret_file;
+#[doc(hidden)]
 pub mod server;
+#[doc(hidden)]
 pub mod service;
+#[doc(hidden)]
 pub mod store;
+#[doc(hidden)]
 pub mod tensor;
 #[cfg(test)]
 mod test_support;
+#[doc(hidden)]
 pub mod value;
+#[doc(hidden)]
 pub mod workflow;
 
 pub use config::Config;
 pub use embed::Engine;
+#[doc(inline)]
 pub use server::{Mounted, Server};
