@@ -2,7 +2,8 @@
 
 Usage: python3 .ci/public-api.py TARGET/doc/kiln.json > host/public-api.txt
 (the JSON from `RUSTC_BOOTSTRAP=1 cargo rustdoc -p kiln --lib -- -Z
-unstable-options --output-format json --document-hidden-items`)
+unstable-options --output-format json --document-hidden-items`, built in a
+target folder of its own: RUSTC_BOOTSTRAP is part of cargo's fingerprints)
 
 Walks the crate from its root through public modules and re-exports,
 skipping what is marked `#[doc(hidden)]` (the host's internals; hidden items

@@ -31,9 +31,16 @@ pub fn build_guests(packages: &[(&str, &str)]) {
         cmd.args(["-p", package]);
     }
     // The outer build's settings are for the host, not for the guests.
-    for var in
-        ["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "CARGO_BUILD_RUSTFLAGS"]
-    {
+    for var in [
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_BUILD_RUSTFLAGS",
+        "RUSTC_BOOTSTRAP",
+    ] {
         cmd.env_remove(var);
     }
     // 128-bit SIMD: Cranelift compiles it to SSE/AVX, and the pixel loops
