@@ -11,7 +11,8 @@ use std::path::Path;
 /// Replaces `path` with `bytes` (creating its directory); `mode`: the new
 /// file's Unix permission bits (default: the process umask's).
 pub fn write(path: &Path, bytes: &[u8], mode: Option<u32>) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    // A bare file name's parent is the empty path: the working directory.
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     // One temporary name per target (writers of one file are serialized by
     // their owners), so what a crash left is reused, not piled up; a dot

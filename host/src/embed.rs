@@ -56,6 +56,13 @@ pub enum EngineError {
     /// The workflow does not validate (each problem named).
     #[error("{0}")]
     Invalid(ValidationError),
+    /// The bundle cannot run here (a component missing, a hash wrong) or
+    /// the run's inputs are not ones it lets a caller give.
+    #[error(transparent)]
+    Bundle(#[from] crate::bundle::BundleError),
+    /// An input the bundle does not let a caller replace, or does not have.
+    #[error("{0}")]
+    Input(String),
 }
 
 /// The plugin runtime `config` describes, and the bundled plugins plus
@@ -76,7 +83,15 @@ pub struct Engine {
     registry: Arc<NodeRegistry>,
     executor: Executor,
     config: Config,
+    /// Recently run bundles' node classes, by bundle hash.
+    bundles: parking_lot::Mutex<lru::LruCache<blake3::Hash, Arc<NodeRegistry>>>,
 }
+
+/// Bundles whose resolved components an [`Engine`] keeps.
+const BUNDLES_KEPT: std::num::NonZeroUsize = match std::num::NonZeroUsize::new(8) {
+    Some(n) => n,
+    None => std::num::NonZeroUsize::MIN,
+};
 
 /// One run's inputs and hooks.
 pub struct Run {
@@ -117,7 +132,7 @@ impl Engine {
     pub async fn new(config: Config) -> Result<Engine, EngineError> {
         let (runtime, registry) = load_plugins(&config).await?;
         let executor = Executor::new(runtime, config.result_cache_mb << 20, config.max_concurrency as usize);
-        Ok(Engine { registry, executor, config })
+        Ok(Engine { registry, executor, config, bundles: parking_lot::Mutex::new(lru::LruCache::new(BUNDLES_KEPT)) })
     }
 
     /// The node classes it runs (the host's own type; `kiln nodes`).
@@ -129,22 +144,71 @@ impl Engine {
     /// Validates `workflow` (API format; a `/prompt` body's `prompt` is
     /// taken) against the engine's classes and `run`'s inputs.
     pub fn plan(&self, workflow: &serde_json::Value, run: &Run) -> Result<crate::workflow::Plan, EngineError> {
-        let workflow = workflow.get("prompt").filter(|p| p.is_object()).unwrap_or(workflow);
-        let parsed = Workflow::from_json(workflow, &WorkflowLimits::from_config(&self.config))?;
-        match validate(&parsed, &self.registry, &run.inputs) {
-            Ok((plan, issues)) if issues.is_empty() => Ok(plan),
-            Ok((_, issues)) => Err(EngineError::Invalid(ValidationError::OutputsFailed(issues))),
-            Err(e) => Err(EngineError::Invalid(e)),
+        plan(&self.registry, &self.config, workflow, run)
+    }
+
+    /// Makes a bundle of `workflows` (name, API-format JSON) as this
+    /// engine runs them: their components pinned by hash, `inputs` (file
+    /// name → bytes) as their default input files (see [`crate::bundle`]).
+    pub fn pack(
+        &self,
+        workflows: &[(String, serde_json::Value)],
+        inputs: &std::collections::BTreeMap<String, Arc<[u8]>>,
+        options: &crate::bundle::PackOptions,
+    ) -> Result<crate::bundle::Bundle, crate::bundle::PackError> {
+        crate::bundle::pack(&self.registry, workflows, inputs, options, &WorkflowLimits::from_config(&self.config))
+    }
+
+    /// Runs workflow `workflow` of `bundle` (`None`: its only one) on the
+    /// bundle's own components (see [`crate::bundle`]): the bundle's
+    /// default input files, each replaced by the file `run` gives under
+    /// its name where the bundle lets a caller do so.
+    pub async fn run_bundle(&self, bundle: &crate::bundle::Bundle, workflow: Option<&str>, mut run: Run) -> Result<RunOutcome, EngineError> {
+        let descriptor = bundle.descriptor();
+        for name in run.inputs.names() {
+            match descriptor.inputs.get(name) {
+                Some(entry) if entry.overridable => {}
+                Some(_) => return Err(EngineError::Input(format!("input `{name}` is fixed in this bundle"))),
+                None => {
+                    let names: Vec<&str> = descriptor.inputs.keys().map(String::as_str).collect();
+                    return Err(EngineError::Input(format!("the bundle has no input `{name}` (its inputs: {})", names.join(", "))));
+                }
+            }
         }
+        let given: std::collections::BTreeSet<String> = run.inputs.names().map(str::to_string).collect();
+        for name in descriptor.inputs.keys().filter(|n| !given.contains(*n)) {
+            if let Some(bytes) = bundle.input(name) {
+                run.inputs.insert_bytes(name.clone(), bytes);
+            }
+        }
+        let (_, json) = bundle.workflow(workflow, &WorkflowLimits::from_config(&self.config))?;
+        let registry = self.bundle_registry(bundle).await?;
+        self.run_on(registry, &json, run).await
+    }
+
+    /// The node classes of `bundle`'s runs: resolved once per bundle and
+    /// kept for the next runs of it (the last [`BUNDLES_KEPT`]).
+    async fn bundle_registry(&self, bundle: &crate::bundle::Bundle) -> Result<Arc<NodeRegistry>, EngineError> {
+        if let Some(registry) = self.bundles.lock().get(&bundle.hash()) {
+            return Ok(registry.clone());
+        }
+        let registry = Arc::new(crate::bundle::registry(bundle, &self.registry, self.executor.runtime()).await?);
+        self.bundles.lock().put(bundle.hash(), registry.clone());
+        Ok(registry)
     }
 
     /// Validates and runs `workflow`: its outcome (succeeded, the node that
     /// failed and why, or interrupted), with the files each output node saved.
     pub async fn run(&self, workflow: &serde_json::Value, run: Run) -> Result<RunOutcome, EngineError> {
-        let plan = self.plan(workflow, &run)?;
+        self.run_on(self.registry.clone(), workflow, run).await
+    }
+
+    async fn run_on(&self, registry: Arc<NodeRegistry>, workflow: &serde_json::Value, run: Run) -> Result<RunOutcome, EngineError> {
+        let plan = plan(&registry, &self.config, workflow, &run)?;
+        let workflow = workflow.get("prompt").filter(|p| p.is_object()).unwrap_or(workflow);
         let ctx = RunContext {
             job_id: uuid::Uuid::new_v4().to_string(),
-            registry: self.registry.clone(),
+            registry,
             prompt: Arc::from(workflow.to_string()),
             extra_pnginfo: None,
             inputs: Arc::new(run.inputs),
@@ -158,5 +222,17 @@ impl Engine {
             funds: None,
         };
         Ok(self.executor.run(&plan, ctx).await)
+    }
+}
+
+/// Validates `workflow` (a `/prompt` body's `prompt` is taken) against
+/// `registry`'s classes and `run`'s inputs.
+fn plan(registry: &NodeRegistry, config: &Config, workflow: &serde_json::Value, run: &Run) -> Result<crate::workflow::Plan, EngineError> {
+    let workflow = workflow.get("prompt").filter(|p| p.is_object()).unwrap_or(workflow);
+    let parsed = Workflow::from_json(workflow, &WorkflowLimits::from_config(config))?;
+    match validate(&parsed, registry, &run.inputs) {
+        Ok((plan, issues)) if issues.is_empty() => Ok(plan),
+        Ok((_, issues)) => Err(EngineError::Invalid(ValidationError::OutputsFailed(issues))),
+        Err(e) => Err(EngineError::Invalid(e)),
     }
 }

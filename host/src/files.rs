@@ -84,10 +84,16 @@ pub trait OutputFiles: Send + Sync {
 /// Largest input file a node may read.
 pub const MAX_INPUT_BYTES: u64 = 512 << 20;
 
-/// Input files given as explicit `name → path` pairs (the CLI's `--input`).
+/// Input files given as explicit `name → path` pairs (the CLI's `--input`),
+/// or as bytes in memory (a bundle's default inputs).
 #[derive(Default)]
 pub struct NamedInputs {
-    files: BTreeMap<String, PathBuf>,
+    files: BTreeMap<String, InputSource>,
+}
+
+enum InputSource {
+    Path(PathBuf),
+    Bytes(std::sync::Arc<[u8]>),
 }
 
 impl NamedInputs {
@@ -97,7 +103,15 @@ impl NamedInputs {
     }
     /// Makes `path` readable under `name`.
     pub fn insert(&mut self, name: impl Into<String>, path: impl Into<PathBuf>) {
-        self.files.insert(name.into(), path.into());
+        self.files.insert(name.into(), InputSource::Path(path.into()));
+    }
+    /// Makes `bytes` readable under `name`.
+    pub fn insert_bytes(&mut self, name: impl Into<String>, bytes: std::sync::Arc<[u8]>) {
+        self.files.insert(name.into(), InputSource::Bytes(bytes));
+    }
+    /// The names given, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.files.keys().map(String::as_str)
     }
     /// Every image file directly inside `dir`, under its file name.
     pub fn from_dir(dir: &Path) -> Result<NamedInputs, FileError> {
@@ -122,7 +136,10 @@ pub fn is_image_name(name: &str) -> bool {
 
 impl InputFiles for NamedInputs {
     fn read(&self, name: &str) -> Result<Vec<u8>, FileError> {
-        let path = self.files.get(name).ok_or_else(|| FileError::NotFound(name.to_string()))?;
+        let path = match self.files.get(name).ok_or_else(|| FileError::NotFound(name.to_string()))? {
+            InputSource::Bytes(bytes) => return Ok(bytes.to_vec()),
+            InputSource::Path(path) => path,
+        };
         let size = std::fs::metadata(path)?.len();
         if size > MAX_INPUT_BYTES {
             return Err(FileError::TooLarge { name: name.to_string(), size, limit: MAX_INPUT_BYTES });
@@ -130,13 +147,21 @@ impl InputFiles for NamedInputs {
         Ok(std::fs::read(path)?)
     }
     fn contains(&self, name: &str) -> bool {
-        self.files.get(name).is_some_and(|p| p.is_file())
+        match self.files.get(name) {
+            Some(InputSource::Path(p)) => p.is_file(),
+            Some(InputSource::Bytes(_)) => true,
+            None => false,
+        }
     }
     fn content_hash(&self, name: &str) -> Option<blake3::Hash> {
-        let path = self.files.get(name)?;
-        let mut hasher = blake3::Hasher::new();
-        hasher.update_reader(std::fs::File::open(path).ok()?).ok()?;
-        Some(hasher.finalize())
+        match self.files.get(name)? {
+            InputSource::Bytes(bytes) => Some(blake3::hash(bytes)),
+            InputSource::Path(path) => {
+                let mut hasher = blake3::Hasher::new();
+                hasher.update_reader(std::fs::File::open(path).ok()?).ok()?;
+                Some(hasher.finalize())
+            }
+        }
     }
     fn image_names(&self) -> Vec<String> {
         self.files.keys().filter(|n| is_image_name(n)).cloned().collect()

@@ -15,6 +15,11 @@
 //!   keep it (`examples/mount_router.rs`). [`Server`] is the same, serving
 //!   on its own listener (`kiln serve`).
 //!
+//! [`bundle`] is the portable form of a deployment: workflows, the exact
+//! plugin components they use (pinned by blake3) and default inputs in one
+//! file, made by [`Engine::pack`] and run by [`Engine::run_bundle`] with the
+//! same outputs on any host.
+//!
 //! [`config`] holds the settings both take. The other modules are the
 //! host's internals, public for its binary and its test suites, hidden from
 //! these docs; they change without notice. CI keeps the public surface
@@ -54,6 +59,7 @@ pub mod api;
 pub mod atomic_file;
 #[doc(hidden)]
 pub mod budget;
+pub mod bundle;
 #[doc(hidden)]
 pub mod cli;
 #[doc(hidden)]

@@ -52,6 +52,9 @@ crate::codes::code_table! {
         /// A plugin the host would not load (compile failure, an import its
         /// manifest does not declare, a class or route already taken).
         PluginRefused => (StatusCode::UNPROCESSABLE_ENTITY, "plugin_refused"),
+        /// A bundle that is damaged or altered (a file not matching its
+        /// hash), or whose components the host cannot load (each named).
+        BundleRefused => (StatusCode::UNPROCESSABLE_ENTITY, "bundle_refused"),
         MetadataInvalid => (StatusCode::UNPROCESSABLE_ENTITY, "metadata_invalid"),
         QueueFull => (StatusCode::TOO_MANY_REQUESTS, "queue_full"),
         DeploymentNotReady => (StatusCode::TOO_MANY_REQUESTS, "deployment_not_ready"),

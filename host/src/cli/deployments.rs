@@ -29,6 +29,10 @@ pub enum Action {
         /// A plugin directory on the server to load for it (repeatable).
         #[arg(long = "plugin-dir")]
         plugin_dirs: Vec<PathBuf>,
+        /// A bundle (`kiln pack`), sent to the server: the deployment runs
+        /// exactly its components.
+        #[arg(long, value_name = "FILE", conflicts_with = "plugin_dirs")]
+        bundle: Option<PathBuf>,
         /// Callers need no credentials (one shared demo identity; logs withheld).
         #[arg(long)]
         public_demo: bool,
@@ -54,10 +58,20 @@ pub async fn run(config: &crate::config::Config, args: DeploymentsArgs) -> anyho
     let base = format!("{}/admin/deployments", args.url.trim_end_matches('/'));
     let http = reqwest::Client::new();
     let request = match args.action {
-        Action::Create { id, owner, plugin_dirs, public_demo, max_running, max_queued } => {
+        Action::Create { id, owner, plugin_dirs, bundle, public_demo, max_running, max_queued } => {
             let limits = max_running.zip(max_queued).map(|(r, q)| serde_json::json!({ "max_running": r, "max_queued": q }));
             let body = serde_json::json!({ "id": id, "owner": owner, "plugin_dirs": plugin_dirs, "public_demo": public_demo, "limits": limits });
-            http.post(&base).json(&body)
+            match bundle {
+                None => http.post(&base).json(&body),
+                Some(path) => {
+                    let bytes = tokio::fs::read(&path).await.with_context(|| format!("reading {}", path.display()))?;
+                    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "bundle.kiln".into());
+                    let form = reqwest::multipart::Form::new()
+                        .part("deployment", reqwest::multipart::Part::text(body.to_string()).mime_str("application/json")?)
+                        .part("bundle", reqwest::multipart::Part::bytes(bytes).file_name(name).mime_str("application/gzip")?);
+                    http.post(&base).multipart(form)
+                }
+            }
         }
         Action::Stop { id } => http.post(format!("{base}/{id}/stop")),
         Action::Start { id } => http.post(format!("{base}/{id}/start")),

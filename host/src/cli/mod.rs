@@ -2,6 +2,7 @@
 
 mod accounts;
 pub mod admin;
+mod bundle;
 mod db;
 mod deployments;
 mod front_end;
@@ -31,8 +32,14 @@ pub struct Cli {
 /// A kiln subcommand.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a workflow (API format) on the embedded engine and print its output files.
+    /// Run a workflow (API format) or a bundle on the embedded engine and print its output files.
     Run(run::RunArgs),
+    /// Make a bundle: workflows, the exact plugin components they use, default inputs.
+    Pack(bundle::PackArgs),
+    /// Check a bundle and print what it holds (JSON).
+    Inspect(bundle::InspectArgs),
+    /// Check a bundle and write its files into a directory.
+    Unpack(bundle::UnpackArgs),
     /// Print the node definitions as ComfyUI `object_info` JSON.
     Nodes,
     /// Print what kiln will use, one line each: the GPU adapter, the plugin
@@ -113,6 +120,9 @@ pub fn runtime(cli: &Cli, config: &crate::config::Config) -> std::io::Result<tok
 pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(args) => run::run(config, args).await,
+        Command::Pack(args) => bundle::pack(config, args).await,
+        Command::Inspect(args) => bundle::inspect(&config, &args),
+        Command::Unpack(args) => bundle::unpack(&config, &args),
         Command::Serve(args) => serve::serve(config, args).await,
         Command::Accounts(args) => accounts::run(config, args).await,
         Command::Deployments(args) => deployments::run(&config, args).await,

@@ -17,9 +17,13 @@ use crate::workflow::{ValidationError, Workflow, WorkflowLimits};
 /// Arguments of `kiln run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// The workflow, in ComfyUI API format.
+    /// The workflow, in ComfyUI API format, or a bundle (`kiln pack`).
     pub workflow: PathBuf,
-    /// Makes the file at PATH available to LoadImage-style nodes as NAME (repeatable).
+    /// Of a bundle with several workflows, the one to run.
+    #[arg(long = "workflow", value_name = "NAME")]
+    pub bundle_workflow: Option<String>,
+    /// Makes the file at PATH available to LoadImage-style nodes as NAME
+    /// (repeatable); of a bundle, replaces its default input NAME.
     #[arg(long = "input", value_name = "NAME=PATH", value_parser = parse_input)]
     pub inputs: Vec<(String, PathBuf)>,
     /// Where outputs go (previews go to DIR/temp).
@@ -42,7 +46,7 @@ struct Timing {
     elapsed_ms: f64,
 }
 
-fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
+pub(super) fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
     let (name, path) = s.split_once('=').ok_or("expected NAME=PATH")?;
     if name.is_empty() || path.is_empty() {
         return Err("expected NAME=PATH".into());
@@ -51,7 +55,7 @@ fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
 }
 
 /// Exit code for validation errors.
-const EXIT_INVALID: i32 = 2;
+pub(super) const EXIT_INVALID: i32 = 2;
 /// Exit code for an interrupted run.
 const EXIT_INTERRUPTED: i32 = 130;
 
@@ -62,7 +66,13 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     if config.decommit_batch == Config::default().decommit_batch {
         config.decommit_batch = RUN_DECOMMIT_BATCH;
     }
-    let Some(json) = read_workflow(&args, &WorkflowLimits::from_config(&config))? else { return Ok(EXIT_INVALID) };
+    let source = if is_bundle(&args.workflow) {
+        Source::Bundle(super::bundle::read_bundle(&args.workflow, &config)?)
+    } else {
+        anyhow::ensure!(args.bundle_workflow.is_none(), "--workflow picks a workflow of a bundle; {} is a workflow", args.workflow.display());
+        let Some(json) = read_workflow(&args.workflow, &WorkflowLimits::from_config(&config))? else { return Ok(EXIT_INVALID) };
+        Source::Workflow(json)
+    };
     let mut run = Run::new(&args.out);
     for (name, path) in &args.inputs {
         anyhow::ensure!(path.is_file(), "--input {name}: {} is not a file", path.display());
@@ -93,7 +103,12 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
             report(&bar, &event)
         }
     };
-    let outcome = match engine.run(&json, run.on_event(events).cancel_with(cancel)).await {
+    let run = run.on_event(events).cancel_with(cancel);
+    let outcome = match &source {
+        Source::Workflow(json) => engine.run(json, run).await,
+        Source::Bundle(bundle) => engine.run_bundle(bundle, args.bundle_workflow.as_deref(), run).await,
+    };
+    let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(EngineError::Invalid(e)) => {
             print_validation(&e);
@@ -115,18 +130,31 @@ pub async fn run(mut config: Config, args: RunArgs) -> anyhow::Result<i32> {
     finish(outcome)
 }
 
+/// What `kiln run` runs.
+enum Source {
+    Workflow(serde_json::Value),
+    Bundle(crate::bundle::Bundle),
+}
+
+/// Whether `path` is a bundle: it starts as gzip does (a workflow is JSON).
+fn is_bundle(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 2];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == [0x1f, 0x8b]
+}
+
 /// The workflow file as JSON (a `/prompt` request body too) and parsed;
 /// `None` (exit 2, said why) when it is over the size limit or does not
 /// parse as a workflow. Its size is checked before it is read: a workflow
 /// is bounded here as on the API (`max_workflow_kb`).
-fn read_workflow(args: &RunArgs, limits: &WorkflowLimits) -> anyhow::Result<Option<serde_json::Value>> {
-    let size = std::fs::metadata(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?.len();
+pub(super) fn read_workflow(path: &std::path::Path, limits: &WorkflowLimits) -> anyhow::Result<Option<serde_json::Value>> {
+    let size = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
     if let Err(e) = limits.check_size(usize::try_from(size).unwrap_or(usize::MAX)) {
         eprintln!("error: {e}");
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&args.workflow).with_context(|| format!("reading {}", args.workflow.display()))?;
-    let mut json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", args.workflow.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
     if let Some(prompt) = json.get("prompt").filter(|p| p.is_object()) {
         json = prompt.clone();
     }

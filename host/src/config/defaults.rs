@@ -49,6 +49,7 @@ impl Default for Config {
             sweep_interval_s: 60,
             max_upload_mb: 100,
             max_plugin_mb: 64,
+            max_bundle_mb: 256,
             max_plugins_per_account: 10,
             max_account_plugin_mb: 32,
             account_plugin_gpu: false,

@@ -76,6 +76,7 @@ const ENV_FIELDS: &[&str] = &[
     "sweep_interval_s",
     "max_upload_mb",
     "max_plugin_mb",
+    "max_bundle_mb",
     "max_plugins_per_account",
     "max_account_plugin_mb",
     "account_plugin_gpu",

@@ -195,6 +195,10 @@ pub struct Config {
     /// Largest plugin an operator installs through the admin API (its
     /// manifest and component). Default 64 MiB.
     pub max_plugin_mb: u64,
+    /// Largest bundle, decompressed: what `kiln run`, `kiln inspect` and a
+    /// deployment created from a bundle (`POST /admin/deployments`) read.
+    /// Default 256 MiB.
+    pub max_bundle_mb: u64,
     /// With accounts: the plugins one account may install for itself
     /// (`/api/v2/plugins`); 0 turns account plugins off. Default 10.
     pub max_plugins_per_account: usize,

@@ -24,7 +24,7 @@ pub use events::{Event, EventSink};
 
 use crate::budget::JobBudget;
 use crate::files::{InputFiles, OutputFiles, SavedFile};
-use crate::plugins::node::{ComboSource, HiddenInput, InputKind};
+use crate::plugins::node::HiddenInput;
 use crate::plugins::{NodeFailure, NodeRegistry, PluginRuntime};
 use crate::value::Value;
 use crate::workflow::{Plan, PlannedInput};
@@ -152,7 +152,7 @@ impl Executor {
             let mut complete = true;
             for (name, input) in &node.inputs {
                 match input {
-                    PlannedInput::Const(Value::String(s)) if is_file_input(def, name) => {
+                    PlannedInput::Const(Value::String(s)) if def.reads_input_file(name) => {
                         key.constant(name, &Value::String(s.clone()));
                         key.file(name, files.content_hash(s));
                     }
@@ -173,9 +173,4 @@ impl Executor {
         }
         keys
     }
-}
-
-/// Whether input `name` of `def` names an uploaded file.
-fn is_file_input(def: &crate::plugins::NodeDef, name: &str) -> bool {
-    def.required.iter().chain(&def.optional).any(|i| i.name == name && matches!(&i.kind, InputKind::Combo(c) if c.source == ComboSource::InputImages))
 }

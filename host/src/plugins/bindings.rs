@@ -18,3 +18,14 @@ wasmtime::component::bindgen!({
 pub use self::kiln::plugin::host::{FileKind, SavedFile};
 pub use self::kiln::plugin::tensors::TensorError as WitTensorError;
 pub use exports::kiln::plugin::node;
+
+impl node::NodeDef {
+    /// Whether input `name` names an input file (an image combo: the value
+    /// is a file the node reads with `read-input`).
+    pub fn reads_input_file(&self, name: &str) -> bool {
+        self.required
+            .iter()
+            .chain(&self.optional)
+            .any(|i| i.name == name && matches!(&i.kind, node::InputKind::Combo(c) if c.source == node::ComboSource::InputImages))
+    }
+}

@@ -21,6 +21,9 @@ pub enum PluginId {
     Bundled(String),
     /// Loaded from this directory (canonical: symlinks and `..` resolved).
     Dir(PathBuf),
+    /// Carried in the bundle whose hash this is (see `bundle`), under the
+    /// plugin name the bundle lists. Only a component-hash grant names it.
+    InBundle { bundle: Box<blake3::Hash>, plugin: String },
 }
 
 impl PluginId {
@@ -35,6 +38,7 @@ impl fmt::Display for PluginId {
         match self {
             PluginId::Bundled(name) => write!(f, "bundled:{name}"),
             PluginId::Dir(path) => write!(f, "{}", path.display()),
+            PluginId::InBundle { bundle, plugin } => write!(f, "bundle:{}/{plugin}", &bundle.to_hex()[..16]),
         }
     }
 }
@@ -101,7 +105,8 @@ impl PluginGrant {
             (PluginGrant::Hash(h), _) => h == component_hash,
             (PluginGrant::Dir(granted), PluginId::Dir(dir)) => granted == dir,
             (PluginGrant::Bundled(granted), PluginId::Bundled(name)) => granted == name,
-            (PluginGrant::Dir(_), PluginId::Bundled(_)) | (PluginGrant::Bundled(_), PluginId::Dir(_)) => false,
+            (PluginGrant::Dir(_), PluginId::Bundled(_) | PluginId::InBundle { .. })
+            | (PluginGrant::Bundled(_), PluginId::Dir(_) | PluginId::InBundle { .. }) => false,
         }
     }
 }

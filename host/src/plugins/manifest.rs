@@ -33,6 +33,10 @@ pub struct Manifest {
     /// defines. Default: none.
     #[serde(default)]
     pub nondeterministic: Vec<String>,
+    /// The text it was parsed from (a bundle carries it verbatim; its
+    /// blake3 pins it).
+    #[serde(skip)]
+    pub text: std::sync::Arc<str>,
 }
 
 /// What a plugin asks for; absent values take the operator's defaults.
@@ -157,7 +161,8 @@ impl Manifest {
 
     /// Parses and checks a manifest.
     pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
-        let manifest: Manifest = toml::from_str(text)?;
+        let mut manifest: Manifest = toml::from_str(text)?;
+        manifest.text = std::sync::Arc::from(text);
         let name_ok =
             !manifest.name.is_empty() && manifest.name.len() <= 64 && manifest.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !name_ok {

@@ -23,6 +23,8 @@ pub struct NodeRegistry {
     plugins: Vec<Arc<Plugin>>,
     classes: HashMap<String, (usize, usize)>,
     order: Vec<String>,
+    /// The bundle whose components these are, when built from one.
+    bundle: Option<blake3::Hash>,
 }
 
 /// Why the registry refused a plugin.
@@ -120,7 +122,19 @@ impl NodeRegistry {
     /// Plugin name → `blake3:<hex>` of the component of each plugin
     /// providing one of `classes`.
     pub fn components_of<'a>(&self, classes: impl Iterator<Item = &'a str>) -> std::collections::BTreeMap<String, String> {
-        classes.filter_map(|c| self.get(c)).map(|(plugin, _)| (plugin.manifest.name.clone(), format!("blake3:{}", plugin.component_hash.to_hex()))).collect()
+        classes.filter_map(|c| self.get(c)).map(|(plugin, _)| (plugin.manifest.name.clone(), super::identity::hash_grant(&plugin.component_hash))).collect()
+    }
+
+    /// The bundle this registry runs (its plugins are exactly the
+    /// bundle's components; see `bundle::resolve`).
+    pub fn bundle(&self) -> Option<&blake3::Hash> {
+        self.bundle.as_ref()
+    }
+
+    /// Marks this registry as made of bundle `hash`'s components.
+    pub(crate) fn pinned_to(mut self, hash: blake3::Hash) -> NodeRegistry {
+        self.bundle = Some(hash);
+        self
     }
 
     /// The loaded plugins.

@@ -1,6 +1,13 @@
 //! Serverless deployments: a named set of plugins plus limits,
 //! owned by an account, served under `/deployment/{id}/api/v2`.
 //!
+//! A deployment's plugins are the bundled ones plus its `plugin_dirs`, or
+//! exactly the components of the bundle it was created from (see
+//! `bundle`): the bundle is checked whole and its components matched
+//! against the host's when it is created, kept in the deployment store by
+//! hash, and resolved again at each load, so a restart serves the very
+//! same components; its record shows the bundle's hash.
+//!
 //! This module owns a deployment's record, its state machine
 //! (`starting` → `ready`, `failed`; `stop` → `stopped`; `start` →
 //! `starting` again), its records (kept in a [`DeploymentStore`]; embedded:
@@ -18,6 +25,7 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
 use super::fair::OwnerLimits;
+use crate::bundle::{Bundle, BundleError};
 use crate::executor::Executor;
 use crate::plugins::{NodeRegistry, PluginRuntime};
 use crate::store::{DeploymentStore, Micros, StoreError, now_micros};
@@ -68,11 +76,40 @@ pub struct DeploymentSpec {
     pub limits: Option<OwnerLimits>,
 }
 
+/// The bundle a deployment was created from, as its record shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BundleRecord {
+    /// `blake3:<hex>` of the bundle's descriptor: what pins it whole.
+    pub hash: String,
+    pub name: String,
+    pub version: String,
+    /// Its workflows' names.
+    pub workflows: Vec<String>,
+    /// Plugin name → `blake3:<hex>` of its component.
+    pub components: std::collections::BTreeMap<String, String>,
+}
+
+impl BundleRecord {
+    fn of(bundle: &Bundle) -> BundleRecord {
+        let d = bundle.descriptor();
+        BundleRecord {
+            hash: bundle.hash_string(),
+            name: d.name.clone(),
+            version: d.version.clone(),
+            workflows: d.workflows.keys().cloned().collect(),
+            components: d.components.iter().map(|c| (c.plugin.clone(), c.component.clone())).collect(),
+        }
+    }
+}
+
 /// A deployment as stored and shown.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DeploymentRecord {
     #[serde(flatten)]
     pub spec: DeploymentSpec,
+    /// The bundle it runs, when created from one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<BundleRecord>,
     pub state: DeploymentState,
     /// Why its plugins failed to load (state `failed`).
     #[serde(default)]
@@ -90,6 +127,8 @@ pub enum DeploymentError {
     Exists(String),
     #[error("no deployment {0:?}")]
     NotFound(String),
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
     #[error("deployment store: {0}")]
     Store(#[from] StoreError),
 }
@@ -110,7 +149,7 @@ struct Entry {
 
 /// Every deployment of the server.
 pub struct Deployments {
-    store: Arc<dyn DeploymentStore>,
+    pub(super) store: Arc<dyn DeploymentStore>,
     entries: RwLock<HashMap<String, Entry>>,
     /// Serializes writes of records (each writes the latest state).
     save: tokio::sync::Mutex<()>,
@@ -164,10 +203,10 @@ impl Deployments {
 
     /// Records a new deployment, `starting`; returns it and the load's
     /// generation.
-    pub async fn create(&self, spec: DeploymentSpec) -> Result<(DeploymentRecord, u64), DeploymentError> {
-        check_spec(&spec)?;
+    pub async fn create(&self, spec: DeploymentSpec, bundle: Option<BundleRecord>) -> Result<(DeploymentRecord, u64), DeploymentError> {
+        check_spec(&spec, bundle.is_some())?;
         let now = now_micros();
-        let record = DeploymentRecord { spec, state: DeploymentState::Starting, error: None, created_at: now, updated_at: now };
+        let record = DeploymentRecord { spec, bundle, state: DeploymentState::Starting, error: None, created_at: now, updated_at: now };
         {
             let mut entries = self.entries.write();
             if entries.contains_key(&record.spec.id) {
@@ -269,8 +308,12 @@ impl Deployments {
 }
 
 /// Ids are 1–63 of `[a-z0-9-]`, not starting or ending with `-` (one path
-/// segment, one DNS label).
-fn check_spec(spec: &DeploymentSpec) -> Result<(), DeploymentError> {
+/// segment, one DNS label); a deployment from a bundle has no
+/// `plugin_dirs`.
+fn check_spec(spec: &DeploymentSpec, from_bundle: bool) -> Result<(), DeploymentError> {
+    if from_bundle && !spec.plugin_dirs.is_empty() {
+        return Err(DeploymentError::Invalid("a deployment from a bundle runs the bundle's components only: give no plugin_dirs".into()));
+    }
     let id_ok = !spec.id.is_empty()
         && spec.id.len() <= MAX_ID_LEN
         && spec.id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -296,11 +339,22 @@ fn check_spec(spec: &DeploymentSpec) -> Result<(), DeploymentError> {
     Ok(())
 }
 
-/// Loads a deployment's plugins: the bundled ones and its directories.
-pub async fn load(runtime: Arc<PluginRuntime>, plugin_dirs: Vec<PathBuf>, concurrency: usize) -> Result<Loaded, String> {
-    let registry = Arc::new(NodeRegistry::load_all(&runtime, &plugin_dirs).await.map_err(|e| e.to_string())?);
+/// Where a deployment's plugins come from.
+pub enum PluginSource {
+    /// The bundled plugins and these directories.
+    Dirs(Vec<PathBuf>),
+    /// Exactly this bundle's components, matched against `host`'s plugins.
+    Bundle { bundle: Box<Bundle>, host: Arc<NodeRegistry> },
+}
+
+/// Loads a deployment's plugins.
+pub async fn load(runtime: Arc<PluginRuntime>, source: PluginSource, concurrency: usize) -> Result<Loaded, String> {
+    let registry = match source {
+        PluginSource::Dirs(dirs) => NodeRegistry::load_all(&runtime, &dirs).await.map_err(|e| e.to_string())?,
+        PluginSource::Bundle { bundle, host } => crate::bundle::registry(&bundle, &host, &runtime).await.map_err(|e| e.to_string())?,
+    };
     let executor = Arc::new(Executor::new(runtime, DEPLOYMENT_CACHE_BYTES, concurrency));
-    Ok(Loaded { registry, executor })
+    Ok(Loaded { registry: Arc::new(registry), executor })
 }
 
 /// The demo identity every caller of public demo deployment `id` shares
@@ -308,6 +362,9 @@ pub async fn load(runtime: Arc<PluginRuntime>, plugin_dirs: Vec<PathBuf>, concur
 pub fn demo_owner(id: &str) -> String {
     format!("demo/{id}")
 }
+
+/// Turns of bundle creations (see [`super::Service::create_deployment`]).
+static BUNDLE_TURN: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
 /// Seconds a caller is told to wait while a deployment starts.
 pub const NOT_READY_RETRY_S: u64 = 2;
@@ -344,11 +401,46 @@ impl super::Service {
         }
     }
 
-    /// Creates a deployment and starts loading its plugins.
-    pub async fn create_deployment(self: &Arc<Self>, spec: DeploymentSpec) -> Result<DeploymentRecord, DeploymentError> {
-        let (record, generation) = self.deployments.create(spec).await?;
-        self.load_deployment(&record.spec.id, generation);
-        Ok(record)
+    /// Creates a deployment — from `bundle` (its bytes) if given — and
+    /// starts loading its plugins. A bundle is checked whole first, and
+    /// refused when a component it only references is not on this host
+    /// (each named); it is kept by hash before the record is written.
+    pub async fn create_deployment(self: &Arc<Self>, spec: DeploymentSpec, bundle: Option<&[u8]>) -> Result<DeploymentRecord, DeploymentError> {
+        let Some(bytes) = bundle else {
+            let (record, generation) = self.deployments.create(spec, None).await?;
+            self.load_deployment(&record.spec.id, generation);
+            return Ok(record);
+        };
+        // One bundle at a time: each holds up to twice `max_bundle_mb` while
+        // it is read, and a bundle stored for a creation that then fails is
+        // taken back unless a deployment uses it.
+        let _one = BUNDLE_TURN.acquire().await.map_err(|_| DeploymentError::Invalid("the server is stopping".into()))?;
+        check_spec(&spec, true)?;
+        if self.deployments.get(&spec.id).is_some() {
+            return Err(DeploymentError::Exists(spec.id));
+        }
+        let parsed = Bundle::read(bytes, self.opts.max_bundle_bytes)?;
+        let missing = crate::bundle::missing_components(&parsed, &self.registry());
+        if !missing.is_empty() {
+            return Err(BundleError::Missing(missing).into());
+        }
+        let hex = parsed.hash().to_hex();
+        self.deployments.store.put_bundle(&hex, bytes).await?;
+        let bundle = BundleRecord::of(&parsed);
+        match self.deployments.create(spec, Some(bundle.clone())).await {
+            Ok((record, generation)) => {
+                self.load_deployment(&record.spec.id, generation);
+                Ok(record)
+            }
+            Err(e) => {
+                if !self.deployments.list().iter().any(|d| d.bundle.as_ref().is_some_and(|b| b.hash == bundle.hash))
+                    && let Err(undo) = self.deployments.store.delete_bundle(&hex).await
+                {
+                    tracing::error!(bundle = %bundle.hash, error = %undo, "cannot take back the bundle of a failed creation");
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Stops a deployment: its queued jobs are canceled; running ones end
@@ -397,7 +489,8 @@ impl super::Service {
     /// loaded it is ready and its queued jobs may start.
     pub(super) fn load_deployment(self: &Arc<Self>, id: &str, generation: u64) {
         let Some(record) = self.deployments.get(id) else { return };
-        let runtime = self.executor.runtime().clone();
+        let (runtime, host, max_bundle) = (self.executor.runtime().clone(), self.registry(), self.opts.max_bundle_bytes);
+        let store = self.deployments.store.clone();
         let concurrency = self.executor.concurrency();
         let id = id.to_string();
         let service = self.clone();
@@ -406,7 +499,25 @@ impl super::Service {
         // must not hold up the HTTP reactor's threads.
         tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
-            let result = handle.block_on(load(runtime, record.spec.plugin_dirs.clone(), concurrency));
+            let result = handle.block_on(async {
+                let source = match &record.bundle {
+                    None => PluginSource::Dirs(record.spec.plugin_dirs.clone()),
+                    Some(b) => {
+                        let hex = b.hash.strip_prefix("blake3:").unwrap_or_default();
+                        let bytes = store
+                            .bundle(hex)
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .ok_or_else(|| format!("its bundle {} is not in the deployment store", b.hash))?;
+                        let bundle = Bundle::read(&bytes, max_bundle).map_err(|e| e.to_string())?;
+                        if bundle.hash_string() != b.hash {
+                            return Err(format!("its stored bundle is not {}", b.hash));
+                        }
+                        PluginSource::Bundle { bundle: Box::new(bundle), host }
+                    }
+                };
+                load(runtime, source, concurrency).await
+            });
             match &result {
                 Ok(_) => tracing::info!(deployment = %id, ms = started.elapsed().as_millis() as u64, "deployment ready"),
                 Err(e) => tracing::error!(deployment = %id, error = %e, "deployment's plugins failed to load"),
@@ -429,6 +540,12 @@ mod tests {
         DeploymentSpec { id: id.into(), owner: "acme".into(), plugin_dirs: vec![], public_demo: false, limits: None }
     }
 
+    impl Deployments {
+        async fn create_plain(&self, spec: DeploymentSpec) -> Result<(DeploymentRecord, u64), DeploymentError> {
+            self.create(spec, None).await
+        }
+    }
+
     const FALLBACK: OwnerLimits = OwnerLimits { max_running: 4, max_queued: 40 };
 
     fn memory() -> Arc<dyn DeploymentStore> {
@@ -439,17 +556,17 @@ mod tests {
     async fn ids_are_checked_and_unique() {
         let d = Deployments::open(memory()).await.unwrap();
         for bad in ["", "Upper", "a/b", "-x", "x-", &"x".repeat(64)] {
-            assert!(matches!(d.create(spec(bad)).await, Err(DeploymentError::Invalid(_))), "{bad}");
+            assert!(matches!(d.create_plain(spec(bad)).await, Err(DeploymentError::Invalid(_))), "{bad}");
         }
-        d.create(spec("demo-1")).await.unwrap();
-        assert!(matches!(d.create(spec("demo-1")).await, Err(DeploymentError::Exists(_))));
+        d.create_plain(spec("demo-1")).await.unwrap();
+        assert!(matches!(d.create_plain(spec("demo-1")).await, Err(DeploymentError::Exists(_))));
         assert!(matches!(d.stop("nope").await, Err(DeploymentError::NotFound(_))));
     }
 
     #[tokio::test]
     async fn states_move_and_stale_loads_are_dropped() {
         let d = Deployments::open(memory()).await.unwrap();
-        let (rec, generation) = d.create(spec("a")).await.unwrap();
+        let (rec, generation) = d.create_plain(spec("a")).await.unwrap();
         assert_eq!(rec.state, DeploymentState::Starting);
         assert_eq!(d.limits("a", FALLBACK).max_running, 0, "no job starts before it is ready");
         d.stop("a").await.unwrap();
@@ -471,8 +588,8 @@ mod tests {
         let file = dir.path().join("deployments.json");
         {
             let d = Deployments::open(Arc::new(FileDeployments::open(Some(file.clone())).unwrap())).await.unwrap();
-            d.create(spec("keep")).await.unwrap();
-            d.create(DeploymentSpec { public_demo: true, limits: Some(FALLBACK), ..spec("off") }).await.unwrap();
+            d.create_plain(spec("keep")).await.unwrap();
+            d.create_plain(DeploymentSpec { public_demo: true, limits: Some(FALLBACK), ..spec("off") }).await.unwrap();
             d.stop("off").await.unwrap();
         }
         let d = Deployments::open(Arc::new(FileDeployments::open(Some(file)).unwrap())).await.unwrap();

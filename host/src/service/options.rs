@@ -15,6 +15,8 @@ pub struct ServiceOptions {
     /// How long a web sign-in session lasts (config `session_ttl_s`).
     pub session_ttl_s: u64,
     pub max_upload_bytes: u64,
+    /// Largest bundle, decompressed (`max_bundle_mb`).
+    pub max_bundle_bytes: u64,
     pub max_event_streams: usize,
     /// With accounts: the most jobs one scheduling key may have waiting,
     /// whatever its tier (config `max_queued_jobs_per_account`).
@@ -63,6 +65,7 @@ impl ServiceOptions {
             sweep_interval: Duration::from_secs(config.sweep_interval_s.max(1)),
             session_ttl_s: config.session_ttl_s.max(1),
             max_upload_bytes: config.max_upload_mb.saturating_mul(1 << 20),
+            max_bundle_bytes: config.max_bundle_mb.saturating_mul(1 << 20),
             max_event_streams: config.max_event_streams,
             max_queued_per_account: config.queued_jobs_per_account(),
             max_streams_per_account: config.event_streams_per_account(),

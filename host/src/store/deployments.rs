@@ -1,7 +1,9 @@
 //! The deployment store: where serverless deployments' records live (the
 //! service owns their shape and state machine; here they are JSON
-//! documents by id). The embedded [`FileDeployments`] keeps them in one
-//! JSON file of the data directory, replaced whole at each write.
+//! documents by id), and the bundles deployments were created from (bytes
+//! by hash). The embedded [`FileDeployments`] keeps the records in one
+//! JSON file of the data directory, replaced whole at each write, and each
+//! bundle in a file of its own beside it (`bundles/<hash>.kiln`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -22,6 +24,19 @@ pub trait DeploymentStore: Send + Sync {
     async fn put(&self, id: &str, record: &Json) -> Result<(), StoreError>;
     /// Removes the record of deployment `id` (a creation taken back).
     async fn delete(&self, id: &str) -> Result<(), StoreError>;
+    /// Keeps the bytes of the bundle whose hash is `hash` (64 hex digits);
+    /// durable when it returns. Bundles are content-addressed: keeping one
+    /// twice keeps one.
+    async fn put_bundle(&self, hash: &str, bytes: &[u8]) -> Result<(), StoreError>;
+    /// The bytes of bundle `hash`, if kept.
+    async fn bundle(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Forgets bundle `hash` (one stored for a creation that failed).
+    async fn delete_bundle(&self, hash: &str) -> Result<(), StoreError>;
+}
+
+/// Whether `hash` is 64 lowercase hex digits (a bundle's file name).
+fn is_hash(hash: &str) -> bool {
+    hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Records in a JSON array in one file (`None`: kept in memory only).
@@ -30,6 +45,8 @@ pub struct FileDeployments {
     records: Mutex<BTreeMap<String, Json>>,
     /// Serializes writes of the file, in the order of `records`' changes.
     writing: tokio::sync::Mutex<()>,
+    /// Bundles, when kept in memory only.
+    bundles: Mutex<BTreeMap<String, std::sync::Arc<[u8]>>>,
 }
 
 impl FileDeployments {
@@ -46,7 +63,7 @@ impl FileDeployments {
                 records.insert(id.to_string(), record);
             }
         }
-        Ok(FileDeployments { path, records: Mutex::new(records), writing: tokio::sync::Mutex::new(()) })
+        Ok(FileDeployments { path, records: Mutex::new(records), writing: tokio::sync::Mutex::new(()), bundles: Mutex::default() })
     }
 }
 
@@ -63,9 +80,62 @@ impl DeploymentStore for FileDeployments {
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
         self.write(id, None).await
     }
+
+    async fn put_bundle(&self, hash: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        if !is_hash(hash) {
+            return Err(StoreError::Backend(format!("{hash:?} is not a bundle hash")));
+        }
+        let Some(path) = self.bundle_path(hash) else {
+            self.bundles.lock().insert(hash.to_string(), bytes.into());
+            return Ok(());
+        };
+        let bytes = bytes.to_vec();
+        tokio::task::spawn_blocking(move || {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            crate::atomic_file::write(&path, &bytes, None)
+        })
+        .await
+        .map_err(|e| StoreError::Backend(e.to_string()))??;
+        Ok(())
+    }
+
+    async fn delete_bundle(&self, hash: &str) -> Result<(), StoreError> {
+        if !is_hash(hash) {
+            return Ok(());
+        }
+        let Some(path) = self.bundle_path(hash) else {
+            self.bundles.lock().remove(hash);
+            return Ok(());
+        };
+        match tokio::task::spawn_blocking(move || std::fs::remove_file(path)).await.map_err(|e| StoreError::Backend(e.to_string()))? {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    async fn bundle(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        if !is_hash(hash) {
+            return Ok(None);
+        }
+        let Some(path) = self.bundle_path(hash) else { return Ok(self.bundles.lock().get(hash).map(|b| b.to_vec())) };
+        match tokio::task::spawn_blocking(move || std::fs::read(path)).await.map_err(|e| StoreError::Backend(e.to_string()))? {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 impl FileDeployments {
+    /// Where bundle `hash` is kept: `bundles/<hash>.kiln` beside the
+    /// records' file (`None`: in memory).
+    fn bundle_path(&self, hash: &str) -> Option<PathBuf> {
+        let dir = self.path.as_ref()?.parent().unwrap_or(std::path::Path::new("."));
+        Some(dir.join("bundles").join(format!("{hash}.kiln")))
+    }
+
     /// Writes the file with `id`'s record replaced (`None`: removed), then
     /// keeps the change in memory: a write that fails leaves memory as the
     /// file was, so a later write does not carry the failed change.
@@ -107,5 +177,28 @@ mod tests {
         store.delete("b").await.unwrap();
         let reopened = FileDeployments::open(Some(path)).unwrap();
         assert_eq!(reopened.all().await.unwrap(), vec![serde_json::json!({"id": "c"})]);
+    }
+
+    #[tokio::test]
+    async fn bundles_are_kept_by_hash_on_disk_or_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let hash = blake3::hash(b"bundle").to_hex().to_string();
+        let on_disk = FileDeployments::open(Some(dir.path().join("deployments.json"))).unwrap();
+        let in_memory = FileDeployments::open(None).unwrap();
+        for store in [&on_disk, &in_memory] {
+            assert_eq!(store.bundle(&hash).await.unwrap(), None);
+            store.put_bundle(&hash, b"bundle").await.unwrap();
+            store.put_bundle(&hash, b"bundle").await.unwrap();
+            assert_eq!(store.bundle(&hash).await.unwrap().as_deref(), Some(&b"bundle"[..]));
+            assert!(store.put_bundle("../escape", b"x").await.is_err(), "only a hash names a bundle");
+            assert_eq!(store.bundle("../deployments.json").await.unwrap(), None);
+        }
+        let other = blake3::hash(b"other").to_hex().to_string();
+        in_memory.put_bundle(&other, b"other").await.unwrap();
+        in_memory.delete_bundle(&other).await.unwrap();
+        assert_eq!(in_memory.bundle(&other).await.unwrap(), None);
+        assert!(dir.path().join("bundles").join(format!("{hash}.kiln")).is_file());
+        let reopened = FileDeployments::open(Some(dir.path().join("deployments.json"))).unwrap();
+        assert_eq!(reopened.bundle(&hash).await.unwrap().as_deref(), Some(&b"bundle"[..]), "survives a restart");
     }
 }

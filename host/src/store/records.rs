@@ -123,6 +123,10 @@ pub struct JobRecord {
     /// component (set when it starts running; what reproduces it).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub components: std::collections::BTreeMap<String, String>,
+    /// `blake3:<hex>` of the bundle whose components it ran (a job of a
+    /// deployment created from a bundle), set with `components`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
 }
 
 /// The store key of a job whose client-chosen id `id` another owner's job
@@ -220,6 +224,7 @@ impl JobRecord {
             deployment: None,
             logs_withheld: false,
             components: Default::default(),
+            bundle: None,
         }
     }
 }

@@ -7,6 +7,7 @@ mod admission;
 mod assets;
 mod auth;
 mod blob_gc;
+mod bundles;
 mod deployments;
 mod durability;
 mod events;

@@ -1,29 +1,42 @@
 //! Admin routes of serverless deployments: create, list, show, stop, start.
 //! The service owns the rules (`service::deployments`); these handlers
 //! parse and render (the admin gate in `admin/mod.rs` checked the token).
+//! A deployment is created from a JSON body (its spec), or from a bundle:
+//! a multipart body of `deployment` (the same JSON) and `bundle` (the
+//! file), bounded by `max_bundle_mb`; a bundle that is damaged or needs
+//! components this host lacks is 422 `bundle_refused`, naming them.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::FromRequest;
+use axum::extract::Multipart;
+use axum::extract::Request;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::api::AppState;
+use crate::api::body::{self, multipart_error};
+use crate::api::body_limit::BodyLimit;
 use crate::api::error::{ApiCode, ApiError};
 use crate::api::v2::Segment;
 use crate::service::deployments::{DeploymentError, DeploymentRecord, DeploymentSpec};
 
-pub fn routes() -> Router<Arc<AppState>> {
-    Router::new()
-        .route("/admin/deployments", post(create).get(list))
-        .route("/admin/deployments/{id}", get(get_one))
-        .route("/admin/deployments/{id}/stop", post(stop))
-        .route("/admin/deployments/{id}/start", post(start))
+/// The routes; creation's body (a bundle) up to `bundle_bytes`, the
+/// others' up to the admin API's [`super::MAX_BODY`].
+pub fn routes(bundle_bytes: usize) -> Router<Arc<AppState>> {
+    let create_routes = BodyLimit::new(bundle_bytes).on(Router::new().route("/admin/deployments", post(create)));
+    BodyLimit::new(super::MAX_BODY)
+        .on(Router::new()
+            .route("/admin/deployments", get(list))
+            .route("/admin/deployments/{id}", get(get_one))
+            .route("/admin/deployments/{id}/stop", post(stop))
+            .route("/admin/deployments/{id}/start", post(start)))
+        .merge(create_routes)
 }
 
 fn error(e: DeploymentError) -> ApiError {
@@ -32,6 +45,7 @@ fn error(e: DeploymentError) -> ApiError {
         DeploymentError::Exists(_) => ApiError::new(ApiCode::DeploymentExists, e.to_string()),
         DeploymentError::NotFound(_) => ApiError::not_found(),
         DeploymentError::Store(e) => ApiError::internal(&e),
+        DeploymentError::Bundle(e) => ApiError::new(ApiCode::BundleRefused, e.to_string()),
     }
 }
 
@@ -44,10 +58,17 @@ fn view(state: &AppState, record: &DeploymentRecord) -> serde_json::Value {
     value
 }
 
-async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    // Over `MAX_BODY`: refused before it is read, or cut while read.
-    let bytes = crate::api::body::bytes(body, super::MAX_BODY as u64)?;
-    let mut spec: DeploymentSpec = serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid_request(format!("Invalid deployment: {e}")))?;
+async fn create(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
+    let is_multipart = request.headers().get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("multipart/"));
+    let (spec, bundle) = if is_multipart {
+        let limit = state.config.max_bundle_mb.saturating_mul(1 << 20);
+        read_bundle_upload(Multipart::from_request(request, &()).await, limit).await?
+    } else {
+        // Over `MAX_BODY`: refused before it is read, or cut while read.
+        let bytes = body::bytes(Bytes::from_request(request, &()).await, super::MAX_BODY as u64)?;
+        (bytes, None)
+    };
+    let mut spec: DeploymentSpec = serde_json::from_slice(&spec).map_err(|e| ApiError::invalid_request(format!("Invalid deployment: {e}")))?;
     // With accounts, the owner is an account (named by name or id): its id
     // is what jobs and billing use.
     if state.config.mode.has_accounts() {
@@ -56,8 +77,36 @@ async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRej
         spec.owner = account.ok_or_else(|| ApiError::invalid_request(format!("No account {:?} to own the deployment.", spec.owner)))?.id.clone();
     }
     let service = state.service.clone();
-    let record = crate::api::pool::on_pool(move || async move { service.create_deployment(spec).await }).await?.map_err(error)?;
+    let record = crate::api::pool::on_pool(move || async move { service.create_deployment(spec, bundle.as_deref()).await }).await?.map_err(error)?;
     Ok((StatusCode::CREATED, Json(view(&state, &record))).into_response())
+}
+
+/// A creation from a bundle: the `deployment` part (JSON, at most
+/// [`super::MAX_BODY`]) and the `bundle` part.
+async fn read_bundle_upload(
+    multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+    limit: u64,
+) -> Result<(Bytes, Option<Bytes>), ApiError> {
+    let mut multipart = body::multipart(multipart)?;
+    let (mut spec, mut bundle) = (None, None);
+    while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, limit))? {
+        match field.name().unwrap_or("") {
+            "deployment" if spec.is_none() => {
+                let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
+                if bytes.len() > super::MAX_BODY {
+                    return Err(ApiError::invalid_request(format!("The deployment part is over {} KiB.", super::MAX_BODY >> 10)));
+                }
+                spec = Some(bytes);
+            }
+            "bundle" if bundle.is_none() => bundle = Some(field.bytes().await.map_err(|e| multipart_error(e, limit))?),
+            "deployment" | "bundle" => return Err(ApiError::invalid_request("Each of `deployment` and `bundle` is sent once.")),
+            other => return Err(ApiError::invalid_request(format!("Unknown part `{other}`: send `deployment` and `bundle`."))),
+        }
+    }
+    match (spec, bundle) {
+        (Some(spec), Some(bundle)) => Ok((spec, Some(bundle))),
+        _ => Err(ApiError::invalid_request("A deployment from a bundle is two parts: `deployment` (its JSON) and `bundle` (the file).")),
+    }
 }
 
 async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {

@@ -32,11 +32,14 @@ pub fn routes(state: Arc<AppState>) -> Router {
         return Router::new();
     }
     // Operator input: small objects with known fields; plugins (a
-    // component) have their own bound.
-    let plugin_bytes = usize::try_from(state.config.max_plugin_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+    // component) and bundles have their own bounds.
+    let mb = |n: u64| usize::try_from(n.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+    // A bundle upload: the file plus its multipart framing and spec part.
+    let bundle_bytes = mb(state.config.max_bundle_mb).saturating_add(MAX_BODY + (1 << 20));
     BodyLimit::new(MAX_BODY)
-        .on(Router::new().merge(accounts::routes()).merge(deployments::routes()))
-        .merge(super::plugins::admin_routes(plugin_bytes))
+        .on(Router::new().merge(accounts::routes()))
+        .merge(deployments::routes(bundle_bytes))
+        .merge(super::plugins::admin_routes(mb(state.config.max_plugin_mb)))
         // Every admin area's routes join here, behind the one gate.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), gate))
         .with_state(state)

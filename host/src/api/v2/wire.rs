@@ -96,6 +96,9 @@ pub struct JobView<'a> {
     /// Plugin name → component hash of what its run used.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     components: &'a std::collections::BTreeMap<String, String>,
+    /// The bundle whose components it ran (`blake3:<hex>`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bundle: Option<&'a str>,
 }
 
 /// A Job; `logs` only when asked (GET of one job).
@@ -120,6 +123,7 @@ pub fn job<'a>(rec: &'a JobRecord, queue_position: Option<usize>, links: &Links,
         metadata: rec.metadata.as_ref(),
         logs: rec.logs.as_ref().filter(|_| with_logs).map(|l| LogsView { text: &l.text, truncated: l.truncated, captured_at: timestamp(l.captured_at) }),
         components: &rec.components,
+        bundle: rec.bundle.as_deref(),
     }
 }
 

@@ -124,6 +124,7 @@ impl Service {
             surface: sub.surface.as_str().to_string(),
             logs_withheld: sub.deployment.as_deref().and_then(|d| self.deployments.get(d)).is_some_and(|d| d.spec.public_demo),
             components: Default::default(),
+            bundle: None,
             deployment: sub.deployment.clone(),
             had_extra_data: !sub.extra.secrets.is_empty(),
             compat: sub.compat.clone(),

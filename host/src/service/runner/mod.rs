@@ -144,6 +144,7 @@ impl Service {
         {
             let mut rec = live.record.lock();
             rec.components = components;
+            rec.bundle = registry.bundle().map(crate::plugins::identity::hash_grant);
             rec.progress = Some(ProgressSnapshot {
                 value: 0.0,
                 nodes_done: 0,
