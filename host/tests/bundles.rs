@@ -134,6 +134,33 @@ fn a_packed_bundle_inspects_unpacks_and_runs_bit_identically_on_two_hosts() {
     assert_eq!(out.status.code(), Some(2), "photo.png is not given: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+#[test]
+fn a_bundle_of_several_workflows_runs_the_one_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for (name, color) in [("a", 0x010203), ("b", 0x040506)] {
+        let workflow = json!({
+            "1": {"class_type": "EmptyImage", "inputs": {"width": 4, "height": 4, "batch_size": 1, "color": color}},
+            "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": name}}
+        });
+        std::fs::write(d.join(format!("{name}.json")), workflow.to_string()).unwrap();
+    }
+    let stdout = ok(&kiln(&["pack", "a.json", "b.json", "--out", "both.kiln", "--name", "pair", "--bundle-version", "0.3.0"], d, &[]));
+    assert_eq!(stdout.lines().next(), Some("both.kiln"));
+    let inspected: Value = serde_json::from_str(&ok(&kiln(&["inspect", "both.kiln"], d, &[]))).unwrap();
+    assert_eq!((inspected["name"].as_str(), inspected["version"].as_str()), (Some("pair"), Some("0.3.0")));
+    assert_eq!(inspected["workflows"].as_object().unwrap().keys().collect::<Vec<_>>(), ["a", "b"]);
+
+    let out = kiln(&["run", "both.kiln", "--out", "o"], d, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("several workflows (a, b)"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(ok(&kiln(&["run", "both.kiln", "--workflow", "b", "--out", "o"], d, &[])).trim(), "o/b_00001_.png");
+    let out = kiln(&["run", "both.kiln", "--workflow", "c", "--out", "o"], d, &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no workflow \"c\""), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = kiln(&["run", "a.json", "--workflow", "a"], d, &[]);
+    assert!(!out.status.success(), "--workflow is for bundles");
+}
+
 /// `kiln deployments create ID --bundle FILE` against a real server: the
 /// deployment shows the bundle's hash, its jobs run the bundle's
 /// components only and record its hash, and both survive a SIGKILL.

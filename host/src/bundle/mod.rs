@@ -126,6 +126,8 @@ pub enum BundleError {
     Load { plugin: String, message: String },
     #[error("the bundle has no workflow {0:?}")]
     NoWorkflow(String),
+    #[error("the bundle has several workflows ({0}): name one (kiln run --workflow NAME)")]
+    WhichWorkflow(String),
     #[error("cannot write the bundle: {0}")]
     Write(std::io::Error),
 }
@@ -257,7 +259,7 @@ impl Bundle {
             None if self.descriptor.workflows.len() == 1 => self.descriptor.workflows.keys().next().cloned().unwrap_or_default(),
             None => {
                 let names: Vec<&str> = self.descriptor.workflows.keys().map(String::as_str).collect();
-                return Err(BundleError::NoWorkflow(format!("(none named; it has {})", names.join(", "))));
+                return Err(BundleError::WhichWorkflow(names.join(", ")));
             }
         };
         let bytes = self.files.get(&workflow_path(&name)).ok_or_else(|| BundleError::NoWorkflow(name.clone()))?;

@@ -64,16 +64,20 @@ impl Backends {
         Backends::beside(Arc::new(sled), accounts, sessions, data_dir)
     }
 
-    /// Jobs, assets, claims, accounts and sessions in the PostgreSQL
-    /// database at `url` (its schema migrated first; at most
-    /// `max_connections` open); blobs, deployments
-    /// and user files under `data_dir`, the queue and bus of this process.
-    /// One host per database so far: the queue is not shared yet.
+    /// Jobs, assets, claims, accounts, sessions, deployments and their
+    /// bundles in the PostgreSQL database at `url` (its schema migrated
+    /// first; at most `max_connections` open); blobs and user files under
+    /// `data_dir`, the queue and bus of this process. One host per database
+    /// so far: the queue is not shared yet, and a deployment created on one
+    /// host is seen by another when that one starts.
     pub async fn postgres(url: &str, max_connections: u32, data_dir: &Path) -> Result<Backends, ServiceError> {
-        use crate::store::postgres::{PgAccounts, PgDatabase, PgMeta, PgSessions};
+        use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgMeta, PgSessions};
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
         let db = PgDatabase::connect(url, max_connections).await?;
-        Backends::beside(Arc::new(PgMeta::new(db.clone())), Arc::new(PgAccounts::new(db.clone())), Arc::new(PgSessions::new(db)), data_dir)
+        let mut backends =
+            Backends::beside(Arc::new(PgMeta::new(db.clone())), Arc::new(PgAccounts::new(db.clone())), Arc::new(PgSessions::new(db.clone())), data_dir)?;
+        backends.deployments = Arc::new(PgDeployments::new(db));
+        Ok(backends)
     }
 
     /// The given record stores with what stays under `data_dir` (blobs,

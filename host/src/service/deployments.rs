@@ -347,6 +347,19 @@ pub enum PluginSource {
     Bundle { bundle: Box<Bundle>, host: Arc<NodeRegistry> },
 }
 
+/// Where deployment `record`'s plugins come from: its directories, or its
+/// bundle read back from `store` and checked again.
+async fn plugin_source(record: &DeploymentRecord, store: &dyn DeploymentStore, host: Arc<NodeRegistry>, max_bundle: u64) -> Result<PluginSource, String> {
+    let Some(b) = &record.bundle else { return Ok(PluginSource::Dirs(record.spec.plugin_dirs.clone())) };
+    let hex = b.hash.strip_prefix("blake3:").unwrap_or_default();
+    let bytes = store.bundle(hex).await.map_err(|e| e.to_string())?.ok_or_else(|| format!("its bundle {} is not in the deployment store", b.hash))?;
+    let bundle = Bundle::read(&bytes, max_bundle).map_err(|e| e.to_string())?;
+    if bundle.hash_string() != b.hash {
+        return Err(format!("its stored bundle is not {}", b.hash));
+    }
+    Ok(PluginSource::Bundle { bundle: Box::new(bundle), host })
+}
+
 /// Loads a deployment's plugins.
 pub async fn load(runtime: Arc<PluginRuntime>, source: PluginSource, concurrency: usize) -> Result<Loaded, String> {
     let registry = match source {
@@ -363,7 +376,8 @@ pub fn demo_owner(id: &str) -> String {
     format!("demo/{id}")
 }
 
-/// Turns of bundle creations (see [`super::Service::create_deployment`]).
+/// One bundle read, checked and resolved at a time: creations (see
+/// [`super::Service::create_deployment`]) and loads.
 static BUNDLE_TURN: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
 /// Seconds a caller is told to wait while a deployment starts.
@@ -500,22 +514,13 @@ impl super::Service {
         tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
             let result = handle.block_on(async {
-                let source = match &record.bundle {
-                    None => PluginSource::Dirs(record.spec.plugin_dirs.clone()),
-                    Some(b) => {
-                        let hex = b.hash.strip_prefix("blake3:").unwrap_or_default();
-                        let bytes = store
-                            .bundle(hex)
-                            .await
-                            .map_err(|e| e.to_string())?
-                            .ok_or_else(|| format!("its bundle {} is not in the deployment store", b.hash))?;
-                        let bundle = Bundle::read(&bytes, max_bundle).map_err(|e| e.to_string())?;
-                        if bundle.hash_string() != b.hash {
-                            return Err(format!("its stored bundle is not {}", b.hash));
-                        }
-                        PluginSource::Bundle { bundle: Box::new(bundle), host }
-                    }
+                // One bundle at a time is read, checked and resolved (each
+                // holds up to twice `max_bundle_mb` meanwhile).
+                let _turn = match record.bundle {
+                    Some(_) => Some(BUNDLE_TURN.acquire().await.map_err(|e| e.to_string())?),
+                    None => None,
                 };
+                let source = plugin_source(&record, store.as_ref(), host, max_bundle).await?;
                 load(runtime, source, concurrency).await
             });
             match &result {

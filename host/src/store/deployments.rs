@@ -34,8 +34,8 @@ pub trait DeploymentStore: Send + Sync {
     async fn delete_bundle(&self, hash: &str) -> Result<(), StoreError>;
 }
 
-/// Whether `hash` is 64 lowercase hex digits (a bundle's file name).
-fn is_hash(hash: &str) -> bool {
+/// Whether `hash` is 64 lowercase hex digits (a bundle's name in a store).
+pub(super) fn is_hash(hash: &str) -> bool {
     hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
@@ -157,7 +157,7 @@ impl FileDeployments {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A write that fails leaves nothing behind in memory: the next write
@@ -179,26 +179,44 @@ mod tests {
         assert_eq!(reopened.all().await.unwrap(), vec![serde_json::json!({"id": "c"})]);
     }
 
-    #[tokio::test]
-    async fn bundles_are_kept_by_hash_on_disk_or_in_memory() {
-        let dir = tempfile::tempdir().unwrap();
+    /// What every [`DeploymentStore`] keeps: records by id (replaced,
+    /// removed), bundles by hash (kept once, read back, forgotten), and
+    /// only a hash names a bundle.
+    pub(crate) async fn contract(store: &dyn DeploymentStore) {
+        assert!(store.all().await.unwrap().is_empty());
+        store.put("b", &serde_json::json!({"id": "b", "v": 1})).await.unwrap();
+        store.put("a", &serde_json::json!({"id": "a"})).await.unwrap();
+        store.put("b", &serde_json::json!({"id": "b", "v": 2})).await.unwrap();
+        let mut all = store.all().await.unwrap();
+        all.sort_by_key(|r| r["id"].as_str().unwrap().to_string());
+        assert_eq!(all, vec![serde_json::json!({"id": "a"}), serde_json::json!({"id": "b", "v": 2})]);
+        store.delete("a").await.unwrap();
+        assert_eq!(store.all().await.unwrap(), vec![serde_json::json!({"id": "b", "v": 2})]);
+
         let hash = blake3::hash(b"bundle").to_hex().to_string();
-        let on_disk = FileDeployments::open(Some(dir.path().join("deployments.json"))).unwrap();
-        let in_memory = FileDeployments::open(None).unwrap();
-        for store in [&on_disk, &in_memory] {
-            assert_eq!(store.bundle(&hash).await.unwrap(), None);
-            store.put_bundle(&hash, b"bundle").await.unwrap();
-            store.put_bundle(&hash, b"bundle").await.unwrap();
-            assert_eq!(store.bundle(&hash).await.unwrap().as_deref(), Some(&b"bundle"[..]));
-            assert!(store.put_bundle("../escape", b"x").await.is_err(), "only a hash names a bundle");
-            assert_eq!(store.bundle("../deployments.json").await.unwrap(), None);
-        }
+        assert_eq!(store.bundle(&hash).await.unwrap(), None);
+        store.put_bundle(&hash, b"bundle").await.unwrap();
+        store.put_bundle(&hash, b"bundle").await.unwrap();
+        assert_eq!(store.bundle(&hash).await.unwrap().as_deref(), Some(&b"bundle"[..]));
+        assert!(store.put_bundle("../escape", b"x").await.is_err(), "only a hash names a bundle");
+        assert_eq!(store.bundle("../deployments.json").await.unwrap(), None);
         let other = blake3::hash(b"other").to_hex().to_string();
-        in_memory.put_bundle(&other, b"other").await.unwrap();
-        in_memory.delete_bundle(&other).await.unwrap();
-        assert_eq!(in_memory.bundle(&other).await.unwrap(), None);
+        store.put_bundle(&other, b"other").await.unwrap();
+        store.delete_bundle(&other).await.unwrap();
+        assert_eq!(store.bundle(&other).await.unwrap(), None);
+        assert!(store.bundle(&hash).await.unwrap().is_some(), "forgetting one bundle keeps the others");
+    }
+
+    #[tokio::test]
+    async fn file_and_memory_stores_keep_the_contract_and_bundles_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("deployments.json");
+        contract(&FileDeployments::open(Some(path.clone())).unwrap()).await;
+        contract(&FileDeployments::open(None).unwrap()).await;
+        let hash = blake3::hash(b"bundle").to_hex().to_string();
         assert!(dir.path().join("bundles").join(format!("{hash}.kiln")).is_file());
-        let reopened = FileDeployments::open(Some(dir.path().join("deployments.json"))).unwrap();
+        let reopened = FileDeployments::open(Some(path)).unwrap();
         assert_eq!(reopened.bundle(&hash).await.unwrap().as_deref(), Some(&b"bundle"[..]), "survives a restart");
+        assert_eq!(reopened.all().await.unwrap().len(), 1);
     }
 }

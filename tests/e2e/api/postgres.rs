@@ -3,7 +3,9 @@
 //! starts one; without it these skip outside CI): jobs run and their
 //! outputs download, an Idempotency-Key is single-use (eight racing
 //! submissions: one 201), and after a restart the jobs, the claims and the
-//! accounts (cloud) are still there and new jobs run.
+//! accounts (cloud) are still there and new jobs run; a deployment made
+//! from a bundle on one host is served by another host with a data
+//! directory of its own once the first is gone.
 
 use kiln::config::{Mode, StoreKind};
 use serde_json::{Value, json};
@@ -91,6 +93,59 @@ async fn accounts_live_in_postgres_across_a_restart() {
     let account: Value =
         s.http.get(format!("{}/admin/accounts/pg-tenant", s.server.url())).bearer_auth("pg-operator").send().await.unwrap().json().await.unwrap();
     assert!(account["credits"].as_i64().unwrap() <= 100, "{account}");
+}
+
+/// A deployment from a bundle, created on one host, is served by a second
+/// host (a new data directory, the same database) after the first is gone:
+/// its record and its bundle live in PostgreSQL.
+#[tokio::test]
+async fn a_deployment_and_its_bundle_outlive_the_host_that_created_them() {
+    use kiln::bundle::{Include, PackOptions};
+    let Some(url) = fresh_database().await else { return };
+    let options = PackOptions { name: "solid".into(), version: "1".into(), include: Include::Installed, fixed: Default::default() };
+    let limits = kiln::workflow::WorkflowLimits::default();
+    let registry = &crate::support::env().await.registry;
+    let bundle = kiln::bundle::pack(registry, &[("solid".into(), trivial(5))], &Default::default(), &options, &limits).unwrap();
+    let host = |url: String| {
+        move |c: &mut kiln::config::Config, o: &mut kiln::service::ServiceOptions| {
+            on_postgres(url, Mode::SelfHosted)(c, o);
+            c.admin_token = Some("pg-operator".into());
+        }
+    };
+    let first = start_in(tempfile::tempdir().unwrap(), host(url.clone())).await;
+    let form = reqwest::multipart::Form::new()
+        .part("deployment", reqwest::multipart::Part::text(json!({"id": "solid", "owner": "local"}).to_string()))
+        .part("bundle", reqwest::multipart::Part::bytes(bundle.to_bytes().unwrap()));
+    let resp = first.http.post(format!("{}/admin/deployments", first.server.url())).bearer_auth("pg-operator").multipart(form).send().await.unwrap();
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
+    drop(first.shutdown().await);
+
+    let second = start_in(tempfile::tempdir().unwrap(), host(url)).await;
+    let admin = format!("{}/admin/deployments/solid", second.server.url());
+    let shown: Value = second.http.get(&admin).bearer_auth("pg-operator").send().await.unwrap().json().await.unwrap();
+    assert_eq!(shown["bundle"]["hash"], bundle.hash_string(), "{shown}");
+    let jobs = format!("{}/deployment/solid/api/v2/jobs", second.server.url());
+    let mut created = Value::Null;
+    for _ in 0..1200 {
+        let resp = second.http.post(&jobs).json(&json!({ "workflow": trivial(5) })).send().await.unwrap();
+        if resp.status() != 429 {
+            assert_eq!(resp.status(), 201);
+            created = resp.json().await.unwrap();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let id = created["id"].as_str().expect("the deployment became ready on the second host").to_string();
+    for _ in 0..1200 {
+        let job: Value = second.http.get(format!("{jobs}/{id}")).send().await.unwrap().json().await.unwrap();
+        if job["status"] == "succeeded" {
+            assert_eq!(job["bundle"], bundle.hash_string(), "{job}");
+            return;
+        }
+        assert!(["queued", "running"].contains(&job["status"].as_str().unwrap()), "{job}");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("the job never finished");
 }
 
 /// A PostgreSQL server of one test's own (from the server binaries in

@@ -21,6 +21,7 @@ macro_rules! on_pool {
 }
 
 mod accounts;
+mod deployments;
 mod meta;
 mod sessions;
 
@@ -30,6 +31,7 @@ use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 pub use accounts::PgAccounts;
+pub use deployments::PgDeployments;
 pub use meta::PgMeta;
 pub use sessions::PgSessions;
 
@@ -42,6 +44,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (2, "jobs, assets and claims", include_str!("migrations/0002_jobs_assets_claims.sql")),
     (3, "finished changes", include_str!("migrations/0003_finished_changes.sql")),
     (4, "installation", include_str!("migrations/0004_installation.sql")),
+    (5, "deployments and bundles", include_str!("migrations/0005_deployments.sql")),
 ];
 
 /// How long an idle connection stays open.

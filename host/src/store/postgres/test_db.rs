@@ -34,6 +34,12 @@ async fn postgres_keeps_the_session_store_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_the_deployment_store_contract() {
+    let Some(db) = fresh().await else { return };
+    crate::store::deployments::tests::contract(&super::PgDeployments::new(db)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_apply_once_however_many_hosts_connect() {
     let Some(db) = fresh().await else { return };
     let all: Vec<i64> = (1..=super::MIGRATIONS.len() as i64).collect();
