@@ -315,11 +315,22 @@ async fn queued_jobs_of_a_deployment_stopped_across_a_restart_are_canceled_not_l
         ids.push(job["id"].as_str().unwrap().to_string());
     }
     let data = s.shutdown().await;
-    // As if the server died between a stop's record and its cancels.
-    let file = data.path().join("deployments.json");
-    let mut records: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-    records[0]["state"] = json!("stopped");
-    std::fs::write(&file, serde_json::to_vec(&records).unwrap()).unwrap();
+    // As if the server died between a stop's record and its cancels: the
+    // record says stopped, in the file or (KILN_TEST_STORE=postgres) the
+    // database the data directory names.
+    match std::fs::read_to_string(data.path().join("test-database-url")) {
+        Ok(url) => {
+            let db = sqlx::PgPool::connect(&url).await.unwrap();
+            sqlx::query("UPDATE deployments SET record = jsonb_set(record, '{state}', '\"stopped\"')").execute(&db).await.unwrap();
+            db.close().await;
+        }
+        Err(_) => {
+            let file = data.path().join("deployments.json");
+            let mut records: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+            records[0]["state"] = json!("stopped");
+            std::fs::write(&file, serde_json::to_vec(&records).unwrap()).unwrap();
+        }
+    }
     let s = start_in(data, |c, _| server_with_admin(c)).await;
     for id in &ids {
         // Through the server's own surface (the deployment's answers 422).
