@@ -1,5 +1,7 @@
 //! Server secrets (the account key hasher's, the URL signer's): 32 random
-//! bytes, kept in a file of the data directory that only the owner may read.
+//! bytes, kept in a file of the data directory that only the owner may read
+//! (with `store = "postgres"` the database keeps the ones every host uses,
+//! seeded from these files: `store::postgres::secrets`).
 
 use std::path::Path;
 
@@ -16,15 +18,18 @@ pub fn random_key() -> [u8; 32] {
 /// that does not hold exactly 32 bytes), with mode 0600, replaced whole
 /// (`atomic_file`): a crash never leaves a partial secret behind.
 pub fn load_or_create(dir: &Path, name: &str) -> std::io::Result<[u8; 32]> {
-    let path = dir.join(name);
-    if let Ok(bytes) = std::fs::read(&path)
-        && let Ok(secret) = <[u8; 32]>::try_from(bytes.as_slice())
-    {
+    if let Some(secret) = load(dir, name) {
         return Ok(secret);
     }
+    let path = dir.join(name);
     let secret = random_key();
     crate::atomic_file::write(&path, &secret, Some(0o600))?;
     Ok(secret)
+}
+
+/// The secret in `dir/name`, if it holds one.
+pub fn load(dir: &Path, name: &str) -> Option<[u8; 32]> {
+    std::fs::read(dir.join(name)).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes.as_slice()).ok())
 }
 
 #[cfg(test)]

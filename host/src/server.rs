@@ -130,7 +130,7 @@ async fn open_service(config: &Config, options: ServiceOptions, runtime: Arc<Plu
 /// The APIs' shared state for `service`, answering as `local` when a
 /// request names no host.
 fn app_state(config: Config, service: Arc<Service>, local: SocketAddr) -> anyhow::Result<Arc<AppState>> {
-    let signer = api::signing::Signer::load_or_create(&config.data_dir).context("signing key")?;
+    let signer = api::signing::Signer::new(service.signing_key());
     let frontend = config.front_end_root.as_deref().map(api::compat::Frontend::load).transpose()?;
     Ok(AppState::new(service, config, signer, local, frontend))
 }

@@ -9,7 +9,8 @@ use std::path::Path;
 use crate::secret_file::random_key;
 
 /// The secret file in the data directory (owner-only, created on first use).
-const SECRET_FILE: &str = "accounts.key";
+/// The key hasher's secret's name (its file in the data directory).
+pub const SECRET_FILE: &str = "accounts.key";
 /// What every key starts with (recognisable in logs and secret scanners).
 pub const KEY_PREFIX: &str = "kiln_";
 
@@ -23,6 +24,11 @@ impl KeyHasher {
     /// Loads the secret from `dir/accounts.key`, creating it on first use.
     pub fn load_or_create(dir: &Path) -> std::io::Result<KeyHasher> {
         Ok(KeyHasher { secret: crate::secret_file::load_or_create(dir, SECRET_FILE)? })
+    }
+
+    /// A hasher with `secret` (one the PostgreSQL store shares).
+    pub fn from_secret(secret: [u8; 32]) -> KeyHasher {
+        KeyHasher { secret }
     }
 
     /// A hasher with a fresh secret that is never written (tests, an

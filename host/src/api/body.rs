@@ -59,6 +59,41 @@ pub fn multipart_error(e: MultipartError, limit: u64) -> ApiError {
     unreadable(e.status(), limit, || format!("Bad multipart body: {}", e.body_text()))
 }
 
+/// The two named parts of a multipart body, each sent once and no other:
+/// `first` (at most `first_max` bytes: a small text or JSON part) and
+/// `second`, the whole body bounded by `limit`; `missing` is the answer
+/// when one is absent.
+pub async fn two_parts(
+    multipart: Result<Multipart, MultipartRejection>,
+    limit: u64,
+    (first, first_max): (&str, usize),
+    second: &str,
+    missing: &str,
+) -> Result<(Bytes, Bytes), ApiError> {
+    let mut multipart = self::multipart(multipart)?;
+    let (mut a, mut b) = (None, None);
+    while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, limit))? {
+        let name = field.name().unwrap_or("").to_string();
+        let slot = match name.as_str() {
+            n if n == first => &mut a,
+            n if n == second => &mut b,
+            other => return Err(ApiError::invalid_request(format!("Unknown part `{other}`: send `{first}` and `{second}`."))),
+        };
+        if slot.is_some() {
+            return Err(ApiError::invalid_request(format!("Each of `{first}` and `{second}` is sent once.")));
+        }
+        let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
+        if name == first && bytes.len() > first_max {
+            return Err(ApiError::invalid_request(format!("The `{first}` part is over {} KiB.", first_max >> 10)));
+        }
+        *slot = Some(bytes);
+    }
+    match (a, b) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(ApiError::invalid_request(missing)),
+    }
+}
+
 /// A text part of an upload, at most 4 KiB.
 pub async fn text_field(field: Field<'_>, limit: u64) -> Result<String, ApiError> {
     let text = field.text().await.map_err(|e| multipart_error(e, limit))?;

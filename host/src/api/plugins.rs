@@ -21,7 +21,7 @@ use axum::routing::{delete, post};
 
 use crate::api::AppState;
 use crate::api::Caller;
-use crate::api::body::{self, multipart_error};
+use crate::api::body;
 use crate::api::body_limit::BodyLimit;
 use crate::api::error::{ApiCode, ApiError};
 use crate::api::v2::Segment;
@@ -54,26 +54,10 @@ fn error(e: InstallError) -> ApiError {
 
 /// The two parts of an install: the manifest's text and the component.
 async fn read_plugin(multipart: Result<Multipart, MultipartRejection>, limit: u64) -> Result<(String, Vec<u8>), ApiError> {
-    let mut multipart = body::multipart(multipart)?;
-    let (mut manifest, mut component) = (None, None);
-    while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, limit))? {
-        match field.name().unwrap_or("") {
-            "manifest" if manifest.is_none() => {
-                let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
-                if bytes.len() > MAX_MANIFEST {
-                    return Err(ApiError::invalid_request(format!("The manifest is over {} KiB.", MAX_MANIFEST >> 10)));
-                }
-                manifest = Some(String::from_utf8(bytes.to_vec()).map_err(|_| ApiError::invalid_request("The manifest is not UTF-8 text."))?);
-            }
-            "component" if component.is_none() => component = Some(field.bytes().await.map_err(|e| multipart_error(e, limit))?.to_vec()),
-            "manifest" | "component" => return Err(ApiError::invalid_request("Each of `manifest` and `component` is sent once.")),
-            other => return Err(ApiError::invalid_request(format!("Unknown part `{other}`: send `manifest` and `component`."))),
-        }
-    }
-    match (manifest, component) {
-        (Some(manifest), Some(component)) => Ok((manifest, component)),
-        _ => Err(ApiError::invalid_request("A plugin is two parts: `manifest` (its kiln-plugin.toml) and `component` (its .wasm).")),
-    }
+    let missing = "A plugin is two parts: `manifest` (its kiln-plugin.toml) and `component` (its .wasm).";
+    let (manifest, component) = body::two_parts(multipart, limit, ("manifest", MAX_MANIFEST), "component", missing).await?;
+    let manifest = String::from_utf8(manifest.to_vec()).map_err(|_| ApiError::invalid_request("The manifest is not UTF-8 text."))?;
+    Ok((manifest, component.to_vec()))
 }
 
 fn created(info: PluginInfo) -> Response {

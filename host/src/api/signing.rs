@@ -22,10 +22,18 @@ impl std::fmt::Debug for Signer {
     }
 }
 
+/// The signing key's name (its file in the data directory).
+pub const SECRET_FILE: &str = "signing.key";
+
 impl Signer {
     /// Loads the key from `dir/signing.key`, creating it (owner-only) on first use.
     pub fn load_or_create(dir: &Path) -> std::io::Result<Signer> {
-        Ok(Signer { key: crate::secret_file::load_or_create(dir, "signing.key")? })
+        Ok(Signer::new(crate::secret_file::load_or_create(dir, SECRET_FILE)?))
+    }
+
+    /// A signer with `key` (the service's: see `Backends::signing_key`).
+    pub fn new(key: [u8; 32]) -> Signer {
+        Signer { key }
     }
 
     fn mac(&self, asset_id: &str, expires: i64) -> blake3::Hash {

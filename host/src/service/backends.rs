@@ -43,6 +43,8 @@ pub struct Backends {
     pub accounts: Arc<dyn AccountStore>,
     /// The secret API keys are hashed with.
     pub key_hasher: KeyHasher,
+    /// The secret download URLs are signed with.
+    pub signing_key: [u8; 32],
     /// Web sign-in sessions (see [`SessionStore`]).
     pub sessions: Arc<dyn SessionStore>,
     /// Deployment records (see [`DeploymentStore`]).
@@ -61,7 +63,7 @@ impl Backends {
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
         let sled = SledMeta::open(&data_dir.join("meta"))?;
         let (accounts, sessions) = (Arc::new(sled.accounts()?), Arc::new(sled.sessions()?));
-        Backends::beside(Arc::new(sled), accounts, sessions, data_dir)
+        Backends::beside(Arc::new(sled), accounts, sessions, data_dir, file_secrets(data_dir)?)
     }
 
     /// Jobs, assets, claims, accounts, sessions, deployments and their
@@ -74,22 +76,39 @@ impl Backends {
         use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgMeta, PgSessions};
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
         let db = PgDatabase::connect(url, max_connections).await?;
-        let mut backends =
-            Backends::beside(Arc::new(PgMeta::new(db.clone())), Arc::new(PgAccounts::new(db.clone())), Arc::new(PgSessions::new(db.clone())), data_dir)?;
+        // The secrets every host shares: seeded, when the database has none
+        // yet, from this host's files (kept from before it used the
+        // database, so its keys and signed URLs stay valid).
+        let accounts_secret = db.server_secret(crate::accounts::keys::SECRET_FILE, data_dir).await?;
+        let signing_key = db.server_secret(crate::api::signing::SECRET_FILE, data_dir).await?;
+        let mut backends = Backends::beside(
+            Arc::new(PgMeta::new(db.clone())),
+            Arc::new(PgAccounts::new(db.clone())),
+            Arc::new(PgSessions::new(db.clone())),
+            data_dir,
+            (KeyHasher::from_secret(accounts_secret), signing_key),
+        )?;
         backends.deployments = Arc::new(PgDeployments::new(db));
         Ok(backends)
     }
 
-    /// The given record stores with what stays under `data_dir` (blobs,
-    /// the key secret, deployments, user files) and this process's queue
-    /// and bus.
-    fn beside(meta: Arc<dyn MetaStore>, accounts: Arc<dyn AccountStore>, sessions: Arc<dyn SessionStore>, data_dir: &Path) -> Result<Backends, ServiceError> {
+    /// The given record stores and secrets with what stays under
+    /// `data_dir` (blobs, deployments, user files) and this process's
+    /// queue and bus.
+    fn beside(
+        meta: Arc<dyn MetaStore>,
+        accounts: Arc<dyn AccountStore>,
+        sessions: Arc<dyn SessionStore>,
+        data_dir: &Path,
+        (key_hasher, signing_key): (KeyHasher, [u8; 32]),
+    ) -> Result<Backends, ServiceError> {
         Ok(Backends {
             meta,
             accounts,
             sessions,
             blobs: Arc::new(DiskBlobs::open(data_dir.join("blobs"))?),
-            key_hasher: KeyHasher::load_or_create(data_dir).map_err(StoreError::from)?,
+            key_hasher,
+            signing_key,
             deployments: Arc::new(FileDeployments::open(Some(data_dir.join("deployments.json")))?),
             user_files: Arc::new(DiskUserFiles::new(data_dir.join("users"))),
             waiting: Arc::new(LocalWaiting::default()),
@@ -123,6 +142,7 @@ impl Backends {
             blobs,
             accounts: Arc::new(SledAccounts::temporary()?),
             key_hasher: KeyHasher::ephemeral(),
+            signing_key: crate::secret_file::load_or_create(data_dir, crate::api::signing::SECRET_FILE).map_err(StoreError::from)?,
             sessions: Arc::new(SledSessions::temporary()?),
             deployments: Arc::new(FileDeployments::open(None)?),
             user_files: Arc::new(DiskUserFiles::new(data_dir.join("users"))),
@@ -130,4 +150,11 @@ impl Backends {
             bus: Arc::new(LocalBus::default()),
         })
     }
+}
+
+/// The server secrets kept in `data_dir`'s files (created on first use).
+fn file_secrets(data_dir: &Path) -> Result<(KeyHasher, [u8; 32]), ServiceError> {
+    let accounts = KeyHasher::load_or_create(data_dir).map_err(StoreError::from)?;
+    let signing = crate::secret_file::load_or_create(data_dir, crate::api::signing::SECRET_FILE).map_err(StoreError::from)?;
+    Ok((accounts, signing))
 }

@@ -96,6 +96,8 @@ pub struct Service {
     /// Where the web frontend's user files are kept (the API layer applies
     /// `user_files`' rules over it per user).
     user_files: Arc<dyn crate::store::UserFileStore>,
+    /// The secret download URLs are signed with (see `Backends`).
+    signing_key: [u8; 32],
     /// Memory of submissions being parsed and uploads being decoded.
     intake: memory_gate::MemoryGate,
     /// Memory of queued jobs' parsed workflows and plans.
@@ -122,7 +124,7 @@ impl Service {
         plugins: impl Into<crate::plugins::LivePlugins>,
         executor: Arc<Executor>,
     ) -> Result<Arc<Service>, ServiceError> {
-        let Backends { meta, blobs, accounts, key_hasher, sessions, deployments, user_files, waiting, bus } = backends;
+        let Backends { meta, blobs, accounts, key_hasher, signing_key, sessions, deployments, user_files, waiting, bus } = backends;
         let sessions = crate::accounts::sessions::Sessions::new(sessions, opts.session_ttl_s);
         let accounts =
             Arc::new(crate::accounts::Accounts::open(accounts, key_hasher, opts.pricing).await.map_err(|e| crate::store::StoreError::Backend(e.to_string()))?);
@@ -155,6 +157,7 @@ impl Service {
             sessions,
             deployments,
             user_files,
+            signing_key,
             intake: memory_gate::MemoryGate::new(opts_intake, "intake_memory_mb"),
             queued_parsed: memory_gate::MemoryGate::new(opts_queued, "queued_parsed_mb"),
         });
@@ -203,6 +206,11 @@ impl Service {
     /// store instead of one log sync (see `MetaStore::writes_may_block`).
     pub fn submit_may_block(&self) -> bool {
         self.meta.writes_may_block()
+    }
+
+    /// The secret the APIs sign download URLs with (one per installation).
+    pub fn signing_key(&self) -> [u8; 32] {
+        self.signing_key
     }
 
     pub fn options(&self) -> &ServiceOptions {

@@ -5,7 +5,8 @@
 //! submissions: one 201), and after a restart the jobs, the claims and the
 //! accounts (cloud) are still there and new jobs run; a deployment made
 //! from a bundle on one host is served by another host with a data
-//! directory of its own once the first is gone.
+//! directory of its own once the first is gone, as do account keys and
+//! signed URLs made on the first (the secrets are the database's).
 
 use kiln::config::{Mode, StoreKind};
 use serde_json::{Value, json};
@@ -65,27 +66,8 @@ async fn jobs_and_claims_live_in_postgres_across_a_restart() {
 async fn accounts_live_in_postgres_across_a_restart() {
     let Some(url) = fresh_database().await else { return };
     let s = start_in(tempfile::tempdir().unwrap(), on_postgres(url.clone(), Mode::Cloud)).await;
-    let created: Value = s
-        .http
-        .post(format!("{}/admin/accounts", s.server.url()))
-        .bearer_auth("pg-operator")
-        .json(&json!({ "name": "pg-tenant", "credits": 100 }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = created["key"].as_str().unwrap().to_string();
-    let job: Value = s.http.post(s.url("/jobs")).bearer_auth(&key).json(&json!({ "workflow": trivial(3) })).send().await.unwrap().json().await.unwrap();
+    let (key, job) = account_with_a_finished_job(&s, "pg-tenant").await;
     let id = job["id"].as_str().unwrap().to_string();
-    for _ in 0..400 {
-        let now: Value = s.http.get(s.url(&format!("/jobs/{id}"))).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
-        if now["status"] == "succeeded" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
     let data = s.shutdown().await;
     let s = start_in(data, on_postgres(url, Mode::Cloud)).await;
     let seen = s.http.get(s.url(&format!("/jobs/{id}"))).bearer_auth(&key).send().await.unwrap();
@@ -146,6 +128,80 @@ async fn a_deployment_and_its_bundle_outlive_the_host_that_created_them() {
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
     panic!("the job never finished");
+}
+
+/// An account key and a signed download URL made on one host work on a
+/// second host with a data directory of its own (its blobs copied in, as
+/// on a shared volume or bucket; none of the first's secret files): the
+/// secrets they depend on are the database's.
+#[tokio::test]
+async fn keys_and_signed_urls_made_on_one_host_work_on_another() {
+    let Some(url) = fresh_database().await else { return };
+    let first = start_in(tempfile::tempdir().unwrap(), on_postgres(url.clone(), Mode::Cloud)).await;
+    let (key, done) = account_with_a_finished_job(&first, "roaming").await;
+    let id = done["id"].as_str().unwrap().to_string();
+    let signed = done["outputs"][0]["url"].as_str().unwrap_or_else(|| panic!("{done}")).to_string();
+    assert!(signed.contains("/signed/"), "{signed}");
+    let data = first.shutdown().await;
+
+    let second_dir = tempfile::tempdir().unwrap();
+    copy_tree(&data.path().join("blobs"), &second_dir.path().join("blobs"));
+    if let Ok(bucket) = std::fs::read(data.path().join("test-bucket")) {
+        std::fs::write(second_dir.path().join("test-bucket"), bucket).unwrap();
+    }
+    assert!(!second_dir.path().join("accounts.key").exists() && !second_dir.path().join("signing.key").exists());
+    let second = start_in(second_dir, on_postgres(url, Mode::Cloud)).await;
+    let seen = second.http.get(second.url(&format!("/jobs/{id}"))).bearer_auth(&key).send().await.unwrap();
+    assert_eq!(seen.status(), 200, "the key made on the first host opens the second");
+    let path = signed.split_once("/api/v2").unwrap().1;
+    let resp = second.http.get(second.url(path)).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "the URL signed on the first host downloads from the second");
+    assert_eq!(&resp.bytes().await.unwrap()[..4], b"\x89PNG");
+    let flipped = if path.ends_with('0') { '1' } else { '0' };
+    let forged = format!("{}{flipped}", &path[..path.len() - 1]);
+    let refused = second.http.get(second.url(&forged)).send().await.unwrap().status();
+    assert!(refused.is_client_error(), "a forged signature is refused: {refused}");
+}
+
+/// A new account `name` (the admin API, 100 credits) and a job of it run to
+/// success: its key and the job.
+async fn account_with_a_finished_job(s: &super::TestServer, name: &str) -> (String, Value) {
+    let created: Value = s
+        .http
+        .post(format!("{}/admin/accounts", s.server.url()))
+        .bearer_auth("pg-operator")
+        .json(&json!({ "name": name, "credits": 100 }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = created["key"].as_str().unwrap().to_string();
+    let job: Value = s.http.post(s.url("/jobs")).bearer_auth(&key).json(&json!({ "workflow": trivial(3) })).send().await.unwrap().json().await.unwrap();
+    let id = job["id"].as_str().unwrap().to_string();
+    for _ in 0..400 {
+        let now: Value = s.http.get(s.url(&format!("/jobs/{id}"))).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+        if now["status"] == "succeeded" {
+            return (key, now);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("the job of account {name} never succeeded");
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(from) else { return };
+    std::fs::create_dir_all(to).unwrap();
+    for entry in entries {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
 }
 
 /// A PostgreSQL server of one test's own (from the server binaries in

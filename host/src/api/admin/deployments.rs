@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::api::AppState;
-use crate::api::body::{self, multipart_error};
+use crate::api::body;
 use crate::api::body_limit::BodyLimit;
 use crate::api::error::{ApiCode, ApiError};
 use crate::api::v2::Segment;
@@ -62,7 +62,9 @@ async fn create(State(state): State<Arc<AppState>>, request: Request) -> Result<
     let is_multipart = request.headers().get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("multipart/"));
     let (spec, bundle) = if is_multipart {
         let limit = state.config.max_bundle_mb.saturating_mul(1 << 20);
-        read_bundle_upload(Multipart::from_request(request, &()).await, limit).await?
+        let missing = "A deployment from a bundle is two parts: `deployment` (its JSON) and `bundle` (the file).";
+        let (spec, bundle) = body::two_parts(Multipart::from_request(request, &()).await, limit, ("deployment", super::MAX_BODY), "bundle", missing).await?;
+        (spec, Some(bundle))
     } else {
         // Over `MAX_BODY`: refused before it is read, or cut while read.
         let bytes = body::bytes(Bytes::from_request(request, &()).await, super::MAX_BODY as u64)?;
@@ -79,34 +81,6 @@ async fn create(State(state): State<Arc<AppState>>, request: Request) -> Result<
     let service = state.service.clone();
     let record = crate::api::pool::on_pool(move || async move { service.create_deployment(spec, bundle.as_deref()).await }).await?.map_err(error)?;
     Ok((StatusCode::CREATED, Json(view(&state, &record))).into_response())
-}
-
-/// A creation from a bundle: the `deployment` part (JSON, at most
-/// [`super::MAX_BODY`]) and the `bundle` part.
-async fn read_bundle_upload(
-    multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
-    limit: u64,
-) -> Result<(Bytes, Option<Bytes>), ApiError> {
-    let mut multipart = body::multipart(multipart)?;
-    let (mut spec, mut bundle) = (None, None);
-    while let Some(field) = multipart.next_field().await.map_err(|e| multipart_error(e, limit))? {
-        match field.name().unwrap_or("") {
-            "deployment" if spec.is_none() => {
-                let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
-                if bytes.len() > super::MAX_BODY {
-                    return Err(ApiError::invalid_request(format!("The deployment part is over {} KiB.", super::MAX_BODY >> 10)));
-                }
-                spec = Some(bytes);
-            }
-            "bundle" if bundle.is_none() => bundle = Some(field.bytes().await.map_err(|e| multipart_error(e, limit))?),
-            "deployment" | "bundle" => return Err(ApiError::invalid_request("Each of `deployment` and `bundle` is sent once.")),
-            other => return Err(ApiError::invalid_request(format!("Unknown part `{other}`: send `deployment` and `bundle`."))),
-        }
-    }
-    match (spec, bundle) {
-        (Some(spec), Some(bundle)) => Ok((spec, Some(bundle))),
-        _ => Err(ApiError::invalid_request("A deployment from a bundle is two parts: `deployment` (its JSON) and `bundle` (the file).")),
-    }
 }
 
 async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {

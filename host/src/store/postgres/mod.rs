@@ -23,6 +23,7 @@ macro_rules! on_pool {
 mod accounts;
 mod deployments;
 mod meta;
+mod secrets;
 mod sessions;
 
 use std::borrow::Cow;
@@ -45,6 +46,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (3, "finished changes", include_str!("migrations/0003_finished_changes.sql")),
     (4, "installation", include_str!("migrations/0004_installation.sql")),
     (5, "deployments and bundles", include_str!("migrations/0005_deployments.sql")),
+    (6, "server secrets", include_str!("migrations/0006_server_secrets.sql")),
 ];
 
 /// How long an idle connection stays open.

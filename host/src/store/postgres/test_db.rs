@@ -39,6 +39,21 @@ async fn postgres_keeps_the_deployment_store_contract() {
     crate::store::deployments::tests::contract(&super::PgDeployments::new(db)).await;
 }
 
+/// The first host's file seeds the shared secret; later hosts (their own
+/// files, or none) get that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_secrets_are_seeded_by_the_first_host_and_shared() {
+    let Some(db) = fresh().await else { return };
+    let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let old = crate::secret_file::load_or_create(first.path(), "accounts.key").unwrap();
+    crate::secret_file::load_or_create(second.path(), "accounts.key").unwrap();
+    assert_eq!(db.server_secret("accounts.key", first.path()).await.unwrap(), old, "the first host's secret is kept");
+    assert_eq!(db.server_secret("accounts.key", second.path()).await.unwrap(), old, "and shared");
+    let fresh_one = db.server_secret("signing.key", second.path().join("none").as_path()).await.unwrap();
+    assert_ne!(fresh_one, old, "each name its own secret");
+    assert_eq!(db.server_secret("signing.key", first.path()).await.unwrap(), fresh_one);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_apply_once_however_many_hosts_connect() {
     let Some(db) = fresh().await else { return };
