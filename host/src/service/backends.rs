@@ -67,13 +67,14 @@ impl Backends {
     }
 
     /// Jobs, assets, claims, accounts, sessions, deployments and their
-    /// bundles in the PostgreSQL database at `url` (its schema migrated
-    /// first; at most `max_connections` open); blobs and user files under
-    /// `data_dir`, the queue and bus of this process. One host per database
+    /// bundles, the server secrets and the web frontend's user files in the
+    /// PostgreSQL database at `url` (its schema migrated first; at most
+    /// `max_connections` open); blobs under `data_dir`, the queue and bus
+    /// of this process. One host per database
     /// so far: the queue is not shared yet, and a deployment created on one
     /// host is seen by another when that one starts.
     pub async fn postgres(url: &str, max_connections: u32, data_dir: &Path) -> Result<Backends, ServiceError> {
-        use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgMeta, PgSessions};
+        use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgMeta, PgSessions, PgUserFiles};
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
         let db = PgDatabase::connect(url, max_connections).await?;
         // The secrets every host shares: seeded, when the database has none
@@ -88,7 +89,8 @@ impl Backends {
             data_dir,
             (KeyHasher::from_secret(accounts_secret), signing_key),
         )?;
-        backends.deployments = Arc::new(PgDeployments::new(db));
+        backends.deployments = Arc::new(PgDeployments::new(db.clone()));
+        backends.user_files = Arc::new(PgUserFiles::new(db));
         Ok(backends)
     }
 

@@ -3,7 +3,7 @@
 //! (the rules over paths, sizes and counts are `service::user_files`'s).
 //! The embedded [`DiskUserFiles`] keeps `<root>/<user>/comfy.settings.json`
 //! and `<root>/<user>/files/…`, each write replacing a file whole
-//! (`atomic_file`).
+//! (`atomic_file`); `postgres::PgUserFiles` keeps them in the database.
 
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
@@ -162,7 +162,8 @@ fn read_if_file(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
     }
 }
 
-fn path_string(rel: &Path) -> String {
+/// `rel` as a `/`-separated string.
+pub(crate) fn path_string(rel: &Path) -> String {
     rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
 }
 
@@ -196,4 +197,62 @@ fn walk(dir: &Path, prefix: &str, recurse: bool, depth: usize, max: usize, out: 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// What every [`UserFileStore`] does, as a file system would.
+    pub(crate) fn contract(store: &dyn UserFileStore) {
+        let p = Path::new;
+        assert_eq!(store.settings("u").unwrap(), None);
+        store.put_settings("u", b"{\"a\": 1}").unwrap();
+        assert_eq!(store.settings("u").unwrap().as_deref(), Some(&b"{\"a\": 1}"[..]));
+        assert_eq!(store.settings("other").unwrap(), None, "per user");
+
+        assert_eq!(store.entry("u", p("w/a.json")).unwrap(), Entry::Missing);
+        assert_eq!(store.list("u", p("w"), true, 100).unwrap(), None);
+        let written = store.put("u", p("w/a.json"), b"{}").unwrap();
+        assert_eq!((written.path.as_str(), written.size), ("w/a.json", 2));
+        store.put("u", p("w/deep/b.json"), b"[1]").unwrap();
+        store.put("u", p("top.txt"), b"t").unwrap();
+        assert_eq!(store.entry("u", p("w/a.json")).unwrap(), Entry::File { size: 2 });
+        assert_eq!(store.entry("u", p("w")).unwrap(), Entry::Directory);
+        assert_eq!(store.entry("u", p("w/a.json/x")).unwrap(), Entry::Missing, "a path through a file names nothing");
+        assert_eq!(store.entry("other", p("w")).unwrap(), Entry::Missing, "per user");
+        assert_eq!(store.read("u", p("w/deep/b.json")).unwrap().as_deref(), Some(&b"[1]"[..]));
+        assert_eq!(store.read("u", p("w")).unwrap(), None, "a directory has no bytes");
+        assert!(store.put("u", p("w/a.json/x"), b"x").is_err(), "no file under a file");
+        assert!(store.put("u", p("w/deep"), b"x").is_err(), "no file over a directory");
+
+        let names = |dir: &str, recurse: bool| {
+            let mut all: Vec<String> = store.list("u", p(dir), recurse, 100).unwrap().unwrap().into_iter().map(|f| f.path).collect();
+            all.sort();
+            all
+        };
+        assert_eq!(names("", true), ["top.txt", "w/a.json", "w/deep/b.json"]);
+        assert_eq!(names("", false), ["top.txt"]);
+        assert_eq!(names("w", true), ["a.json", "deep/b.json"]);
+        assert_eq!(names("w", false), ["a.json"]);
+        assert_eq!(store.list("u", p(""), true, 2).unwrap().unwrap().len(), 2, "at most max");
+
+        store.put("u", p("w/a.json"), b"{\"v\": 2}").unwrap();
+        assert_eq!(store.entry("u", p("w/a.json")).unwrap(), Entry::File { size: 8 }, "replaced whole");
+        let moved = store.rename("u", p("w/deep/b.json"), p("w/a.json")).unwrap();
+        assert_eq!((moved.path.as_str(), moved.size), ("w/a.json", 3), "moved over the old file");
+        assert_eq!(store.entry("u", p("w/deep")).unwrap(), Entry::Missing, "no directory is left empty");
+        assert!(store.rename("u", p("nothing"), p("x")).is_err());
+        assert!(store.delete("u", p("w/a.json")).unwrap());
+        assert!(!store.delete("u", p("w/a.json")).unwrap());
+        assert_eq!(store.list("u", p("w"), true, 100).unwrap(), None, "its last file gone, the directory is too");
+    }
+
+    #[test]
+    fn the_disk_store_keeps_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        contract(&DiskUserFiles::new(dir.path().join("users")));
+    }
 }

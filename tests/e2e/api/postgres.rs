@@ -6,7 +6,8 @@
 //! accounts (cloud) are still there and new jobs run; a deployment made
 //! from a bundle on one host is served by another host with a data
 //! directory of its own once the first is gone, as do account keys and
-//! signed URLs made on the first (the secrets are the database's).
+//! signed URLs made on the first (the secrets are the database's) and the
+//! web frontend's settings and saved workflows.
 
 use kiln::config::{Mode, StoreKind};
 use serde_json::{Value, json};
@@ -128,6 +129,30 @@ async fn a_deployment_and_its_bundle_outlive_the_host_that_created_them() {
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
     panic!("the job never finished");
+}
+
+/// The web frontend's settings and saved workflows, written through one
+/// host, are read through another (its own data directory, the same
+/// database).
+#[tokio::test]
+async fn the_frontends_settings_and_files_are_served_by_every_host() {
+    let Some(url) = fresh_database().await else { return };
+    let first = start_in(tempfile::tempdir().unwrap(), on_postgres(url.clone(), Mode::SelfHosted)).await;
+    let at = |s: &super::TestServer, path: &str| format!("{}{path}", s.server.url());
+    let saved = first.http.post(at(&first, "/api/userdata/workflows%2Fmine.json")).body("{\"nodes\": []}").send().await.unwrap();
+    assert_eq!(saved.status(), 200);
+    let set = first.http.post(at(&first, "/api/settings")).json(&json!({ "Comfy.Locale": "fr" })).send().await.unwrap();
+    assert_eq!(set.status(), 200);
+    drop(first.shutdown().await);
+
+    let second = start_in(tempfile::tempdir().unwrap(), on_postgres(url, Mode::SelfHosted)).await;
+    let read = second.http.get(at(&second, "/api/userdata/workflows%2Fmine.json")).send().await.unwrap();
+    assert_eq!(read.status(), 200);
+    assert_eq!(read.text().await.unwrap(), "{\"nodes\": []}");
+    let locale: Value = second.http.get(at(&second, "/api/settings/Comfy.Locale")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(locale, "fr");
+    let listed: Value = second.http.get(at(&second, "/api/userdata?dir=workflows")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(listed, json!(["mine.json"]));
 }
 
 /// An account key and a signed download URL made on one host work on a

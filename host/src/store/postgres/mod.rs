@@ -25,6 +25,7 @@ mod deployments;
 mod meta;
 mod secrets;
 mod sessions;
+mod user_files;
 
 use std::borrow::Cow;
 
@@ -35,6 +36,7 @@ pub use accounts::PgAccounts;
 pub use deployments::PgDeployments;
 pub use meta::PgMeta;
 pub use sessions::PgSessions;
+pub use user_files::PgUserFiles;
 
 use super::StoreError;
 use super::io_runtime::IoRuntime;
@@ -47,6 +49,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (4, "installation", include_str!("migrations/0004_installation.sql")),
     (5, "deployments and bundles", include_str!("migrations/0005_deployments.sql")),
     (6, "server secrets", include_str!("migrations/0006_server_secrets.sql")),
+    (7, "user files", include_str!("migrations/0007_user_files.sql")),
 ];
 
 /// How long an idle connection stays open.

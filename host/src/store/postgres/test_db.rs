@@ -39,6 +39,13 @@ async fn postgres_keeps_the_deployment_store_contract() {
     crate::store::deployments::tests::contract(&super::PgDeployments::new(db)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_the_user_file_store_contract() {
+    let Some(db) = fresh().await else { return };
+    let store = super::PgUserFiles::new(db);
+    tokio::task::spawn_blocking(move || crate::store::user_files::tests::contract(&store)).await.unwrap();
+}
+
 /// The first host's file seeds the shared secret; later hosts (their own
 /// files, or none) get that one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
