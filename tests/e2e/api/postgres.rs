@@ -238,6 +238,8 @@ struct OwnPostgres {
     dir: tempfile::TempDir,
     port: u16,
     as_postgres: bool,
+    /// Server options beyond the address (TLS).
+    extra: String,
 }
 
 impl OwnPostgres {
@@ -256,11 +258,55 @@ impl OwnPostgres {
             assert!(std::process::Command::new("chown").arg("postgres").arg(dir.path()).status().unwrap().success());
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let pg = OwnPostgres { bin: bin.into(), dir, port, as_postgres };
+        let pg = OwnPostgres { bin: bin.into(), dir, port, as_postgres, extra: String::new() };
         let data = pg.dir.path().join("data");
         pg.run("initdb", &["-D", data.to_str().unwrap(), "--auth=trust", "-U", "postgres", "--no-sync"]);
         pg.start();
         Some(pg)
+    }
+
+    /// A new cluster that takes TCP connections over TLS only (`hostssl`),
+    /// its certificate for 127.0.0.1 issued by a CA of its own (made with
+    /// `openssl`, with another CA beside it: `other.crt`); the cluster and
+    /// the CA certificate's path.
+    fn start_new_tls() -> Option<(OwnPostgres, std::path::PathBuf)> {
+        let mut pg = OwnPostgres::start_new()?;
+        pg.stop();
+        let dir = pg.dir.path().to_path_buf();
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl").args(args).current_dir(&dir).output().expect("openssl runs (.ci/run installs it)");
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=kiln test CA"]);
+        openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "other.key", "-out", "other.crt", "-days", "2", "-subj", "/CN=another CA"]);
+        openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]);
+        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
+        let key = dir.join("server.key");
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        if pg.as_postgres {
+            assert!(std::process::Command::new("chown").arg("postgres").arg(&key).arg(dir.join("server.crt")).status().unwrap().success());
+        }
+        std::fs::write(dir.join("data/pg_hba.conf"), "local all all trust\nhostssl all all 127.0.0.1/32 trust\n").unwrap();
+        pg.extra = format!("-c ssl=on -c ssl_cert_file={} -c ssl_key_file={}", dir.join("server.crt").display(), key.display());
+        pg.start();
+        Some((pg, dir.join("ca.crt")))
     }
 
     fn run(&self, tool: &str, args: &[&str]) {
@@ -278,7 +324,7 @@ impl OwnPostgres {
 
     fn ctl(&self, action: &str) {
         let (data, dir) = (self.dir.path().join("data"), self.dir.path().to_str().unwrap().to_string());
-        let options = format!("-c listen_addresses=127.0.0.1 -p {} -k {dir} -c fsync=off", self.port);
+        let options = format!("-c listen_addresses=127.0.0.1 -p {} -k {dir} -c fsync=off {}", self.port, self.extra);
         let log = self.dir.path().join("log");
         self.run("pg_ctl", &["-D", data.to_str().unwrap(), "-l", log.to_str().unwrap(), "-o", &options, "-m", "fast", "-w", action]);
     }
@@ -307,6 +353,33 @@ impl Drop for OwnPostgres {
             std::process::Command::new(exe).args(args).output()
         };
     }
+}
+
+/// TLS to the database: with `sslmode=verify-full` and the CA in
+/// `sslrootcert`, kiln reaches a server that takes TLS connections only and
+/// runs jobs on it; without TLS, or trusting another CA, `kiln doctor`'s
+/// check says the database does not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_is_reached_over_verified_tls() {
+    let Some((pg, ca)) = OwnPostgres::start_new_tls() else { return };
+    let answers = |url: String| async move {
+        let config = kiln::config::Config { store: StoreKind::Postgres, database_url: Some(url), ..kiln::config::Config::default() };
+        let (lines, answered) = kiln::cli::doctor_backends(&config).await;
+        (answered, lines.join("; "))
+    };
+    let tls = format!("{}?sslmode=verify-full&sslrootcert={}", pg.url(), ca.display());
+    let (ok, lines) = answers(tls.clone()).await;
+    assert!(ok, "{lines}");
+    let (ok, lines) = answers(format!("{}?sslmode=disable", pg.url())).await;
+    assert!(!ok && lines.contains("does not answer"), "the server takes TLS only: {lines}");
+    let other_ca = pg.dir.path().join("other.crt");
+    let (ok, lines) = answers(format!("{}?sslmode=verify-full&sslrootcert={}", pg.url(), other_ca.display())).await;
+    assert!(!ok, "a certificate its root does not vouch for is refused: {lines}");
+
+    let s = start_in(tempfile::tempdir().unwrap(), on_postgres(tls, Mode::SelfHosted)).await;
+    let job = s.submit(trivial(2)).await;
+    assert_eq!(s.wait(job["id"].as_str().unwrap()).await["status"], "succeeded");
+    s.shutdown().await;
 }
 
 /// PostgreSQL stops while a job runs and comes back: a submission made
