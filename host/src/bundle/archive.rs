@@ -52,13 +52,13 @@ pub fn read(bytes: &[u8], max_bytes: u64) -> Result<Vec<(String, Vec<u8>)>, Bund
         let mut entry = entry.map_err(malformed)?;
         let path = entry.path().map_err(malformed)?.to_str().map(str::to_string).ok_or_else(|| BundleError::Malformed("a file name is not UTF-8".into()))?;
         if entry.header().entry_type() != tar::EntryType::Regular {
-            return Err(BundleError::Malformed(format!("`{path}` is not a plain file (a bundle holds only files)")));
+            return Err(BundleError::Malformed(format!("{path:?} is not a plain file (a bundle holds only files)")));
         }
         if files.len() == MAX_ENTRIES {
             return Err(BundleError::Malformed(format!("more than {MAX_ENTRIES} files")));
         }
         if !seen.insert(path.clone()) {
-            return Err(BundleError::Malformed(format!("`{path}` appears twice")));
+            return Err(BundleError::Malformed(format!("{path:?} appears twice")));
         }
         // Bounded: the whole archive is `tar_bytes`, already bounded.
         let mut data = Vec::with_capacity(usize::try_from(entry.size()).unwrap_or(0).min(tar_bytes.len()));

@@ -208,7 +208,7 @@ impl Bundle {
             }
         }
         if let Some(extra) = self.files.keys().find(|p| !expected.contains_key(*p)) {
-            return Err(BundleError::Malformed(format!("`{extra}` is not in bundle.json")));
+            return Err(BundleError::Malformed(format!("{extra:?} is not in bundle.json")));
         }
         for (path, hash) in expected {
             let bytes = self.files.get(&path).ok_or_else(|| BundleError::Malformed(format!("`{path}`, named in bundle.json, is missing")))?;
@@ -278,6 +278,11 @@ impl Bundle {
         std::str::from_utf8(bytes).map_err(|_| BundleError::Descriptor(format!("the manifest of `{plugin}` is not UTF-8")))
     }
 
+    /// The largest component the bundle carries: its plugin and size.
+    pub fn largest_component(&self) -> Option<(&str, usize)> {
+        self.descriptor.components.iter().filter_map(|c| self.component(&c.plugin).map(|b| (c.plugin.as_str(), b.len()))).max_by_key(|(_, n)| *n)
+    }
+
     fn component(&self, plugin: &str) -> Option<&Arc<[u8]>> {
         self.files.get(&component_path(plugin))
     }
@@ -326,8 +331,17 @@ pub(crate) fn is_input_name(name: &str) -> bool {
     plain_name(name, 128)
 }
 
+/// `blake3:` and 64 lowercase hex digits (as kiln writes hashes).
+fn is_hash(s: &str) -> bool {
+    s.strip_prefix("blake3:").is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
 fn check_descriptor(d: &Descriptor) -> Result<(), BundleError> {
     let bad = |m: String| Err(BundleError::Descriptor(m));
+    let files = d.workflows.iter().map(|(n, w)| (n, &w.hash)).chain(d.inputs.iter().map(|(n, i)| (n, &i.hash)));
+    if let Some((name, hash)) = files.into_iter().find(|(_, h)| !is_hash(h)) {
+        return bad(format!("{name}: {hash:?} is not blake3:<64 lowercase hex digits>"));
+    }
     if d.format != FORMAT {
         return bad(format!("format {} (this host reads format {FORMAT})", d.format));
     }
@@ -358,8 +372,8 @@ fn check_descriptor(d: &Descriptor) -> Result<(), BundleError> {
             return bad(format!("component plugin name {:?} is invalid or repeated", c.plugin));
         }
         for hash in [&c.component, &c.manifest] {
-            if hash.strip_prefix("blake3:").is_none_or(|h| blake3::Hash::from_hex(h).is_err()) {
-                return bad(format!("component `{}`: {hash:?} is not blake3:<64 hex digits>", c.plugin));
+            if !is_hash(hash) {
+                return bad(format!("component `{}`: {hash:?} is not blake3:<64 lowercase hex digits>", c.plugin));
             }
         }
         if c.classes.len() > 4096 || c.classes.iter().any(|k| k.is_empty() || k.len() > 128) {

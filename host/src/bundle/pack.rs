@@ -94,7 +94,9 @@ pub fn pack(
                 }
             }
         }
-        let bytes: Arc<[u8]> = serde_json::to_vec_pretty(json).map_err(|e| PackError::Inputs(e.to_string()))?.into();
+        // Compact, and within the limits a run checks it against.
+        let bytes: Arc<[u8]> = serde_json::to_vec(json).map_err(|e| PackError::Inputs(e.to_string()))?.into();
+        limits.check_text(&bytes).map_err(|error| PackError::Parse { workflow: name.clone(), error })?;
         workflow_entries.insert(name.clone(), FileEntry { hash: hash_of(&bytes) });
         files.insert(workflow_path(name), bytes);
     }

@@ -99,6 +99,10 @@ fn a_descriptor_out_of_bounds_is_refused() {
     let mut d = bundle.descriptor().clone();
     d.components[0].component = "blake3:nothex".into();
     assert!(matches!(Bundle::new(d, bundle.files.clone()), Err(BundleError::Descriptor(_))));
+    // Hashes are written in lowercase; an uppercase one would never match.
+    let mut d = bundle.descriptor().clone();
+    d.components[0].component = d.components[0].component.to_uppercase().replace("BLAKE3:", "blake3:");
+    assert!(matches!(Bundle::new(d, bundle.files.clone()), Err(BundleError::Descriptor(m)) if m.contains("lowercase")));
 }
 
 #[test]

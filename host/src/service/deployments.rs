@@ -425,36 +425,30 @@ impl super::Service {
             self.load_deployment(&record.spec.id, generation);
             return Ok(record);
         };
-        // One bundle at a time: each holds up to twice `max_bundle_mb` while
-        // it is read, and a bundle stored for a creation that then fails is
-        // taken back unless a deployment uses it.
+        // One bundle read at a time (each holds up to twice its size while
+        // it is checked). A bundle kept for a creation that then fails stays:
+        // bundles are kept by hash, and another host's deployment (same
+        // database) may use the same one.
         let _one = BUNDLE_TURN.acquire().await.map_err(|_| DeploymentError::Invalid("the server is stopping".into()))?;
         check_spec(&spec, true)?;
         if self.deployments.get(&spec.id).is_some() {
             return Err(DeploymentError::Exists(spec.id));
         }
         let parsed = Bundle::read(bytes, self.opts.max_bundle_bytes)?;
+        if let Some((plugin, size)) = parsed.largest_component().filter(|(_, size)| *size as u64 > self.opts.max_plugin_bytes) {
+            return Err(DeploymentError::Invalid(format!(
+                "the bundle's component `{plugin}` is {size} bytes, over max_plugin_mb ({} bytes)",
+                self.opts.max_plugin_bytes
+            )));
+        }
         let missing = crate::bundle::missing_components(&parsed, &self.registry());
         if !missing.is_empty() {
             return Err(BundleError::Missing(missing).into());
         }
-        let hex = parsed.hash().to_hex();
-        self.deployments.store.put_bundle(&hex, bytes).await?;
-        let bundle = BundleRecord::of(&parsed);
-        match self.deployments.create(spec, Some(bundle.clone())).await {
-            Ok((record, generation)) => {
-                self.load_deployment(&record.spec.id, generation);
-                Ok(record)
-            }
-            Err(e) => {
-                if !self.deployments.list().iter().any(|d| d.bundle.as_ref().is_some_and(|b| b.hash == bundle.hash))
-                    && let Err(undo) = self.deployments.store.delete_bundle(&hex).await
-                {
-                    tracing::error!(bundle = %bundle.hash, error = %undo, "cannot take back the bundle of a failed creation");
-                }
-                Err(e)
-            }
-        }
+        self.deployments.store.put_bundle(&parsed.hash().to_hex(), bytes).await?;
+        let (record, generation) = self.deployments.create(spec, Some(BundleRecord::of(&parsed))).await?;
+        self.load_deployment(&record.spec.id, generation);
+        Ok(record)
     }
 
     /// Stops a deployment: its queued jobs are canceled; running ones end
@@ -509,29 +503,39 @@ impl super::Service {
         let id = id.to_string();
         let service = self.clone();
         let handle = tokio::runtime::Handle::current();
-        // On a blocking thread: reading and compiling plugins blocks, and
-        // must not hold up the HTTP reactor's threads.
-        tokio::task::spawn_blocking(move || {
-            let started = std::time::Instant::now();
-            let result = handle.block_on(async {
-                // One bundle at a time is read, checked and resolved (each
-                // holds up to twice `max_bundle_mb` meanwhile).
-                let _turn = match record.bundle {
-                    Some(_) => Some(BUNDLE_TURN.acquire().await.map_err(|e| e.to_string())?),
-                    None => None,
-                };
-                let source = plugin_source(&record, store.as_ref(), host, max_bundle).await?;
-                load(runtime, source, concurrency).await
-            });
-            match &result {
-                Ok(_) => tracing::info!(deployment = %id, ms = started.elapsed().as_millis() as u64, "deployment ready"),
-                Err(e) => tracing::error!(deployment = %id, error = %e, "deployment's plugins failed to load"),
+        tokio::spawn(async move {
+            // One bundle at a time is read, checked and resolved (each holds
+            // up to twice its size meanwhile); the turn is waited for here,
+            // so loads waiting for it hold no blocking thread.
+            let turn = match record.bundle {
+                Some(_) => BUNDLE_TURN.acquire().await.ok(),
+                None => None,
+            };
+            // On a blocking thread: reading and compiling plugins blocks,
+            // and must not hold up the HTTP reactor's threads.
+            let loaded = tokio::task::spawn_blocking(move || {
+                let started = std::time::Instant::now();
+                let result = crate::store::may_block_here(|| {
+                    handle.block_on(async {
+                        let source = plugin_source(&record, store.as_ref(), host, max_bundle).await?;
+                        load(runtime, source, concurrency).await
+                    })
+                });
+                drop(turn);
+                match &result {
+                    Ok(_) => tracing::info!(deployment = %id, ms = started.elapsed().as_millis() as u64, "deployment ready"),
+                    Err(e) => tracing::error!(deployment = %id, error = %e, "deployment's plugins failed to load"),
+                }
+                if let Err(e) = handle.block_on(service.deployments.finish_load(&id, generation, result)) {
+                    tracing::error!(deployment = %id, error = %e, "cannot save the deployment's state");
+                }
+                // Its queued jobs may run now.
+                service.queue.waiting().limits_changed();
+            })
+            .await;
+            if let Err(e) = loaded {
+                tracing::error!(error = %e, "a deployment's load stopped");
             }
-            if let Err(e) = handle.block_on(service.deployments.finish_load(&id, generation, result)) {
-                tracing::error!(deployment = %id, error = %e, "cannot save the deployment's state");
-            }
-            // Its queued jobs may run now.
-            service.queue.waiting().limits_changed();
         });
     }
 }

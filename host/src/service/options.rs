@@ -17,6 +17,9 @@ pub struct ServiceOptions {
     pub max_upload_bytes: u64,
     /// Largest bundle, decompressed (`max_bundle_mb`).
     pub max_bundle_bytes: u64,
+    /// Largest component the operator installs, a bundle's included
+    /// (`max_plugin_mb`).
+    pub max_plugin_bytes: u64,
     pub max_event_streams: usize,
     /// With accounts: the most jobs one scheduling key may have waiting,
     /// whatever its tier (config `max_queued_jobs_per_account`).
@@ -66,6 +69,7 @@ impl ServiceOptions {
             session_ttl_s: config.session_ttl_s.max(1),
             max_upload_bytes: config.max_upload_mb.saturating_mul(1 << 20),
             max_bundle_bytes: config.max_bundle_mb.saturating_mul(1 << 20),
+            max_plugin_bytes: config.max_plugin_mb.saturating_mul(1 << 20),
             max_event_streams: config.max_event_streams,
             max_queued_per_account: config.queued_jobs_per_account(),
             max_streams_per_account: config.event_streams_per_account(),

@@ -238,6 +238,9 @@ pub(crate) mod tests {
         assert_eq!(names("w", true), ["a.json", "deep/b.json"]);
         assert_eq!(names("w", false), ["a.json"]);
         assert_eq!(store.list("u", p(""), true, 2).unwrap().unwrap().len(), 2, "at most max");
+        store.put("u", p("日本/a/b.json"), b"x").unwrap();
+        assert_eq!(store.list("u", p("日本"), false, 100).unwrap(), Some(vec![]), "only deeper files: none directly in it");
+        assert!(store.delete("u", p("日本/a/b.json")).unwrap());
 
         store.put("u", p("w/a.json"), b"{\"v\": 2}").unwrap();
         assert_eq!(store.entry("u", p("w/a.json")).unwrap(), Entry::File { size: 8 }, "replaced whole");

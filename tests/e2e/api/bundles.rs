@@ -111,4 +111,19 @@ async fn a_bundle_carries_a_plugin_the_server_lacks_or_is_refused_naming_it() {
     assert_eq!((status, body["error"]["code"].as_str()), (413, Some("payload_too_large")), "{body}");
     let (status, body) = create(&s, json!({"id": "junk", "owner": "local"}), b"not a bundle".to_vec()).await;
     assert_eq!((status, body["error"]["code"].as_str()), (422, Some("bundle_refused")), "{body}");
+    // A JSON spec (no bundle) is held to the admin API's 64 KiB, not a bundle's size.
+    let big_spec = json!({"id": "big-json", "owner": "local", "plugin_dirs": vec!["x"; 40_000]});
+    let resp = s.http.post(format!("{}/admin/deployments", s.server.url())).bearer_auth(ADMIN).json(&big_spec).send().await.unwrap();
+    assert_eq!(resp.status(), 413);
+
+    // A carried component over max_plugin_mb is refused as an install would be.
+    let strict = start(|c, o| {
+        c.admin_token = Some(ADMIN.into());
+        c.max_plugin_mb = 0;
+        o.max_plugin_bytes = 0;
+    })
+    .await;
+    let (status, body) = create(&strict, json!({"id": "poster", "owner": "local"}), carried.to_bytes().unwrap()).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("example-posterize"), "{body}");
 }

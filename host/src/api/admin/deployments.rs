@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::FromRequest;
 use axum::extract::Multipart;
 use axum::extract::Request;
@@ -66,8 +65,14 @@ async fn create(State(state): State<Arc<AppState>>, request: Request) -> Result<
         let (spec, bundle) = body::two_parts(Multipart::from_request(request, &()).await, limit, ("deployment", super::MAX_BODY), "bundle", missing).await?;
         (spec, Some(bundle))
     } else {
-        // Over `MAX_BODY`: refused before it is read, or cut while read.
-        let bytes = body::bytes(Bytes::from_request(request, &()).await, super::MAX_BODY as u64)?;
+        // A JSON spec is an admin body like the others: at most `MAX_BODY`
+        // (the route's own limit is a bundle's), refused by its declared
+        // length before it is read, or cut while read.
+        let declared = request.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > super::MAX_BODY as u64) {
+            return Err(ApiError::payload_too_large(super::MAX_BODY as u64));
+        }
+        let bytes = axum::body::to_bytes(request.into_body(), super::MAX_BODY).await.map_err(|_| ApiError::payload_too_large(super::MAX_BODY as u64))?;
         (bytes, None)
     };
     let mut spec: DeploymentSpec = serde_json::from_slice(&spec).map_err(|e| ApiError::invalid_request(format!("Invalid deployment: {e}")))?;

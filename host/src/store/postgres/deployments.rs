@@ -71,12 +71,4 @@ impl DeploymentStore for PgDeployments {
             Ok(row.map(|(b,)| b))
         })
     }
-
-    async fn delete_bundle(&self, hash: &str) -> Result<(), StoreError> {
-        let hash = hash.to_string();
-        on_pool!(self, |pool| {
-            sqlx::query("DELETE FROM bundles WHERE hash = $1").bind(hash).execute(&pool).await.map_err(backend)?;
-            Ok(())
-        })
-    }
 }

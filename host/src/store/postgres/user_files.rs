@@ -113,7 +113,8 @@ impl UserFileStore for PgUserFiles {
                 .bind(&user)
                 .bind(&prefix)
                 .bind(recurse)
-                .bind(i32::try_from(strip + 1).unwrap_or(i32::MAX))
+                // (A position in characters, as `substr` counts.)
+                .bind(i32::try_from(prefix.chars().count() + 1).unwrap_or(i32::MAX))
                 .bind(limit)
                 .fetch_all(&pool)
                 .await
@@ -158,6 +159,7 @@ impl UserFileStore for PgUserFiles {
         self.call(move |pool| {
             Box::pin(async move {
                 let mut tx = pool.begin().await.map_err(backend)?;
+                lock_user(&mut tx, &user).await?;
                 refuse_through_files(&mut tx, &user, &path).await?;
                 let now = now_ms();
                 let row = sqlx::query(&format!(
@@ -193,6 +195,7 @@ impl UserFileStore for PgUserFiles {
         self.call(move |pool| {
             Box::pin(async move {
                 let mut tx = pool.begin().await.map_err(backend)?;
+                lock_user(&mut tx, &user).await?;
                 if from != to {
                     sqlx::query("DELETE FROM user_files WHERE user_id = $1 AND path = $2").bind(&user).bind(&to).execute(&mut *tx).await.map_err(backend)?;
                     refuse_through_files(&mut tx, &user, &to).await?;
@@ -216,6 +219,13 @@ impl UserFileStore for PgUserFiles {
 /// `dir/` (or nothing for the root): what the paths under `dir` start with.
 fn dir_prefix(dir: &str) -> String {
     if dir.is_empty() { String::new() } else { format!("{dir}/") }
+}
+
+/// Serializes the writes of `user`'s files (across hosts) until the
+/// transaction ends, so the check of a write's path holds when it commits.
+async fn lock_user(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, user: &str) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('kiln user files'), hashtext($1))").bind(user).execute(&mut **tx).await.map_err(backend)?;
+    Ok(())
 }
 
 /// Refuses a write at `path` that a file system would: one of its
