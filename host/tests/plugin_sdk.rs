@@ -209,16 +209,7 @@ fn a_tenants_compile_bomb_costs_only_its_own_install() {
         let account = |name: &'static str| {
             let (http, base) = (http.clone(), server.base.clone());
             async move {
-                let made: serde_json::Value = http
-                    .post(format!("{base}/admin/accounts"))
-                    .bearer_auth(TOKEN)
-                    .json(&serde_json::json!({ "name": name, "credits": 100 }))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
+                let made = common::new_account(&http, &base, TOKEN, name, 100).await;
                 made["key"].as_str().unwrap_or_else(|| panic!("{made}")).to_string()
             }
         };

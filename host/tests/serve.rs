@@ -352,16 +352,7 @@ async fn the_official_frontend_signs_in_to_a_cloud_server_in_a_real_browser() {
     let data = tempfile::tempdir().unwrap();
     let kiln = spawn(data.path(), &[("KILN_ADMIN_TOKEN", OPERATOR)], &["--mode", "cloud", "--front-end-root", browser.root.to_str().unwrap()]);
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{}/admin/accounts", kiln.base))
-        .bearer_auth(OPERATOR)
-        .json(&json!({ "name": "browser", "credits": 1000 }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created = common::new_account(&http, &kiln.base, OPERATOR, "browser", 1000).await;
     let (id, key) = (created["account"]["id"].as_str().unwrap().to_string(), created["key"].as_str().unwrap().to_string());
     tokio::task::block_in_place(|| browser.run(&kiln, "browser-frontend-cloud", Some(&key)));
     // The UI's job and settings are the account's.

@@ -78,3 +78,15 @@ impl Drop for Kiln {
         let _ = self.child.wait();
     }
 }
+
+/// A new account `name` holding `credits`, made through the admin API of
+/// the server at `base` with the operator token `token` (201 expected):
+/// the answer (`account`, `key`).
+pub async fn new_account(http: &reqwest::Client, base: &str, token: &str, name: &str, credits: i64) -> serde_json::Value {
+    let resp =
+        http.post(format!("{base}/admin/accounts")).bearer_auth(token).json(&serde_json::json!({ "name": name, "credits": credits })).send().await.unwrap();
+    let status = resp.status();
+    let made: serde_json::Value = resp.json().await.unwrap_or_default();
+    assert_eq!(status, 201, "{made}");
+    made
+}

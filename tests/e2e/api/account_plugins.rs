@@ -27,10 +27,7 @@ struct Tenant<'a> {
 }
 
 async fn tenant<'a>(s: &'a TestServer, name: &str) -> Tenant<'a> {
-    let req = s.http.post(format!("{}/admin/accounts", s.server.url())).bearer_auth(OPERATOR).json(&json!({ "name": name, "credits": 1000 }));
-    let (status, body) = json_of(req).await;
-    assert_eq!(status, 201, "{body}");
-    Tenant { s, key: body["key"].as_str().unwrap().to_string() }
+    Tenant { s, key: s.new_account(OPERATOR, name, 1000).await.0 }
 }
 
 fn manifest(name: &str, extra: &str) -> String {

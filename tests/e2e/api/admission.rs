@@ -3,7 +3,7 @@
 //! a Jobs API submission with the documented envelope and a ComfyUI prompt
 //! with its own body, and nothing is queued either way.
 
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use super::{TestServer, spinner, start, start_default, trivial};
@@ -142,25 +142,10 @@ async fn serverless(tweak: impl FnOnce(&mut kiln::config::Config, &mut kiln::ser
     .await
 }
 
-/// Creates an account with `credits`; its key and id.
-async fn account(s: &TestServer, name: &str, credits: i64) -> (String, String) {
-    let created = s
-        .http
-        .request(Method::POST, format!("{}/admin/accounts", s.server.url()))
-        .bearer_auth(OPERATOR)
-        .json(&json!({ "name": name, "credits": credits }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), 201);
-    let created: Value = created.json().await.unwrap();
-    (created["key"].as_str().unwrap().to_string(), created["account"]["id"].as_str().unwrap().to_string())
-}
-
 #[tokio::test]
 async fn an_account_without_credits_submits_nothing_on_either_surface() {
     let s = serverless(|_, _| {}).await;
-    let (key, id) = account(&s, "broke", 0).await;
+    let (key, id) = s.new_account(OPERATOR, "broke", 0).await;
     let (status, body) = post_job(&s, &trivial(1), Some(&key)).await;
     assert_eq!(status, 402, "{body}");
     assert_envelope(&body, "insufficient_credits");
@@ -181,7 +166,7 @@ async fn an_account_over_its_own_queue_bound_is_refused_on_both_surfaces() {
         o.max_queued_per_account = 1;
     })
     .await;
-    let (key, id) = account(&s, "busy", 1_000_000).await;
+    let (key, id) = s.new_account(OPERATOR, "busy", 1_000_000).await;
     let (status, blocker) = post_job(&s, &spinner(1), Some(&key)).await;
     assert_eq!(status, 201, "{blocker}");
     for _ in 0..200 {
@@ -200,7 +185,7 @@ async fn an_account_over_its_own_queue_bound_is_refused_on_both_surfaces() {
     assert_envelope(&body, "queue_full");
     assert_eq!(s.server.state.service.queue_remaining(&id), 2, "the running job and the one queued");
     // Another account still gets in.
-    let (other, _) = account(&s, "other", 1_000_000).await;
+    let (other, _) = s.new_account(OPERATOR, "other", 1_000_000).await;
     let (status, body) = post_prompt(&s, &trivial(4), Some(&other)).await;
     assert_eq!(status, 200, "{body}");
 }

@@ -136,6 +136,23 @@ impl TestServer {
         format!("{}{path}", self.base)
     }
 
+    /// A new account `name` holding `credits`, made through the admin API
+    /// with the operator token `operator` (201 expected): its key and id.
+    pub async fn new_account(&self, operator: &str, name: &str, credits: i64) -> (String, String) {
+        let resp = self
+            .http
+            .post(format!("{}/admin/accounts", self.server.url()))
+            .bearer_auth(operator)
+            .json(&json!({ "name": name, "credits": credits }))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, 201, "{body}");
+        (body["key"].as_str().unwrap().to_string(), body["account"]["id"].as_str().unwrap().to_string())
+    }
+
     /// POST /jobs with `body`; returns (status, JSON body, headers).
     pub async fn post_job(&self, body: &Value, key: Option<&str>) -> (u16, Value, reqwest::header::HeaderMap) {
         let mut req = self.http.post(self.url("/jobs")).json(body);

@@ -191,18 +191,7 @@ async fn keys_and_signed_urls_made_on_one_host_work_on_another() {
 /// A new account `name` (the admin API, 100 credits) and a job of it run to
 /// success: its key and the job.
 async fn account_with_a_finished_job(s: &super::TestServer, name: &str) -> (String, Value) {
-    let created: Value = s
-        .http
-        .post(format!("{}/admin/accounts", s.server.url()))
-        .bearer_auth("pg-operator")
-        .json(&json!({ "name": name, "credits": 100 }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = created["key"].as_str().unwrap().to_string();
+    let (key, _) = s.new_account("pg-operator", name, 100).await;
     let job: Value = s.http.post(s.url("/jobs")).bearer_auth(&key).json(&json!({ "workflow": trivial(3) })).send().await.unwrap().json().await.unwrap();
     let id = job["id"].as_str().unwrap().to_string();
     for _ in 0..400 {

@@ -38,14 +38,6 @@ fn origin(s: &TestServer) -> String {
     s.server.url().trim_end_matches('/').to_string()
 }
 
-async fn account(s: &TestServer, name: &str) -> (String, String) {
-    let resp =
-        s.http.post(format!("{}/admin/accounts", s.server.url())).bearer_auth(OPERATOR).json(&json!({ "name": name, "credits": 1000 })).send().await.unwrap();
-    assert_eq!(resp.status(), 201);
-    let body: Value = resp.json().await.unwrap();
-    (body["account"]["id"].as_str().unwrap().to_string(), body["key"].as_str().unwrap().to_string())
-}
-
 /// `POST /login` with `key` from `from` (an `Origin`); the response.
 async fn sign_in(s: &TestServer, key: &str, from: &str) -> reqwest::Response {
     browser()
@@ -77,7 +69,7 @@ fn with_cookie(s: &TestServer, method: Method, path: &str, cookie: &str, from: O
 async fn a_browser_signs_in_with_a_key_and_its_session_stands_in_for_it() {
     let tree = frontend_tree();
     let s = start(cloud_with_frontend(tree.path().to_path_buf())).await;
-    let (id, key) = account(&s, "painter").await;
+    let (key, id) = s.new_account(OPERATOR, "painter", 1000).await;
     let me = origin(&s);
 
     // A stranger at the frontend is sent to the form.
@@ -121,7 +113,7 @@ async fn a_browser_signs_in_with_a_key_and_its_session_stands_in_for_it() {
     assert_eq!(job.status(), 200, "the job is the account's, seen with its key");
     let listed: Value = with_cookie(&s, Method::GET, "/api/v2/jobs", &cookie, None).send().await.unwrap().json().await.unwrap();
     assert!(listed["jobs"].as_array().unwrap().iter().any(|j| j["id"] == prompt_id.as_str()), "{listed}");
-    let (other_id, other_key) = account(&s, "stranger").await;
+    let (other_key, other_id) = s.new_account(OPERATOR, "stranger", 1000).await;
     assert_ne!(other_id, id);
     let theirs = s.http.get(s.url(&format!("/jobs/{prompt_id}"))).bearer_auth(&other_key).send().await.unwrap();
     assert_eq!(theirs.status(), 404);
@@ -174,7 +166,7 @@ async fn a_browser_signs_in_with_a_key_and_its_session_stands_in_for_it() {
 async fn sessions_survive_a_restart_and_end_with_their_account() {
     let tree = frontend_tree();
     let s = start(cloud_with_frontend(tree.path().to_path_buf())).await;
-    let (_, key) = account(&s, "restarter").await;
+    let (key, _) = s.new_account(OPERATOR, "restarter", 1000).await;
     let me = origin(&s);
     let (cookie, _) = session_cookie(&sign_in(&s, &key, &me).await);
     let data = s.shutdown().await;
