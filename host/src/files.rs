@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 /// Which area a saved file belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FileKind {
     /// A job output.
@@ -24,7 +24,7 @@ pub enum FileKind {
 }
 
 /// A file a node saved, as ComfyUI reports it (`filename`, `subfolder`, `type`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct SavedFile {
     pub filename: String,
     pub subfolder: String,

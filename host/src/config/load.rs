@@ -96,6 +96,9 @@ const ENV_FIELDS: &[&str] = &[
     "s3_bucket",
     "s3_region",
     "blob_cache_mb",
+    "host_id",
+    "lease_s",
+    "heartbeat_s",
     "front_end_root",
     "max_userdata_file_kb",
     "max_userdata_mb",
@@ -146,7 +149,7 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
             }
             "partner_base_url" | "partner_api_key" => toml::Value::String(value),
             "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" | "gpu"
-            | "serverless_host" | "store" | "database_url" | "blob_store" | "s3_endpoint" | "s3_bucket" | "s3_region" => toml::Value::String(value),
+            | "serverless_host" | "store" | "database_url" | "blob_store" | "s3_endpoint" | "s3_bucket" | "s3_region" | "host_id" => toml::Value::String(value),
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),
@@ -227,6 +230,24 @@ mod tests {
         assert_eq!(from_env(&pool).unwrap().database_max_connections, 4);
         let none = [("KILN_STORE", "postgres"), ("KILN_DATABASE_URL", "postgres://kiln@db/kiln"), ("KILN_DATABASE_MAX_CONNECTIONS", "0")];
         assert!(from_env(&none).unwrap().check_store().is_err(), "no connection at all");
+    }
+
+    #[test]
+    fn a_hosts_id_lease_and_heartbeat_come_from_the_environment_and_are_checked() {
+        let defaults = Config::default();
+        assert_eq!((defaults.host_id.as_deref(), defaults.lease_s, defaults.heartbeat_s), (None, 30, 10));
+        assert_ne!(defaults.host_id(), defaults.host_id(), "a random id per start");
+        let config = from_env(&[("KILN_HOST_ID", "web-1"), ("KILN_LEASE_S", "6"), ("KILN_HEARTBEAT_S", "2")]).unwrap();
+        assert_eq!((config.host_id().as_str(), config.lease_s, config.heartbeat_s), ("web-1", 6, 2));
+        assert!(config.check_store().is_ok());
+        for bad in [
+            vec![("KILN_HOST_ID", "a b")],
+            vec![("KILN_HOST_ID", "")],
+            vec![("KILN_LEASE_S", "10"), ("KILN_HEARTBEAT_S", "6")],
+            vec![("KILN_HEARTBEAT_S", "0")],
+        ] {
+            assert!(from_env(&bad).unwrap().check_store().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -242,9 +242,9 @@ pub struct Config {
     pub serverless_host: Option<String>,
     /// Where jobs, assets, claims, accounts and sign-in sessions live:
     /// `embedded` (the default: sled under the data directory) or
-    /// `postgres` (the database `database_url` names; blobs, deployments
-    /// and user files stay under the data directory, and only one host may
-    /// use a database so far). `KILN_STORE`.
+    /// `postgres` (the database `database_url` names, which several hosts
+    /// may share as one service; blobs stay under the data directory
+    /// unless `blob_store = "s3"`). `KILN_STORE`.
     pub store: StoreKind,
     /// The PostgreSQL database of `store = "postgres"` (`postgres://…`).
     /// `KILN_DATABASE_URL`.
@@ -270,6 +270,22 @@ pub struct Config {
     /// the data directory (least recently used go first).
     /// `KILN_BLOB_CACHE_MB`. Default 10240.
     pub blob_cache_mb: u64,
+    /// This host's name among the hosts sharing a `postgres` store (logs,
+    /// `kiln doctor`; each start adds a nonce of its own). A start ends the
+    /// earlier starts of its id and takes their jobs at once, so two
+    /// running processes must never share one. `KILN_HOST_ID`. Default: a
+    /// random id per start (a restart then takes its jobs back once their
+    /// lease, `lease_s`, lapses).
+    pub host_id: Option<String>,
+    /// How long a host's hold on its jobs lasts without a renewal: a host
+    /// that dies loses its jobs to the others this long after its last
+    /// heartbeat, and a host that cannot renew for this long stops.
+    /// `KILN_LEASE_S`. Default 30.
+    pub lease_s: u64,
+    /// How often a host renews its lease, takes over lapsed hosts' jobs
+    /// and looks for cancel requests it missed (at most half of
+    /// `lease_s`). `KILN_HEARTBEAT_S`. Default 10.
+    pub heartbeat_s: u64,
     /// A built ComfyUI web frontend (the `static/` directory of PyPI's
     /// `comfyui-frontend-package`) to serve at `/`, with a
     /// Content-Security-Policy that keeps the browser on this server.
@@ -493,6 +509,12 @@ impl Config {
         })
     }
 
+    /// This host's id among the hosts sharing the store: `host_id`, or a
+    /// random one.
+    pub fn host_id(&self) -> String {
+        self.host_id.clone().unwrap_or_else(|| format!("kiln-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]))
+    }
+
     /// The queued jobs one account may hold (see
     /// `max_queued_jobs_per_account`).
     pub fn queued_jobs_per_account(&self) -> usize {
@@ -516,6 +538,14 @@ impl Config {
         }?;
         if self.database_max_connections == 0 {
             return Err("database_max_connections must be at least 1".into());
+        }
+        if let Some(id) = self.host_id.as_deref()
+            && (id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
+        {
+            return Err(format!("host_id `{id}` must be 1 to 64 letters, digits, `-`, `_` or `.`"));
+        }
+        if self.heartbeat_s == 0 || self.lease_s < 2 * self.heartbeat_s {
+            return Err(format!("heartbeat_s ({}) must be at least 1 and at most half of lease_s ({})", self.heartbeat_s, self.lease_s));
         }
         if self.blob_store == BlobStoreKind::S3 {
             match self.s3_bucket.as_deref() {

@@ -55,6 +55,9 @@ pub struct Backends {
     pub waiting: Arc<dyn Waiting>,
     /// Execution messages (see [`ExecBus`]).
     pub bus: Arc<dyn ExecBus>,
+    /// This host's lease and notices where hosts share the store (see
+    /// `service::cluster`); `None`: one process holds every job.
+    pub cluster: Option<super::ClusterBackends>,
 }
 
 impl Backends {
@@ -69,14 +72,14 @@ impl Backends {
     /// Jobs, assets, claims, accounts, sessions, deployments and their
     /// bundles, the server secrets and the web frontend's user files in the
     /// PostgreSQL database at `url` (its schema migrated first; at most
-    /// `max_connections` open); blobs under `data_dir`, the queue and bus
-    /// of this process. One host per database
-    /// so far: the queue is not shared yet, and a deployment created on one
-    /// host is seen by another when that one starts.
-    pub async fn postgres(url: &str, max_connections: u32, data_dir: &Path) -> Result<Backends, ServiceError> {
-        use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgMeta, PgSessions, PgUserFiles};
+    /// `max_connections` open), shared with the other hosts that name it:
+    /// this host (`host_id`) holds the jobs submitted to it under a lease
+    /// and hears the others' events (see `service::cluster`). Blobs under
+    /// `data_dir` (unless S3 replaces them), and this process's queue.
+    pub async fn postgres(url: &str, max_connections: u32, data_dir: &Path, host_id: &str) -> Result<Backends, ServiceError> {
+        use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgHosts, PgMeta, PgNotices, PgSessions, PgUserFiles};
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
-        let db = PgDatabase::connect(url, max_connections).await?;
+        let db = PgDatabase::connect(url, max_connections).await?.as_host(host_id);
         // The secrets every host shares: seeded, when the database has none
         // yet, from this host's files (kept from before it used the
         // database, so its keys and signed URLs stay valid).
@@ -90,7 +93,10 @@ impl Backends {
             (KeyHasher::from_secret(accounts_secret), signing_key),
         )?;
         backends.deployments = Arc::new(PgDeployments::new(db.clone()));
-        backends.user_files = Arc::new(PgUserFiles::new(db));
+        backends.user_files = Arc::new(PgUserFiles::new(db.clone()));
+        let notices: Arc<dyn crate::store::cluster::Notices> = Arc::new(PgNotices::start(&db)?);
+        backends.bus = Arc::new(super::bus::SharedBus::start(notices.clone(), backends.meta.clone()));
+        backends.cluster = Some(super::ClusterBackends { leases: Arc::new(PgHosts::new(db, host_id)), notices });
         Ok(backends)
     }
 
@@ -115,6 +121,7 @@ impl Backends {
             user_files: Arc::new(DiskUserFiles::new(data_dir.join("users"))),
             waiting: Arc::new(LocalWaiting::default()),
             bus: Arc::new(LocalBus::default()),
+            cluster: None,
         })
     }
 
@@ -122,7 +129,9 @@ impl Backends {
     pub async fn from_config(config: &crate::config::Config) -> Result<Backends, ServiceError> {
         config.check_store().map_err(ServiceError::InvalidRequest)?;
         let mut backends = match (config.store, config.database_url.as_deref()) {
-            (crate::config::StoreKind::Postgres, Some(url)) => Backends::postgres(url, config.database_max_connections, &config.data_dir).await?,
+            (crate::config::StoreKind::Postgres, Some(url)) => {
+                Backends::postgres(url, config.database_max_connections, &config.data_dir, &config.host_id()).await?
+            }
             (crate::config::StoreKind::Postgres, None) => return Err(ServiceError::InvalidRequest("store = \"postgres\" needs database_url".into())),
             (crate::config::StoreKind::Embedded, _) => Backends::embedded(&config.data_dir)?,
         };
@@ -150,6 +159,7 @@ impl Backends {
             user_files: Arc::new(DiskUserFiles::new(data_dir.join("users"))),
             waiting: Arc::new(LocalWaiting::default()),
             bus: Arc::new(LocalBus::default()),
+            cluster: None,
         })
     }
 }

@@ -82,7 +82,8 @@ impl Service {
     pub async fn cancel(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
         let key = self.job_key(owner, id).await;
         let id = key.as_str();
-        let Some(live) = self.live_job(id) else { return self.get(owner, id).await };
+        // Not live here: finished, or (hosts sharing a store) another's.
+        let Some(live) = self.live_job(id) else { return self.cancel_elsewhere(owner, id).await };
         let current = live.snapshot();
         if current.owner != owner {
             return Err(ServiceError::NotFound);

@@ -10,6 +10,7 @@ mod assets;
 mod backends;
 mod blob_gc;
 pub mod bus;
+pub mod cluster;
 pub mod compat;
 pub mod deployments;
 mod error;
@@ -40,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use assets::{AssetLabels, NewAsset, UploadMeta};
 pub use backends::{Backends, s3_settings};
+pub use cluster::ClusterBackends;
 pub use error::ServiceError;
 pub use intake::{Admitted, IDEMPOTENCY_TTL, OutputPolicy, Submission, SubmitError, Surface, intake_estimate};
 pub use jobs::ListQuery;
@@ -102,6 +104,11 @@ pub struct Service {
     intake: memory_gate::MemoryGate,
     /// Memory of queued jobs' parsed workflows and plans.
     queued_parsed: memory_gate::MemoryGate,
+    /// This host's lease and notices, where hosts share the store (see
+    /// `cluster`); `None` on an embedded store.
+    cluster: Option<ClusterBackends>,
+    /// Cancelled when this host lost its lease (see `cluster`).
+    lease_lost: CancellationToken,
 }
 
 impl Service {
@@ -124,7 +131,7 @@ impl Service {
         plugins: impl Into<crate::plugins::LivePlugins>,
         executor: Arc<Executor>,
     ) -> Result<Arc<Service>, ServiceError> {
-        let Backends { meta, blobs, accounts, key_hasher, signing_key, sessions, deployments, user_files, waiting, bus } = backends;
+        let Backends { meta, blobs, accounts, key_hasher, signing_key, sessions, deployments, user_files, waiting, bus, cluster } = backends;
         let sessions = crate::accounts::sessions::Sessions::new(sessions, opts.session_ttl_s);
         let accounts =
             Arc::new(crate::accounts::Accounts::open(accounts, key_hasher, opts.pricing).await.map_err(|e| crate::store::StoreError::Backend(e.to_string()))?);
@@ -160,7 +167,10 @@ impl Service {
             signing_key,
             intake: memory_gate::MemoryGate::new(opts_intake, "intake_memory_mb"),
             queued_parsed: memory_gate::MemoryGate::new(opts_queued, "queued_parsed_mb"),
+            cluster,
+            lease_lost: CancellationToken::new(),
         });
+        service.join_cluster().await?;
         service.recover().await?;
         service.load_uploads().await?;
         for (id, generation) in service.deployments.starting() {
@@ -183,7 +193,7 @@ impl Service {
                 }
             }
         }
-        service.threads.keep(workers, vec![tokio::spawn(service.clone().sweeper_loop())]);
+        service.threads.keep(workers, vec![tokio::spawn(service.clone().sweeper_loop()), tokio::spawn(service.clone().cluster_loop())]);
         Ok(service)
     }
 
@@ -199,6 +209,13 @@ impl Service {
         self.shutdown.cancel();
         self.threads.join().await;
         let _ = self.meta.flush().await;
+        // Its jobs are left as they stood: the other hosts take them now.
+        if let Some(cluster) = &self.cluster
+            && !self.lease_lost.is_cancelled()
+            && let Err(e) = cluster.leases.release().await
+        {
+            tracing::warn!(error = %e, "cannot end this host's lease: the other hosts take its jobs when it lapses");
+        }
         self.meta.close().await;
     }
 

@@ -51,6 +51,10 @@ pub struct ServiceOptions {
     pub intake_memory_bytes: u64,
     /// Memory queued jobs may hold as parsed workflows, bytes (`queued_parsed_mb`).
     pub queued_parsed_bytes: u64,
+    /// A host's lease on its jobs and how often it renews it, where hosts
+    /// share the store (`lease_s`, `heartbeat_s`; see `cluster`).
+    pub lease: Duration,
+    pub heartbeat: Duration,
 }
 
 impl ServiceOptions {
@@ -83,6 +87,8 @@ impl ServiceOptions {
             job_log_bytes: (config.job_log_kb as usize).saturating_mul(1024),
             intake_memory_bytes: config.intake_memory_mb.saturating_mul(1 << 20),
             queued_parsed_bytes: config.queued_parsed_mb.saturating_mul(1 << 20),
+            lease: Duration::from_secs(config.lease_s.max(2)),
+            heartbeat: Duration::from_secs(config.heartbeat_s.max(1)),
         }
     }
 }

@@ -32,11 +32,17 @@ const SWEEP_BATCH: usize = 10_000;
 impl Service {
     /// Brings the store to a consistent state after a start.
     pub(super) async fn recover(&self) -> Result<(), ServiceError> {
-        let now = now_micros();
-        let mut jobs = self.meta.unfinished_jobs().await?;
-        jobs.sort_by_key(|j| j.seq);
+        let jobs = self.jobs_to_recover().await?;
         let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0).max(self.meta.max_seq().await?);
         self.queue.waiting().start_seq_after(max_seq);
+        self.recover_jobs(jobs).await
+    }
+
+    /// Applies the recovery policy to unfinished jobs this process now
+    /// holds (its own after a restart, or a lapsed host's, see `cluster`).
+    pub(super) async fn recover_jobs(&self, mut jobs: Vec<JobRecord>) -> Result<(), ServiceError> {
+        let now = now_micros();
+        jobs.sort_by_key(|j| j.seq);
         // Output assets of interrupted runs that their stored record does not
         // list (outputs reach the store with the terminal record).
         for job in jobs.iter().filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Canceling)) {
@@ -53,9 +59,9 @@ impl Service {
                 // behave differently. It fails, saying why.
                 let ran = job.status == JobStatus::Running;
                 self.drop_outputs(&mut job).await?;
-                let why = "the server restarted before this job finished; its extra_data is never stored, so it cannot run again: submit it again";
+                let why = "the server running this job stopped before it finished; its extra_data is never stored, so it cannot run again: submit it again";
                 fail_interrupted(&mut job, why.into(), ran, now)?;
-                tracing::warn!(job_id = %job.id, "job with extra_data interrupted by a restart: failed");
+                tracing::warn!(job_id = %job.id, "job with extra_data interrupted (a restart, or its host stopped): failed");
                 self.meta.put_job(&job).await?;
                 continue;
             }
@@ -73,11 +79,11 @@ impl Service {
                     if job.attempts >= MAX_ATTEMPTS {
                         let why = format!("the server stopped while this job was running (attempt {}); it is not retried again", job.attempts);
                         fail_interrupted(&mut job, why, true, now)?;
-                        tracing::warn!(job_id = %job.id, "job interrupted by a restart for the last time: failed");
+                        tracing::warn!(job_id = %job.id, "job interrupted (a restart, or its host stopped) for the last time: failed");
                         self.meta.put_job(&job).await?;
                         continue;
                     }
-                    tracing::warn!(job_id = %job.id, "job interrupted by a restart: running it again");
+                    tracing::warn!(job_id = %job.id, "job interrupted (a restart, or its host stopped): running it again");
                     job.transition(JobStatus::Queued, now)?;
                     job.started_at = None;
                     self.meta.put_job(&job).await?;
@@ -129,7 +135,7 @@ impl Service {
                 _ = tick.tick() => {}
             }
             // One host at a time, where hosts share the store.
-            let _lease = match self.meta.periodic_lease("retention sweep").await {
+            let _lease = match self.meta.periodic_lease(crate::store::SWEEP_LEASE).await {
                 Ok(Some(lease)) => lease,
                 Ok(None) => {
                     tracing::debug!("another host holds the retention sweep");
@@ -170,6 +176,11 @@ impl Service {
             }
             // Re-read: the listing may predate the job's last write.
             let Some(mut job) = self.meta.get_job(&listed.id).await? else { continue };
+            if !job.status.is_terminal() {
+                // Unfinished and not live here: another host sharing the
+                // store holds it (it expires once it has ended).
+                continue;
+            }
             if job.status != JobStatus::Expired || !job.outputs.is_empty() {
                 self.drop_outputs(&mut job).await?;
                 job.transition(JobStatus::Expired, now)?;
@@ -188,7 +199,9 @@ impl Service {
             tracing::info!(asset_id = %asset.id, "asset expired");
         }
         self.meta.purge_claims(now).await?;
-        self.collect_blobs()?;
+        if self.may_collect_blobs().await? {
+            self.collect_blobs()?;
+        }
         self.meta.flush().await?;
         Ok(())
     }

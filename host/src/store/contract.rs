@@ -14,7 +14,7 @@ fn job(id: &str, owner: &str, created: Micros, seq: u64) -> JobRecord {
     JobRecord { owner: owner.into(), ..JobRecord::queued_for_test(id, created, seq) }
 }
 
-fn asset(id: &str, job: Option<&str>, hash: &str, expires: Option<Micros>, tags: &[&str]) -> AssetRecord {
+pub(crate) fn asset(id: &str, job: Option<&str>, hash: &str, expires: Option<Micros>, tags: &[&str]) -> AssetRecord {
     AssetRecord {
         id: id.into(),
         owner: "local".into(),

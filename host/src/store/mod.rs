@@ -10,6 +10,7 @@
 
 mod accounts;
 mod blobs;
+pub mod cluster;
 mod commit_log;
 #[cfg(test)]
 pub(crate) mod contract;
@@ -57,6 +58,10 @@ pub enum StoreError {
     /// after a crash is unknown.
     #[error("committed but not flushed: {0}")]
     NotDurable(String),
+    /// This host's lease on the job lapsed and another host holds it now:
+    /// the write was refused (see [`cluster`]).
+    #[error("another host holds this job now: {0}")]
+    Fenced(String),
 }
 
 /// Waits for a store call on a thread that may block: the blocking pool
@@ -267,6 +272,9 @@ pub trait MetaStore: Send + Sync {
         Ok(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
     }
 }
+
+/// The name of the retention sweep's [`MetaStore::periodic_lease`].
+pub const SWEEP_LEASE: &str = "retention sweep";
 
 /// A granted [`MetaStore::periodic_lease`]: released when dropped (and by
 /// the store when the holder dies).

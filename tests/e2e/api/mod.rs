@@ -80,6 +80,15 @@ async fn store_of_the_run(config: &mut Config) {
     };
     config.store = kiln::config::StoreKind::Postgres;
     config.database_url = Some(url);
+    // One host id per data directory: a restart on it takes its jobs back
+    // at once, as an operator's restarted host does.
+    let host = config.data_dir.join("test-host-id");
+    let id = std::fs::read_to_string(&host).unwrap_or_else(|_| {
+        let id = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        std::fs::write(&host, &id).unwrap();
+        id
+    });
+    config.host_id = Some(id);
 }
 
 fn blobs_of_the_run(config: &mut Config) {

@@ -18,6 +18,8 @@ fn on_postgres(url: String, mode: Mode) -> impl FnOnce(&mut kiln::config::Config
     move |c, o| {
         c.store = StoreKind::Postgres;
         c.database_url = Some(url);
+        // One host id per data directory: a restart on it is the same host.
+        c.host_id = Some(format!("pg-{}", &blake3::hash(c.data_dir.to_string_lossy().as_bytes()).to_hex()[..8]));
         c.mode = mode;
         o.mode = mode;
         if mode.has_accounts() {

@@ -52,6 +52,8 @@ impl Waiting for LocalWaiting {
     fn requeue(&self, key: &str, owner: &str, id: String) {
         self.queued.fetch_add(1, Ordering::SeqCst);
         let _ = self.waiting.lock().push(key, owner, id, false, usize::MAX);
+        // (A job taken over from another host while the workers wait.)
+        self.notify.notify_one();
     }
 
     fn withdraw(&self, id: &str) -> bool {

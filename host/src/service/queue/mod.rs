@@ -42,8 +42,8 @@ pub trait Waiting: Send + Sync {
     /// (at most `max_queued` of the key's) and wakes a worker; its position
     /// among its owner's queued jobs.
     fn push(&self, key: &str, owner: &str, id: String, front: bool, max_queued: usize) -> Result<usize, KeyQueueFull>;
-    /// A job recovered at start: takes a place and queues it whatever its
-    /// key's limit.
+    /// A job recovered (at start, or taken over from another host): takes
+    /// a place, queues it whatever its key's limit and wakes a worker.
     fn requeue(&self, key: &str, owner: &str, id: String);
     /// Takes a job out of the queue (canceled, expired, or its submission
     /// not written); whether it was waiting.
@@ -118,11 +118,13 @@ impl JobQueue {
         self.live.write().remove(id)
     }
 
-    /// A job recovered at start: queued whatever its key's limit.
+    /// A job recovered (at start, or taken over from another host):
+    /// queued whatever its key's limit. In the live set first, so a worker
+    /// woken by the queueing finds it.
     pub fn requeue(&self, key: &str, job: Arc<LiveJob>) {
-        let id = job.record.lock().id.clone();
-        self.waiting.requeue(key, &job.owner, id.clone());
-        self.live.write().insert(id, job);
+        let (id, owner) = (job.record.lock().id.clone(), job.owner.clone());
+        self.live.write().insert(id.clone(), job);
+        self.waiting.requeue(key, &owner, id);
     }
 
     /// Live jobs that `keep` accepts. `keep` runs after the set's lock is

@@ -16,7 +16,7 @@ use super::job_files::{JobInputs, JobOutputs};
 use super::{JobEvent, LiveJob, Service};
 use crate::codes::JobErrorCode;
 use crate::executor::{Event, RunContext, RunOutcome};
-use crate::store::{JobErrorRecord, JobRecord, JobStatus, ProgressSnapshot, now_micros};
+use crate::store::{JobErrorRecord, JobRecord, JobStatus, ProgressSnapshot, StoreError, now_micros};
 
 /// The longest wait between tries to record a finished job.
 const FINISH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
@@ -101,6 +101,12 @@ impl Service {
         };
         let written = self.meta.put_job(&snapshot).await;
         drop(turn);
+        if let Err(StoreError::Fenced(_)) = written {
+            // This host's lease lapsed and another took the job over.
+            tracing::warn!(job_id = %snapshot.id, "another host holds this job now: not started here");
+            self.queue.leave(&snapshot.id);
+            return None;
+        }
         let logged = match written {
             Ok(()) => self.meta.record_start(&snapshot).await,
             Err(e) => Err(e),
@@ -236,11 +242,11 @@ impl Service {
     /// its record and outputs are durable; it gives up only when the
     /// service stops (a restart then recovers the job) or on any other
     /// error.
-    async fn record_finished(&self, terminal: &JobRecord, assets: &[crate::store::AssetRecord]) -> Result<(), crate::store::StoreError> {
+    async fn record_finished(&self, terminal: &JobRecord, assets: &[crate::store::AssetRecord]) -> Result<(), StoreError> {
         let mut delay = std::time::Duration::from_millis(50);
         loop {
             match self.meta.finish_job(terminal, assets).await {
-                Err(crate::store::StoreError::Unavailable(e)) if !self.shutdown.is_cancelled() => {
+                Err(StoreError::Unavailable(e)) if !self.shutdown.is_cancelled() => {
                     tracing::warn!(job_id = %terminal.id, error = %e, retry_in_ms = delay.as_millis() as u64, "the store is unavailable; the finished job waits to be recorded");
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
@@ -285,9 +291,17 @@ impl Service {
         // On this thread: the execution runtime's threads are there for
         // blocking job work, and a hand-off to the blocking pool and back
         // cost ~100 µs per job here (BENCHMARKS.md, "fewer hand-offs on a job's critical path").
-        if let Err(e) = self.record_finished(&terminal, &assets).await {
+        match self.record_finished(&terminal, &assets).await {
+            Ok(()) => {}
+            Err(StoreError::Fenced(_)) => {
+                // This host's lease lapsed while the job ran and another
+                // host took it over: that host's run is the job's.
+                tracing::warn!(job_id = %terminal.id, "another host took this job over while it ran here: this run is dropped");
+                self.queue.leave(&terminal.id);
+                return;
+            }
             // Ended either way: a store failure only means a restart may run it again.
-            tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job");
+            Err(e) => tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job"),
         }
         // Served from memory from now on (the sweeper forgets it when it
         // expires it; a live job is never expired under it).

@@ -58,16 +58,21 @@ fn parse_cursor(cursor: &[u8]) -> Option<(i64, String)> {
     Some((i64::from_be_bytes(time.try_into().ok()?), String::from_utf8(id.to_vec()).ok()?))
 }
 
-fn records<T: DeserializeOwned>(what: &str, rows: &[sqlx::postgres::PgRow]) -> Result<Vec<T>, StoreError> {
+pub(super) fn records<T: DeserializeOwned>(what: &str, rows: &[sqlx::postgres::PgRow]) -> Result<Vec<T>, StoreError> {
     rows.iter().map(|r| r.try_get::<Vec<u8>, _>("record").map_err(backend).and_then(|b| dec(what, &b))).collect()
 }
 
-/// Inserts or replaces a job's record (and its workflow when given).
-async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, workflow: Option<&[u8]>) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+/// Inserts or replaces a job's record (and its workflow when given) as
+/// written by `holder`: an unfinished record is held by it, a finished one
+/// by no host. A row another host holds is not replaced
+/// ([`StoreError::Fenced`]: this host's lease lapsed and that host took
+/// the job over).
+async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, workflow: Option<&[u8]>, holder: &str) -> Result<(), StoreError> {
+    let held_by = (!job.status.is_terminal()).then_some(holder);
+    let written: Option<(i32,)> = sqlx::query_as(
+        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
          ON CONFLICT (id) DO UPDATE SET owner = $2, created_at = $3, seq = $4, status = $5, expires_at = $6, record = $7, \
-         workflow = COALESCE($8, jobs.workflow)",
+         workflow = COALESCE($8, jobs.workflow), holder = $9 WHERE jobs.holder IS NULL OR jobs.holder = $10 RETURNING 1",
     )
     .bind(&job.id)
     .bind(&job.owner)
@@ -77,10 +82,12 @@ async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, workfl
     .bind(job.expires_at)
     .bind(enc(job)?)
     .bind(workflow)
-    .execute(exec)
+    .bind(held_by)
+    .bind(holder)
+    .fetch_optional(exec)
     .await
     .map_err(backend)?;
-    Ok(())
+    written.map(|_| ()).ok_or_else(|| StoreError::Fenced(format!("job {}", job.id)))
 }
 
 /// Counts a write or deletion of `job` when it is finished (see
@@ -96,7 +103,7 @@ async fn finished_changed<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord) 
     Ok(())
 }
 
-async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<IdempotencyClaim>) -> Result<(), StoreError> {
+async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<IdempotencyClaim>, holder: String) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(backend)?;
     if let Some(claim) = &claim {
         // Taken when free, or when the holder's claim has expired by now.
@@ -115,7 +122,7 @@ async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<I
             return Err(StoreError::KeyClaimed);
         }
     }
-    upsert_job(&mut *tx, &job, Some(&workflow)).await?;
+    upsert_job(&mut *tx, &job, Some(&workflow), &holder).await?;
     finished_changed(&mut *tx, &job).await?;
     tx.commit().await.map_err(backend)
 }
@@ -183,18 +190,18 @@ impl PgMeta {
 #[async_trait::async_trait]
 impl MetaStore for PgMeta {
     async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
-        let (job, workflow, claim) = (job.clone(), enc(workflow)?, claim.cloned());
-        on_pool!(self, |pool| submit(pool, job, workflow, claim).await)
+        let (job, workflow, claim, holder) = (job.clone(), enc(workflow)?, claim.cloned(), self.db.holder().to_string());
+        on_pool!(self, |pool| submit(pool, job, workflow, claim, holder).await)
     }
 
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        let job = job.clone();
+        let (job, holder) = (job.clone(), self.db.holder().to_string());
         if !job.status.is_terminal() {
-            return on_pool!(self, |pool| upsert_job(&pool, &job, None).await);
+            return on_pool!(self, |pool| upsert_job(&pool, &job, None, &holder).await);
         }
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
-            upsert_job(&mut *tx, &job, None).await?;
+            upsert_job(&mut *tx, &job, None, &holder).await?;
             finished_changed(&mut *tx, &job).await?;
             tx.commit().await.map_err(backend)
         })
@@ -316,11 +323,15 @@ impl MetaStore for PgMeta {
     }
 
     async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
-        let asset = asset.clone();
+        let (asset, holder) = (asset.clone(), self.db.holder().to_string());
         on_pool!(self, |pool| {
-            sqlx::query(
-                "INSERT INTO assets (id, hash, job_id, expires_at, tags, record) VALUES ($1, $2, $3, $4, $5, $6) \
-                 ON CONFLICT (id) DO UPDATE SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6",
+            // Once hosts register, only a registered one records an asset:
+            // a host whose lease lapsed mid-upload (its blob may have been
+            // collected meanwhile, see `HostLeases::alone`) is refused.
+            let written: Option<(i32,)> = sqlx::query_as(
+                "INSERT INTO assets (id, hash, job_id, expires_at, tags, record) SELECT $1, $2, $3, $4, $5, $6 \
+                 WHERE NOT EXISTS (SELECT 1 FROM hosts) OR EXISTS (SELECT 1 FROM hosts WHERE holder = $7) \
+                 ON CONFLICT (id) DO UPDATE SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 RETURNING 1",
             )
             .bind(&asset.id)
             .bind(&asset.hash)
@@ -328,10 +339,11 @@ impl MetaStore for PgMeta {
             .bind(asset.expires_at)
             .bind(&asset.tags)
             .bind(enc(&asset)?)
-            .execute(&pool)
+            .bind(&holder)
+            .fetch_optional(&pool)
             .await
             .map_err(backend)?;
-            Ok(())
+            written.map(|_| ()).ok_or_else(|| StoreError::Fenced(format!("asset {}: this host's lease lapsed", asset.id)))
         })
     }
 

@@ -22,7 +22,9 @@ macro_rules! on_pool {
 
 mod accounts;
 mod deployments;
+mod hosts;
 mod meta;
+mod notices;
 mod secrets;
 mod sessions;
 mod user_files;
@@ -34,7 +36,9 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 pub use accounts::PgAccounts;
 pub use deployments::PgDeployments;
+pub use hosts::PgHosts;
 pub use meta::PgMeta;
+pub use notices::PgNotices;
 pub use sessions::PgSessions;
 pub use user_files::PgUserFiles;
 
@@ -50,6 +54,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (5, "deployments and bundles", include_str!("migrations/0005_deployments.sql")),
     (6, "server secrets", include_str!("migrations/0006_server_secrets.sql")),
     (7, "user files", include_str!("migrations/0007_user_files.sql")),
+    (8, "hosts", include_str!("migrations/0008_hosts.sql")),
 ];
 
 /// How long an idle connection stays open.
@@ -79,6 +84,9 @@ const THREADS: usize = 2;
 pub struct PgDatabase {
     pool: PgPool,
     runtime: std::sync::Arc<IoRuntime>,
+    /// This start of this host (see `store::cluster::HostLeases::holder`):
+    /// the holder its job writes name.
+    holder: std::sync::Arc<str>,
 }
 
 /// A failure of the database as the store's error: a connection that
@@ -116,7 +124,20 @@ impl PgDatabase {
                 Ok(pool)
             })
             .await?;
-        Ok(PgDatabase { pool, runtime })
+        Ok(PgDatabase { pool, runtime, holder: holder_id("kiln") })
+    }
+
+    /// This database handle as host `host_id` (a new holder, see
+    /// [`PgDatabase::holder`]).
+    pub fn as_host(mut self, host_id: &str) -> PgDatabase {
+        self.holder = holder_id(host_id);
+        self
+    }
+
+    /// The holder this host's job writes name: `<host_id>/<nonce>`, new at
+    /// each start.
+    pub fn holder(&self) -> &str {
+        &self.holder
     }
 
     /// Runs `call` on the database's runtime and waits for it there.
@@ -131,7 +152,7 @@ impl PgDatabase {
     /// its blake3), on a connection held until the lease is dropped: one
     /// host at a time; released by the server if the host dies.
     pub async fn advisory_lease(&self, name: &str) -> Result<Option<super::PeriodicLease>, StoreError> {
-        let key = i64::from_le_bytes(blake3::hash(name.as_bytes()).as_bytes()[..8].try_into().unwrap_or_default());
+        let key = advisory_key(name);
         let pool = self.pool.clone();
         let conn = self
             .runtime
@@ -192,6 +213,21 @@ impl Drop for AdvisoryLock {
         }
     }
 }
+
+/// The advisory lock key of the periodic work `name`: 64 bits of its blake3.
+fn advisory_key(name: &str) -> i64 {
+    i64::from_le_bytes(blake3::hash(name.as_bytes()).as_bytes()[..8].try_into().unwrap_or_default())
+}
+
+/// `<host_id>/<nonce>`: one start of host `host_id`.
+fn holder_id(host_id: &str) -> std::sync::Arc<str> {
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    std::sync::Arc::from(format!("{host_id}/{}", &nonce[..12]))
+}
+
+/// Microseconds since the epoch by the database server's clock, in SQL:
+/// leases are measured by one clock whatever the hosts' clocks say.
+const DB_NOW: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
 
 /// Connects once to `url` (within 5 s) without changing anything; the
 /// kiln migrations the database has (none before kiln's first start on

@@ -132,3 +132,111 @@ async fn a_periodic_lease_is_held_by_one_host_at_a_time() {
     assert!(taken.is_some(), "released when dropped");
     assert!(one.periodic_lease("retention sweep").await.unwrap().is_none(), "now held by the second");
 }
+
+/// Two hosts on one database: a live host's jobs are its own; once its
+/// lease lapses another takes them (once), and the lapsed host's renewal
+/// and late writes are refused. Cancel requests reach the holder; a
+/// finished job is held by none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_host_is_fenced_and_its_jobs_taken_over_once() {
+    use std::time::Duration;
+
+    use crate::store::cluster::HostLeases;
+    use crate::store::{JobStatus, StoreError};
+    let Some(db) = fresh().await else { return };
+    let (a, b, c, d) = (db.clone().as_host("a"), db.clone().as_host("b"), db.clone().as_host("c"), db.as_host("d"));
+    let (lease_a, lease_b, lease_c) = (super::PgHosts::new(a.clone(), "a"), super::PgHosts::new(b.clone(), "b"), super::PgHosts::new(c.clone(), "c"));
+    let (meta_a, meta_b, meta_c) = (super::PgMeta::new(a), super::PgMeta::new(b), super::PgMeta::new(c));
+    let minute = Duration::from_secs(60);
+    for lease in [&lease_a, &lease_b, &lease_c] {
+        lease.register(minute).await.unwrap();
+    }
+    assert!(lease_a.holder().starts_with("a/") && lease_a.holder() != lease_b.holder());
+    let jobs: Vec<_> = (1..=3).map(|n| crate::store::JobRecord::queued_for_test(&format!("j{n}"), 5, n)).collect();
+    for job in &jobs {
+        meta_a.submit(job, &serde_json::json!({}), None).await.unwrap();
+    }
+    assert!(lease_b.adopt(10).await.unwrap().is_empty(), "a live host's jobs stay its own");
+    assert!(!lease_a.alone().await.unwrap(), "three hosts registered");
+    let mut running = jobs[0].clone();
+    running.transition(JobStatus::Running, 10).unwrap();
+    assert!(matches!(meta_b.put_job(&running).await, Err(StoreError::Fenced(_))), "another host cannot write a held job");
+    meta_a.put_job(&running).await.unwrap();
+
+    // A's lease lapses (renewed to end now): B and C look at once and
+    // take disjoint shares of its jobs, together all of them.
+    lease_a.renew(Duration::ZERO).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let (by_b, by_c) = tokio::join!(lease_b.adopt(2), lease_c.adopt(10));
+    let (by_b, by_c) = (by_b.unwrap(), by_c.unwrap());
+    let mut taken: Vec<String> = by_b.iter().chain(&by_c).map(|j| j.id.clone()).collect();
+    taken.sort();
+    assert_eq!(taken, ["j1", "j2", "j3"], "each job taken once: {by_b:?} {by_c:?}");
+    assert!(lease_b.adopt(10).await.unwrap().is_empty() && lease_c.adopt(10).await.unwrap().is_empty());
+    assert_eq!(by_b.iter().chain(&by_c).find(|j| j.id == "j1").unwrap().status, JobStatus::Running, "as A last wrote it");
+    assert!(matches!(lease_a.renew(minute).await, Err(StoreError::Fenced(_))), "the lapsed host learns it");
+    let mut late = running.clone();
+    late.transition(JobStatus::Succeeded, 20).unwrap();
+    assert!(matches!(meta_a.put_job(&late).await, Err(StoreError::Fenced(_))), "its late write is refused");
+    let asset = crate::store::contract::asset("late-upload", None, "blake3:00", None, &[]);
+    assert!(matches!(meta_a.put_asset(&asset).await, Err(StoreError::Fenced(_))), "and so is its late upload's record");
+    meta_b.put_asset(&asset).await.unwrap();
+
+    // A cancel request (from A, no longer a holder) reaches the job's
+    // holder, durably.
+    let (holder, other, meta, mut held) = match by_b.first() {
+        Some(job) => (&lease_b, &lease_c, &meta_b, job.clone()),
+        None => (&lease_c, &lease_b, &meta_c, by_c[0].clone()),
+    };
+    assert!(lease_a.request_cancel(&held.id).await.unwrap());
+    assert_eq!(holder.cancel_requests().await.unwrap(), vec![held.id.clone()]);
+    assert!(other.cancel_requests().await.unwrap().is_empty());
+    // Finished, it is held by none: no cancel to ask, anyone may write it.
+    if held.status == JobStatus::Queued {
+        held.transition(JobStatus::Running, 30).unwrap();
+    }
+    held.transition(JobStatus::Canceled, 40).unwrap();
+    meta.put_job(&held).await.unwrap();
+    assert!(!lease_a.request_cancel(&held.id).await.unwrap());
+    assert!(holder.cancel_requests().await.unwrap().is_empty());
+    held.expires_at = 50;
+    meta_a.put_job(&held).await.unwrap();
+    // A clean stop hands the jobs over at once.
+    let left: usize = [&by_b, &by_c].iter().map(|jobs| jobs.len()).sum::<usize>() - 1;
+    holder.release().await.unwrap();
+    other.release().await.unwrap();
+    let lease_d = super::PgHosts::new(d, "d");
+    lease_d.register(minute).await.unwrap();
+    assert!(lease_d.alone().await.unwrap(), "the others are gone");
+    assert_eq!(lease_d.adopt(10).await.unwrap().len(), left, "the unfinished jobs of the stopped hosts go to the next one");
+}
+
+/// Notices reach the other hosts on their topic, never the sender.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_reach_the_other_hosts_on_their_topic() {
+    use crate::store::cluster::{Notices, Topic};
+    let Some(db) = fresh().await else { return };
+    let (a, b) = (super::PgNotices::start(&db.clone().as_host("a")).unwrap(), super::PgNotices::start(&db.as_host("b")).unwrap());
+    let (mut a_hears, mut b_events, mut b_control) = (a.subscribe(Topic::Events), b.subscribe(Topic::Events), b.subscribe(Topic::Control));
+    // The listeners connect in the background: send until one arrives.
+    let heard = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            a.send(Topic::Events, "hello".into());
+            if let Ok(Ok(got)) = tokio::time::timeout(std::time::Duration::from_millis(200), b_events.recv()).await {
+                return got;
+            }
+        }
+    })
+    .await
+    .expect("a notice arrives");
+    assert_eq!(&*heard, "hello");
+    a.send(Topic::Events, "x".repeat(crate::store::cluster::MAX_NOTICE + 1));
+    a.send(Topic::Control, "to b".into());
+    let control = tokio::time::timeout(std::time::Duration::from_secs(5), b_control.recv()).await.unwrap().unwrap();
+    assert_eq!(&*control, "to b", "on its own topic");
+    while let Ok(more) = b_events.try_recv() {
+        assert_eq!(&*more, "hello", "the oversized notice was not sent");
+    }
+    assert!(a_hears.try_recv().is_err(), "a host does not hear itself");
+    assert_eq!((a.gaps(), b.gaps()), (0, 0));
+}

@@ -11,20 +11,27 @@
 //! never waits, and a subscriber that falls behind by more than
 //! [`BUS_CAPACITY`] messages is told it lagged (the WebSocket then drops
 //! that connection), so a slow reader never holds up a job or another
-//! reader.
+//! reader. Hosts sharing a store use [`SharedBus`] (`shared`): the same,
+//! with what each host publishes also sent to the others.
+
+mod shared;
 
 use std::sync::Arc;
 
 use tokio::sync::broadcast;
 
+use serde::{Deserialize, Serialize};
+
 use super::live::JobEvent;
 use crate::files::SavedFile;
+
+pub use shared::SharedBus;
 
 /// Messages a subscriber may fall behind by before it lags.
 pub const BUS_CAPACITY: usize = 4096;
 
 /// One execution message.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ExecMessage {
     /// The job it is about (empty for queue changes).
     pub job_id: Arc<str>,
@@ -35,7 +42,7 @@ pub struct ExecMessage {
 }
 
 /// A node's state, as `progress_state` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeRunState {
     Running,
     Finished,
@@ -52,8 +59,9 @@ impl NodeRunState {
     }
 }
 
-/// What happened. Times are epoch milliseconds.
-#[derive(Debug)]
+/// What happened. Times are epoch milliseconds. (Serialized for other
+/// hosts, which previews never reach.)
+#[derive(Debug, Serialize, Deserialize)]
 pub enum ExecBody {
     /// The number of jobs queued or running changed.
     Queue { remaining: usize },
@@ -75,7 +83,13 @@ pub enum ExecBody {
     /// earlier files).
     Output { node: String, files: Vec<SavedFile> },
     /// An intermediate image, encoded.
-    Preview { node: String, content_type: &'static str, data: Arc<Vec<u8>> },
+    #[serde(skip)]
+    Preview {
+        node: String,
+        #[serde(skip)]
+        content_type: &'static str,
+        data: Arc<Vec<u8>>,
+    },
     /// A line of progress text.
     Text { node: String, text: String },
     /// The run finished successfully.

@@ -1,0 +1,227 @@
+//! The bus of hosts sharing a store: this process's [`LocalBus`], with
+//! each job event and execution message published here also sent to the
+//! other hosts as a notice (`store::cluster::Notices`, topic `Events`), and
+//! theirs relayed to this host's subscribers: a WebSocket on any host hears
+//! its account's jobs wherever they run, and an event stream on any host
+//! follows a job another host runs ([`ExecBus::follow`]).
+//!
+//! Notices stay small: a status change says only which job changed, and a
+//! host with a stream on that job re-reads its record from the store; so
+//! does every followed job when this host's listening connection was lost
+//! (notices missed). Previews (images) stay on the host that made them,
+//! and so do queue-count messages (each host counts its own queue).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::{ExecBody, ExecBus, ExecMessage, JobChannel, LocalBus, LocalJobChannel};
+use crate::service::live::JobEvent;
+use crate::store::cluster::{Notices, Topic};
+use crate::store::{MetaStore, OutputRecord, ProgressSnapshot};
+
+/// How often the relay checks for a lost listening connection.
+const GAP_CHECK: Duration = Duration::from_secs(1);
+/// Events a follower may fall behind by (it then re-syncs from the record).
+const FOLLOW_CAPACITY: usize = 32;
+
+/// A notice on the `Events` topic.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "t")]
+enum Wire {
+    /// Job `j`'s record changed: read it again.
+    #[serde(rename = "s")]
+    Status { j: String },
+    #[serde(rename = "p")]
+    Progress { j: String, p: ProgressSnapshot },
+    #[serde(rename = "o")]
+    Output { j: String, o: OutputRecord },
+    #[serde(rename = "m")]
+    Message { m: ExecMessage },
+}
+
+/// Streams on this host following jobs other hosts run, by store key.
+type Followed = Arc<Mutex<HashMap<Arc<str>, broadcast::Sender<JobEvent>>>>;
+
+/// The bus of one host among several.
+pub struct SharedBus {
+    local: LocalBus,
+    notices: Arc<dyn Notices>,
+    followed: Followed,
+    /// Ends the relay when the bus goes.
+    _relay: DropGuard,
+}
+
+impl SharedBus {
+    /// The bus, relaying the other hosts' notices (a task on the current
+    /// runtime; it reads records from `meta`).
+    pub fn start(notices: Arc<dyn Notices>, meta: Arc<dyn MetaStore>) -> SharedBus {
+        let (local, followed, stop) = (LocalBus::default(), Followed::default(), CancellationToken::new());
+        let relay = Relay { tx: local.tx.clone(), followed: followed.clone(), meta, notices: notices.clone() };
+        tokio::spawn(relay.run(notices.subscribe(Topic::Events), stop.clone()));
+        SharedBus { local, notices, followed, _relay: stop.drop_guard() }
+    }
+
+    fn send(notices: &dyn Notices, wire: &impl Serialize) {
+        match serde_json::to_string(wire) {
+            Ok(text) => notices.send(Topic::Events, text),
+            Err(e) => tracing::warn!(error = %e, "cannot encode a notice"),
+        }
+    }
+}
+
+impl ExecBus for SharedBus {
+    fn publish(&self, message: Arc<ExecMessage>) {
+        // Queue counts are this host's own; previews too large to send.
+        if !matches!(message.body, ExecBody::Queue { .. } | ExecBody::Preview { .. }) {
+            SharedBus::send(self.notices.as_ref(), &MessageOut { t: "m", m: &message });
+        }
+        self.local.publish(message);
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Arc<ExecMessage>> {
+        self.local.subscribe()
+    }
+
+    /// Always: a socket on another host may listen.
+    fn watched(&self) -> bool {
+        true
+    }
+
+    fn job_channel(&self, id: &str) -> Arc<dyn JobChannel> {
+        Arc::new(SharedJobChannel { local: LocalJobChannel::default(), id: id.to_string(), notices: self.notices.clone() })
+    }
+
+    fn follow(&self, id: &str) -> Option<broadcast::Receiver<JobEvent>> {
+        let mut followed = self.followed.lock();
+        // Bounded by the open streams (`max_event_streams`).
+        followed.retain(|_, tx| tx.receiver_count() > 0);
+        Some(followed.entry(Arc::from(id)).or_insert_with(|| broadcast::channel(FOLLOW_CAPACITY).0).subscribe())
+    }
+}
+
+/// [`Wire::Message`] as sent, borrowing the message.
+#[derive(Serialize)]
+struct MessageOut<'a> {
+    t: &'static str,
+    m: &'a ExecMessage,
+}
+
+/// A job's channel on the host that runs it: its streams here, and a
+/// notice to the other hosts for each status change, progress snapshot and
+/// output.
+struct SharedJobChannel {
+    local: LocalJobChannel,
+    id: String,
+    notices: Arc<dyn Notices>,
+}
+
+impl JobChannel for SharedJobChannel {
+    fn publish(&self, event: JobEvent) {
+        let j = self.id.clone();
+        let wire = match &event {
+            JobEvent::Status(_) => Some(Wire::Status { j }),
+            JobEvent::Progress(p) => Some(Wire::Progress { j, p: p.clone() }),
+            JobEvent::Output(o) => Some(Wire::Output { j, o: o.clone() }),
+            JobEvent::Preview { .. } => None,
+        };
+        if let Some(wire) = wire {
+            SharedBus::send(self.notices.as_ref(), &wire);
+        }
+        self.local.publish(event);
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<JobEvent> {
+        self.local.subscribe()
+    }
+
+    /// Streams open here (queue positions, which only this host knows, go
+    /// to them alone).
+    fn watched(&self) -> bool {
+        self.local.watched()
+    }
+}
+
+/// Relays the other hosts' notices to this host's subscribers.
+struct Relay {
+    tx: broadcast::Sender<Arc<ExecMessage>>,
+    followed: Followed,
+    meta: Arc<dyn MetaStore>,
+    notices: Arc<dyn Notices>,
+}
+
+impl Relay {
+    async fn run(self, mut heard: broadcast::Receiver<Arc<str>>, stop: CancellationToken) {
+        let mut gaps = self.notices.gaps();
+        let mut check = tokio::time::interval(GAP_CHECK);
+        loop {
+            let notice = tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = check.tick() => {
+                    let now = self.notices.gaps();
+                    if now != gaps {
+                        gaps = now;
+                        self.resync().await;
+                    }
+                    continue;
+                }
+                notice = heard.recv() => notice,
+            };
+            match notice {
+                Ok(text) => self.relay(&text).await,
+                Err(broadcast::error::RecvError::Lagged(_)) => self.resync().await,
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    async fn relay(&self, text: &str) {
+        let wire: Wire = match serde_json::from_str(text) {
+            Ok(wire) => wire,
+            Err(e) => return tracing::debug!(error = %e, "an event notice this host cannot read"),
+        };
+        let (j, event) = match wire {
+            Wire::Message { m } => {
+                // An error only says no socket listens here.
+                let _ = self.tx.send(Arc::new(m));
+                return;
+            }
+            Wire::Progress { j, p } => (j, JobEvent::Progress(p)),
+            Wire::Output { j, o } => (j, JobEvent::Output(o)),
+            Wire::Status { j } => {
+                if !self.follows(&j) {
+                    return;
+                }
+                match self.meta.get_job(&j).await {
+                    Ok(Some(record)) => (j, JobEvent::Status(Arc::new(record))),
+                    Ok(None) => return,
+                    Err(e) => return tracing::warn!(job_id = %j, error = %e, "cannot read a job another host changed"),
+                }
+            }
+        };
+        if let Some(tx) = self.followed.lock().get(j.as_str()) {
+            let _ = tx.send(event);
+        }
+    }
+
+    fn follows(&self, id: &str) -> bool {
+        self.followed.lock().get(id).is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
+    /// Notices may have been missed: every followed job's record again.
+    async fn resync(&self) {
+        let ids: Vec<Arc<str>> = self.followed.lock().keys().cloned().collect();
+        for id in ids {
+            if let Ok(Some(record)) = self.meta.get_job(&id).await
+                && let Some(tx) = self.followed.lock().get(&id)
+            {
+                let _ = tx.send(JobEvent::Status(Arc::new(record)));
+            }
+        }
+    }
+}

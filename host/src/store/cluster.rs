@@ -1,0 +1,84 @@
+//! What hosts sharing one store coordinate through: each host's lease on
+//! the unfinished jobs it holds ([`HostLeases`]) and small notices every
+//! host hears ([`Notices`]). The embedded store has neither: one process
+//! holds every job.
+//!
+//! The lease is per host, not per job: a heartbeat renews one row however
+//! many jobs the host holds. A job names its holder; a host whose lease
+//! lapsed is ended by the next host that looks, which takes its jobs in
+//! the same transaction, and from then on the lapsed host's writes to
+//! those jobs are refused ([`StoreError::Fenced`]): the holder it names no
+//! longer holds them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use super::{JobRecord, StoreError};
+
+/// This host's lease on the jobs it holds, and the jobs of hosts whose
+/// lease lapsed.
+#[async_trait::async_trait]
+pub trait HostLeases: Send + Sync {
+    /// This start of this host: `<host_id>/<nonce>` (a restart is a new
+    /// holder, so a host never mistakes its dead self's jobs for its own).
+    fn holder(&self) -> &str;
+    /// Registers this holder with a lease of `lease` (from the store's
+    /// clock, so hosts' clocks need not agree), ending the earlier starts
+    /// of the same host id (one process per host id): a restarted host
+    /// takes its own jobs back at once rather than after their lease.
+    async fn register(&self, lease: Duration) -> Result<(), StoreError>;
+    /// Extends the lease to `lease` from now; [`StoreError::Fenced`] when
+    /// it lapsed and another host ended it.
+    async fn renew(&self, lease: Duration) -> Result<(), StoreError>;
+    /// Ends the hosts whose lease lapsed, and takes up to `limit` of the
+    /// unfinished jobs no registered host holds (theirs, and any held by
+    /// none), oldest first: their records, now held by this host. Two hosts
+    /// looking at once never take the same job.
+    async fn adopt(&self, limit: usize) -> Result<Vec<JobRecord>, StoreError>;
+    /// Whether no other host is registered (lapsed ones not yet ended
+    /// included). Asked under the retention sweep's lease, which a host's
+    /// registration waits for: while that is held, the answer stands.
+    async fn alone(&self) -> Result<bool, StoreError>;
+    /// Asks the holder of the unfinished job stored under `id` to cancel it
+    /// (durably: a holder that misses the notice finds the request at its
+    /// next heartbeat, a host that takes the job over finds it too).
+    /// `false` when the job is not unfinished.
+    async fn request_cancel(&self, id: &str) -> Result<bool, StoreError>;
+    /// The jobs this host holds, queued or running, that another host asked
+    /// to cancel.
+    async fn cancel_requests(&self) -> Result<Vec<String>, StoreError>;
+    /// Ends this holder's lease (a clean stop): the other hosts take its
+    /// jobs at their next look rather than after the lease.
+    async fn release(&self) -> Result<(), StoreError>;
+}
+
+/// The notice streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Topic {
+    /// Coordination between hosts (a cancel request names its holder).
+    Control,
+    /// Job events and execution messages, for streams on other hosts.
+    Events,
+}
+
+/// The largest payload a notice carries (PostgreSQL's NOTIFY takes under
+/// 8000 bytes, with the sender's id).
+pub const MAX_NOTICE: usize = 7000;
+
+/// Small messages to every other host sharing the store. Delivery is best
+/// effort: a host whose connection dropped misses what was sent meanwhile
+/// (its [`Notices::gaps`] count rises), so what matters is also kept in
+/// the store and re-read.
+pub trait Notices: Send + Sync {
+    /// Sends `payload` (at most [`MAX_NOTICE`] bytes; longer ones are
+    /// dropped) to the other hosts listening on `topic`; never waits (a full
+    /// outbox drops it).
+    fn send(&self, topic: Topic, payload: String);
+    /// What other hosts send on `topic` from now on.
+    fn subscribe(&self, topic: Topic) -> broadcast::Receiver<Arc<str>>;
+    /// How many times this host's listening connection was lost (notices
+    /// sent meanwhile were missed).
+    fn gaps(&self) -> u64;
+}

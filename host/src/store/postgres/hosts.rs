@@ -1,0 +1,143 @@
+//! [`HostLeases`] on PostgreSQL: table `hosts` (one row per start of a
+//! host, with its lease) and `jobs.holder` (see migration 0008). Leases
+//! are measured by the database's clock.
+
+use std::time::Duration;
+
+use super::{DB_NOW, PgDatabase, backend, meta::records};
+use crate::store::cluster::HostLeases;
+use crate::store::{JobRecord, StoreError};
+
+/// The channel cancel requests are announced on (see `notices`).
+pub(super) const CONTROL_CHANNEL: &str = "kiln_control";
+
+/// This host's lease, in the shared database.
+pub struct PgHosts {
+    db: PgDatabase,
+    host_id: String,
+}
+
+impl PgHosts {
+    /// The leases of `db`'s holder, registered as host `host_id`.
+    pub fn new(db: PgDatabase, host_id: &str) -> PgHosts {
+        PgHosts { db, host_id: host_id.to_string() }
+    }
+
+    fn me(&self) -> String {
+        self.db.holder().to_string()
+    }
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+#[async_trait::async_trait]
+impl HostLeases for PgHosts {
+    fn holder(&self) -> &str {
+        self.db.holder()
+    }
+
+    async fn register(&self, lease: Duration) -> Result<(), StoreError> {
+        let (me, host, lease) = (self.me(), self.host_id.clone(), micros(lease));
+        on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
+            // Not while a retention sweep runs: one that found its host
+            // alone collects blobs, and this host's jobs could write one
+            // it is deleting (see `HostLeases::alone`).
+            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(super::advisory_key(crate::store::SWEEP_LEASE)).execute(&mut *tx).await.map_err(backend)?;
+            // Earlier starts of this host are over (one process per host
+            // id): their jobs are taken over at once, not after their lease.
+            sqlx::query("DELETE FROM hosts WHERE host_id = $1").bind(&host).execute(&mut *tx).await.map_err(backend)?;
+            let sql = format!("INSERT INTO hosts (holder, host_id, started_at, lease_until) VALUES ($1, $2, {DB_NOW}, {DB_NOW} + $3)");
+            sqlx::query(&sql).bind(&me).bind(&host).bind(lease).execute(&mut *tx).await.map_err(backend)?;
+            tx.commit().await.map_err(backend)
+        })
+    }
+
+    async fn renew(&self, lease: Duration) -> Result<(), StoreError> {
+        let (me, lease) = (self.me(), micros(lease));
+        on_pool!(self, |pool| {
+            let sql = format!("UPDATE hosts SET lease_until = {DB_NOW} + $2 WHERE holder = $1 RETURNING 1");
+            let renewed: Option<(i32,)> = sqlx::query_as(&sql).bind(&me).bind(lease).fetch_optional(&pool).await.map_err(backend)?;
+            renewed.map(|_| ()).ok_or_else(|| StoreError::Fenced(format!("the lease of {me} lapsed and another host ended it")))
+        })
+    }
+
+    async fn adopt(&self, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
+        let (me, limit) = (self.me(), i64::try_from(limit).unwrap_or(i64::MAX));
+        on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
+            let ended: Vec<(String,)> =
+                sqlx::query_as(&format!("DELETE FROM hosts WHERE lease_until < {DB_NOW} RETURNING holder")).fetch_all(&mut *tx).await.map_err(backend)?;
+            for (holder,) in &ended {
+                tracing::warn!(holder = %holder, "a host's lease lapsed: its jobs are taken over");
+            }
+            let rows = sqlx::query(
+                "WITH orphans AS (\
+                   SELECT id FROM jobs j WHERE status IN ('queued', 'running', 'canceling') \
+                   AND (holder IS NULL OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder)) \
+                   ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 UPDATE jobs SET holder = $1 FROM orphans WHERE jobs.id = orphans.id RETURNING jobs.record",
+            )
+            .bind(&me)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(backend)?;
+            let jobs = records("job", &rows)?;
+            tx.commit().await.map_err(backend)?;
+            Ok(jobs)
+        })
+    }
+
+    async fn alone(&self) -> Result<bool, StoreError> {
+        let me = self.me();
+        on_pool!(self, |pool| {
+            let (others,): (bool,) =
+                sqlx::query_as("SELECT EXISTS (SELECT 1 FROM hosts WHERE holder <> $1)").bind(&me).fetch_one(&pool).await.map_err(backend)?;
+            Ok(!others)
+        })
+    }
+
+    async fn request_cancel(&self, id: &str) -> Result<bool, StoreError> {
+        let (me, id) = (self.me(), id.to_string());
+        on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
+            let holder: Option<(Option<String>,)> =
+                sqlx::query_as("UPDATE jobs SET cancel_requested = TRUE WHERE id = $1 AND status IN ('queued', 'running', 'canceling') RETURNING holder")
+                    .bind(&id)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+            let Some((holder,)) = holder else { return Ok(false) };
+            // Delivered when the transaction commits (a notice names the
+            // sender, then the holder it is for).
+            if let Some(holder) = holder {
+                sqlx::query("SELECT pg_notify($1, $2)").bind(CONTROL_CHANNEL).bind(format!("{me}\n{holder}")).execute(&mut *tx).await.map_err(backend)?;
+            }
+            tx.commit().await.map_err(backend)?;
+            Ok(true)
+        })
+    }
+
+    async fn cancel_requests(&self) -> Result<Vec<String>, StoreError> {
+        let me = self.me();
+        on_pool!(self, |pool| {
+            let rows: Vec<(String,)> = sqlx::query_as("SELECT id FROM jobs WHERE holder = $1 AND cancel_requested AND status IN ('queued', 'running')")
+                .bind(&me)
+                .fetch_all(&pool)
+                .await
+                .map_err(backend)?;
+            Ok(rows.into_iter().map(|(id,)| id).collect())
+        })
+    }
+
+    async fn release(&self) -> Result<(), StoreError> {
+        let me = self.me();
+        on_pool!(self, |pool| {
+            sqlx::query("DELETE FROM hosts WHERE holder = $1").bind(&me).execute(&pool).await.map_err(backend)?;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,154 @@
+//! [`Notices`] on PostgreSQL's LISTEN/NOTIFY: one listening connection per
+//! host (re-established when lost, each loss counted as a gap) and one
+//! sender task that batches what is queued into one `pg_notify` statement.
+//! A notice is `<sender's holder>\n<payload>`; a host ignores its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::postgres::{PgListener, PgPool};
+use tokio::sync::{broadcast, mpsc};
+
+use super::hosts::CONTROL_CHANNEL;
+use super::{PgDatabase, backend};
+use crate::store::StoreError;
+use crate::store::cluster::{MAX_NOTICE, Notices, Topic};
+
+/// The channel job events go out on.
+const EVENTS_CHANNEL: &str = "kiln_events";
+/// Notices waiting to be sent at most; past it new ones are dropped.
+const OUTBOX: usize = 8192;
+/// Notices sent in one statement at most.
+const BATCH: usize = 256;
+/// Received notices a slow subscriber may fall behind by.
+const INBOX: usize = 4096;
+
+fn channel(topic: Topic) -> &'static str {
+    match topic {
+        Topic::Control => CONTROL_CHANNEL,
+        Topic::Events => EVENTS_CHANNEL,
+    }
+}
+
+/// This host's notices.
+pub struct PgNotices {
+    me: Arc<str>,
+    outbox: mpsc::Sender<(&'static str, String)>,
+    control: broadcast::Sender<Arc<str>>,
+    events: broadcast::Sender<Arc<str>>,
+    gaps: Arc<AtomicU64>,
+    /// Keeps the database's runtime, where the tasks run, going.
+    _db: PgDatabase,
+}
+
+impl PgNotices {
+    /// Starts listening and sending on `db`'s runtime (the tasks end when
+    /// its pool closes).
+    pub fn start(db: &PgDatabase) -> Result<PgNotices, StoreError> {
+        let (outbox, queued) = mpsc::channel(OUTBOX);
+        let notices = PgNotices {
+            me: Arc::from(db.holder()),
+            outbox,
+            control: broadcast::channel(INBOX).0,
+            events: broadcast::channel(INBOX).0,
+            gaps: Arc::default(),
+            _db: db.clone(),
+        };
+        let handle = db.runtime.handle()?;
+        handle.spawn(send(db.pool.clone(), queued));
+        handle.spawn(listen(db.pool.clone(), notices.me.clone(), notices.control.clone(), notices.events.clone(), notices.gaps.clone()));
+        Ok(notices)
+    }
+}
+
+impl Notices for PgNotices {
+    fn send(&self, topic: Topic, payload: String) {
+        if payload.len() > MAX_NOTICE {
+            tracing::warn!(bytes = payload.len(), "a notice too large to send was dropped");
+            return;
+        }
+        if self.outbox.try_send((channel(topic), format!("{}\n{payload}", self.me))).is_err() {
+            tracing::warn!("the notice outbox is full: a notice was dropped");
+        }
+    }
+
+    fn subscribe(&self, topic: Topic) -> broadcast::Receiver<Arc<str>> {
+        match topic {
+            Topic::Control => self.control.subscribe(),
+            Topic::Events => self.events.subscribe(),
+        }
+    }
+
+    fn gaps(&self) -> u64 {
+        self.gaps.load(Ordering::SeqCst)
+    }
+}
+
+/// Sends what is queued, a batch per statement, until the pool closes.
+async fn send(pool: PgPool, mut queued: mpsc::Receiver<(&'static str, String)>) {
+    while let Some(first) = queued.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            match queued.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let (channels, payloads): (Vec<&str>, Vec<String>) = batch.into_iter().unzip();
+        let sent = sqlx::query("SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(c, p, n) ORDER BY n")
+            .bind(&channels)
+            .bind(&payloads)
+            .execute(&pool)
+            .await;
+        match sent {
+            Ok(_) => {}
+            Err(_) if pool.is_closed() => return,
+            Err(e) => tracing::warn!(error = %backend(e), dropped = payloads.len(), "cannot send notices"),
+        }
+    }
+}
+
+/// Receives the other hosts' notices until the pool closes.
+async fn listen(pool: PgPool, me: Arc<str>, control: broadcast::Sender<Arc<str>>, events: broadcast::Sender<Arc<str>>, gaps: Arc<AtomicU64>) {
+    let mut listener = loop {
+        let connected = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen_all([CONTROL_CHANNEL, EVENTS_CHANNEL]).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match connected.await {
+            Ok(listener) => break listener,
+            Err(_) if pool.is_closed() => return,
+            Err(e) => {
+                tracing::warn!(error = %backend(e), "cannot listen for other hosts' notices; trying again");
+                gaps.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(notice)) => {
+                let Some((from, payload)) = notice.payload().split_once('\n') else { continue };
+                if from == &*me {
+                    continue;
+                }
+                let to = if notice.channel() == CONTROL_CHANNEL { &control } else { &events };
+                // An error only says no one subscribes.
+                let _ = to.send(Arc::from(payload));
+            }
+            // The connection was lost; the next call reconnects and
+            // listens again. What was sent meanwhile is missed.
+            Ok(None) => {
+                gaps.fetch_add(1, Ordering::SeqCst);
+            }
+            Err(_) if pool.is_closed() => return,
+            Err(e) => {
+                tracing::warn!(error = %backend(e), "lost the connection that hears other hosts; reconnecting");
+                gaps.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
