@@ -1,0 +1,121 @@
+"""Jobs across hosts: one embedded host, then 1, 2 and 3 hosts on one PostgreSQL.
+
+Usage: KILN_BENCH_PG=postgres://user@host:port/db python3 host/benches/cluster.py KILN [JOBS]
+
+KILN is a release binary. Each configuration starts its hosts on fresh data
+directories (result cache off, GPU off) and, for PostgreSQL, a fresh
+database of the server KILN_BENCH_PG names (its user must create
+databases). Eight client threads submit JOBS (default 600) small
+EmptyImage -> SaveImage jobs through /api/v2/jobs, round-robin over the
+hosts, each thread polling its job on the next host until it has
+succeeded. Prints jobs/s, submit -> succeeded p50/p95 and, for PostgreSQL,
+the database's transactions, WAL bytes and NOTIFY notices per job (from
+pg_stat_database, pg_current_wal_lsn and a listener on kiln_events).
+Figures: BENCHMARKS.md.
+"""
+import json, os, subprocess, sys, tempfile, threading, time, urllib.request, uuid
+
+PG = os.environ.get("KILN_BENCH_PG")
+BIN = sys.argv[1]
+JOBS = int(sys.argv[2]) if len(sys.argv) > 2 else 600
+CLIENTS = 8
+
+
+def psql(url, sql):
+    return subprocess.run(["psql", "-qAt", url, "-c", sql], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def start(env, name):
+    data = tempfile.mkdtemp()
+    env = dict(env, KILN_HOST_ID=name)
+    p = subprocess.Popen([BIN, "serve", "--port", "0", "--data-dir", data], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    return p, p.stdout.readline().decode().strip().split("listening on ")[1]
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req))
+
+
+def run(hosts, pg):
+    env = dict(os.environ, KILN_RESULT_CACHE_MB="0", KILN_GPU="off", KILN_LOG="warn", KILN_MAX_QUEUED_JOBS="100000")
+    db = None
+    if pg:
+        name = "kiln_bench_" + uuid.uuid4().hex
+        psql(PG, "CREATE DATABASE " + name)
+        db = PG.rsplit("/", 1)[0] + "/" + name
+        env.update(KILN_STORE="postgres", KILN_DATABASE_URL=db)
+    procs = [start(env, "bench-%d" % i) for i in range(hosts)]
+    bases = [b for _, b in procs]
+    notices = []
+    listener = None
+    if db:
+        # Counts the notices the hosts send: psql prints each one it holds
+        # after its next command, so it is asked a trivial one every 50 ms.
+        listener = subprocess.Popen(["psql", "-qAt", db], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        listener.stdin.write("LISTEN kiln_events;\n")
+        listener.stdin.flush()
+
+        def hear():
+            for line in listener.stdout:
+                if line.startswith("Asynchronous notification"):
+                    notices.append(len(line.split(' with payload "', 1)[-1].rsplit('" received', 1)[0]))
+
+        def ask():
+            try:
+                while True:
+                    listener.stdin.write("SELECT 1;\n")
+                    listener.stdin.flush()
+                    time.sleep(0.05)
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+        threading.Thread(target=hear, daemon=True).start()
+        threading.Thread(target=ask, daemon=True).start()
+        before = psql(db, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"), psql(db, "SELECT pg_current_wal_lsn()")
+    latencies, lock, counter = [], threading.Lock(), iter(range(JOBS))
+
+    def client(c):
+        while True:
+            with lock:
+                n = next(counter, None)
+            if n is None:
+                return
+            wf = {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": n}},
+                  "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "b"}}}
+            t0 = time.perf_counter()
+            job = post(bases[n % hosts] + "/api/v2/jobs", {"workflow": wf})
+            poll = bases[(n + 1) % hosts] + "/api/v2/jobs/" + job["id"]
+            while job["status"] != "succeeded":
+                assert job["status"] in ("queued", "running"), job
+                time.sleep(0.002)
+                job = json.load(urllib.request.urlopen(poll))
+            with lock:
+                latencies.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(CLIENTS)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    wall = time.perf_counter() - t0
+    extra = ""
+    if db:
+        time.sleep(0.5)
+        xacts = int(psql(db, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")) - int(before[0])
+        wal = int(psql(db, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '%s')" % before[1]).split(".")[0])
+        extra = " | %.1f transactions/job (all hosts, heartbeats included) | %.0f WAL bytes/job | %.1f notices/job, %.0f bytes each" % (
+            xacts / JOBS, wal / JOBS, len(notices) / JOBS, (sum(notices) / len(notices)) if notices else 0)
+        listener.kill()
+    for p, _ in procs:
+        p.terminate()
+        p.wait()
+    latencies.sort()
+    p50, p95 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.95)]
+    label = "%d host%s, %s" % (hosts, "" if hosts == 1 else "s", "PostgreSQL" if pg else "embedded")
+    print("%-24s %7.1f jobs/s | p50 %6.1f ms | p95 %6.1f ms%s" % (label, JOBS / wall, p50 * 1e3, p95 * 1e3, extra), flush=True)
+
+
+if __name__ == "__main__":
+    run(1, False)
+    if PG:
+        for hosts in (1, 2, 3):
+            run(hosts, True)
