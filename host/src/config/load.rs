@@ -228,8 +228,8 @@ mod tests {
         assert_eq!(Config::default().database_max_connections, 16);
         let pool = [("KILN_STORE", "postgres"), ("KILN_DATABASE_URL", "postgres://kiln@db/kiln"), ("KILN_DATABASE_MAX_CONNECTIONS", "4")];
         assert_eq!(from_env(&pool).unwrap().database_max_connections, 4);
-        let none = [("KILN_STORE", "postgres"), ("KILN_DATABASE_URL", "postgres://kiln@db/kiln"), ("KILN_DATABASE_MAX_CONNECTIONS", "0")];
-        assert!(from_env(&none).unwrap().check_store().is_err(), "no connection at all");
+        let none = [("KILN_STORE", "postgres"), ("KILN_DATABASE_URL", "postgres://kiln@db/kiln"), ("KILN_DATABASE_MAX_CONNECTIONS", "1")];
+        assert!(from_env(&none).unwrap().check_store().is_err(), "one connection listens for the other hosts: two at least");
     }
 
     #[test]

@@ -536,8 +536,9 @@ impl Config {
             (StoreKind::Postgres, Some(_)) => Err("database_url must be a postgres:// URL".into()),
             (StoreKind::Postgres, None) => Err("store = \"postgres\" needs database_url (KILN_DATABASE_URL)".into()),
         }?;
-        if self.database_max_connections == 0 {
-            return Err("database_max_connections must be at least 1".into());
+        if self.database_max_connections < 2 {
+            // One of them listens for the other hosts' notices for good.
+            return Err("database_max_connections must be at least 2".into());
         }
         if let Some(id) = self.host_id.as_deref()
             && (id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))

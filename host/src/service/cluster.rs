@@ -4,21 +4,22 @@
 //! recovered as a restart recovers its own (`retention::recover`); and
 //! cancels that other hosts ask for.
 //!
-//! A host that cannot renew its lease within `lease_s` (the database
-//! unreachable, the process stalled) stops: from then on another host may
-//! take its jobs over, so it must run none of them. Its workers leave their
-//! jobs as a shutdown does, its late writes are refused by the store, and
-//! [`Service::lease_lost`] tells the binary to exit (a supervisor starts it
-//! again as a new host).
+//! A host that has not renewed its lease for `lease_s` less one heartbeat
+//! (the database unreachable, the process stalled) stops before the
+//! database's clock lets another host take its jobs: its workers leave
+//! their jobs as a shutdown does, its late writes are refused by the store
+//! once its registration is ended, and [`Service::lease_lost`] tells the
+//! binary to exit (a supervisor starts it again as a new host).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
 
 use super::{Service, ServiceError};
 use crate::store::cluster::{HostLeases, Notices, Topic};
-use crate::store::{JobRecord, StoreError};
+use crate::store::{JobRecord, JobStatus, StoreError};
 
 /// Jobs taken over in one look at most (the rest at the next heartbeat).
 const ADOPT_BATCH: usize = 1000;
@@ -34,13 +35,21 @@ pub struct ClusterBackends {
 }
 
 impl Service {
-    /// Registers this host's lease (before it recovers or takes any job).
-    pub(super) async fn join_cluster(&self) -> Result<(), ServiceError> {
-        if let Some(cluster) = &self.cluster {
-            cluster.leases.register(self.opts.lease).await?;
-            tracing::info!(holder = cluster.leases.holder(), lease_s = self.opts.lease.as_secs(), "joined the hosts sharing the store");
-        }
-        Ok(())
+    /// Registers this host's lease (before it recovers or takes any job)
+    /// and starts renewing it: its own task, which nothing else this host
+    /// does can hold up (recovering thousands of jobs at start included).
+    pub(super) async fn join_cluster(&self) -> Result<Option<tokio::task::JoinHandle<()>>, ServiceError> {
+        let Some(cluster) = &self.cluster else { return Ok(None) };
+        cluster.leases.register(self.opts.lease).await?;
+        tracing::info!(holder = cluster.leases.holder(), lease_s = self.opts.lease.as_secs(), "joined the hosts sharing the store");
+        let renewal = Renewal {
+            leases: cluster.leases.clone(),
+            lease: self.opts.lease,
+            heartbeat: self.opts.heartbeat,
+            shutdown: self.shutdown.clone(),
+            lost: self.lease_lost.clone(),
+        };
+        Ok(Some(tokio::spawn(renewal.run())))
     }
 
     /// The unfinished jobs this host recovers at start: every one in an
@@ -59,14 +68,16 @@ impl Service {
         }
     }
 
-    /// Renews the lease, takes over lapsed hosts' jobs and serves cancel
-    /// requests, until the service stops or the lease is lost.
+    /// Every heartbeat: takes over lapsed hosts' jobs and serves cancel
+    /// requests; at once when a cancel request for this host is heard.
     pub(super) async fn cluster_loop(self: Arc<Self>) {
         let Some(cluster) = self.cluster.clone() else { return };
         let mut control = cluster.notices.subscribe(Topic::Control);
         let mut tick = tokio::time::interval(self.opts.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut renewed = Instant::now();
+        // Jobs taken over whose recovery failed (the store unreachable):
+        // this host's now, so tried again here.
+        let mut backlog: Vec<JobRecord> = Vec::new();
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
@@ -80,56 +91,28 @@ impl Service {
                     continue;
                 }
             }
-            let asked = Instant::now();
-            match tokio::time::timeout(self.opts.heartbeat, cluster.leases.renew(self.opts.lease)).await {
-                Ok(Ok(())) => renewed = asked,
-                Ok(Err(StoreError::Fenced(why))) => return self.lose_lease(&why),
-                Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew this host's lease"),
-                Err(_) => tracing::warn!("renewing this host's lease did not finish within a heartbeat"),
-            }
-            if renewed.elapsed() >= self.opts.lease {
-                return self.lose_lease("not renewed within the lease");
-            }
             match cluster.leases.adopt(ADOPT_BATCH).await {
                 Ok(jobs) if jobs.is_empty() => {}
                 Ok(jobs) => {
                     tracing::warn!(jobs = jobs.len(), "took over the jobs of a host whose lease lapsed");
-                    if let Err(e) = self.recover_jobs(jobs).await {
-                        tracing::error!(error = %e, "cannot recover the jobs taken over");
-                    }
+                    backlog.extend(jobs);
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot look for lapsed hosts' jobs"),
             }
+            if !backlog.is_empty()
+                && let Err((e, rest)) = self.recover_jobs(std::mem::take(&mut backlog)).await
+            {
+                tracing::error!(error = %e, jobs = rest.len(), "cannot recover the jobs taken over yet: trying again at the next heartbeat");
+                backlog = rest;
+            }
             self.serve_cancel_requests(cluster.leases.as_ref()).await;
         }
-    }
-
-    /// Stops this host: its lease is gone, so another host may run its jobs.
-    fn lose_lease(&self, why: &str) {
-        tracing::error!(why, "this host lost its lease on its jobs: it stops (start it again to rejoin)");
-        self.lease_lost.cancel();
-        self.shutdown.cancel();
     }
 
     /// Resolves when this host lost its lease and stopped (never on an
     /// embedded store): a binary exits then.
     pub async fn lease_lost(&self) {
         self.lease_lost.cancelled().await;
-    }
-
-    /// Whether a retention sweep may collect blobs: always on an embedded
-    /// store; where hosts share one, only while this host is the only one
-    /// registered. Another host's running job may have written a blob no
-    /// record names yet, which this host cannot see; no host registers
-    /// while a sweep holds its lease, so the answer holds for the pass.
-    /// (With several hosts, unreferenced blobs stay until one runs alone.)
-    pub(super) async fn may_collect_blobs(&self) -> Result<bool, ServiceError> {
-        let Some(cluster) = &self.cluster else { return Ok(true) };
-        let alone = cluster.leases.alone().await?;
-        if !alone {
-            tracing::debug!("other hosts share the store: blobs are not collected this pass");
-        }
-        Ok(alone)
     }
 
     /// Cancels the jobs this host holds that another host asked to cancel.
@@ -148,21 +131,82 @@ impl Service {
     }
 
     /// Cancels a job another host holds: asks that host (durably) and
-    /// waits a little for it to act; the job as it then stands.
+    /// waits up to [`REMOTE_CANCEL_WAIT`] for it to act; the job as it then
+    /// stands (`queued` or `running` still when its host has not acted: a
+    /// host taking it over later cancels it then).
     pub(super) async fn cancel_elsewhere(&self, owner: &str, id: &str) -> Result<(JobRecord, Option<usize>), ServiceError> {
         let (before, position) = self.get(owner, id).await?;
         let Some(cluster) = &self.cluster else { return Ok((before, position)) };
-        if before.status.is_terminal() || !cluster.leases.request_cancel(&before.id).await? {
+        if before.status.is_terminal() || before.status == JobStatus::Canceling || !cluster.leases.request_cancel(&before.id).await? {
             return self.get(owner, id).await;
         }
         let deadline = Instant::now() + REMOTE_CANCEL_WAIT;
         loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
             let now = self.meta.get_job(&before.id).await?.ok_or(ServiceError::NotFound)?;
             if now.status != before.status || Instant::now() >= deadline {
                 tracing::debug!(job_id = %now.id, status = ?now.status, "cancel asked of the host holding the job");
                 return Ok((now, None));
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
         }
+    }
+
+    /// Whether a retention sweep may collect blobs: always on an embedded
+    /// store; where hosts share one, only while this host is the only one
+    /// registered. Another host's running job may have written a blob no
+    /// record names yet, which this host cannot see; no host registers
+    /// while a sweep holds its lease, so the answer holds for the pass.
+    /// (With several hosts, unreferenced blobs stay until one runs alone.)
+    pub(super) async fn may_collect_blobs(&self) -> Result<bool, ServiceError> {
+        let Some(cluster) = &self.cluster else { return Ok(true) };
+        let alone = cluster.leases.alone().await?;
+        if !alone {
+            tracing::debug!("other hosts share the store: blobs are not collected this pass");
+        }
+        Ok(alone)
+    }
+}
+
+/// This host's lease renewal. A renewal that has not succeeded for
+/// `lease` less one `heartbeat` (checked at least every heartbeat, each
+/// call bounded by one) is a lost lease: the host stops before the store's
+/// clock lets another host take its jobs.
+struct Renewal {
+    leases: Arc<dyn HostLeases>,
+    lease: Duration,
+    heartbeat: Duration,
+    shutdown: CancellationToken,
+    lost: CancellationToken,
+}
+
+impl Renewal {
+    async fn run(self) {
+        let mut tick = tokio::time::interval(self.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Registered just before this started.
+        let mut renewed = Instant::now();
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if renewed.elapsed() + self.heartbeat >= self.lease {
+                return self.lose("not renewed within the lease");
+            }
+            let asked = Instant::now();
+            match tokio::time::timeout(self.heartbeat, self.leases.renew(self.lease)).await {
+                Ok(Ok(())) => renewed = asked,
+                Ok(Err(StoreError::Fenced(why))) => return self.lose(&why),
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew this host's lease"),
+                Err(_) => tracing::warn!("renewing this host's lease did not finish within a heartbeat"),
+            }
+        }
+    }
+
+    /// Stops this host: its lease is gone, so another host may run its jobs.
+    fn lose(&self, why: &str) {
+        tracing::error!(why, "this host lost its lease on its jobs: it stops (start it again to rejoin)");
+        self.lost.cancel();
+        self.shutdown.cancel();
     }
 }

@@ -53,15 +53,18 @@ impl Service {
     /// The record stored under the key `id` (live, cached or stored),
     /// whoever owns it.
     pub(super) async fn record_at(&self, id: &str) -> Result<Option<Arc<JobRecord>>, ServiceError> {
+        // Where hosts share the store, another host may expire or delete a
+        // finished job: its record is read from the store every time.
+        let cached = if self.cluster.is_none() { self.finished.get(id) } else { None };
         let record = match self.live_job(id) {
             Some(live) => Arc::new(live.snapshot()),
-            None => match self.finished.get(id) {
+            None => match cached {
                 Some(r) => r,
                 None => {
                     let generation = self.finished.generation();
                     let Some(r) = self.meta.get_job(id).await? else { return Ok(None) };
                     let r = Arc::new(r);
-                    if r.status.is_terminal() && self.live_job(id).is_none() {
+                    if r.status.is_terminal() && self.cluster.is_none() && self.live_job(id).is_none() {
                         self.finished.remember(r.clone(), Some(generation));
                     }
                     r

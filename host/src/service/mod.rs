@@ -170,9 +170,16 @@ impl Service {
             cluster,
             lease_lost: CancellationToken::new(),
         });
-        service.join_cluster().await?;
-        service.recover().await?;
-        service.load_uploads().await?;
+        let renewal = service.join_cluster().await?;
+        let recovered = async {
+            service.recover().await?;
+            service.load_uploads().await
+        };
+        if let Err(e) = recovered.await {
+            // Ends the lease's renewal (the other hosts take what it took).
+            service.shutdown.cancel();
+            return Err(e);
+        }
         for (id, generation) in service.deployments.starting() {
             service.load_deployment(&id, generation);
         }
@@ -193,7 +200,8 @@ impl Service {
                 }
             }
         }
-        service.threads.keep(workers, vec![tokio::spawn(service.clone().sweeper_loop()), tokio::spawn(service.clone().cluster_loop())]);
+        let tasks = [tokio::spawn(service.clone().sweeper_loop()), tokio::spawn(service.clone().cluster_loop())];
+        service.threads.keep(workers, tasks.into_iter().chain(renewal).collect());
         Ok(service)
     }
 

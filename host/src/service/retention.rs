@@ -35,67 +35,77 @@ impl Service {
         let jobs = self.jobs_to_recover().await?;
         let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0).max(self.meta.max_seq().await?);
         self.queue.waiting().start_seq_after(max_seq);
-        self.recover_jobs(jobs).await
+        self.recover_jobs(jobs).await.map_err(|(e, _)| e)
     }
 
     /// Applies the recovery policy to unfinished jobs this process now
-    /// holds (its own after a restart, or a lapsed host's, see `cluster`).
-    pub(super) async fn recover_jobs(&self, mut jobs: Vec<JobRecord>) -> Result<(), ServiceError> {
+    /// holds (its own after a restart, or a lapsed host's, see `cluster`),
+    /// oldest first. On an error, the jobs not yet recovered come back with
+    /// it (to try again: they are this host's, and no other takes them).
+    pub(super) async fn recover_jobs(&self, mut jobs: Vec<JobRecord>) -> Result<(), (ServiceError, Vec<JobRecord>)> {
         let now = now_micros();
         jobs.sort_by_key(|j| j.seq);
-        // Output assets of interrupted runs that their stored record does not
-        // list (outputs reach the store with the terminal record).
-        for job in jobs.iter().filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Canceling)) {
+        let mut jobs = jobs.into_iter();
+        while let Some(job) = jobs.next() {
+            if let Err(e) = self.recover_job(job.clone(), now).await {
+                return Err((e, std::iter::once(job).chain(jobs).collect()));
+            }
+        }
+        self.meta.flush().await.map_err(|e| (e.into(), Vec::new()))
+    }
+
+    /// One job of [`Service::recover_jobs`]: ended, or queued here.
+    async fn recover_job(&self, mut job: JobRecord, now: Micros) -> Result<(), ServiceError> {
+        // Output assets of an interrupted run that its stored record does
+        // not list (outputs reach the store with the terminal record).
+        if matches!(job.status, JobStatus::Running | JobStatus::Canceling) {
             for asset in self.meta.assets_of_job(&job.id).await? {
                 if !job.outputs.iter().any(|o| o.asset_id == asset.id) {
                     self.delete_asset_record(&asset).await?;
                 }
             }
         }
-        for mut job in jobs {
-            if matches!(job.status, JobStatus::Queued | JobStatus::Running) && job.had_extra_data {
-                // Its `extra_data` (the partner key) was never stored: run
-                // again without it, a partner node would fail or, worse,
-                // behave differently. It fails, saying why.
-                let ran = job.status == JobStatus::Running;
-                self.drop_outputs(&mut job).await?;
-                let why = "the server running this job stopped before it finished; its extra_data is never stored, so it cannot run again: submit it again";
-                fail_interrupted(&mut job, why.into(), ran, now)?;
-                tracing::warn!(job_id = %job.id, "job with extra_data interrupted (a restart, or its host stopped): failed");
-                self.meta.put_job(&job).await?;
-                continue;
-            }
-            match job.status {
-                JobStatus::Queued => {}
-                JobStatus::Canceling => {
-                    // Keeps the outputs its record lists.
-                    job.transition(JobStatus::Canceled, now)?;
-                    self.meta.put_job(&job).await?;
-                    continue;
-                }
-                JobStatus::Running => {
-                    self.drop_outputs(&mut job).await?;
-                    job.progress = None;
-                    if job.attempts >= MAX_ATTEMPTS {
-                        let why = format!("the server stopped while this job was running (attempt {}); it is not retried again", job.attempts);
-                        fail_interrupted(&mut job, why, true, now)?;
-                        tracing::warn!(job_id = %job.id, "job interrupted (a restart, or its host stopped) for the last time: failed");
-                        self.meta.put_job(&job).await?;
-                        continue;
-                    }
-                    tracing::warn!(job_id = %job.id, "job interrupted (a restart, or its host stopped): running it again");
-                    job.transition(JobStatus::Queued, now)?;
-                    job.started_at = None;
-                    self.meta.put_job(&job).await?;
-                }
-                _ => continue,
-            }
-            // Recovered jobs are queued whatever their key's limit.
-            let key = super::fair::sched_key(&job.owner, job.deployment.as_deref());
-            let events = self.bus.job_channel(&job.id);
-            self.queue.requeue(&key, Arc::new(LiveJob::new(job, ExtraData::default(), events)));
+        if matches!(job.status, JobStatus::Queued | JobStatus::Running) && job.had_extra_data {
+            // Its `extra_data` (the partner key) was never stored: run
+            // again without it, a partner node would fail or, worse,
+            // behave differently. It fails, saying why.
+            let ran = job.status == JobStatus::Running;
+            self.drop_outputs(&mut job).await?;
+            let why = "the server running this job stopped before it finished; its extra_data is never stored, so it cannot run again: submit it again";
+            fail_interrupted(&mut job, why.into(), ran, now)?;
+            tracing::warn!(job_id = %job.id, "job with extra_data interrupted (a restart, or its host stopped): failed");
+            self.meta.put_job(&job).await?;
+            return Ok(());
         }
-        self.meta.flush().await?;
+        match job.status {
+            JobStatus::Queued => {}
+            JobStatus::Canceling => {
+                // Keeps the outputs its record lists.
+                job.transition(JobStatus::Canceled, now)?;
+                self.meta.put_job(&job).await?;
+                return Ok(());
+            }
+            JobStatus::Running => {
+                self.drop_outputs(&mut job).await?;
+                job.progress = None;
+                if job.attempts >= MAX_ATTEMPTS {
+                    let why = format!("the server stopped while this job was running (attempt {}); it is not retried again", job.attempts);
+                    fail_interrupted(&mut job, why, true, now)?;
+                    tracing::warn!(job_id = %job.id, "job interrupted (a restart, or its host stopped) for the last time: failed");
+                    self.meta.put_job(&job).await?;
+                    return Ok(());
+                }
+                tracing::warn!(job_id = %job.id, "job interrupted (a restart, or its host stopped): running it again");
+                job.transition(JobStatus::Queued, now)?;
+                job.started_at = None;
+                self.meta.put_job(&job).await?;
+            }
+            _ => return Ok(()),
+        }
+        // Recovered jobs are queued whatever their key's limit.
+        let key = super::fair::sched_key(&job.owner, job.deployment.as_deref());
+        let events = self.bus.job_channel(&job.id);
+        self.queue.requeue(&key, Arc::new(LiveJob::new(job, ExtraData::default(), events)));
         Ok(())
     }
 

@@ -78,7 +78,9 @@ pub trait Notices: Send + Sync {
     fn send(&self, topic: Topic, payload: String);
     /// What other hosts send on `topic` from now on.
     fn subscribe(&self, topic: Topic) -> broadcast::Receiver<Arc<str>>;
-    /// How many times this host's listening connection was lost (notices
-    /// sent meanwhile were missed).
+    /// How many times notices may have been missed: this host's listening
+    /// connection lost (what was sent meanwhile), or one of its own not
+    /// sent (too large, the outbox full). Not other hosts' drops: theirs
+    /// count on their side, where the job's own streams are.
     fn gaps(&self) -> u64;
 }

@@ -7,8 +7,9 @@
 //!
 //! Notices stay small: a status change says only which job changed, and a
 //! host with a stream on that job re-reads its record from the store; so
-//! does every followed job when this host's listening connection was lost
-//! (notices missed). Previews (images) stay on the host that made them,
+//! does every followed job when notices may have been missed (this host's
+//! listening connection lost, or one of its own not sent), and every ten
+//! seconds in any case (another host's notice not sent). Previews (images) stay on the host that made them,
 //! and so do queue-count messages (each host counts its own queue).
 
 use std::collections::HashMap;
@@ -27,6 +28,10 @@ use crate::store::{MetaStore, OutputRecord, ProgressSnapshot};
 
 /// How often the relay checks for a lost listening connection.
 const GAP_CHECK: Duration = Duration::from_secs(1);
+/// How often followed jobs are re-read whatever was heard: a notice
+/// another host could not send (its outbox full) delays a stream's end by
+/// this at most.
+const RESYNC_EVERY: Duration = Duration::from_secs(10);
 /// Events a follower may fall behind by (it then re-syncs from the record).
 const FOLLOW_CAPACITY: usize = 32;
 
@@ -94,7 +99,7 @@ impl ExecBus for SharedBus {
     }
 
     fn job_channel(&self, id: &str) -> Arc<dyn JobChannel> {
-        Arc::new(SharedJobChannel { local: LocalJobChannel::default(), id: id.to_string(), notices: self.notices.clone() })
+        Arc::new(SharedJobChannel { local: LocalJobChannel::default(), id: id.to_string(), notices: self.notices.clone(), followed: self.followed.clone() })
     }
 
     fn follow(&self, id: &str) -> Option<broadcast::Receiver<JobEvent>> {
@@ -119,6 +124,9 @@ struct SharedJobChannel {
     local: LocalJobChannel,
     id: String,
     notices: Arc<dyn Notices>,
+    /// Streams here that began following the job while another host held
+    /// it (this host took it over since): they hear it from here.
+    followed: Followed,
 }
 
 impl JobChannel for SharedJobChannel {
@@ -132,6 +140,9 @@ impl JobChannel for SharedJobChannel {
         };
         if let Some(wire) = wire {
             SharedBus::send(self.notices.as_ref(), &wire);
+        }
+        if let Some(tx) = self.followed.lock().get(self.id.as_str()) {
+            let _ = tx.send(event.clone());
         }
         self.local.publish(event);
     }
@@ -159,13 +170,15 @@ impl Relay {
     async fn run(self, mut heard: broadcast::Receiver<Arc<str>>, stop: CancellationToken) {
         let mut gaps = self.notices.gaps();
         let mut check = tokio::time::interval(GAP_CHECK);
+        let mut resynced = tokio::time::Instant::now();
         loop {
             let notice = tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = check.tick() => {
                     let now = self.notices.gaps();
-                    if now != gaps {
+                    if now != gaps || resynced.elapsed() >= RESYNC_EVERY {
                         gaps = now;
+                        resynced = tokio::time::Instant::now();
                         self.resync().await;
                     }
                     continue;

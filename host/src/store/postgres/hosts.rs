@@ -11,6 +11,9 @@ use crate::store::{JobRecord, StoreError};
 /// The channel cancel requests are announced on (see `notices`).
 pub(super) const CONTROL_CHANNEL: &str = "kiln_control";
 
+/// The advisory lock takeovers run under.
+const ADOPT_LOCK: &str = "kiln: take over lapsed hosts' jobs";
+
 /// This host's lease, in the shared database.
 pub struct PgHosts {
     db: PgDatabase,
@@ -68,6 +71,10 @@ impl HostLeases for PgHosts {
         let (me, limit) = (self.me(), i64::try_from(limit).unwrap_or(i64::MAX));
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
+            // One host looks at a time: a row another host took over (and
+            // committed) while this statement ran would otherwise pass the
+            // `hosts` check against this statement's older snapshot.
+            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(super::advisory_key(ADOPT_LOCK)).execute(&mut *tx).await.map_err(backend)?;
             let ended: Vec<(String,)> =
                 sqlx::query_as(&format!("DELETE FROM hosts WHERE lease_until < {DB_NOW} RETURNING holder")).fetch_all(&mut *tx).await.map_err(backend)?;
             for (holder,) in &ended {

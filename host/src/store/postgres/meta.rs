@@ -28,6 +28,10 @@ impl PgMeta {
     pub fn new(db: PgDatabase) -> PgMeta {
         PgMeta { db }
     }
+
+    fn writer(&self) -> Writer {
+        Writer { holder: self.db.holder().to_string(), registered: self.db.registered }
+    }
 }
 
 fn enc<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
@@ -63,16 +67,22 @@ pub(super) fn records<T: DeserializeOwned>(what: &str, rows: &[sqlx::postgres::P
 }
 
 /// Inserts or replaces a job's record (and its workflow when given) as
-/// written by `holder`: an unfinished record is held by it, a finished one
-/// by no host. A row another host holds is not replaced
-/// ([`StoreError::Fenced`]: this host's lease lapsed and that host took
-/// the job over).
-async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, workflow: Option<&[u8]>, holder: &str) -> Result<(), StoreError> {
-    let held_by = (!job.status.is_terminal()).then_some(holder);
+/// written by `writer`: an unfinished record is held by it, a finished one
+/// by no host. Refused ([`StoreError::Fenced`]) where the row is another
+/// host's (this host's lease lapsed and that host took the job over), where
+/// a finished row would become unfinished again or be replaced by anything
+/// but a finished record, and, for a registered host, once its
+/// registration is gone (a lapsed host must not touch even a finished job).
+async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, workflow: Option<&[u8]>, writer: &Writer) -> Result<(), StoreError> {
+    let finished = job.status.is_terminal();
+    let held_by = (!finished).then_some(writer.holder.as_str());
     let written: Option<(i32,)> = sqlx::query_as(
-        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
          ON CONFLICT (id) DO UPDATE SET owner = $2, created_at = $3, seq = $4, status = $5, expires_at = $6, record = $7, \
-         workflow = COALESCE($8, jobs.workflow), holder = $9 WHERE jobs.holder IS NULL OR jobs.holder = $10 RETURNING 1",
+         workflow = COALESCE($8, jobs.workflow), holder = $9 \
+         WHERE jobs.holder = $10 OR (jobs.holder IS NULL AND $12 AND (NOT $11 OR jobs.status NOT IN ('queued', 'running', 'canceling'))) \
+         RETURNING 1",
     )
     .bind(&job.id)
     .bind(&job.owner)
@@ -83,11 +93,20 @@ async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, workfl
     .bind(enc(job)?)
     .bind(workflow)
     .bind(held_by)
-    .bind(holder)
+    .bind(&writer.holder)
+    .bind(writer.registered)
+    .bind(finished)
     .fetch_optional(exec)
     .await
     .map_err(backend)?;
     written.map(|_| ()).ok_or_else(|| StoreError::Fenced(format!("job {}", job.id)))
+}
+
+/// Who writes: this start's holder id, and whether it registered as one of
+/// the hosts sharing the database (then only while its registration lasts).
+struct Writer {
+    holder: String,
+    registered: bool,
 }
 
 /// Counts a write or deletion of `job` when it is finished (see
@@ -103,7 +122,7 @@ async fn finished_changed<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord) 
     Ok(())
 }
 
-async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<IdempotencyClaim>, holder: String) -> Result<(), StoreError> {
+async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<IdempotencyClaim>, writer: Writer) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(backend)?;
     if let Some(claim) = &claim {
         // Taken when free, or when the holder's claim has expired by now.
@@ -122,7 +141,7 @@ async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<I
             return Err(StoreError::KeyClaimed);
         }
     }
-    upsert_job(&mut *tx, &job, Some(&workflow), &holder).await?;
+    upsert_job(&mut *tx, &job, Some(&workflow), &writer).await?;
     finished_changed(&mut *tx, &job).await?;
     tx.commit().await.map_err(backend)
 }
@@ -190,18 +209,18 @@ impl PgMeta {
 #[async_trait::async_trait]
 impl MetaStore for PgMeta {
     async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
-        let (job, workflow, claim, holder) = (job.clone(), enc(workflow)?, claim.cloned(), self.db.holder().to_string());
-        on_pool!(self, |pool| submit(pool, job, workflow, claim, holder).await)
+        let (job, workflow, claim, writer) = (job.clone(), enc(workflow)?, claim.cloned(), self.writer());
+        on_pool!(self, |pool| submit(pool, job, workflow, claim, writer).await)
     }
 
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        let (job, holder) = (job.clone(), self.db.holder().to_string());
+        let (job, writer) = (job.clone(), self.writer());
         if !job.status.is_terminal() {
-            return on_pool!(self, |pool| upsert_job(&pool, &job, None, &holder).await);
+            return on_pool!(self, |pool| upsert_job(&pool, &job, None, &writer).await);
         }
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
-            upsert_job(&mut *tx, &job, None, &holder).await?;
+            upsert_job(&mut *tx, &job, None, &writer).await?;
             finished_changed(&mut *tx, &job).await?;
             tx.commit().await.map_err(backend)
         })
@@ -323,14 +342,14 @@ impl MetaStore for PgMeta {
     }
 
     async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
-        let (asset, holder) = (asset.clone(), self.db.holder().to_string());
+        let (asset, writer) = (asset.clone(), self.writer());
         on_pool!(self, |pool| {
-            // Once hosts register, only a registered one records an asset:
-            // a host whose lease lapsed mid-upload (its blob may have been
+            // A registered host records an asset only while registered: one
+            // whose lease lapsed mid-upload (its blob may have been
             // collected meanwhile, see `HostLeases::alone`) is refused.
             let written: Option<(i32,)> = sqlx::query_as(
                 "INSERT INTO assets (id, hash, job_id, expires_at, tags, record) SELECT $1, $2, $3, $4, $5, $6 \
-                 WHERE NOT EXISTS (SELECT 1 FROM hosts) OR EXISTS (SELECT 1 FROM hosts WHERE holder = $7) \
+                 WHERE NOT $8 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $7) \
                  ON CONFLICT (id) DO UPDATE SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 RETURNING 1",
             )
             .bind(&asset.id)
@@ -339,7 +358,8 @@ impl MetaStore for PgMeta {
             .bind(asset.expires_at)
             .bind(&asset.tags)
             .bind(enc(&asset)?)
-            .bind(&holder)
+            .bind(&writer.holder)
+            .bind(writer.registered)
             .fetch_optional(&pool)
             .await
             .map_err(backend)?;

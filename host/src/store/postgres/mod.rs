@@ -87,6 +87,13 @@ pub struct PgDatabase {
     /// This start of this host (see `store::cluster::HostLeases::holder`):
     /// the holder its job writes name.
     holder: std::sync::Arc<str>,
+    /// Whether this handle is a host registered among those sharing the
+    /// database (see [`PgDatabase::as_host`]): its writes then count only
+    /// while its registration lasts.
+    registered: bool,
+    /// Calls started and not yet ended (a caller that stopped waiting for
+    /// one does not end it: [`PgDatabase::close`] lets them finish).
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A failure of the database as the store's error: a connection that
@@ -124,13 +131,16 @@ impl PgDatabase {
                 Ok(pool)
             })
             .await?;
-        Ok(PgDatabase { pool, runtime, holder: holder_id("kiln") })
+        Ok(PgDatabase { pool, runtime, holder: holder_id("kiln"), registered: false, in_flight: Default::default() })
     }
 
     /// This database handle as host `host_id` (a new holder, see
-    /// [`PgDatabase::holder`]).
+    /// [`PgDatabase::holder`]), one of the hosts sharing the database: its
+    /// job and asset writes are refused unless it is registered
+    /// (`HostLeases::register`) and until its registration is ended.
     pub fn as_host(mut self, host_id: &str) -> PgDatabase {
         self.holder = holder_id(host_id);
+        self.registered = true;
         self
     }
 
@@ -145,7 +155,14 @@ impl PgDatabase {
         &self,
         call: impl FnOnce(PgPool) -> futures_util::future::BoxFuture<'static, Result<T, StoreError>> + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.runtime.run(call(self.pool.clone())).await
+        let in_flight = InFlight::start(&self.in_flight);
+        let call = call(self.pool.clone());
+        self.runtime
+            .run(async move {
+                let _in_flight = in_flight;
+                call.await
+            })
+            .await
     }
 
     /// PostgreSQL's session advisory lock on `name` (a 64-bit key from
@@ -165,9 +182,16 @@ impl PgDatabase {
         Ok(conn.map(|conn| super::PeriodicLease(Some(Box::new(AdvisoryLock { conn: Some(conn), key, runtime: self.runtime.clone() })))))
     }
 
-    /// Closes every connection (waiting for those in use to come back);
+    /// Closes every connection (after the calls in flight end, 5 s at
+    /// most, and those in use come back);
     /// later calls fail. What a host does when it stops.
     pub async fn close(&self) {
+        // A write whose caller was dropped at shutdown (a worker leaving its
+        // job mid-start) still lands: up to 5 s for the calls in flight.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
         let pool = self.pool.clone();
         if let Ok(handle) = self.runtime.handle() {
             let _ = handle.spawn(async move { pool.close().await }).await;
@@ -183,6 +207,22 @@ impl PgDatabase {
             })
         })
         .await
+    }
+}
+
+/// One call in flight, counted until it ends.
+struct InFlight(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl InFlight {
+    fn start(count: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> InFlight {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

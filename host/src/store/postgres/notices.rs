@@ -64,12 +64,15 @@ impl PgNotices {
 
 impl Notices for PgNotices {
     fn send(&self, topic: Topic, payload: String) {
+        // A notice not sent counts as one missed: streams re-read their jobs.
         if payload.len() > MAX_NOTICE {
             tracing::warn!(bytes = payload.len(), "a notice too large to send was dropped");
+            self.gaps.fetch_add(1, Ordering::SeqCst);
             return;
         }
         if self.outbox.try_send((channel(topic), format!("{}\n{payload}", self.me))).is_err() {
             tracing::warn!("the notice outbox is full: a notice was dropped");
+            self.gaps.fetch_add(1, Ordering::SeqCst);
         }
     }
 
