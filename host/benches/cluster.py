@@ -57,9 +57,16 @@ def run(hosts, pg):
         listener.stdin.flush()
 
         def hear():
+            # A payload is `<sender>\n<json>`: psql prints it over two lines.
+            size = None
             for line in listener.stdout:
                 if line.startswith("Asynchronous notification"):
-                    notices.append(len(line.split(' with payload "', 1)[-1].rsplit('" received', 1)[0]))
+                    size = len(line.split(' with payload "', 1)[-1])
+                elif size is not None:
+                    size += len(line.rsplit('" received from server', 1)[0])
+                if size is not None and '" received from server' in line:
+                    notices.append(size)
+                    size = None
 
         def ask():
             try:
@@ -102,7 +109,7 @@ def run(hosts, pg):
         time.sleep(0.5)
         xacts = int(psql(db, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")) - int(before[0])
         wal = int(psql(db, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '%s')" % before[1]).split(".")[0])
-        extra = " | %.1f transactions/job (all hosts, heartbeats included) | %.0f WAL bytes/job | %.1f notices/job, %.0f bytes each" % (
+        extra = " | %.1f transactions/job | %.0f WAL bytes/job | %.1f notices/job, %.0f bytes each" % (
             xacts / JOBS, wal / JOBS, len(notices) / JOBS, (sum(notices) / len(notices)) if notices else 0)
         listener.kill()
     for p, _ in procs:
