@@ -445,8 +445,18 @@ async fn the_admin_api_is_the_operators_only_and_accounts_survive_a_restart() {
     let id = job["id"].as_str().unwrap().to_string();
     t.wait(&id).await;
 
-    // A restart keeps the account, its key, its balance and its jobs.
-    let before = t.account().await;
+    // A restart keeps the account, its key, its balance and its jobs. (The
+    // job is charged just after it shows finished: read the balance once
+    // the charge has landed.)
+    let mut before = t.account().await;
+    for _ in 0..250 {
+        if before["credits"] != 10 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        before = t.account().await;
+    }
+    assert_eq!(before["credits"], 9, "the job was charged: {before}");
     let key = t.key.clone();
     let data = s.shutdown().await;
     let s = start_in(data, cloud).await;
