@@ -4,8 +4,13 @@
 //! submitted to one host is polled, streamed (SSE and the compat
 //! WebSocket), canceled and downloaded through the others; a host killed
 //! with SIGKILL while it runs a job loses it to another host, which runs
-//! it; an Idempotency-Key raced on all three is taken once. Without the
-//! servers these skip, except under CI, where they fail.
+//! it; an Idempotency-Key raced on all three is taken once. In cloud mode,
+//! accounts made, topped up or disabled through one host hold on all, and
+//! a tenant's queue bound and credits hold across concurrent submissions
+//! on all three. PostgreSQL restarted under three hosts loses nothing: a
+//! submission during the outage is 500 `upstream_error` (its key stays
+//! free), the job running through it ends recorded, and the hosts go on.
+//! Without the servers these skip, except under CI, where they fail.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -13,6 +18,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::{Value, json};
+
+#[allow(dead_code)]
+#[path = "../../tests/e2e/own_postgres.rs"]
+mod own_postgres;
 
 /// A running `kiln serve` of the cluster.
 struct Host {
@@ -30,13 +39,23 @@ impl Drop for Host {
 
 /// The database and bucket the hosts share; `None` (skipped) without them.
 async fn shared() -> Option<Vec<(String, String)>> {
-    let (Ok(url), Ok(endpoint)) = (std::env::var("KILN_TEST_DATABASE_URL"), std::env::var("KILN_TEST_S3_ENDPOINT")) else {
-        assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_DATABASE_URL and KILN_TEST_S3_ENDPOINT (.ci/run starts both)");
-        eprintln!("SKIPPED: KILN_TEST_DATABASE_URL or KILN_TEST_S3_ENDPOINT is not set");
+    let Ok(url) = std::env::var("KILN_TEST_DATABASE_URL") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_DATABASE_URL (.ci/run starts PostgreSQL)");
+        eprintln!("SKIPPED: KILN_TEST_DATABASE_URL is not set");
+        return None;
+    };
+    shared_on(&url).await
+}
+
+/// A new database on the server at `url` and a new bucket, shared.
+async fn shared_on(url: &str) -> Option<Vec<(String, String)>> {
+    let Ok(endpoint) = std::env::var("KILN_TEST_S3_ENDPOINT") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set KILN_TEST_S3_ENDPOINT (.ci/run starts an S3 server)");
+        eprintln!("SKIPPED: KILN_TEST_S3_ENDPOINT is not set");
         return None;
     };
     let name = format!("kiln_cluster_{}", uuid::Uuid::new_v4().simple());
-    let admin = sqlx::PgPool::connect(&url).await.expect("the test server answers");
+    let admin = sqlx::PgPool::connect(url).await.expect("the test server answers");
     sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.expect("a test database");
     admin.close().await;
     let database = format!("{}/{name}", url.rsplit_once('/').expect("a database URL ends with /NAME").0);
@@ -56,6 +75,10 @@ async fn shared() -> Option<Vec<(String, String)>> {
 }
 
 fn start(name: &str, shared: &[(String, String)]) -> Host {
+    start_with(name, shared, &[])
+}
+
+fn start_with(name: &str, shared: &[(String, String)], extra: &[(&str, &str)]) -> Host {
     let data = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
     cmd.args(["serve", "--port", "0", "--data-dir"])
@@ -63,6 +86,7 @@ fn start(name: &str, shared: &[(String, String)]) -> Host {
         .env("KILN_CACHE_DIR", std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
         .env("KILN_HOST_ID", name)
         .envs(shared.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .envs(extra.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     let mut child = cmd.spawn().expect("kiln serve starts");
@@ -218,4 +242,285 @@ async fn three_hosts_serve_as_one() {
     // The hosts left still take and run new work.
     let id = submit(&http, h3, quick(9)).await;
     assert_eq!(wait_for(&http, h2, &id, &["succeeded", "failed"], Duration::from_secs(30)).await["status"], "succeeded");
+}
+
+const ADMIN: &str = "cluster-admin-token";
+
+/// Creates account `name` through `host`; its API key.
+async fn create_account(http: &reqwest::Client, host: &Host, name: &str, credits: i64) -> String {
+    let resp = http.post(format!("{}/admin/accounts", host.base)).bearer_auth(ADMIN).json(&json!({"name": name, "credits": credits})).send().await.unwrap();
+    assert_eq!(resp.status(), 201, "{name}");
+    resp.json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string()
+}
+
+async fn admin(http: &reqwest::Client, host: &Host, path: &str, body: Value) -> Value {
+    let resp = http.post(format!("{}/admin/accounts/{path}", host.base)).bearer_auth(ADMIN).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.json().await.unwrap()
+}
+
+async fn balance(http: &reqwest::Client, host: &Host, name: &str) -> i64 {
+    let account: Value = http.get(format!("{}/admin/accounts/{name}", host.base)).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    account["credits"].as_i64().unwrap_or_else(|| panic!("{account}"))
+}
+
+/// Submits as `key` through `host`: the status and the body.
+async fn submit_as(http: &reqwest::Client, host: &Host, key: &str, workflow: Value) -> (u16, Value) {
+    let resp = http.post(format!("{}/api/v2/jobs", host.base)).bearer_auth(key).json(&json!({ "workflow": workflow })).send().await.unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn job_as(http: &reqwest::Client, host: &Host, key: &str, id: &str) -> Value {
+    http.get(format!("{}/api/v2/jobs/{id}", host.base)).bearer_auth(key).send().await.unwrap().json().await.unwrap()
+}
+
+/// Polls until `check` holds for the status `GET /api/v2/jobs` answers `key` on `host`.
+async fn until_status(http: &reqwest::Client, host: &Host, key: &str, check: impl Fn(u16) -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = http.get(format!("{}/api/v2/jobs", host.base)).bearer_auth(key).send().await.unwrap().status().as_u16();
+        if check(status) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {status} after 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Submits `workflow` as `key` `per_host` times on each host, all at once.
+async fn burst(http: &reqwest::Client, hosts: &[Host], key: &str, per_host: usize, workflow: impl Fn(usize) -> Value) -> Vec<(usize, u16, Value)> {
+    let racing = (0..per_host * hosts.len()).map(|n| {
+        let (http, host, workflow) = (http.clone(), &hosts[n % hosts.len()], workflow(n));
+        async move {
+            let (status, body) = submit_as(&http, host, key, workflow).await;
+            (n % hosts.len(), status, body)
+        }
+    });
+    futures_util::future::join_all(racing).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_hold_across_hosts() {
+    let Some(shared) = shared().await else { return };
+    // One job at a time per host; a tenant may have six waiting in all;
+    // a job costs at least 5 credits.
+    let cloud = [
+        ("KILN_MODE", "cloud"),
+        ("KILN_ADMIN_TOKEN", ADMIN),
+        ("KILN_MAX_RUNNING_JOBS", "1"),
+        ("KILN_MAX_QUEUED_JOBS_PER_ACCOUNT", "6"),
+        ("KILN_CREDITS_MIN_PER_JOB", "5"),
+        ("KILN_CREDITS_PER_SECOND", "1"),
+    ];
+    let hosts: Vec<Host> = ["t1", "t2", "t3"].iter().map(|name| start_with(name, &shared, &cloud)).collect();
+    let http = reqwest::Client::new();
+    let [h1, h2, h3] = [&hosts[0], &hosts[1], &hosts[2]];
+
+    // Accounts made on h1 are known to h2 and h3 at once.
+    let blocker = create_account(&http, h1, "blocker", 1_000_000).await;
+    let tenant = create_account(&http, h1, "tenant", 1_000_000).await;
+    let poor = create_account(&http, h1, "poor", 1).await;
+    for host in [h2, h3] {
+        until_status(&http, host, &tenant, |s| s == 200, "a key made on h1 works on the others").await;
+        until_status(&http, host, &poor, |s| s == 200, "a key made on h1 works on the others").await;
+    }
+
+    // Every host's one worker busy with a long job of another account ...
+    let mut blocking = Vec::new();
+    for host in &hosts {
+        let (status, body) = submit_as(&http, host, &blocker, slow(1)).await;
+        assert_eq!(status, 201, "{body}");
+        blocking.push(body["id"].as_str().unwrap().to_string());
+    }
+    for (host, id) in hosts.iter().zip(&blocking) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while job_as(&http, host, &blocker, id).await["status"] != "running" {
+            assert!(Instant::now() < deadline, "the blocking job runs");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // ... a tenant submitting 15 jobs on all three at once has 6 taken.
+    let answers = burst(&http, &hosts, &tenant, 5, |n| quick(n as i64)).await;
+    let taken: Vec<_> = answers.iter().filter(|(_, status, _)| *status == 201).collect();
+    assert_eq!(taken.len(), 6, "the tenant's queue bound holds across hosts: {answers:?}");
+    for (_, status, body) in &answers {
+        assert!(*status == 201 || (*status == 429 && body["error"]["code"] == "queue_full"), "{status} {body}");
+    }
+
+    // ComfyUI's queue on any host shows the jobs of every host.
+    let queue: Value = http.get(format!("{}/api/queue", h1.base)).header("X-API-Key", &tenant).send().await.unwrap().json().await.unwrap();
+    let mut pending: Vec<&str> = queue["queue_pending"].as_array().unwrap_or_else(|| panic!("{queue}")).iter().map(|e| e[1].as_str().unwrap()).collect();
+    let mut expected: Vec<&str> = taken.iter().map(|(_, _, body)| body["id"].as_str().unwrap()).collect();
+    pending.sort();
+    expected.sort();
+    assert_eq!(pending, expected, "{queue}");
+    let queue: Value = http.get(format!("{}/api/queue", h2.base)).header("X-API-Key", &blocker).send().await.unwrap().json().await.unwrap();
+    assert_eq!(queue["queue_running"].as_array().unwrap().len(), 3, "{queue}");
+
+    // Disabled through h2: its keys fail on h3, and its jobs waiting on
+    // every host are canceled (read from the database they share).
+    admin(&http, h2, "tenant/disable", json!({})).await;
+    until_status(&http, h3, &tenant, |s| s == 403, "an account disabled on h2 is disabled on h3").await;
+    let db = sqlx::PgPool::connect(&env(&shared, "KILN_DATABASE_URL")).await.unwrap();
+    for (_, _, body) in &taken {
+        let id = body["id"].as_str().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status,): (String,) = sqlx::query_as("SELECT status FROM jobs WHERE id = $1").bind(id).fetch_one(&db).await.unwrap();
+            if status == "canceled" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "job {id} of the disabled account is still {status}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // ComfyUI's interrupt through h3 stops the account's running jobs on all.
+    let resp = http.post(format!("{}/api/interrupt", h3.base)).header("X-API-Key", &blocker).json(&json!({})).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    for (host, id) in hosts.iter().zip(&blocking) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while job_as(&http, host, &blocker, id).await["status"] != "canceled" {
+            assert!(Instant::now() < deadline, "the blocking job ends");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    // An account with 1 credit submits six jobs on all three hosts at once:
+    // each is admitted (it has funds), but a job starts only while the
+    // balance is positive, wherever the last charge was made. Every charge
+    // is kept: the balance is exactly what the jobs that ran cost.
+    let answers = burst(&http, &hosts, &poor, 2, |n| quick(100 + n as i64)).await;
+    assert!(answers.iter().all(|(_, status, _)| *status == 201), "{answers:?}");
+    let mut ended = Vec::new();
+    for (host, _, body) in &answers {
+        let id = body["id"].as_str().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let job = job_as(&http, &hosts[(host + 1) % 3], &poor, id).await;
+            if ["succeeded", "failed"].contains(&job["status"].as_str().unwrap_or("")) {
+                ended.push(job);
+                break;
+            }
+            assert!(Instant::now() < deadline, "{job}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let ran = ended.iter().filter(|j| j["status"] == "succeeded").count();
+    for job in ended.iter().filter(|j| j["status"] == "failed") {
+        assert_eq!(job["error"]["code"], "insufficient_credits", "{job}");
+    }
+    assert!((1..=3).contains(&ran), "at most the jobs running when the balance crossed zero ran (one per host): {ran}");
+    // Charges follow the jobs' ends; all of them land.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while balance(&http, h3, "poor").await != 1 - 5 * ran as i64 {
+        assert!(Instant::now() < deadline, "balance {} after {ran} jobs at 5", balance(&http, h3, "poor").await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for host in &hosts {
+        let (status, body) = submit_as(&http, host, &poor, quick(0)).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (402, Some("insufficient_credits")), "{body}");
+    }
+    // Topped up through h3, it submits through h1 again.
+    admin(&http, h3, "poor/credits", json!({"amount": 100})).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = submit_as(&http, h1, &poor, quick(1)).await;
+        if status == 201 {
+            break;
+        }
+        assert!(status == 402 && Instant::now() < deadline, "{status} {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The same bytes uploaded through two hosts are one object in the bucket.
+    let bytes = format!("the same bytes, {}", uuid::Uuid::new_v4()).into_bytes();
+    let (mut hashes, mut ids) = (Vec::new(), Vec::new());
+    for (host, created) in [(h1, 201), (h2, 200)] {
+        let form =
+            reqwest::multipart::Form::new().text("file_path", "same.txt").part("file", reqwest::multipart::Part::bytes(bytes.clone()).file_name("same.txt"));
+        let resp = http.post(format!("{}/api/v2/assets", host.base)).bearer_auth(&blocker).multipart(form).send().await.unwrap();
+        // The second host finds the first's asset: 200, the same one.
+        assert_eq!(resp.status(), created);
+        let asset: Value = resp.json().await.unwrap();
+        hashes.push(asset["hash"].as_str().unwrap().to_string());
+        ids.push(asset["id"].as_str().unwrap().to_string());
+    }
+    assert_eq!((&hashes[0], &ids[0]), (&hashes[1], &ids[1]));
+    assert_eq!(hashes[0], format!("blake3:{}", blake3::hash(&bytes).to_hex()));
+    let bucket = object_store::aws::AmazonS3Builder::from_env()
+        .with_endpoint(env(&shared, "KILN_S3_ENDPOINT"))
+        .with_allow_http(true)
+        .with_bucket_name(env(&shared, "KILN_S3_BUCKET"))
+        .with_region("us-east-1")
+        .build()
+        .unwrap();
+    let hex = hashes[0].trim_start_matches("blake3:").to_string();
+    let objects: Vec<_> = object_store::ObjectStore::list(&bucket, None)
+        .filter_map(|o| async { o.ok() })
+        .filter(|o| futures_util::future::ready(o.location.as_ref().contains(&hex)))
+        .collect()
+        .await;
+    assert_eq!(objects.len(), 1, "one object holds the bytes both hosts took: {objects:?}");
+}
+
+fn env(shared: &[(String, String)], name: &str) -> String {
+    shared.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap_or_else(|| panic!("{name} is set"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_under_three_hosts_loses_nothing() {
+    let Some(pg) = own_postgres::OwnPostgres::start_new() else { return };
+    let Some(mut shared) = shared_on(&pg.url()).await else { return };
+    // Leases outlast the outage.
+    for (key, value) in shared.iter_mut() {
+        match key.as_str() {
+            "KILN_LEASE_S" => *value = "30".into(),
+            "KILN_HEARTBEAT_S" => *value = "2".into(),
+            _ => {}
+        }
+    }
+    let mut hosts: Vec<Host> = ["r1", "r2", "r3"].iter().map(|name| start(name, &shared)).collect();
+    let http = reqwest::Client::new();
+    let running = submit(&http, &hosts[0], slow(5)).await;
+    wait_for(&http, &hosts[1], &running, &["running"], Duration::from_secs(30)).await;
+
+    pg.stop();
+    for (n, host) in hosts.iter().enumerate() {
+        let resp = http
+            .post(format!("{}/api/v2/jobs", host.base))
+            .header("Idempotency-Key", format!("outage-{n}"))
+            .json(&json!({ "workflow": quick(n as i64) }))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!((status, body["error"]["code"].as_str()), (500, Some("upstream_error")), "{body}");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pg.start();
+
+    // The job that ran through the outage ends, recorded, seen on every host.
+    let ended = wait_for(&http, &hosts[2], &running, &["succeeded", "failed"], Duration::from_secs(60)).await;
+    assert_eq!(ended["status"], "succeeded", "{ended}");
+    for host in &hosts {
+        assert_eq!(job(&http, host, &running).await["status"], "succeeded");
+    }
+    // The keys of the refused submissions are free; each host runs work.
+    for (n, host) in hosts.iter().enumerate() {
+        let resp = http
+            .post(format!("{}/api/v2/jobs", host.base))
+            .header("Idempotency-Key", format!("outage-{n}"))
+            .json(&json!({ "workflow": quick(n as i64) }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201, "host {n}");
+        let id = resp.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+        let done = wait_for(&http, &hosts[(n + 1) % 3], &id, &["succeeded", "failed"], Duration::from_secs(30)).await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+    }
+    for host in &mut hosts {
+        assert!(host.child.try_wait().unwrap().is_none(), "every host kept its lease through the outage");
+    }
 }

@@ -17,6 +17,7 @@ mod files;
 mod gpu;
 mod hostile;
 mod object_info;
+mod own_postgres;
 pub mod parity;
 mod partner;
 mod plugin_dir;

@@ -4,7 +4,10 @@
 //! tree `accounts` beside the jobs) and, being few, all in memory too:
 //! authenticating a request is one keyed hash and one map lookup. Writes go
 //! to the store first, then to memory, one at a time; a balance changes
-//! only by the store's atomic credit step. A job's owner is its account's id.
+//! only by the store's atomic credit step. Where hosts share the store, a
+//! host re-reads what another changed ([`Accounts::refresh`],
+//! [`Accounts::reload`]; see `service::cluster`). A job's owner is its
+//! account's id.
 
 pub mod keys;
 pub mod sessions;
@@ -90,11 +93,7 @@ pub struct Accounts {
 impl Accounts {
     /// The accounts in `store`, keys hashed by `hasher`.
     pub async fn open(store: Arc<dyn AccountStore>, hasher: KeyHasher, pricing: Pricing) -> Result<Accounts, AccountError> {
-        let (mut by_id, mut by_key) = (HashMap::new(), HashMap::new());
-        for account in store.all().await? {
-            index_keys(&mut by_key, &account);
-            by_id.insert(account.id.clone(), Arc::new(account));
-        }
+        let (by_id, by_key) = index(store.all().await?);
         Ok(Accounts { store, hasher, pricing, by_id: RwLock::new(by_id), by_key: RwLock::new(by_key), writing: tokio::sync::Mutex::new(()) })
     }
 
@@ -255,6 +254,26 @@ impl Accounts {
         }
     }
 
+    /// Shows account `id` as the store holds it now (another host changed
+    /// it: hosts sharing a store hear of each other's account writes).
+    pub async fn refresh(&self, id: &str) -> Result<(), AccountError> {
+        let _writing = self.writing.lock().await;
+        if let Some(account) = self.store.get(id).await? {
+            self.publish(account);
+        }
+        Ok(())
+    }
+
+    /// Shows every account as the store holds it now (after notices of
+    /// other hosts' writes may have been missed).
+    pub async fn reload(&self) -> Result<(), AccountError> {
+        let _writing = self.writing.lock().await;
+        let (by_id, by_key) = index(self.store.all().await?);
+        *self.by_key.write() = by_key;
+        *self.by_id.write() = by_id;
+        Ok(())
+    }
+
     /// After a failed write, which may still have been applied: memory
     /// shows what the store holds (a retried top-up then starts from the
     /// stored balance). Called with `writing` held.
@@ -273,6 +292,18 @@ impl Accounts {
         self.by_id.write().insert(account.id.clone(), account.clone());
         account
     }
+}
+
+/// Accounts by id and by key hash.
+type Index = (HashMap<String, Arc<Account>>, HashMap<[u8; 32], Arc<str>>);
+
+fn index(all: Vec<Account>) -> Index {
+    let (mut by_id, mut by_key) = (HashMap::with_capacity(all.len()), HashMap::with_capacity(all.len()));
+    for account in all {
+        index_keys(&mut by_key, &account);
+        by_id.insert(account.id.clone(), Arc::new(account));
+    }
+    (by_id, by_key)
 }
 
 fn index_keys(by_key: &mut HashMap<[u8; 32], Arc<str>>, account: &Account) {

@@ -172,6 +172,11 @@ impl FairQueue {
         self.key_of.is_empty()
     }
 
+    /// Jobs of `key` waiting.
+    pub fn waiting_of(&self, key: &str) -> usize {
+        self.keys.get(key).map_or(0, |entry| entry.jobs.len())
+    }
+
     /// Jobs of `key` running now.
     pub fn running_of(&self, key: &str) -> usize {
         self.keys.get(key).map_or(0, |e| e.running)

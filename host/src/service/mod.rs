@@ -200,7 +200,8 @@ impl Service {
                 }
             }
         }
-        let tasks = [tokio::spawn(service.clone().sweeper_loop()), tokio::spawn(service.clone().cluster_loop())];
+        let tasks =
+            [tokio::spawn(service.clone().sweeper_loop()), tokio::spawn(service.clone().cluster_loop()), tokio::spawn(service.clone().follow_accounts())];
         service.threads.keep(workers, tasks.into_iter().chain(renewal).collect());
         Ok(service)
     }

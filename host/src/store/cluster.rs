@@ -61,6 +61,12 @@ pub enum Topic {
     Control,
     /// Job events and execution messages, for streams on other hosts.
     Events,
+    /// The id of an account another host changed (its record re-read).
+    Accounts,
+}
+
+impl Topic {
+    pub const ALL: [Topic; 3] = [Topic::Control, Topic::Events, Topic::Accounts];
 }
 
 /// The largest payload a notice carries (PostgreSQL's NOTIFY takes under

@@ -62,6 +62,38 @@ pub enum StoreError {
     /// the write was refused (see [`cluster`]).
     #[error("another host holds this job now: {0}")]
     Fenced(String),
+    /// A shared store refused a new job by the rules of its
+    /// [`Admission`]: nothing was written.
+    #[error("job not admitted: {0}")]
+    Refused(Refusal),
+}
+
+/// Why a shared store refused a new job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the billed account has no credits")]
+    NoFunds,
+    #[error("the billed account is disabled")]
+    AccountDisabled,
+    #[error("the job's scheduling key has as many jobs waiting as it may")]
+    QueueFull,
+}
+
+/// The rules a new job is admitted by across every host sharing a store,
+/// checked in the transaction that writes it (see
+/// [`MetaStore::submit_admitted`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Admission<'a> {
+    /// The account the job is billed to, which must exist, hold a positive
+    /// balance and not be disabled (`None`: no account is billed).
+    pub billed: Option<&'a str>,
+    /// The job's scheduling key (`service::fair::sched_key`) …
+    pub key: &'a str,
+    /// … how many of its jobs may be waiting at once, on all hosts …
+    pub max_queued: usize,
+    /// … and how many wait on the admitting host besides the new one (the
+    /// host's own count is exact; the store counts the other hosts').
+    pub waiting_here: usize,
 }
 
 /// Waits for a store call on a thread that may block: the blocking pool
@@ -128,6 +160,20 @@ pub trait MetaStore: Send + Sync {
     /// whose durability is already known to be in doubt returns
     /// [`StoreError::NotDurable`].
     async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError>;
+    /// [`MetaStore::submit`], admitted by `admission` in the same atomic
+    /// step ([`StoreError::Refused`]: nothing written). A store that one
+    /// process holds (the embedded one) leaves the rules to that process,
+    /// which checks them in memory: the default only submits.
+    async fn submit_admitted(
+        &self,
+        job: &JobRecord,
+        workflow: &serde_json::Value,
+        claim: Option<&IdempotencyClaim>,
+        admission: Admission<'_>,
+    ) -> Result<(), StoreError> {
+        let _ = admission;
+        self.submit(job, workflow, claim).await
+    }
     /// Writes a job record (not flushed; see [`MetaStore::flush`]).
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;
     async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
@@ -139,6 +185,16 @@ pub trait MetaStore: Send + Sync {
             out.extend(self.get_job(id).await?);
         }
         Ok(out)
+    }
+    /// Up to `limit` of `owner`'s unfinished jobs (queued, running or
+    /// canceling), in `seq` order: where hosts share the store, those of
+    /// every host (a ComfyUI queue view). The default scans the unfinished
+    /// jobs (the embedded store's are all this host's, held in memory too).
+    async fn unfinished_of(&self, owner: &str, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
+        let mut jobs = self.unfinished_jobs().await?;
+        jobs.retain(|j| j.owner == owner);
+        jobs.truncate(limit);
+        Ok(jobs)
     }
     /// Removes a job, its workflow and its index entry.
     async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError>;

@@ -31,6 +31,8 @@ use crate::store::{JobRecord, JobStatus, now_micros};
 
 /// Finished jobs the history (and an output's lookup by name) looks through.
 pub const MAX_HISTORY: usize = 1000;
+/// Most of an owner's unfinished jobs on other hosts a queue view shows.
+pub const MAX_QUEUE_VIEW: usize = 10_000;
 
 /// Most items of a listing whose workflows are read at once.
 const LISTING_WORKFLOW_BATCH: usize = 64;
@@ -169,15 +171,31 @@ impl Service {
     }
 
     /// ComfyUI's queue of `owner`: (running, pending), pending in queue
-    /// order; records only (see [`Service::compat_job`]).
-    pub fn compat_queue(&self, owner: &str) -> (Vec<JobRecord>, Vec<JobRecord>) {
+    /// order; records only (see [`Service::compat_job`]). Where hosts share
+    /// the store, the jobs other hosts hold come too (read from the store,
+    /// at most [`MAX_QUEUE_VIEW`]): running ones by start, pending ones
+    /// after this host's, in the order they were queued (each host runs
+    /// its own in its own order).
+    pub async fn compat_queue(&self, owner: &str) -> Result<(Vec<JobRecord>, Vec<JobRecord>), ServiceError> {
         let order: Vec<String> = self.queue.waiting().ordered();
         let live: Vec<JobRecord> = self.queue.live_jobs().iter().filter(|j| &*j.owner == owner).map(|j| j.snapshot()).collect();
         let mut running: Vec<JobRecord> = live.iter().filter(|r| matches!(r.status, JobStatus::Running | JobStatus::Canceling)).cloned().collect();
-        running.sort_by_key(|r| (r.started_at, r.seq));
         let mut queued: HashMap<&str, &JobRecord> = live.iter().filter(|r| r.status == JobStatus::Queued).map(|r| (r.id.as_str(), r)).collect();
-        let pending: Vec<JobRecord> = order.iter().filter_map(|id| queued.remove(id.as_str()).cloned()).collect();
-        (running, pending)
+        let mut pending: Vec<JobRecord> = order.iter().filter_map(|id| queued.remove(id.as_str()).cloned()).collect();
+        if self.cluster.is_some() {
+            let here: std::collections::HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
+            let mut elsewhere: Vec<JobRecord> =
+                self.meta.unfinished_of(owner, MAX_QUEUE_VIEW).await?.into_iter().filter(|r| !here.contains(r.id.as_str())).collect();
+            elsewhere.sort_by_key(|r| (r.created_at, r.seq));
+            for record in elsewhere {
+                match record.status {
+                    JobStatus::Queued => pending.push(record),
+                    _ => running.push(record),
+                }
+            }
+        }
+        running.sort_by_key(|r| (r.started_at, r.seq));
+        Ok((running, pending))
     }
 
     /// `owner`'s finished jobs (not expired), oldest first; at most
@@ -235,11 +253,11 @@ impl Service {
     /// or every running job.
     pub async fn interrupt(&self, owner: &str, id: Option<&str>) -> Result<(), ServiceError> {
         let running: Vec<String> = self
-            .queue
-            .live_jobs()
-            .iter()
-            .map(|j| j.snapshot())
-            .filter(|r| r.owner == owner && r.status == JobStatus::Running && id.is_none_or(|id| id == r.public_id()))
+            .compat_queue(owner)
+            .await?
+            .0
+            .into_iter()
+            .filter(|r| r.status == JobStatus::Running && id.is_none_or(|id| id == r.public_id()))
             .map(|r| r.id)
             .collect();
         for id in running {
@@ -252,16 +270,20 @@ impl Service {
     pub async fn delete_from_queue(&self, owner: &str, ids: &[String]) -> Result<(), ServiceError> {
         for id in ids {
             let key = self.job_key(owner, id).await;
-            if self.live_job(&key).is_some() {
+            // Another host's job: the cancel asks that host.
+            if self.live_job(&key).is_some() || self.cluster.is_some() {
                 self.cancel_if_known(owner, &key).await?;
             }
         }
         Ok(())
     }
 
-    /// Cancels every pending job.
+    /// Cancels every pending job (where hosts share the store, on all).
     pub async fn clear_queue(&self, owner: &str) -> Result<(), ServiceError> {
-        let queued: Vec<String> = self.queue.waiting().ordered();
+        let queued: Vec<String> = match self.cluster {
+            Some(_) => self.compat_queue(owner).await?.1.into_iter().map(|r| r.id).collect(),
+            None => self.queue.waiting().ordered(),
+        };
         for id in queued {
             self.cancel_if_known(owner, &id).await?;
         }

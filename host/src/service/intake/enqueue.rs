@@ -2,6 +2,9 @@
 //! server's queue bound, the job's id, the account's state, the scheduling
 //! key's own bound (its tier), then the record, the workflow and the
 //! idempotency claim in one store write, synced before the caller hears.
+//! With accounts, the store checks the billed account and the key's bound
+//! again in that write ([`Admission`]): where hosts share the store, these
+//! hold across all of them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,7 +14,7 @@ use serde_json::Value as Json;
 use super::{IDEMPOTENCY_TTL, Submission};
 use crate::service::live::{self, LiveJob};
 use crate::service::{Service, ServiceError, fair};
-use crate::store::{IdempotencyClaim, JobInput, JobRecord, JobStatus, Micros, StoreError, now_micros};
+use crate::store::{Admission, IdempotencyClaim, JobInput, JobRecord, JobStatus, Micros, Refusal, StoreError, now_micros};
 use crate::workflow::Plan;
 
 /// A plan and the node classes it was made against.
@@ -83,6 +86,9 @@ impl Service {
                 self.withdraw(id);
                 return Err(match e {
                     StoreError::KeyClaimed => ServiceError::IdempotencyKeyReuse,
+                    StoreError::Refused(Refusal::NoFunds) => ServiceError::InsufficientCredits,
+                    StoreError::Refused(Refusal::AccountDisabled) => ServiceError::AccountDisabled,
+                    StoreError::Refused(Refusal::QueueFull) => queue_full(self.limits_for(&fair::sched_key(&sub.owner, sub.deployment.as_deref()))),
                     e => e.into(),
                 });
             }
@@ -178,7 +184,17 @@ impl Service {
         // Before the worker can start it (it waits for this turn), so the
         // queue change precedes the job's own messages.
         self.publish_queue(owner);
-        let written = self.meta.submit(&record, workflow, claim).await;
+        let written = if self.opts.mode.has_accounts() {
+            // Checked again where hosts share the store, across all of them.
+            // An owner that is no account (as `has_funds` says) has no balance to check.
+            let billed = self.billed_owner(owner, deployment);
+            let billed = self.accounts.get(&billed).is_some().then_some(billed.as_str());
+            let waiting_here = self.queue.waiting().waiting_of(&key).saturating_sub(1);
+            let admission = Admission { billed, key: &key, max_queued: limits.max_queued, waiting_here };
+            self.meta.submit_admitted(&record, workflow, claim, admission).await
+        } else {
+            self.meta.submit(&record, workflow, claim).await
+        };
         match &written {
             // Committed (durable or not): the job exists, so it runs. Kept
             // parsed for the worker while the queued jobs' share allows;

@@ -88,6 +88,10 @@ impl Waiting for LocalWaiting {
         self.notify.notify_waiters();
     }
 
+    fn waiting_of(&self, key: &str) -> usize {
+        self.waiting.lock().waiting_of(key)
+    }
+
     fn position(&self, id: &str) -> Option<usize> {
         self.waiting.lock().position(id)
     }

@@ -54,6 +54,14 @@ impl Service {
     /// Runs one job taken from the queue, from its start to its durable end.
     async fn run_job(&self, live: Arc<LiveJob>) {
         let Some(snapshot) = self.begin(&live).await else { return };
+        if self.cluster.is_some() && self.opts.mode.has_accounts() {
+            // Another host's charge may not have been heard yet: the
+            // balance the start is checked against is the store's.
+            let billed = self.billed_account(&snapshot);
+            if let Err(e) = self.accounts.refresh(&billed).await {
+                tracing::warn!(job_id = %snapshot.id, account = %billed, error = %e, "cannot re-read the billed account before the start");
+            }
+        }
         let kept = live.prepared.lock().take();
         let prepared = match (self.engine_for(&snapshot), kept) {
             (Err(e), _) => Err(e),

@@ -5,12 +5,15 @@
 //! hosts reading it at once. A charge that need not be durable at once
 //! commits without waiting for the WAL flush (`synchronous_commit = off`
 //! for that transaction only). Names are unique in the database (one
-//! `UNIQUE` index), whichever host creates the account.
+//! `UNIQUE` index), whichever host creates the account. Each write
+//! announces the account's id to the other hosts (`Topic::Accounts`) in its
+//! own transaction, so they hear of every committed change and re-read it.
 
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use super::{PgDatabase, backend};
+use crate::store::cluster::Topic;
 use crate::store::{Account, AccountChange, AccountStore, CreditChange, StoreError};
 
 /// Accounts in PostgreSQL.
@@ -22,6 +25,18 @@ impl PgAccounts {
     pub fn new(db: PgDatabase) -> PgAccounts {
         PgAccounts { db }
     }
+}
+
+/// Tells the other hosts, when the transaction commits, that account `id`
+/// changed (see `notices`; `sender` is this host's holder id).
+async fn announce<'e>(exec: impl sqlx::PgExecutor<'e>, sender: &str, id: &str) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(super::notices::channel(Topic::Accounts))
+        .bind(format!("{sender}\n{id}"))
+        .execute(exec)
+        .await
+        .map_err(backend)?;
+    Ok(())
 }
 
 const COLUMNS: &str = "id, name, key_hashes, credits, tier, subscription_active, disabled, created_at";
@@ -58,8 +73,9 @@ impl AccountStore for PgAccounts {
     }
 
     async fn create(&self, a: &Account) -> Result<(), StoreError> {
-        let a = a.clone();
+        let (a, me) = (a.clone(), self.db.holder().to_string());
         on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
             let inserted = sqlx::query(&format!("INSERT INTO accounts ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"))
                 .bind(&a.id)
                 .bind(&a.name)
@@ -69,10 +85,13 @@ impl AccountStore for PgAccounts {
                 .bind(a.subscription_active)
                 .bind(a.disabled)
                 .bind(a.created_at)
-                .execute(&pool)
+                .execute(&mut *tx)
                 .await;
             match inserted {
-                Ok(_) => Ok(()),
+                Ok(_) => {
+                    announce(&mut *tx, &me, &a.id).await?;
+                    tx.commit().await.map_err(backend)
+                }
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                     Err(StoreError::Backend(format!("an account named {:?} (or with id {}) already exists", a.name, a.id)))
                 }
@@ -82,24 +101,30 @@ impl AccountStore for PgAccounts {
     }
 
     async fn change(&self, id: &str, change: AccountChange) -> Result<Option<Account>, StoreError> {
-        let id = id.to_string();
+        let (id, me) = (id.to_string(), self.db.holder().to_string());
         on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
             let (set, active) = match change {
                 AccountChange::Subscription(active) => ("subscription_active = $2", Some(active)),
                 AccountChange::Disable => ("disabled = TRUE", None),
             };
             let sql = format!("UPDATE accounts SET {set} WHERE id = $1 RETURNING {COLUMNS}");
-            let mut query = sqlx::query(&sql).bind(id);
+            let mut query = sqlx::query(&sql).bind(&id);
             if let Some(active) = active {
                 query = query.bind(active);
             }
-            let row = query.fetch_optional(&pool).await.map_err(backend)?;
-            row.as_ref().map(account).transpose()
+            let row = query.fetch_optional(&mut *tx).await.map_err(backend)?;
+            let changed = row.as_ref().map(account).transpose()?;
+            if changed.is_some() {
+                announce(&mut *tx, &me, &id).await?;
+            }
+            tx.commit().await.map_err(backend)?;
+            Ok(changed)
         })
     }
 
     async fn add_credits(&self, id: &str, delta: i64, durable: bool) -> Result<CreditChange, StoreError> {
-        let id = id.to_string();
+        let (id, me) = (id.to_string(), self.db.holder().to_string());
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
             if !durable {
@@ -116,7 +141,10 @@ impl AccountStore for PgAccounts {
             .await
             .map_err(backend)?;
             let change = match row {
-                Some(row) => CreditChange::Changed(account(&row)?),
+                Some(row) => {
+                    announce(&mut *tx, &me, &id).await?;
+                    CreditChange::Changed(account(&row)?)
+                }
                 None => {
                     let exists = sqlx::query("SELECT 1 FROM accounts WHERE id = $1").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
                     if exists.is_some() { CreditChange::Overflow } else { CreditChange::NoAccount }

@@ -5,11 +5,8 @@
 use std::time::Duration;
 
 use super::{DB_NOW, PgDatabase, backend, meta::records};
-use crate::store::cluster::HostLeases;
+use crate::store::cluster::{HostLeases, Topic};
 use crate::store::{JobRecord, StoreError};
-
-/// The channel cancel requests are announced on (see `notices`).
-pub(super) const CONTROL_CHANNEL: &str = "kiln_control";
 
 /// The advisory lock takeovers run under.
 const ADOPT_LOCK: &str = "kiln: take over lapsed hosts' jobs";
@@ -121,7 +118,12 @@ impl HostLeases for PgHosts {
             // Delivered when the transaction commits (a notice names the
             // sender, then the holder it is for).
             if let Some(holder) = holder {
-                sqlx::query("SELECT pg_notify($1, $2)").bind(CONTROL_CHANNEL).bind(format!("{me}\n{holder}")).execute(&mut *tx).await.map_err(backend)?;
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(super::notices::channel(Topic::Control))
+                    .bind(format!("{me}\n{holder}"))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
             }
             tx.commit().await.map_err(backend)?;
             Ok(true)

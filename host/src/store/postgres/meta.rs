@@ -14,7 +14,7 @@ use sqlx::Row;
 use sqlx::postgres::PgPool;
 
 use super::{PgDatabase, backend};
-use crate::store::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, StoreError};
+use crate::store::{Admission, AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, Refusal, StoreError};
 
 /// Rows a listing reads per query (its scan budget bounds the total).
 const LIST_CHUNK: usize = 256;
@@ -73,14 +73,15 @@ pub(super) fn records<T: DeserializeOwned>(what: &str, rows: &[sqlx::postgres::P
 /// a finished row would become unfinished again or be replaced by anything
 /// but a finished record, and, for a registered host, once its
 /// registration is gone (a lapsed host must not touch even a finished job).
-async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, workflow: Option<&[u8]>, writer: &Writer) -> Result<(), StoreError> {
+async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, new: Option<(&[u8], Option<&str>)>, writer: &Writer) -> Result<(), StoreError> {
+    let (workflow, sched_key) = new.unzip();
     let finished = job.status.is_terminal();
     let held_by = (!finished).then_some(writer.holder.as_str());
     let written: Option<(i32,)> = sqlx::query_as(
-        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
+        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $13 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
          ON CONFLICT (id) DO UPDATE SET owner = $2, created_at = $3, seq = $4, status = $5, expires_at = $6, record = $7, \
-         workflow = COALESCE($8, jobs.workflow), holder = $9 \
+         workflow = COALESCE($8, jobs.workflow), holder = $9, sched_key = COALESCE($13, jobs.sched_key) \
          WHERE jobs.holder = $10 OR (jobs.holder IS NULL AND $12 AND (NOT $11 OR jobs.status NOT IN ('queued', 'running', 'canceling'))) \
          RETURNING 1",
     )
@@ -96,6 +97,7 @@ async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, workfl
     .bind(&writer.holder)
     .bind(writer.registered)
     .bind(finished)
+    .bind(sched_key.flatten())
     .fetch_optional(exec)
     .await
     .map_err(backend)?;
@@ -122,8 +124,66 @@ async fn finished_changed<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord) 
     Ok(())
 }
 
-async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<IdempotencyClaim>, writer: Writer) -> Result<(), StoreError> {
+/// A new job's [`Admission`], owned (to move onto the pool's runtime).
+struct Admit {
+    billed: Option<String>,
+    key: String,
+    max_queued: usize,
+    waiting_here: usize,
+}
+
+/// The advisory lock that admissions of jobs of one scheduling key take
+/// in turn (so two hosts never both admit the last free place).
+fn admission_lock(key: &str) -> i64 {
+    super::advisory_key(&format!("kiln: admit jobs of {key}"))
+}
+
+/// Checks `admit` in `tx` (before anything is written): the billed
+/// account's state as committed now, and the key's jobs waiting on the
+/// other hosts (those `me` does not hold), counted under the key's lock
+/// (held to the commit), with those waiting here.
+async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(&admit.key)).execute(&mut *tx).await.map_err(backend)?;
+    let max = i64::try_from(admit.max_queued).unwrap_or(i64::MAX);
+    let (credits, disabled, waiting): (Option<i64>, Option<bool>, i64) = sqlx::query_as(
+        "SELECT a.credits, a.disabled, \
+         (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE sched_key = $2 AND status = 'queued' AND holder IS DISTINCT FROM $4 LIMIT $3) w) \
+         FROM (SELECT 1) one LEFT JOIN accounts a ON a.id = $1",
+    )
+    .bind(admit.billed.as_deref())
+    .bind(&admit.key)
+    .bind(max)
+    .bind(me)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(backend)?;
+    if admit.billed.is_some() {
+        match credits.zip(disabled) {
+            Some((_, true)) => return Err(StoreError::Refused(Refusal::AccountDisabled)),
+            Some((credits, false)) if credits <= 0 => return Err(StoreError::Refused(Refusal::NoFunds)),
+            Some(_) => {}
+            // An account removed from the database: nothing to bill.
+            None => return Err(StoreError::Refused(Refusal::NoFunds)),
+        }
+    }
+    if waiting.saturating_add(i64::try_from(admit.waiting_here).unwrap_or(i64::MAX)) >= max {
+        return Err(StoreError::Refused(Refusal::QueueFull));
+    }
+    Ok(())
+}
+
+async fn submit(
+    pool: PgPool,
+    job: JobRecord,
+    workflow: Vec<u8>,
+    claim: Option<IdempotencyClaim>,
+    admission: Option<Admit>,
+    writer: Writer,
+) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(backend)?;
+    if let Some(a) = &admission {
+        admit(&mut tx, a, &writer.holder).await?;
+    }
     if let Some(claim) = &claim {
         // Taken when free, or when the holder's claim has expired by now.
         let taken = sqlx::query(
@@ -141,7 +201,7 @@ async fn submit(pool: PgPool, job: JobRecord, workflow: Vec<u8>, claim: Option<I
             return Err(StoreError::KeyClaimed);
         }
     }
-    upsert_job(&mut *tx, &job, Some(&workflow), &writer).await?;
+    upsert_job(&mut *tx, &job, Some((&workflow, admission.as_ref().map(|a| a.key.as_str()))), &writer).await?;
     finished_changed(&mut *tx, &job).await?;
     tx.commit().await.map_err(backend)
 }
@@ -210,7 +270,24 @@ impl PgMeta {
 impl MetaStore for PgMeta {
     async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError> {
         let (job, workflow, claim, writer) = (job.clone(), enc(workflow)?, claim.cloned(), self.writer());
-        on_pool!(self, |pool| submit(pool, job, workflow, claim, writer).await)
+        on_pool!(self, |pool| submit(pool, job, workflow, claim, None, writer).await)
+    }
+
+    async fn submit_admitted(
+        &self,
+        job: &JobRecord,
+        workflow: &serde_json::Value,
+        claim: Option<&IdempotencyClaim>,
+        admission: Admission<'_>,
+    ) -> Result<(), StoreError> {
+        let (job, workflow, claim, writer) = (job.clone(), enc(workflow)?, claim.cloned(), self.writer());
+        let admission = Admit {
+            billed: admission.billed.map(str::to_string),
+            key: admission.key.to_string(),
+            max_queued: admission.max_queued,
+            waiting_here: admission.waiting_here,
+        };
+        on_pool!(self, |pool| submit(pool, job, workflow, claim, Some(admission), writer).await)
     }
 
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
@@ -312,6 +389,20 @@ impl MetaStore for PgMeta {
                 .fetch_all(&pool)
                 .await
                 .map_err(backend)?;
+            records("job", &rows)
+        })
+    }
+
+    async fn unfinished_of(&self, owner: &str, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
+        let (owner, limit) = (owner.to_string(), i64::try_from(limit).unwrap_or(i64::MAX));
+        on_pool!(self, |pool| {
+            let rows =
+                sqlx::query("SELECT record FROM jobs WHERE owner = $1 AND status IN ('queued', 'running', 'canceling') ORDER BY seq, created_at LIMIT $2")
+                    .bind(owner)
+                    .bind(limit)
+                    .fetch_all(&pool)
+                    .await
+                    .map_err(backend)?;
             records("job", &rows)
         })
     }

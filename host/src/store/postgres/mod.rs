@@ -55,6 +55,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (6, "server secrets", include_str!("migrations/0006_server_secrets.sql")),
     (7, "user files", include_str!("migrations/0007_user_files.sql")),
     (8, "hosts", include_str!("migrations/0008_hosts.sql")),
+    (9, "admission", include_str!("migrations/0009_admission.sql")),
 ];
 
 /// How long an idle connection stays open.

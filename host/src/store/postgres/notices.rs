@@ -10,13 +10,10 @@ use std::time::Duration;
 use sqlx::postgres::{PgListener, PgPool};
 use tokio::sync::{broadcast, mpsc};
 
-use super::hosts::CONTROL_CHANNEL;
 use super::{PgDatabase, backend};
 use crate::store::StoreError;
 use crate::store::cluster::{MAX_NOTICE, Notices, Topic};
 
-/// The channel job events go out on.
-const EVENTS_CHANNEL: &str = "kiln_events";
 /// Notices waiting to be sent at most; past it new ones are dropped.
 const OUTBOX: usize = 8192;
 /// Notices sent in one statement at most.
@@ -24,10 +21,32 @@ const BATCH: usize = 256;
 /// Received notices a slow subscriber may fall behind by.
 const INBOX: usize = 4096;
 
-fn channel(topic: Topic) -> &'static str {
+/// The channel a topic's notices go out on (a store write that must be
+/// heard sends on it in its own transaction: heard only if committed).
+pub(super) fn channel(topic: Topic) -> &'static str {
     match topic {
-        Topic::Control => CONTROL_CHANNEL,
-        Topic::Events => EVENTS_CHANNEL,
+        Topic::Control => "kiln_control",
+        Topic::Events => "kiln_events",
+        Topic::Accounts => "kiln_accounts",
+    }
+}
+
+/// Where the notices of each topic are handed to this host's subscribers.
+#[derive(Clone)]
+struct Inboxes([broadcast::Sender<Arc<str>>; Topic::ALL.len()]);
+
+impl Inboxes {
+    fn new() -> Inboxes {
+        Inboxes(std::array::from_fn(|_| broadcast::channel(INBOX).0))
+    }
+
+    fn of(&self, topic: Topic) -> &broadcast::Sender<Arc<str>> {
+        &self.0[topic as usize]
+    }
+
+    /// The inbox of the topic sent on `channel`.
+    fn on(&self, channel: &str) -> Option<&broadcast::Sender<Arc<str>>> {
+        Topic::ALL.into_iter().find(|t| self::channel(*t) == channel).map(|t| self.of(t))
     }
 }
 
@@ -35,8 +54,7 @@ fn channel(topic: Topic) -> &'static str {
 pub struct PgNotices {
     me: Arc<str>,
     outbox: mpsc::Sender<(&'static str, String)>,
-    control: broadcast::Sender<Arc<str>>,
-    events: broadcast::Sender<Arc<str>>,
+    inboxes: Inboxes,
     gaps: Arc<AtomicU64>,
     /// Keeps the database's runtime, where the tasks run, going.
     _db: PgDatabase,
@@ -47,17 +65,10 @@ impl PgNotices {
     /// its pool closes).
     pub fn start(db: &PgDatabase) -> Result<PgNotices, StoreError> {
         let (outbox, queued) = mpsc::channel(OUTBOX);
-        let notices = PgNotices {
-            me: Arc::from(db.holder()),
-            outbox,
-            control: broadcast::channel(INBOX).0,
-            events: broadcast::channel(INBOX).0,
-            gaps: Arc::default(),
-            _db: db.clone(),
-        };
+        let notices = PgNotices { me: Arc::from(db.holder()), outbox, inboxes: Inboxes::new(), gaps: Arc::default(), _db: db.clone() };
         let handle = db.runtime.handle()?;
         handle.spawn(send(db.pool.clone(), queued));
-        handle.spawn(listen(db.pool.clone(), notices.me.clone(), notices.control.clone(), notices.events.clone(), notices.gaps.clone()));
+        handle.spawn(listen(db.pool.clone(), notices.me.clone(), notices.inboxes.clone(), notices.gaps.clone()));
         Ok(notices)
     }
 }
@@ -77,10 +88,7 @@ impl Notices for PgNotices {
     }
 
     fn subscribe(&self, topic: Topic) -> broadcast::Receiver<Arc<str>> {
-        match topic {
-            Topic::Control => self.control.subscribe(),
-            Topic::Events => self.events.subscribe(),
-        }
+        self.inboxes.of(topic).subscribe()
     }
 
     fn gaps(&self) -> u64 {
@@ -113,11 +121,11 @@ async fn send(pool: PgPool, mut queued: mpsc::Receiver<(&'static str, String)>) 
 }
 
 /// Receives the other hosts' notices until the pool closes.
-async fn listen(pool: PgPool, me: Arc<str>, control: broadcast::Sender<Arc<str>>, events: broadcast::Sender<Arc<str>>, gaps: Arc<AtomicU64>) {
+async fn listen(pool: PgPool, me: Arc<str>, inboxes: Inboxes, gaps: Arc<AtomicU64>) {
     let mut listener = loop {
         let connected = async {
             let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen_all([CONTROL_CHANNEL, EVENTS_CHANNEL]).await?;
+            listener.listen_all(Topic::ALL.map(channel)).await?;
             Ok::<_, sqlx::Error>(listener)
         };
         match connected.await {
@@ -137,9 +145,10 @@ async fn listen(pool: PgPool, me: Arc<str>, control: broadcast::Sender<Arc<str>>
                 if from == &*me {
                     continue;
                 }
-                let to = if notice.channel() == CONTROL_CHANNEL { &control } else { &events };
                 // An error only says no one subscribes.
-                let _ = to.send(Arc::from(payload));
+                if let Some(to) = inboxes.on(notice.channel()) {
+                    let _ = to.send(Arc::from(payload));
+                }
             }
             // The connection was lost; the next call reconnects and
             // listens again. What was sent meanwhile is missed.

@@ -247,3 +247,68 @@ async fn notices_reach_the_other_hosts_on_their_topic() {
     assert!(a_hears.try_recv().is_err(), "a host does not hear itself");
     assert_eq!((a.gaps(), b.gaps()), (1, 0), "the notice not sent counts as one missed, on the sender's side");
 }
+
+/// Admissions racing on three hosts take exactly the free places of a key
+/// (each host counting its own waiting jobs, as its queue does); an account
+/// without credits, or disabled, is refused and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_holds_across_hosts_and_writes_nothing_refused() {
+    use crate::store::cluster::HostLeases;
+    use crate::store::{Account, AccountChange, AccountStore, Admission, Refusal, StoreError};
+    let Some(db) = fresh().await else { return };
+    let accounts = super::PgAccounts::new(db.clone());
+    let account = |id: &str, credits: i64| Account {
+        id: id.into(),
+        name: id.into(),
+        key_hashes: vec![],
+        credits,
+        tier: "default".into(),
+        subscription_active: true,
+        disabled: false,
+        created_at: 1,
+    };
+    accounts.create(&account("rich", 100)).await.unwrap();
+    accounts.create(&account("broke", 0)).await.unwrap();
+    let mut metas = Vec::new();
+    for name in ["a", "b", "c"] {
+        let host = db.clone().as_host(name);
+        super::PgHosts::new(host.clone(), name).register(std::time::Duration::from_secs(60)).await.unwrap();
+        metas.push(std::sync::Arc::new(super::PgMeta::new(host)));
+    }
+    let racing = metas.iter().enumerate().map(|(h, meta)| {
+        let meta = meta.clone();
+        async move {
+            let mut taken = Vec::new();
+            for n in 0..4u64 {
+                let job = crate::store::JobRecord::queued_for_test(&format!("j{h}-{n}"), 10 + n as i64, n + 1);
+                let admission = Admission { billed: Some("rich"), key: "rich", max_queued: 5, waiting_here: taken.len() };
+                match meta.submit_admitted(&job, &serde_json::json!({}), None, admission).await {
+                    Ok(()) => taken.push(job.id),
+                    Err(StoreError::Refused(Refusal::QueueFull)) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            taken
+        }
+    });
+    let taken: Vec<String> = futures_util::future::join_all(racing).await.into_iter().flatten().collect();
+    assert_eq!(taken.len(), 5, "{taken:?}");
+    // Another key has its own places; the account's state is read as committed.
+    let ma = metas[0].clone();
+    let admit = |id: &str, billed: &'static str| {
+        let (meta, job) = (ma.clone(), crate::store::JobRecord::queued_for_test(id, 99, 99));
+        async move {
+            meta.submit_admitted(&job, &serde_json::json!({}), None, Admission { billed: Some(billed), key: billed, max_queued: 5, waiting_here: 0 }).await
+        }
+    };
+    assert!(matches!(admit("k1", "broke").await, Err(StoreError::Refused(Refusal::NoFunds))));
+    accounts.add_credits("broke", 1, true).await.unwrap();
+    admit("k2", "broke").await.unwrap();
+    accounts.change("broke", AccountChange::Disable).await.unwrap();
+    assert!(matches!(admit("k3", "broke").await, Err(StoreError::Refused(Refusal::AccountDisabled))));
+    assert!(matches!(admit("k4", "nobody").await, Err(StoreError::Refused(Refusal::NoFunds))));
+    for refused in ["k1", "k3", "k4"] {
+        assert!(ma.get_job(refused).await.unwrap().is_none(), "{refused} was not written");
+    }
+    assert!(ma.get_job("k2").await.unwrap().is_some());
+}

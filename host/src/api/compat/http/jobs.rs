@@ -110,9 +110,10 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, Query(q): 
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
     // Records only (no listing here shows a workflow): the finished ones
     // from the owner's kept history window (short records, read again only
-    // when the owner's history changed), the queue from memory.
+    // when the owner's history changed), the queue from memory (and, where
+    // hosts share the store, the other hosts' part of it from there).
     let (window, running, pending) = blocking(move || {
-        let (running, pending) = service.compat_queue(&owner);
+        let (running, pending) = super::block(service.compat_queue(&owner))?;
         Ok((super::block(service.compat_window(&owner))?, running, pending))
     })
     .await?;

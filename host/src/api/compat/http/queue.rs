@@ -19,11 +19,12 @@ use crate::api::AppState;
 use crate::api::Caller;
 use crate::api::error::ApiError;
 
-pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> Response {
+pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> Result<Response, ApiError> {
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
-    let (running, pending) = service.compat_queue(&owner);
+    let s = service.clone();
+    let (running, pending) = on_pool(move || async move { s.compat_queue(&owner).await }).await?.map_err(super::compat_error)?;
     // Each entry carries its workflow: written one job at a time.
-    streamed::json(move |out| {
+    Ok(streamed::json(move |out| {
         for (i, (name, jobs)) in [("queue_running", running), ("queue_pending", pending)].into_iter().enumerate() {
             out.raw(if i == 0 { b"{" } else { b"," })?;
             out.json(name)?;
@@ -38,7 +39,7 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> Respons
             out.raw(b"]")?;
         }
         out.raw(b"}")
-    })
+    }))
 }
 
 pub async fn edit(State(state): State<Arc<AppState>>, caller: Caller, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
