@@ -7,7 +7,8 @@
 //! it; an Idempotency-Key raced on all three is taken once. In cloud mode,
 //! accounts made, topped up or disabled through one host hold on all, and
 //! a tenant's queue bound and credits hold across concurrent submissions
-//! on all three. PostgreSQL restarted under three hosts loses nothing: a
+//! on all three. A deployment made, stopped or started through one host
+//! is served, refused or served again by the others. PostgreSQL restarted under three hosts loses nothing: a
 //! submission during the outage is 500 `upstream_error` (its key stays
 //! free), the job running through it ends recorded, and the hosts go on.
 //! Without the servers these skip, except under CI, where they fail.
@@ -274,6 +275,19 @@ async fn job_as(http: &reqwest::Client, host: &Host, key: &str, id: &str) -> Val
     http.get(format!("{}/api/v2/jobs/{id}", host.base)).bearer_auth(key).send().await.unwrap().json().await.unwrap()
 }
 
+/// Polls `host` as `key` until job `id`'s status is one of `wanted` (30 s).
+async fn wait_as(http: &reqwest::Client, host: &Host, key: &str, id: &str, wanted: &[&str]) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let job = job_as(http, host, key, id).await;
+        if wanted.contains(&job["status"].as_str().unwrap_or("")) {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "job {id} never reached {wanted:?}: {job}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Polls until `check` holds for the status `GET /api/v2/jobs` answers `key` on `host`.
 async fn until_status(http: &reqwest::Client, host: &Host, key: &str, check: impl Fn(u16) -> bool, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -333,11 +347,7 @@ async fn tenants_hold_across_hosts() {
         blocking.push(body["id"].as_str().unwrap().to_string());
     }
     for (host, id) in hosts.iter().zip(&blocking) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while job_as(&http, host, &blocker, id).await["status"] != "running" {
-            assert!(Instant::now() < deadline, "the blocking job runs");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_as(&http, host, &blocker, id, &["running"]).await;
     }
     // ... a tenant submitting 15 jobs on all three at once has 6 taken.
     let answers = burst(&http, &hosts, &tenant, 5, |n| quick(n as i64)).await;
@@ -378,57 +388,55 @@ async fn tenants_hold_across_hosts() {
     let resp = http.post(format!("{}/api/interrupt", h3.base)).header("X-API-Key", &blocker).json(&json!({})).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     for (host, id) in hosts.iter().zip(&blocking) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while job_as(&http, host, &blocker, id).await["status"] != "canceled" {
-            assert!(Instant::now() < deadline, "the blocking job ends");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_as(&http, host, &blocker, id, &["canceled"]).await;
     }
 
-    // An account with 1 credit submits six jobs on all three hosts at once:
-    // each is admitted (it has funds), but a job starts only while the
-    // balance is positive, wherever the last charge was made. Every charge
-    // is kept: the balance is exactly what the jobs that ran cost.
-    let answers = burst(&http, &hosts, &poor, 2, |n| quick(100 + n as i64)).await;
-    assert!(answers.iter().all(|(_, status, _)| *status == 201), "{answers:?}");
-    let mut ended = Vec::new();
-    for (host, _, body) in &answers {
-        let id = body["id"].as_str().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let job = job_as(&http, &hosts[(host + 1) % 3], &poor, id).await;
-            if ["succeeded", "failed"].contains(&job["status"].as_str().unwrap_or("")) {
-                ended.push(job);
-                break;
-            }
-            assert!(Instant::now() < deadline, "{job}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    let ran = ended.iter().filter(|j| j["status"] == "succeeded").count();
-    for job in ended.iter().filter(|j| j["status"] == "failed") {
-        assert_eq!(job["error"]["code"], "insufficient_credits", "{job}");
-    }
-    assert!((1..=3).contains(&ran), "at most the jobs running when the balance crossed zero ran (one per host): {ran}");
-    // Charges follow the jobs' ends; all of them land.
+    // An account with 1 credit: a job queued on h2 behind another account's
+    // long job, then one run on h1, whose charge takes the balance below
+    // zero; when h2's worker comes to the queued job, it does not run.
+    let busy = submit_as(&http, h2, &blocker, slow(2)).await.1["id"].as_str().unwrap().to_string();
+    wait_as(&http, h2, &blocker, &busy, &["running"]).await;
+    let (status, queued) = submit_as(&http, h2, &poor, quick(100)).await;
+    assert_eq!(status, 201, "{queued}");
+    let (status, first) = submit_as(&http, h1, &poor, quick(101)).await;
+    assert_eq!(status, 201, "{first}");
+    let first = wait_as(&http, h3, &poor, first["id"].as_str().unwrap(), &["succeeded", "failed"]).await;
+    assert_eq!(first["status"], "succeeded", "{first}");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while balance(&http, h3, "poor").await != 1 - 5 * ran as i64 {
-        assert!(Instant::now() < deadline, "balance {} after {ran} jobs at 5", balance(&http, h3, "poor").await);
+    while balance(&http, h3, "poor").await != -4 {
+        assert!(Instant::now() < deadline, "the charge of 5 lands: {}", balance(&http, h3, "poor").await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    http.post(format!("{}/api/v2/jobs/{busy}/cancel", h1.base)).bearer_auth(&blocker).send().await.unwrap();
+    let stopped = wait_as(&http, h3, &poor, queued["id"].as_str().unwrap(), &["succeeded", "failed"]).await;
+    assert_eq!((stopped["status"].as_str(), stopped["error"]["code"].as_str()), (Some("failed"), Some("insufficient_credits")), "{stopped}");
     for host in &hosts {
         let (status, body) = submit_as(&http, host, &poor, quick(0)).await;
         assert_eq!((status, body["error"]["code"].as_str()), (402, Some("insufficient_credits")), "{body}");
     }
-    // Topped up through h3, it submits through h1 again.
+    assert_eq!(balance(&http, h1, "poor").await, -4, "the job that never ran cost nothing");
+
+    // Topped up through h3 (to 96), it submits through h1 again ...
     admin(&http, h3, "poor/credits", json!({"amount": 100})).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (status, body) = submit_as(&http, h1, &poor, quick(1)).await;
         if status == 201 {
+            wait_as(&http, h1, &poor, body["id"].as_str().unwrap(), &["succeeded"]).await;
             break;
         }
         assert!(status == 402 && Instant::now() < deadline, "{status} {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ... and six jobs at once on all three hosts are all charged, once each.
+    let answers = burst(&http, &hosts, &poor, 2, |n| quick(200 + n as i64)).await;
+    for (host, status, body) in &answers {
+        assert_eq!(*status, 201, "{body}");
+        wait_as(&http, &hosts[(host + 1) % 3], &poor, body["id"].as_str().unwrap(), &["succeeded"]).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while balance(&http, h2, "poor").await != 96 - 5 - 6 * 5 {
+        assert!(Instant::now() < deadline, "every charge lands once: {}", balance(&http, h2, "poor").await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -523,4 +531,59 @@ async fn a_database_restart_under_three_hosts_loses_nothing() {
     for host in &mut hosts {
         assert!(host.child.try_wait().unwrap().is_none(), "every host kept its lease through the outage");
     }
+}
+
+/// Polls `POST /deployment/{id}/api/v2/jobs` on `host` until it answers
+/// `wanted` (within 60 s: a host loads the deployment's plugins first).
+async fn deployment_answers(http: &reqwest::Client, host: &Host, id: &str, wanted: u16) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let resp = http.post(format!("{}/deployment/{id}/api/v2/jobs", host.base)).json(&json!({ "workflow": quick(3) })).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        if status == wanted {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{} still answers {status} {body}, not {wanted}", host.base);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_follow_the_operator_on_every_host() {
+    let Some(shared) = shared().await else { return };
+    let hosts: Vec<Host> = ["d1", "d2", "d3"].iter().map(|name| start_with(name, &shared, &[("KILN_ADMIN_TOKEN", ADMIN)])).collect();
+    let http = reqwest::Client::new();
+    let [h1, h2, h3] = [&hosts[0], &hosts[1], &hosts[2]];
+    let operate = |host: &Host, path: &str, body: Option<Value>| {
+        let request = http.post(format!("{}/admin/deployments{path}", host.base)).bearer_auth(ADMIN);
+        let request = match body {
+            Some(body) => request.json(&body),
+            None => request,
+        };
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+
+    // Made through h1: served by h2, its job read through h3.
+    assert_eq!(operate(h1, "", Some(json!({"id": "everywhere", "owner": "local"}))).await, 201);
+    let queued = deployment_answers(&http, h2, "everywhere", 201).await;
+    let id = queued["id"].as_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let job: Value = http.get(format!("{}/deployment/everywhere/api/v2/jobs/{id}", h3.base)).send().await.unwrap().json().await.unwrap();
+        if job["status"] == "succeeded" {
+            break;
+        }
+        assert!(Instant::now() < deadline && job["status"] != "failed", "{job}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Stopped through h3: refused by every host.
+    assert_eq!(operate(h3, "/everywhere/stop", None).await, 200);
+    for host in &hosts {
+        let refused = deployment_answers(&http, host, "everywhere", 422).await;
+        assert_eq!(refused["error"]["code"], "deployment_stopped", "{refused}");
+    }
+    // Started again through h2: h1 serves it again.
+    assert_eq!(operate(h2, "/everywhere/start", None).await, 200);
+    deployment_answers(&http, h1, "everywhere", 201).await;
 }

@@ -254,14 +254,24 @@ impl Accounts {
         }
     }
 
-    /// Shows account `id` as the store holds it now (another host changed
-    /// it: hosts sharing a store hear of each other's account writes).
-    pub async fn refresh(&self, id: &str) -> Result<(), AccountError> {
+    /// Shows accounts `ids` as the store holds them now (another host
+    /// changed them: hosts sharing a store hear of each other's writes).
+    pub async fn refresh(&self, ids: &[String]) -> Result<(), AccountError> {
         let _writing = self.writing.lock().await;
-        if let Some(account) = self.store.get(id).await? {
+        for account in self.store.some(ids).await? {
             self.publish(account);
         }
         Ok(())
+    }
+
+    /// Whether `owner` may start paid work by the balance the store holds
+    /// now (see [`Accounts::has_funds`]; where hosts share the store,
+    /// another's charge may not have been heard yet). Shows nothing.
+    pub async fn stored_funds(&self, owner: &str) -> Result<bool, AccountError> {
+        if self.get(owner).is_none() {
+            return Ok(true);
+        }
+        Ok(self.store.get(owner).await?.is_none_or(|a| a.credits > 0))
     }
 
     /// Shows every account as the store holds it now (after notices of

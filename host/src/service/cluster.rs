@@ -14,17 +14,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use super::{Service, ServiceError};
 use crate::store::cluster::{HostLeases, Notices, Topic};
 use crate::store::{JobRecord, JobStatus, StoreError};
-
-/// How often the account follower checks whether notices were missed.
-const ACCOUNTS_GAP_CHECK: Duration = Duration::from_secs(1);
-/// Account ids re-read in one pass at most (more: everything is re-read).
-const ACCOUNTS_BATCH: usize = 256;
 
 /// Jobs taken over in one look at most (the rest at the next heartbeat).
 const ADOPT_BATCH: usize = 1000;
@@ -114,89 +109,6 @@ impl Service {
         }
     }
 
-    /// Keeps this host's view of the accounts in step with the other
-    /// hosts' writes: each account another host changed is re-read (ids
-    /// heard together are read once each); all are re-read when notices
-    /// may have been missed, and once at the start (a change between this
-    /// host's first read and its subscription). An account another host
-    /// disabled has its work here ended too (jobs canceled, streams closed).
-    pub(super) async fn follow_accounts(self: Arc<Self>) {
-        let Some(cluster) = self.cluster.clone() else { return };
-        if !self.opts.mode.has_accounts() {
-            return;
-        }
-        let mut heard = cluster.notices.subscribe(Topic::Accounts);
-        let mut gaps = None;
-        let mut check = tokio::time::interval(ACCOUNTS_GAP_CHECK);
-        loop {
-            let first = tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                _ = check.tick() => {
-                    let now = cluster.notices.gaps();
-                    if gaps != Some(now) {
-                        gaps = Some(now);
-                        let before = self.accounts.list();
-                        match self.accounts.reload().await {
-                            Ok(()) => {
-                                for account in before.iter().filter(|a| !a.disabled) {
-                                    self.disabled_elsewhere(&account.id).await;
-                                }
-                            }
-                            Err(e) => {
-                                gaps = None;
-                                tracing::warn!(error = %e, "cannot re-read the accounts; trying again");
-                            }
-                        }
-                    }
-                    continue;
-                }
-                first = heard.recv() => first,
-            };
-            let mut ids = std::collections::BTreeSet::new();
-            let mut missed = false;
-            let mut next = Some(first);
-            while let Some(notice) = next.take() {
-                match notice {
-                    Ok(id) if ids.len() < ACCOUNTS_BATCH => drop(ids.insert(id)),
-                    Ok(_) | Err(RecvError::Lagged(_)) => {
-                        missed = true;
-                        break;
-                    }
-                    Err(RecvError::Closed) => return,
-                }
-                next = match heard.try_recv() {
-                    Ok(id) => Some(Ok(id)),
-                    Err(TryRecvError::Lagged(n)) => Some(Err(RecvError::Lagged(n))),
-                    Err(_) => None,
-                };
-            }
-            if missed {
-                // Re-read everything at the next check.
-                gaps = None;
-                continue;
-            }
-            for id in ids {
-                let was_disabled = self.accounts.is_disabled(&id);
-                match self.accounts.refresh(&id).await {
-                    Ok(()) if !was_disabled => self.disabled_elsewhere(&id).await,
-                    Ok(()) => {}
-                    Err(e) => {
-                        gaps = None;
-                        tracing::warn!(account = %id, error = %e, "cannot re-read an account another host changed");
-                    }
-                }
-            }
-        }
-    }
-
-    /// When account `id` is now disabled (by another host: that host ended
-    /// the work it had), ends what it has going here too.
-    async fn disabled_elsewhere(&self, id: &str) {
-        if self.accounts.is_disabled(id) {
-            self.end_account_work(id).await;
-        }
-    }
-
     /// Resolves when this host lost its lease and stopped (never on an
     /// embedded store): a binary exits then.
     pub async fn lease_lost(&self) {
@@ -237,6 +149,18 @@ impl Service {
                 return Ok((now, None));
             }
         }
+    }
+
+    /// Asks the host holding job `id` of `owner` to cancel it, without
+    /// waiting for it to act (the bulk cancels of ComfyUI's queue clear,
+    /// delete and interrupt).
+    pub(super) async fn ask_to_cancel(&self, owner: &str, id: &str) -> Result<(), ServiceError> {
+        let Some(cluster) = &self.cluster else { return Ok(()) };
+        let (job, _) = self.get(owner, id).await?;
+        if !job.status.is_terminal() && job.status != JobStatus::Canceling {
+            cluster.leases.request_cancel(&job.id).await?;
+        }
+        Ok(())
     }
 
     /// Whether a retention sweep may collect blobs: always on an embedded

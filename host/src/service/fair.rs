@@ -172,9 +172,9 @@ impl FairQueue {
         self.key_of.is_empty()
     }
 
-    /// Jobs of `key` waiting.
-    pub fn waiting_of(&self, key: &str) -> usize {
-        self.keys.get(key).map_or(0, |entry| entry.jobs.len())
+    /// The ids of `key`'s waiting jobs.
+    pub fn waiting_of(&self, key: &str) -> Vec<String> {
+        self.keys.get(key).map_or_else(Vec::new, |entry| entry.jobs.iter().cloned().collect())
     }
 
     /// Jobs of `key` running now.

@@ -16,6 +16,7 @@ pub mod deployments;
 mod error;
 pub mod fair;
 mod finished;
+mod follow;
 pub mod intake;
 pub mod job_files;
 mod jobs;
@@ -104,6 +105,8 @@ pub struct Service {
     intake: memory_gate::MemoryGate,
     /// Memory of queued jobs' parsed workflows and plans.
     queued_parsed: memory_gate::MemoryGate,
+    /// Turns of the admissions a shared store checks (see `intake::enqueue`).
+    admission_turns: intake::AdmissionTurns,
     /// This host's lease and notices, where hosts share the store (see
     /// `cluster`); `None` on an embedded store.
     cluster: Option<ClusterBackends>,
@@ -136,6 +139,7 @@ impl Service {
         let accounts =
             Arc::new(crate::accounts::Accounts::open(accounts, key_hasher, opts.pricing).await.map_err(|e| crate::store::StoreError::Backend(e.to_string()))?);
         let deployments = deployments::Deployments::open(deployments).await?;
+        let deployments = if cluster.is_some() { deployments.shared() } else { deployments };
         let threads = threads::Threads::new().map_err(crate::store::StoreError::from)?;
         // A key's limits: its account's tier (or the default tier).
         let limits: Arc<dyn fair::TenantLimits> = {
@@ -167,6 +171,7 @@ impl Service {
             signing_key,
             intake: memory_gate::MemoryGate::new(opts_intake, "intake_memory_mb"),
             queued_parsed: memory_gate::MemoryGate::new(opts_queued, "queued_parsed_mb"),
+            admission_turns: Default::default(),
             cluster,
             lease_lost: CancellationToken::new(),
         });
@@ -200,8 +205,12 @@ impl Service {
                 }
             }
         }
-        let tasks =
-            [tokio::spawn(service.clone().sweeper_loop()), tokio::spawn(service.clone().cluster_loop()), tokio::spawn(service.clone().follow_accounts())];
+        let tasks = [
+            tokio::spawn(service.clone().sweeper_loop()),
+            tokio::spawn(service.clone().cluster_loop()),
+            tokio::spawn(service.clone().follow_accounts()),
+            tokio::spawn(service.clone().follow_deployments()),
+        ];
         service.threads.keep(workers, tasks.into_iter().chain(renewal).collect());
         Ok(service)
     }

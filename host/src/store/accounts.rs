@@ -48,6 +48,14 @@ pub trait AccountStore: Send + Sync {
     async fn all(&self) -> Result<Vec<Account>, StoreError>;
     /// One account.
     async fn get(&self, id: &str) -> Result<Option<Account>, StoreError>;
+    /// The accounts of `ids` that exist (the default reads them one by one).
+    async fn some(&self, ids: &[String]) -> Result<Vec<Account>, StoreError> {
+        let mut found = Vec::with_capacity(ids.len());
+        for id in ids {
+            found.extend(self.get(id).await?);
+        }
+        Ok(found)
+    }
     /// Writes a new account. Durable when it returns.
     async fn create(&self, account: &Account) -> Result<(), StoreError>;
     /// Changes account `id`'s flags in one atomic step; the account as

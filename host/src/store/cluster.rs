@@ -63,10 +63,12 @@ pub enum Topic {
     Events,
     /// The id of an account another host changed (its record re-read).
     Accounts,
+    /// The id of a deployment another host changed.
+    Deployments,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 3] = [Topic::Control, Topic::Events, Topic::Accounts];
+    pub const ALL: [Topic; 4] = [Topic::Control, Topic::Events, Topic::Accounts, Topic::Deployments];
 }
 
 /// The largest payload a notice carries (PostgreSQL's NOTIFY takes under
@@ -89,4 +91,10 @@ pub trait Notices: Send + Sync {
     /// sent (too large, the outbox full). Not other hosts' drops: theirs
     /// count on their side, where the job's own streams are.
     fn gaps(&self) -> u64;
+    /// How many times this host started listening: at first, then after
+    /// each lost connection (what was sent meanwhile was missed). Counted
+    /// once listening again, so a re-read after it misses nothing. Notices
+    /// sent by a store write in its transaction are never dropped by a
+    /// sender: for those, this is the only gap.
+    fn listens(&self) -> u64;
 }

@@ -20,6 +20,10 @@ use super::StoreError;
 pub trait DeploymentStore: Send + Sync {
     /// Every record.
     async fn all(&self) -> Result<Vec<Json>, StoreError>;
+    /// The record of deployment `id`, if any (the default reads them all).
+    async fn get(&self, id: &str) -> Result<Option<Json>, StoreError> {
+        Ok(self.all().await?.into_iter().find(|r| r.get("id").and_then(Json::as_str) == Some(id)))
+    }
     /// Writes the record of deployment `id`; durable when it returns.
     async fn put(&self, id: &str, record: &Json) -> Result<(), StoreError>;
     /// Removes the record of deployment `id` (a creation taken back).

@@ -91,9 +91,13 @@ pub struct Admission<'a> {
     pub key: &'a str,
     /// … how many of its jobs may be waiting at once, on all hosts …
     pub max_queued: usize,
-    /// … and how many wait on the admitting host besides the new one (the
-    /// host's own count is exact; the store counts the other hosts').
-    pub waiting_here: usize,
+    /// … and the ids of those waiting on the admitting host besides the new
+    /// one. The store counts the other hosts' waiting jobs and, of these,
+    /// the ones already written: a job this host has started is no longer
+    /// waiting, whatever its record says yet. Taken in the key's admission
+    /// turn on this host, so no other admission of the key here runs
+    /// between this list and the count.
+    pub waiting_here: &'a [String],
 }
 
 /// Waits for a store call on a thread that may block: the blocking pool
@@ -187,14 +191,12 @@ pub trait MetaStore: Send + Sync {
         Ok(out)
     }
     /// Up to `limit` of `owner`'s unfinished jobs (queued, running or
-    /// canceling), in `seq` order: where hosts share the store, those of
-    /// every host (a ComfyUI queue view). The default scans the unfinished
-    /// jobs (the embedded store's are all this host's, held in memory too).
-    async fn unfinished_of(&self, owner: &str, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
-        let mut jobs = self.unfinished_jobs().await?;
-        jobs.retain(|j| j.owner == owner);
-        jobs.truncate(limit);
-        Ok(jobs)
+    /// canceling) that other hosts sharing the store hold, in `seq` order
+    /// (a ComfyUI queue view spanning the hosts). None in a store one
+    /// process holds (the default).
+    async fn unfinished_elsewhere(&self, owner: &str, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
+        let _ = (owner, limit);
+        Ok(Vec::new())
     }
     /// Removes a job, its workflow and its index entry.
     async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError>;

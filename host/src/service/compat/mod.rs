@@ -173,9 +173,9 @@ impl Service {
     /// ComfyUI's queue of `owner`: (running, pending), pending in queue
     /// order; records only (see [`Service::compat_job`]). Where hosts share
     /// the store, the jobs other hosts hold come too (read from the store,
-    /// at most [`MAX_QUEUE_VIEW`]): running ones by start, pending ones
-    /// after this host's, in the order they were queued (each host runs
-    /// its own in its own order).
+    /// at most [`MAX_QUEUE_VIEW`]; this host's alone if it cannot answer):
+    /// running ones by start, pending ones after this host's, in the order
+    /// they were queued (each host runs its own in its own order).
     pub async fn compat_queue(&self, owner: &str) -> Result<(Vec<JobRecord>, Vec<JobRecord>), ServiceError> {
         let order: Vec<String> = self.queue.waiting().ordered();
         let live: Vec<JobRecord> = self.queue.live_jobs().iter().filter(|j| &*j.owner == owner).map(|j| j.snapshot()).collect();
@@ -184,8 +184,12 @@ impl Service {
         let mut pending: Vec<JobRecord> = order.iter().filter_map(|id| queued.remove(id.as_str()).cloned()).collect();
         if self.cluster.is_some() {
             let here: std::collections::HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
-            let mut elsewhere: Vec<JobRecord> =
-                self.meta.unfinished_of(owner, MAX_QUEUE_VIEW).await?.into_iter().filter(|r| !here.contains(r.id.as_str())).collect();
+            let elsewhere = self.meta.unfinished_elsewhere(owner, MAX_QUEUE_VIEW).await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot read the queue of the other hosts: showing this host's");
+                Vec::new()
+            });
+            // (A job taken over by this host meanwhile shows once.)
+            let mut elsewhere: Vec<JobRecord> = elsewhere.into_iter().filter(|r| !here.contains(r.id.as_str())).collect();
             elsewhere.sort_by_key(|r| (r.created_at, r.seq));
             for record in elsewhere {
                 match record.status {
@@ -291,7 +295,12 @@ impl Service {
     }
 
     async fn cancel_if_known(&self, owner: &str, id: &str) -> Result<(), ServiceError> {
-        match self.cancel(owner, id).await {
+        let result = match self.live_job(id) {
+            // Another host's: asked, not waited for.
+            None if self.cluster.is_some() => self.ask_to_cancel(owner, id).await,
+            _ => self.cancel(owner, id).await.map(drop),
+        };
+        match result {
             Ok(_) | Err(ServiceError::NotFound) => Ok(()),
             Err(e) => Err(e),
         }

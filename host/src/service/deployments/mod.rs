@@ -147,6 +147,10 @@ struct Entry {
     /// Bumped by each start and stop: a load that finishes after a newer
     /// one began (or after a stop) is dropped.
     generation: u64,
+    /// Known from the store (read at the start, or followed from another
+    /// host), not created here: only such an entry goes when the store no
+    /// longer has it (one created here is in the store once written).
+    from_store: bool,
 }
 
 /// Every deployment of the server.
@@ -155,6 +159,20 @@ pub struct Deployments {
     entries: RwLock<HashMap<String, Entry>>,
     /// Serializes writes of records (each writes the latest state).
     save: tokio::sync::Mutex<()>,
+    /// Hosts share the store: it holds what operators asked (created,
+    /// started, stopped), and a load's outcome stays the loading host's.
+    shared: bool,
+}
+
+/// What following another host's change did here (see
+/// [`Deployments::reconcile`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reconciled {
+    Unchanged,
+    /// Its plugins are to load here, as this generation.
+    Load(u64),
+    /// Stopped here (or gone): its queued jobs here are to be canceled.
+    Stopped,
 }
 
 impl Deployments {
@@ -163,14 +181,113 @@ impl Deployments {
     pub async fn open(store: Arc<dyn DeploymentStore>) -> Result<Deployments, DeploymentError> {
         let mut entries = HashMap::new();
         for record in store.all().await? {
-            let mut record: DeploymentRecord =
-                serde_json::from_value(record).map_err(|e| DeploymentError::Invalid(format!("a stored deployment is not readable: {e}")))?;
+            let mut record = parse(record)?;
             if record.state == DeploymentState::Ready {
                 record.state = DeploymentState::Starting;
             }
-            entries.insert(record.spec.id.clone(), Entry { record, loaded: None, generation: 0 });
+            entries.insert(record.spec.id.clone(), Entry { record, loaded: None, generation: 0, from_store: true });
         }
-        Ok(Deployments { store, entries: RwLock::new(entries), save: tokio::sync::Mutex::new(()) })
+        Ok(Deployments { store, entries: RwLock::new(entries), save: tokio::sync::Mutex::new(()), shared: false })
+    }
+
+    /// These deployments where hosts share the store (see
+    /// [`Deployments::reconcile`]).
+    pub fn shared(mut self) -> Deployments {
+        self.shared = true;
+        self
+    }
+
+    /// Follows what operators did through other hosts to deployments
+    /// `ids` (`None`: every one), in the write turn (so a change this host
+    /// makes meanwhile is never undone by a read from before it): what each
+    /// did here ([`Deployments::reconcile`]).
+    pub async fn follow(&self, ids: Option<Vec<String>>) -> Result<Vec<(String, Reconciled)>, DeploymentError> {
+        let _turn = self.save.lock().await;
+        let stored = match ids {
+            None => {
+                let mut all = self.stored_all().await?;
+                let gone = self.absent_from(&all);
+                all.extend(gone.into_iter().map(|id| (id, None)));
+                all
+            }
+            Some(ids) => {
+                let mut stored = Vec::with_capacity(ids.len());
+                for id in ids {
+                    let record = self.stored(&id).await?;
+                    stored.push((id, record));
+                }
+                stored
+            }
+        };
+        Ok(stored.into_iter().map(|(id, record)| (id.clone(), self.reconcile(&id, record))).collect())
+    }
+
+    /// Deployment `id` as the store holds it now.
+    async fn stored(&self, id: &str) -> Result<Option<DeploymentRecord>, DeploymentError> {
+        self.store.get(id).await?.map(parse).transpose()
+    }
+
+    /// Every deployment as the store holds it now, by id.
+    async fn stored_all(&self) -> Result<Vec<(String, Option<DeploymentRecord>)>, DeploymentError> {
+        let all = self.store.all().await?;
+        all.into_iter().map(|json| parse(json).map(|r| (r.spec.id.clone(), Some(r)))).collect()
+    }
+
+    /// The ids this host knows from the store that `stored` does not name.
+    fn absent_from(&self, stored: &[(String, Option<DeploymentRecord>)]) -> Vec<String> {
+        let named: std::collections::HashSet<&str> = stored.iter().map(|(id, _)| id.as_str()).collect();
+        self.entries.read().iter().filter(|(id, e)| e.from_store && !named.contains(id.as_str())).map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Follows what an operator did to deployment `id` through another
+    /// host, `stored` being its record now (`None`: gone), without writing:
+    /// a deployment new here, or started there while stopped or failed
+    /// here, loads here; one stopped there (or gone, if this host knew it
+    /// from the store) stops here. Anything else stands (a load's outcome
+    /// is each host's own).
+    fn reconcile(&self, id: &str, stored: Option<DeploymentRecord>) -> Reconciled {
+        let mut entries = self.entries.write();
+        let running = |r: &DeploymentRecord| r.state != DeploymentState::Stopped;
+        match (entries.get_mut(id), stored) {
+            (None, None) => Reconciled::Unchanged,
+            // (One created here and not yet written stays.)
+            (Some(e), None) if !e.from_store => Reconciled::Unchanged,
+            (Some(_), None) => {
+                entries.remove(id);
+                Reconciled::Stopped
+            }
+            (None, Some(mut record)) => {
+                if entries.len() >= MAX_DEPLOYMENTS {
+                    tracing::error!(deployment = id, "another host made a deployment past this host's {MAX_DEPLOYMENTS}: not served here");
+                    return Reconciled::Unchanged;
+                }
+                let load = running(&record);
+                if load {
+                    record.state = DeploymentState::Starting;
+                    record.error = None;
+                }
+                entries.insert(id.to_string(), Entry { record, loaded: None, generation: 0, from_store: true });
+                if load { Reconciled::Load(0) } else { Reconciled::Unchanged }
+            }
+            (Some(e), Some(record)) => match (running(&record), e.record.state) {
+                (false, DeploymentState::Stopped) => Reconciled::Unchanged,
+                (false, _) => {
+                    e.record.state = DeploymentState::Stopped;
+                    e.loaded = None;
+                    e.generation += 1;
+                    e.record.updated_at = record.updated_at;
+                    Reconciled::Stopped
+                }
+                (true, DeploymentState::Stopped | DeploymentState::Failed) if record.state == DeploymentState::Starting => {
+                    e.record.state = DeploymentState::Starting;
+                    e.record.error = None;
+                    e.generation += 1;
+                    e.record.updated_at = record.updated_at;
+                    Reconciled::Load(e.generation)
+                }
+                (true, _) => Reconciled::Unchanged,
+            },
+        }
     }
 
     /// Ids of deployments that must load their plugins now (after `open`).
@@ -209,6 +326,7 @@ impl Deployments {
         check_spec(&spec, bundle.is_some())?;
         let now = now_micros();
         let record = DeploymentRecord { spec, bundle, state: DeploymentState::Starting, error: None, created_at: now, updated_at: now };
+        let _turn = self.save.lock().await;
         {
             let mut entries = self.entries.write();
             if entries.contains_key(&record.spec.id) {
@@ -217,9 +335,9 @@ impl Deployments {
             if entries.len() >= MAX_DEPLOYMENTS {
                 return Err(DeploymentError::Invalid(format!("this server keeps at most {MAX_DEPLOYMENTS} deployments")));
             }
-            entries.insert(record.spec.id.clone(), Entry { record: record.clone(), loaded: None, generation: 0 });
+            entries.insert(record.spec.id.clone(), Entry { record: record.clone(), loaded: None, generation: 0, from_store: false });
         }
-        if let Err(e) = self.persist(&record.spec.id).await {
+        if let Err(e) = self.write(&record.spec.id).await {
             self.entries.write().remove(&record.spec.id);
             // The write may have reached the store before it failed.
             if let Err(undo) = self.store.delete(&record.spec.id).await {
@@ -264,6 +382,7 @@ impl Deployments {
     /// Ends a load of generation `generation`: ready with its plugins, or
     /// failed. A load overtaken by a stop or a newer start changes nothing.
     pub async fn finish_load(&self, id: &str, generation: u64, result: Result<Loaded, String>) -> Result<(), DeploymentError> {
+        let _turn = self.save.lock().await;
         let changed = {
             let mut entries = self.entries.write();
             let Some(e) = entries.get_mut(id) else { return Ok(()) };
@@ -284,10 +403,12 @@ impl Deployments {
                 true
             }
         };
-        if changed { self.persist(id).await } else { Ok(()) }
+        // Where hosts share the store it keeps what operators asked only.
+        if changed && !self.shared { self.write(id).await } else { Ok(()) }
     }
 
     async fn transition(&self, id: &str, f: impl FnOnce(&mut Entry)) -> Result<(DeploymentRecord, u64), DeploymentError> {
+        let _turn = self.save.lock().await;
         let out = {
             let mut entries = self.entries.write();
             let e = entries.get_mut(id).ok_or_else(|| DeploymentError::NotFound(id.to_string()))?;
@@ -295,18 +416,24 @@ impl Deployments {
             e.record.updated_at = now_micros();
             (e.record.clone(), e.generation)
         };
-        self.persist(id).await?;
+        self.write(id).await?;
         Ok(out)
     }
 
-    /// Writes deployment `id`'s record as it is now: taken under the write
-    /// turn, so of two changes written together the later is stored last.
-    async fn persist(&self, id: &str) -> Result<(), DeploymentError> {
-        let _writing = self.save.lock().await;
+    /// Writes deployment `id`'s record as it is now. Called in the write
+    /// turn (`save`), taken before the change it writes: changes are
+    /// stored in the order they were made, and a follower's read of the
+    /// store (also in the turn) never sees a record older than this host's.
+    async fn write(&self, id: &str) -> Result<(), DeploymentError> {
         let Some(record) = self.get(id) else { return Ok(()) };
         let json = serde_json::to_value(&record).map_err(|e| DeploymentError::Invalid(e.to_string()))?;
         Ok(self.store.put(id, &json).await?)
     }
+}
+
+/// A stored record.
+fn parse(json: serde_json::Value) -> Result<DeploymentRecord, DeploymentError> {
+    serde_json::from_value(json).map_err(|e| DeploymentError::Invalid(format!("a stored deployment is not readable: {e}")))
 }
 
 /// Ids are 1–63 of `[a-z0-9-]`, not starting or ending with `-` (one path
@@ -412,6 +539,43 @@ mod tests {
         let rec = d.get("a").unwrap();
         assert_eq!((rec.state, rec.error.as_deref()), (DeploymentState::Failed, Some("bad plugin")));
         assert!(d.loaded("a").is_none());
+    }
+
+    /// What another host's operator did, followed here without writing;
+    /// a load's outcome stays this host's where hosts share the store.
+    #[tokio::test]
+    async fn changes_made_through_another_host_are_followed() {
+        let store = memory();
+        let (here, there) = (Deployments::open(store.clone()).await.unwrap().shared(), Deployments::open(store.clone()).await.unwrap().shared());
+        let (_, generation) = there.create_plain(spec("a")).await.unwrap();
+        let stored = || async { here.stored("a").await.unwrap() };
+        assert_eq!(here.reconcile("a", stored().await), Reconciled::Load(0), "made there: loads here");
+        assert_eq!(here.get("a").unwrap().state, DeploymentState::Starting);
+        // Loads finish on each host; neither outcome is written.
+        there.finish_load("a", generation, Err("not there".into())).await.unwrap();
+        assert_eq!(stored().await.unwrap().state, DeploymentState::Starting);
+        assert_eq!(here.reconcile("a", stored().await), Reconciled::Unchanged);
+        there.stop("a").await.unwrap();
+        assert_eq!(here.reconcile("a", stored().await), Reconciled::Stopped);
+        assert_eq!(here.get("a").unwrap().state, DeploymentState::Stopped);
+        assert_eq!(here.reconcile("a", stored().await), Reconciled::Unchanged, "once");
+        there.start("a").await.unwrap();
+        assert_eq!(here.reconcile("a", stored().await), Reconciled::Load(2), "started there: loads here again");
+        // A creation taken back there: gone here too; one made here and
+        // not yet seen in the store stays.
+        assert_eq!(here.reconcile("a", None), Reconciled::Stopped);
+        assert!(here.get("a").is_none());
+        assert_eq!(there.reconcile("a", None), Reconciled::Unchanged);
+        assert!(there.get("a").is_some());
+        assert_eq!(here.absent_from(&[]), Vec::<String>::new());
+        there.create_plain(spec("b")).await.unwrap();
+        let all = here.stored_all().await.unwrap();
+        assert_eq!(all.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        // A store alone (embedded) keeps each load's outcome.
+        let alone = Deployments::open(memory()).await.unwrap();
+        let (_, generation) = alone.create_plain(spec("c")).await.unwrap();
+        alone.finish_load("c", generation, Err("bad".into())).await.unwrap();
+        assert_eq!(alone.stored("c").await.unwrap().unwrap().state, DeploymentState::Failed);
     }
 
     #[tokio::test]

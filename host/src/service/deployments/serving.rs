@@ -110,6 +110,13 @@ impl Service {
     /// as they run.
     pub async fn stop_deployment(&self, id: &str) -> Result<DeploymentRecord, DeploymentError> {
         let record = self.deployments.stop(id).await?;
+        self.cancel_queued_of_deployment(id).await;
+        tracing::info!(deployment = id, "deployment stopped");
+        Ok(record)
+    }
+
+    /// Cancels the queued jobs this host holds of deployment `id` (stopped).
+    pub(in crate::service) async fn cancel_queued_of_deployment(&self, id: &str) {
         let queued = self.queue.live_where(|j| {
             let r = j.record.lock();
             r.deployment.as_deref() == Some(id) && r.status == crate::store::JobStatus::Queued
@@ -119,8 +126,6 @@ impl Service {
                 tracing::error!(deployment = id, error = %e, "cannot cancel a queued job of a stopped deployment");
             }
         }
-        tracing::info!(deployment = id, "deployment stopped");
-        Ok(record)
     }
 
     /// Cancels recovered queued jobs of deployments that are stopped or

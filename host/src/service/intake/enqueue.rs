@@ -27,6 +27,24 @@ fn queue_full(limits: fair::OwnerLimits) -> ServiceError {
     ServiceError::QueueFull { retry_after_s: (per_job as u64 / 100).clamp(1, 60) }
 }
 
+/// Admission turns (a few, shared by keys hashing alike): the admissions of
+/// one scheduling key that a shared store checks take turns on this host,
+/// so the key's waiting jobs listed for one ([`Admission::waiting_here`])
+/// are not changed by another meanwhile, and at most this many of this
+/// host's database connections wait on the store's admission locks at once.
+#[derive(Default)]
+pub struct AdmissionTurns([tokio::sync::Mutex<()>; ADMISSION_TURNS]);
+
+const ADMISSION_TURNS: usize = 8;
+
+impl AdmissionTurns {
+    async fn take(&self, key: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(key);
+        self.0[(hash % ADMISSION_TURNS as u64) as usize].lock().await
+    }
+}
+
 /// A slot of the server-wide queue bound, given back unless kept.
 struct Slot<'a>(Option<&'a Service>);
 
@@ -189,8 +207,10 @@ impl Service {
             // An owner that is no account (as `has_funds` says) has no balance to check.
             let billed = self.billed_owner(owner, deployment);
             let billed = self.accounts.get(&billed).is_some().then_some(billed.as_str());
-            let waiting_here = self.queue.waiting().waiting_of(&key).saturating_sub(1);
-            let admission = Admission { billed, key: &key, max_queued: limits.max_queued, waiting_here };
+            let _turn = self.admission_turns.take(&key).await;
+            let mut waiting_here = self.queue.waiting().waiting_of(&key);
+            waiting_here.retain(|other| *other != id);
+            let admission = Admission { billed, key: &key, max_queued: limits.max_queued, waiting_here: &waiting_here };
             self.meta.submit_admitted(&record, workflow, claim, admission).await
         } else {
             self.meta.submit(&record, workflow, claim).await

@@ -24,6 +24,7 @@ mod plan;
 use serde_json::Value as Json;
 
 pub use assets::ASSET_TYPE;
+pub(super) use enqueue::AdmissionTurns;
 pub(super) use plan::plan;
 
 use super::{ExtraData, Service, ServiceError, memory_gate};

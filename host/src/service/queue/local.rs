@@ -88,7 +88,7 @@ impl Waiting for LocalWaiting {
         self.notify.notify_waiters();
     }
 
-    fn waiting_of(&self, key: &str) -> usize {
+    fn waiting_of(&self, key: &str) -> Vec<String> {
         self.waiting.lock().waiting_of(key)
     }
 

@@ -56,8 +56,8 @@ pub trait Waiting: Send + Sync {
     fn done(&self, key: &str);
     /// Some key's limits changed: every idle worker looks again.
     fn limits_changed(&self);
-    /// How many jobs of scheduling key `key` wait here.
-    fn waiting_of(&self, key: &str) -> usize;
+    /// The ids of the jobs of scheduling key `key` waiting here.
+    fn waiting_of(&self, key: &str) -> Vec<String>;
     /// 1-based position of a queued job among its owner's queued jobs.
     fn position(&self, id: &str) -> Option<usize>;
     /// Queued job ids in the order they would run.

@@ -54,16 +54,8 @@ impl Service {
     /// Runs one job taken from the queue, from its start to its durable end.
     async fn run_job(&self, live: Arc<LiveJob>) {
         let Some(snapshot) = self.begin(&live).await else { return };
-        if self.cluster.is_some() && self.opts.mode.has_accounts() {
-            // Another host's charge may not have been heard yet: the
-            // balance the start is checked against is the store's.
-            let billed = self.billed_account(&snapshot);
-            if let Err(e) = self.accounts.refresh(&billed).await {
-                tracing::warn!(job_id = %snapshot.id, account = %billed, error = %e, "cannot re-read the billed account before the start");
-            }
-        }
         let kept = live.prepared.lock().take();
-        let prepared = match (self.engine_for(&snapshot), kept) {
+        let prepared = match (self.engine_for(&snapshot).await, kept) {
             (Err(e), _) => Err(e),
             // Planned against the classes that serve now (no plugin was
             // installed or removed since): the plan holds.
@@ -135,10 +127,23 @@ impl Service {
     /// does not run (so a balance goes below zero by at most the jobs
     /// running when it crossed zero): it fails, never executed, never
     /// charged.
-    fn engine_for(&self, job: &JobRecord) -> Result<(Arc<crate::plugins::NodeRegistry>, Arc<crate::executor::Executor>), JobErrorRecord> {
+    /// Where hosts share the store, the balance is the store's (another
+    /// host's charge may not have been heard yet; this host's view if the
+    /// store cannot answer).
+    async fn engine_for(&self, job: &JobRecord) -> Result<(Arc<crate::plugins::NodeRegistry>, Arc<crate::executor::Executor>), JobErrorRecord> {
         let error = |code: JobErrorCode, message: &str| JobErrorRecord { code, message: message.into(), node_id: None, class_type: None, traceback: None };
-        if self.opts.mode.has_accounts() && !self.accounts.has_funds(&self.billed_account(job)) {
-            return Err(error(NO_CREDITS, "the account ran out of credits before the job started"));
+        if self.opts.mode.has_accounts() {
+            let billed = self.billed_account(job);
+            let funds = match self.cluster {
+                Some(_) => self.accounts.stored_funds(&billed).await.unwrap_or_else(|e| {
+                    tracing::warn!(job_id = %job.id, account = %billed, error = %e, "cannot read the billed account's balance before the start");
+                    self.accounts.has_funds(&billed)
+                }),
+                None => self.accounts.has_funds(&billed),
+            };
+            if !funds {
+                return Err(error(NO_CREDITS, "the account ran out of credits before the job started"));
+            }
         }
         self.engine(&job.owner, job.deployment.as_deref())
             .ok_or_else(|| error(JobErrorCode::DeploymentStopped, "the job's deployment was stopped before the job could run"))

@@ -12,6 +12,7 @@
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
+use super::notices::announce;
 use super::{PgDatabase, backend};
 use crate::store::cluster::Topic;
 use crate::store::{Account, AccountChange, AccountStore, CreditChange, StoreError};
@@ -25,18 +26,6 @@ impl PgAccounts {
     pub fn new(db: PgDatabase) -> PgAccounts {
         PgAccounts { db }
     }
-}
-
-/// Tells the other hosts, when the transaction commits, that account `id`
-/// changed (see `notices`; `sender` is this host's holder id).
-async fn announce<'e>(exec: impl sqlx::PgExecutor<'e>, sender: &str, id: &str) -> Result<(), StoreError> {
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(super::notices::channel(Topic::Accounts))
-        .bind(format!("{sender}\n{id}"))
-        .execute(exec)
-        .await
-        .map_err(backend)?;
-    Ok(())
 }
 
 const COLUMNS: &str = "id, name, key_hashes, credits, tier, subscription_active, disabled, created_at";
@@ -72,6 +61,14 @@ impl AccountStore for PgAccounts {
         })
     }
 
+    async fn some(&self, ids: &[String]) -> Result<Vec<Account>, StoreError> {
+        let ids = ids.to_vec();
+        on_pool!(self, |pool| {
+            let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM accounts WHERE id = ANY($1)")).bind(ids).fetch_all(&pool).await.map_err(backend)?;
+            rows.iter().map(account).collect()
+        })
+    }
+
     async fn create(&self, a: &Account) -> Result<(), StoreError> {
         let (a, me) = (a.clone(), self.db.holder().to_string());
         on_pool!(self, |pool| {
@@ -89,7 +86,7 @@ impl AccountStore for PgAccounts {
                 .await;
             match inserted {
                 Ok(_) => {
-                    announce(&mut *tx, &me, &a.id).await?;
+                    announce(&mut *tx, Topic::Accounts, &me, &a.id).await?;
                     tx.commit().await.map_err(backend)
                 }
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
@@ -116,7 +113,7 @@ impl AccountStore for PgAccounts {
             let row = query.fetch_optional(&mut *tx).await.map_err(backend)?;
             let changed = row.as_ref().map(account).transpose()?;
             if changed.is_some() {
-                announce(&mut *tx, &me, &id).await?;
+                announce(&mut *tx, Topic::Accounts, &me, &id).await?;
             }
             tx.commit().await.map_err(backend)?;
             Ok(changed)
@@ -142,7 +139,7 @@ impl AccountStore for PgAccounts {
             .map_err(backend)?;
             let change = match row {
                 Some(row) => {
-                    announce(&mut *tx, &me, &id).await?;
+                    announce(&mut *tx, Topic::Accounts, &me, &id).await?;
                     CreditChange::Changed(account(&row)?)
                 }
                 None => {

@@ -1,8 +1,12 @@
 //! [`DeploymentStore`] on PostgreSQL: records in table `deployments`
 //! (JSONB by id), bundles in table `bundles` (bytes by hash, written once),
 //! so a deployment and its bundle outlive the host that created them.
+//! Each write of a record announces its id to the other hosts
+//! (`Topic::Deployments`) in its own transaction.
 
+use super::notices::announce;
 use super::{PgDatabase, backend};
+use crate::store::cluster::Topic;
 use crate::store::{DeploymentStore, StoreError};
 
 /// Deployments in PostgreSQL.
@@ -26,24 +30,37 @@ impl DeploymentStore for PgDeployments {
         })
     }
 
-    async fn put(&self, id: &str, record: &serde_json::Value) -> Result<(), StoreError> {
-        let (id, record) = (id.to_string(), record.clone());
+    async fn get(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        let id = id.to_string();
         on_pool!(self, |pool| {
+            let row: Option<(sqlx::types::Json<serde_json::Value>,)> =
+                sqlx::query_as("SELECT record FROM deployments WHERE id = $1").bind(id).fetch_optional(&pool).await.map_err(backend)?;
+            Ok(row.map(|(r,)| r.0))
+        })
+    }
+
+    async fn put(&self, id: &str, record: &serde_json::Value) -> Result<(), StoreError> {
+        let (id, record, me) = (id.to_string(), record.clone(), self.db.holder().to_string());
+        on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
             sqlx::query("INSERT INTO deployments (id, record) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET record = $2")
-                .bind(id)
+                .bind(&id)
                 .bind(sqlx::types::Json(record))
-                .execute(&pool)
+                .execute(&mut *tx)
                 .await
                 .map_err(backend)?;
-            Ok(())
+            announce(&mut *tx, Topic::Deployments, &me, &id).await?;
+            tx.commit().await.map_err(backend)
         })
     }
 
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
-        let id = id.to_string();
+        let (id, me) = (id.to_string(), self.db.holder().to_string());
         on_pool!(self, |pool| {
-            sqlx::query("DELETE FROM deployments WHERE id = $1").bind(id).execute(&pool).await.map_err(backend)?;
-            Ok(())
+            let mut tx = pool.begin().await.map_err(backend)?;
+            sqlx::query("DELETE FROM deployments WHERE id = $1").bind(&id).execute(&mut *tx).await.map_err(backend)?;
+            announce(&mut *tx, Topic::Deployments, &me, &id).await?;
+            tx.commit().await.map_err(backend)
         })
     }
 

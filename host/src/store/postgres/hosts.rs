@@ -118,12 +118,7 @@ impl HostLeases for PgHosts {
             // Delivered when the transaction commits (a notice names the
             // sender, then the holder it is for).
             if let Some(holder) = holder {
-                sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(super::notices::channel(Topic::Control))
-                    .bind(format!("{me}\n{holder}"))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend)?;
+                super::notices::announce(&mut *tx, Topic::Control, &me, &holder).await?;
             }
             tx.commit().await.map_err(backend)?;
             Ok(true)

@@ -129,7 +129,7 @@ struct Admit {
     billed: Option<String>,
     key: String,
     max_queued: usize,
-    waiting_here: usize,
+    waiting_here: Vec<String>,
 }
 
 /// The advisory lock that admissions of jobs of one scheduling key take
@@ -139,21 +139,24 @@ fn admission_lock(key: &str) -> i64 {
 }
 
 /// Checks `admit` in `tx` (before anything is written): the billed
-/// account's state as committed now, and the key's jobs waiting on the
-/// other hosts (those `me` does not hold), counted under the key's lock
-/// (held to the commit), with those waiting here.
+/// account's state as committed now, and the key's jobs waiting: those
+/// other hosts hold, and those of `me` still waiting here, as written,
+/// counted under the key's lock (held to the commit, so two hosts never
+/// both take the last place).
 async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(&admit.key)).execute(&mut *tx).await.map_err(backend)?;
     let max = i64::try_from(admit.max_queued).unwrap_or(i64::MAX);
     let (credits, disabled, waiting): (Option<i64>, Option<bool>, i64) = sqlx::query_as(
         "SELECT a.credits, a.disabled, \
-         (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE sched_key = $2 AND status = 'queued' AND holder IS DISTINCT FROM $4 LIMIT $3) w) \
+         (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE sched_key = $2 AND status = 'queued' \
+          AND (holder IS DISTINCT FROM $4 OR id = ANY($5)) LIMIT $3) w) \
          FROM (SELECT 1) one LEFT JOIN accounts a ON a.id = $1",
     )
     .bind(admit.billed.as_deref())
     .bind(&admit.key)
     .bind(max)
     .bind(me)
+    .bind(&admit.waiting_here)
     .fetch_one(&mut *tx)
     .await
     .map_err(backend)?;
@@ -166,7 +169,7 @@ async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) -> Result<(
             None => return Err(StoreError::Refused(Refusal::NoFunds)),
         }
     }
-    if waiting.saturating_add(i64::try_from(admit.waiting_here).unwrap_or(i64::MAX)) >= max {
+    if waiting >= max {
         return Err(StoreError::Refused(Refusal::QueueFull));
     }
     Ok(())
@@ -285,7 +288,7 @@ impl MetaStore for PgMeta {
             billed: admission.billed.map(str::to_string),
             key: admission.key.to_string(),
             max_queued: admission.max_queued,
-            waiting_here: admission.waiting_here,
+            waiting_here: admission.waiting_here.to_vec(),
         };
         on_pool!(self, |pool| submit(pool, job, workflow, claim, Some(admission), writer).await)
     }
@@ -393,16 +396,19 @@ impl MetaStore for PgMeta {
         })
     }
 
-    async fn unfinished_of(&self, owner: &str, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
-        let (owner, limit) = (owner.to_string(), i64::try_from(limit).unwrap_or(i64::MAX));
+    async fn unfinished_elsewhere(&self, owner: &str, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
+        let (owner, limit, me) = (owner.to_string(), i64::try_from(limit).unwrap_or(i64::MAX), self.writer().holder);
         on_pool!(self, |pool| {
-            let rows =
-                sqlx::query("SELECT record FROM jobs WHERE owner = $1 AND status IN ('queued', 'running', 'canceling') ORDER BY seq, created_at LIMIT $2")
-                    .bind(owner)
-                    .bind(limit)
-                    .fetch_all(&pool)
-                    .await
-                    .map_err(backend)?;
+            let rows = sqlx::query(
+                "SELECT record FROM jobs WHERE owner = $1 AND status IN ('queued', 'running', 'canceling') \
+                 AND holder IS DISTINCT FROM $3 ORDER BY seq, created_at LIMIT $2",
+            )
+            .bind(owner)
+            .bind(limit)
+            .bind(me)
+            .fetch_all(&pool)
+            .await
+            .map_err(backend)?;
             records("job", &rows)
         })
     }

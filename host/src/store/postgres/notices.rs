@@ -28,7 +28,23 @@ pub(super) fn channel(topic: Topic) -> &'static str {
         Topic::Control => "kiln_control",
         Topic::Events => "kiln_events",
         Topic::Accounts => "kiln_accounts",
+        Topic::Deployments => "kiln_deployments",
     }
+}
+
+/// Announces `payload` on `topic` from `sender` (this host's holder id)
+/// when the transaction `exec` is in commits: heard only if it does, and
+/// never dropped by an outbox.
+pub(super) async fn announce<'e>(exec: impl sqlx::PgExecutor<'e>, topic: Topic, sender: &str, payload: &str) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_notify($1, $2)").bind(channel(topic)).bind(format!("{sender}\n{payload}")).execute(exec).await.map_err(backend)?;
+    Ok(())
+}
+
+/// What [`Notices::gaps`] and [`Notices::listens`] count.
+#[derive(Clone, Default)]
+struct Counts {
+    gaps: Arc<AtomicU64>,
+    listens: Arc<AtomicU64>,
 }
 
 /// Where the notices of each topic are handed to this host's subscribers.
@@ -55,7 +71,7 @@ pub struct PgNotices {
     me: Arc<str>,
     outbox: mpsc::Sender<(&'static str, String)>,
     inboxes: Inboxes,
-    gaps: Arc<AtomicU64>,
+    counts: Counts,
     /// Keeps the database's runtime, where the tasks run, going.
     _db: PgDatabase,
 }
@@ -65,10 +81,10 @@ impl PgNotices {
     /// its pool closes).
     pub fn start(db: &PgDatabase) -> Result<PgNotices, StoreError> {
         let (outbox, queued) = mpsc::channel(OUTBOX);
-        let notices = PgNotices { me: Arc::from(db.holder()), outbox, inboxes: Inboxes::new(), gaps: Arc::default(), _db: db.clone() };
+        let notices = PgNotices { me: Arc::from(db.holder()), outbox, inboxes: Inboxes::new(), counts: Counts::default(), _db: db.clone() };
         let handle = db.runtime.handle()?;
         handle.spawn(send(db.pool.clone(), queued));
-        handle.spawn(listen(db.pool.clone(), notices.me.clone(), notices.inboxes.clone(), notices.gaps.clone()));
+        handle.spawn(listen(db.pool.clone(), notices.me.clone(), notices.inboxes.clone(), notices.counts.clone()));
         Ok(notices)
     }
 }
@@ -78,12 +94,12 @@ impl Notices for PgNotices {
         // A notice not sent counts as one missed: streams re-read their jobs.
         if payload.len() > MAX_NOTICE {
             tracing::warn!(bytes = payload.len(), "a notice too large to send was dropped");
-            self.gaps.fetch_add(1, Ordering::SeqCst);
+            self.counts.gaps.fetch_add(1, Ordering::SeqCst);
             return;
         }
         if self.outbox.try_send((channel(topic), format!("{}\n{payload}", self.me))).is_err() {
             tracing::warn!("the notice outbox is full: a notice was dropped");
-            self.gaps.fetch_add(1, Ordering::SeqCst);
+            self.counts.gaps.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -92,7 +108,11 @@ impl Notices for PgNotices {
     }
 
     fn gaps(&self) -> u64 {
-        self.gaps.load(Ordering::SeqCst)
+        self.counts.gaps.load(Ordering::SeqCst)
+    }
+
+    fn listens(&self) -> u64 {
+        self.counts.listens.load(Ordering::SeqCst)
     }
 }
 
@@ -120,46 +140,48 @@ async fn send(pool: PgPool, mut queued: mpsc::Receiver<(&'static str, String)>) 
     }
 }
 
-/// Receives the other hosts' notices until the pool closes.
-async fn listen(pool: PgPool, me: Arc<str>, inboxes: Inboxes, gaps: Arc<AtomicU64>) {
-    let mut listener = loop {
+/// Receives the other hosts' notices until the pool closes. Each time it
+/// starts listening (at first, and again after a lost connection: what was
+/// sent meanwhile is missed) it counts one listen and one gap, once it
+/// listens, so a re-read that follows sees everything from then on.
+async fn listen(pool: PgPool, me: Arc<str>, inboxes: Inboxes, counts: Counts) {
+    loop {
         let connected = async {
             let mut listener = PgListener::connect_with(&pool).await?;
             listener.listen_all(Topic::ALL.map(channel)).await?;
             Ok::<_, sqlx::Error>(listener)
         };
-        match connected.await {
-            Ok(listener) => break listener,
+        let mut listener = match connected.await {
+            Ok(listener) => listener,
             Err(_) if pool.is_closed() => return,
             Err(e) => {
                 tracing::warn!(error = %backend(e), "cannot listen for other hosts' notices; trying again");
-                gaps.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
             }
-        }
-    };
-    loop {
-        match listener.try_recv().await {
-            Ok(Some(notice)) => {
-                let Some((from, payload)) = notice.payload().split_once('\n') else { continue };
-                if from == &*me {
-                    continue;
+        };
+        counts.listens.fetch_add(1, Ordering::SeqCst);
+        counts.gaps.fetch_add(1, Ordering::SeqCst);
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(notice)) => {
+                    let Some((from, payload)) = notice.payload().split_once('\n') else { continue };
+                    if from == &*me {
+                        continue;
+                    }
+                    // An error only says no one subscribes.
+                    if let Some(to) = inboxes.on(notice.channel()) {
+                        let _ = to.send(Arc::from(payload));
+                    }
                 }
-                // An error only says no one subscribes.
-                if let Some(to) = inboxes.on(notice.channel()) {
-                    let _ = to.send(Arc::from(payload));
+                // The connection was lost: listen again on a new one.
+                Ok(None) => break,
+                Err(_) if pool.is_closed() => return,
+                Err(e) => {
+                    tracing::warn!(error = %backend(e), "lost the connection that hears other hosts; reconnecting");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    break;
                 }
-            }
-            // The connection was lost; the next call reconnects and
-            // listens again. What was sent meanwhile is missed.
-            Ok(None) => {
-                gaps.fetch_add(1, Ordering::SeqCst);
-            }
-            Err(_) if pool.is_closed() => return,
-            Err(e) => {
-                tracing::warn!(error = %backend(e), "lost the connection that hears other hosts; reconnecting");
-                gaps.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
     }

@@ -237,6 +237,14 @@ async fn notices_reach_the_other_hosts_on_their_topic() {
     .await
     .expect("a notice arrives");
     assert_eq!(&*heard, "hello");
+    // Each started listening once; a start counts as a gap (what was sent
+    // before it was missed), counted once listening.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while a.listens() == 0 {
+        assert!(std::time::Instant::now() < deadline, "a listens");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!((a.listens(), b.listens(), a.gaps(), b.gaps()), (1, 1, 1, 1));
     a.send(Topic::Events, "x".repeat(crate::store::cluster::MAX_NOTICE + 1));
     a.send(Topic::Control, "to b".into());
     let control = tokio::time::timeout(std::time::Duration::from_secs(5), b_control.recv()).await.unwrap().unwrap();
@@ -245,7 +253,8 @@ async fn notices_reach_the_other_hosts_on_their_topic() {
         assert_eq!(&*more, "hello", "the oversized notice was not sent");
     }
     assert!(a_hears.try_recv().is_err(), "a host does not hear itself");
-    assert_eq!((a.gaps(), b.gaps()), (1, 0), "the notice not sent counts as one missed, on the sender's side");
+    assert_eq!((a.gaps(), b.gaps()), (2, 1), "the notice not sent counts as one missed, on the sender's side");
+    assert_eq!((a.listens(), b.listens()), (1, 1), "and is no lost connection");
 }
 
 /// Admissions racing on three hosts take exactly the free places of a key
@@ -281,7 +290,7 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
             let mut taken = Vec::new();
             for n in 0..4u64 {
                 let job = crate::store::JobRecord::queued_for_test(&format!("j{h}-{n}"), 10 + n as i64, n + 1);
-                let admission = Admission { billed: Some("rich"), key: "rich", max_queued: 5, waiting_here: taken.len() };
+                let admission = Admission { billed: Some("rich"), key: "rich", max_queued: 5, waiting_here: &taken };
                 match meta.submit_admitted(&job, &serde_json::json!({}), None, admission).await {
                     Ok(()) => taken.push(job.id),
                     Err(StoreError::Refused(Refusal::QueueFull)) => {}
@@ -291,14 +300,22 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
             taken
         }
     });
-    let taken: Vec<String> = futures_util::future::join_all(racing).await.into_iter().flatten().collect();
-    assert_eq!(taken.len(), 5, "{taken:?}");
+    let per_host: Vec<Vec<String>> = futures_util::future::join_all(racing).await;
+    assert_eq!(per_host.iter().map(Vec::len).sum::<usize>(), 5, "{per_host:?}");
+    // A job its host has started waits no more, whatever its row says yet:
+    // with one of them started, one more place is free.
+    let (h, mine) = per_host.iter().enumerate().find(|(_, taken)| !taken.is_empty()).unwrap();
+    let job = crate::store::JobRecord::queued_for_test("one-more", 50, 50);
+    let full = Admission { billed: Some("rich"), key: "rich", max_queued: 5, waiting_here: mine };
+    assert!(matches!(metas[h].submit_admitted(&job, &serde_json::json!({}), None, full).await, Err(StoreError::Refused(Refusal::QueueFull))));
+    let one_started = Admission { waiting_here: &mine[1..], ..full };
+    metas[h].submit_admitted(&job, &serde_json::json!({}), None, one_started).await.unwrap();
     // Another key has its own places; the account's state is read as committed.
     let ma = metas[0].clone();
     let admit = |id: &str, billed: &'static str| {
         let (meta, job) = (ma.clone(), crate::store::JobRecord::queued_for_test(id, 99, 99));
         async move {
-            meta.submit_admitted(&job, &serde_json::json!({}), None, Admission { billed: Some(billed), key: billed, max_queued: 5, waiting_here: 0 }).await
+            meta.submit_admitted(&job, &serde_json::json!({}), None, Admission { billed: Some(billed), key: billed, max_queued: 5, waiting_here: &[] }).await
         }
     };
     assert!(matches!(admit("k1", "broke").await, Err(StoreError::Refused(Refusal::NoFunds))));
