@@ -364,6 +364,8 @@ async fn tenants_hold_across_hosts() {
     pending.sort();
     expected.sort();
     assert_eq!(pending, expected, "{queue}");
+    let counted: Value = http.get(format!("{}/api/prompt", h3.base)).header("X-API-Key", &tenant).send().await.unwrap().json().await.unwrap();
+    assert_eq!(counted["exec_info"]["queue_remaining"], 6, "{counted}");
     let queue: Value = http.get(format!("{}/api/queue", h2.base)).header("X-API-Key", &blocker).send().await.unwrap().json().await.unwrap();
     assert_eq!(queue["queue_running"].as_array().unwrap().len(), 3, "{queue}");
 
@@ -475,6 +477,11 @@ fn env(shared: &[(String, String)], name: &str) -> String {
     shared.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap_or_else(|| panic!("{name} is set"))
 }
 
+/// `POST /api/v2/jobs` to `host` with an Idempotency-Key.
+async fn submit_keyed(http: &reqwest::Client, host: &Host, key: &str, workflow: Value) -> reqwest::Response {
+    http.post(format!("{}/api/v2/jobs", host.base)).header("Idempotency-Key", key).json(&json!({ "workflow": workflow })).send().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_under_three_hosts_loses_nothing() {
     let Some(pg) = own_postgres::OwnPostgres::start_new() else { return };
@@ -494,13 +501,7 @@ async fn a_database_restart_under_three_hosts_loses_nothing() {
 
     pg.stop();
     for (n, host) in hosts.iter().enumerate() {
-        let resp = http
-            .post(format!("{}/api/v2/jobs", host.base))
-            .header("Idempotency-Key", format!("outage-{n}"))
-            .json(&json!({ "workflow": quick(n as i64) }))
-            .send()
-            .await
-            .unwrap();
+        let resp = submit_keyed(&http, host, &format!("outage-{n}"), quick(n as i64)).await;
         let status = resp.status().as_u16();
         let body: Value = resp.json().await.unwrap();
         assert_eq!((status, body["error"]["code"].as_str()), (500, Some("upstream_error")), "{body}");
@@ -516,13 +517,7 @@ async fn a_database_restart_under_three_hosts_loses_nothing() {
     }
     // The keys of the refused submissions are free; each host runs work.
     for (n, host) in hosts.iter().enumerate() {
-        let resp = http
-            .post(format!("{}/api/v2/jobs", host.base))
-            .header("Idempotency-Key", format!("outage-{n}"))
-            .json(&json!({ "workflow": quick(n as i64) }))
-            .send()
-            .await
-            .unwrap();
+        let resp = submit_keyed(&http, host, &format!("outage-{n}"), quick(n as i64)).await;
         assert_eq!(resp.status(), 201, "host {n}");
         let id = resp.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
         let done = wait_for(&http, &hosts[(n + 1) % 3], &id, &["succeeded", "failed"], Duration::from_secs(30)).await;

@@ -198,6 +198,12 @@ pub trait MetaStore: Send + Sync {
         let _ = (owner, limit);
         Ok(Vec::new())
     }
+    /// How many of `owner`'s unfinished jobs other hosts sharing the store
+    /// hold (none in a store one process holds: the default).
+    async fn unfinished_count_elsewhere(&self, owner: &str) -> Result<usize, StoreError> {
+        let _ = owner;
+        Ok(0)
+    }
     /// Removes a job, its workflow and its index entry.
     async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError>;
     async fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError>;

@@ -116,9 +116,27 @@ impl Service {
         n
     }
 
-    /// Jobs queued or running (ComfyUI's `queue_remaining`).
+    /// Jobs queued or running here (ComfyUI's `queue_remaining`, as the
+    /// WebSocket's status messages count it).
     pub fn queue_remaining(&self, owner: &str) -> usize {
         self.queue.remaining_of(owner)
+    }
+
+    /// [`Service::queue_remaining`] with the jobs other hosts sharing the
+    /// store hold (`GET /prompt`); this host's alone if the store cannot
+    /// answer.
+    pub async fn queue_remaining_everywhere(&self, owner: &str) -> usize {
+        let here = self.queue.remaining_of(owner);
+        if self.cluster.is_none() {
+            return here;
+        }
+        match self.meta.unfinished_count_elsewhere(owner).await {
+            Ok(elsewhere) => here + elsewhere,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot count the other hosts' jobs: counting this host's");
+                here
+            }
+        }
     }
 
     /// The output node ids of a graph, read from its JSON text (node ids

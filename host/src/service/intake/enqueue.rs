@@ -2,9 +2,9 @@
 //! server's queue bound, the job's id, the account's state, the scheduling
 //! key's own bound (its tier), then the record, the workflow and the
 //! idempotency claim in one store write, synced before the caller hears.
-//! With accounts, the store checks the billed account and the key's bound
-//! again in that write ([`Admission`]): where hosts share the store, these
-//! hold across all of them.
+//! Where hosts share the store and there are accounts, the store checks the
+//! billed account and the key's bound again in that write ([`Admission`]),
+//! so these hold across all of them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -202,8 +202,9 @@ impl Service {
         // Before the worker can start it (it waits for this turn), so the
         // queue change precedes the job's own messages.
         self.publish_queue(owner);
-        let written = if self.opts.mode.has_accounts() {
-            // Checked again where hosts share the store, across all of them.
+        let written = if self.cluster.is_some() && self.opts.mode.has_accounts() {
+            // Checked again where hosts share the store, across all of them
+            // (one host's memory already checked everything).
             // An owner that is no account (as `has_funds` says) has no balance to check.
             let billed = self.billed_owner(owner, deployment);
             let billed = self.accounts.get(&billed).is_some().then_some(billed.as_str());

@@ -413,6 +413,20 @@ impl MetaStore for PgMeta {
         })
     }
 
+    async fn unfinished_count_elsewhere(&self, owner: &str) -> Result<usize, StoreError> {
+        let (owner, me) = (owner.to_string(), self.writer().holder);
+        on_pool!(self, |pool| {
+            let (n,): (i64,) =
+                sqlx::query_as("SELECT count(*) FROM jobs WHERE owner = $1 AND status IN ('queued', 'running', 'canceling') AND holder IS DISTINCT FROM $2")
+                    .bind(owner)
+                    .bind(me)
+                    .fetch_one(&pool)
+                    .await
+                    .map_err(backend)?;
+            Ok(usize::try_from(n).unwrap_or(0))
+        })
+    }
+
     async fn max_seq(&self) -> Result<u64, StoreError> {
         on_pool!(self, |pool| {
             let (max,): (Option<i64>,) =

@@ -41,8 +41,10 @@ fn rejection(kind: &str, message: impl Into<String>, details: impl Into<String>,
     (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
 
-pub async fn remaining(State(state): State<Arc<AppState>>, caller: Caller) -> Json<Json_> {
-    Json(json!({ "exec_info": { "queue_remaining": state.service.queue_remaining(caller.owner()) } }))
+pub async fn remaining(State(state): State<Arc<AppState>>, caller: Caller) -> Result<Json<Json_>, ApiError> {
+    let (service, owner) = (state.service.clone(), caller.owner().to_string());
+    let remaining = crate::api::pool::on_pool(move || async move { service.queue_remaining_everywhere(&owner).await }).await?;
+    Ok(Json(json!({ "exec_info": { "queue_remaining": remaining } })))
 }
 
 pub async fn status(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
