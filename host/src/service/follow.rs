@@ -19,7 +19,7 @@ use crate::store::cluster::{Notices, Topic};
 
 /// How often a follower checks whether notices were missed.
 const GAP_CHECK: Duration = Duration::from_secs(1);
-/// Ids re-read in one pass at most (more: everything is re-read).
+/// Ids re-read in one pass at most (more wait for the next pass).
 const BATCH: usize = 256;
 
 /// What to re-read next.
@@ -60,13 +60,18 @@ impl Follower {
                 }
                 first = self.heard.recv() => first,
             };
+            // What is heard together, up to a batch (the rest waits in the
+            // inbox for the next call; an inbox overrun re-reads everything).
             let mut ids = BTreeSet::new();
             let mut next = Some(first);
             while let Some(notice) = next.take() {
                 match notice {
-                    Ok(id) if ids.len() < BATCH => drop(ids.insert(id)),
-                    Ok(_) | Err(RecvError::Lagged(_)) => return Some(self.all_due()),
+                    Ok(id) => drop(ids.insert(id)),
+                    Err(RecvError::Lagged(_)) => return Some(self.all_due()),
                     Err(RecvError::Closed) => return None,
+                }
+                if ids.len() >= BATCH {
+                    break;
                 }
                 next = match self.heard.try_recv() {
                     Ok(id) => Some(Ok(id)),
