@@ -93,6 +93,11 @@ impl AccountPlugins {
         self.views.read().get(owner).cloned()
     }
 
+    /// Every account's view, as it stands.
+    pub(super) fn views(&self) -> HashMap<String, Arc<NodeRegistry>> {
+        self.views.read().clone()
+    }
+
     /// Builds every account's view again on a new host registry.
     pub(super) fn rebase(&self, base: &NodeRegistry) {
         let own = self.own.read();

@@ -39,6 +39,31 @@ pub struct LivePlugins {
     generation: AtomicU64,
 }
 
+/// The components a host has at one moment: its plugins, and each
+/// account's view (its own on top). Whether it can run a job on exactly
+/// the components the job was validated against asks this.
+#[derive(Clone)]
+pub struct Holdings {
+    host: Arc<NodeRegistry>,
+    accounts: std::collections::HashMap<String, Arc<NodeRegistry>>,
+}
+
+impl Holdings {
+    /// Whether `owner`'s work here has each of `components` (plugin name →
+    /// `blake3:<hex>`).
+    pub fn has(&self, owner: &str, components: &std::collections::BTreeMap<String, String>) -> bool {
+        self.accounts.get(owner).unwrap_or(&self.host).has_components(components)
+    }
+
+    /// `blake3:<hex>` of every component held, for any owner.
+    pub fn hashes(&self) -> Vec<String> {
+        let mut all: Vec<String> = std::iter::once(&self.host).chain(self.accounts.values()).flat_map(|r| r.component_hashes()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+}
+
 /// Where installed plugins are kept and how they are loaded.
 struct Installs {
     runtime: Arc<PluginRuntime>,
@@ -152,6 +177,11 @@ impl LivePlugins {
     /// own when it installed some.
     pub fn registry_for(&self, owner: &str) -> Arc<NodeRegistry> {
         self.accounts.as_ref().and_then(|a| a.view(owner)).unwrap_or_else(|| self.current())
+    }
+
+    /// The components this host has now, as a snapshot (see [`Holdings`]).
+    pub fn holdings(&self) -> Holdings {
+        Holdings { host: self.current(), accounts: self.accounts.as_ref().map(AccountPlugins::views).unwrap_or_default() }
     }
 
     /// `owner`'s own plugins.

@@ -48,7 +48,7 @@ pub mod state;
 pub use account_plugins::AccountQuota;
 pub use bindings::node;
 pub use identity::{PluginGrant, PluginId};
-pub use live::{InstallError, LivePlugins, PluginInfo};
+pub use live::{Holdings, InstallError, LivePlugins, PluginInfo};
 pub use manifest::{Manifest, OperatorLimits};
 pub use outcome::{FailureKind, LoadError, NodeFailure, NodeOutput};
 pub use registry::{NodeRegistry, RegistryError};

@@ -125,6 +125,18 @@ impl NodeRegistry {
         classes.filter_map(|c| self.get(c)).map(|(plugin, _)| (plugin.manifest.name.clone(), super::identity::hash_grant(&plugin.component_hash))).collect()
     }
 
+    /// Whether this registry has each of `components` (plugin name →
+    /// `blake3:<hex>`, as [`NodeRegistry::components_of`] gives them): a
+    /// plugin of that name with that very component.
+    pub fn has_components(&self, components: &std::collections::BTreeMap<String, String>) -> bool {
+        components.iter().all(|(name, hash)| self.plugins.iter().any(|p| &p.manifest.name == name && &super::identity::hash_grant(&p.component_hash) == hash))
+    }
+
+    /// `blake3:<hex>` of every component this registry loads.
+    pub fn component_hashes(&self) -> impl Iterator<Item = String> + '_ {
+        self.plugins.iter().map(|p| super::identity::hash_grant(&p.component_hash))
+    }
+
     /// The bundle this registry runs (its plugins are exactly the
     /// bundle's components; see `bundle::resolve`).
     pub fn bundle(&self) -> Option<&blake3::Hash> {

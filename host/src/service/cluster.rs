@@ -1,8 +1,10 @@
 //! Hosts sharing one store as one service (see `store::cluster`): this
 //! host's lease, registered before it takes any job and renewed every
 //! `heartbeat_s`; the jobs of hosts whose lease lapsed, taken over and
-//! recovered as a restart recovers its own (`retention::recover`); and
-//! cancels that other hosts ask for.
+//! recovered as a restart recovers its own (`retention::recover`), only
+//! those whose components this host has (a host with another plugin set
+//! leaves a job to one that can run it on the code it was validated
+//! against); and cancels that other hosts ask for.
 //!
 //! A host that has not renewed its lease for `lease_s` less one heartbeat
 //! (the database unreachable, the process stalled) stops before the
@@ -18,7 +20,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use super::{Service, ServiceError};
-use crate::store::cluster::{HostLeases, Notices, Topic};
+use crate::store::cluster::{HostLeases, Notices, Runnable, Topic};
 use crate::store::{JobRecord, JobStatus, StoreError};
 
 /// Jobs taken over in one look at most (the rest at the next heartbeat).
@@ -59,13 +61,32 @@ impl Service {
         let Some(cluster) = &self.cluster else { return Ok(self.meta.unfinished_jobs().await?) };
         let mut jobs = Vec::new();
         loop {
-            let batch = cluster.leases.adopt(ADOPT_BATCH).await?;
-            let more = batch.len() == ADOPT_BATCH;
-            jobs.extend(batch);
+            let batch = cluster.leases.adopt(ADOPT_BATCH, &self.runnable_here()).await?;
+            let more = batch.jobs.len() == ADOPT_BATCH;
+            jobs.extend(batch.jobs);
             if !more {
+                self.left_for_others(batch.left, &mut 0);
                 return Ok(jobs);
             }
         }
+    }
+
+    /// What this host can run, for the jobs it would take over: each on
+    /// the very components it was validated against, for its owner (see
+    /// [`Runnable`]).
+    fn runnable_here(&self) -> Runnable {
+        let holdings = self.plugins.holdings();
+        let hashes = holdings.hashes();
+        Runnable { hashes, job: Arc::new(move |job: &JobRecord| job.deployment.is_some() || holdings.has(&job.owner, &job.components)) }
+    }
+
+    /// Tells the operator, when their number changes, of the jobs no host
+    /// holds that wait for a host with their plugins.
+    fn left_for_others(&self, left: usize, told: &mut usize) {
+        if left != *told && left > 0 {
+            tracing::warn!(jobs = left, "unfinished jobs no host holds need plugins this host lacks: they wait for a host that has them");
+        }
+        *told = left;
     }
 
     /// Every heartbeat: takes over lapsed hosts' jobs and serves cancel
@@ -78,6 +99,8 @@ impl Service {
         // Jobs taken over whose recovery failed (the store unreachable):
         // this host's now, so tried again here.
         let mut backlog: Vec<JobRecord> = Vec::new();
+        // Jobs left for hosts with other plugins, as last told.
+        let mut told_left = 0;
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
@@ -91,11 +114,13 @@ impl Service {
                     continue;
                 }
             }
-            match cluster.leases.adopt(ADOPT_BATCH).await {
-                Ok(jobs) if jobs.is_empty() => {}
-                Ok(jobs) => {
-                    tracing::warn!(jobs = jobs.len(), "took over the jobs of a host whose lease lapsed");
-                    backlog.extend(jobs);
+            match cluster.leases.adopt(ADOPT_BATCH, &self.runnable_here()).await {
+                Ok(adopted) => {
+                    self.left_for_others(adopted.left, &mut told_left);
+                    if !adopted.jobs.is_empty() {
+                        tracing::warn!(jobs = adopted.jobs.len(), "took over the jobs of a host whose lease lapsed");
+                        backlog.extend(adopted.jobs);
+                    }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot look for lapsed hosts' jobs"),
             }

@@ -34,9 +34,10 @@ pub trait HostLeases: Send + Sync {
     async fn renew(&self, lease: Duration) -> Result<(), StoreError>;
     /// Ends the hosts whose lease lapsed, and takes up to `limit` of the
     /// unfinished jobs no registered host holds (theirs, and any held by
-    /// none), oldest first: their records, now held by this host. Two hosts
-    /// looking at once never take the same job.
-    async fn adopt(&self, limit: usize) -> Result<Vec<JobRecord>, StoreError>;
+    /// none) that `here` can run, oldest first: their records, now held by
+    /// this host. Two hosts looking at once never take the same job. The
+    /// others are left for a host that has their components, and counted.
+    async fn adopt(&self, limit: usize, here: &Runnable) -> Result<Adopted, StoreError>;
     /// Whether no other host is registered (lapsed ones not yet ended
     /// included). Asked under the retention sweep's lease, which a host's
     /// registration waits for: while that is held, the answer stands.
@@ -53,6 +54,34 @@ pub trait HostLeases: Send + Sync {
     /// jobs at their next look rather than after the lease.
     async fn release(&self) -> Result<(), StoreError>;
 }
+
+/// What a host can run, asked before it takes a job over: a job runs
+/// only on the very components it was validated against when submitted
+/// ([`JobRecord::takeover_needs`]), so a host with another plugin set
+/// leaves it to one that has them.
+#[derive(Clone)]
+pub struct Runnable {
+    /// `blake3:<hex>` of every component this host has (a first filter, in
+    /// the store: a job needing another is never read).
+    pub hashes: Vec<String>,
+    /// Whether this host has this job's components where the job would
+    /// run (its owner's plugins: a hash held for another account is not
+    /// this one's).
+    pub job: Arc<dyn Fn(&JobRecord) -> bool + Send + Sync>,
+}
+
+/// One look for jobs to take over.
+#[derive(Debug, Default)]
+pub struct Adopted {
+    /// The jobs taken: this host's now.
+    pub jobs: Vec<JobRecord>,
+    /// Jobs no host holds that this one lacks the components of (counted
+    /// up to [`LEFT_COUNTED`]): they wait for a host that has them.
+    pub left: usize,
+}
+
+/// The most jobs left behind one look counts.
+pub const LEFT_COUNTED: usize = 10_000;
 
 /// The notice streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -119,8 +119,9 @@ pub struct JobRecord {
     /// Ran on a public demo deployment: its log is stored, never shown.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logs_withheld: bool,
-    /// The components its run used: plugin name → `blake3:<hex>` of the
-    /// component (set when it starts running; what reproduces it).
+    /// The components it was validated against when submitted, then those
+    /// its run used (the same unless this host's plugins changed between):
+    /// plugin name → `blake3:<hex>` of the component; what reproduces it.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub components: std::collections::BTreeMap<String, String>,
     /// `blake3:<hex>` of the bundle whose components it ran (a job of a
@@ -160,6 +161,14 @@ impl JobRecord {
     /// The id its owner knows the job by (see [`public_job_id`]).
     pub fn public_id(&self) -> &str {
         public_job_id(&self.id)
+    }
+
+    /// The component hashes a host must have to take this job over from
+    /// another (see `store::cluster::Runnable`): its recorded components,
+    /// except for a deployment's job, whose bundle pins them already (a
+    /// host runs the deployment with exactly those or not at all).
+    pub fn takeover_needs(&self) -> Vec<String> {
+        if self.deployment.is_some() { Vec::new() } else { self.components.values().cloned().collect() }
     }
 }
 

@@ -93,7 +93,8 @@ pub struct JobView<'a> {
     metadata: Option<&'a Map<String, Json>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     logs: Option<LogsView<'a>>,
-    /// Plugin name → component hash of what its run used.
+    /// Plugin name → component hash of what its run used (while it
+    /// waits, what it was validated against).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     components: &'a std::collections::BTreeMap<String, String>,
     /// The bundle whose components it ran (`blake3:<hex>`).

@@ -82,7 +82,7 @@ impl Service {
             None => uuid::Uuid::now_v7().to_string(),
             Some(chosen) => self.key_for_chosen_id(&sub.owner, chosen).await?,
         };
-        let record = self.new_record(&sub, id, inputs, now);
+        let record = self.new_record(&sub, id, inputs, &plan, now);
         let claim = sub.idempotency_key.as_ref().map(|key| IdempotencyClaim {
             key: self.claim_key(&sub.owner, key),
             owner: sub.owner.clone(),
@@ -124,8 +124,9 @@ impl Service {
         }
     }
 
-    /// The queued record of a new job.
-    fn new_record(&self, sub: &Submission, id: String, inputs: Vec<JobInput>, now: Micros) -> JobRecord {
+    /// The queued record of a new job, with the components its plan was
+    /// validated against.
+    fn new_record(&self, sub: &Submission, id: String, inputs: Vec<JobInput>, (plan, registry): &PlannedOn, now: Micros) -> JobRecord {
         JobRecord {
             id,
             owner: sub.owner.clone(),
@@ -147,8 +148,8 @@ impl Service {
             metadata: sub.metadata.clone(),
             surface: sub.surface.as_str().to_string(),
             logs_withheld: sub.deployment.as_deref().and_then(|d| self.deployments.get(d)).is_some_and(|d| d.spec.public_demo),
-            components: Default::default(),
-            bundle: None,
+            components: registry.components_of(plan.nodes.iter().map(|n| n.class_type.as_str())),
+            bundle: registry.bundle().map(crate::plugins::identity::hash_grant),
             deployment: sub.deployment.clone(),
             had_extra_data: !sub.extra.secrets.is_empty(),
             compat: sub.compat.clone(),

@@ -4,12 +4,18 @@
 
 use std::time::Duration;
 
+use sqlx::Row;
+
 use super::{DB_NOW, PgDatabase, backend, meta::records};
-use crate::store::cluster::{HostLeases, Topic};
+use crate::store::cluster::{Adopted, HostLeases, LEFT_COUNTED, Runnable, Topic};
 use crate::store::{JobRecord, StoreError};
 
 /// The advisory lock takeovers run under.
 const ADOPT_LOCK: &str = "kiln: take over lapsed hosts' jobs";
+/// Pages of candidates one look reads at most (each of its `limit`).
+const ADOPT_PAGES: usize = 8;
+/// An unfinished job no registered host holds (table alias `j`).
+const ORPHAN: &str = "j.status IN ('queued', 'running', 'canceling') AND (j.holder IS NULL OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder))";
 
 /// This host's lease, in the shared database.
 pub struct PgHosts {
@@ -64,8 +70,8 @@ impl HostLeases for PgHosts {
         })
     }
 
-    async fn adopt(&self, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
-        let (me, limit) = (self.me(), i64::try_from(limit).unwrap_or(i64::MAX));
+    async fn adopt(&self, limit: usize, here: &Runnable) -> Result<Adopted, StoreError> {
+        let (me, here, limit) = (self.me(), here.clone(), limit.max(1));
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
             // One host looks at a time: a row another host took over (and
@@ -77,21 +83,48 @@ impl HostLeases for PgHosts {
             for (holder,) in &ended {
                 tracing::warn!(holder = %holder, "a host's lease lapsed: its jobs are taken over");
             }
-            let rows = sqlx::query(
-                "WITH orphans AS (\
-                   SELECT id FROM jobs j WHERE status IN ('queued', 'running', 'canceling') \
-                   AND (holder IS NULL OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder)) \
-                   ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 UPDATE jobs SET holder = $1 FROM orphans WHERE jobs.id = orphans.id RETURNING jobs.record",
-            )
-            .bind(&me)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(backend)?;
-            let jobs = records("job", &rows)?;
+            let mut adopted = Adopted::default();
+            // Pages of the orphans whose components this host has (by
+            // hash), oldest first, each asked whether it runs here (for
+            // its owner): a page of jobs it cannot run never hides others.
+            let page = i64::try_from(limit).unwrap_or(i64::MAX);
+            let mut after = (i64::MIN, String::new());
+            for _ in 0..ADOPT_PAGES {
+                let rows = sqlx::query(&format!(
+                    "SELECT id, seq, record FROM jobs j WHERE {ORPHAN} AND takeover_needs <@ $1 AND (seq, id) > ($2, $3) \
+                     ORDER BY seq, id LIMIT $4 FOR UPDATE SKIP LOCKED"
+                ))
+                .bind(&here.hashes)
+                .bind(after.0)
+                .bind(&after.1)
+                .bind(page)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(backend)?;
+                let Some(last) = rows.last() else { break };
+                after = (last.try_get("seq").map_err(backend)?, last.try_get("id").map_err(backend)?);
+                let full = rows.len() == limit;
+                for job in records::<JobRecord>("job", &rows)? {
+                    if adopted.jobs.len() == limit {
+                        break;
+                    }
+                    if (here.job)(&job) { adopted.jobs.push(job) } else { adopted.left += 1 }
+                }
+                if !full || adopted.jobs.len() == limit {
+                    break;
+                }
+            }
+            let ids: Vec<&str> = adopted.jobs.iter().map(|j| j.id.as_str()).collect();
+            sqlx::query("UPDATE jobs SET holder = $1 WHERE id = ANY($2)").bind(&me).bind(&ids).execute(&mut *tx).await.map_err(backend)?;
+            let (lacking,): (i64,) =
+                sqlx::query_as(&format!("SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE {ORPHAN} AND NOT takeover_needs <@ $1 LIMIT {LEFT_COUNTED}) l"))
+                    .bind(&here.hashes)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+            adopted.left = (adopted.left + usize::try_from(lacking).unwrap_or(0)).min(LEFT_COUNTED);
             tx.commit().await.map_err(backend)?;
-            Ok(jobs)
+            Ok(adopted)
         })
     }
 

@@ -78,10 +78,10 @@ async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, new: O
     let finished = job.status.is_terminal();
     let held_by = (!finished).then_some(writer.holder.as_str());
     let written: Option<(i32,)> = sqlx::query_as(
-        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $13 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
+        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $13, $14 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
          ON CONFLICT (id) DO UPDATE SET owner = $2, created_at = $3, seq = $4, status = $5, expires_at = $6, record = $7, \
-         workflow = COALESCE($8, jobs.workflow), holder = $9, sched_key = COALESCE($13, jobs.sched_key) \
+         workflow = COALESCE($8, jobs.workflow), holder = $9, sched_key = COALESCE($13, jobs.sched_key), takeover_needs = $14 \
          WHERE jobs.holder = $10 OR (jobs.holder IS NULL AND $12 AND (NOT $11 OR jobs.status NOT IN ('queued', 'running', 'canceling'))) \
          RETURNING 1",
     )
@@ -98,6 +98,7 @@ async fn upsert_job<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord, new: O
     .bind(writer.registered)
     .bind(finished)
     .bind(sched_key.flatten())
+    .bind(job.takeover_needs())
     .fetch_optional(exec)
     .await
     .map_err(backend)?;

@@ -148,6 +148,7 @@ async fn a_lapsed_host_is_fenced_and_its_jobs_taken_over_once() {
     let (lease_a, lease_b, lease_c) = (super::PgHosts::new(a.clone(), "a"), super::PgHosts::new(b.clone(), "b"), super::PgHosts::new(c.clone(), "c"));
     let (meta_a, meta_b, meta_c) = (super::PgMeta::new(a), super::PgMeta::new(b), super::PgMeta::new(c));
     let minute = Duration::from_secs(60);
+    let any = crate::store::cluster::Runnable { hashes: Vec::new(), job: std::sync::Arc::new(|_| true) };
     for lease in [&lease_a, &lease_b, &lease_c] {
         lease.register(minute).await.unwrap();
     }
@@ -156,7 +157,7 @@ async fn a_lapsed_host_is_fenced_and_its_jobs_taken_over_once() {
     for job in &jobs {
         meta_a.submit(job, &serde_json::json!({}), None).await.unwrap();
     }
-    assert!(lease_b.adopt(10).await.unwrap().is_empty(), "a live host's jobs stay its own");
+    assert!(lease_b.adopt(10, &any).await.unwrap().jobs.is_empty(), "a live host's jobs stay its own");
     assert!(!lease_a.alone().await.unwrap(), "three hosts registered");
     let mut running = jobs[0].clone();
     running.transition(JobStatus::Running, 10).unwrap();
@@ -167,12 +168,12 @@ async fn a_lapsed_host_is_fenced_and_its_jobs_taken_over_once() {
     // take disjoint shares of its jobs, together all of them.
     lease_a.renew(Duration::ZERO).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let (by_b, by_c) = tokio::join!(lease_b.adopt(2), lease_c.adopt(10));
-    let (by_b, by_c) = (by_b.unwrap(), by_c.unwrap());
+    let (by_b, by_c) = tokio::join!(lease_b.adopt(2, &any), lease_c.adopt(10, &any));
+    let (by_b, by_c) = (by_b.unwrap().jobs, by_c.unwrap().jobs);
     let mut taken: Vec<String> = by_b.iter().chain(&by_c).map(|j| j.id.clone()).collect();
     taken.sort();
     assert_eq!(taken, ["j1", "j2", "j3"], "each job taken once: {by_b:?} {by_c:?}");
-    assert!(lease_b.adopt(10).await.unwrap().is_empty() && lease_c.adopt(10).await.unwrap().is_empty());
+    assert!(lease_b.adopt(10, &any).await.unwrap().jobs.is_empty() && lease_c.adopt(10, &any).await.unwrap().jobs.is_empty());
     assert_eq!(by_b.iter().chain(&by_c).find(|j| j.id == "j1").unwrap().status, JobStatus::Running, "as A last wrote it");
     assert!(matches!(lease_a.renew(minute).await, Err(StoreError::Fenced(_))), "the lapsed host learns it");
     let mut late = running.clone();
@@ -215,7 +216,59 @@ async fn a_lapsed_host_is_fenced_and_its_jobs_taken_over_once() {
     let lease_d = super::PgHosts::new(d, "d");
     lease_d.register(minute).await.unwrap();
     assert!(lease_d.alone().await.unwrap(), "the others are gone");
-    assert_eq!(lease_d.adopt(10).await.unwrap().len(), left, "the unfinished jobs of the stopped hosts go to the next one");
+    assert_eq!(lease_d.adopt(10, &any).await.unwrap().jobs.len(), left, "the unfinished jobs of the stopped hosts go to the next one");
+}
+
+/// A host takes over only the jobs whose components it has (the store's
+/// filter by hash, then the host's own answer for each job's owner); the
+/// others wait, counted, for a host that has them. A deployment's job
+/// needs none (its bundle pins them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_takes_over_only_the_jobs_whose_components_it_has() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::store::JobRecord;
+    use crate::store::cluster::{HostLeases, Runnable};
+    let Some(db) = fresh().await else { return };
+    let (a, b) = (db.clone().as_host("a"), db.as_host("b"));
+    let (lease_a, lease_b, meta_a) = (super::PgHosts::new(a.clone(), "a"), super::PgHosts::new(b, "b"), super::PgMeta::new(a));
+    lease_a.register(Duration::from_secs(60)).await.unwrap();
+    lease_b.register(Duration::from_secs(60)).await.unwrap();
+    let with = |id: &str, seq: u64, owner: &str, components: &[(&str, &str)], deployment: Option<&str>| {
+        let mut job = JobRecord::queued_for_test(id, 5, seq);
+        job.owner = owner.into();
+        job.components = components.iter().map(|(p, h)| (p.to_string(), h.to_string())).collect();
+        job.deployment = deployment.map(str::to_string);
+        job
+    };
+    let jobs = [
+        with("v1", 1, "local", &[("posterize", "blake3:01"), ("core", "blake3:c0")], None),
+        with("v2", 2, "local", &[("posterize", "blake3:02")], None),
+        with("plain", 3, "local", &[], None),
+        with("theirs", 4, "tenant", &[("mine", "blake3:0a")], None),
+        with("deployed", 5, "local", &[("posterize", "blake3:09")], Some("d1")),
+    ];
+    for job in &jobs {
+        meta_a.submit(job, &serde_json::json!({}), None).await.unwrap();
+    }
+    lease_a.renew(Duration::ZERO).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // B has posterize v2 and core; `blake3:0a` too, but as another
+    // account's plugin, not `tenant`'s.
+    let here = Runnable { hashes: ["blake3:02", "blake3:c0", "blake3:0a"].map(String::from).to_vec(), job: Arc::new(|job: &JobRecord| job.owner != "tenant") };
+    let adopted = lease_b.adopt(10, &here).await.unwrap();
+    let mut taken: Vec<&str> = adopted.jobs.iter().map(|j| j.id.as_str()).collect();
+    taken.sort_unstable();
+    assert_eq!(taken, ["deployed", "plain", "v2"], "{adopted:?}");
+    assert_eq!(adopted.left, 2, "v1 (another posterize) and the tenant's job wait");
+    let again = lease_b.adopt(10, &here).await.unwrap();
+    assert!(again.jobs.is_empty() && again.left == 2, "{again:?}");
+    // A host with posterize v1 takes v1, and only it.
+    let with_v1 = Runnable { hashes: vec!["blake3:01".into(), "blake3:c0".into()], job: Arc::new(|_: &JobRecord| true) };
+    let later = lease_b.adopt(10, &with_v1).await.unwrap();
+    assert_eq!(later.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["v1"]);
+    assert_eq!(later.left, 1, "the tenant's job still waits");
 }
 
 /// Notices reach the other hosts on their topic, never the sender.

@@ -1,0 +1,106 @@
+//! Any host answers for any job: poll, SSE, the compat WebSocket, cancel,
+//! download and an Idempotency-Key raced on all three; a host killed with
+//! SIGKILL loses its running job to another, which runs it.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use futures_util::StreamExt;
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_serve_as_one() {
+    let Some(shared) = shared().await else { return };
+    let hosts: Vec<Host> = ["h1", "h2", "h3"].iter().map(|name| start(name, &shared)).collect();
+    let http = reqwest::Client::new();
+    let [h1, h2, h3] = [&hosts[0], &hosts[1], &hosts[2]];
+
+    // Jobs submitted to every host, each polled through the next and its
+    // output downloaded through the one after: the same bytes everywhere.
+    let mut ids = Vec::new();
+    for n in 0..6 {
+        ids.push((n, submit(&http, &hosts[n % 3], quick(n as i64)).await));
+    }
+    for (n, id) in &ids {
+        let done = wait_for(&http, &hosts[(n + 1) % 3], id, &["succeeded", "failed"], Duration::from_secs(30)).await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+        let png = download(&http, &hosts[(n + 2) % 3], &done).await;
+        assert_eq!(&png[..4], b"\x89PNG");
+    }
+    let listed: Value = http.get(format!("{}/api/v2/jobs?limit=100", h2.base)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(listed["jobs"].as_array().unwrap().len(), 6, "a listing on any host shows every host's jobs");
+
+    // An event stream on h2 follows a job h1 runs, to its end.
+    let id = submit(&http, h1, slow(1)).await;
+    let mut stream = http.get(format!("{}/api/v2/jobs/{id}/events", h2.base)).send().await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !seen.contains("\"status\":\"succeeded\"") {
+        let chunk = tokio::time::timeout_at(deadline.into(), stream.chunk()).await.expect("the stream ends the job within 60 s").unwrap();
+        let Some(chunk) = chunk else { break };
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains("\"status\":\"running\"") && seen.contains("event: output"), "the stream saw the run: {seen}");
+    assert!(seen.contains("\"status\":\"succeeded\""), "and its end: {seen}");
+
+    // The compat WebSocket on h3 hears a prompt queued on h1.
+    let ws_url = format!("{}/ws?clientId=watcher", h3.base.replacen("http", "ws", 1));
+    let (mut socket, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
+    let queued: Value =
+        http.post(format!("{}/api/prompt", h1.base)).json(&json!({ "prompt": quick(42), "client_id": "watcher" })).send().await.unwrap().json().await.unwrap();
+    let prompt_id = queued["prompt_id"].as_str().unwrap_or_else(|| panic!("{queued}")).to_string();
+    let heard = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(Ok(message)) = socket.next().await {
+            if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
+                let message: Value = serde_json::from_str(&text).unwrap();
+                if message["type"] == "execution_success" && message["data"]["prompt_id"] == prompt_id.as_str() {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(heard, Ok(true), "h3's socket heard the prompt h1 ran succeed");
+    let _ = socket.close(None).await;
+
+    // A cancel sent to h2 stops the job h1 runs; h3 sees it canceled.
+    let id = submit(&http, h1, slow(2)).await;
+    wait_for(&http, h3, &id, &["running"], Duration::from_secs(30)).await;
+    let resp = http.post(format!("{}/api/v2/jobs/{id}/cancel", h2.base)).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let answer: Value = resp.json().await.unwrap();
+    assert!(["canceling", "canceled"].contains(&answer["status"].as_str().unwrap()), "{answer}");
+    wait_for(&http, h3, &id, &["canceled"], Duration::from_secs(30)).await;
+
+    // An Idempotency-Key raced on all three hosts: one 201.
+    let racing = (0..9).map(|n| {
+        let (http, url) = (http.clone(), format!("{}/api/v2/jobs", hosts[n % 3].base));
+        async move { http.post(url).header("Idempotency-Key", "raced").json(&json!({ "workflow": quick(7) })).send().await.unwrap().status().as_u16() }
+    });
+    let mut codes = futures_util::future::join_all(racing).await;
+    codes.sort();
+    assert_eq!(codes.iter().filter(|&&c| c == 201).count(), 1, "{codes:?}");
+
+    // SIGKILL of the host running a job: another host takes it over once
+    // the lease lapses, and runs it to the end.
+    let id = submit(&http, h1, slow(3)).await;
+    wait_for(&http, h2, &id, &["running"], Duration::from_secs(30)).await;
+    let mut hosts = hosts;
+    let mut h1 = hosts.remove(0);
+    h1.child.kill().unwrap();
+    h1.child.wait().unwrap();
+    let killed_at = Instant::now();
+    let (h2, h3) = (&hosts[0], &hosts[1]);
+    let done = wait_for(&http, h2, &id, &["succeeded", "failed", "canceled"], Duration::from_secs(90)).await;
+    assert_eq!(done["status"], "succeeded", "the job ran again on another host: {done}");
+    assert!(killed_at.elapsed() >= Duration::from_secs(2), "not before the dead host's lease lapsed");
+    let png = download(&http, h3, &done).await;
+    assert_eq!(&png[..4], b"\x89PNG");
+    // The hosts left still take and run new work.
+    let id = submit(&http, h3, quick(9)).await;
+    assert_eq!(wait_for(&http, h2, &id, &["succeeded", "failed"], Duration::from_secs(30)).await["status"], "succeeded");
+}

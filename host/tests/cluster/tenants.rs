@@ -1,0 +1,237 @@
+//! Cloud mode across hosts: accounts made, topped up or disabled through
+//! one host hold on all; a tenant's queue bound and credits hold across
+//! concurrent submissions on all three; the same bytes uploaded through two
+//! hosts are one object.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use super::*;
+
+/// Creates account `name` through `host`; its API key.
+async fn create_account(http: &reqwest::Client, host: &Host, name: &str, credits: i64) -> String {
+    let resp = http.post(format!("{}/admin/accounts", host.base)).bearer_auth(ADMIN).json(&json!({"name": name, "credits": credits})).send().await.unwrap();
+    assert_eq!(resp.status(), 201, "{name}");
+    resp.json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string()
+}
+
+async fn admin(http: &reqwest::Client, host: &Host, path: &str, body: Value) -> Value {
+    let resp = http.post(format!("{}/admin/accounts/{path}", host.base)).bearer_auth(ADMIN).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.json().await.unwrap()
+}
+
+async fn balance(http: &reqwest::Client, host: &Host, name: &str) -> i64 {
+    let account: Value = http.get(format!("{}/admin/accounts/{name}", host.base)).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    account["credits"].as_i64().unwrap_or_else(|| panic!("{account}"))
+}
+
+/// Submits as `key` through `host`: the status and the body.
+async fn submit_as(http: &reqwest::Client, host: &Host, key: &str, workflow: Value) -> (u16, Value) {
+    let resp = http.post(format!("{}/api/v2/jobs", host.base)).bearer_auth(key).json(&json!({ "workflow": workflow })).send().await.unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn job_as(http: &reqwest::Client, host: &Host, key: &str, id: &str) -> Value {
+    http.get(format!("{}/api/v2/jobs/{id}", host.base)).bearer_auth(key).send().await.unwrap().json().await.unwrap()
+}
+
+/// Polls `host` as `key` until job `id`'s status is one of `wanted` (30 s).
+async fn wait_as(http: &reqwest::Client, host: &Host, key: &str, id: &str, wanted: &[&str]) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let job = job_as(http, host, key, id).await;
+        if wanted.contains(&job["status"].as_str().unwrap_or("")) {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "job {id} never reached {wanted:?}: {job}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls until `check` holds for the status `GET /api/v2/jobs` answers `key` on `host`.
+async fn until_status(http: &reqwest::Client, host: &Host, key: &str, check: impl Fn(u16) -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = http.get(format!("{}/api/v2/jobs", host.base)).bearer_auth(key).send().await.unwrap().status().as_u16();
+        if check(status) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {status} after 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Submits `workflow` as `key` `per_host` times on each host, all at once.
+async fn burst(http: &reqwest::Client, hosts: &[Host], key: &str, per_host: usize, workflow: impl Fn(usize) -> Value) -> Vec<(usize, u16, Value)> {
+    let racing = (0..per_host * hosts.len()).map(|n| {
+        let (http, host, workflow) = (http.clone(), &hosts[n % hosts.len()], workflow(n));
+        async move {
+            let (status, body) = submit_as(&http, host, key, workflow).await;
+            (n % hosts.len(), status, body)
+        }
+    });
+    futures_util::future::join_all(racing).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_hold_across_hosts() {
+    let Some(shared) = shared().await else { return };
+    // One job at a time per host; a tenant may have six waiting in all;
+    // a job costs at least 5 credits.
+    let cloud = [
+        ("KILN_MODE", "cloud"),
+        ("KILN_ADMIN_TOKEN", ADMIN),
+        ("KILN_MAX_RUNNING_JOBS", "1"),
+        ("KILN_MAX_QUEUED_JOBS_PER_ACCOUNT", "6"),
+        ("KILN_CREDITS_MIN_PER_JOB", "5"),
+        ("KILN_CREDITS_PER_SECOND", "1"),
+    ];
+    let hosts: Vec<Host> = ["t1", "t2", "t3"].iter().map(|name| start_with(name, &shared, &cloud)).collect();
+    let http = reqwest::Client::new();
+    let [h1, h2, h3] = [&hosts[0], &hosts[1], &hosts[2]];
+
+    // Accounts made on h1 are known to h2 and h3 at once.
+    let blocker = create_account(&http, h1, "blocker", 1_000_000).await;
+    let tenant = create_account(&http, h1, "tenant", 1_000_000).await;
+    let poor = create_account(&http, h1, "poor", 1).await;
+    for host in [h2, h3] {
+        until_status(&http, host, &tenant, |s| s == 200, "a key made on h1 works on the others").await;
+        until_status(&http, host, &poor, |s| s == 200, "a key made on h1 works on the others").await;
+    }
+
+    // Every host's one worker busy with a long job of another account ...
+    let mut blocking = Vec::new();
+    for host in &hosts {
+        let (status, body) = submit_as(&http, host, &blocker, slow(1)).await;
+        assert_eq!(status, 201, "{body}");
+        blocking.push(body["id"].as_str().unwrap().to_string());
+    }
+    for (host, id) in hosts.iter().zip(&blocking) {
+        wait_as(&http, host, &blocker, id, &["running"]).await;
+    }
+    // ... a tenant submitting 15 jobs on all three at once has 6 taken.
+    let answers = burst(&http, &hosts, &tenant, 5, |n| quick(n as i64)).await;
+    let taken: Vec<_> = answers.iter().filter(|(_, status, _)| *status == 201).collect();
+    assert_eq!(taken.len(), 6, "the tenant's queue bound holds across hosts: {answers:?}");
+    for (_, status, body) in &answers {
+        assert!(*status == 201 || (*status == 429 && body["error"]["code"] == "queue_full"), "{status} {body}");
+    }
+
+    // ComfyUI's queue on any host shows the jobs of every host.
+    let queue: Value = http.get(format!("{}/api/queue", h1.base)).header("X-API-Key", &tenant).send().await.unwrap().json().await.unwrap();
+    let mut pending: Vec<&str> = queue["queue_pending"].as_array().unwrap_or_else(|| panic!("{queue}")).iter().map(|e| e[1].as_str().unwrap()).collect();
+    let mut expected: Vec<&str> = taken.iter().map(|(_, _, body)| body["id"].as_str().unwrap()).collect();
+    pending.sort();
+    expected.sort();
+    assert_eq!(pending, expected, "{queue}");
+    let counted: Value = http.get(format!("{}/api/prompt", h3.base)).header("X-API-Key", &tenant).send().await.unwrap().json().await.unwrap();
+    assert_eq!(counted["exec_info"]["queue_remaining"], 6, "{counted}");
+    let queue: Value = http.get(format!("{}/api/queue", h2.base)).header("X-API-Key", &blocker).send().await.unwrap().json().await.unwrap();
+    assert_eq!(queue["queue_running"].as_array().unwrap().len(), 3, "{queue}");
+
+    // Disabled through h2: its keys fail on h3, and its jobs waiting on
+    // every host are canceled (read from the database they share).
+    admin(&http, h2, "tenant/disable", json!({})).await;
+    until_status(&http, h3, &tenant, |s| s == 403, "an account disabled on h2 is disabled on h3").await;
+    let db = sqlx::PgPool::connect(&env(&shared, "KILN_DATABASE_URL")).await.unwrap();
+    for (_, _, body) in &taken {
+        let id = body["id"].as_str().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status,): (String,) = sqlx::query_as("SELECT status FROM jobs WHERE id = $1").bind(id).fetch_one(&db).await.unwrap();
+            if status == "canceled" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "job {id} of the disabled account is still {status}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // ComfyUI's interrupt through h3 stops the account's running jobs on all.
+    let resp = http.post(format!("{}/api/interrupt", h3.base)).header("X-API-Key", &blocker).json(&json!({})).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    for (host, id) in hosts.iter().zip(&blocking) {
+        wait_as(&http, host, &blocker, id, &["canceled"]).await;
+    }
+
+    // An account with 1 credit: a job queued on h2 behind another account's
+    // long job, then one run on h1, whose charge takes the balance below
+    // zero; when h2's worker comes to the queued job, it does not run.
+    let busy = submit_as(&http, h2, &blocker, slow(2)).await.1["id"].as_str().unwrap().to_string();
+    wait_as(&http, h2, &blocker, &busy, &["running"]).await;
+    let (status, queued) = submit_as(&http, h2, &poor, quick(100)).await;
+    assert_eq!(status, 201, "{queued}");
+    let (status, first) = submit_as(&http, h1, &poor, quick(101)).await;
+    assert_eq!(status, 201, "{first}");
+    let first = wait_as(&http, h3, &poor, first["id"].as_str().unwrap(), &["succeeded", "failed"]).await;
+    assert_eq!(first["status"], "succeeded", "{first}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while balance(&http, h3, "poor").await != -4 {
+        assert!(Instant::now() < deadline, "the charge of 5 lands: {}", balance(&http, h3, "poor").await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    http.post(format!("{}/api/v2/jobs/{busy}/cancel", h1.base)).bearer_auth(&blocker).send().await.unwrap();
+    let stopped = wait_as(&http, h3, &poor, queued["id"].as_str().unwrap(), &["succeeded", "failed"]).await;
+    assert_eq!((stopped["status"].as_str(), stopped["error"]["code"].as_str()), (Some("failed"), Some("insufficient_credits")), "{stopped}");
+    for host in &hosts {
+        let (status, body) = submit_as(&http, host, &poor, quick(0)).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (402, Some("insufficient_credits")), "{body}");
+    }
+    assert_eq!(balance(&http, h1, "poor").await, -4, "the job that never ran cost nothing");
+
+    // Topped up through h3 (to 96), it submits through h1 again ...
+    admin(&http, h3, "poor/credits", json!({"amount": 100})).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = submit_as(&http, h1, &poor, quick(1)).await;
+        if status == 201 {
+            wait_as(&http, h1, &poor, body["id"].as_str().unwrap(), &["succeeded"]).await;
+            break;
+        }
+        assert!(status == 402 && Instant::now() < deadline, "{status} {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ... and six jobs at once on all three hosts are all charged, once each.
+    let answers = burst(&http, &hosts, &poor, 2, |n| quick(200 + n as i64)).await;
+    for (host, status, body) in &answers {
+        assert_eq!(*status, 201, "{body}");
+        wait_as(&http, &hosts[(host + 1) % 3], &poor, body["id"].as_str().unwrap(), &["succeeded"]).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while balance(&http, h2, "poor").await != 96 - 5 - 6 * 5 {
+        assert!(Instant::now() < deadline, "every charge lands once: {}", balance(&http, h2, "poor").await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The same bytes uploaded through two hosts are one object in the bucket.
+    let bytes = format!("the same bytes, {}", uuid::Uuid::new_v4()).into_bytes();
+    let (mut hashes, mut ids) = (Vec::new(), Vec::new());
+    for (host, created) in [(h1, 201), (h2, 200)] {
+        let form =
+            reqwest::multipart::Form::new().text("file_path", "same.txt").part("file", reqwest::multipart::Part::bytes(bytes.clone()).file_name("same.txt"));
+        let resp = http.post(format!("{}/api/v2/assets", host.base)).bearer_auth(&blocker).multipart(form).send().await.unwrap();
+        // The second host finds the first's asset: 200, the same one.
+        assert_eq!(resp.status(), created);
+        let asset: Value = resp.json().await.unwrap();
+        hashes.push(asset["hash"].as_str().unwrap().to_string());
+        ids.push(asset["id"].as_str().unwrap().to_string());
+    }
+    assert_eq!((&hashes[0], &ids[0]), (&hashes[1], &ids[1]));
+    assert_eq!(hashes[0], format!("blake3:{}", blake3::hash(&bytes).to_hex()));
+    let bucket = object_store::aws::AmazonS3Builder::from_env()
+        .with_endpoint(env(&shared, "KILN_S3_ENDPOINT"))
+        .with_allow_http(true)
+        .with_bucket_name(env(&shared, "KILN_S3_BUCKET"))
+        .with_region("us-east-1")
+        .build()
+        .unwrap();
+    let hex = hashes[0].trim_start_matches("blake3:").to_string();
+    let objects: Vec<_> = object_store::ObjectStore::list(&bucket, None)
+        .filter_map(|o| async { o.ok() })
+        .filter(|o| futures_util::future::ready(o.location.as_ref().contains(&hex)))
+        .collect()
+        .await;
+    assert_eq!(objects.len(), 1, "one object holds the bytes both hosts took: {objects:?}");
+}
