@@ -76,6 +76,7 @@ pub mod gpu;
 pub mod logging;
 #[doc(hidden)]
 pub mod memory;
+pub mod migrate;
 #[doc(hidden)]
 pub mod object_info;
 #[doc(hidden)]

@@ -6,6 +6,7 @@ mod bundle;
 mod db;
 mod deployments;
 mod front_end;
+mod migrate;
 mod plugin;
 mod plugins;
 mod run;
@@ -54,6 +55,9 @@ pub enum Command {
     Deployments(deployments::DeploymentsArgs),
     /// The PostgreSQL database of `store = "postgres"`: `kiln db migrate`.
     Db(db::DbArgs),
+    /// Copy an embedded data directory into the database (and bucket) hosts
+    /// share: `kiln migrate --to postgres` (resumable; each kind checked).
+    Migrate(migrate::MigrateArgs),
     /// Write, build and check node plugins: `kiln plugin new | build | check`.
     Plugin(plugin::PluginArgs),
     /// Install, list and remove plugins of a running server (admin API).
@@ -127,6 +131,7 @@ pub async fn main(cli: Cli, config: crate::config::Config) -> anyhow::Result<i32
         Command::Accounts(args) => accounts::run(config, args).await,
         Command::Deployments(args) => deployments::run(&config, args).await,
         Command::Db(args) => db::run(&config, args).await,
+        Command::Migrate(args) => migrate::run(&config, args).await,
         Command::Plugin(args) => plugin::run(&config, args).await,
         Command::Plugins(args) => plugins::run(&config, args).await,
         Command::CompileComponent(args) => Ok(i32::from(compile_component(&args))),

@@ -33,7 +33,7 @@ pub use blobs::{BlobUpload, DiskBlobs, StagedBlob};
 pub use deployments::{DeploymentStore, FileDeployments};
 pub use records::*;
 pub use sessions::{SessionRecord, SessionStore};
-pub use sled::{SledAccounts, SledMeta, SledSessions};
+pub use sled::{ExportedJob, SledAccounts, SledMeta, SledSessions};
 pub use status::IllegalTransition;
 pub use user_files::{DiskUserFiles, Entry, FileInfo, MAX_DEPTH as MAX_USER_FILE_DEPTH, UserFileStore};
 

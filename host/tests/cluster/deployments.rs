@@ -7,22 +7,6 @@ use serde_json::{Value, json};
 
 use super::*;
 
-/// Polls `POST /deployment/{id}/api/v2/jobs` on `host` until it answers
-/// `wanted` (within 60 s: a host loads the deployment's plugins first).
-async fn deployment_answers(http: &reqwest::Client, host: &Host, id: &str, wanted: u16) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let resp = http.post(format!("{}/deployment/{id}/api/v2/jobs", host.base)).json(&json!({ "workflow": quick(3) })).send().await.unwrap();
-        let status = resp.status().as_u16();
-        let body: Value = resp.json().await.unwrap_or(Value::Null);
-        if status == wanted {
-            return body;
-        }
-        assert!(Instant::now() < deadline, "{} still answers {status} {body}, not {wanted}", host.base);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployments_follow_the_operator_on_every_host() {
     let Some(shared) = shared().await else { return };

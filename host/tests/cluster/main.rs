@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 mod own_postgres;
 
 mod deployments;
+mod migrate;
 mod plugins;
 mod restart;
 mod serve;
@@ -39,7 +40,7 @@ const ADMIN: &str = "cluster-admin-token";
 struct Host {
     child: std::process::Child,
     base: String,
-    _data: tempfile::TempDir,
+    _data: Option<tempfile::TempDir>,
 }
 
 impl Drop for Host {
@@ -92,9 +93,16 @@ fn start(name: &str, shared: &[(String, String)]) -> Host {
 
 fn start_with(name: &str, shared: &[(String, String)], extra: &[(&str, &str)]) -> Host {
     let data = tempfile::tempdir().unwrap();
+    let mut host = start_in(data.path(), name, shared, extra);
+    host._data = Some(data);
+    host
+}
+
+/// `kiln serve` on data directory `data` (kept when the host is dropped).
+fn start_in(data: &std::path::Path, name: &str, shared: &[(String, String)], extra: &[(&str, &str)]) -> Host {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
     cmd.args(["serve", "--port", "0", "--data-dir"])
-        .arg(data.path())
+        .arg(data)
         .env("KILN_CACHE_DIR", std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
         .env("KILN_HOST_ID", name)
         .envs(shared.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -105,7 +113,7 @@ fn start_with(name: &str, shared: &[(String, String)], extra: &[(&str, &str)]) -
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let base = line.trim().strip_prefix("kiln listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
-    Host { child, base, _data: data }
+    Host { child, base, _data: None }
 }
 
 /// A job that runs for a few seconds (twenty blurs of a 2048² image, about
@@ -168,4 +176,20 @@ fn env(shared: &[(String, String)], name: &str) -> String {
 /// `POST /api/v2/jobs` to `host` with an Idempotency-Key.
 async fn submit_keyed(http: &reqwest::Client, host: &Host, key: &str, workflow: Value) -> reqwest::Response {
     http.post(format!("{}/api/v2/jobs", host.base)).header("Idempotency-Key", key).json(&json!({ "workflow": workflow })).send().await.unwrap()
+}
+
+/// Polls `POST /deployment/{id}/api/v2/jobs` on `host` until it answers
+/// `wanted` (within 60 s: a host loads the deployment's plugins first).
+async fn deployment_answers(http: &reqwest::Client, host: &Host, id: &str, wanted: u16) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let resp = http.post(format!("{}/deployment/{id}/api/v2/jobs", host.base)).json(&json!({ "workflow": quick(3) })).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        if status == wanted {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{} still answers {status} {body}, not {wanted}", host.base);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -21,7 +21,7 @@ const LIST_CHUNK: usize = 256;
 
 /// Jobs, assets and claims in PostgreSQL.
 pub struct PgMeta {
-    db: PgDatabase,
+    pub(super) db: PgDatabase,
 }
 
 impl PgMeta {
@@ -34,7 +34,7 @@ impl PgMeta {
     }
 }
 
-fn enc<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+pub(super) fn enc<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(value).map_err(|e| StoreError::Backend(e.to_string()))
 }
 
@@ -42,11 +42,11 @@ fn dec<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
 
-fn status(job: &JobRecord) -> String {
+pub(super) fn status(job: &JobRecord) -> String {
     serde_json::to_value(job.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }
 
-fn seq(job: &JobRecord) -> i64 {
+pub(super) fn seq(job: &JobRecord) -> i64 {
     i64::try_from(job.seq).unwrap_or(i64::MAX)
 }
 
@@ -114,7 +114,7 @@ struct Writer {
 
 /// Counts a write or deletion of `job` when it is finished (see
 /// `MetaStore::finished_changes`), in the transaction that makes it.
-async fn finished_changed<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord) -> Result<(), StoreError> {
+pub(super) async fn finished_changed<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord) -> Result<(), StoreError> {
     if job.status.is_terminal() {
         sqlx::query("INSERT INTO finished_changes (owner, n) VALUES ($1, 1) ON CONFLICT (owner) DO UPDATE SET n = finished_changes.n + 1")
             .bind(job.owner.as_str())

@@ -23,6 +23,7 @@ macro_rules! on_pool {
 mod accounts;
 mod deployments;
 mod hosts;
+mod import;
 mod meta;
 mod notices;
 mod secrets;
@@ -37,6 +38,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 pub use accounts::PgAccounts;
 pub use deployments::PgDeployments;
 pub use hosts::PgHosts;
+pub use import::{Imported, ImportedJob};
 pub use meta::PgMeta;
 pub use notices::PgNotices;
 pub use sessions::PgSessions;

@@ -16,6 +16,7 @@
 //! the job records when the service starts.
 
 mod accounts;
+mod export;
 mod index;
 mod meta;
 mod replay;
@@ -33,6 +34,7 @@ use index::Indexes;
 use replay::entry;
 
 pub use accounts::SledAccounts;
+pub use export::ExportedJob;
 pub use sessions::SledSessions;
 
 /// sled-backed [`MetaStore`](crate::store::MetaStore): the synchronous store ([`Sled`]) behind the

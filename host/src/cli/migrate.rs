@@ -1,0 +1,52 @@
+//! `kiln migrate --to postgres`: copies an embedded data directory into
+//! the database (and bucket) that hosts share (see `crate::migrate`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::config::{BlobStoreKind, Config};
+use crate::migrate::{Source, Target};
+
+/// Arguments of `kiln migrate`.
+#[derive(Debug, clap::Args)]
+pub struct MigrateArgs {
+    /// Where to copy to: `postgres` (the database `database_url` names,
+    /// and the bucket of `blob_store = "s3"`).
+    #[arg(long, value_enum)]
+    pub to: MigrateTo,
+    /// The embedded data directory to copy (not in use by a server)
+    /// [default: `data_dir`].
+    #[arg(long, value_name = "DIR")]
+    pub from: Option<PathBuf>,
+}
+
+/// What `kiln migrate` copies into.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum MigrateTo {
+    Postgres,
+}
+
+/// Runs `kiln migrate`; the exit code (0: everything copied and checked).
+pub async fn run(config: &Config, args: MigrateArgs) -> anyhow::Result<i32> {
+    let MigrateTo::Postgres = args.to;
+    let Some(url) = config.database_url.as_deref() else {
+        anyhow::bail!("kiln migrate --to postgres needs database_url (KILN_DATABASE_URL)");
+    };
+    let from = args.from.unwrap_or_else(|| config.data_dir.clone());
+    let source = Source::open(&from)?;
+    let mut target = Target::open(url).await?;
+    if let Some(mut settings) = crate::service::s3_settings(config) {
+        settings.installation = Some(target.installation_id().await?);
+        let bucket = crate::store::s3::S3Blobs::open(&settings).await?;
+        println!("blobs: into s3 {}", bucket.place());
+        target = target.with_blobs(Arc::new(bucket));
+    } else if config.blob_store == BlobStoreKind::Fs {
+        println!("blobs: left in {} (blob_store = \"fs\": hosts read them from there)", from.join("blobs").display());
+    }
+    println!("copying {} into {}", from.display(), crate::store::postgres::redacted(url));
+    let copied = crate::migrate::run(&source, &target, &mut |tally| println!("{tally}")).await;
+    target.close().await;
+    copied?;
+    println!("done: every record of the data directory is in the database, every copied byte checked by hash (run it again to copy what was added since)");
+    Ok(0)
+}

@@ -1,0 +1,176 @@
+//! `kiln migrate --to postgres`: an embedded data directory copied into
+//! the stores hosts share — its jobs (with their workflows), assets,
+//! idempotency claims, accounts, deployments (with their bundles), the web
+//! frontend's user files and the server secrets into PostgreSQL, its blobs
+//! into the S3 bucket when `blob_store = "s3"`.
+//!
+//! Every write is made only where the target lacks the record, so a copy
+//! stopped part way (a crash, a lost connection) is run again and writes
+//! what is missing, nothing twice; a record the target already holds is
+//! left as it is (hosts may have moved it on since). Each kind is checked
+//! once copied: every record of the source is present in the target
+//! (counted by id), and every copied byte is hashed: a blob is committed
+//! under the blake3 of what was read, which must be its name, and a bundle
+//! or user file is read back and compared by hash. The data directory must
+//! not be in use (sled's lock refuses a second opener); sign-in sessions
+//! are not copied (users sign in again).
+
+mod files;
+mod records;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgMeta, PgUserFiles};
+use crate::store::{BlobStore, DiskBlobs, DiskUserFiles, FileDeployments, SledAccounts, SledMeta, StoreError};
+
+/// Records read from the source per page.
+const PAGE: usize = 256;
+
+/// Why a migration stopped (what was copied before stays copied).
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the database holds another installation's server secret `{0}`: the data directory's API keys and signed URLs would not verify there")]
+    ForeignSecret(String),
+    #[error("{kind}: {missing} of the source's records are not in the target after the copy")]
+    Missing { kind: &'static str, missing: usize },
+    #[error("{kind} `{name}`: {why}")]
+    Mismatch { kind: &'static str, name: String, why: String },
+}
+
+/// What was done with one kind of record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub kind: &'static str,
+    /// How many the source holds.
+    pub source: usize,
+    /// How many this run wrote.
+    pub copied: usize,
+    /// How many the target held already.
+    pub present: usize,
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {} in the data directory, {} copied now, {} there already", self.kind, self.source, self.copied, self.present)
+    }
+}
+
+/// The embedded stores of a data directory.
+pub struct Source {
+    dir: PathBuf,
+    meta: SledMeta,
+    accounts: SledAccounts,
+    deployments: FileDeployments,
+    user_files: Arc<DiskUserFiles>,
+    blobs: Arc<DiskBlobs>,
+}
+
+impl Source {
+    /// Opens the embedded stores under `dir` (which must exist and not be
+    /// in use).
+    pub fn open(dir: &Path) -> Result<Source, MigrateError> {
+        if !dir.join("meta").is_dir() {
+            return Err(StoreError::Backend(format!("{} holds no embedded store (no meta/)", dir.display())).into());
+        }
+        let meta = SledMeta::open(&dir.join("meta"))?;
+        Ok(Source {
+            accounts: meta.accounts()?,
+            meta,
+            deployments: FileDeployments::open(Some(dir.join("deployments.json")))?,
+            user_files: Arc::new(DiskUserFiles::new(dir.join("users"))),
+            blobs: Arc::new(DiskBlobs::open(dir.join("blobs"))?),
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+/// The shared stores copied into: a PostgreSQL database (its schema
+/// migrated first) and, when blobs move too, a bucket
+/// ([`Target::with_blobs`]).
+pub struct Target {
+    db: PgDatabase,
+    meta: PgMeta,
+    accounts: PgAccounts,
+    deployments: PgDeployments,
+    user_files: Arc<PgUserFiles>,
+    /// `None`: blobs stay where they are (`blob_store = "fs"`).
+    blobs: Option<Arc<dyn BlobStore>>,
+}
+
+impl Target {
+    /// The database at `url`, and `blobs` when they move.
+    pub async fn open(url: &str) -> Result<Target, MigrateError> {
+        Ok(Target::on(PgDatabase::connect(url, 4).await?))
+    }
+
+    /// The database `db` connects to.
+    pub fn on(db: PgDatabase) -> Target {
+        Target {
+            meta: PgMeta::new(db.clone()),
+            accounts: PgAccounts::new(db.clone()),
+            deployments: PgDeployments::new(db.clone()),
+            user_files: Arc::new(PgUserFiles::new(db.clone())),
+            db,
+            blobs: None,
+        }
+    }
+
+    /// The same, with blobs copied into `blobs`.
+    pub fn with_blobs(self, blobs: Arc<dyn BlobStore>) -> Target {
+        Target { blobs: Some(blobs), ..self }
+    }
+
+    /// The database's installation id (what marks the bucket).
+    pub async fn installation_id(&self) -> Result<String, MigrateError> {
+        Ok(crate::store::MetaStore::installation_id(&self.meta).await?)
+    }
+
+    /// Closes the database connections.
+    pub async fn close(&self) {
+        self.db.close().await;
+    }
+}
+
+/// Copies everything `source` holds into `target`, each kind checked;
+/// `progress` hears each kind's tally as it is done.
+pub async fn run(source: &Source, target: &Target, progress: &mut dyn FnMut(&Tally)) -> Result<Vec<Tally>, MigrateError> {
+    // First, so nothing is copied into another installation's database.
+    secrets(source, target).await?;
+    let mut tallies = Vec::new();
+    let mut done = |t: Tally| {
+        progress(&t);
+        tallies.push(t);
+    };
+    done(files::accounts(source, target).await?);
+    done(files::deployments(source, target).await?);
+    done(files::user_files(source, target).await?);
+    done(records::jobs(source, target).await?);
+    done(records::assets(source, target).await?);
+    done(records::claims(source, target).await?);
+    if let Some(blobs) = &target.blobs {
+        done(files::blobs(source, blobs.clone()).await?);
+    }
+    Ok(tallies)
+}
+
+/// The data directory's server secrets (API keys' hashing, URL signing)
+/// seed the database's, or must equal them.
+async fn secrets(source: &Source, target: &Target) -> Result<(), MigrateError> {
+    for name in [crate::accounts::keys::SECRET_FILE, crate::api::signing::SECRET_FILE] {
+        let Some(own) = crate::secret_file::load(&source.dir, name) else { continue };
+        if target.db.server_secret(name, &source.dir).await? != own {
+            return Err(MigrateError::ForeignSecret(name.to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// Counts the target's records among `ids` and fails when any is missing.
+fn all_present(kind: &'static str, expected: usize, present: usize) -> Result<(), MigrateError> {
+    if present < expected { Err(MigrateError::Missing { kind, missing: expected - present }) } else { Ok(()) }
+}

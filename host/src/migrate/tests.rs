@@ -1,0 +1,87 @@
+//! What the end-to-end move (`host/tests/cluster/migrate.rs`) does not
+//! reach: accounts, a damaged blob, a copy run again after it stopped part
+//! way, and a database of another installation. On the PostgreSQL server
+//! `KILN_TEST_DATABASE_URL` names (skipped without one, outside CI).
+
+use std::sync::Arc;
+
+use super::{MigrateError, Source, Target, run};
+use crate::store::postgres::test_db::fresh;
+use crate::store::{Account, AccountStore, BlobStore, DiskBlobs, SledMeta};
+
+fn account(name: &str, credits: i64) -> Account {
+    Account {
+        id: format!("acct_{:032x}", credits),
+        name: name.into(),
+        key_hashes: vec![format!("{:064x}", credits)],
+        credits,
+        tier: "free".into(),
+        subscription_active: true,
+        disabled: false,
+        created_at: 7,
+    }
+}
+
+/// A data directory with two accounts, its server secrets and two blobs,
+/// the second damaged on disk (its bytes no longer hash to its name).
+async fn data_dir() -> (tempfile::TempDir, blake3::Hash) {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let meta = SledMeta::open(&dir.path().join("meta")).unwrap();
+        let accounts = meta.accounts().unwrap();
+        accounts.create(&account("first", 10)).await.unwrap();
+        accounts.create(&account("second", 20)).await.unwrap();
+        crate::store::MetaStore::flush(&meta).await.unwrap();
+    }
+    crate::secret_file::load_or_create(dir.path(), crate::accounts::keys::SECRET_FILE).unwrap();
+    let blobs = DiskBlobs::open(dir.path().join("blobs")).unwrap();
+    blobs.put(b"kept whole").unwrap();
+    let damaged = blobs.put(b"damaged later").unwrap();
+    std::fs::write(blobs.path(&damaged).unwrap(), b"not what was stored").unwrap();
+    (dir, damaged)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_move_a_damaged_blob_stops_the_copy_and_a_second_run_finishes_it() {
+    let Some(db) = fresh().await else { return };
+    let (dir, damaged) = data_dir().await;
+    let bucket = tempfile::tempdir().unwrap();
+    let to: Arc<DiskBlobs> = Arc::new(DiskBlobs::open(bucket.path()).unwrap());
+    let source = Source::open(dir.path()).unwrap();
+    let target = Target::on(db.clone()).with_blobs(to.clone());
+
+    let stopped = run(&source, &target, &mut |_| {}).await;
+    match stopped {
+        Err(MigrateError::Mismatch { kind: "blob", name, .. }) => assert_eq!(name, damaged.to_hex().as_str()),
+        other => panic!("the damaged blob stops the copy: {other:?}"),
+    }
+    assert!(!to.contains(&damaged).unwrap(), "nothing stored under its name");
+    assert!(!to.contains(&blake3::hash(b"not what was stored")).unwrap(), "nor under its bytes' hash");
+    let moved = crate::store::postgres::PgAccounts::new(db.clone());
+    assert_eq!(moved.get(&account("second", 20).id).await.unwrap(), Some(account("second", 20)), "accounts came over whole");
+
+    // The operator removes the damaged file; the copy runs again.
+    std::fs::remove_file(DiskBlobs::open(dir.path().join("blobs")).unwrap().path(&damaged).unwrap()).unwrap();
+    let mut heard = Vec::new();
+    let tallies = run(&source, &target, &mut |t| heard.push(t.kind)).await.unwrap();
+    assert_eq!(heard, ["accounts", "deployments", "user files", "jobs", "assets", "idempotency claims", "blobs"]);
+    let of = |kind: &str| tallies.iter().find(|t| t.kind == kind).unwrap().clone();
+    assert_eq!((of("accounts").source, of("accounts").copied, of("accounts").present), (2, 0, 2));
+    assert_eq!((of("blobs").source, of("blobs").copied + of("blobs").present), (1, 1));
+    assert!(to.contains(&blake3::hash(b"kept whole")).unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_installations_database_is_refused_before_anything_is_copied() {
+    let Some(db) = fresh().await else { return };
+    let (dir, _) = data_dir().await;
+    let elsewhere = tempfile::tempdir().unwrap();
+    crate::secret_file::load_or_create(elsewhere.path(), crate::accounts::keys::SECRET_FILE).unwrap();
+    db.server_secret(crate::accounts::keys::SECRET_FILE, elsewhere.path()).await.unwrap();
+
+    let source = Source::open(dir.path()).unwrap();
+    let refused = run(&source, &Target::on(db.clone()), &mut |_| {}).await;
+    assert!(matches!(refused, Err(MigrateError::ForeignSecret(ref name)) if name == crate::accounts::keys::SECRET_FILE), "{refused:?}");
+    let accounts = crate::store::postgres::PgAccounts::new(db).all().await.unwrap();
+    assert!(accounts.is_empty(), "nothing copied: {accounts:?}");
+}

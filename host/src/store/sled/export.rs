@@ -1,0 +1,48 @@
+//! Everything the embedded store holds, read out in key order a page at a
+//! time, for `kiln migrate` (see `crate::migrate`): jobs with their
+//! workflows, assets and idempotency claims. Nothing here writes.
+
+use std::ops::Bound;
+
+use super::{SledMeta, backend, decode};
+use crate::store::{AssetRecord, IdempotencyClaim, JobRecord, StoreError};
+
+/// A job as stored, with its workflow's bytes (JSON) when kept.
+pub struct ExportedJob {
+    pub job: JobRecord,
+    pub workflow: Option<Vec<u8>>,
+}
+
+impl SledMeta {
+    /// Up to `limit` jobs whose ids follow `after` (`""`: from the first).
+    pub fn export_jobs(&self, after: &str, limit: usize) -> Result<Vec<ExportedJob>, StoreError> {
+        let sled = &self.0;
+        page(&sled.jobs, after, limit)?
+            .into_iter()
+            .map(|(key, bytes)| {
+                let job: JobRecord = decode(&key, &bytes)?;
+                let workflow = sled.workflows.get(&key).map_err(backend)?.map(|w| w.to_vec());
+                Ok(ExportedJob { job, workflow })
+            })
+            .collect()
+    }
+
+    /// Up to `limit` assets whose ids follow `after`.
+    pub fn export_assets(&self, after: &str, limit: usize) -> Result<Vec<AssetRecord>, StoreError> {
+        page(&self.0.assets, after, limit)?.iter().map(|(key, bytes)| decode(key, bytes)).collect()
+    }
+
+    /// Up to `limit` idempotency claims whose keys follow `after`.
+    pub fn export_claims(&self, after: &str, limit: usize) -> Result<Vec<IdempotencyClaim>, StoreError> {
+        page(&self.0.claims, after, limit)?.iter().map(|(key, bytes)| decode(key, bytes)).collect()
+    }
+}
+
+/// A key and its value.
+type Entry = (Vec<u8>, Vec<u8>);
+
+/// Up to `limit` entries of `tree` after key `after`, in key order.
+fn page(tree: &sled::Tree, after: &str, limit: usize) -> Result<Vec<Entry>, StoreError> {
+    let from = if after.is_empty() { Bound::Unbounded } else { Bound::Excluded(after.as_bytes()) };
+    tree.range::<&[u8], _>((from, Bound::Unbounded)).take(limit).map(|entry| entry.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(backend)).collect()
+}
