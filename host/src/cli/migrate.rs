@@ -29,24 +29,29 @@ pub enum MigrateTo {
 /// Runs `kiln migrate`; the exit code (0: everything copied and checked).
 pub async fn run(config: &Config, args: MigrateArgs) -> anyhow::Result<i32> {
     let MigrateTo::Postgres = args.to;
-    let Some(url) = config.database_url.as_deref() else {
-        anyhow::bail!("kiln migrate --to postgres needs database_url (KILN_DATABASE_URL)");
-    };
+    let mut target_config = config.clone();
+    target_config.store = crate::config::StoreKind::Postgres;
+    target_config.check_store().map_err(|e| anyhow::anyhow!("kiln migrate --to postgres: {e}"))?;
+    let Some(url) = config.database_url.as_deref() else { anyhow::bail!("kiln migrate --to postgres needs database_url (KILN_DATABASE_URL)") };
     let from = args.from.unwrap_or_else(|| config.data_dir.clone());
     let source = Source::open(&from)?;
     let mut target = Target::open(url).await?;
+    crate::migrate::prepare(&source, &target).await?;
     if let Some(mut settings) = crate::service::s3_settings(config) {
         settings.installation = Some(target.installation_id().await?);
         let bucket = crate::store::s3::S3Blobs::open(&settings).await?;
         println!("blobs: into s3 {}", bucket.place());
         target = target.with_blobs(Arc::new(bucket));
     } else if config.blob_store == BlobStoreKind::Fs {
-        println!("blobs: left in {} (blob_store = \"fs\": hosts read them from there)", from.join("blobs").display());
+        println!(
+            "blobs: left in {} (blob_store = \"fs\": give the hosts this folder as their data directory's blobs/, on a volume they share)",
+            from.join("blobs").display()
+        );
     }
     println!("copying {} into {}", from.display(), crate::store::postgres::redacted(url));
     let copied = crate::migrate::run(&source, &target, &mut |tally| println!("{tally}")).await;
     target.close().await;
     copied?;
-    println!("done: every record of the data directory is in the database, every copied byte checked by hash (run it again to copy what was added since)");
+    println!("done: every record of the data directory is in the database, every copied byte checked by hash; do not serve this data directory again");
     Ok(0)
 }

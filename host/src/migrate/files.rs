@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{MigrateError, Source, Tally, Target};
-use crate::service::deployments::DeploymentRecord;
+use crate::service::deployments::{DeploymentRecord, DeploymentState};
 use crate::store::{AccountStore, BlobStore, DeploymentStore, Entry, StoreError, UserFileStore};
 
 /// Most files one user of the web frontend is read for.
@@ -52,6 +52,15 @@ pub(super) async fn deployments(source: &Source, target: &Target) -> Result<Tall
                 return Err(mismatch("the database holds other bytes under its hash"));
             }
         }
+        // Where hosts share the store, the record holds what operators
+        // asked (each host loads it on its own): one that served, or failed
+        // to load, here is one to start.
+        let mut record = record.clone();
+        if matches!(record.state, DeploymentState::Ready | DeploymentState::Failed) {
+            record.state = DeploymentState::Starting;
+            record.error = None;
+        }
+        let json = serde_json::to_value(&record).map_err(|e| StoreError::Backend(e.to_string()))?;
         target.deployments.put(id, &json).await?;
         tally.copied += 1;
     }

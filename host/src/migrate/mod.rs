@@ -11,9 +11,12 @@
 //! once copied: every record of the source is present in the target
 //! (counted by id), and every copied byte is hashed: a blob is committed
 //! under the blake3 of what was read, which must be its name, and a bundle
-//! or user file is read back and compared by hash. The data directory must
-//! not be in use (sled's lock refuses a second opener); sign-in sessions
-//! are not copied (users sign in again).
+//! or user file is read back and compared by hash; every copied asset's
+//! blob must be where the hosts will read it. The data directory must not
+//! be in use (sled's lock refuses a second opener), nor served again once
+//! copied (a record the database holds is never updated from it); sign-in
+//! sessions and installed plugins are not copied (users sign in again;
+//! operators install plugins on every host).
 
 mod files;
 mod records;
@@ -72,7 +75,8 @@ pub struct Source {
 
 impl Source {
     /// Opens the embedded stores under `dir` (which must exist and not be
-    /// in use).
+    /// in use) as a start does: sled replays its commit log, the blob
+    /// folder's staging files are cleared.
     pub fn open(dir: &Path) -> Result<Source, MigrateError> {
         if !dir.join("meta").is_dir() {
             return Err(StoreError::Backend(format!("{} holds no embedded store (no meta/)", dir.display())).into());
@@ -140,7 +144,7 @@ impl Target {
 /// `progress` hears each kind's tally as it is done.
 pub async fn run(source: &Source, target: &Target, progress: &mut dyn FnMut(&Tally)) -> Result<Vec<Tally>, MigrateError> {
     // First, so nothing is copied into another installation's database.
-    secrets(source, target).await?;
+    prepare(source, target).await?;
     let mut tallies = Vec::new();
     let mut done = |t: Tally| {
         progress(&t);
@@ -149,21 +153,40 @@ pub async fn run(source: &Source, target: &Target, progress: &mut dyn FnMut(&Tal
     done(files::accounts(source, target).await?);
     done(files::deployments(source, target).await?);
     done(files::user_files(source, target).await?);
+    // Blobs before the records that name them: an asset copied is checked
+    // to have its blob where the hosts will read it.
+    let blob_home: Arc<dyn BlobStore> = match &target.blobs {
+        Some(blobs) => {
+            done(files::blobs(source, blobs.clone()).await?);
+            blobs.clone()
+        }
+        None => source.blobs.clone(),
+    };
     done(records::jobs(source, target).await?);
-    done(records::assets(source, target).await?);
+    done(records::assets(source, target, blob_home).await?);
     done(records::claims(source, target).await?);
-    if let Some(blobs) = &target.blobs {
-        done(files::blobs(source, blobs.clone()).await?);
-    }
+    target.meta.raise_seq_bound(crate::store::MetaStore::max_seq(&source.meta).await?).await?;
     Ok(tallies)
 }
 
-/// The data directory's server secrets (API keys' hashing, URL signing)
-/// seed the database's, or must equal them.
-async fn secrets(source: &Source, target: &Target) -> Result<(), MigrateError> {
-    for name in [crate::accounts::keys::SECRET_FILE, crate::api::signing::SECRET_FILE] {
-        let Some(own) = crate::secret_file::load(&source.dir, name) else { continue };
-        if target.db.server_secret(name, &source.dir).await? != own {
+/// Makes the database the data directory's installation's, before any
+/// record is copied (and before a bucket is opened, which is marked with
+/// the installation's id): the directory's id becomes the database's while
+/// the database holds nothing (a bucket the embedded server marked is then
+/// the database's too); its server secrets (API keys' hashing, URL
+/// signing) seed the database's, or must equal those already there — all
+/// checked before anything is written. Run again, it changes nothing.
+pub async fn prepare(source: &Source, target: &Target) -> Result<(), MigrateError> {
+    let names = [crate::accounts::keys::SECRET_FILE, crate::api::signing::SECRET_FILE];
+    let own: Vec<(&str, [u8; 32])> = names.iter().filter_map(|name| crate::secret_file::load(&source.dir, name).map(|s| (*name, s))).collect();
+    for (name, secret) in &own {
+        if target.db.stored_secret(name).await?.is_some_and(|stored| stored != *secret) {
+            return Err(MigrateError::ForeignSecret(name.to_string()));
+        }
+    }
+    target.meta.adopt_installation(&crate::store::MetaStore::installation_id(&source.meta).await?).await?;
+    for (name, secret) in &own {
+        if target.db.server_secret(name, &source.dir).await? != *secret {
             return Err(MigrateError::ForeignSecret(name.to_string()));
         }
     }

@@ -2,8 +2,11 @@
 //! sled a page at a time in key order, written where absent, and each page
 //! counted present in the database afterwards.
 
+use std::sync::Arc;
+
 use super::{MigrateError, PAGE, Source, Tally, Target, all_present};
 use crate::store::postgres::{Imported, ImportedJob};
+use crate::store::{BlobStore, StoreError};
 
 pub(super) async fn jobs(source: &Source, target: &Target) -> Result<Tally, MigrateError> {
     let mut tally = Tally { kind: "jobs", ..Tally::default() };
@@ -25,13 +28,23 @@ pub(super) async fn jobs(source: &Source, target: &Target) -> Result<Tally, Migr
     }
 }
 
-pub(super) async fn assets(source: &Source, target: &Target) -> Result<Tally, MigrateError> {
+/// Assets, each page's blobs checked present in `blobs` (where the hosts
+/// will read them) before its records are written.
+pub(super) async fn assets(source: &Source, target: &Target, blobs: Arc<dyn BlobStore>) -> Result<Tally, MigrateError> {
     let mut tally = Tally { kind: "assets", ..Tally::default() };
     let mut after = String::new();
     loop {
         let page = source.meta.export_assets(&after, PAGE)?;
         let Some(last) = page.last() else { return Ok(tally) };
         after = last.id.clone();
+        let mut hashes: Vec<String> = page.iter().map(|a| a.hash.clone()).collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        let missing = blobs_missing(blobs.clone(), hashes).await?;
+        if let Some(hash) = missing.first() {
+            let why = format!("{} blob(s) of this page's assets are not in the blob store the hosts read, e.g. this one", missing.len());
+            return Err(MigrateError::Mismatch { kind: "asset blob", name: hash.clone(), why });
+        }
         let ids: Vec<String> = page.iter().map(|a| a.id.clone()).collect();
         count(&mut tally, ids.len(), target.meta.import_assets(page).await?);
         all_present("assets", ids.len(), target.meta.present(Imported::Assets, ids).await?)?;
@@ -55,4 +68,20 @@ fn count(tally: &mut Tally, read: usize, new: usize) {
     tally.source += read;
     tally.copied += new;
     tally.present += read - new.min(read);
+}
+
+/// Which of `hashes` (`blake3:<hex>`) `blobs` lacks.
+async fn blobs_missing(blobs: Arc<dyn BlobStore>, hashes: Vec<String>) -> Result<Vec<String>, MigrateError> {
+    let look = move || -> Result<Vec<String>, StoreError> {
+        let mut missing = Vec::new();
+        for hash in hashes {
+            let parsed = hash.strip_prefix("blake3:").and_then(|hex| blake3::Hash::from_hex(hex).ok());
+            match parsed {
+                Some(h) if blobs.contains(&h)? => {}
+                _ => missing.push(hash),
+            }
+        }
+        Ok(missing)
+    };
+    Ok(tokio::task::spawn_blocking(look).await.map_err(|e| StoreError::Backend(e.to_string()))??)
 }

@@ -64,7 +64,7 @@ async fn accounts_move_a_damaged_blob_stops_the_copy_and_a_second_run_finishes_i
     std::fs::remove_file(DiskBlobs::open(dir.path().join("blobs")).unwrap().path(&damaged).unwrap()).unwrap();
     let mut heard = Vec::new();
     let tallies = run(&source, &target, &mut |t| heard.push(t.kind)).await.unwrap();
-    assert_eq!(heard, ["accounts", "deployments", "user files", "jobs", "assets", "idempotency claims", "blobs"]);
+    assert_eq!(heard, ["accounts", "deployments", "user files", "blobs", "jobs", "assets", "idempotency claims"]);
     let of = |kind: &str| tallies.iter().find(|t| t.kind == kind).unwrap().clone();
     assert_eq!((of("accounts").source, of("accounts").copied, of("accounts").present), (2, 0, 2));
     assert_eq!((of("blobs").source, of("blobs").copied + of("blobs").present), (1, 1));
@@ -73,15 +73,33 @@ async fn accounts_move_a_damaged_blob_stops_the_copy_and_a_second_run_finishes_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_installations_database_is_refused_before_anything_is_copied() {
+    use crate::api::signing::SECRET_FILE as SIGNING;
+    use crate::store::MetaStore;
     let Some(db) = fresh().await else { return };
     let (dir, _) = data_dir().await;
+    crate::secret_file::load_or_create(dir.path(), SIGNING).unwrap();
     let elsewhere = tempfile::tempdir().unwrap();
-    crate::secret_file::load_or_create(elsewhere.path(), crate::accounts::keys::SECRET_FILE).unwrap();
-    db.server_secret(crate::accounts::keys::SECRET_FILE, elsewhere.path()).await.unwrap();
+    crate::secret_file::load_or_create(elsewhere.path(), SIGNING).unwrap();
+    db.server_secret(SIGNING, elsewhere.path()).await.unwrap();
+    let installation = crate::store::postgres::PgMeta::new(db.clone()).installation_id().await.unwrap();
 
     let source = Source::open(dir.path()).unwrap();
     let refused = run(&source, &Target::on(db.clone()), &mut |_| {}).await;
-    assert!(matches!(refused, Err(MigrateError::ForeignSecret(ref name)) if name == crate::accounts::keys::SECRET_FILE), "{refused:?}");
+    assert!(matches!(refused, Err(MigrateError::ForeignSecret(ref name)) if name == SIGNING), "{refused:?}");
+    assert_eq!(db.stored_secret(crate::accounts::keys::SECRET_FILE).await.unwrap(), None, "the other secret not seeded");
+    assert_eq!(crate::store::postgres::PgMeta::new(db.clone()).installation_id().await.unwrap(), installation, "nor the installation's id taken");
     let accounts = crate::store::postgres::PgAccounts::new(db).all().await.unwrap();
     assert!(accounts.is_empty(), "nothing copied: {accounts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_database_takes_the_data_directorys_installation_id() {
+    use crate::store::MetaStore;
+    let Some(db) = fresh().await else { return };
+    let (dir, damaged) = data_dir().await;
+    std::fs::remove_file(DiskBlobs::open(dir.path().join("blobs")).unwrap().path(&damaged).unwrap()).unwrap();
+    let source = Source::open(dir.path()).unwrap();
+    let own = source.meta.installation_id().await.unwrap();
+    run(&source, &Target::on(db.clone()), &mut |_| {}).await.unwrap();
+    assert_eq!(crate::store::postgres::PgMeta::new(db).installation_id().await.unwrap(), own, "a bucket the server marked stays the installation's");
 }

@@ -355,6 +355,25 @@ mod tests {
         names
     }
 
+    /// A host has a job's components when each named plugin is there with
+    /// that very component, for the job's owner (an account's own view, or
+    /// the host's plugins).
+    #[test]
+    fn holdings_answer_by_plugin_name_and_component_for_the_owner() {
+        let host = crate::test_support::registry().clone();
+        let core = host.plugins().iter().find(|p| p.manifest.name == "core-image").expect("core-image is bundled");
+        let hash = super::super::identity::hash_grant(&core.component_hash);
+        let named = |pairs: &[(&str, &str)]| pairs.iter().map(|(n, h)| (n.to_string(), h.to_string())).collect::<std::collections::BTreeMap<_, _>>();
+        let empty = Arc::new(NodeRegistry::default());
+        let holdings = Holdings { host, accounts: [("bare".to_string(), empty)].into() };
+        assert!(holdings.has("anyone", &named(&[("core-image", &hash)])));
+        assert!(holdings.has("anyone", &named(&[])));
+        assert!(!holdings.has("anyone", &named(&[("core-image", "blake3:00")])), "another build");
+        assert!(!holdings.has("anyone", &named(&[("renamed", &hash)])), "the same component under another name");
+        assert!(!holdings.has("bare", &named(&[("core-image", &hash)])), "an account's view is its own");
+        assert!(holdings.hashes().contains(&hash));
+    }
+
     #[test]
     fn an_upgrade_replaces_the_folder_whole_and_a_removal_takes_it_away() {
         let dir = tempfile::tempdir().unwrap();

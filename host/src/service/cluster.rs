@@ -25,6 +25,9 @@ use crate::store::{JobRecord, JobStatus, StoreError};
 
 /// Jobs taken over in one look at most (the rest at the next heartbeat).
 const ADOPT_BATCH: usize = 1000;
+/// How many leases a job waits for a host with its very components before
+/// any host takes it (see `Runnable::wait`).
+const TAKEOVER_WAIT_LEASES: u32 = 10;
 /// How long a cancel of a job another host holds waits for that host to
 /// act before it answers with the job as it stands.
 const REMOTE_CANCEL_WAIT: Duration = Duration::from_secs(3);
@@ -76,8 +79,20 @@ impl Service {
     /// [`Runnable`]).
     fn runnable_here(&self) -> Runnable {
         let holdings = self.plugins.holdings();
-        let hashes = holdings.hashes();
-        Runnable { hashes, job: Arc::new(move |job: &JobRecord| job.deployment.is_some() || holdings.has(&job.owner, &job.components)) }
+        // The deployments this host serves now, each with its own plugins.
+        let deployments: std::collections::HashMap<String, Arc<crate::plugins::NodeRegistry>> =
+            self.deployments.list().into_iter().filter_map(|d| self.deployments.loaded(&d.spec.id).map(|l| (d.spec.id, l.registry.clone()))).collect();
+        let mut hashes = holdings.hashes();
+        hashes.extend(deployments.values().flat_map(|r| r.component_hashes()));
+        hashes.sort_unstable();
+        hashes.dedup();
+        let job = move |job: &JobRecord| match (&job.deployment, &job.bundle) {
+            // Its bundle pins its components on every host.
+            (Some(_), Some(_)) => true,
+            (Some(id), None) => deployments.get(id).is_some_and(|r| r.has_components(&job.components)),
+            (None, _) => holdings.has(&job.owner, &job.components),
+        };
+        Runnable { hashes, job: Arc::new(job), wait: self.opts.lease * TAKEOVER_WAIT_LEASES }
     }
 
     /// Tells the operator, when their number changes, of the jobs no host

@@ -56,9 +56,9 @@ pub trait HostLeases: Send + Sync {
 }
 
 /// What a host can run, asked before it takes a job over: a job runs
-/// only on the very components it was validated against when submitted
+/// on the very components it was validated against when submitted
 /// ([`JobRecord::takeover_needs`]), so a host with another plugin set
-/// leaves it to one that has them.
+/// leaves it to one that has them (for [`Runnable::wait`] at most).
 #[derive(Clone)]
 pub struct Runnable {
     /// `blake3:<hex>` of every component this host has (a first filter, in
@@ -68,6 +68,13 @@ pub struct Runnable {
     /// run (its owner's plugins: a hash held for another account is not
     /// this one's).
     pub job: Arc<dyn Fn(&JobRecord) -> bool + Send + Sync>,
+    /// How long a job waits for a host with its components. After that
+    /// (every host upgraded, or the only hosts with them gone), any host
+    /// takes it and validates it again against its own plugins, as one
+    /// host does after an upgrade. A job an earlier start of this host
+    /// held, or one asked to be canceled or past its expiry, is taken at
+    /// once whatever it needs.
+    pub wait: std::time::Duration,
 }
 
 /// One look for jobs to take over.
@@ -76,7 +83,8 @@ pub struct Adopted {
     /// The jobs taken: this host's now.
     pub jobs: Vec<JobRecord>,
     /// Jobs no host holds that this one lacks the components of (counted
-    /// up to [`LEFT_COUNTED`]): they wait for a host that has them.
+    /// up to [`LEFT_COUNTED`]): they wait for a host that has them, for
+    /// [`Runnable::wait`] at most.
     pub left: usize,
 }
 

@@ -165,10 +165,11 @@ impl JobRecord {
 
     /// The component hashes a host must have to take this job over from
     /// another (see `store::cluster::Runnable`): its recorded components,
-    /// except for a deployment's job, whose bundle pins them already (a
-    /// host runs the deployment with exactly those or not at all).
+    /// except for the job of a deployment made from a bundle, which pins
+    /// them already (a host runs that deployment with exactly those or not
+    /// at all).
     pub fn takeover_needs(&self) -> Vec<String> {
-        if self.deployment.is_some() { Vec::new() } else { self.components.values().cloned().collect() }
+        if self.bundle.is_some() { Vec::new() } else { self.components.values().cloned().collect() }
     }
 }
 

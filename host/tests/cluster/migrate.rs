@@ -54,7 +54,17 @@ async fn an_embedded_data_dir_moves_into_the_cluster() {
     assert!(saved.status().is_success(), "{}", saved.status());
     let made = http.post(format!("{}/admin/deployments", old.base)).bearer_auth(ADMIN).json(&json!({"id": "moved", "owner": "local"})).send().await.unwrap();
     assert_eq!(made.status(), 201);
-    deployment_answers(&http, &old, "moved", 201).await;
+    let deployed = deployment_answers(&http, &old, "moved", 201).await;
+    let deployed = deployed["id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let job: Value = http.get(format!("{}/deployment/moved/api/v2/jobs/{deployed}", old.base)).send().await.unwrap().json().await.unwrap();
+        if job["status"] == "succeeded" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline && job["status"] != "failed", "{job}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Killed while a job runs: it is `running` in the data directory.
     let interrupted = submit(&http, &old, slow(6)).await;
     wait_for(&http, &old, &interrupted, &["running"], Duration::from_secs(30)).await;

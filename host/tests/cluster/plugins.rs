@@ -1,7 +1,7 @@
 //! Hosts with different plugin sets: a job records the components it was
-//! validated against, and when its host dies, a host whose plugin of that
-//! name is another build leaves it alone (it would run other code); a host
-//! that has the very component takes it and runs it.
+//! validated against when submitted, and when its host dies, a host whose
+//! plugin of that name is another build leaves it alone (it would run other
+//! code); a host that has the very component takes it and runs it.
 
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,7 @@ fn posterized() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_is_taken_over_only_by_a_host_with_its_components() {
     let Some(shared) = shared().await else { return };
-    let admin = [("KILN_ADMIN_TOKEN", ADMIN)];
+    let admin = [("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", "1")];
     let (mut p1, p2) = (start_with("p1", &shared, &admin), start_with("p2", &shared, &admin));
     let http = reqwest::Client::new();
     let v1 = install(&http, &p1, POSTERIZE.to_vec()).await;
@@ -51,8 +51,12 @@ async fn a_job_is_taken_over_only_by_a_host_with_its_components() {
     assert_ne!(v1, other);
 
     let id = submit(&http, &p1, posterized()).await;
-    let running = wait_for(&http, &p2, &id, &["running"], Duration::from_secs(30)).await;
-    assert_eq!(running["components"]["example-posterize"], v1.as_str(), "recorded as validated: {running}");
+    wait_for(&http, &p2, &id, &["running"], Duration::from_secs(30)).await;
+    // One job at a time: the second waits, its components recorded as
+    // validated at submission.
+    let waiting = submit(&http, &p1, posterized()).await;
+    let queued = job(&http, &p2, &waiting).await;
+    assert_eq!((queued["status"].as_str(), &queued["components"]["example-posterize"]), (Some("queued"), &json!(v1)), "{queued}");
     p1.child.kill().unwrap();
     p1.child.wait().unwrap();
 
@@ -69,17 +73,21 @@ async fn a_job_is_taken_over_only_by_a_host_with_its_components() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (holder,): (Option<String>,) = sqlx::query_as("SELECT holder FROM jobs WHERE id = $1").bind(&id).fetch_one(&db).await.unwrap();
-    assert!(holder.as_deref().is_some_and(|h| h.starts_with("p1/")), "still the dead host's, not p2's: {holder:?}");
-    assert_eq!(job(&http, &p2, &id).await["status"], "running", "as the dead host left it");
+    for (id, left_as) in [(&id, "running"), (&waiting, "queued")] {
+        let (holder,): (Option<String>,) = sqlx::query_as("SELECT holder FROM jobs WHERE id = $1").bind(id).fetch_one(&db).await.unwrap();
+        assert!(holder.as_deref().is_some_and(|h| h.starts_with("p1/")), "still the dead host's, not p2's: {holder:?}");
+        assert_eq!(job(&http, &p2, id).await["status"], left_as, "as the dead host left it");
+    }
 
     // A host with the very component: it takes the job once it has it.
     let p3 = start_with("p3", &shared, &admin);
     assert_eq!(install(&http, &p3, POSTERIZE.to_vec()).await, v1);
-    let done = wait_for(&http, &p2, &id, &["succeeded", "failed", "canceled"], Duration::from_secs(90)).await;
-    assert_eq!(done["status"], "succeeded", "{done}");
-    assert_eq!(done["components"]["example-posterize"], v1.as_str(), "run on the component it was validated against: {done}");
-    let (holder,): (Option<String>,) = sqlx::query_as("SELECT holder FROM jobs WHERE id = $1").bind(&id).fetch_one(&db).await.unwrap();
-    assert_eq!(holder, None, "finished, held by none");
+    for id in [&id, &waiting] {
+        let done = wait_for(&http, &p2, id, &["succeeded", "failed", "canceled"], Duration::from_secs(90)).await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+        assert_eq!(done["components"]["example-posterize"], v1.as_str(), "run on the component it was validated against: {done}");
+        let (holder,): (Option<String>,) = sqlx::query_as("SELECT holder FROM jobs WHERE id = $1").bind(id).fetch_one(&db).await.unwrap();
+        assert_eq!(holder, None, "finished, held by none");
+    }
     drop(p3);
 }

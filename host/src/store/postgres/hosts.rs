@@ -14,6 +14,20 @@ use crate::store::{JobRecord, StoreError};
 const ADOPT_LOCK: &str = "kiln: take over lapsed hosts' jobs";
 /// Pages of candidates one look reads at most (each of its `limit`).
 const ADOPT_PAGES: usize = 8;
+/// An orphan any host takes whatever components it needs (table alias
+/// `j`; `$own`: this host's id and `/`, `$wait`: [`Runnable::wait`] in
+/// µs): one an earlier start of this very host held (a restart takes its
+/// own jobs back, re-validated, as one host alone does), one asked to be
+/// canceled or past its expiry (ended, not run), and one that waited for
+/// a host with its components longer than `wait`.
+fn forced(own: usize, wait: usize) -> String {
+    // (A job held by none, or not yet seen orphaned, compares to NULL.)
+    format!(
+        "COALESCE(starts_with(j.holder, ${own}) OR j.cancel_requested OR j.expires_at <= {DB_NOW} \
+          OR j.orphaned_at <= {DB_NOW} - ${wait}, FALSE)"
+    )
+}
+
 /// An unfinished job no registered host holds (table alias `j`).
 const ORPHAN: &str = "j.status IN ('queued', 'running', 'canceling') AND (j.holder IS NULL OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder))";
 
@@ -72,6 +86,7 @@ impl HostLeases for PgHosts {
 
     async fn adopt(&self, limit: usize, here: &Runnable) -> Result<Adopted, StoreError> {
         let (me, here, limit) = (self.me(), here.clone(), limit.max(1));
+        let (own, wait) = (format!("{}/", self.host_id), micros(here.wait));
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
             // One host looks at a time: a row another host took over (and
@@ -83,45 +98,60 @@ impl HostLeases for PgHosts {
             for (holder,) in &ended {
                 tracing::warn!(holder = %holder, "a host's lease lapsed: its jobs are taken over");
             }
+            // When each orphan was first seen so (what `here.wait` counts from).
+            sqlx::query(&format!("UPDATE jobs j SET orphaned_at = {DB_NOW} WHERE {ORPHAN} AND j.orphaned_at IS NULL"))
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
             let mut adopted = Adopted::default();
-            // Pages of the orphans whose components this host has (by
-            // hash), oldest first, each asked whether it runs here (for
-            // its owner): a page of jobs it cannot run never hides others.
+            // Pages of the orphans this host may take — those whose
+            // components it has (by hash) and those taken whatever they
+            // need (`forced`) — oldest first, the former each asked whether
+            // it runs here (for its owner): a page of jobs it cannot run
+            // never hides others.
             let page = i64::try_from(limit).unwrap_or(i64::MAX);
             let mut after = (i64::MIN, String::new());
             for _ in 0..ADOPT_PAGES {
                 let rows = sqlx::query(&format!(
-                    "SELECT id, seq, record FROM jobs j WHERE {ORPHAN} AND takeover_needs <@ $1 AND (seq, id) > ($2, $3) \
-                     ORDER BY seq, id LIMIT $4 FOR UPDATE SKIP LOCKED"
+                    "SELECT id, seq, record, {forced} AS forced FROM jobs j WHERE {ORPHAN} AND ({forced} OR j.takeover_needs <@ $1) \
+                     AND (j.seq, j.id) > ($2, $3) ORDER BY j.seq, j.id LIMIT $4 FOR UPDATE SKIP LOCKED",
+                    forced = forced(5, 6)
                 ))
                 .bind(&here.hashes)
                 .bind(after.0)
                 .bind(&after.1)
                 .bind(page)
+                .bind(&own)
+                .bind(wait)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(backend)?;
                 let Some(last) = rows.last() else { break };
                 after = (last.try_get("seq").map_err(backend)?, last.try_get("id").map_err(backend)?);
                 let full = rows.len() == limit;
-                for job in records::<JobRecord>("job", &rows)? {
+                for (row, job) in rows.iter().zip(records::<JobRecord>("job", &rows)?) {
                     if adopted.jobs.len() == limit {
                         break;
                     }
-                    if (here.job)(&job) { adopted.jobs.push(job) } else { adopted.left += 1 }
+                    let forced: bool = row.try_get("forced").map_err(backend)?;
+                    if forced || (here.job)(&job) { adopted.jobs.push(job) } else { adopted.left += 1 }
                 }
                 if !full || adopted.jobs.len() == limit {
                     break;
                 }
             }
             let ids: Vec<&str> = adopted.jobs.iter().map(|j| j.id.as_str()).collect();
-            sqlx::query("UPDATE jobs SET holder = $1 WHERE id = ANY($2)").bind(&me).bind(&ids).execute(&mut *tx).await.map_err(backend)?;
-            let (lacking,): (i64,) =
-                sqlx::query_as(&format!("SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE {ORPHAN} AND NOT takeover_needs <@ $1 LIMIT {LEFT_COUNTED}) l"))
-                    .bind(&here.hashes)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(backend)?;
+            sqlx::query("UPDATE jobs SET holder = $1, orphaned_at = NULL WHERE id = ANY($2)").bind(&me).bind(&ids).execute(&mut *tx).await.map_err(backend)?;
+            let (lacking,): (i64,) = sqlx::query_as(&format!(
+                "SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE {ORPHAN} AND NOT {forced} AND NOT j.takeover_needs <@ $1 LIMIT {LEFT_COUNTED}) l",
+                forced = forced(2, 3)
+            ))
+            .bind(&here.hashes)
+            .bind(&own)
+            .bind(wait)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
             adopted.left = (adopted.left + usize::try_from(lacking).unwrap_or(0)).min(LEFT_COUNTED);
             tx.commit().await.map_err(backend)?;
             Ok(adopted)

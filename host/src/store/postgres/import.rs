@@ -108,6 +108,43 @@ impl PgMeta {
             .await
     }
 
+    /// Makes `id` the installation's id (what marks its bucket) while the
+    /// database holds nothing yet; the id it has after.
+    pub async fn adopt_installation(&self, id: &str) -> Result<String, StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |pool| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "UPDATE installation SET id = $1 WHERE NOT EXISTS (SELECT 1 FROM jobs) AND NOT EXISTS (SELECT 1 FROM assets) \
+                         AND NOT EXISTS (SELECT 1 FROM accounts) AND NOT EXISTS (SELECT 1 FROM deployments) \
+                         AND NOT EXISTS (SELECT 1 FROM hosts) AND NOT EXISTS (SELECT 1 FROM server_secrets)",
+                    )
+                    .bind(&id)
+                    .execute(&pool)
+                    .await
+                    .map_err(backend)?;
+                    let (now,): (String,) = sqlx::query_as("SELECT id FROM installation").fetch_one(&pool).await.map_err(backend)?;
+                    Ok(now)
+                })
+            })
+            .await
+    }
+
+    /// Raises the bound new queue numbers start above to at least `seq`
+    /// (the source's highest, deleted jobs' included).
+    pub async fn raise_seq_bound(&self, seq: u64) -> Result<(), StoreError> {
+        let seq = i64::try_from(seq).unwrap_or(i64::MAX);
+        self.db
+            .run(move |pool| {
+                Box::pin(async move {
+                    sqlx::query("UPDATE seq_bound SET value = GREATEST(value, $1)").bind(seq).execute(&pool).await.map_err(backend)?;
+                    Ok(())
+                })
+            })
+            .await
+    }
+
     /// How many of `ids` the database holds, of `what`.
     pub async fn present(&self, what: Imported, ids: Vec<String>) -> Result<usize, StoreError> {
         let sql = match what {

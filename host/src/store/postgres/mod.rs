@@ -58,7 +58,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (7, "user files", include_str!("migrations/0007_user_files.sql")),
     (8, "hosts", include_str!("migrations/0008_hosts.sql")),
     (9, "admission", include_str!("migrations/0009_admission.sql")),
-    (10, "takeover needs", include_str!("migrations/0010_takeover_needs.sql")),
+    (10, "takeover", include_str!("migrations/0010_takeover.sql")),
 ];
 
 /// How long an idle connection stays open.

@@ -30,4 +30,18 @@ impl PgDatabase {
         })
         .await
     }
+
+    /// The installation's secret `name` when one is stored (nothing written).
+    pub async fn stored_secret(&self, name: &str) -> Result<Option<[u8; 32]>, StoreError> {
+        let name = name.to_string();
+        self.run(move |pool| {
+            Box::pin(async move {
+                let row: Option<(Vec<u8>,)> =
+                    sqlx::query_as("SELECT secret FROM server_secrets WHERE name = $1").bind(&name).fetch_optional(&pool).await.map_err(backend)?;
+                row.map(|(secret,)| <[u8; 32]>::try_from(secret.as_slice()).map_err(|_| StoreError::Corrupt(format!("server secret {name} is not 32 bytes"))))
+                    .transpose()
+            })
+        })
+        .await
+    }
 }

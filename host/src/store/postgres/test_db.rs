@@ -148,7 +148,7 @@ async fn a_lapsed_host_is_fenced_and_its_jobs_taken_over_once() {
     let (lease_a, lease_b, lease_c) = (super::PgHosts::new(a.clone(), "a"), super::PgHosts::new(b.clone(), "b"), super::PgHosts::new(c.clone(), "c"));
     let (meta_a, meta_b, meta_c) = (super::PgMeta::new(a), super::PgMeta::new(b), super::PgMeta::new(c));
     let minute = Duration::from_secs(60);
-    let any = crate::store::cluster::Runnable { hashes: Vec::new(), job: std::sync::Arc::new(|_| true) };
+    let any = crate::store::cluster::Runnable { hashes: Vec::new(), job: std::sync::Arc::new(|_| true), wait: minute };
     for lease in [&lease_a, &lease_b, &lease_c] {
         lease.register(minute).await.unwrap();
     }
@@ -220,9 +220,11 @@ async fn a_lapsed_host_is_fenced_and_its_jobs_taken_over_once() {
 }
 
 /// A host takes over only the jobs whose components it has (the store's
-/// filter by hash, then the host's own answer for each job's owner); the
-/// others wait, counted, for a host that has them. A deployment's job
-/// needs none (its bundle pins them).
+/// filter by hash, then the host's own answer for each job's owner), two
+/// at a time here, so the looks page; the others wait, counted, for a host
+/// that has them. A bundle deployment's job needs none (its bundle pins
+/// them); a job asked to be canceled or past its expiry is taken whatever
+/// it needs (to be ended, not run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_takes_over_only_the_jobs_whose_components_it_has() {
     use std::sync::Arc;
@@ -235,40 +237,107 @@ async fn a_host_takes_over_only_the_jobs_whose_components_it_has() {
     let (lease_a, lease_b, meta_a) = (super::PgHosts::new(a.clone(), "a"), super::PgHosts::new(b, "b"), super::PgMeta::new(a));
     lease_a.register(Duration::from_secs(60)).await.unwrap();
     lease_b.register(Duration::from_secs(60)).await.unwrap();
-    let with = |id: &str, seq: u64, owner: &str, components: &[(&str, &str)], deployment: Option<&str>| {
-        let mut job = JobRecord::queued_for_test(id, 5, seq);
-        job.owner = owner.into();
-        job.components = components.iter().map(|(p, h)| (p.to_string(), h.to_string())).collect();
-        job.deployment = deployment.map(str::to_string);
-        job
-    };
     let jobs = [
-        with("v1", 1, "local", &[("posterize", "blake3:01"), ("core", "blake3:c0")], None),
-        with("v2", 2, "local", &[("posterize", "blake3:02")], None),
-        with("plain", 3, "local", &[], None),
-        with("theirs", 4, "tenant", &[("mine", "blake3:0a")], None),
-        with("deployed", 5, "local", &[("posterize", "blake3:09")], Some("d1")),
+        needing("v1", 1, "local", &[("posterize", "blake3:01"), ("core", "blake3:c0")]),
+        needing("v2", 2, "local", &[("posterize", "blake3:02")]),
+        // The same seq as v2: the pages go by (seq, id).
+        needing("plain", 2, "local", &[]),
+        needing("theirs", 3, "tenant", &[("mine", "blake3:0a")]),
+        JobRecord { deployment: Some("d1".into()), bundle: Some("blake3:b1".into()), ..needing("bundled", 4, "local", &[("posterize", "blake3:09")]) },
+        JobRecord { deployment: Some("d2".into()), ..needing("from-dirs", 5, "local", &[("posterize", "blake3:09")]) },
+        needing("to-cancel", 6, "local", &[("gone", "blake3:ff")]),
+        JobRecord { expires_at: 0, ..needing("expired", 7, "local", &[("gone", "blake3:ff")]) },
     ];
     for job in &jobs {
         meta_a.submit(job, &serde_json::json!({}), None).await.unwrap();
     }
+    assert!(lease_a.request_cancel("to-cancel").await.unwrap());
     lease_a.renew(Duration::ZERO).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     // B has posterize v2 and core; `blake3:0a` too, but as another
-    // account's plugin, not `tenant`'s.
-    let here = Runnable { hashes: ["blake3:02", "blake3:c0", "blake3:0a"].map(String::from).to_vec(), job: Arc::new(|job: &JobRecord| job.owner != "tenant") };
-    let adopted = lease_b.adopt(10, &here).await.unwrap();
-    let mut taken: Vec<&str> = adopted.jobs.iter().map(|j| j.id.as_str()).collect();
-    taken.sort_unstable();
-    assert_eq!(taken, ["deployed", "plain", "v2"], "{adopted:?}");
-    assert_eq!(adopted.left, 2, "v1 (another posterize) and the tenant's job wait");
-    let again = lease_b.adopt(10, &here).await.unwrap();
-    assert!(again.jobs.is_empty() && again.left == 2, "{again:?}");
+    // account's plugin, not `tenant`'s; it does not serve d2.
+    let here = Runnable {
+        hashes: ["blake3:02", "blake3:c0", "blake3:0a"].map(String::from).to_vec(),
+        job: Arc::new(|job: &JobRecord| job.owner != "tenant" && (job.deployment.is_none() || job.bundle.is_some())),
+        wait: Duration::from_secs(60),
+    };
+    let (taken, left) = take_all(&lease_b, &here).await;
+    assert_eq!(taken, ["bundled", "expired", "plain", "to-cancel", "v2"]);
+    assert_eq!(left, 3, "v1 (another posterize), the tenant's job and d2's wait");
     // A host with posterize v1 takes v1, and only it.
-    let with_v1 = Runnable { hashes: vec!["blake3:01".into(), "blake3:c0".into()], job: Arc::new(|_: &JobRecord| true) };
-    let later = lease_b.adopt(10, &with_v1).await.unwrap();
-    assert_eq!(later.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["v1"]);
-    assert_eq!(later.left, 1, "the tenant's job still waits");
+    let with_v1 = Runnable { hashes: vec!["blake3:01".into(), "blake3:c0".into()], job: Arc::new(|_: &JobRecord| true), wait: Duration::from_secs(60) };
+    let (taken, left) = take_all(&lease_b, &with_v1).await;
+    assert_eq!((taken, left), (vec!["v1".to_string()], 2), "the tenant's job and d2's still wait");
+}
+
+/// A restarted host takes back its own earlier start's jobs whatever they
+/// need (re-validated, as one host alone after an upgrade); a job no host
+/// has the components of is taken by any once it has waited `wait`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_host_takes_its_own_jobs_back_and_none_waits_forever() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::store::JobRecord;
+    use crate::store::cluster::{HostLeases, Runnable};
+    let Some(db) = fresh().await else { return };
+    let minute = Duration::from_secs(60);
+    let a = db.clone().as_host("a");
+    let first = super::PgHosts::new(a.clone(), "a");
+    first.register(minute).await.unwrap();
+    let meta_a = super::PgMeta::new(a);
+    meta_a.submit(&needing("old-build", 1, "local", &[("core", "blake3:0ld")]), &serde_json::json!({}), None).await.unwrap();
+    let lacking = |wait| Runnable { hashes: vec!["blake3:new".into()], job: Arc::new(|_: &JobRecord| true), wait };
+    let b = super::PgHosts::new(db.clone().as_host("b"), "b");
+    b.register(minute).await.unwrap();
+    // `a` starts again (an upgrade): its new start takes the job back.
+    let again = super::PgHosts::new(db.clone().as_host("a"), "a");
+    again.register(minute).await.unwrap();
+    assert_eq!(take_all(&b, &lacking(minute)).await, (Vec::new(), 1), "not b's");
+    assert_eq!(take_all(&again, &lacking(minute)).await.0, ["old-build"]);
+
+    // A job copied in by `kiln migrate`, held by none: it waits for a host
+    // with its components like any other.
+    let copied = super::ImportedJob { job: needing("copied", 3, "local", &[("core", "blake3:0ld")]), workflow: None, sched_key: "local".into() };
+    assert_eq!(super::PgMeta::new(db.clone()).import_jobs(vec![copied]).await.unwrap(), 1);
+    assert_eq!(take_all(&b, &lacking(minute)).await, (Vec::new(), 1), "b lacks its components");
+    let having = Runnable { hashes: vec!["blake3:0ld".into()], job: Arc::new(|_: &JobRecord| true), wait: minute };
+    assert_eq!(take_all(&b, &having).await, (vec!["copied".to_string()], 0));
+
+    // A host that is gone for good: its job waits, then goes to b anyway.
+    let c_db = db.as_host("c");
+    let c = super::PgHosts::new(c_db.clone(), "c");
+    c.register(minute).await.unwrap();
+    super::PgMeta::new(c_db).submit(&needing("orphan", 2, "local", &[("core", "blake3:0ld")]), &serde_json::json!({}), None).await.unwrap();
+    c.release().await.unwrap();
+    let wait = Duration::from_millis(300);
+    assert_eq!(take_all(&b, &lacking(wait)).await, (Vec::new(), 1), "it waits first");
+    tokio::time::sleep(wait * 2).await;
+    assert_eq!(take_all(&b, &lacking(wait)).await, (vec!["orphan".to_string()], 0));
+}
+
+/// A queued job of `owner` validated against `components`.
+fn needing(id: &str, seq: u64, owner: &str, components: &[(&str, &str)]) -> crate::store::JobRecord {
+    let mut job = crate::store::JobRecord::queued_for_test(id, 5, seq);
+    job.expires_at = i64::MAX / 2;
+    job.owner = owner.into();
+    job.components = components.iter().map(|(p, h)| (p.to_string(), h.to_string())).collect();
+    job
+}
+
+/// Looks until nothing more is taken, two jobs at a time: the ids taken
+/// (sorted) and the count left at the last look.
+async fn take_all(lease: &super::PgHosts, here: &crate::store::cluster::Runnable) -> (Vec<String>, usize) {
+    use crate::store::cluster::HostLeases;
+    let mut taken = Vec::new();
+    loop {
+        let look = lease.adopt(2, here).await.unwrap();
+        if look.jobs.is_empty() {
+            taken.sort();
+            return (taken, look.left);
+        }
+        taken.extend(look.jobs.into_iter().map(|j| j.id));
+    }
 }
 
 /// Notices reach the other hosts on their topic, never the sender.

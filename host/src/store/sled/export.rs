@@ -1,11 +1,16 @@
 //! Everything the embedded store holds, read out in key order a page at a
 //! time, for `kiln migrate` (see `crate::migrate`): jobs with their
-//! workflows, assets and idempotency claims. Nothing here writes.
+//! workflows, assets and idempotency claims. Nothing here writes. A page
+//! holds at most its count of records and about [`PAGE_BYTES`] (one
+//! record at least, however large).
 
 use std::ops::Bound;
 
 use super::{SledMeta, backend, decode};
 use crate::store::{AssetRecord, IdempotencyClaim, JobRecord, StoreError};
+
+/// The bytes of records (and workflows) one page holds, about.
+pub const PAGE_BYTES: usize = 32 << 20;
 
 /// A job as stored, with its workflow's bytes (JSON) when kept.
 pub struct ExportedJob {
@@ -17,14 +22,18 @@ impl SledMeta {
     /// Up to `limit` jobs whose ids follow `after` (`""`: from the first).
     pub fn export_jobs(&self, after: &str, limit: usize) -> Result<Vec<ExportedJob>, StoreError> {
         let sled = &self.0;
-        page(&sled.jobs, after, limit)?
-            .into_iter()
-            .map(|(key, bytes)| {
-                let job: JobRecord = decode(&key, &bytes)?;
-                let workflow = sled.workflows.get(&key).map_err(backend)?.map(|w| w.to_vec());
-                Ok(ExportedJob { job, workflow })
-            })
-            .collect()
+        let mut jobs = Vec::new();
+        let mut bytes_held = 0;
+        for (key, bytes) in page(&sled.jobs, after, limit)? {
+            if !jobs.is_empty() && bytes_held >= PAGE_BYTES {
+                break;
+            }
+            let job: JobRecord = decode(&key, &bytes)?;
+            let workflow = sled.workflows.get(&key).map_err(backend)?.map(|w| w.to_vec());
+            bytes_held += bytes.len() + workflow.as_ref().map_or(0, Vec::len);
+            jobs.push(ExportedJob { job, workflow });
+        }
+        Ok(jobs)
     }
 
     /// Up to `limit` assets whose ids follow `after`.
@@ -41,8 +50,19 @@ impl SledMeta {
 /// A key and its value.
 type Entry = (Vec<u8>, Vec<u8>);
 
-/// Up to `limit` entries of `tree` after key `after`, in key order.
+/// Up to `limit` entries of `tree` after key `after`, in key order, about
+/// [`PAGE_BYTES`] at most.
 fn page(tree: &sled::Tree, after: &str, limit: usize) -> Result<Vec<Entry>, StoreError> {
     let from = if after.is_empty() { Bound::Unbounded } else { Bound::Excluded(after.as_bytes()) };
-    tree.range::<&[u8], _>((from, Bound::Unbounded)).take(limit).map(|entry| entry.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(backend)).collect()
+    let mut entries = Vec::new();
+    let mut bytes_held = 0;
+    for entry in tree.range::<&[u8], _>((from, Bound::Unbounded)).take(limit) {
+        if !entries.is_empty() && bytes_held >= PAGE_BYTES {
+            break;
+        }
+        let (k, v) = entry.map_err(backend)?;
+        bytes_held += k.len() + v.len();
+        entries.push((k.to_vec(), v.to_vec()));
+    }
+    Ok(entries)
 }
