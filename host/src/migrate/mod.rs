@@ -7,7 +7,9 @@
 //! Every write is made only where the target lacks the record, so a copy
 //! stopped part way (a crash, a lost connection) is run again and writes
 //! what is missing, nothing twice; a record the target already holds is
-//! left as it is (hosts may have moved it on since). Each kind is checked
+//! left as it is (hosts may have moved it on since). An asset whose blob is
+//! lost (nowhere the hosts read) is left out and reported. A finished copy
+//! marks the directory ([`MOVED_MARK`]) so no embedded server opens it. Each kind is checked
 //! once copied: every record of the source is present in the target
 //! (counted by id), and every copied byte is hashed: a blob is committed
 //! under the blake3 of what was read, which must be its name, and a bundle
@@ -55,11 +57,35 @@ pub struct Tally {
     pub copied: usize,
     /// How many the target held already.
     pub present: usize,
+    /// How many were left out (an asset whose blob is nowhere the hosts
+    /// read: lost from the data directory), with the first few ids.
+    pub left_out: usize,
+    pub left_out_ids: Vec<String>,
+}
+
+impl Tally {
+    /// Counts `id` as left out.
+    fn leave_out(&mut self, id: &str) {
+        self.left_out += 1;
+        if self.left_out_ids.len() < 10 {
+            self.left_out_ids.push(id.to_string());
+        }
+    }
 }
 
 impl std::fmt::Display for Tally {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {} in the data directory, {} copied now, {} there already", self.kind, self.source, self.copied, self.present)
+        write!(f, "{}: {} in the data directory, {} copied now, {} there already", self.kind, self.source, self.copied, self.present)?;
+        if self.left_out > 0 {
+            write!(
+                f,
+                ", {} left out (their blob is lost: {}{})",
+                self.left_out,
+                self.left_out_ids.join(", "),
+                if self.left_out > self.left_out_ids.len() { ", …" } else { "" }
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -166,8 +192,17 @@ pub async fn run(source: &Source, target: &Target, progress: &mut dyn FnMut(&Tal
     done(records::assets(source, target, blob_home).await?);
     done(records::claims(source, target).await?);
     target.meta.raise_seq_bound(crate::store::MetaStore::max_seq(&source.meta).await?).await?;
+    std::fs::write(source.dir.join(MOVED_MARK), MOVED_TEXT).map_err(StoreError::from)?;
     Ok(tallies)
 }
+
+/// The file a copied data directory is marked with: an embedded server
+/// refuses to open it (`Backends::embedded`), so the directory is not
+/// served beside the cluster it was copied into (whose bucket it could
+/// share, and whose blobs its sweep would collect).
+pub const MOVED_MARK: &str = "moved-to-postgres";
+const MOVED_TEXT: &str = "kiln migrate --to postgres copied this data directory into a shared database: serve that instead. \
+Delete this file to serve the directory on its own anyway.\n";
 
 /// Makes the database the data directory's installation's, before any
 /// record is copied (and before a bucket is opened, which is marked with

@@ -29,7 +29,8 @@ pub(super) async fn jobs(source: &Source, target: &Target) -> Result<Tally, Migr
 }
 
 /// Assets, each page's blobs checked present in `blobs` (where the hosts
-/// will read them) before its records are written.
+/// will read them) before its records are written: one whose blob is lost
+/// is left out, counted.
 pub(super) async fn assets(source: &Source, target: &Target, blobs: Arc<dyn BlobStore>) -> Result<Tally, MigrateError> {
     let mut tally = Tally { kind: "assets", ..Tally::default() };
     let mut after = String::new();
@@ -41,9 +42,13 @@ pub(super) async fn assets(source: &Source, target: &Target, blobs: Arc<dyn Blob
         hashes.sort_unstable();
         hashes.dedup();
         let missing = blobs_missing(blobs.clone(), hashes).await?;
-        if let Some(hash) = missing.first() {
-            let why = format!("{} blob(s) of this page's assets are not in the blob store the hosts read, e.g. this one", missing.len());
-            return Err(MigrateError::Mismatch { kind: "asset blob", name: hash.clone(), why });
+        let (page, lost): (Vec<_>, Vec<_>) = page.into_iter().partition(|a| !missing.contains(&a.hash));
+        for asset in &lost {
+            tally.source += 1;
+            tally.leave_out(&asset.id);
+        }
+        if page.is_empty() {
+            continue;
         }
         let ids: Vec<String> = page.iter().map(|a| a.id.clone()).collect();
         count(&mut tally, ids.len(), target.meta.import_assets(page).await?);

@@ -31,6 +31,9 @@ async fn data_dir() -> (tempfile::TempDir, blake3::Hash) {
         let accounts = meta.accounts().unwrap();
         accounts.create(&account("first", 10)).await.unwrap();
         accounts.create(&account("second", 20)).await.unwrap();
+        let named = |id: &str, bytes: &[u8]| crate::store::contract::asset(id, None, &format!("blake3:{}", blake3::hash(bytes).to_hex()), None, &[]);
+        crate::store::MetaStore::put_asset(&meta, &named("whole", b"kept whole")).await.unwrap();
+        crate::store::MetaStore::put_asset(&meta, &named("damaged", b"damaged later")).await.unwrap();
         crate::store::MetaStore::flush(&meta).await.unwrap();
     }
     crate::secret_file::load_or_create(dir.path(), crate::accounts::keys::SECRET_FILE).unwrap();
@@ -69,6 +72,16 @@ async fn accounts_move_a_damaged_blob_stops_the_copy_and_a_second_run_finishes_i
     assert_eq!((of("accounts").source, of("accounts").copied, of("accounts").present), (2, 0, 2));
     assert_eq!((of("blobs").source, of("blobs").copied + of("blobs").present), (1, 1));
     assert!(to.contains(&blake3::hash(b"kept whole")).unwrap());
+    let assets = of("assets");
+    assert_eq!(
+        (assets.source, assets.copied, assets.left_out, assets.left_out_ids.clone()),
+        (2, 1, 1, vec!["damaged".to_string()]),
+        "the asset whose blob is lost is left out, named"
+    );
+    assert!(assets.to_string().contains("1 left out (their blob is lost: damaged)"), "{assets}");
+    assert!(dir.path().join(super::MOVED_MARK).exists(), "the directory is marked as moved");
+    let refused = crate::service::Backends::embedded(dir.path()).err().expect("no embedded server opens it");
+    assert!(refused.to_string().contains("kiln migrate"), "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

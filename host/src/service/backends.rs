@@ -61,8 +61,17 @@ pub struct Backends {
 }
 
 impl Backends {
-    /// kiln's embedded backends under `data_dir` (created when missing).
+    /// kiln's embedded backends under `data_dir` (created when missing);
+    /// refused for a directory `kiln migrate` copied into a shared database.
     pub fn embedded(data_dir: &Path) -> Result<Backends, ServiceError> {
+        let moved = data_dir.join(crate::migrate::MOVED_MARK);
+        if moved.exists() {
+            return Err(ServiceError::InvalidRequest(format!(
+                "{} was copied into a shared database by `kiln migrate` ({}): serve that database instead (store = \"postgres\"), or delete the file to serve the directory on its own",
+                data_dir.display(),
+                moved.display()
+            )));
+        }
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
         let sled = SledMeta::open(&data_dir.join("meta"))?;
         let (accounts, sessions) = (Arc::new(sled.accounts()?), Arc::new(sled.sessions()?));

@@ -13,12 +13,14 @@
 //! once its registration is ended, and [`Service::lease_lost`] tells the
 //! binary to exit (a supervisor starts it again as a new host).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
+use super::deployments::DeploymentState;
 use super::{Service, ServiceError};
 use crate::store::cluster::{HostLeases, Notices, Runnable, Topic};
 use crate::store::{JobRecord, JobStatus, StoreError};
@@ -60,16 +62,18 @@ impl Service {
     /// The unfinished jobs this host recovers at start: every one in an
     /// embedded store; where hosts share the store, those no live host
     /// holds (taken over now).
-    pub(super) async fn jobs_to_recover(&self) -> Result<Vec<JobRecord>, ServiceError> {
-        let Some(cluster) = &self.cluster else { return Ok(self.meta.unfinished_jobs().await?) };
-        let mut jobs = Vec::new();
+    /// (With the ids of those other hosts asked to cancel.)
+    pub(super) async fn jobs_to_recover(&self) -> Result<(Vec<JobRecord>, HashSet<String>), ServiceError> {
+        let Some(cluster) = &self.cluster else { return Ok((self.meta.unfinished_jobs().await?, HashSet::new())) };
+        let (mut jobs, mut cancel_asked) = (Vec::new(), HashSet::new());
         loop {
             let batch = cluster.leases.adopt(ADOPT_BATCH, &self.runnable_here()).await?;
             let more = batch.jobs.len() == ADOPT_BATCH;
             jobs.extend(batch.jobs);
+            cancel_asked.extend(batch.cancel_asked);
             if !more {
                 self.left_for_others(batch.left, &mut 0);
-                return Ok(jobs);
+                return Ok((jobs, cancel_asked));
             }
         }
     }
@@ -86,9 +90,13 @@ impl Service {
         hashes.extend(deployments.values().flat_map(|r| r.component_hashes()));
         hashes.sort_unstable();
         hashes.dedup();
+        // Deployments known here and not stopped (a job of one stopped or
+        // unknown here would wait in this host's queue for nothing).
+        let serving: HashSet<String> =
+            self.deployments.list().into_iter().filter(|d| !matches!(d.state, DeploymentState::Stopped | DeploymentState::Failed)).map(|d| d.spec.id).collect();
         let job = move |job: &JobRecord| match (&job.deployment, &job.bundle) {
             // Its bundle pins its components on every host.
-            (Some(_), Some(_)) => true,
+            (Some(id), Some(_)) => serving.contains(id),
             (Some(id), None) => deployments.get(id).is_some_and(|r| r.has_components(&job.components)),
             (None, _) => holdings.has(&job.owner, &job.components),
         };
@@ -114,6 +122,8 @@ impl Service {
         // Jobs taken over whose recovery failed (the store unreachable):
         // this host's now, so tried again here.
         let mut backlog: Vec<JobRecord> = Vec::new();
+        // Those of them other hosts asked to cancel.
+        let mut cancel_asked: HashSet<String> = HashSet::new();
         // Jobs left for hosts with other plugins, as last told.
         let mut told_left = 0;
         loop {
@@ -135,15 +145,19 @@ impl Service {
                     if !adopted.jobs.is_empty() {
                         tracing::warn!(jobs = adopted.jobs.len(), "took over the jobs of a host whose lease lapsed");
                         backlog.extend(adopted.jobs);
+                        cancel_asked.extend(adopted.cancel_asked);
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot look for lapsed hosts' jobs"),
             }
             if !backlog.is_empty()
-                && let Err((e, rest)) = self.recover_jobs(std::mem::take(&mut backlog)).await
+                && let Err((e, rest)) = self.recover_jobs(std::mem::take(&mut backlog), &cancel_asked).await
             {
                 tracing::error!(error = %e, jobs = rest.len(), "cannot recover the jobs taken over yet: trying again at the next heartbeat");
                 backlog = rest;
+            }
+            if backlog.is_empty() {
+                cancel_asked.clear();
             }
             self.serve_cancel_requests(cluster.leases.as_ref()).await;
         }

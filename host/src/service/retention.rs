@@ -15,6 +15,7 @@
 //! deleted. Blobs no asset, upload in progress or running job refers to are
 //! collected; claims past their 24 h are dropped.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -32,22 +33,25 @@ const SWEEP_BATCH: usize = 10_000;
 impl Service {
     /// Brings the store to a consistent state after a start.
     pub(super) async fn recover(&self) -> Result<(), ServiceError> {
-        let jobs = self.jobs_to_recover().await?;
+        let (jobs, cancel_asked) = self.jobs_to_recover().await?;
         let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0).max(self.meta.max_seq().await?);
         self.queue.waiting().start_seq_after(max_seq);
-        self.recover_jobs(jobs).await.map_err(|(e, _)| e)
+        self.recover_jobs(jobs, &cancel_asked).await.map_err(|(e, _)| e)
     }
 
     /// Applies the recovery policy to unfinished jobs this process now
     /// holds (its own after a restart, or a lapsed host's, see `cluster`),
-    /// oldest first. On an error, the jobs not yet recovered come back with
-    /// it (to try again: they are this host's, and no other takes them).
-    pub(super) async fn recover_jobs(&self, mut jobs: Vec<JobRecord>) -> Result<(), (ServiceError, Vec<JobRecord>)> {
+    /// oldest first; those in `cancel_asked` (another host asked to cancel
+    /// them) end canceled. On an error, the jobs not yet recovered come
+    /// back with it (to try again: they are this host's, and no other
+    /// takes them).
+    pub(super) async fn recover_jobs(&self, mut jobs: Vec<JobRecord>, cancel_asked: &HashSet<String>) -> Result<(), (ServiceError, Vec<JobRecord>)> {
         let now = now_micros();
         jobs.sort_by_key(|j| j.seq);
         let mut jobs = jobs.into_iter();
         while let Some(job) = jobs.next() {
-            if let Err(e) = self.recover_job(job.clone(), now).await {
+            let asked = cancel_asked.contains(&job.id);
+            if let Err(e) = self.recover_job(job.clone(), asked, now).await {
                 return Err((e, std::iter::once(job).chain(jobs).collect()));
             }
         }
@@ -55,7 +59,7 @@ impl Service {
     }
 
     /// One job of [`Service::recover_jobs`]: ended, or queued here.
-    async fn recover_job(&self, mut job: JobRecord, now: Micros) -> Result<(), ServiceError> {
+    async fn recover_job(&self, mut job: JobRecord, cancel_asked: bool, now: Micros) -> Result<(), ServiceError> {
         // Output assets of an interrupted run that its stored record does
         // not list (outputs reach the store with the terminal record).
         if matches!(job.status, JobStatus::Running | JobStatus::Canceling) {
@@ -64,6 +68,19 @@ impl Service {
                     self.delete_asset_record(&asset).await?;
                 }
             }
+        }
+        // Asked to be canceled (by a client of another host), or past its
+        // expiry: ended so, never run again.
+        if !job.status.is_terminal() && (cancel_asked || job.expires_at <= now) {
+            let end = if cancel_asked { JobStatus::Canceled } else { JobStatus::Expired };
+            if end == JobStatus::Expired {
+                self.drop_outputs(&mut job).await?;
+            }
+            job.progress = None;
+            job.transition(end, now)?;
+            tracing::info!(job_id = %job.id, status = ?end, "job recovered and ended, not run");
+            self.meta.put_job(&job).await?;
+            return Ok(());
         }
         if matches!(job.status, JobStatus::Queued | JobStatus::Running) && job.had_extra_data {
             // Its `extra_data` (the partner key) was never stored: run

@@ -82,6 +82,9 @@ pub struct Runnable {
 pub struct Adopted {
     /// The jobs taken: this host's now.
     pub jobs: Vec<JobRecord>,
+    /// The ids of those another host asked to cancel (to be ended so, never
+    /// run).
+    pub cancel_asked: std::collections::HashSet<String>,
     /// Jobs no host holds that this one lacks the components of (counted
     /// up to [`LEFT_COUNTED`]): they wait for a host that has them, for
     /// [`Runnable::wait`] at most.

@@ -85,6 +85,16 @@ async fn an_embedded_data_dir_moves_into_the_cluster() {
         assert!(printed.contains(line), "{line:?} in {printed}");
     }
 
+    // The old server does not open the directory again.
+    let refused = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--port", "0", "--data-dir"])
+        .arg(data.path())
+        .envs(embedded(&shared).iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("kiln migrate"), "{said}");
+
     // A host of the cluster serves what the old server held.
     let host = start_with("m1", &shared, &admin);
     let moved = job(&http, &host, &keyed).await;

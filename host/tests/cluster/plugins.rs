@@ -1,7 +1,8 @@
 //! Hosts with different plugin sets: a job records the components it was
 //! validated against when submitted, and when its host dies, a host whose
 //! plugin of that name is another build leaves it alone (it would run other
-//! code); a host that has the very component takes it and runs it.
+//! code); a host that has the very component takes it and runs it. A job
+//! a client asks to cancel meanwhile is taken at once and ended canceled.
 
 use std::time::{Duration, Instant};
 
@@ -42,7 +43,14 @@ fn posterized() -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_is_taken_over_only_by_a_host_with_its_components() {
-    let Some(shared) = shared().await else { return };
+    let Some(mut shared) = shared().await else { return };
+    // A 6 s lease: a job waits 60 s for a host with its components, well
+    // past what this test needs to start a third host.
+    for (key, value) in shared.iter_mut() {
+        if key == "KILN_LEASE_S" {
+            *value = "6".into();
+        }
+    }
     let admin = [("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", "1")];
     let (mut p1, p2) = (start_with("p1", &shared, &admin), start_with("p2", &shared, &admin));
     let http = reqwest::Client::new();
@@ -55,6 +63,7 @@ async fn a_job_is_taken_over_only_by_a_host_with_its_components() {
     // One job at a time: the second waits, its components recorded as
     // validated at submission.
     let waiting = submit(&http, &p1, posterized()).await;
+    let doomed = submit(&http, &p1, posterized()).await;
     let queued = job(&http, &p2, &waiting).await;
     assert_eq!((queued["status"].as_str(), &queued["components"]["example-posterize"]), (Some("queued"), &json!(v1)), "{queued}");
     p1.child.kill().unwrap();
@@ -78,6 +87,13 @@ async fn a_job_is_taken_over_only_by_a_host_with_its_components() {
         assert!(holder.as_deref().is_some_and(|h| h.starts_with("p1/")), "still the dead host's, not p2's: {holder:?}");
         assert_eq!(job(&http, &p2, id).await["status"], left_as, "as the dead host left it");
     }
+
+    // A cancel asked of a dead host's job: the job is taken over at once,
+    // whatever it needs, and ended canceled, never run.
+    let resp = http.post(format!("{}/api/v2/jobs/{doomed}/cancel", p2.base)).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let canceled = wait_for(&http, &p2, &doomed, &["canceled", "succeeded", "failed"], Duration::from_secs(30)).await;
+    assert_eq!((canceled["status"].as_str(), &canceled["started_at"]), (Some("canceled"), &Value::Null), "{canceled}");
 
     // A host with the very component: it takes the job once it has it.
     let p3 = start_with("p3", &shared, &admin);

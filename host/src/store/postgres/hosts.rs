@@ -113,7 +113,7 @@ impl HostLeases for PgHosts {
             let mut after = (i64::MIN, String::new());
             for _ in 0..ADOPT_PAGES {
                 let rows = sqlx::query(&format!(
-                    "SELECT id, seq, record, {forced} AS forced FROM jobs j WHERE {ORPHAN} AND ({forced} OR j.takeover_needs <@ $1) \
+                    "SELECT id, seq, record, cancel_requested, {forced} AS forced FROM jobs j WHERE {ORPHAN} AND ({forced} OR j.takeover_needs <@ $1) \
                      AND (j.seq, j.id) > ($2, $3) ORDER BY j.seq, j.id LIMIT $4 FOR UPDATE SKIP LOCKED",
                     forced = forced(5, 6)
                 ))
@@ -134,7 +134,14 @@ impl HostLeases for PgHosts {
                         break;
                     }
                     let forced: bool = row.try_get("forced").map_err(backend)?;
-                    if forced || (here.job)(&job) { adopted.jobs.push(job) } else { adopted.left += 1 }
+                    if !forced && !(here.job)(&job) {
+                        adopted.left += 1;
+                        continue;
+                    }
+                    if row.try_get::<bool, _>("cancel_requested").map_err(backend)? {
+                        adopted.cancel_asked.insert(job.id.clone());
+                    }
+                    adopted.jobs.push(job);
                 }
                 if !full || adopted.jobs.len() == limit {
                     break;
