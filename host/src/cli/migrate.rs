@@ -26,8 +26,13 @@ pub enum MigrateTo {
     Postgres,
 }
 
+/// The exit code of a copy that left records out (listed).
+const EXIT_LEFT_OUT: i32 = 3;
+/// The blob cache of a copy into a bucket.
+const MIGRATE_CACHE_BYTES: u64 = 256 << 20;
+
 /// Runs `kiln migrate`; the exit code (0: everything copied and checked;
-/// 2: copied and checked, except records left out, listed).
+/// [`EXIT_LEFT_OUT`]: copied and checked, except records left out, listed).
 pub async fn run(config: &Config, args: MigrateArgs) -> anyhow::Result<i32> {
     let MigrateTo::Postgres = args.to;
     let mut target_config = config.clone();
@@ -38,12 +43,15 @@ pub async fn run(config: &Config, args: MigrateArgs) -> anyhow::Result<i32> {
     let source = Source::open(&from)?;
     let mut target = Target::open(url).await?;
     crate::migrate::prepare(&source, &target).await?;
-    // The bucket is asked, never a local cache, whether it holds a blob:
-    // an empty cache of this run's own (removed after).
-    let cache = std::env::temp_dir().join(format!("kiln-migrate-{}", uuid::Uuid::new_v4().simple()));
+    // The bucket is asked whether it holds a blob, not a cache kept from
+    // before: this run's own, emptied at its start and end, on the data's
+    // disk, and small (it keeps recent uploads only).
+    let cache = from.join(".kiln-migrate-cache");
+    let _ = std::fs::remove_dir_all(&cache);
     if let Some(mut settings) = crate::service::s3_settings(config) {
         settings.installation = Some(target.installation_id().await?);
         settings.cache_dir = cache.clone();
+        settings.cache_bytes = MIGRATE_CACHE_BYTES;
         let bucket = crate::store::s3::S3Blobs::open(&settings).await?;
         println!("blobs: into s3 {}", bucket.place());
         target = target.with_blobs(Arc::new(bucket));
@@ -59,8 +67,10 @@ pub async fn run(config: &Config, args: MigrateArgs) -> anyhow::Result<i32> {
     let _ = std::fs::remove_dir_all(&cache);
     let left_out: usize = copied?.iter().map(|t| t.left_out).sum();
     if left_out > 0 {
-        println!("done, but {left_out} record(s) left out (listed above); every other record is in the database, every copied byte checked by hash");
-        return Ok(2);
+        println!(
+            "done, but {left_out} asset(s) left out, their blobs lost (listed above); every other record is in the database, every copied byte checked by hash; the directory is not marked as moved"
+        );
+        return Ok(EXIT_LEFT_OUT);
     }
     println!("done: every record of the data directory is in the database, every copied byte checked by hash; the directory is marked so no server opens it");
     Ok(0)

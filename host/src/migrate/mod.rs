@@ -8,8 +8,10 @@
 //! stopped part way (a crash, a lost connection) is run again and writes
 //! what is missing, nothing twice; a record the target already holds is
 //! left as it is (hosts may have moved it on since). An asset whose blob is
-//! lost (nowhere the hosts read) is left out and reported. A finished copy
-//! marks the directory ([`MOVED_MARK`]) so no embedded server opens it. Each kind is checked
+//! lost (nowhere the hosts read) is left out and reported — unless every
+//! asset's is, which means the wrong blob store (an error). A copy that
+//! left nothing out marks the directory ([`MOVED_MARK`]) so no embedded
+//! server opens it. Each kind is checked
 //! once copied: every record of the source is present in the target
 //! (counted by id), and every copied byte is hashed: a blob is committed
 //! under the blake3 of what was read, which must be its name, and a bundle
@@ -167,7 +169,8 @@ impl Target {
 }
 
 /// Copies everything `source` holds into `target`, each kind checked;
-/// `progress` hears each kind's tally as it is done.
+/// `progress` hears each kind's tally as it is done. When nothing was left
+/// out, marks the source directory as moved ([`MOVED_MARK`]).
 pub async fn run(source: &Source, target: &Target, progress: &mut dyn FnMut(&Tally)) -> Result<Vec<Tally>, MigrateError> {
     // First, so nothing is copied into another installation's database.
     prepare(source, target).await?;
@@ -192,7 +195,9 @@ pub async fn run(source: &Source, target: &Target, progress: &mut dyn FnMut(&Tal
     done(records::assets(source, target, blob_home).await?);
     done(records::claims(source, target).await?);
     target.meta.raise_seq_bound(crate::store::MetaStore::max_seq(&source.meta).await?).await?;
-    std::fs::write(source.dir.join(MOVED_MARK), MOVED_TEXT).map_err(StoreError::from)?;
+    if tallies.iter().all(|t| t.left_out == 0) {
+        std::fs::write(source.dir.join(MOVED_MARK), MOVED_TEXT).map_err(StoreError::from)?;
+    }
     Ok(tallies)
 }
 

@@ -36,7 +36,13 @@ pub(super) async fn assets(source: &Source, target: &Target, blobs: Arc<dyn Blob
     let mut after = String::new();
     loop {
         let page = source.meta.export_assets(&after, PAGE)?;
-        let Some(last) = page.last() else { return Ok(tally) };
+        let Some(last) = page.last() else {
+            if tally.left_out > 0 && tally.copied + tally.present == 0 {
+                let why = "no asset's blob is in the blob store the hosts read: is it the store the data directory's server used?";
+                return Err(MigrateError::Mismatch { kind: "asset blobs", name: format!("all {}", tally.left_out), why: why.into() });
+            }
+            return Ok(tally);
+        };
         after = last.id.clone();
         let mut hashes: Vec<String> = page.iter().map(|a| a.hash.clone()).collect();
         hashes.sort_unstable();

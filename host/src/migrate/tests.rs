@@ -79,7 +79,33 @@ async fn accounts_move_a_damaged_blob_stops_the_copy_and_a_second_run_finishes_i
         "the asset whose blob is lost is left out, named"
     );
     assert!(assets.to_string().contains("1 left out (their blob is lost: damaged)"), "{assets}");
+    assert!(!dir.path().join(super::MOVED_MARK).exists(), "a copy that left something out does not mark the directory");
+}
+
+/// A copy that left nothing out marks the directory: no embedded server
+/// opens it again. A copy whose every asset lacks its blob (the wrong
+/// bucket) is an error, not a copy with everything left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_copy_marks_the_directory_and_a_wrong_blob_store_is_an_error() {
+    let Some(db) = fresh().await else { return };
+    let (dir, damaged) = data_dir().await;
+    std::fs::remove_file(DiskBlobs::open(dir.path().join("blobs")).unwrap().path(&damaged).unwrap()).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let wrong: Arc<DiskBlobs> = Arc::new(DiskBlobs::open(elsewhere.path()).unwrap());
+    {
+        // Assets checked against a blob store that has none of their blobs.
+        let source = Source::open(dir.path()).unwrap();
+        let missing = super::records::assets(&source, &Target::on(db.clone()), wrong).await;
+        assert!(matches!(missing, Err(MigrateError::Mismatch { kind: "asset blobs", .. })), "{missing:?}");
+    }
+    let meta = SledMeta::open(&dir.path().join("meta")).unwrap();
+    crate::store::MetaStore::delete_asset(&meta, &crate::store::MetaStore::get_asset(&meta, "damaged").await.unwrap().unwrap()).await.unwrap();
+    crate::store::MetaStore::flush(&meta).await.unwrap();
+    drop(meta);
+    let source = Source::open(dir.path()).unwrap();
+    run(&source, &Target::on(db), &mut |_| {}).await.unwrap();
     assert!(dir.path().join(super::MOVED_MARK).exists(), "the directory is marked as moved");
+    drop(source);
     let refused = crate::service::Backends::embedded(dir.path()).err().expect("no embedded server opens it");
     assert!(refused.to_string().contains("kiln migrate"), "{refused}");
 }

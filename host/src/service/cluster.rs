@@ -150,11 +150,16 @@ impl Service {
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot look for lapsed hosts' jobs"),
             }
-            if !backlog.is_empty()
-                && let Err((e, rest)) = self.recover_jobs(std::mem::take(&mut backlog), &cancel_asked).await
-            {
-                tracing::error!(error = %e, jobs = rest.len(), "cannot recover the jobs taken over yet: trying again at the next heartbeat");
-                backlog = rest;
+            if !backlog.is_empty() {
+                match self.recover_jobs(std::mem::take(&mut backlog), &cancel_asked).await {
+                    // Those of deployments stopped or unknown here would wait
+                    // for nothing: canceled, as at a start.
+                    Ok(()) => self.cancel_orphaned_deployment_jobs().await,
+                    Err((e, rest)) => {
+                        tracing::error!(error = %e, jobs = rest.len(), "cannot recover the jobs taken over yet: trying again at the next heartbeat");
+                        backlog = rest;
+                    }
+                }
             }
             if backlog.is_empty() {
                 cancel_asked.clear();

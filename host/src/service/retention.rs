@@ -7,6 +7,9 @@
 //! A job that was `canceling` ends `canceled`. A queued or running job
 //! submitted with `extra_data` fails with `interrupted` instead: that data
 //! (a partner key) is never stored, so the job cannot run as submitted.
+//! A job already past its `expires_at` ends `expired`, and one taken over
+//! from another host whose client asked to cancel it ends `canceled`:
+//! neither runs again.
 //!
 //! Retention: at `expires_at` a job becomes `expired`, its output assets are
 //! deleted (a running job is stopped first), and the expired record stays

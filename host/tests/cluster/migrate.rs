@@ -86,14 +86,28 @@ async fn an_embedded_data_dir_moves_into_the_cluster() {
     }
 
     // The old server does not open the directory again.
-    let refused = Command::new(env!("CARGO_BIN_EXE_kiln"))
+    let mut again = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["serve", "--port", "0", "--data-dir"])
         .arg(data.path())
         .envs(embedded(&shared).iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    let said = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success() && said.contains("kiln migrate"), "{said}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = again.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = again.kill();
+            panic!("kiln serve opened the copied data directory");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut again.stderr.take().unwrap(), &mut said).unwrap();
+    assert!(!status.success() && said.contains("kiln migrate"), "{said}");
 
     // A host of the cluster serves what the old server held.
     let host = start_with("m1", &shared, &admin);

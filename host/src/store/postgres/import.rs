@@ -4,6 +4,8 @@
 //! unfinished job is written held by no host: the first host to look
 //! takes it over (`HostLeases::adopt`) and recovers it as a restart would.
 
+use futures_util::future::BoxFuture;
+
 use super::meta::{enc, finished_changed, seq, status};
 use super::{PgMeta, backend};
 use crate::store::{AssetRecord, IdempotencyClaim, JobRecord, StoreError};
@@ -16,90 +18,98 @@ pub struct ImportedJob {
     pub sched_key: String,
 }
 
+/// One row's insert, which writes nothing where the row exists.
+type Insert<'a> = sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+fn job_insert(new: &ImportedJob) -> Result<Insert<'_>, StoreError> {
+    let ImportedJob { job, workflow, sched_key } = new;
+    Ok(sqlx::query(
+        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10) ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(&job.id)
+    .bind(&job.owner)
+    .bind(job.created_at)
+    .bind(seq(job))
+    .bind(status(job))
+    .bind(job.expires_at)
+    .bind(enc(job)?)
+    .bind(workflow)
+    .bind(sched_key)
+    .bind(job.takeover_needs()))
+}
+
+fn asset_insert(asset: &AssetRecord) -> Result<Insert<'_>, StoreError> {
+    Ok(sqlx::query("INSERT INTO assets (id, hash, job_id, expires_at, tags, record) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING")
+        .bind(&asset.id)
+        .bind(&asset.hash)
+        .bind(&asset.job_id)
+        .bind(asset.expires_at)
+        .bind(&asset.tags)
+        .bind(enc(asset)?))
+}
+
+fn claim_insert(claim: &IdempotencyClaim) -> Result<Insert<'_>, StoreError> {
+    Ok(sqlx::query("INSERT INTO claims (key, expires_at, record) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING")
+        .bind(&claim.key)
+        .bind(claim.expires_at)
+        .bind(enc(claim)?))
+}
+
+/// What else a new row's transaction writes.
+type After<T> = for<'c> fn(&'c mut sqlx::PgConnection, &T) -> BoxFuture<'c, Result<(), StoreError>>;
+
+/// A finished job copied in is a change of its owner's history.
+fn count_finished<'c>(tx: &'c mut sqlx::PgConnection, new: &ImportedJob) -> BoxFuture<'c, Result<(), StoreError>> {
+    let finished = new.job.status.is_terminal().then(|| new.job.clone());
+    Box::pin(async move {
+        match finished {
+            Some(job) => finished_changed(tx, &job).await,
+            None => Ok(()),
+        }
+    })
+}
+
+fn nothing_more<'c, T>(_: &'c mut sqlx::PgConnection, _: &T) -> BoxFuture<'c, Result<(), StoreError>> {
+    Box::pin(async { Ok(()) })
+}
+
 impl PgMeta {
-    /// Writes each of `jobs` the database lacks, in one transaction; how
-    /// many were new.
+    /// Writes each of `jobs` the database lacks, in one transaction (a
+    /// finished one counted as its owner's change, see
+    /// `MetaStore::finished_changes`); how many were new.
     pub async fn import_jobs(&self, jobs: Vec<ImportedJob>) -> Result<usize, StoreError> {
-        self.db
-            .run(move |pool| {
-                Box::pin(async move {
-                    let mut tx = pool.begin().await.map_err(backend)?;
-                    let mut new = 0;
-                    for ImportedJob { job, workflow, sched_key } in &jobs {
-                        let inserted = sqlx::query(
-                            "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs) \
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10) ON CONFLICT (id) DO NOTHING",
-                        )
-                        .bind(&job.id)
-                        .bind(&job.owner)
-                        .bind(job.created_at)
-                        .bind(seq(job))
-                        .bind(status(job))
-                        .bind(job.expires_at)
-                        .bind(enc(job)?)
-                        .bind(workflow)
-                        .bind(sched_key)
-                        .bind(job.takeover_needs())
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(backend)?;
-                        if inserted.rows_affected() == 1 {
-                            finished_changed(&mut *tx, job).await?;
-                            new += 1;
-                        }
-                    }
-                    tx.commit().await.map_err(backend)?;
-                    Ok(new)
-                })
-            })
-            .await
+        self.insert_new(jobs, job_insert, count_finished).await
     }
 
     /// Writes each of `assets` the database lacks; how many were new.
     pub async fn import_assets(&self, assets: Vec<AssetRecord>) -> Result<usize, StoreError> {
-        self.db
-            .run(move |pool| {
-                Box::pin(async move {
-                    let mut tx = pool.begin().await.map_err(backend)?;
-                    let mut new = 0;
-                    for asset in &assets {
-                        let inserted = sqlx::query(
-                            "INSERT INTO assets (id, hash, job_id, expires_at, tags, record) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
-                        )
-                        .bind(&asset.id)
-                        .bind(&asset.hash)
-                        .bind(&asset.job_id)
-                        .bind(asset.expires_at)
-                        .bind(&asset.tags)
-                        .bind(enc(asset)?)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(backend)?;
-                        new += usize::from(inserted.rows_affected() == 1);
-                    }
-                    tx.commit().await.map_err(backend)?;
-                    Ok(new)
-                })
-            })
-            .await
+        self.insert_new(assets, asset_insert, nothing_more).await
     }
 
     /// Writes each of `claims` the database lacks; how many were new.
     pub async fn import_claims(&self, claims: Vec<IdempotencyClaim>) -> Result<usize, StoreError> {
+        self.insert_new(claims, claim_insert, nothing_more).await
+    }
+
+    /// Runs `insert` for each of `items` in one transaction, and `after`
+    /// (in it) for each row that was new; how many were.
+    async fn insert_new<T: Send + Sync + 'static>(
+        &self,
+        items: Vec<T>,
+        insert: fn(&T) -> Result<Insert<'_>, StoreError>,
+        after: After<T>,
+    ) -> Result<usize, StoreError> {
         self.db
             .run(move |pool| {
                 Box::pin(async move {
                     let mut tx = pool.begin().await.map_err(backend)?;
                     let mut new = 0;
-                    for claim in &claims {
-                        let inserted = sqlx::query("INSERT INTO claims (key, expires_at, record) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING")
-                            .bind(&claim.key)
-                            .bind(claim.expires_at)
-                            .bind(enc(claim)?)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(backend)?;
-                        new += usize::from(inserted.rows_affected() == 1);
+                    for item in &items {
+                        if insert(item)?.execute(&mut *tx).await.map_err(backend)?.rows_affected() == 1 {
+                            after(&mut tx, item).await?;
+                            new += 1;
+                        }
                     }
                     tx.commit().await.map_err(backend)?;
                     Ok(new)
