@@ -13,7 +13,7 @@
 //! once its registration is ended, and [`Service::lease_lost`] tells the
 //! binary to exit (a supervisor starts it again as a new host).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,18 +62,18 @@ impl Service {
     /// The unfinished jobs this host recovers at start: every one in an
     /// embedded store; where hosts share the store, those no live host
     /// holds (taken over now).
-    /// (With the ids of those other hosts asked to cancel.)
-    pub(super) async fn jobs_to_recover(&self) -> Result<(Vec<JobRecord>, HashSet<String>), ServiceError> {
-        let Some(cluster) = &self.cluster else { return Ok((self.meta.unfinished_jobs().await?, HashSet::new())) };
-        let (mut jobs, mut cancel_asked) = (Vec::new(), HashSet::new());
+    /// (With those taken to be ended, see `Adopted::ends`.)
+    pub(super) async fn jobs_to_recover(&self) -> Result<(Vec<JobRecord>, HashMap<String, JobStatus>), ServiceError> {
+        let Some(cluster) = &self.cluster else { return Ok((self.meta.unfinished_jobs().await?, HashMap::new())) };
+        let (mut jobs, mut ends) = (Vec::new(), HashMap::new());
         loop {
             let batch = cluster.leases.adopt(ADOPT_BATCH, &self.runnable_here()).await?;
             let more = batch.jobs.len() == ADOPT_BATCH;
             jobs.extend(batch.jobs);
-            cancel_asked.extend(batch.cancel_asked);
+            ends.extend(batch.ends);
             if !more {
                 self.left_for_others(batch.left, &mut 0);
-                return Ok((jobs, cancel_asked));
+                return Ok((jobs, ends));
             }
         }
     }
@@ -122,8 +122,8 @@ impl Service {
         // Jobs taken over whose recovery failed (the store unreachable):
         // this host's now, so tried again here.
         let mut backlog: Vec<JobRecord> = Vec::new();
-        // Those of them other hosts asked to cancel.
-        let mut cancel_asked: HashSet<String> = HashSet::new();
+        // Those of them taken to be ended (see `Adopted::ends`).
+        let mut ends: HashMap<String, JobStatus> = HashMap::new();
         // Jobs left for hosts with other plugins, as last told.
         let mut told_left = 0;
         loop {
@@ -145,13 +145,13 @@ impl Service {
                     if !adopted.jobs.is_empty() {
                         tracing::warn!(jobs = adopted.jobs.len(), "took over the jobs of a host whose lease lapsed");
                         backlog.extend(adopted.jobs);
-                        cancel_asked.extend(adopted.cancel_asked);
+                        ends.extend(adopted.ends);
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot look for lapsed hosts' jobs"),
             }
             if !backlog.is_empty() {
-                match self.recover_jobs(std::mem::take(&mut backlog), &cancel_asked).await {
+                match self.recover_jobs(std::mem::take(&mut backlog), &ends).await {
                     // Those of deployments stopped or unknown here would wait
                     // for nothing: canceled, as at a start.
                     Ok(()) => self.cancel_orphaned_deployment_jobs().await,
@@ -162,7 +162,7 @@ impl Service {
                 }
             }
             if backlog.is_empty() {
-                cancel_asked.clear();
+                ends.clear();
             }
             self.serve_cancel_requests(cluster.leases.as_ref()).await;
         }

@@ -18,7 +18,7 @@
 //! deleted. Blobs no asset, upload in progress or running job refers to are
 //! collected; claims past their 24 h are dropped.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -36,25 +36,25 @@ const SWEEP_BATCH: usize = 10_000;
 impl Service {
     /// Brings the store to a consistent state after a start.
     pub(super) async fn recover(&self) -> Result<(), ServiceError> {
-        let (jobs, cancel_asked) = self.jobs_to_recover().await?;
+        let (jobs, ends) = self.jobs_to_recover().await?;
         let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0).max(self.meta.max_seq().await?);
         self.queue.waiting().start_seq_after(max_seq);
-        self.recover_jobs(jobs, &cancel_asked).await.map_err(|(e, _)| e)
+        self.recover_jobs(jobs, &ends).await.map_err(|(e, _)| e)
     }
 
     /// Applies the recovery policy to unfinished jobs this process now
     /// holds (its own after a restart, or a lapsed host's, see `cluster`),
-    /// oldest first; those in `cancel_asked` (another host asked to cancel
-    /// them) end canceled. On an error, the jobs not yet recovered come
-    /// back with it (to try again: they are this host's, and no other
+    /// oldest first; those in `ends` (taken over to be ended, see
+    /// `Adopted::ends`) end so. On an error, the jobs not yet recovered
+    /// come back with it (to try again: they are this host's, and no other
     /// takes them).
-    pub(super) async fn recover_jobs(&self, mut jobs: Vec<JobRecord>, cancel_asked: &HashSet<String>) -> Result<(), (ServiceError, Vec<JobRecord>)> {
+    pub(super) async fn recover_jobs(&self, mut jobs: Vec<JobRecord>, ends: &HashMap<String, JobStatus>) -> Result<(), (ServiceError, Vec<JobRecord>)> {
         let now = now_micros();
         jobs.sort_by_key(|j| j.seq);
         let mut jobs = jobs.into_iter();
         while let Some(job) = jobs.next() {
-            let asked = cancel_asked.contains(&job.id);
-            if let Err(e) = self.recover_job(job.clone(), asked, now).await {
+            let end = ends.get(&job.id).copied();
+            if let Err(e) = self.recover_job(job.clone(), end, now).await {
                 return Err((e, std::iter::once(job).chain(jobs).collect()));
             }
         }
@@ -62,7 +62,7 @@ impl Service {
     }
 
     /// One job of [`Service::recover_jobs`]: ended, or queued here.
-    async fn recover_job(&self, mut job: JobRecord, cancel_asked: bool, now: Micros) -> Result<(), ServiceError> {
+    async fn recover_job(&self, mut job: JobRecord, end: Option<JobStatus>, now: Micros) -> Result<(), ServiceError> {
         // Output assets of an interrupted run that its stored record does
         // not list (outputs reach the store with the terminal record).
         if matches!(job.status, JobStatus::Running | JobStatus::Canceling) {
@@ -73,9 +73,10 @@ impl Service {
             }
         }
         // Asked to be canceled (by a client of another host), or past its
-        // expiry: ended so, never run again.
-        if !job.status.is_terminal() && (cancel_asked || job.expires_at <= now) {
-            let end = if cancel_asked { JobStatus::Canceled } else { JobStatus::Expired };
+        // expiry (by the store's clock when taken over, else this host's):
+        // ended so, never run again, and streams told.
+        let end = end.or((job.expires_at <= now).then_some(JobStatus::Expired));
+        if let Some(end) = end.filter(|_| !job.status.is_terminal()) {
             if end == JobStatus::Expired {
                 self.drop_outputs(&mut job).await?;
             }
@@ -83,6 +84,7 @@ impl Service {
             job.transition(end, now)?;
             tracing::info!(job_id = %job.id, status = ?end, "job recovered and ended, not run");
             self.meta.put_job(&job).await?;
+            self.bus.job_channel(&job.id).publish(super::JobEvent::Status(Arc::new(job)));
             return Ok(());
         }
         if matches!(job.status, JobStatus::Queued | JobStatus::Running) && job.had_extra_data {

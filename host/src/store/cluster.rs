@@ -82,9 +82,10 @@ pub struct Runnable {
 pub struct Adopted {
     /// The jobs taken: this host's now.
     pub jobs: Vec<JobRecord>,
-    /// The ids of those another host asked to cancel (to be ended so, never
-    /// run).
-    pub cancel_asked: std::collections::HashSet<String>,
+    /// Those of them taken to be ended, never run, and how: `Canceled` (a
+    /// client asked to cancel it) or `Expired` (past its expiry by the
+    /// store's clock, which the hosts' clocks need not agree with).
+    pub ends: std::collections::HashMap<String, super::JobStatus>,
     /// Jobs no host holds that this one lacks the components of (counted
     /// up to [`LEFT_COUNTED`]): they wait for a host that has them, for
     /// [`Runnable::wait`] at most.

@@ -8,7 +8,7 @@ use sqlx::Row;
 
 use super::{DB_NOW, PgDatabase, backend, meta::records};
 use crate::store::cluster::{Adopted, HostLeases, LEFT_COUNTED, Runnable, Topic};
-use crate::store::{JobRecord, StoreError};
+use crate::store::{JobRecord, JobStatus, StoreError};
 
 /// The advisory lock takeovers run under.
 const ADOPT_LOCK: &str = "kiln: take over lapsed hosts' jobs";
@@ -113,7 +113,7 @@ impl HostLeases for PgHosts {
             let mut after = (i64::MIN, String::new());
             for _ in 0..ADOPT_PAGES {
                 let rows = sqlx::query(&format!(
-                    "SELECT id, seq, record, cancel_requested, {forced} AS forced FROM jobs j WHERE {ORPHAN} AND ({forced} OR j.takeover_needs <@ $1) \
+                    "SELECT id, seq, record, cancel_requested, j.expires_at <= {DB_NOW} AS expired, {forced} AS forced FROM jobs j WHERE {ORPHAN} AND ({forced} OR j.takeover_needs <@ $1) \
                      AND (j.seq, j.id) > ($2, $3) ORDER BY j.seq, j.id LIMIT $4 FOR UPDATE SKIP LOCKED",
                     forced = forced(5, 6)
                 ))
@@ -139,7 +139,9 @@ impl HostLeases for PgHosts {
                         continue;
                     }
                     if row.try_get::<bool, _>("cancel_requested").map_err(backend)? {
-                        adopted.cancel_asked.insert(job.id.clone());
+                        adopted.ends.insert(job.id.clone(), JobStatus::Canceled);
+                    } else if row.try_get::<bool, _>("expired").map_err(backend)? {
+                        adopted.ends.insert(job.id.clone(), JobStatus::Expired);
                     }
                     adopted.jobs.push(job);
                 }

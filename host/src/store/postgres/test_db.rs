@@ -261,8 +261,12 @@ async fn a_host_takes_over_only_the_jobs_whose_components_it_has() {
         job: Arc::new(|job: &JobRecord| job.owner != "tenant" && (job.deployment.is_none() || job.bundle.is_some())),
         wait: Duration::from_secs(60),
     };
-    let (taken, left) = take_all(&lease_b, &here).await;
+    let mut ends = std::collections::HashMap::new();
+    let (taken, left) = take_all_into(&lease_b, &here, &mut ends).await;
     assert_eq!(taken, ["bundled", "expired", "plain", "to-cancel", "v2"]);
+    let ended = |id: &str| ends.get(id).copied();
+    use crate::store::JobStatus;
+    assert_eq!((ended("to-cancel"), ended("expired"), ended("v2")), (Some(JobStatus::Canceled), Some(JobStatus::Expired), None), "taken to be ended so");
     assert_eq!(left, 3, "v1 (another posterize), the tenant's job and d2's wait");
     // A host with posterize v1 takes v1, and only it.
     let with_v1 = Runnable { hashes: vec!["blake3:01".into(), "blake3:c0".into()], job: Arc::new(|_: &JobRecord| true), wait: Duration::from_secs(60) };
@@ -328,6 +332,15 @@ fn needing(id: &str, seq: u64, owner: &str, components: &[(&str, &str)]) -> crat
 /// Looks until nothing more is taken, two jobs at a time: the ids taken
 /// (sorted) and the count left at the last look.
 async fn take_all(lease: &super::PgHosts, here: &crate::store::cluster::Runnable) -> (Vec<String>, usize) {
+    take_all_into(lease, here, &mut std::collections::HashMap::new()).await
+}
+
+/// [`take_all`], gathering how the jobs taken are to be ended into `ends`.
+async fn take_all_into(
+    lease: &super::PgHosts,
+    here: &crate::store::cluster::Runnable,
+    ends: &mut std::collections::HashMap<String, crate::store::JobStatus>,
+) -> (Vec<String>, usize) {
     use crate::store::cluster::HostLeases;
     let mut taken = Vec::new();
     loop {
@@ -336,6 +349,7 @@ async fn take_all(lease: &super::PgHosts, here: &crate::store::cluster::Runnable
             taken.sort();
             return (taken, look.left);
         }
+        ends.extend(look.ends);
         taken.extend(look.jobs.into_iter().map(|j| j.id));
     }
 }
