@@ -137,7 +137,7 @@ fn device_figures() {
     let limits = *gpu.limits();
     let info = gpu.info().expect("an adapter");
     let cutoff = || Cutoff::at(Instant::now() + Duration::from_secs(120));
-    println!("device: {info}; binds at most {} MiB", device.max_binding_bytes() >> 20);
+    println!("device: {info}; binds at most {} MiB, buffers of at most {} MiB", device.max_binding_bytes() >> 20, device.max_buffer_bytes() >> 20);
 
     // The fixed cost of a host kernel call: an invert of 256 resident
     // values. Pipelined: calls one after another, each reading the last's
@@ -235,7 +235,7 @@ fn device_figures() {
     // a second of work (the device leaves its idle clocks), one value and
     // four values per invocation.
     let dst = device.zeroed(values).expect("dst");
-    let bindings = [Bound { index: 1, buffer: &src, writable: false }, Bound { index: 2, buffer: &dst, writable: true }];
+    let bindings = [Bound::whole(1, &src, false), Bound::whole(2, &dst, true)];
     for (label, source, per_invocation) in [("one value", INVERT, 1), ("four values (vec4)", INVERT4, 4)] {
         let kernel = kiln::gpu::kernel::compile(&device, &limits, source, "main").expect("compile");
         let groups_needed = (values / per_invocation) as u32 / 256;
@@ -267,8 +267,8 @@ fn device_figures() {
     {
         let kernel = kiln::gpu::kernel::compile(&device, &limits, INVERT4, "main").expect("compile");
         let (p, q) = (device.zeroed(values).expect("p"), device.zeroed(values).expect("q"));
-        let forth = [Bound { index: 1, buffer: &p, writable: false }, Bound { index: 2, buffer: &q, writable: true }];
-        let back = [Bound { index: 1, buffer: &q, writable: false }, Bound { index: 2, buffer: &p, writable: true }];
+        let forth = [Bound::whole(1, &p, false), Bound::whole(2, &q, true)];
+        let back = [Bound::whole(1, &q, false), Bound::whole(2, &p, true)];
         let groups_needed = (values / 4) as u32 / 256;
         let groups = (groups_needed.min(limits.max_workgroups_per_dim), groups_needed.div_ceil(limits.max_workgroups_per_dim), 1);
         let batch = 50;
@@ -336,6 +336,55 @@ fn device_figures() {
     }
     let t = median(samples);
     println!("read-back of 3072² RGB (113 MB): median {:.1} ms, {:.1} GB/s; upload of the same: see the workflows' ImageScaleBy", t * 1e3, 113.2e6 / t / 1e9);
+    drop(big);
+    encode_after_read_back(&device, &limits);
     let (created, reused) = device.buffer_counts();
     println!("device buffers: {created} allocated by the driver, {reused} reused from the pool; {} MiB idle", device.idle_bytes() >> 20);
+}
+
+/// SaveImage's path for a 6144² RGB result on the device (the heavy
+/// 4096² workflow's): its 8 bits read back whole and then encoded, against
+/// read back in parts with each part compressed as it lands; and the
+/// encode alone from host memory (the floor).
+fn encode_after_read_back(device: &Arc<kiln::gpu::Device>, limits: &GpuLimits) {
+    use kiln_kernels::codec;
+    let dims = kiln_kernels::Dims { batch: 1, height: 6144, width: 6144, channels: 3 };
+    let frame = dims.frame_len();
+    // A smooth picture with a little texture: about what a blurred photograph compresses to.
+    let values: Vec<f32> = (0..frame).map(|i| ((i / 3 % 6144) as f32 / 6144.0 + ((i * 7919) % 13) as f32 / 400.0).min(1.0)).collect();
+    let src = device.upload(&values).expect("upload");
+    drop(values);
+    let packed = kiln::gpu::ops::to_u8(device, limits, &src, 0, frame, &Cutoff::at(Instant::now() + Duration::from_secs(120))).expect("to_u8");
+    let never = || false;
+    let whole = || {
+        packed.map_read(Instant::now() + Duration::from_secs(60), |words| {
+            let bytes: &[u8] = bytemuck::cast_slice(words);
+            codec::encode_png_u8(&bytes[..frame], dims, Vec::new(), &never).expect("encode").len()
+        })
+    };
+    let in_parts = || {
+        packed.read_in_parts(frame, dims.row_len(), kiln::gpu::readback::READ_PART_BYTES, Instant::now() + Duration::from_secs(60), |parts| {
+            let parts = parts.map(|p| p.map_err(|e| kiln_kernels::KernelError::Invalid(e.to_string())));
+            codec::encode_png_parts(parts, dims, Vec::new(), &never).expect("encode").len()
+        })
+    };
+    let host = packed.map_read(Instant::now() + Duration::from_secs(60), |words| bytemuck::cast_slice::<f32, u8>(words)[..frame].to_vec()).expect("read");
+    let alone = || codec::encode_png_u8(&host, dims, Vec::new(), &never).expect("encode").len();
+    let time = |f: &dyn Fn() -> usize| {
+        f();
+        median(
+            (0..5)
+                .map(|_| {
+                    let start = Instant::now();
+                    std::hint::black_box(f());
+                    start.elapsed().as_secs_f64() * 1e3
+                })
+                .collect(),
+        )
+    };
+    let (t_whole, t_parts, t_alone) = (time(&|| whole().expect("read")), time(&|| in_parts().expect("read")), time(&alone));
+    println!(
+        "SaveImage of a 6144² RGB result on the device (113 MB of 8 bits): read back whole then encoded {t_whole:.1} ms; read back in parts, each compressed as it lands {t_parts:.1} ms; the encode alone from host memory {t_alone:.1} ms ({} threads)",
+        kiln_kernels::threads()
+    );
 }

@@ -34,7 +34,7 @@ pub fn encode_png(data: &[f32], dims: Dims, index: usize, text: Vec<(String, Str
     check_image(dims, index, &text)?;
     let frame = dims.frame_len();
     let pixels = to_u8(&data[index * frame..(index + 1) * frame], stop)?;
-    encode_pixels(&pixels, dims, text, stop)
+    encode_pixels([Ok(&pixels[..])], dims, text, stop)
 }
 
 /// Encodes one image's 8-bit values (`H×W×C` of `dims`, already converted
@@ -45,7 +45,23 @@ pub fn encode_png_u8(pixels: &[u8], dims: Dims, text: Vec<(String, String)>, sto
     if pixels.len() != dims.frame_len() {
         return Err(KernelError::Invalid(format!("{} bytes for a {}×{}×{} image", pixels.len(), dims.height, dims.width, dims.channels)));
     }
-    encode_pixels(pixels, dims, text, stop)
+    encode_pixels([Ok(pixels)], dims, text, stop)
+}
+
+/// Encodes one image's 8-bit values as [`encode_png_u8`] does, from `parts`
+/// of whole rows that arrive in order (a GPU read-back in pieces): the
+/// compression of the rows that arrived overlaps the wait for the next.
+pub fn encode_png_parts<P>(
+    parts: impl IntoIterator<Item = Result<P, KernelError>>,
+    dims: Dims,
+    text: Vec<(String, String)>,
+    stop: Stop<'_>,
+) -> Result<Vec<u8>, KernelError>
+where
+    P: AsRef<[u8]> + Send + Sync,
+{
+    check_image(dims, 0, &text)?;
+    encode_pixels(parts, dims, text, stop)
 }
 
 /// What every encode checks first: the text's size, the channels, the index.
@@ -66,15 +82,25 @@ fn check_image(dims: Dims, index: usize, text: &[(String, String)]) -> Result<()
     Ok(())
 }
 
-/// The PNG of one image's 8-bit values (checked by [`check_image`]).
-fn encode_pixels(pixels: &[u8], dims: Dims, text: Vec<(String, String)>, stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
+/// The PNG of one image's 8-bit values (checked by [`check_image`]),
+/// arriving in `parts` of whole rows.
+fn encode_pixels<P>(
+    parts: impl IntoIterator<Item = Result<P, KernelError>>,
+    dims: Dims,
+    text: Vec<(String, String)>,
+    stop: Stop<'_>,
+) -> Result<Vec<u8>, KernelError>
+where
+    P: AsRef<[u8]> + Send + Sync,
+{
     let color = match dims.channels {
         1 => png::ColorType::Grayscale,
         3 => png::ColorType::Rgb,
         _ => png::ColorType::Rgba,
     };
     let (width, height) = (dims.width as u32, dims.height as u32);
-    let mut out = Vec::with_capacity(pixels.len() / 2 + 1024);
+    let bytes = dims.frame_len();
+    let mut out = Vec::with_capacity(bytes / 2 + 1024);
     let mut encoder = png::Encoder::new(&mut out, width, height);
     encoder.set_color(color);
     encoder.set_depth(png::BitDepth::Eight);
@@ -91,21 +117,33 @@ fn encode_pixels(pixels: &[u8], dims: Dims, text: Vec<(String, String)>, stop: S
     // Keywords are checked here: 1–79 Latin-1 characters.
     let mut writer = encoder.write_header().map_err(failed)?;
     #[cfg(feature = "parallel")]
-    if pixels.len() >= 2 * crate::deflate::PIECE_BYTES && crate::threads() > 1 {
-        let stream = crate::deflate::zlib_stream(pixels, dims.row_len(), stop)?;
+    if bytes >= 2 * crate::deflate::PIECE_BYTES && crate::threads() > 1 {
+        let stream = crate::deflate::zlib_stream(parts, dims.row_len(), dims.height, stop)?;
         for chunk in stream.chunks(CHUNK_BYTES) {
             writer.write_chunk(png::chunk::IDAT, chunk).map_err(failed)?;
         }
         writer.finish().map_err(failed)?;
         return Ok(out);
     }
-    let mut stream = writer.stream_writer_with_size(CHUNK_BYTES.min(pixels.len()).max(1)).map_err(failed)?;
-    let rows_per_band = (BAND_BYTES / dims.row_len()).max(1);
-    for band in pixels.chunks(rows_per_band * dims.row_len()) {
-        if stop() {
-            return Err(KernelError::Stopped);
+    let mut stream = writer.stream_writer_with_size(CHUNK_BYTES.min(bytes).max(1)).map_err(failed)?;
+    let rows_per_band = (BAND_BYTES / dims.row_len().max(1)).max(1);
+    let mut written = 0;
+    for part in parts {
+        let part = part?;
+        let part = part.as_ref();
+        written += part.len();
+        if written > bytes {
+            return Err(KernelError::Invalid(format!("more than the image's {bytes} bytes")));
         }
-        stream.write_all(band).map_err(failed)?;
+        for band in part.chunks(rows_per_band * dims.row_len().max(1)) {
+            if stop() {
+                return Err(KernelError::Stopped);
+            }
+            stream.write_all(band).map_err(failed)?;
+        }
+    }
+    if written != bytes {
+        return Err(KernelError::Invalid(format!("{written} of the image's {bytes} bytes")));
     }
     stream.finish().map_err(failed)?;
     writer.finish().map_err(failed)?;

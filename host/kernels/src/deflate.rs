@@ -10,7 +10,8 @@
 //! pieces' own), they make one ordinary zlib stream; each piece starts with
 //! an empty window, which costs a little compression at its first bytes.
 
-use rayon::prelude::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::KernelError;
 use crate::bands::Stop;
@@ -29,34 +30,84 @@ const LEVEL: u32 = 2;
 /// The modulus of Adler-32 (the largest prime below 2¹⁶).
 const ADLER_MOD: u64 = 65521;
 
-/// The zlib stream of `pixels` (rows of `row_len` bytes), Up-filtered.
-pub(crate) fn zlib_stream(pixels: &[u8], row_len: usize, stop: Stop<'_>) -> Result<Vec<u8>, KernelError> {
-    if row_len == 0 || pixels.is_empty() || !pixels.len().is_multiple_of(row_len) {
-        return Err(KernelError::Invalid(format!("{} bytes are not whole rows of {row_len}", pixels.len())));
+/// The zlib stream of an image of `rows` rows of `row_len` bytes,
+/// Up-filtered, whose bytes arrive in `parts` (whole rows, in order: a GPU
+/// read-back hands them over as each lands). Each part's pieces are
+/// compressed on rayon's pool while this thread waits for the next part;
+/// a part's last row is kept for the next one's first filter.
+pub(crate) fn zlib_stream<P>(
+    parts: impl IntoIterator<Item = Result<P, KernelError>>,
+    row_len: usize,
+    rows: usize,
+    stop: Stop<'_>,
+) -> Result<Vec<u8>, KernelError>
+where
+    P: AsRef<[u8]> + Send + Sync,
+{
+    if row_len == 0 || rows == 0 {
+        return Err(KernelError::Invalid(format!("an image of {rows} rows of {row_len} bytes")));
     }
-    let rows = pixels.len() / row_len;
     let rows_per_piece = (PIECE_BYTES / (row_len + 1)).max(1);
-    let pieces = rows.div_ceil(rows_per_piece);
-    let compressed: Vec<Result<Piece, KernelError>> = (0..pieces)
-        .into_par_iter()
-        .map(|i| {
-            if stop() {
+    let (sender, finished) = std::sync::mpsc::channel::<(usize, Result<Piece, KernelError>)>();
+    // Set when a part fails: its pieces already queued end at once.
+    let abandoned = AtomicBool::new(false);
+    let halt = || abandoned.load(Ordering::Relaxed) || stop();
+    let mut pieces = 0;
+    let arrived = rayon::in_place_scope(|scope| {
+        let (mut done, mut above): (usize, Option<Arc<P>>) = (0, None);
+        for part in parts {
+            // Stopped (cancelled, past the deadline): no waiting for more parts.
+            if halt() {
+                abandoned.store(true, Ordering::Relaxed);
                 return Err(KernelError::Stopped);
             }
-            let first = i * rows_per_piece;
-            let end = (first + rows_per_piece).min(rows);
-            let filtered = filter_up(pixels, row_len, first, end);
-            Ok(Piece { adler: adler32(&filtered), len: filtered.len() as u64, deflated: deflate(&filtered, i + 1 == pieces)? })
-        })
-        .collect();
+            let part = Arc::new(part.inspect_err(|_| abandoned.store(true, Ordering::Relaxed))?);
+            let len = (*part).as_ref().len();
+            let part_rows = len / row_len.max(1);
+            if len == 0 || !len.is_multiple_of(row_len) || done + part_rows > rows {
+                abandoned.store(true, Ordering::Relaxed);
+                return Err(KernelError::Invalid(format!("{len} bytes are not whole rows of {row_len} within {rows} rows")));
+            }
+            for first in (0..part_rows).step_by(rows_per_piece) {
+                let end = (first + rows_per_piece).min(part_rows);
+                let last = done + end == rows;
+                let (part, before, sender, index, halt) = (part.clone(), above.clone(), sender.clone(), pieces, &halt);
+                scope.spawn(move |_| {
+                    let made = if halt() {
+                        Err(KernelError::Stopped)
+                    } else {
+                        let bytes = (*part).as_ref();
+                        let row_above = match (first, &before) {
+                            (0, Some(before)) => (**before).as_ref().rchunks_exact(row_len).next(),
+                            (0, None) => None,
+                            _ => bytes.get((first - 1) * row_len..first * row_len),
+                        };
+                        let filtered = filter_up(&bytes[first * row_len..end * row_len], row_above, row_len);
+                        deflate(&filtered, last).map(|deflated| Piece { adler: adler32(&filtered), len: filtered.len() as u64, deflated })
+                    };
+                    let _ = sender.send((index, made));
+                });
+                pieces += 1;
+            }
+            done += part_rows;
+            above = Some(part);
+        }
+        if done == rows { Ok(()) } else { Err(KernelError::Invalid(format!("{done} of an image's {rows} rows arrived"))) }
+    });
+    drop(sender);
+    arrived?;
+    let mut compressed: Vec<Option<Piece>> = (0..pieces).map(|_| None).collect();
+    for (index, piece) in finished {
+        compressed[index] = Some(piece?);
+    }
     // zlib header: deflate with a 32 KiB window, "fastest" level, no
     // dictionary (0x7801 is a multiple of 31, as the header's check asks).
-    let total: usize = compressed.iter().map(|p| p.as_ref().map_or(0, |p| p.deflated.len())).sum();
+    let total: usize = compressed.iter().flatten().map(|p| p.deflated.len()).sum();
     let mut out = Vec::with_capacity(total + 6);
     out.extend_from_slice(&[0x78, 0x01]);
     let mut adler = 1u32;
     for piece in compressed {
-        let piece = piece?;
+        let piece = piece.ok_or_else(|| KernelError::Invalid("a compressed piece went missing".into()))?;
         out.extend_from_slice(&piece.deflated);
         adler = adler32_combine(adler, piece.adler, piece.len);
     }
@@ -71,19 +122,19 @@ struct Piece {
     len: u64,
 }
 
-/// Rows `first..end` of `pixels`, each behind filter type 2 (Up): a byte
-/// less the one above it (nothing above the first row of the image).
-fn filter_up(pixels: &[u8], row_len: usize, first: usize, end: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity((end - first) * (row_len + 1));
-    for row in first..end {
-        let this = &pixels[row * row_len..(row + 1) * row_len];
+/// `rows` (whole rows of `row_len` bytes), each behind filter type 2 (Up):
+/// a byte less the one above it (`above` for the first row; nothing above
+/// the image's first row).
+fn filter_up(rows: &[u8], above: Option<&[u8]>, row_len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rows.len() / row_len * (row_len + 1));
+    let mut previous = above;
+    for this in rows.chunks_exact(row_len) {
         out.push(2);
-        if row == 0 {
-            out.extend_from_slice(this);
-        } else {
-            let above = &pixels[(row - 1) * row_len..row * row_len];
-            out.extend(this.iter().zip(above).map(|(&b, &a)| b.wrapping_sub(a)));
+        match previous {
+            None => out.extend_from_slice(this),
+            Some(above) => out.extend(this.iter().zip(above).map(|(&b, &a)| b.wrapping_sub(a))),
         }
+        previous = Some(this);
     }
     out
 }
@@ -159,7 +210,7 @@ mod tests {
         // Enough rows for several pieces, a short last one; one-row images too.
         for (rows, row_len) in [(3000, 1001), (1, 7), (2, 3), (5000, 300)] {
             let pixels: Vec<u8> = (0..rows * row_len).map(|i| ((i / 7) ^ (i % 251)) as u8).collect();
-            let stream = zlib_stream(&pixels, row_len, &|| false).unwrap();
+            let stream = zlib_stream([Ok(&pixels[..])], row_len, rows, &|| false).unwrap();
             let rows_back = inflate(&stream);
             assert_eq!(rows_back.len(), rows * (row_len + 1));
             for (r, row) in rows_back.chunks(row_len + 1).enumerate() {
@@ -175,7 +226,29 @@ mod tests {
     #[test]
     fn a_stop_ends_the_work_and_partial_rows_are_refused() {
         let pixels = vec![7u8; 4000 * 1000];
-        assert!(matches!(zlib_stream(&pixels, 1000, &|| true), Err(KernelError::Stopped)));
-        assert!(matches!(zlib_stream(&pixels[..1500], 1000, &|| false), Err(KernelError::Invalid(_))));
+        assert!(matches!(zlib_stream([Ok(&pixels[..])], 1000, 4000, &|| true), Err(KernelError::Stopped)));
+        assert!(matches!(zlib_stream([Ok(&pixels[..1500])], 1000, 2, &|| false), Err(KernelError::Invalid(_))));
+        assert!(matches!(zlib_stream([Ok(&pixels[..2000])], 1000, 3, &|| false), Err(KernelError::Invalid(_))), "rows missing");
+        assert!(matches!(zlib_stream([Ok(&pixels[..]), Ok(&pixels[..1000])], 1000, 4000, &|| false), Err(KernelError::Invalid(_))), "rows over");
+        let failed = [Ok(&pixels[..3000]), Err(KernelError::Stopped)];
+        assert!(matches!(zlib_stream(failed, 1000, 4000, &|| false), Err(KernelError::Stopped)), "a part that fails ends the stream");
+    }
+
+    #[test]
+    fn rows_arriving_in_parts_make_the_same_stream_as_rows_at_once() {
+        // Parts that cut pieces short, of one row, and of uneven sizes: the
+        // first row of each part is filtered against the last of the one before.
+        let (rows, row_len) = (2500, 999);
+        let pixels: Vec<u8> = (0..rows * row_len).map(|i| ((i / 5) ^ (i % 241)) as u8).collect();
+        let whole = inflate(&zlib_stream([Ok(&pixels[..])], row_len, rows, &|| false).unwrap());
+        for cuts in [vec![1, 2, 1000, 2500], vec![1049, 1050, 2098, 2499, 2500], vec![7, 2500]] {
+            let mut parts = Vec::new();
+            let mut at = 0;
+            for cut in cuts {
+                parts.push(Ok(&pixels[at * row_len..cut * row_len]));
+                at = cut;
+            }
+            assert_eq!(inflate(&zlib_stream(parts, row_len, rows, &|| false).unwrap()), whole);
+        }
     }
 }

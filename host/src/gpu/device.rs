@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 
 use super::batch::Batch;
 use super::pool::{Pool, Usage, class_of};
-use super::{GpuError, GpuLimits, Kernel, TRANSFER_TIMEOUT};
+use super::{GpuError, GpuLimits, Kernel};
 
 /// One wgpu device: the queue, its compiled kernels and whether it was lost.
 pub struct Device {
@@ -28,11 +28,17 @@ pub struct Device {
     pub(crate) kernels: Mutex<LruCache<blake3::Hash, Arc<Kernel>>>,
     /// Kernels compiled (not fetched from the cache) on this device.
     pub(crate) compiled: AtomicU64,
-    /// Largest buffer a kernel may bind: the adapter's storage-binding
-    /// limit, capped by `gpu_max_buffer_mb`.
-    max_binding_bytes: u64,
-    /// Largest buffer the device allocates (staging included).
+    /// Most bytes one binding may span: the adapter's storage-binding
+    /// limit, capped by `gpu_max_buffer_mb`. A plugin's kernel binds whole
+    /// tensors, so its tensors stay within it; the host's kernels bind a
+    /// window of each tensor per band (see `super::ops`), so theirs may be
+    /// as large as a buffer.
+    max_binding_bytes: AtomicU64,
+    /// Largest buffer the device allocates (staging included): the
+    /// adapter's, capped by `gpu_max_buffer_mb`.
     max_buffer_bytes: u64,
+    /// Where a binding may start in a buffer: a multiple of this many bytes.
+    binding_alignment: u64,
     /// Idle buffers for reuse.
     pub(crate) pool: Pool,
     /// Held by each poll and each submission (which polls too): wgpu-core
@@ -79,6 +85,7 @@ impl Device {
         };
         let max_binding_bytes = required.max_storage_buffer_binding_size.min(required.max_buffer_size);
         let max_buffer_bytes = required.max_buffer_size;
+        let required_alignment = required.min_storage_buffer_offset_alignment.max(4);
         let descriptor = wgpu::DeviceDescriptor { label: Some("kiln"), required_limits: required, ..Default::default() };
         let (device, queue) = pollster::block_on(adapter.request_device(&descriptor)).map_err(|e| format!("cannot open the GPU device: {e}"))?;
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| tracing::warn!(error = %e, "GPU error outside any operation")));
@@ -96,8 +103,9 @@ impl Device {
             generation,
             kernels: Mutex::new(LruCache::new(capacity)),
             compiled: AtomicU64::new(0),
-            max_binding_bytes,
+            max_binding_bytes: AtomicU64::new(max_binding_bytes),
             max_buffer_bytes,
+            binding_alignment: u64::from(required_alignment),
             pool: Pool::new(limits.max_idle_bytes),
             poll_lock: Mutex::new(()),
             batch: Batch::new(limits.max_idle_bytes / 2),
@@ -260,7 +268,7 @@ impl Device {
     }
 
     /// Processes finished work without blocking: runs the callbacks due.
-    fn poll_now(&self) -> Result<(), GpuError> {
+    pub(crate) fn poll_now(&self) -> Result<(), GpuError> {
         let polled = {
             let _one = self.poll_lock.lock();
             self.device.poll(wgpu::PollType::Poll)
@@ -271,9 +279,27 @@ impl Device {
         polled.map(|_| ()).map_err(|e| GpuError::Driver(e.to_string()))
     }
 
-    /// Largest tensor a kernel may bind, bytes.
+    /// Most bytes one binding may span (a plugin's whole tensor; one
+    /// window of a host kernel's).
     pub fn max_binding_bytes(&self) -> u64 {
-        self.max_binding_bytes
+        self.max_binding_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Where a binding may start in a buffer: a multiple of this many bytes.
+    pub fn binding_alignment(&self) -> u64 {
+        self.binding_alignment
+    }
+
+    /// Largest device tensor, bytes.
+    pub fn max_buffer_bytes(&self) -> u64 {
+        self.max_buffer_bytes
+    }
+
+    /// Test hook: bindings span at most `bytes` from now on, so small
+    /// tensors take the tiled path the adapter's limit gives large ones.
+    #[cfg(test)]
+    pub(crate) fn cap_bindings(&self, bytes: u64) {
+        self.max_binding_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// Buffers the driver allocated on this device, and buffers reused
@@ -345,24 +371,28 @@ impl Device {
         self.storage(len, FirstWrite::Commands)
     }
 
-    /// A storage buffer of `len` f32 values, first written as `first_write` says.
+    /// A storage buffer of `len` f32 values, first written as `first_write`
+    /// says: at most the device's largest buffer (the host's kernels bind
+    /// larger-than-binding tensors a window at a time).
     fn storage(self: &Arc<Self>, len: usize, first_write: FirstWrite) -> Result<DeviceBuffer, GpuError> {
         let size = byte_size(len)?;
-        if size > self.max_binding_bytes {
+        if size > self.max_buffer_bytes {
             return Err(GpuError::InvalidDispatch(format!(
-                "a {} MiB tensor: the GPU binds at most {} MiB (the adapter's limit, or gpu_max_buffer_mb)",
-                size >> 20,
-                self.max_binding_bytes >> 20
+                "a {} MiB tensor: the GPU holds at most {} MiB in one buffer (the adapter's limit, or gpu_max_buffer_mb)",
+                size.div_ceil(1 << 20),
+                self.max_buffer_bytes >> 20
             )));
         }
         let pooled = self.buffer(Usage::Storage, size, first_write)?;
         Ok(DeviceBuffer::new(pooled, len, self.clone()))
     }
 
-    /// A zero-filled storage buffer of `len` f32 values: a reused one is
-    /// cleared on the GPU first (queued before any later work), so no job
-    /// sees another's data.
+    /// A zero-filled storage buffer of `len` f32 values for a plugin's
+    /// kernels, which bind it whole: at most the binding limit. A reused
+    /// one is cleared on the GPU first (queued before any later work), so
+    /// no job sees another's data.
     pub fn zeroed(self: &Arc<Self>, len: usize) -> Result<DeviceBuffer, GpuError> {
+        check_binding(byte_size(len)?, self.max_binding_bytes())?;
         let buffer = self.for_overwrite(len)?;
         if !buffer.fresh {
             let size = byte_size(len)?;
@@ -422,7 +452,19 @@ pub(crate) enum FirstWrite {
     Queue,
 }
 
-fn byte_size(len: usize) -> Result<u64, GpuError> {
+/// Refuses a binding of `bytes` over `max` (the device's binding limit).
+pub(crate) fn check_binding(bytes: u64, max: u64) -> Result<(), GpuError> {
+    if bytes > max {
+        return Err(GpuError::InvalidDispatch(format!(
+            "a {} MiB tensor: the GPU binds at most {} MiB to a kernel (the adapter's limit, or gpu_max_buffer_mb)",
+            bytes.div_ceil(1 << 20),
+            max >> 20
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn byte_size(len: usize) -> Result<u64, GpuError> {
     (len as u64).checked_mul(4).filter(|&b| b > 0).ok_or_else(|| GpuError::InvalidDispatch(format!("a buffer of {len} values")))
 }
 
@@ -475,11 +517,14 @@ impl DeviceBuffer {
         &self.buffer
     }
 
-    /// This tensor's bytes, for a bind group: never the class's slack, so a
-    /// kernel's out-of-bounds accesses stay inside its own values.
-    pub(crate) fn binding(&self) -> wgpu::BindingResource<'_> {
-        let size = std::num::NonZeroU64::new(self.len as u64 * 4);
-        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &self.buffer, offset: 0, size })
+    /// Values `window` of this tensor (all of them when `None`), for a
+    /// bind group: never the class's slack, so a kernel's out-of-bounds
+    /// accesses stay inside its own values. The caller checked the window
+    /// (`super::dispatch::check`).
+    pub(crate) fn binding(&self, window: Option<&std::ops::Range<usize>>) -> wgpu::BindingResource<'_> {
+        let (offset, len) = window.map_or((0, self.len), |w| (w.start, w.len()));
+        let size = std::num::NonZeroU64::new(len as u64 * 4);
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &self.buffer, offset: offset as u64 * 4, size })
     }
 
     /// Number of f32 values.
@@ -500,83 +545,5 @@ impl DeviceBuffer {
     /// The device holding it.
     pub fn device(&self) -> &Arc<Device> {
         &self.device
-    }
-
-    /// Copies the values to the host through a pooled staging buffer.
-    pub fn read(&self) -> Result<Vec<f32>, GpuError> {
-        self.map_read(Instant::now() + TRANSFER_TIMEOUT, |values| values.to_vec())
-    }
-
-    /// Runs `f` over the values as they arrive in a mapped staging buffer,
-    /// without a host copy of the tensor (an encoder reads them there),
-    /// waiting for them until `deadline` (a node's, when a node reads).
-    pub fn map_read<T>(&self, deadline: Instant, f: impl FnOnce(&[f32]) -> T) -> Result<T, GpuError> {
-        let device = &self.device;
-        let size = byte_size(self.len)?;
-        let staging = device.buffer(Usage::Staging, size, FirstWrite::Commands)?;
-        let submission = device.scoped(|| {
-            let mut encoder = device.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging.buffer, 0, size);
-            device.submit([encoder.finish()])
-        })?;
-        let (sender, mapped) = std::sync::mpsc::channel();
-        let notify = move |r: MapResult| {
-            let _ = sender.send(r);
-        };
-        #[cfg(test)]
-        let notify = late(notify, device.late_callbacks_ms.load(Ordering::Relaxed));
-        staging.buffer.map_async(wgpu::MapMode::Read, ..size, notify);
-        // On failure the staging buffer is dropped, not pooled: its mapping
-        // may still be pending.
-        device.wait(submission, deadline)?;
-        wait_for_mapping(device, &mapped, deadline)?;
-        let value = {
-            let view = staging.buffer.get_mapped_range(..size).map_err(|e| GpuError::Driver(e.to_string()))?;
-            // Mapped ranges are aligned far beyond an f32's 4 bytes; a copy
-            // only if a driver ever hands out less.
-            match bytemuck::try_cast_slice::<u8, f32>(&view) {
-                Ok(values) => f(values),
-                Err(_) => f(&bytemuck::pod_collect_to_vec::<u8, f32>(&view)),
-            }
-        };
-        staging.buffer.unmap();
-        device.recycle(staging);
-        Ok(value)
-    }
-}
-
-/// `notify`, run `ms` late on another thread (at once when 0).
-#[cfg(test)]
-fn late(notify: impl FnOnce(MapResult) + Send + 'static, ms: u64) -> impl FnOnce(MapResult) + Send + 'static {
-    move |r| {
-        if ms == 0 {
-            notify(r)
-        } else {
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(ms));
-                notify(r)
-            });
-        }
-    }
-}
-
-/// What a buffer mapping's callback reports.
-type MapResult = Result<(), wgpu::BufferAsyncError>;
-
-/// Waits until `deadline` for a mapping's callback itself: the poll that
-/// saw the copy finish does not prove the callback ran, since another
-/// thread polling the same device may collect it and fire it later.
-fn wait_for_mapping(device: &Device, mapped: &std::sync::mpsc::Receiver<MapResult>, deadline: Instant) -> Result<(), GpuError> {
-    use std::sync::mpsc::RecvTimeoutError;
-    loop {
-        match mapped.recv_timeout(Duration::from_millis(1)) {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) => return Err(GpuError::Driver(e.to_string())),
-            Err(_) if device.is_lost() => return Err(GpuError::DeviceLost),
-            Err(RecvTimeoutError::Disconnected) => return Err(GpuError::Driver("the read-back mapping was dropped".into())),
-            Err(RecvTimeoutError::Timeout) if Instant::now() >= deadline => return Err(GpuError::Timeout),
-            // Not fired yet: poll so that this thread fires it if no other does.
-            Err(RecvTimeoutError::Timeout) => device.poll_now()?,
-        }
     }
 }

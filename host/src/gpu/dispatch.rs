@@ -4,9 +4,10 @@
 //! one submission; the host's own kernels submit theirs band by band
 //! ([`super::ops`]) and stop between bands at the node's [`Cutoff`].
 
+use std::ops::Range;
 use std::time::Instant;
 
-use super::device::{FirstWrite, Pooled};
+use super::device::{FirstWrite, Pooled, check_binding};
 use super::kernel::{Kernel, Slot};
 use super::pool::Usage;
 use super::{Device, DeviceBuffer, GpuError, GpuLimits};
@@ -15,11 +16,34 @@ use super::{Device, DeviceBuffer, GpuError, GpuLimits};
 pub const MAX_UNIFORM_BYTES: usize = 64 << 10;
 
 /// A tensor bound to `@binding(index)`; `writable` when the caller may let
-/// the kernel write it.
+/// the kernel write it; `window`: the values bound (the host's kernels bind
+/// a window per band, see [`super::ops`]), else the whole tensor.
 pub struct Bound<'a> {
     pub index: u32,
     pub buffer: &'a DeviceBuffer,
     pub writable: bool,
+    pub window: Option<Range<usize>>,
+}
+
+impl<'a> Bound<'a> {
+    /// `buffer` bound whole at `index`.
+    pub fn whole(index: u32, buffer: &'a DeviceBuffer, writable: bool) -> Bound<'a> {
+        Bound { index, buffer, writable, window: None }
+    }
+
+    /// Checks that the binding fits the device: a window inside the tensor,
+    /// starting at the device's binding alignment, and no more bytes than
+    /// one binding may span.
+    fn check(&self, device: &Device) -> Result<(), GpuError> {
+        let Some(window) = &self.window else {
+            return check_binding(self.buffer.len() as u64 * 4, device.max_binding_bytes());
+        };
+        let aligned = (window.start as u64 * 4).is_multiple_of(device.binding_alignment());
+        if window.is_empty() || window.end > self.buffer.len() || !aligned {
+            return Err(GpuError::InvalidDispatch(format!("values {window:?} of a {}-value tensor cannot be bound", self.buffer.len())));
+        }
+        check_binding(window.len() as u64 * 4, device.max_binding_bytes())
+    }
 }
 
 /// Checks everything a dispatch is given before any GPU work.
@@ -56,7 +80,7 @@ pub fn check(device: &Device, kernel: &Kernel, bindings: &[Bound<'_>], uniforms:
                 return refuse(format!("@binding({index}) is read_write in the kernel: bind a tensor this node allocated, as read-write"));
             }
             [b] if b.buffer.device().generation() != device.generation() => return Err(GpuError::DeviceLost),
-            [_] => {}
+            [b] => b.check(device)?,
             _ => return refuse(format!("@binding({index}) is bound twice")),
         }
     }
@@ -219,7 +243,7 @@ fn bind_group(device: &Device, d: &Dispatch<'_>, limits: &GpuLimits, uniforms: &
         wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &uniforms[at].buffer, offset: 0, size: std::num::NonZeroU64::new(len as u64) })
     };
     let mut entries: Vec<wgpu::BindGroupEntry<'_>> =
-        d.bindings.iter().map(|b| wgpu::BindGroupEntry { binding: b.index, resource: b.buffer.binding() }).collect();
+        d.bindings.iter().map(|b| wgpu::BindGroupEntry { binding: b.index, resource: b.buffer.binding(b.window.as_ref()) }).collect();
     if let Some(b) = budget {
         entries.push(wgpu::BindGroupEntry { binding: super::loops::BUDGET_BINDING, resource: block(b) });
     }

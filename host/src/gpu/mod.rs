@@ -6,6 +6,7 @@
 //! kernels (`kiln:plugin/kernels`) run here too when the device is worth it.
 //!
 //! - [`device`]: the device, its loss and re-creation, device buffers.
+//! - [`readback`]: device buffers read back, whole or in parts as they land.
 //! - [`pool`]: device buffers reused by size class, idle memory bounded.
 //! - [`batch`]: small work recorded for the next submission.
 //! - [`policy`]: where `auto` runs a kernel, transfers and the device's opening counted.
@@ -21,6 +22,7 @@ pub mod loops;
 pub mod ops;
 pub mod policy;
 mod pool;
+pub mod readback;
 #[cfg(test)]
 mod tests;
 
@@ -31,6 +33,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+pub(crate) use device::check_binding;
 pub use device::{Device, DeviceBuffer};
 pub use kernel::Kernel;
 pub use policy::Estimate;

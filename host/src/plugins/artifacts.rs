@@ -8,8 +8,11 @@
 //!
 //! Deserializing is `unsafe` in wasmtime: the bytes become executable code.
 //! So the cache only loads what kiln itself wrote: the directory must be owned
-//! by this user and not writable by anyone else, and every artifact carries a
-//! blake3 checksum of its payload that is verified before deserializing.
+//! by this user and not writable by anyone else, and every artifact
+//! (`KEY-2.cwasm`, wasmtime's bytes as they are) has a blake3 checksum beside
+//! it (`KEY-2.cwasm.b3`) that is verified before deserializing. The artifact
+//! is then mapped from its file, not copied into memory: a start that loads
+//! the bundled plugins from the cache reads each file once, to hash it.
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -55,19 +58,20 @@ impl ArtifactCache {
     /// The component for `wasm`, from the cache when a valid artifact exists,
     /// else compiled as `compile` says (in a child process under limits,
     /// see `compile`) and stored. Returns whether it came from the cache.
-    pub fn load(&self, engine: &Engine, wasm: &[u8], compile: &CompileConfig) -> Result<(Component, bool), CompileError> {
+    /// `hash`: the blake3 of `wasm`, which the caller has computed.
+    pub fn load(&self, engine: &Engine, wasm: &[u8], hash: &blake3::Hash, compile: &CompileConfig) -> Result<(Component, bool), CompileError> {
         let path = self.dir.as_ref().map(|dir| {
             let mut key = Blake3Hasher(blake3::Hasher::new());
-            key.0.update(blake3::hash(wasm).as_bytes());
+            key.0.update(hash.as_bytes());
             engine.precompile_compatibility_hash().hash(&mut key);
-            dir.join(format!("{}.cwasm", key.0.finalize().to_hex()))
+            // `-2`: this layout (checksum beside the file); a kiln that keeps
+            // the checksum inside shares the directory without clobbering it.
+            dir.join(format!("{}-2.cwasm", key.0.finalize().to_hex()))
         });
         if let Some(path) = &path
-            && let Some(payload) = read_verified(path)
+            && let Some(hashed) = verified(path)
         {
-            // SAFETY: the payload was written by `store` below into a directory
-            // only this user can write, and its checksum matches.
-            match unsafe { Component::deserialize(engine, &payload) } {
+            match cached(engine, path, &hashed) {
                 Ok(component) => return Ok((component, true)),
                 Err(e) => tracing::warn!(path = %path.display(), error = %e, "discarding unusable artifact"),
             }
@@ -113,21 +117,82 @@ unsafe extern "C" {
     fn libc_geteuid() -> u32;
 }
 
-fn read_verified(path: &Path) -> Option<Vec<u8>> {
-    let bytes = std::fs::read(path).ok()?;
-    if bytes.len() < MAGIC.len() + 32 || &bytes[..MAGIC.len()] != MAGIC {
-        return None;
-    }
-    let (sum, payload) = bytes[MAGIC.len()..].split_at(32);
-    (blake3::hash(payload).as_bytes() == sum).then(|| payload.to_vec())
+/// Where the checksum of the artifact at `path` is kept.
+fn sum_path(path: &Path) -> PathBuf {
+    path.with_extension("cwasm.b3")
 }
 
+/// The artifact at `path` when it has its checksum beside it and matches
+/// it: the file hashed, and the checksum.
+fn verified(path: &Path) -> Option<(std::fs::File, [u8; 32])> {
+    let sum = std::fs::read(sum_path(path)).ok()?;
+    if sum.len() != MAGIC.len() + 32 || &sum[..MAGIC.len()] != MAGIC {
+        return None;
+    }
+    let expected: [u8; 32] = sum[MAGIC.len()..].try_into().ok()?;
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut hasher = blake3::Hasher::new();
+    hasher.update_reader(&mut file).ok()?;
+    (hasher.finalize().as_bytes() == &expected).then_some((file, expected))
+}
+
+/// The verified artifact at `path` (`hashed`: the file that was hashed, and
+/// its checksum) as a component: mapped from its file when that is still
+/// the file that was hashed (the cache only ever replaces an artifact by a
+/// rename, never in place), else read and checked again.
+fn cached(engine: &Engine, path: &Path, (hashed, sum): &(std::fs::File, [u8; 32])) -> wasmtime::Result<Component> {
+    if same_file(hashed, path) {
+        // SAFETY: the file was written by `store` into a directory only this
+        // user can write, its checksum matches, and files there are only
+        // ever replaced by a rename, so the mapped file does not change.
+        match unsafe { Component::deserialize_file(engine, path) } {
+            Ok(component) if same_file(hashed, path) => return Ok(component),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(path = %path.display(), error = %e, "cannot map the artifact: reading it"),
+        }
+    }
+    // Replaced meanwhile, or not mappable here (some network filesystems):
+    // the bytes themselves, checked against the checksum.
+    let bytes = std::fs::read(path)?;
+    if blake3::hash(&bytes).as_bytes() != sum {
+        return Err(wasmtime::Error::msg("the artifact changed after it was checked"));
+    }
+    // SAFETY: as above; these are the bytes whose checksum matched.
+    unsafe { Component::deserialize(engine, &bytes) }
+}
+
+/// Whether `file` is the file now at `path` (same device and inode).
+fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (file, path);
+        false
+    }
+}
+
+/// Writes the artifact, then its checksum, each whole or not at all (a
+/// crash between the two leaves an artifact without a matching checksum:
+/// compiled again next time).
 fn store(path: &Path, artifact: &[u8]) -> std::io::Result<()> {
+    let mut sum = MAGIC.to_vec();
+    sum.extend_from_slice(blake3::hash(artifact).as_bytes());
+    write_whole(path, artifact)?;
+    write_whole(&sum_path(path), &sum)
+}
+
+/// Writes `bytes` to `path` through a synced temporary file and a rename.
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().ok_or_else(|| std::io::Error::other("artifact path has no parent"))?;
     let mut tmp = tempfile_in(dir)?;
-    tmp.1.write_all(MAGIC)?;
-    tmp.1.write_all(blake3::hash(artifact).as_bytes())?;
-    tmp.1.write_all(artifact)?;
+    tmp.1.write_all(bytes)?;
     tmp.1.sync_data()?;
     std::fs::rename(&tmp.0, path)
 }
@@ -143,17 +208,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rejects_tampered_or_truncated_artifacts() {
+    fn rejects_tampered_truncated_or_unsummed_artifacts() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.cwasm");
         store(&path, b"payload").unwrap();
-        assert_eq!(read_verified(&path).unwrap(), b"payload");
-        let mut bytes = std::fs::read(&path).unwrap();
-        let last = bytes.len() - 1;
-        bytes[last] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
-        assert!(read_verified(&path).is_none());
-        std::fs::write(&path, &bytes[..10]).unwrap();
-        assert!(read_verified(&path).is_none());
+        let (file, sum) = verified(&path).unwrap();
+        assert_eq!(&sum, blake3::hash(b"payload").as_bytes());
+        assert!(same_file(&file, &path));
+        assert_eq!(std::fs::read(&path).unwrap(), b"payload", "wasmtime's bytes as they are");
+        // Replaced by a rename after the check: no longer the file that was hashed.
+        store(&path, b"payload").unwrap();
+        assert!(!same_file(&file, &path));
+        std::fs::write(&path, b"paylaod").unwrap();
+        assert!(verified(&path).is_none(), "tampered");
+        std::fs::write(&path, b"pay").unwrap();
+        assert!(verified(&path).is_none(), "truncated");
+        store(&path, b"payload").unwrap();
+        std::fs::remove_file(sum_path(&path)).unwrap();
+        assert!(verified(&path).is_none(), "no checksum beside it");
     }
 }

@@ -16,7 +16,7 @@ use wasmtime::component::Resource;
 use super::bindings::kiln::plugin::gpu as wit;
 use super::state::{NodeState, Stopped};
 use crate::gpu::dispatch::{Bound, run};
-use crate::gpu::{Estimate, Gpu, GpuError, Kernel, kernel};
+use crate::gpu::{Estimate, Gpu, GpuError, Kernel, check_binding, kernel};
 use crate::tensor::{Tensor, TensorError, element_count};
 
 /// The `kernel` resource: a compiled kernel shared with the device's cache.
@@ -95,11 +95,14 @@ impl NodeState {
         let device = gpu.device()?;
         let mut bound = Vec::with_capacity(tensors.len());
         for (index, tensor, write) in tensors {
+            // A kernel binds its tensors whole: one over the limit is refused
+            // before a host tensor is uploaded for it.
+            check_binding(tensor.byte_len(), device.max_binding_bytes())?;
             let buffer = tensor.device_or_upload(|data| device.upload(data))?;
             if *write && !self.gpu.writable.contains(&buffer.id()) {
                 return Err(GpuError::InvalidDispatch(format!("@binding({index}): only tensors this node allocated may be bound read-write")));
             }
-            bound.push(Bound { index: *index, buffer, writable: *write });
+            bound.push(Bound::whole(*index, buffer, *write));
         }
         run(&device, kernel, &bound, uniforms, groups, gpu.limits(), self.stop.deadline)?;
         self.gpu.ran = true;

@@ -29,6 +29,7 @@ use wasmtime::component::Resource;
 use super::bindings::kiln::plugin::kernels;
 use super::state::{NodeState, Stopped};
 use crate::gpu::dispatch::Cutoff;
+use crate::gpu::readback::READ_PART_BYTES;
 use crate::gpu::{Device, DeviceBuffer, Estimate, Gpu, GpuError};
 use crate::tensor::Tensor;
 
@@ -295,7 +296,7 @@ impl kernels::Host for NodeState {
         };
         // A result still on the GPU only: converted to 8 bits there and
         // encoded from the mapped read-back of those bytes (a quarter of the
-        // f32s, no host copy of the tensor).
+        // f32s, no host copy of the tensor), part by part as they land.
         if !t.is_on_host()
             && let Some(pixels) = self.gpu_pixels(&t, dims, index as usize)
         {
@@ -308,9 +309,11 @@ impl kernels::Host for NodeState {
                 Err(m) => return Ok(Err(kernels::KernelError::BudgetExceeded(m))),
             };
             let text = text.clone();
-            let encoded = buffer.map_read(self.stop.deadline, |words| {
-                let bytes: &[u8] = bytemuck::cast_slice(words);
-                self.run_kernel(|stop| codec::encode_png_u8(&bytes[..frame], dims, text, stop))
+            // Rows are compressed as each part of the read-back lands; a
+            // failed part's error is the read-back's (below).
+            let encoded = buffer.read_in_parts(frame, dims.row_len(), READ_PART_BYTES, self.stop.deadline, |parts| {
+                let parts = parts.map(|part| part.map_err(|e| KernelError::Invalid(e.to_string())));
+                self.run_kernel(|stop| codec::encode_png_parts(parts, dims, text, stop))
             });
             match encoded {
                 Ok(encoded) => return Ok(encoded?.map_err(kernels::KernelError::Invalid)),

@@ -129,7 +129,7 @@ impl PluginRuntime {
         {
             return Err(LoadError::SecretNotGranted { plugin, secret: secret.clone(), hash_grant: hash_grant(&component_hash) });
         }
-        let (component, from_cache) = self.artifacts.load(&self.engine, wasm, &self.config.compile).map_err(|source| match source {
+        let (component, from_cache) = self.artifacts.load(&self.engine, wasm, &component_hash, &self.config.compile).map_err(|source| match source {
             CompileError::Invalid(message) => LoadError::Compile { plugin: plugin.clone(), message },
             reason => LoadError::Component { plugin: plugin.clone(), reason },
         })?;

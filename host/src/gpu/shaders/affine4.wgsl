@@ -1,8 +1,9 @@
 // dst[i] = scale * src[i] + offset over four values at a time, for tensors
 // whose length is a multiple of 4: the band first..end counts vec4s. Whole
 // vec4 loads and stores let a GPU move memory near its bandwidth (one f32
-// per invocation reached about a third of it on an H200).
-struct Params { first: u32, end: u32, groups_x: u32, scale: f32, offset: f32 }
+// per invocation reached about a third of it on an H200). Both are bound from
+// vec4 `base` on (the band's window).
+struct Params { first: u32, end: u32, groups_x: u32, scale: f32, offset: f32, base: u32 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> dst: array<vec4<f32>>;
@@ -11,5 +12,5 @@ struct Params { first: u32, end: u32, groups_x: u32, scale: f32, offset: f32 }
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let i = p.first + (wg.y * p.groups_x + wg.x) * 256u + li;
     if (i >= p.end) { return; }
-    dst[i] = p.scale * src[i] + vec4<f32>(p.offset);
+    dst[i - p.base] = p.scale * src[i - p.base] + vec4<f32>(p.offset);
 }

@@ -2,11 +2,13 @@
 // is the weighted sum over its row taps × column taps of the (cropped) source.
 // `tables` holds, as words: x indices, x weights (ow·nx each), then
 // y indices, y weights (oh·ny each); weights are f32 bits. For the band of
-// values first..end.
+// values first..end. src is bound from value src_start on (the rows the band's
+// taps read), dst from dst_start on (the band's own values).
 struct Params {
     first: u32, end: u32, groups_x: u32, channels: u32,
     in_height: u32, in_width: u32, x0: u32, y0: u32,
     out_height: u32, out_width: u32, nx: u32, ny: u32,
+    src_start: u32, dst_start: u32,
 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
@@ -34,9 +36,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var kx = 0u; kx < p.nx; kx++) {
             let u = ox * p.nx + kx;
             let sx = p.x0 + tables[u];
-            line += bitcast<f32>(tables[xs + u]) * src[(row + sx) * p.channels + c];
+            line += bitcast<f32>(tables[xs + u]) * src[(row + sx) * p.channels + c - p.src_start];
         }
         acc += wy * line;
     }
-    dst[i] = acc;
+    dst[i - p.dst_start] = acc;
 }

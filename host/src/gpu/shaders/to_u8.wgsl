@@ -2,7 +2,8 @@
 // (truncation; NaN becomes 0), as kiln-kernels' `convert::to_u8`, of the
 // `count` values from `base`, four bytes per u32 word (little-endian), for
 // the band of words first..end. A read-back then moves a quarter of the bytes.
-struct Params { first: u32, end: u32, groups_x: u32, base: u32, count: u32 }
+// src is bound from value src_start on, dst from word dst_start on.
+struct Params { first: u32, end: u32, groups_x: u32, base: u32, count: u32, src_start: u32, dst_start: u32 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
@@ -21,7 +22,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var word = 0u;
     for (var k = 0u; k < 4u; k++) {
         let at = w * 4u + k;
-        if (at < p.count) { word = word | (byte_of(src[p.base + at]) << (8u * k)); }
+        if (at < p.count) { word = word | (byte_of(src[p.base + at - p.src_start]) << (8u * k)); }
     }
-    dst[w] = word;
+    dst[w - p.dst_start] = word;
 }

@@ -14,6 +14,8 @@ use super::kernel::compile;
 use super::*;
 
 mod batch;
+mod readback;
+mod windows;
 
 fn gpu_with(limits: GpuLimits) -> Option<Arc<Gpu>> {
     match Gpu::start(GpuMode::Required, limits, None) {
@@ -162,7 +164,7 @@ fn an_infinite_loop_ends_at_the_loop_budget() {
     let kernel = compile(&device, gpu.limits(), SPIN, "spin").unwrap();
     let out = device.zeroed(64 * 4).unwrap();
     let started = Instant::now();
-    run(&device, &kernel, &[Bound { index: 1, buffer: &out, writable: true }], &[], (4, 1, 1), gpu.limits(), soon()).unwrap();
+    run(&device, &kernel, &[Bound::whole(1, &out, true)], &[], (4, 1, 1), gpu.limits(), soon()).unwrap();
     let values = out.read().unwrap();
     assert!(started.elapsed() < Duration::from_secs(30));
     // The loop ran exactly the budget's iterations, then was cut.
@@ -180,7 +182,7 @@ fn a_large_dispatch_shares_the_dispatch_iteration_budget() {
     let device = gpu.device().unwrap();
     let kernel = compile(&device, gpu.limits(), SPIN, "spin").unwrap();
     let out = device.zeroed(256).unwrap();
-    run(&device, &kernel, &[Bound { index: 1, buffer: &out, writable: true }], &[], (4, 1, 1), gpu.limits(), soon()).unwrap();
+    run(&device, &kernel, &[Bound::whole(1, &out, true)], &[], (4, 1, 1), gpu.limits(), soon()).unwrap();
     let values = out.read().unwrap();
     assert!(values.iter().all(|&v| v == 100.0), "{:?}", &values[..4]);
     // The host's own binding is not the plugin's to use.
@@ -203,7 +205,7 @@ fn out_of_bounds_writes_stay_inside_the_buffer() {
     drop(device.upload(&[3.0; 64]).unwrap());
     let small = device.zeroed(16).unwrap();
     let kernel = compile(&device, gpu.limits(), src, "oob").unwrap();
-    run(&device, &kernel, &[Bound { index: 1, buffer: &small, writable: true }], &[], (1, 1, 1), gpu.limits(), soon()).unwrap();
+    run(&device, &kernel, &[Bound::whole(1, &small, true)], &[], (1, 1, 1), gpu.limits(), soon()).unwrap();
     assert!(neighbour.read().unwrap().iter().all(|&v| v == 1.0), "another buffer was written");
     // Clamped accesses land inside the kernel's own buffer.
     assert!(small.read().unwrap().iter().all(|&v| v == 0.0 || v == 42.0));
@@ -224,15 +226,15 @@ fn dispatch_sizes_and_bindings_are_bounded() {
     let a = device.upload(&[2.0; 64]).unwrap();
     let b = device.zeroed(64).unwrap();
     let uniforms = [3.0f32, 0.0, 0.0, 0.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
-    let ok = [Bound { index: 1, buffer: &a, writable: false }, Bound { index: 2, buffer: &b, writable: true }];
+    let ok = [Bound::whole(1, &a, false), Bound::whole(2, &b, true)];
     let refused = |r: Result<(), GpuError>| matches!(r, Err(GpuError::InvalidDispatch(_)));
     assert!(refused(run(&device, &kernel, &ok, &uniforms, (u32::MAX, 1, 1), limits, soon())), "per-dimension bound");
     assert!(refused(run(&device, &kernel, &ok, &uniforms, (1000, 1000, 1), limits, soon())), "invocation bound");
     assert!(refused(run(&device, &kernel, &ok, &[], (1, 1, 1), limits, soon())), "uniforms missing");
     assert!(refused(run(&device, &kernel, &ok[..1], &uniforms, (1, 1, 1), limits, soon())), "binding missing");
-    let read_only = [Bound { index: 1, buffer: &a, writable: false }, Bound { index: 2, buffer: &b, writable: false }];
+    let read_only = [Bound::whole(1, &a, false), Bound::whole(2, &b, false)];
     assert!(refused(run(&device, &kernel, &read_only, &uniforms, (1, 1, 1), limits, soon())), "read_write needs a writable tensor");
-    let extra = [ok[0].index, ok[1].index, 5].map(|i| Bound { index: i, buffer: &a, writable: false });
+    let extra = [ok[0].index, ok[1].index, 5].map(|i| Bound::whole(i, &a, false));
     assert!(refused(run(&device, &kernel, &extra, &uniforms, (1, 1, 1), limits, soon())), "unknown binding");
     run(&device, &kernel, &ok, &uniforms, (1, 1, 1), limits, soon()).unwrap();
     assert_eq!(b.read().unwrap(), vec![6.0; 64]);
@@ -251,7 +253,7 @@ fn driver_errors_are_captured_not_panics() {
         @compute @workgroup_size(1) fn main() { b[0] = k[7].x; }";
     let kernel = compile(&device, gpu.limits(), src, "main").unwrap();
     let b = device.zeroed(4).unwrap();
-    let err = run(&device, &kernel, &[Bound { index: 1, buffer: &b, writable: true }], &[0; 16], (1, 1, 1), gpu.limits(), soon()).unwrap_err();
+    let err = run(&device, &kernel, &[Bound::whole(1, &b, true)], &[0; 16], (1, 1, 1), gpu.limits(), soon()).unwrap_err();
     assert!(
         matches!(&err, GpuError::Driver(m) if m.contains("Validation Error") && m.len() > "Validation Error".len() + 10),
         "the cause, not just the heading: {err:?}"
@@ -371,7 +373,7 @@ fn a_lost_device_is_recreated_and_its_buffers_say_so() {
     assert_eq!(fresh.generation(), lost.generation() + 1);
     assert_eq!(fresh.upload(&[3.0]).unwrap().read().unwrap(), vec![3.0]);
     // A buffer of the lost device cannot be bound on the new one.
-    let err = run(&fresh, &kernel, &[Bound { index: 1, buffer: &buffer, writable: true }], &[], (1, 1, 1), gpu.limits(), soon()).unwrap_err();
+    let err = run(&fresh, &kernel, &[Bound::whole(1, &buffer, true)], &[], (1, 1, 1), gpu.limits(), soon()).unwrap_err();
     assert_eq!(err, GpuError::DeviceLost);
 }
 
