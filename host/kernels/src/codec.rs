@@ -34,7 +34,7 @@ pub fn encode_png(data: &[f32], dims: Dims, index: usize, text: Vec<(String, Str
     check_image(dims, index, &text)?;
     let frame = dims.frame_len();
     let pixels = to_u8(&data[index * frame..(index + 1) * frame], stop)?;
-    encode_pixels([Ok(&pixels[..])], dims, text, stop)
+    encode_png_parts([Ok(&pixels[..])], dims, text, stop)
 }
 
 /// Encodes one image's 8-bit values (`H×W×C` of `dims`, already converted
@@ -45,23 +45,7 @@ pub fn encode_png_u8(pixels: &[u8], dims: Dims, text: Vec<(String, String)>, sto
     if pixels.len() != dims.frame_len() {
         return Err(KernelError::Invalid(format!("{} bytes for a {}×{}×{} image", pixels.len(), dims.height, dims.width, dims.channels)));
     }
-    encode_pixels([Ok(pixels)], dims, text, stop)
-}
-
-/// Encodes one image's 8-bit values as [`encode_png_u8`] does, from `parts`
-/// of whole rows that arrive in order (a GPU read-back in pieces): the
-/// compression of the rows that arrived overlaps the wait for the next.
-pub fn encode_png_parts<P>(
-    parts: impl IntoIterator<Item = Result<P, KernelError>>,
-    dims: Dims,
-    text: Vec<(String, String)>,
-    stop: Stop<'_>,
-) -> Result<Vec<u8>, KernelError>
-where
-    P: AsRef<[u8]> + Send + Sync,
-{
-    check_image(dims, 0, &text)?;
-    encode_pixels(parts, dims, text, stop)
+    encode_png_parts([Ok(pixels)], dims, text, stop)
 }
 
 /// What every encode checks first: the text's size, the channels, the index.
@@ -82,9 +66,10 @@ fn check_image(dims: Dims, index: usize, text: &[(String, String)]) -> Result<()
     Ok(())
 }
 
-/// The PNG of one image's 8-bit values (checked by [`check_image`]),
-/// arriving in `parts` of whole rows.
-fn encode_pixels<P>(
+/// Encodes one image's 8-bit values as [`encode_png_u8`] does, from `parts`
+/// of whole rows that arrive in order (a GPU read-back in parts): the
+/// compression of the rows that arrived overlaps the wait for the next.
+pub fn encode_png_parts<P>(
     parts: impl IntoIterator<Item = Result<P, KernelError>>,
     dims: Dims,
     text: Vec<(String, String)>,
@@ -93,6 +78,7 @@ fn encode_pixels<P>(
 where
     P: AsRef<[u8]> + Send + Sync,
 {
+    check_image(dims, 0, &text)?;
     let color = match dims.channels {
         1 => png::ColorType::Grayscale,
         3 => png::ColorType::Rgb,

@@ -2,8 +2,10 @@
 //! `parallel` feature).
 //!
 //! The rows are filtered with Up (each byte less the byte above it, as the
-//! one-core path does) and cut into pieces of whole rows. Each piece is
-//! deflated on its own on rayon's pool: a raw deflate stream ending in a
+//! one-core path does) and cut into pieces of whole rows as they arrive (in
+//! parts: a GPU read-back hands rows over as each part lands). Each piece
+//! is deflated on its own on rayon's pool, while the caller's thread waits
+//! for the next part: a raw deflate stream ending in a
 //! sync flush (an empty stored block, so the next piece starts on a byte
 //! boundary), the last one finished. Joined behind a zlib header and
 //! followed by the Adler-32 of all the filtered bytes (combined from the
