@@ -122,9 +122,9 @@ fn sum_path(path: &Path) -> PathBuf {
     path.with_extension("cwasm.b3")
 }
 
-/// The artifact at `path` when it has its checksum beside it and matches
-/// it: the file hashed, and the checksum.
-fn verified(path: &Path) -> Option<(std::fs::File, [u8; 32])> {
+/// The artifact at `path`, opened, when it has its checksum beside it and
+/// matches it.
+fn verified(path: &Path) -> Option<std::fs::File> {
     let sum = std::fs::read(sum_path(path)).ok()?;
     if sum.len() != MAGIC.len() + 32 || &sum[..MAGIC.len()] != MAGIC {
         return None;
@@ -133,14 +133,14 @@ fn verified(path: &Path) -> Option<(std::fs::File, [u8; 32])> {
     let mut file = std::fs::File::open(path).ok()?;
     let mut hasher = blake3::Hasher::new();
     hasher.update_reader(&mut file).ok()?;
-    (hasher.finalize().as_bytes() == &expected).then_some((file, expected))
+    (hasher.finalize().as_bytes() == &expected).then_some(file)
 }
 
-/// The verified artifact at `path` (`hashed`: the file that was hashed, and
-/// its checksum) as a component: mapped from its file when that is still
+/// The verified artifact at `path` (`hashed`: the file that was hashed) as
+/// a component: mapped from its file when that is still
 /// the file that was hashed (the cache only ever replaces an artifact by a
 /// rename, never in place), else read and checked again.
-fn cached(engine: &Engine, path: &Path, (hashed, sum): &(std::fs::File, [u8; 32])) -> wasmtime::Result<Component> {
+fn cached(engine: &Engine, path: &Path, hashed: &std::fs::File) -> wasmtime::Result<Component> {
     if same_file(hashed, path) {
         // SAFETY: the file was written by `store` into a directory only this
         // user can write, its checksum matches, and files there are only
@@ -152,10 +152,13 @@ fn cached(engine: &Engine, path: &Path, (hashed, sum): &(std::fs::File, [u8; 32]
         }
     }
     // Replaced meanwhile, or not mappable here (some network filesystems):
-    // the bytes themselves, checked against the checksum.
+    // the bytes themselves, checked against the checksum beside them now
+    // (a replacement brings its own).
     let bytes = std::fs::read(path)?;
-    if blake3::hash(&bytes).as_bytes() != sum {
-        return Err(wasmtime::Error::msg("the artifact changed after it was checked"));
+    let sum = std::fs::read(sum_path(path))?;
+    let matches = sum.len() == MAGIC.len() + 32 && sum.starts_with(MAGIC) && blake3::hash(&bytes).as_bytes()[..] == sum[MAGIC.len()..];
+    if !matches {
+        return Err(wasmtime::Error::msg("the artifact does not match its checksum"));
     }
     // SAFETY: as above; these are the bytes whose checksum matched.
     unsafe { Component::deserialize(engine, &bytes) }
@@ -188,13 +191,18 @@ fn store(path: &Path, artifact: &[u8]) -> std::io::Result<()> {
     write_whole(&sum_path(path), &sum)
 }
 
-/// Writes `bytes` to `path` through a synced temporary file and a rename.
+/// Writes `bytes` to `path` through a synced temporary file and a rename;
+/// on failure (a full disk) the temporary file is removed.
 fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().ok_or_else(|| std::io::Error::other("artifact path has no parent"))?;
-    let mut tmp = tempfile_in(dir)?;
-    tmp.1.write_all(bytes)?;
-    tmp.1.sync_data()?;
-    std::fs::rename(&tmp.0, path)
+    let (tmp, mut file) = tempfile_in(dir)?;
+    let written = file.write_all(bytes).and_then(|()| file.sync_data());
+    drop(file);
+    let result = written.and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
 
 fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
@@ -212,8 +220,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.cwasm");
         store(&path, b"payload").unwrap();
-        let (file, sum) = verified(&path).unwrap();
-        assert_eq!(&sum, blake3::hash(b"payload").as_bytes());
+        let file = verified(&path).unwrap();
         assert!(same_file(&file, &path));
         assert_eq!(std::fs::read(&path).unwrap(), b"payload", "wasmtime's bytes as they are");
         // Replaced by a rename after the check: no longer the file that was hashed.
