@@ -65,7 +65,7 @@ where
             }
             let part = Arc::new(part.inspect_err(|_| abandoned.store(true, Ordering::Relaxed))?);
             let len = (*part).as_ref().len();
-            let part_rows = len / row_len.max(1);
+            let part_rows = len / row_len;
             if len == 0 || !len.is_multiple_of(row_len) || done + part_rows > rows {
                 abandoned.store(true, Ordering::Relaxed);
                 return Err(KernelError::Invalid(format!("{len} bytes are not whole rows of {row_len} within {rows} rows")));

@@ -141,7 +141,7 @@ impl DeviceBuffer {
             let size = (len as u64).next_multiple_of(4).min(total - at as u64);
             pending.push((Pending::start(self, at as u64, size)?, len));
         }
-        let mut parts = Parts { device: self.device(), pending, next: 0, error: None, deadline, lifetime: PhantomData };
+        let mut parts = Parts { device: self.device(), pending, next: 0, error: None, deadline };
         let value = f(&mut parts);
         let Parts { device, pending, error, .. } = parts;
         for (p, _) in pending {
@@ -162,7 +162,6 @@ pub struct Parts<'a> {
     next: usize,
     error: Option<GpuError>,
     deadline: Instant,
-    lifetime: PhantomData<&'a ()>,
 }
 
 /// One landed part of a read-back: its bytes, mapped (valid while the
