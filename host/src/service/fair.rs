@@ -4,11 +4,17 @@
 //! tier's limit. One key's flood therefore delays another key's jobs by at
 //! most one job per other waiting key, never by the flood's length.
 //!
+//! A key may also be held for a while ([`FairQueue::put_back`]): where
+//! hosts share the store, a job whose key already runs as many jobs as it
+//! may on all hosts goes back to its key's front, and the key waits before
+//! it is tried again while other keys' jobs go on.
+//!
 //! It also owns the per-key limits ([`OwnerLimits`]) and how they are looked
 //! up ([`TenantLimits`]): tiers from the configuration, resolved per key.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// What one scheduling key may have at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -45,7 +51,13 @@ impl Tiers {
     /// The limits of tier `name`; an unknown or absent tier gets `fallback`
     /// (the default tier when configured, else the global limits).
     pub fn resolve(&self, name: Option<&str>, fallback: OwnerLimits) -> OwnerLimits {
-        name.and_then(|n| self.tiers.get(n)).copied().or(self.default).unwrap_or(fallback)
+        self.configured(name).unwrap_or(fallback)
+    }
+
+    /// The limits the configuration gives tier `name` (or the default
+    /// tier); `None` when neither is configured.
+    pub fn configured(&self, name: Option<&str>) -> Option<OwnerLimits> {
+        name.and_then(|n| self.tiers.get(n)).copied().or(self.default)
     }
 
     /// The tiers `config` names (`[tiers.NAME]`, `default_tier`); a tier
@@ -65,6 +77,8 @@ impl Tiers {
 struct KeyQueue {
     jobs: VecDeque<String>,
     running: usize,
+    /// No job of the key is taken before this (see [`FairQueue::put_back`]).
+    held_until: Option<Instant>,
 }
 
 /// The queue: job ids per scheduling key, and the round-robin order of the
@@ -117,12 +131,14 @@ impl FairQueue {
     ///
     /// [`done`]: FairQueue::done
     pub fn pop(&mut self, limits: &dyn TenantLimits) -> Option<(String, String)> {
+        let now = Instant::now();
         for turn in 0..self.rotation.len() {
             let key = &self.rotation[turn];
             let Some(entry) = self.keys.get_mut(key) else { continue };
-            if entry.running >= limits.limits(key).max_running {
+            if entry.held_until.is_some_and(|until| until > now) || entry.running >= limits.limits(key).max_running {
                 continue;
             }
+            entry.held_until = None;
             let Some(id) = entry.jobs.pop_front() else { continue };
             entry.running += 1;
             let Some(key) = self.rotation.remove(turn) else { continue };
@@ -134,6 +150,25 @@ impl FairQueue {
             return Some((id, key));
         }
         None
+    }
+
+    /// Puts a job taken by [`FairQueue::pop`] back at its key's front,
+    /// unstarted, and holds the key until `until`: no job of it is taken
+    /// before then, other keys' jobs are. The job still counts as running
+    /// for its key until [`FairQueue::done`].
+    pub fn put_back(&mut self, key: &str, owner: &str, id: String, until: Instant) {
+        let _ = self.push(key, owner, id, true, usize::MAX);
+        if let Some(entry) = self.keys.get_mut(key) {
+            entry.held_until = Some(until);
+        }
+    }
+
+    /// The earliest time still ahead that a held key with waiting jobs may
+    /// be tried again (a worker that found nothing to take sleeps until
+    /// then at most).
+    pub fn next_hold(&self) -> Option<Instant> {
+        let now = Instant::now();
+        self.rotation.iter().filter_map(|k| self.keys.get(k)?.held_until).filter(|until| *until > now).min()
     }
 
     /// A job taken by [`FairQueue::pop`] under `key` stopped running.
@@ -333,5 +368,29 @@ mod tests {
         assert_eq!(tiers.resolve(Some("nope"), fallback), fallback);
         tiers.default = Some(OwnerLimits { max_running: 1, max_queued: 5 });
         assert_eq!(tiers.resolve(None, fallback).max_running, 1);
+        assert_eq!(tiers.configured(Some("nope")), tiers.default, "the default tier is configured");
+        tiers.default = None;
+        assert_eq!(tiers.configured(Some("nope")), None, "the global limits are not a tier's");
+    }
+
+    #[test]
+    fn a_job_put_back_waits_at_its_keys_front_while_other_keys_go_on() {
+        let mut q = FairQueue::default();
+        for i in 0..2 {
+            q.push("a", "a", format!("a{i}"), false, 10).unwrap();
+            q.push("b", "b", format!("b{i}"), false, 10).unwrap();
+        }
+        let (first, key) = q.pop(&|_: &str| OPEN).unwrap();
+        assert_eq!((first.as_str(), key.as_str()), ("a0", "a"));
+        let until = Instant::now() + std::time::Duration::from_millis(150);
+        q.put_back("a", "a", first, until);
+        q.done("a");
+        assert_eq!(q.next_hold(), Some(until));
+        assert_eq!(q.position("a0"), Some(1), "back at its key's front");
+        assert_eq!(pop_all(&mut q, &|_: &str| OPEN), ["b0", "b1"], "a held key is skipped, the others are served");
+        std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        assert_eq!(pop_all(&mut q, &|_: &str| OPEN), ["a0", "a1"], "after the hold, in its order");
+        assert_eq!(q.next_hold(), None);
+        assert!(q.is_empty());
     }
 }

@@ -275,6 +275,24 @@ impl Service {
         limits
     }
 
+    /// The running limit of scheduling key `key` that holds across the
+    /// hosts sharing the store, checked as a job starts
+    /// (`MetaStore::start_admitted`): with accounts, a limit the operator
+    /// gave the key — its account's tier (or the default tier), its
+    /// deployment's own. `None` (each host's queue alone applies it) on an
+    /// embedded store, without accounts, or for the global limit, which is
+    /// a host's number of workers.
+    fn shared_running_limit(&self, key: &str) -> Option<usize> {
+        if self.cluster.is_none() || !self.opts.mode.has_accounts() {
+            return None;
+        }
+        let configured = match key.strip_prefix("deployment/") {
+            Some(id) => self.deployments.has_own_limits(id),
+            None => self.opts.tiers.configured(self.accounts.tier(key).as_deref()).is_some(),
+        };
+        configured.then(|| self.limits_for(key).max_running)
+    }
+
     /// Whether a read of this job shows its `logs` (the spec: jobs run on
     /// the serverless platform — a serverless server's, or a deployment's —
     /// except on a public demo, which stores the log and withholds it).

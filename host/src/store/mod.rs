@@ -63,12 +63,13 @@ pub enum StoreError {
     #[error("another host holds this job now: {0}")]
     Fenced(String),
     /// A shared store refused a new job by the rules of its
-    /// [`Admission`]: nothing was written.
+    /// [`Admission`], or a job's start by its key's running limit
+    /// ([`MetaStore::start_admitted`]): nothing was written.
     #[error("job not admitted: {0}")]
     Refused(Refusal),
 }
 
-/// Why a shared store refused a new job.
+/// Why a shared store refused a new job, or a job's start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("the billed account has no credits")]
@@ -77,6 +78,10 @@ pub enum Refusal {
     AccountDisabled,
     #[error("the job's scheduling key has as many jobs waiting as it may")]
     QueueFull,
+    #[error("the service has as many jobs waiting as it may")]
+    ServerQueueFull,
+    #[error("the job's scheduling key runs as many jobs as it may")]
+    RunningFull,
 }
 
 /// The rules a new job is admitted by across every host sharing a store,
@@ -87,6 +92,16 @@ pub struct Admission<'a> {
     /// The account the job is billed to, which must exist, hold a positive
     /// balance and not be disabled (`None`: no account is billed).
     pub billed: Option<&'a str>,
+    /// The bound of the job's scheduling key (with accounts; `None`: none
+    /// is checked here).
+    pub key: Option<KeyBound<'a>>,
+    /// The server's queue bound over all hosts.
+    pub server: ServerBound,
+}
+
+/// How many jobs of one scheduling key may wait on all hosts.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyBound<'a> {
     /// The job's scheduling key (`service::fair::sched_key`) …
     pub key: &'a str,
     /// … how many of its jobs may be waiting at once, on all hosts …
@@ -96,8 +111,22 @@ pub struct Admission<'a> {
     /// the ones already written: a job this host has started is no longer
     /// waiting, whatever its record says yet. Taken in the key's admission
     /// turn on this host, so no other admission of the key here runs
-    /// between this list and the count.
+    /// between this list and the count. Exact: admissions of one key take
+    /// turns on all hosts.
     pub waiting_here: &'a [String],
+}
+
+/// How many jobs may wait on all hosts together (`max_queued_jobs`). The
+/// store counts the jobs waiting on the other hosts as committed; the
+/// admitting host knows its own. Not exact: admissions on several hosts
+/// at once may each see room for one more (the bound is exceeded by at
+/// most the admissions in flight), since taking turns across every
+/// submission of the service would make them wait on each other.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerBound {
+    pub max_queued: usize,
+    /// Jobs waiting on the admitting host, the new one included.
+    pub queued_here: usize,
 }
 
 /// Waits for a store call on a thread that may block: the blocking pool
@@ -180,6 +209,16 @@ pub trait MetaStore: Send + Sync {
     }
     /// Writes a job record (not flushed; see [`MetaStore::flush`]).
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;
+    /// Writes a job's start ([`MetaStore::put_job`] of its running record)
+    /// if its scheduling key `key` runs fewer than `max_running` other jobs
+    /// on all the hosts sharing the store, in one atomic step
+    /// ([`Refusal::RunningFull`]: nothing written). A store that one
+    /// process holds leaves the limit to that process's queue: the default
+    /// only writes.
+    async fn start_admitted(&self, job: &JobRecord, key: &str, max_running: usize) -> Result<(), StoreError> {
+        let _ = (key, max_running);
+        self.put_job(job).await
+    }
     async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
     /// The records of `ids` that exist, in the order of `ids` (a page of
     /// a listing read at once; a networked store answers in one round trip).

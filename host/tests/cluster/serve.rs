@@ -1,6 +1,7 @@
 //! Any host answers for any job: poll, SSE, the compat WebSocket, cancel,
 //! download and an Idempotency-Key raced on all three; a host killed with
-//! SIGKILL loses its running job to another, which runs it.
+//! SIGKILL loses its running job to another, which runs it; the server's
+//! queue bound counts the jobs waiting on every host.
 
 use std::time::{Duration, Instant};
 
@@ -103,4 +104,48 @@ async fn three_hosts_serve_as_one() {
     // The hosts left still take and run new work.
     let id = submit(&http, h3, quick(9)).await;
     assert_eq!(wait_for(&http, h2, &id, &["succeeded", "failed"], Duration::from_secs(30)).await["status"], "succeeded");
+}
+
+/// The server's queue bound (`max_queued_jobs`) holds for the jobs waiting
+/// on all hosts together, not per host: with every host's one worker busy,
+/// four jobs submitted one after another through the three hosts are
+/// taken, the next ones refused 429 `queue_full` on every host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_queue_bound_holds_across_hosts() {
+    let Some(shared) = shared().await else { return };
+    let bounded = [("KILN_MAX_RUNNING_JOBS", "1"), ("KILN_MAX_QUEUED_JOBS", "4")];
+    let hosts: Vec<Host> = ["q1", "q2", "q3"].iter().map(|name| start_with(name, &shared, &bounded)).collect();
+    let http = reqwest::Client::new();
+    let mut blocking = Vec::new();
+    for (n, host) in hosts.iter().enumerate() {
+        let id = submit(&http, host, slow(n as i64)).await;
+        wait_for(&http, host, &id, &["running"], Duration::from_secs(30)).await;
+        blocking.push((host, id));
+    }
+    let mut taken = Vec::new();
+    for n in 0..7 {
+        let host = &hosts[n % 3];
+        let resp = http.post(format!("{}/api/v2/jobs", host.base)).json(&json!({ "workflow": quick(n as i64) })).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let retry_after = resp.headers().get("retry-after").is_some();
+        let body: Value = resp.json().await.unwrap();
+        if n < 4 {
+            assert_eq!(status, 201, "place {n} of 4: {body}");
+            taken.push((host, body["id"].as_str().unwrap().to_string()));
+        } else {
+            assert_eq!((status, body["error"]["code"].as_str(), retry_after), (429, Some("queue_full"), true), "job {n} past the bound: {body}");
+        }
+    }
+    for (host, id) in &blocking {
+        let resp = http.post(format!("{}/api/v2/jobs/{id}/cancel", host.base)).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    for (host, id) in &taken {
+        assert_eq!(wait_for(&http, host, id, &["succeeded", "failed"], Duration::from_secs(30)).await["status"], "succeeded");
+    }
+    // With the queue drained, every host takes work again.
+    for host in &hosts {
+        let id = submit(&http, host, quick(9)).await;
+        assert_eq!(wait_for(&http, host, &id, &["succeeded", "failed"], Duration::from_secs(30)).await["status"], "succeeded");
+    }
 }

@@ -1,7 +1,8 @@
 //! Cloud mode across hosts: accounts made, topped up or disabled through
 //! one host hold on all; a tenant's queue bound and credits hold across
-//! concurrent submissions on all three; the same bytes uploaded through two
-//! hosts are one object.
+//! concurrent submissions on all three, and its tier's running limit across
+//! the jobs queued on all three (other accounts' jobs going on meanwhile);
+//! the same bytes uploaded through two hosts are one object.
 
 use std::time::{Duration, Instant};
 
@@ -234,4 +235,83 @@ async fn tenants_hold_across_hosts() {
         .collect()
         .await;
     assert_eq!(objects.len(), 1, "one object holds the bytes both hosts took: {objects:?}");
+}
+
+/// A job that runs for about half a second (four blurs of a 2048² image).
+fn medium(seed: i64) -> Value {
+    let mut graph = json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 2048, "batch_size": 1, "color": seed}},
+    });
+    for n in 2..6 {
+        graph[n.to_string()] = json!({"class_type": "ImageBlur", "inputs": {"image": [(n - 1).to_string(), 0], "blur_radius": 15, "sigma": 4.0}});
+    }
+    graph["9"] = json!({"class_type": "SaveImage", "inputs": {"images": ["5", 0], "filename_prefix": "medium"}});
+    graph
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiers_running_limit_holds_across_hosts() {
+    let Some(shared) = shared().await else { return };
+    // Two workers per host; every account's tier runs one job at a time.
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), "default_tier = \"one\"\n[tiers.one]\nmax_running = 1\nmax_queued = 20\n").unwrap();
+    let cloud = [("KILN_MODE", "cloud"), ("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", "2"), ("KILN_CONFIG", config.path().to_str().unwrap())];
+    let hosts: Vec<Host> = ["r1", "r2", "r3"].iter().map(|name| start_with(name, &shared, &cloud)).collect();
+    let http = reqwest::Client::new();
+    let tenant = create_account(&http, &hosts[0], "tenant", 1_000_000).await;
+    let other = create_account(&http, &hosts[0], "other", 1_000_000).await;
+    for host in &hosts[1..] {
+        until_status(&http, host, &tenant, |s| s == 200, "a key made on r1 works on the others").await;
+        until_status(&http, host, &other, |s| s == 200, "a key made on r1 works on the others").await;
+    }
+
+    // Six jobs of the tenant, two through each host, all at once: six free
+    // workers, one job running at a time in all (watched in the database).
+    let answers = burst(&http, &hosts, &tenant, 2, |n| medium(n as i64)).await;
+    let ids: Vec<String> = answers
+        .iter()
+        .map(|(_, status, body)| {
+            assert_eq!(*status, 201, "{body}");
+            body["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let db = sqlx::PgPool::connect(&env(&shared, "KILN_DATABASE_URL")).await.unwrap();
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let (db, ids, watching) = (db.clone(), ids.clone(), watching.clone());
+        tokio::spawn(async move {
+            let mut most = 0;
+            while watching.load(std::sync::atomic::Ordering::SeqCst) {
+                let (running,): (i64,) = sqlx::query_as("SELECT count(*) FROM jobs WHERE id = ANY($1) AND status IN ('running', 'canceling')")
+                    .bind(&ids)
+                    .fetch_one(&db)
+                    .await
+                    .unwrap();
+                most = most.max(running);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        })
+    };
+    // Another account's jobs start on every host meanwhile (the tenant's
+    // key is held, not the workers).
+    let mut theirs = Vec::new();
+    for host in &hosts {
+        let (status, body) = submit_as(&http, host, &other, quick(7)).await;
+        assert_eq!(status, 201, "{body}");
+        theirs.push((host, body["id"].as_str().unwrap().to_string()));
+    }
+    for (host, id) in &theirs {
+        wait_as(&http, host, &other, id, &["succeeded"]).await;
+    }
+    let (waiting,): (i64,) = sqlx::query_as("SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = 'queued'").bind(&ids).fetch_one(&db).await.unwrap();
+    assert!(waiting > 0, "the other account's jobs did not wait for the tenant's six");
+    // (Each host runs the jobs submitted to it: the six ran on all three.)
+    for ((host, _, _), id) in answers.iter().zip(&ids) {
+        let job = wait_as(&http, &hosts[(host + 1) % 3], &tenant, id, &["succeeded", "failed"]).await;
+        assert_eq!(job["status"], "succeeded", "{job}");
+    }
+    watching.store(false, std::sync::atomic::Ordering::SeqCst);
+    let most = watcher.await.unwrap();
+    assert_eq!(most, 1, "the tier's one running job holds on all three hosts");
 }

@@ -320,6 +320,12 @@ impl Deployments {
         }
     }
 
+    /// Whether deployment `id`'s spec sets its own limits (they then hold
+    /// on every host sharing the store, see `Service::shared_running_limit`).
+    pub fn has_own_limits(&self, id: &str) -> bool {
+        self.entries.read().get(id).is_some_and(|e| e.record.spec.limits.is_some())
+    }
+
     /// Records a new deployment, `starting`; returns it and the load's
     /// generation.
     pub async fn create(&self, spec: DeploymentSpec, bundle: Option<BundleRecord>) -> Result<(DeploymentRecord, u64), DeploymentError> {

@@ -2,9 +2,9 @@
 //! server's queue bound, the job's id, the account's state, the scheduling
 //! key's own bound (its tier), then the record, the workflow and the
 //! idempotency claim in one store write, synced before the caller hears.
-//! Where hosts share the store and there are accounts, the store checks the
-//! billed account and the key's bound again in that write ([`Admission`]),
-//! so these hold across all of them.
+//! Where hosts share the store, the store checks the server's bound and,
+//! with accounts, the billed account and the key's bound again in that
+//! write ([`Admission`]), so these hold across all of them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,7 +14,7 @@ use serde_json::Value as Json;
 use super::{IDEMPOTENCY_TTL, Submission};
 use crate::service::live::{self, LiveJob};
 use crate::service::{Service, ServiceError, fair};
-use crate::store::{Admission, IdempotencyClaim, JobInput, JobRecord, JobStatus, Micros, Refusal, StoreError, now_micros};
+use crate::store::{Admission, IdempotencyClaim, JobInput, JobRecord, JobStatus, KeyBound, Micros, Refusal, ServerBound, StoreError, now_micros};
 use crate::workflow::Plan;
 
 /// A plan and the node classes it was made against.
@@ -63,6 +63,11 @@ impl Drop for Slot<'_> {
 }
 
 impl Service {
+    /// 429 `queue_full` for the server's queue bound.
+    fn server_queue_full(&self) -> ServiceError {
+        queue_full(fair::OwnerLimits { max_running: self.opts.max_running_jobs, max_queued: self.opts.max_queued_jobs })
+    }
+
     /// Records a validated job (`workflow` resolved, `plan` its plan); it
     /// is durable and queued when this returns, at the position returned.
     pub(super) async fn enqueue(&self, sub: Submission, workflow: Json, inputs: Vec<JobInput>, plan: PlannedOn) -> Result<(JobRecord, usize), ServiceError> {
@@ -75,7 +80,7 @@ impl Service {
         }
         // Reserve a queue slot; a full queue releases everything (no claim).
         if !self.queue.waiting().reserve(self.opts.max_queued_jobs) {
-            return Err(queue_full(fair::OwnerLimits { max_running: self.opts.max_running_jobs, max_queued: self.opts.max_queued_jobs }));
+            return Err(self.server_queue_full());
         }
         let slot = Slot(Some(self));
         let id = match &sub.id {
@@ -107,6 +112,7 @@ impl Service {
                     StoreError::Refused(Refusal::NoFunds) => ServiceError::InsufficientCredits,
                     StoreError::Refused(Refusal::AccountDisabled) => ServiceError::AccountDisabled,
                     StoreError::Refused(Refusal::QueueFull) => queue_full(self.limits_for(&fair::sched_key(&sub.owner, sub.deployment.as_deref()))),
+                    StoreError::Refused(Refusal::ServerQueueFull) => self.server_queue_full(),
                     e => e.into(),
                 });
             }
@@ -203,17 +209,23 @@ impl Service {
         // Before the worker can start it (it waits for this turn), so the
         // queue change precedes the job's own messages.
         self.publish_queue(owner);
-        let written = if self.cluster.is_some() && self.opts.mode.has_accounts() {
+        let written = if self.cluster.is_some() {
             // Checked again where hosts share the store, across all of them
-            // (one host's memory already checked everything).
-            // An owner that is no account (as `has_funds` says) has no balance to check.
-            let billed = self.billed_owner(owner, deployment);
-            let billed = self.accounts.get(&billed).is_some().then_some(billed.as_str());
-            let _turn = self.admission_turns.take(&key).await;
-            let mut waiting_here = self.queue.waiting().waiting_of(&key);
-            waiting_here.retain(|other| *other != id);
-            let admission = Admission { billed, key: &key, max_queued: limits.max_queued, waiting_here: &waiting_here };
-            self.meta.submit_admitted(&record, workflow, claim, admission).await
+            // (one host's memory already checked everything): the server's
+            // queue bound, and with accounts the billed account and the key's bound.
+            let server = ServerBound { max_queued: self.opts.max_queued_jobs, queued_here: self.queue.waiting().queued() };
+            if self.opts.mode.has_accounts() {
+                // An owner that is no account (as `has_funds` says) has no balance to check.
+                let billed = self.billed_owner(owner, deployment);
+                let billed = self.accounts.get(&billed).is_some().then_some(billed.as_str());
+                let _turn = self.admission_turns.take(&key).await;
+                let mut waiting_here = self.queue.waiting().waiting_of(&key);
+                waiting_here.retain(|other| *other != id);
+                let bound = KeyBound { key: &key, max_queued: limits.max_queued, waiting_here: &waiting_here };
+                self.meta.submit_admitted(&record, workflow, claim, Admission { billed, key: Some(bound), server }).await
+            } else {
+                self.meta.submit_admitted(&record, workflow, claim, Admission { billed: None, key: None, server }).await
+            }
         } else {
             self.meta.submit(&record, workflow, claim).await
         };

@@ -1,6 +1,6 @@
 //! The embedded waiting queue: a [`FairQueue`] in memory, a counter of the
-//! jobs queued on the server, a `Notify` that wakes idle workers and the
-//! submission counter. One process holds it; a restart rebuilds it from the
+//! jobs queued on the server, a `Notify` that wakes idle workers (or the
+//! end of a key's hold) and the submission counter. One process holds it; a restart rebuilds it from the
 //! store's unfinished jobs (`retention`).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -43,6 +43,10 @@ impl Waiting for LocalWaiting {
         self.queued.fetch_sub(1, Ordering::SeqCst);
     }
 
+    fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
     fn push(&self, key: &str, owner: &str, id: String, front: bool, max_queued: usize) -> Result<usize, KeyQueueFull> {
         let position = self.waiting.lock().push(key, owner, id, front, max_queued)?;
         self.notify.notify_one();
@@ -53,6 +57,13 @@ impl Waiting for LocalWaiting {
         self.queued.fetch_add(1, Ordering::SeqCst);
         let _ = self.waiting.lock().push(key, owner, id, false, usize::MAX);
         // (A job taken over from another host while the workers wait.)
+        self.notify.notify_one();
+    }
+
+    fn put_back(&self, key: &str, owner: &str, id: String, until: std::time::Instant) {
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        self.waiting.lock().put_back(key, owner, id, until);
+        // A worker waiting with no hold in view learns of this one.
         self.notify.notify_one();
     }
 
@@ -71,11 +82,21 @@ impl Waiting for LocalWaiting {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(next) = self.waiting.lock().pop(limits) {
-                self.queued.fetch_sub(1, Ordering::SeqCst);
-                return next;
+            let hold = {
+                let mut waiting = self.waiting.lock();
+                if let Some(next) = waiting.pop(limits) {
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
+                    return next;
+                }
+                waiting.next_hold()
+            };
+            match hold {
+                // A held key's jobs may be taken then, if nothing wakes it before.
+                Some(until) => {
+                    let _ = tokio::time::timeout_at(until.into(), notified).await;
+                }
+                None => notified.await,
             }
-            notified.await;
         }
     }
 

@@ -38,6 +38,8 @@ pub trait Waiting: Send + Sync {
     fn reserve(&self, max: usize) -> bool;
     /// Gives back a place taken by [`Waiting::reserve`] for a job not pushed.
     fn release(&self);
+    /// The server's queue places taken now.
+    fn queued(&self) -> usize;
     /// Queues a job whose place is reserved under scheduling key `key`
     /// (at most `max_queued` of the key's) and wakes a worker; its position
     /// among its owner's queued jobs.
@@ -45,11 +47,16 @@ pub trait Waiting: Send + Sync {
     /// A job recovered (at start, or taken over from another host): takes
     /// a place, queues it whatever its key's limit and wakes a worker.
     fn requeue(&self, key: &str, owner: &str, id: String);
+    /// A job [`Waiting::next`] gave that could not start yet (its key runs
+    /// as many jobs as it may on all hosts): back at its key's front, the
+    /// key held until `until` (takes a place, as [`Waiting::requeue`]).
+    fn put_back(&self, key: &str, owner: &str, id: String, until: std::time::Instant);
     /// Takes a job out of the queue (canceled, expired, or its submission
     /// not written); whether it was waiting.
     fn withdraw(&self, id: &str) -> bool;
     /// The next job to run, round-robin across scheduling keys within each
-    /// key's `limits`, with its key: waits until there is one.
+    /// key's `limits` (held keys skipped), with its key: waits until there
+    /// is one.
     async fn next(&self, limits: &dyn TenantLimits) -> (String, String);
     /// A job of `key` stopped running: the key may run another (this
     /// worker looks first, any other idle one too).

@@ -21,6 +21,11 @@ use crate::store::{JobErrorRecord, JobRecord, JobStatus, ProgressSnapshot, Store
 /// The longest wait between tries to record a finished job.
 const FINISH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long a scheduling key whose jobs on all hosts are at its running
+/// limit waits before this host tries to start its next job again (one
+/// short transaction per try; other keys' jobs start meanwhile).
+const KEY_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 impl Service {
     pub(super) async fn worker_loop(self: Arc<Self>) {
         loop {
@@ -39,7 +44,7 @@ impl Service {
                     live.cancel.cancel();
                     return;
                 }
-                () = self.run_job(live.clone()) => {}
+                () = self.run_job(live.clone(), &key) => {}
             }
             self.queue.waiting().done(&key);
         }
@@ -51,9 +56,10 @@ impl Service {
         self.queue.waiting().next(&limits).await
     }
 
-    /// Runs one job taken from the queue, from its start to its durable end.
-    async fn run_job(&self, live: Arc<LiveJob>) {
-        let Some(snapshot) = self.begin(&live).await else { return };
+    /// Runs one job of scheduling key `key` taken from the queue, from its
+    /// start to its durable end.
+    async fn run_job(&self, live: Arc<LiveJob>, key: &str) {
+        let Some(snapshot) = self.begin(&live, key).await else { return };
         let kept = live.prepared.lock().take();
         let prepared = match (self.engine_for(&snapshot).await, kept) {
             (Err(e), _) => Err(e),
@@ -74,39 +80,57 @@ impl Service {
     }
 
     /// Moves a queued job to running and records it; `None` when it is no
-    /// longer queued (canceled or expired while it waited).
+    /// longer queued (canceled or expired while it waited), or when its
+    /// key runs as many jobs as it may on all the hosts sharing the store
+    /// (then it goes back to its key's front, see `fair`).
     ///
     /// The running record goes to the store in the job's write turn (so a
-    /// concurrent cancel's write cannot be overtaken); then, outside it (it
-    /// may wait for the disk when the log grows), the start is logged: it
-    /// survives a crash of the process before the run begins, so a job that
-    /// brings the server down cannot be retried forever, without a flush on
-    /// every job (see `MetaStore::record_start`).
-    async fn begin(&self, live: &LiveJob) -> Option<JobRecord> {
+    /// concurrent cancel's write cannot be overtaken), and into the live
+    /// record once the store took it; then, outside the turn (it may wait
+    /// for the disk when the log grows), the start is logged: it survives a
+    /// crash of the process before the run begins, so a job that brings the
+    /// server down cannot be retried forever, without a flush on every job
+    /// (see `MetaStore::record_start`).
+    async fn begin(&self, live: &LiveJob, key: &str) -> Option<JobRecord> {
         let now = now_micros();
         let turn = live.writes.lock().await;
         let snapshot = {
-            let mut rec = live.record.lock();
+            let rec = live.record.lock();
             if rec.status != JobStatus::Queued {
                 return None;
             }
-            if let Err(bug) = rec.transition(JobStatus::Running, now) {
+            let mut started = rec.clone();
+            if let Err(bug) = started.transition(JobStatus::Running, now) {
                 tracing::error!(job_id = %rec.id, %bug, "cannot start the job");
                 return None;
             }
-            rec.started_at = Some(now);
-            rec.queue_ms = Some((now - rec.created_at) / 1000);
-            rec.attempts += 1;
-            rec.clone()
+            started.started_at = Some(now);
+            started.queue_ms = Some((now - started.created_at) / 1000);
+            started.attempts += 1;
+            started
         };
-        let written = self.meta.put_job(&snapshot).await;
-        drop(turn);
-        if let Err(StoreError::Fenced(_)) = written {
-            // This host's lease lapsed and another took the job over.
-            tracing::warn!(job_id = %snapshot.id, "another host holds this job now: not started here");
-            self.queue.leave(&snapshot.id);
-            return None;
+        let written = match self.shared_running_limit(key) {
+            Some(max_running) => self.meta.start_admitted(&snapshot, key, max_running).await,
+            None => self.meta.put_job(&snapshot).await,
+        };
+        match written {
+            Err(StoreError::Fenced(_)) => {
+                drop(turn);
+                // This host's lease lapsed and another took the job over.
+                tracing::warn!(job_id = %snapshot.id, "another host holds this job now: not started here");
+                self.queue.leave(&snapshot.id);
+                return None;
+            }
+            Err(StoreError::Refused(_)) => {
+                let until = std::time::Instant::now() + KEY_BUSY_RETRY;
+                self.queue.waiting().put_back(key, &live.owner, snapshot.id.clone(), until);
+                tracing::debug!(job_id = %snapshot.id, key, "the key runs as many jobs as it may on all hosts: the job waits");
+                return None;
+            }
+            // (Not written: it runs all the same; see below.)
+            _ => *live.record.lock() = snapshot.clone(),
         }
+        drop(turn);
         let logged = match written {
             Ok(()) => self.meta.record_start(&snapshot).await,
             Err(e) => Err(e),

@@ -14,7 +14,7 @@ use sqlx::Row;
 use sqlx::postgres::PgPool;
 
 use super::{PgDatabase, backend};
-use crate::store::{Admission, AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, Refusal, StoreError};
+use crate::store::{Admission, AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, Refusal, ServerBound, StoreError};
 
 /// Rows a listing reads per query (its scan budget bounds the total).
 const LIST_CHUNK: usize = 256;
@@ -128,36 +128,44 @@ pub(super) async fn finished_changed<'e>(exec: impl sqlx::PgExecutor<'e>, job: &
 /// A new job's [`Admission`], owned (to move onto the pool's runtime).
 struct Admit {
     billed: Option<String>,
-    key: String,
-    max_queued: usize,
-    waiting_here: Vec<String>,
+    /// The key, its bound and the ids of its jobs waiting on this host.
+    key: Option<(String, usize, Vec<String>)>,
+    server: ServerBound,
 }
 
-/// The advisory lock that admissions of jobs of one scheduling key take
-/// in turn (so two hosts never both admit the last free place).
+/// The advisory lock that admissions and starts of jobs of one scheduling
+/// key take in turn (so two hosts never both take the last free place).
 fn admission_lock(key: &str) -> i64 {
     super::advisory_key(&format!("kiln: admit jobs of {key}"))
 }
 
 /// Checks `admit` in `tx` (before anything is written): the billed
-/// account's state as committed now, and the key's jobs waiting: those
-/// other hosts hold, and those of `me` still waiting here, as written,
-/// counted under the key's lock (held to the commit, so two hosts never
-/// both take the last place).
+/// account's state as committed now; the key's jobs waiting: those other
+/// hosts hold, and those of `me` still waiting here, as written, counted
+/// under the key's lock (held to the commit, so two hosts never both take
+/// the last place); the jobs waiting on other hosts against the server's
+/// bound (see [`ServerBound`]).
 async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) -> Result<(), StoreError> {
-    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(&admit.key)).execute(&mut *tx).await.map_err(backend)?;
-    let max = i64::try_from(admit.max_queued).unwrap_or(i64::MAX);
-    let (credits, disabled, waiting): (Option<i64>, Option<bool>, i64) = sqlx::query_as(
+    let limit = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    if let Some((key, _, _)) = &admit.key {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(key)).execute(&mut *tx).await.map_err(backend)?;
+    }
+    let (key, max_key, waiting_here) = admit.key.clone().unwrap_or_default();
+    let server_room = admit.server.max_queued.saturating_sub(admit.server.queued_here);
+    let (credits, disabled, waiting, elsewhere): (Option<i64>, Option<bool>, i64, i64) = sqlx::query_as(
         "SELECT a.credits, a.disabled, \
-         (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE sched_key = $2 AND status = 'queued' \
-          AND (holder IS DISTINCT FROM $4 OR id = ANY($5)) LIMIT $3) w) \
+         (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE $6 AND sched_key = $2 AND status = 'queued' \
+          AND (holder IS DISTINCT FROM $4 OR id = ANY($5)) LIMIT $3) w), \
+         (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' AND holder IS DISTINCT FROM $4 LIMIT $7) s) \
          FROM (SELECT 1) one LEFT JOIN accounts a ON a.id = $1",
     )
     .bind(admit.billed.as_deref())
-    .bind(&admit.key)
-    .bind(max)
+    .bind(&key)
+    .bind(limit(max_key))
     .bind(me)
-    .bind(&admit.waiting_here)
+    .bind(&waiting_here)
+    .bind(admit.key.is_some())
+    .bind(limit(server_room).saturating_add(1))
     .fetch_one(&mut *tx)
     .await
     .map_err(backend)?;
@@ -170,8 +178,11 @@ async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) -> Result<(
             None => return Err(StoreError::Refused(Refusal::NoFunds)),
         }
     }
-    if waiting >= max {
+    if admit.key.is_some() && waiting >= limit(max_key) {
         return Err(StoreError::Refused(Refusal::QueueFull));
+    }
+    if elsewhere > limit(server_room) {
+        return Err(StoreError::Refused(Refusal::ServerQueueFull));
     }
     Ok(())
 }
@@ -205,7 +216,8 @@ async fn submit(
             return Err(StoreError::KeyClaimed);
         }
     }
-    upsert_job(&mut *tx, &job, Some((&workflow, admission.as_ref().map(|a| a.key.as_str()))), &writer).await?;
+    let sched_key = admission.as_ref().and_then(|a| a.key.as_ref()).map(|(key, _, _)| key.as_str());
+    upsert_job(&mut *tx, &job, Some((&workflow, sched_key)), &writer).await?;
     finished_changed(&mut *tx, &job).await?;
     tx.commit().await.map_err(backend)
 }
@@ -287,9 +299,8 @@ impl MetaStore for PgMeta {
         let (job, workflow, claim, writer) = (job.clone(), enc(workflow)?, claim.cloned(), self.writer());
         let admission = Admit {
             billed: admission.billed.map(str::to_string),
-            key: admission.key.to_string(),
-            max_queued: admission.max_queued,
-            waiting_here: admission.waiting_here.to_vec(),
+            key: admission.key.map(|k| (k.key.to_string(), k.max_queued, k.waiting_here.to_vec())),
+            server: admission.server,
         };
         on_pool!(self, |pool| submit(pool, job, workflow, claim, Some(admission), writer).await)
     }
@@ -303,6 +314,30 @@ impl MetaStore for PgMeta {
             let mut tx = pool.begin().await.map_err(backend)?;
             upsert_job(&mut *tx, &job, None, &writer).await?;
             finished_changed(&mut *tx, &job).await?;
+            tx.commit().await.map_err(backend)
+        })
+    }
+
+    async fn start_admitted(&self, job: &JobRecord, key: &str, max_running: usize) -> Result<(), StoreError> {
+        let (job, key, writer) = (job.clone(), key.to_string(), self.writer());
+        let max = i64::try_from(max_running).unwrap_or(i64::MAX);
+        on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
+            // The key's admission lock: two hosts never both start the last
+            // free place (the key's submissions take it too, briefly).
+            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(&key)).execute(&mut *tx).await.map_err(backend)?;
+            let (running,): (i64,) =
+                sqlx::query_as("SELECT count(*) FROM (SELECT 1 FROM jobs WHERE sched_key = $1 AND status IN ('running', 'canceling') AND id <> $2 LIMIT $3) r")
+                    .bind(&key)
+                    .bind(&job.id)
+                    .bind(max)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+            if running >= max {
+                return Err(StoreError::Refused(Refusal::RunningFull));
+            }
+            upsert_job(&mut *tx, &job, None, &writer).await?;
             tx.commit().await.map_err(backend)
         })
     }

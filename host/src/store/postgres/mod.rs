@@ -59,6 +59,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (8, "hosts", include_str!("migrations/0008_hosts.sql")),
     (9, "admission", include_str!("migrations/0009_admission.sql")),
     (10, "takeover", include_str!("migrations/0010_takeover.sql")),
+    (11, "running by key", include_str!("migrations/0011_running_by_key.sql")),
 ];
 
 /// How long an idle connection stays open.

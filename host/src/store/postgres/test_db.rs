@@ -5,6 +5,9 @@
 use super::PgDatabase;
 use crate::store::MetaStore;
 
+/// A server bound no test reaches.
+const OPEN: crate::store::ServerBound = crate::store::ServerBound { max_queued: 1_000_000, queued_here: 1 };
+
 /// A new, empty database with kiln's schema; `None` (skipped) when no
 /// server is configured outside CI.
 pub async fn fresh() -> Option<PgDatabase> {
@@ -399,7 +402,7 @@ async fn notices_reach_the_other_hosts_on_their_topic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_holds_across_hosts_and_writes_nothing_refused() {
     use crate::store::cluster::HostLeases;
-    use crate::store::{Account, AccountChange, AccountStore, Admission, Refusal, StoreError};
+    use crate::store::{Account, AccountChange, AccountStore, Admission, KeyBound, Refusal, StoreError};
     let Some(db) = fresh().await else { return };
     let accounts = super::PgAccounts::new(db.clone());
     let account = |id: &str, credits: i64| Account {
@@ -426,7 +429,7 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
             let mut taken = Vec::new();
             for n in 0..4u64 {
                 let job = crate::store::JobRecord::queued_for_test(&format!("j{h}-{n}"), 10 + n as i64, n + 1);
-                let admission = Admission { billed: Some("rich"), key: "rich", max_queued: 5, waiting_here: &taken };
+                let admission = Admission { billed: Some("rich"), key: Some(KeyBound { key: "rich", max_queued: 5, waiting_here: &taken }), server: OPEN };
                 match meta.submit_admitted(&job, &serde_json::json!({}), None, admission).await {
                     Ok(()) => taken.push(job.id),
                     Err(StoreError::Refused(Refusal::QueueFull)) => {}
@@ -442,16 +445,18 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
     // with one of them started, one more place is free.
     let (h, mine) = per_host.iter().enumerate().find(|(_, taken)| !taken.is_empty()).unwrap();
     let job = crate::store::JobRecord::queued_for_test("one-more", 50, 50);
-    let full = Admission { billed: Some("rich"), key: "rich", max_queued: 5, waiting_here: mine };
+    let bound = KeyBound { key: "rich", max_queued: 5, waiting_here: mine };
+    let full = Admission { billed: Some("rich"), key: Some(bound), server: OPEN };
     assert!(matches!(metas[h].submit_admitted(&job, &serde_json::json!({}), None, full).await, Err(StoreError::Refused(Refusal::QueueFull))));
-    let one_started = Admission { waiting_here: &mine[1..], ..full };
+    let one_started = Admission { key: Some(KeyBound { waiting_here: &mine[1..], ..bound }), ..full };
     metas[h].submit_admitted(&job, &serde_json::json!({}), None, one_started).await.unwrap();
     // Another key has its own places; the account's state is read as committed.
     let ma = metas[0].clone();
     let admit = |id: &str, billed: &'static str| {
         let (meta, job) = (ma.clone(), crate::store::JobRecord::queued_for_test(id, 99, 99));
         async move {
-            meta.submit_admitted(&job, &serde_json::json!({}), None, Admission { billed: Some(billed), key: billed, max_queued: 5, waiting_here: &[] }).await
+            let bound = KeyBound { key: billed, max_queued: 5, waiting_here: &[] };
+            meta.submit_admitted(&job, &serde_json::json!({}), None, Admission { billed: Some(billed), key: Some(bound), server: OPEN }).await
         }
     };
     assert!(matches!(admit("k1", "broke").await, Err(StoreError::Refused(Refusal::NoFunds))));
@@ -464,4 +469,105 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
         assert!(ma.get_job(refused).await.unwrap().is_none(), "{refused} was not written");
     }
     assert!(ma.get_job("k2").await.unwrap().is_some());
+}
+
+/// Starts racing on three hosts take exactly the key's free running places
+/// (the refused ones write nothing); a finished or canceling job's place is
+/// counted by its row, and other keys have their own places.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_running_limit_holds_across_hosts() {
+    use crate::store::cluster::HostLeases;
+    use crate::store::{Admission, JobStatus, KeyBound, Refusal, StoreError};
+    let Some(db) = fresh().await else { return };
+    let mut metas = Vec::new();
+    for name in ["a", "b", "c"] {
+        let host = db.clone().as_host(name);
+        super::PgHosts::new(host.clone(), name).register(std::time::Duration::from_secs(60)).await.unwrap();
+        metas.push(std::sync::Arc::new(super::PgMeta::new(host)));
+    }
+    // Six queued jobs of key "k" on each host, written with their key.
+    let mut queued = Vec::new();
+    for (h, meta) in metas.iter().enumerate() {
+        for n in 0..6u64 {
+            let job = crate::store::JobRecord::queued_for_test(&format!("r{h}-{n}"), 10 + n as i64, 10 * h as u64 + n + 1);
+            let admission = Admission { billed: None, key: Some(KeyBound { key: "k", max_queued: 100, waiting_here: &[] }), server: OPEN };
+            meta.submit_admitted(&job, &serde_json::json!({}), None, admission).await.unwrap();
+            queued.push((h, job));
+        }
+    }
+    let start = |h: usize, mut job: crate::store::JobRecord, key: &'static str| {
+        let meta = metas[h].clone();
+        async move {
+            job.transition(JobStatus::Running, 100).unwrap();
+            let started = meta.start_admitted(&job, key, 2).await;
+            (job, started)
+        }
+    };
+    let answers = futures_util::future::join_all(queued.iter().cloned().map(|(h, job)| start(h, job, "k"))).await;
+    let mut started = Vec::new();
+    for (job, answer) in answers {
+        match answer {
+            Ok(()) => started.push(job),
+            Err(StoreError::Refused(Refusal::RunningFull)) => {
+                let row = metas[0].get_job(&job.id).await.unwrap().unwrap();
+                assert_eq!(row.status, JobStatus::Queued, "a refused start writes nothing");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(started.len(), 2, "two of eighteen starts on three hosts: {:?}", started.iter().map(|j| &j.id).collect::<Vec<_>>());
+    // The same job written again (its progress) is no second start.
+    let (again, host) = (started[0].clone(), started[0].id.as_bytes()[1] - b'0');
+    metas[usize::from(host)].start_admitted(&again, "k", 2).await.unwrap();
+    // Canceling still runs; a finished job frees its place.
+    let mut canceling = started[0].clone();
+    canceling.transition(JobStatus::Canceling, 200).unwrap();
+    metas[usize::from(host)].put_job(&canceling).await.unwrap();
+    let waiting: Vec<(usize, crate::store::JobRecord)> = queued.iter().filter(|(_, j)| !started.iter().any(|s| s.id == j.id)).cloned().collect();
+    let (_, next) = start(waiting[0].0, waiting[0].1.clone(), "k").await;
+    assert!(matches!(next, Err(StoreError::Refused(Refusal::RunningFull))), "{next:?}");
+    let mut finished = canceling;
+    finished.transition(JobStatus::Canceled, 300).unwrap();
+    metas[usize::from(host)].put_job(&finished).await.unwrap();
+    let (_, next) = start(waiting[1].0, waiting[1].1.clone(), "k").await;
+    next.unwrap();
+    // Another key's jobs have places of their own.
+    let other = crate::store::JobRecord::queued_for_test("other", 5, 1000);
+    let bound = KeyBound { key: "other", max_queued: 5, waiting_here: &[] };
+    metas[1].submit_admitted(&other, &serde_json::json!({}), None, Admission { billed: None, key: Some(bound), server: OPEN }).await.unwrap();
+    let (_, answer) = start(1, other, "other").await;
+    answer.unwrap();
+}
+
+/// The server's queue bound counts the jobs waiting on the other hosts
+/// (as committed) and the admitting host's own count; a refusal writes
+/// nothing; a started or finished job waits no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_queue_bound_counts_every_hosts_waiting_jobs() {
+    use crate::store::cluster::HostLeases;
+    use crate::store::{Admission, JobStatus, Refusal, ServerBound, StoreError};
+    let Some(db) = fresh().await else { return };
+    let mut metas = Vec::new();
+    for name in ["a", "b"] {
+        let host = db.clone().as_host(name);
+        super::PgHosts::new(host.clone(), name).register(std::time::Duration::from_secs(60)).await.unwrap();
+        metas.push(super::PgMeta::new(host));
+    }
+    let admit = |queued_here: usize| Admission { billed: None, key: None, server: ServerBound { max_queued: 4, queued_here } };
+    let job = |id: &str, seq: u64| crate::store::JobRecord::queued_for_test(id, 10, seq);
+    // Three waiting on a; b (which holds none yet) takes the fourth place.
+    for n in 0..3u64 {
+        metas[0].submit_admitted(&job(&format!("a{n}"), n + 1), &serde_json::json!({}), None, admit(1 + n as usize)).await.unwrap();
+    }
+    metas[1].submit_admitted(&job("b0", 10), &serde_json::json!({}), None, admit(1)).await.unwrap();
+    let refused = metas[1].submit_admitted(&job("b1", 11), &serde_json::json!({}), None, admit(2)).await;
+    assert!(matches!(refused, Err(StoreError::Refused(Refusal::ServerQueueFull))), "{refused:?}");
+    assert!(metas[1].get_job("b1").await.unwrap().is_none(), "a refusal writes nothing");
+    // One of a's jobs started (and one finished): two places are free.
+    let mut started = job("a0", 1);
+    started.transition(JobStatus::Running, 20).unwrap();
+    metas[0].put_job(&started).await.unwrap();
+    metas[1].submit_admitted(&job("b1", 11), &serde_json::json!({}), None, admit(2)).await.unwrap();
+    let refused = metas[1].submit_admitted(&job("b2", 12), &serde_json::json!({}), None, admit(3)).await;
+    assert!(matches!(refused, Err(StoreError::Refused(Refusal::ServerQueueFull))), "{refused:?}");
 }
