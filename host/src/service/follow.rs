@@ -23,7 +23,7 @@ const GAP_CHECK: Duration = Duration::from_secs(1);
 const BATCH: usize = 256;
 
 /// What to re-read next.
-enum Heard {
+pub(super) enum Heard {
     /// These records (each once, however often announced).
     Ids(BTreeSet<Arc<str>>),
     /// Every record: announcements may have been missed.
@@ -31,7 +31,7 @@ enum Heard {
 }
 
 /// The announcements of one topic, in batches.
-struct Follower {
+pub(super) struct Follower {
     notices: Arc<dyn Notices>,
     heard: broadcast::Receiver<Arc<str>>,
     check: tokio::time::Interval,
@@ -40,13 +40,13 @@ struct Follower {
 }
 
 impl Follower {
-    fn new(notices: Arc<dyn Notices>, topic: Topic) -> Follower {
+    pub(super) fn new(notices: Arc<dyn Notices>, topic: Topic) -> Follower {
         let heard = notices.subscribe(topic);
         Follower { notices, heard, check: tokio::time::interval(GAP_CHECK), gaps: None }
     }
 
     /// The next batch to re-read; `None` when the host stops.
-    async fn next(&mut self, shutdown: &CancellationToken) -> Option<Heard> {
+    pub(super) async fn next(&mut self, shutdown: &CancellationToken) -> Option<Heard> {
         loop {
             let first = tokio::select! {
                 _ = shutdown.cancelled() => return None,

@@ -26,6 +26,7 @@ pub mod memory_gate;
 mod options;
 mod preview;
 pub mod queue;
+mod queue_counts;
 pub mod reencode;
 mod retention;
 mod runner;
@@ -112,6 +113,9 @@ pub struct Service {
     cluster: Option<ClusterBackends>,
     /// Cancelled when this host lost its lease (see `cluster`).
     lease_lost: CancellationToken,
+    /// The queue counts the WebSockets show, where hosts share the store
+    /// (see `queue_counts`).
+    queue_counts: Option<queue_counts::QueueCounts>,
 }
 
 impl Service {
@@ -172,6 +176,7 @@ impl Service {
             intake: memory_gate::MemoryGate::new(opts_intake, "intake_memory_mb"),
             queued_parsed: memory_gate::MemoryGate::new(opts_queued, "queued_parsed_mb"),
             admission_turns: Default::default(),
+            queue_counts: cluster.is_some().then(Default::default),
             cluster,
             lease_lost: CancellationToken::new(),
         });
@@ -210,6 +215,7 @@ impl Service {
             tokio::spawn(service.clone().cluster_loop()),
             tokio::spawn(service.clone().follow_accounts()),
             tokio::spawn(service.clone().follow_deployments()),
+            tokio::spawn(service.clone().count_queues()),
         ];
         service.threads.keep(workers, tasks.into_iter().chain(renewal).collect());
         Ok(service)
@@ -397,8 +403,10 @@ impl Service {
     /// Tells `owner`'s listeners how many of its jobs remain (queued or
     /// running): each account hears only its own count.
     fn publish_queue(&self, owner: &str) {
+        // Where hosts share the store, announced to them too, whoever watches here.
+        let elsewhere = self.queue_counts.as_ref().map_or(0, |counts| counts.changed_here(owner));
         if self.bus.watched() {
-            let remaining = self.queue.remaining_of(owner);
+            let remaining = self.queue.remaining_of(owner) + elsewhere;
             self.bus.queue(Arc::from(owner), remaining);
         }
     }

@@ -106,10 +106,13 @@ pub enum Topic {
     Accounts,
     /// The id of a deployment another host changed.
     Deployments,
+    /// The owner whose queue (jobs queued or running) changed on another
+    /// host (ComfyUI's `queue_remaining`).
+    Queues,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 4] = [Topic::Control, Topic::Events, Topic::Accounts, Topic::Deployments];
+    pub const ALL: [Topic; 5] = [Topic::Control, Topic::Events, Topic::Accounts, Topic::Deployments, Topic::Queues];
 }
 
 /// The largest payload a notice carries (PostgreSQL's NOTIFY takes under

@@ -47,25 +47,33 @@ async fn three_hosts_serve_as_one() {
     assert!(seen.contains("\"status\":\"running\"") && seen.contains("event: output"), "the stream saw the run: {seen}");
     assert!(seen.contains("\"status\":\"succeeded\""), "and its end: {seen}");
 
-    // The compat WebSocket on h3 hears a prompt queued on h1.
+    // The compat WebSocket on h3 hears a prompt queued on h1 succeed, and
+    // its status messages count it in the queue while it is there (the
+    // queue of every host), then count it out.
     let ws_url = format!("{}/ws?clientId=watcher", h3.base.replacen("http", "ws", 1));
     let (mut socket, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
     let queued: Value =
-        http.post(format!("{}/api/prompt", h1.base)).json(&json!({ "prompt": quick(42), "client_id": "watcher" })).send().await.unwrap().json().await.unwrap();
+        http.post(format!("{}/api/prompt", h1.base)).json(&json!({ "prompt": slow(42), "client_id": "watcher" })).send().await.unwrap().json().await.unwrap();
     let prompt_id = queued["prompt_id"].as_str().unwrap_or_else(|| panic!("{queued}")).to_string();
-    let heard = tokio::time::timeout(Duration::from_secs(30), async {
+    let (mut succeeded, mut counts) = (false, Vec::new());
+    let heard = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(Ok(message)) = socket.next().await {
             if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
                 let message: Value = serde_json::from_str(&text).unwrap();
                 if message["type"] == "execution_success" && message["data"]["prompt_id"] == prompt_id.as_str() {
-                    return true;
+                    succeeded = true;
+                }
+                if message["type"] == "status" {
+                    counts.push(message["data"]["status"]["exec_info"]["queue_remaining"].as_u64().unwrap());
+                }
+                if succeeded && counts.contains(&1) && counts.last() == Some(&0) {
+                    return;
                 }
             }
         }
-        false
     })
     .await;
-    assert_eq!(heard, Ok(true), "h3's socket heard the prompt h1 ran succeed");
+    assert!(heard.is_ok(), "h3's socket heard the prompt h1 ran succeed ({succeeded}) and its queue counts: {counts:?}");
     let _ = socket.close(None).await;
 
     // A cancel sent to h2 stops the job h1 runs; h3 sees it canceled.

@@ -10,7 +10,8 @@
 //! does every followed job when notices may have been missed (this host's
 //! listening connection lost, or one of its own not sent), and every ten
 //! seconds in any case (another host's notice not sent). Previews (images) stay on the host that made them,
-//! and so do queue-count messages (each host counts its own queue).
+//! and so do queue-count messages (each host shows every host's count, see
+//! `service::queue_counts`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -82,7 +83,8 @@ impl SharedBus {
 
 impl ExecBus for SharedBus {
     fn publish(&self, message: Arc<ExecMessage>) {
-        // Queue counts are this host's own; previews too large to send.
+        // Queue counts are each host's to make (see `queue_counts`);
+        // previews too large to send.
         if !matches!(message.body, ExecBody::Queue { .. } | ExecBody::Preview { .. }) {
             SharedBus::send(self.notices.as_ref(), &MessageOut { t: "m", m: &message });
         }

@@ -123,15 +123,20 @@ impl Service {
     }
 
     /// [`Service::queue_remaining`] with the jobs other hosts sharing the
-    /// store hold (`GET /prompt`); this host's alone if the store cannot
-    /// answer.
+    /// store hold (`GET /prompt`, a WebSocket's first status message); this
+    /// host's alone if the store cannot answer. The other hosts' count is
+    /// kept for the status messages of the owner's open streams (see
+    /// `queue_counts`).
     pub async fn queue_remaining_everywhere(&self, owner: &str) -> usize {
         let here = self.queue.remaining_of(owner);
-        if self.cluster.is_none() {
-            return here;
-        }
+        let Some(counts) = &self.queue_counts else { return here };
         match self.meta.unfinished_count_elsewhere(owner).await {
-            Ok(elsewhere) => here + elsewhere,
+            Ok(elsewhere) => {
+                if self.open_streams_of(owner) > 0 {
+                    counts.read(owner, elsewhere);
+                }
+                here + elsewhere
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot count the other hosts' jobs: counting this host's");
                 here

@@ -29,6 +29,7 @@ pub(super) fn channel(topic: Topic) -> &'static str {
         Topic::Events => "kiln_events",
         Topic::Accounts => "kiln_accounts",
         Topic::Deployments => "kiln_deployments",
+        Topic::Queues => "kiln_queues",
     }
 }
 

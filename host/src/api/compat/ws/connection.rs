@@ -77,7 +77,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: 
         let _ = sink.close().await;
     });
     state.service.touch();
-    outbox.push(render::status(state.service.queue_remaining(&owner), Some(&sid)));
+    outbox.push(render::status(state.service.queue_remaining_everywhere(&owner).await, Some(&sid)));
     // A client that (re)connects while a job runs hears which node runs
     // (ComfyUI's reconnect variant: no `prompt_id`).
     for (_, node) in state.service.running_nodes(&owner) {

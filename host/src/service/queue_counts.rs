@@ -1,0 +1,137 @@
+//! ComfyUI's `queue_remaining` (the WebSocket's status messages) where
+//! hosts share the store: an owner's jobs queued or running on every host.
+//!
+//! A change to an owner's queue here is shown at once, with the other
+//! hosts' count as last read, and announced to the other hosts
+//! ([`Topic::Queues`], the owner's id; once per owner per [`GATHER`]).
+//! A host with a stream of that owner open reads the other hosts' count
+//! again (one count per owner per [`GATHER`], however many changes) and
+//! shows the new total when it changed. Everything shown is read again
+//! when announcements may have been missed (see `follow`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use super::Service;
+use super::follow::{Follower, Heard};
+use crate::store::cluster::Topic;
+
+/// How long changes are gathered before they are announced and counted.
+const GATHER: Duration = Duration::from_millis(50);
+
+/// The owners whose queues changed, and the other hosts' counts shown.
+#[derive(Default)]
+pub(super) struct QueueCounts {
+    inner: Mutex<Marks>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Marks {
+    /// Owners whose queue changed here since the last pass (announced then).
+    changed_here: HashSet<Arc<str>>,
+    /// Owners to count again at the next pass.
+    due: HashSet<Arc<str>>,
+    /// The other hosts' count of each owner with a stream open here, as
+    /// last read (owners without one are dropped at each pass).
+    elsewhere: HashMap<Arc<str>, usize>,
+}
+
+impl QueueCounts {
+    /// `owner`'s queue changed here: announced and counted at the next
+    /// pass. Returns the other hosts' count as last read.
+    pub fn changed_here(&self, owner: &str) -> usize {
+        let elsewhere = {
+            let mut marks = self.inner.lock();
+            if !marks.changed_here.contains(owner) {
+                marks.changed_here.insert(Arc::from(owner));
+            }
+            marks.elsewhere.get(owner).copied().unwrap_or(0)
+        };
+        self.wake.notify_one();
+        elsewhere
+    }
+
+    /// The other hosts' count of `owner` was just read (a socket opened).
+    pub fn read(&self, owner: &str, elsewhere: usize) {
+        self.inner.lock().elsewhere.insert(Arc::from(owner), elsewhere);
+    }
+
+    /// Owners counted at the next pass: `heard` from other hosts, or all
+    /// those shown when announcements may have been missed.
+    fn heard(&self, heard: Heard) {
+        let mut marks = self.inner.lock();
+        match heard {
+            Heard::Ids(owners) => marks.due.extend(owners),
+            Heard::All => {
+                let shown: Vec<Arc<str>> = marks.elsewhere.keys().cloned().collect();
+                marks.due.extend(shown);
+            }
+        }
+    }
+
+    /// Takes this pass's work: the owners to announce, and those to count.
+    fn take(&self) -> (Vec<Arc<str>>, Vec<Arc<str>>) {
+        let mut marks = self.inner.lock();
+        let here: Vec<Arc<str>> = marks.changed_here.drain().collect();
+        let mut due: HashSet<Arc<str>> = marks.due.drain().collect();
+        due.extend(here.iter().cloned());
+        (here, due.into_iter().collect())
+    }
+
+    /// Records `owner`'s new count elsewhere; whether it changed.
+    fn update(&self, owner: &Arc<str>, elsewhere: usize) -> bool {
+        self.inner.lock().elsewhere.insert(owner.clone(), elsewhere) != Some(elsewhere)
+    }
+
+    fn forget(&self, owner: &str) {
+        self.inner.lock().elsewhere.remove(owner);
+    }
+}
+
+impl Service {
+    /// Announces this host's queue changes and shows the other hosts' (see
+    /// the module doc), until the service stops.
+    pub(super) async fn count_queues(self: Arc<Self>) {
+        let (Some(cluster), Some(counts)) = (self.cluster.clone(), self.queue_counts.as_ref()) else { return };
+        let mut follower = Follower::new(cluster.notices.clone(), Topic::Queues);
+        loop {
+            tokio::select! {
+                heard = follower.next(&self.shutdown) => match heard {
+                    Some(heard) => counts.heard(heard),
+                    None => return,
+                },
+                () = counts.wake.notified() => {}
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(GATHER) => {}
+            }
+            let (here, due) = counts.take();
+            for owner in here {
+                cluster.notices.send(Topic::Queues, owner.to_string());
+            }
+            for owner in due {
+                if self.open_streams_of(&owner) == 0 {
+                    counts.forget(&owner);
+                    continue;
+                }
+                let elsewhere = match self.meta.unfinished_count_elsewhere(&owner).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot count the other hosts' jobs: the queue count shown waits for the next change");
+                        continue;
+                    }
+                };
+                if counts.update(&owner, elsewhere) {
+                    let remaining = self.queue.remaining_of(&owner) + elsewhere;
+                    self.bus.queue(owner, remaining);
+                }
+            }
+        }
+    }
+}
