@@ -69,6 +69,21 @@ impl Service {
         {
             return Err(ServiceError::HashMismatch { expected: expected.clone(), actual });
         }
+        // Where hosts share the store, held there before it is stored (a
+        // pass elsewhere then either deleted it first, and it is stored
+        // again below, or keeps it) until its record is made.
+        let claimant = format!("upload:{}", uuid::Uuid::new_v4());
+        let held = wait(self.meta.hold_blobs(std::slice::from_ref(&actual), &claimant))?;
+        let recorded = self.record_upload(owner, upload, meta);
+        if held && let Err(e) = wait(self.meta.release_blobs(&claimant)) {
+            tracing::warn!(error = %e, "cannot end an upload's hold: the retention sweep ends it once this host stops");
+        }
+        recorded
+    }
+
+    /// Stores an upload's blob and records it (see [`Service::commit_upload`]).
+    fn record_upload(&self, owner: &str, upload: BlobUpload, meta: UploadMeta) -> Result<NewAsset, ServiceError> {
+        let (digest, _) = upload.digest();
         let _gate = self.blob_claims.writing();
         // Claimed below; if the record is not made (or the commit fails
         // after its rename), the next pass frees it.

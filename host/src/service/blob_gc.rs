@@ -11,6 +11,14 @@
 //! an asset, or listed among a live job's pending outputs), exclusively by
 //! a pass while it checks and deletes one, so a pass never deletes a blob
 //! between its write and its claim.
+//!
+//! Where hosts share the store, another host's writes are not behind this
+//! gate: each host also holds, in the store, the blobs its jobs and uploads
+//! need before any record names them (`MetaStore::hold_blobs`: a job's
+//! inputs and outputs, an upload while it is recorded), and a pass locks
+//! each blob there while it checks and deletes it (`MetaStore::lock_blob`).
+//! A hold that lands after a pass deleted its blob is followed by its
+//! writer's check that the blob is there (stored again if not).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -127,7 +135,10 @@ impl Service {
         // blob and claiming it: unclaimed now means garbage.
         let _gate = self.blob_claims.gate.write();
         let in_use = self.queue.live_jobs().iter().any(|l| l.pending_blobs.lock().contains(&name) || l.record.lock().inputs.iter().any(|i| i.hash == name));
-        if in_use {
+        // Where hosts share the store: no new hold takes effect until this
+        // pass is done with the blob.
+        let lock = if in_use { None } else { crate::store::wait(self.meta.lock_blob(&name))? };
+        if in_use || lock.as_ref().is_some_and(|l| l.held) {
             self.blob_claims.may_be_garbage(*hash);
             return Ok(false);
         }

@@ -221,21 +221,6 @@ impl Service {
         }
         Ok(())
     }
-
-    /// Whether a retention sweep may collect blobs: always on an embedded
-    /// store; where hosts share one, only while this host is the only one
-    /// registered. Another host's running job may have written a blob no
-    /// record names yet, which this host cannot see; no host registers
-    /// while a sweep holds its lease, so the answer holds for the pass.
-    /// (With several hosts, unreferenced blobs stay until one runs alone.)
-    pub(super) async fn may_collect_blobs(&self) -> Result<bool, ServiceError> {
-        let Some(cluster) = &self.cluster else { return Ok(true) };
-        let alone = cluster.leases.alone().await?;
-        if !alone {
-            tracing::debug!("other hosts share the store: blobs are not collected this pass");
-        }
-        Ok(alone)
-    }
 }
 
 /// This host's lease renewal. A renewal that has not succeeded for

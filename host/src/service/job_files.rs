@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::blob_gc::BlobClaims;
 use crate::files::{FileError, FileKind, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, check_extension, is_image_name, output_name, split_prefix};
-use crate::store::{BlobStore, JobInput, blob_name, parse_blob_name};
+use crate::store::{BlobStore, JobInput, MetaStore, StoreError, blob_name, parse_blob_name};
 
 /// Input files of one job: name → blob.
 pub struct JobInputs {
@@ -69,11 +70,45 @@ pub struct JobOutputs {
     pending: Arc<Mutex<Vec<String>>>,
     /// The service's blob gate and collection candidates (see `blob_gc`).
     claims: Arc<BlobClaims>,
+    /// The store that holds the job's blobs where hosts share it, and the
+    /// job's id (the holds' claimant).
+    holds: (Arc<dyn MetaStore>, String),
 }
 
+/// How long an output's hold is tried while the store is unreachable
+/// before the output fails.
+const HOLD_RETRY: Duration = Duration::from_secs(30);
+
 impl JobOutputs {
-    pub fn new(blobs: Arc<dyn BlobStore>, pending: Arc<Mutex<Vec<String>>>, claims: Arc<BlobClaims>) -> JobOutputs {
-        JobOutputs { blobs, counters: Mutex::new(HashMap::new()), pending, claims }
+    pub fn new(blobs: Arc<dyn BlobStore>, pending: Arc<Mutex<Vec<String>>>, claims: Arc<BlobClaims>, holds: (Arc<dyn MetaStore>, String)) -> JobOutputs {
+        JobOutputs { blobs, counters: Mutex::new(HashMap::new()), pending, claims, holds }
+    }
+
+    /// Holds blob `hash` for the job where hosts share the store (see
+    /// `blob_gc`), trying again while the store is unreachable; whether it
+    /// is stored now: a pass on another host may have deleted it before the
+    /// hold took effect, and then it is stored again from `data` (if given).
+    fn hold(&self, hash: &blake3::Hash, data: Option<&[u8]>) -> Result<bool, StoreError> {
+        let (meta, job) = (&self.holds.0, self.holds.1.as_str());
+        let names = [blob_name(hash)];
+        let (deadline, mut delay) = (Instant::now() + HOLD_RETRY, Duration::from_millis(100));
+        let held = loop {
+            match crate::store::wait(meta.hold_blobs(&names, job)) {
+                Ok(held) => break held,
+                Err(StoreError::Unavailable(e)) if Instant::now() < deadline => {
+                    tracing::warn!(job_id = job, error = %e, "the store is unavailable; the output's hold is tried again");
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if !held || self.blobs.stored(hash)? {
+            return Ok(true);
+        }
+        let Some(data) = data else { return Ok(false) };
+        self.blobs.put(data)?;
+        Ok(true)
     }
 }
 
@@ -98,6 +133,7 @@ impl OutputFiles for JobOutputs {
             self.claims.may_be_garbage(hash);
             hash
         };
+        self.hold(&hash, Some(data)).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
         // Named by its hash: no local path to report (see `SavedFile::path`).
         Ok(SavedFile { filename: output_name(&base, counter, extension), subfolder, kind, size: data.len() as u64, path: Default::default(), hash: Some(hash) })
     }
@@ -108,6 +144,16 @@ impl OutputFiles for JobOutputs {
     /// a deleted blob.
     fn adopt(&self, file: &SavedFile) -> bool {
         let Some(hash) = file.hash else { return false };
+        // Held first where hosts share the store: a pass elsewhere then
+        // either deleted it already (seen below) or keeps it.
+        match self.hold(&hash, None) {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot hold a cached output's blob: the node runs again");
+                return false;
+            }
+        }
         let _gate = self.claims.writing();
         // Not known to be stored: not a hit (the node runs again).
         if !self.blobs.contains(&hash).unwrap_or(false) {
@@ -150,10 +196,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(dir.path()).unwrap());
         let pending = Arc::new(Mutex::new(Vec::new()));
-        let first = JobOutputs::new(blobs.clone(), Arc::new(Mutex::new(Vec::new())), Arc::default());
+        let meta: Arc<dyn MetaStore> = Arc::new(crate::store::SledMeta::open(&dir.path().join("meta")).unwrap());
+        let holds = |job: &str| (meta.clone(), job.to_string());
+        let first = JobOutputs::new(blobs.clone(), Arc::new(Mutex::new(Vec::new())), Arc::default(), holds("j1"));
         let saved = first.save(FileKind::Output, "kiln", "png", b"pixels").unwrap();
         // A later job served this file from the result cache claims its blob.
-        let later = JobOutputs::new(blobs.clone(), pending.clone(), Arc::default());
+        let later = JobOutputs::new(blobs.clone(), pending.clone(), Arc::default(), holds("j2"));
         assert!(later.adopt(&saved));
         assert_eq!(*pending.lock(), [blob_name(&saved.hash.unwrap())], "pending: the collector keeps it");
         // Collected in between: not adopted, so no record will name it.
@@ -162,5 +210,32 @@ mod tests {
         assert!(!later.adopt(&saved));
         assert!(pending.lock().is_empty());
         assert!(!later.adopt(&SavedFile { hash: None, ..saved }), "a file without a hash is not a blob");
+    }
+
+    /// Where hosts share the store, an output whose blob a pass on another
+    /// host deleted before the job's hold took effect is stored again; a
+    /// cached one is not adopted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_output_deleted_before_its_hold_is_stored_again() {
+        use crate::store::cluster::HostLeases;
+        let Some(db) = crate::store::postgres::test_db::fresh().await else { return };
+        let host = db.as_host("a");
+        crate::store::postgres::PgHosts::new(host.clone(), "a").register(std::time::Duration::from_secs(60)).await.unwrap();
+        let meta: Arc<dyn MetaStore> = Arc::new(crate::store::postgres::PgMeta::new(host));
+        let dir = tempfile::tempdir().unwrap();
+        let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(dir.path()).unwrap());
+        let job = crate::store::JobRecord::queued_for_test("j", 5, 1);
+        meta.submit(&job, &serde_json::json!({}), None).await.unwrap();
+        let outputs = JobOutputs::new(blobs.clone(), Arc::default(), Arc::default(), (meta.clone(), "j".into()));
+        tokio::task::spawn_blocking(move || {
+            let hash = blobs.put(b"output").unwrap();
+            blobs.delete(&hash).unwrap();
+            assert!(!outputs.hold(&hash, None).unwrap(), "a cached output's blob gone: not stored");
+            assert!(outputs.hold(&hash, Some(b"output")).unwrap());
+            assert!(blobs.contains(&hash).unwrap(), "stored again from the bytes at hand");
+        })
+        .await
+        .unwrap();
+        assert!(meta.lock_blob(&blob_name(&blake3::hash(b"output"))).await.unwrap().unwrap().held, "held for the job");
     }
 }

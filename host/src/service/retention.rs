@@ -231,9 +231,8 @@ impl Service {
             tracing::info!(asset_id = %asset.id, "asset expired");
         }
         self.meta.purge_claims(now).await?;
-        if self.may_collect_blobs().await? {
-            self.collect_blobs()?;
-        }
+        self.meta.prune_blob_holds().await?;
+        self.collect_blobs()?;
         self.meta.flush().await?;
         Ok(())
     }

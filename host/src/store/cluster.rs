@@ -38,10 +38,6 @@ pub trait HostLeases: Send + Sync {
     /// this host. Two hosts looking at once never take the same job. The
     /// others are left for a host that has their components, and counted.
     async fn adopt(&self, limit: usize, here: &Runnable) -> Result<Adopted, StoreError>;
-    /// Whether no other host is registered (lapsed ones not yet ended
-    /// included). Asked under the retention sweep's lease, which a host's
-    /// registration waits for: while that is held, the answer stands.
-    async fn alone(&self) -> Result<bool, StoreError>;
     /// Asks the holder of the unfinished job stored under `id` to cancel it
     /// (durably: a holder that misses the notice finds the request at its
     /// next heartbeat, a host that takes the job over finds it too).

@@ -350,6 +350,37 @@ pub trait MetaStore: Send + Sync {
     /// connections) when the service stops; later calls may fail.
     async fn close(&self) {}
 
+    /// Where hosts share the store: holds blobs `names` for `claimant` (a
+    /// job's id while it is unfinished, or an upload's `upload:<uuid>`
+    /// while this host lives) so that no host's collection pass deletes
+    /// them (see `service::blob_gc`). Takes effect when it returns; a pass
+    /// that had locked one of them ([`MetaStore::lock_blob`]) has finished
+    /// by then, so the caller checks the blob is still there. Whether
+    /// anything was held: `false` in a store one process holds, whose own
+    /// gate orders its writes and passes (the default).
+    async fn hold_blobs(&self, names: &[String], claimant: &str) -> Result<bool, StoreError> {
+        let _ = (names, claimant);
+        Ok(false)
+    }
+    /// Ends `claimant`'s holds (an upload recorded, or given up).
+    async fn release_blobs(&self, claimant: &str) -> Result<(), StoreError> {
+        let _ = claimant;
+        Ok(())
+    }
+    /// Locks blob `name` against new holds until the lock is dropped (a
+    /// collection pass checks and deletes it meanwhile), and says whether a
+    /// live claimant holds it; `None` in a store one process holds (the
+    /// default).
+    async fn lock_blob(&self, name: &str) -> Result<Option<BlobLock>, StoreError> {
+        let _ = name;
+        Ok(None)
+    }
+    /// Removes the holds of claimants that ended (a finished or deleted
+    /// job, an upload of a host no longer registered); how many.
+    async fn prune_blob_holds(&self) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+
     /// The right to run periodic work `name` (the retention sweep) now,
     /// held until the lease is dropped; `None` while another host sharing
     /// the store holds it. A store of one process grants it always.
@@ -383,6 +414,14 @@ pub const SWEEP_LEASE: &str = "retention sweep";
 /// the store when the holder dies).
 pub struct PeriodicLease(pub Option<Box<dyn Send + Sync>>);
 
+/// A blob locked by [`MetaStore::lock_blob`]: no new hold on it takes
+/// effect until this is dropped.
+pub struct BlobLock {
+    /// Whether a live claimant held the blob when it was locked.
+    pub held: bool,
+    pub _lock: Box<dyn Send + Sync>,
+}
+
 /// Content-addressed blobs. Calls may wait for a disk or a network:
 /// callers run them on blocking threads. Readers get a local file
 /// ([`BlobStore::open`]): a store that keeps blobs elsewhere
@@ -398,6 +437,11 @@ pub trait BlobStore: Send + Sync {
     /// Whether the blob is stored; an error when the store cannot tell (a
     /// bucket not answering).
     fn contains(&self, hash: &blake3::Hash) -> Result<bool, StoreError>;
+    /// [`BlobStore::contains`] as every host sharing the store sees it now
+    /// (a remote store asks the remote, not its local cache).
+    fn stored(&self, hash: &blake3::Hash) -> Result<bool, StoreError> {
+        self.contains(hash)
+    }
     /// Whether an asset record naming `hash` may be shown, answered
     /// without waiting for a network (callers may be on async threads):
     /// the file store checks its file (a crash can leave a record whose

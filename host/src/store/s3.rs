@@ -304,6 +304,10 @@ impl BlobStore for S3Blobs {
         self.exists(hash)
     }
 
+    fn stored(&self, hash: &blake3::Hash) -> Result<bool, StoreError> {
+        self.exists(hash)
+    }
+
     fn presumed_present(&self, _hash: &blake3::Hash) -> bool {
         true
     }

@@ -157,3 +157,61 @@ async fn the_servers_queue_bound_holds_across_hosts() {
         assert_eq!(wait_for(&http, host, &id, &["succeeded", "failed"], Duration::from_secs(30)).await["status"], "succeeded");
     }
 }
+
+/// Blobs are collected while several hosts run: an upload deleted through
+/// another host than the one that stored it leaves the bucket; the blobs
+/// records still name (another upload, a job's output) stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreferenced_blobs_leave_the_bucket_while_several_hosts_run() {
+    let Some(shared) = shared().await else { return };
+    let sweeping = [("KILN_SWEEP_INTERVAL_S", "1")];
+    let hosts: Vec<Host> = ["g1", "g2"].iter().map(|name| start_with(name, &shared, &sweeping)).collect();
+    let http = reqwest::Client::new();
+    let bucket = object_store::aws::AmazonS3Builder::from_env()
+        .with_endpoint(env(&shared, "KILN_S3_ENDPOINT"))
+        .with_allow_http(true)
+        .with_bucket_name(env(&shared, "KILN_S3_BUCKET"))
+        .with_region("us-east-1")
+        .build()
+        .unwrap();
+    let stored = |hash: String| {
+        let bucket = &bucket;
+        async move {
+            let hex = hash.trim_start_matches("blake3:").to_string();
+            let objects: Vec<_> = object_store::ObjectStore::list(bucket, None).filter_map(|o| async { o.ok() }).collect().await;
+            objects.iter().any(|o| o.location.as_ref().contains(&hex))
+        }
+    };
+    let upload = |bytes: Vec<u8>| {
+        let http = http.clone();
+        let base = hosts[0].base.clone();
+        async move {
+            let form = reqwest::multipart::Form::new().text("file_path", "gc.txt").part("file", reqwest::multipart::Part::bytes(bytes).file_name("gc.txt"));
+            let resp = http.post(format!("{base}/api/v2/assets")).multipart(form).send().await.unwrap();
+            assert_eq!(resp.status(), 201);
+            let asset: Value = resp.json().await.unwrap();
+            (asset["id"].as_str().unwrap().to_string(), asset["hash"].as_str().unwrap().to_string())
+        }
+    };
+    let (gone_id, gone_hash) = upload(format!("to be deleted {}", uuid::Uuid::new_v4()).into_bytes()).await;
+    let (_, kept_hash) = upload(format!("to be kept {}", uuid::Uuid::new_v4()).into_bytes()).await;
+    let job = submit(&http, &hosts[0], quick(77)).await;
+    let done = wait_for(&http, &hosts[1], &job, &["succeeded", "failed"], Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert!(stored(gone_hash.clone()).await && stored(kept_hash.clone()).await);
+
+    let resp = http.delete(format!("{}/api/v2/assets/{gone_id}", hosts[1].base)).send().await.unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stored(gone_hash.clone()).await {
+        assert!(Instant::now() < deadline, "the deleted upload's blob is still in the bucket after 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Several passes later, what records name is still there.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(stored(kept_hash).await, "an upload still recorded keeps its blob");
+    for host in &hosts {
+        let png = download(&http, host, &done).await;
+        assert_eq!(&png[..4], b"\x89PNG");
+    }
+}

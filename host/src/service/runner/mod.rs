@@ -206,7 +206,7 @@ impl Service {
             prompt,
             extra_pnginfo: live.extra.extra_pnginfo.as_deref().cloned(),
             inputs: Arc::new(JobInputs::new(&job.inputs, self.blobs.clone())),
-            outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone(), self.blob_claims.clone())),
+            outputs: Arc::new(JobOutputs::new(self.blobs.clone(), live.pending_blobs.clone(), self.blob_claims.clone(), (self.meta.clone(), job.id.clone()))),
             events: self.sink(live.clone()),
             cancel: live.cancel.clone(),
             secrets: live.extra.secrets.clone(),

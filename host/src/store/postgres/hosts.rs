@@ -62,10 +62,6 @@ impl HostLeases for PgHosts {
         let (me, host, lease) = (self.me(), self.host_id.clone(), micros(lease));
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
-            // Not while a retention sweep runs: one that found its host
-            // alone collects blobs, and this host's jobs could write one
-            // it is deleting (see `HostLeases::alone`).
-            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(super::advisory_key(crate::store::SWEEP_LEASE)).execute(&mut *tx).await.map_err(backend)?;
             // Earlier starts of this host are over (one process per host
             // id): their jobs are taken over at once, not after their lease.
             sqlx::query("DELETE FROM hosts WHERE host_id = $1").bind(&host).execute(&mut *tx).await.map_err(backend)?;
@@ -164,15 +160,6 @@ impl HostLeases for PgHosts {
             adopted.left = (adopted.left + usize::try_from(lacking).unwrap_or(0)).min(LEFT_COUNTED);
             tx.commit().await.map_err(backend)?;
             Ok(adopted)
-        })
-    }
-
-    async fn alone(&self) -> Result<bool, StoreError> {
-        let me = self.me();
-        on_pool!(self, |pool| {
-            let (others,): (bool,) =
-                sqlx::query_as("SELECT EXISTS (SELECT 1 FROM hosts WHERE holder <> $1)").bind(&me).fetch_one(&pool).await.map_err(backend)?;
-            Ok(!others)
         })
     }
 

@@ -591,6 +591,22 @@ impl MetaStore for PgMeta {
         Ok(())
     }
 
+    async fn hold_blobs(&self, names: &[String], claimant: &str) -> Result<bool, StoreError> {
+        self.db.hold_blobs(names, claimant).await.map(|()| true)
+    }
+
+    async fn release_blobs(&self, claimant: &str) -> Result<(), StoreError> {
+        self.db.release_blobs(claimant).await
+    }
+
+    async fn lock_blob(&self, name: &str) -> Result<Option<crate::store::BlobLock>, StoreError> {
+        self.db.lock_blob(name).await.map(Some)
+    }
+
+    async fn prune_blob_holds(&self) -> Result<u64, StoreError> {
+        self.db.prune_blob_holds().await
+    }
+
     async fn periodic_lease(&self, name: &str) -> Result<Option<crate::store::PeriodicLease>, StoreError> {
         self.db.advisory_lease(name).await
     }

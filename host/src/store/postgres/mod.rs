@@ -21,6 +21,7 @@ macro_rules! on_pool {
 }
 
 mod accounts;
+mod blob_holds;
 mod deployments;
 mod hosts;
 mod import;
@@ -60,6 +61,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (9, "admission", include_str!("migrations/0009_admission.sql")),
     (10, "takeover", include_str!("migrations/0010_takeover.sql")),
     (11, "running by key", include_str!("migrations/0011_running_by_key.sql")),
+    (12, "blob holds", include_str!("migrations/0012_blob_holds.sql")),
 ];
 
 /// How long an idle connection stays open.
