@@ -10,7 +10,8 @@ EmptyImage -> SaveImage jobs through /api/v2/jobs, round-robin over the
 hosts, each thread polling its job on the next host until it has
 succeeded. Prints jobs/s, submit -> succeeded p50/p95 and, for PostgreSQL,
 the database's transactions, WAL bytes and NOTIFY notices per job (from
-pg_stat_database, pg_current_wal_lsn and a listener on kiln_events).
+pg_stat_database, pg_current_wal_lsn and a listener on kiln_events and
+kiln_queues).
 Figures: BENCHMARKS.md.
 """
 import json, os, subprocess, sys, tempfile, threading, time, urllib.request, uuid
@@ -53,7 +54,7 @@ def run(hosts, pg):
         # Counts the notices the hosts send: psql prints each one it holds
         # after its next command, so it is asked a trivial one every 50 ms.
         listener = subprocess.Popen(["psql", "-qAt", db], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        listener.stdin.write("LISTEN kiln_events;\n")
+        listener.stdin.write("LISTEN kiln_events;\nLISTEN kiln_queues;\n")
         listener.stdin.flush()
 
         def hear():

@@ -126,12 +126,12 @@ impl FairQueue {
         Ok(self.position(&id).unwrap_or(1))
     }
 
-    /// Takes the next job whose key is below its running limit, round-robin
-    /// across keys; the job counts as running for its key until [`done`].
+    /// Takes the next job whose key is below its running limit and not held
+    /// at `now`, round-robin across keys; the job counts as running for its
+    /// key until [`done`].
     ///
     /// [`done`]: FairQueue::done
-    pub fn pop(&mut self, limits: &dyn TenantLimits) -> Option<(String, String)> {
-        let now = Instant::now();
+    pub fn pop(&mut self, limits: &dyn TenantLimits, now: Instant) -> Option<(String, String)> {
         for turn in 0..self.rotation.len() {
             let key = &self.rotation[turn];
             let Some(entry) = self.keys.get_mut(key) else { continue };
@@ -163,11 +163,10 @@ impl FairQueue {
         }
     }
 
-    /// The earliest time still ahead that a held key with waiting jobs may
-    /// be tried again (a worker that found nothing to take sleeps until
+    /// The earliest time after `now` (the `now` of the [`FairQueue::pop`]
+    /// that found nothing) that a held key with waiting jobs may be tried again (a worker that found nothing to take sleeps until
     /// then at most).
-    pub fn next_hold(&self) -> Option<Instant> {
-        let now = Instant::now();
+    pub fn next_hold(&self, now: Instant) -> Option<Instant> {
         self.rotation.iter().filter_map(|k| self.keys.get(k)?.held_until).filter(|until| *until > now).min()
     }
 
@@ -288,7 +287,7 @@ mod tests {
     }
 
     fn pop_all(q: &mut FairQueue, limits: &dyn TenantLimits) -> Vec<String> {
-        std::iter::from_fn(|| q.pop(limits).map(|(id, _)| id)).collect()
+        std::iter::from_fn(|| q.pop(limits, Instant::now()).map(|(id, _)| id)).collect()
     }
 
     #[test]
@@ -320,10 +319,10 @@ mod tests {
         q.push("b", "b", "b0".into(), false, 10).unwrap();
         assert_eq!(pop_all(&mut q, &limits), ["a0", "b0", "a1"], "a stops at 2 running");
         assert_eq!(q.running_of("a"), 2);
-        assert!(q.pop(&limits).is_none());
+        assert!(q.pop(&limits, Instant::now()).is_none());
         q.done("a");
-        assert_eq!(q.pop(&limits).map(|(id, _)| id).as_deref(), Some("a2"));
-        assert!(q.pop(&limits).is_none());
+        assert_eq!(q.pop(&limits, Instant::now()).map(|(id, _)| id).as_deref(), Some("a2"));
+        assert!(q.pop(&limits, Instant::now()).is_none());
         assert_eq!(q.len(), 1);
     }
 
@@ -380,17 +379,17 @@ mod tests {
             q.push("a", "a", format!("a{i}"), false, 10).unwrap();
             q.push("b", "b", format!("b{i}"), false, 10).unwrap();
         }
-        let (first, key) = q.pop(&|_: &str| OPEN).unwrap();
+        let (first, key) = q.pop(&|_: &str| OPEN, Instant::now()).unwrap();
         assert_eq!((first.as_str(), key.as_str()), ("a0", "a"));
         let until = Instant::now() + std::time::Duration::from_millis(150);
         q.put_back("a", "a", first, until);
         q.done("a");
-        assert_eq!(q.next_hold(), Some(until));
+        assert_eq!(q.next_hold(Instant::now()), Some(until));
         assert_eq!(q.position("a0"), Some(1), "back at its key's front");
         assert_eq!(pop_all(&mut q, &|_: &str| OPEN), ["b0", "b1"], "a held key is skipped, the others are served");
         std::thread::sleep(until.saturating_duration_since(Instant::now()));
         assert_eq!(pop_all(&mut q, &|_: &str| OPEN), ["a0", "a1"], "after the hold, in its order");
-        assert_eq!(q.next_hold(), None);
+        assert_eq!(q.next_hold(Instant::now()), None);
         assert!(q.is_empty());
     }
 }

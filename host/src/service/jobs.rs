@@ -132,6 +132,9 @@ impl Service {
             // A worker started it first: cancel it as a running job.
             return if status == JobStatus::Canceled && rec.status == JobStatus::Running { self.cancel_running(live).await } else { Ok(rec) };
         }
+        // Again: a worker refused its start (its key busy on other hosts)
+        // may have put it back meanwhile.
+        self.queue.waiting().withdraw(&id);
         self.meta.flush().await?;
         live.publish_status();
         self.queue.leave(&id);

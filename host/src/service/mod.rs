@@ -285,15 +285,16 @@ impl Service {
     /// hosts sharing the store, checked as a job starts
     /// (`MetaStore::start_admitted`): with accounts, a limit the operator
     /// gave the key — its account's tier (or the default tier), its
-    /// deployment's own. `None` (each host's queue alone applies it) on an
-    /// embedded store, without accounts, or for the global limit, which is
-    /// a host's number of workers.
+    /// deployment's own (or the default tier). `None` (each host's queue
+    /// alone applies it) on an embedded store, without accounts, or for the
+    /// global limit (no default tier), which is a host's number of workers.
     fn shared_running_limit(&self, key: &str) -> Option<usize> {
         if self.cluster.is_none() || !self.opts.mode.has_accounts() {
             return None;
         }
+        // A deployment without limits of its own has the default tier's.
         let configured = match key.strip_prefix("deployment/") {
-            Some(id) => self.deployments.has_own_limits(id),
+            Some(id) => self.deployments.has_own_limits(id) || self.opts.tiers.default.is_some(),
             None => self.opts.tiers.configured(self.accounts.tier(key).as_deref()).is_some(),
         };
         configured.then(|| self.limits_for(key).max_running)

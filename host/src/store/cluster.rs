@@ -111,18 +111,21 @@ impl Topic {
     pub const ALL: [Topic; 5] = [Topic::Control, Topic::Events, Topic::Accounts, Topic::Deployments, Topic::Queues];
 }
 
-/// The largest payload a notice carries (PostgreSQL's NOTIFY takes under
-/// 8000 bytes, with the sender's id).
+/// The largest payload a notice carries itself (PostgreSQL's NOTIFY takes
+/// under 8000 bytes, with the sender's id).
 pub const MAX_NOTICE: usize = 7000;
+/// The largest payload a notice may have: one over [`MAX_NOTICE`] is kept
+/// in the store and the notice names it (a round trip more on each side).
+pub const MAX_LARGE_NOTICE: usize = 1 << 20;
 
 /// Small messages to every other host sharing the store. Delivery is best
 /// effort: a host whose connection dropped misses what was sent meanwhile
 /// (its [`Notices::gaps`] count rises), so what matters is also kept in
 /// the store and re-read.
 pub trait Notices: Send + Sync {
-    /// Sends `payload` (at most [`MAX_NOTICE`] bytes; longer ones are
-    /// dropped) to the other hosts listening on `topic`; never waits (a full
-    /// outbox drops it).
+    /// Sends `payload` (at most [`MAX_LARGE_NOTICE`] bytes; longer ones
+    /// are dropped) to the other hosts listening on `topic`; never waits (a
+    /// full outbox drops it).
     fn send(&self, topic: Topic, payload: String);
     /// What other hosts send on `topic` from now on.
     fn subscribe(&self, topic: Topic) -> broadcast::Receiver<Arc<str>>;

@@ -46,3 +46,28 @@ impl Drop for IoRuntime {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job's execution thread waits for hundreds of store calls inside
+    /// one poll of its runtime's task (a node saving many files): each is
+    /// answered, however many (past tokio's cooperative budget of 128).
+    #[test]
+    fn many_waits_inside_one_task_poll_are_all_answered() {
+        let io = IoRuntime::start("kiln-test-io", 1).unwrap();
+        let (done, answered) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                for i in 0..400u32 {
+                    let answer = crate::store::wait(io.run(async move { Ok(i) })).unwrap();
+                    assert_eq!(answer, i);
+                }
+            });
+            let _ = done.send(());
+        });
+        answered.recv_timeout(std::time::Duration::from_secs(60)).expect("400 calls answered within 60 s");
+    }
+}

@@ -134,8 +134,15 @@ pub struct ServerBound {
 /// the call), a job's execution thread. The embedded store answers at once;
 /// a networked store's I/O is driven by the runtime it was opened on, never
 /// by the waiting thread. Never call it on an async worker thread.
+///
+/// The call is polled outside tokio's cooperative budget: a job's execution
+/// thread waits here from inside one poll of its runtime's task, so the
+/// budget (128 polls of runtime resources per turn) would run out after as
+/// many calls — a node saving 128 files — and a call polled past it waits
+/// for a wake-up deferred until the task yields, which it never does while
+/// it waits here.
 pub fn wait<F: std::future::Future>(call: F) -> F::Output {
-    may_block_here(|| pollster::block_on(call))
+    may_block_here(|| pollster::block_on(tokio::task::unconstrained(call)))
 }
 
 thread_local! {

@@ -74,6 +74,29 @@ async fn three_hosts_serve_as_one() {
     })
     .await;
     assert!(heard.is_ok(), "h3's socket heard the prompt h1 ran succeed ({succeeded}) and its queue counts: {counts:?}");
+    // A message over NOTIFY's size (one node saving 150 images) reaches it whole.
+    let batch = json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 150, "color": 3}},
+        "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "batch"}},
+    });
+    let queued: Value =
+        http.post(format!("{}/api/prompt", h1.base)).json(&json!({ "prompt": batch, "client_id": "watcher" })).send().await.unwrap().json().await.unwrap();
+    let prompt_id = queued["prompt_id"].as_str().unwrap_or_else(|| panic!("{queued}")).to_string();
+    let executed = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(Ok(message)) = socket.next().await {
+            if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
+                let message: Value = serde_json::from_str(&text).unwrap();
+                if message["type"] == "executed" && message["data"]["prompt_id"] == prompt_id.as_str() {
+                    return (text.len(), message["data"]["output"]["images"].as_array().map_or(0, Vec::len));
+                }
+            }
+        }
+        (0, 0)
+    })
+    .await;
+    let (bytes, images) = executed.expect("h3's socket heard the large `executed` message");
+    assert_eq!(images, 150);
+    assert!(bytes > 7000, "the message was over NOTIFY's size: {bytes} bytes");
     let _ = socket.close(None).await;
 
     // A cancel sent to h2 stops the job h1 runs; h3 sees it canceled.

@@ -252,14 +252,25 @@ fn medium(seed: i64) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiers_running_limit_holds_across_hosts() {
     let Some(shared) = shared().await else { return };
-    // Two workers per host; every account's tier runs one job at a time.
+    // Two workers per host; every account's tier runs one job at a time
+    // (the other account's, three).
     let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(config.path(), "default_tier = \"one\"\n[tiers.one]\nmax_running = 1\nmax_queued = 20\n").unwrap();
+    std::fs::write(config.path(), "default_tier = \"one\"\n[tiers.one]\nmax_running = 1\nmax_queued = 20\n[tiers.wide]\nmax_running = 3\nmax_queued = 20\n")
+        .unwrap();
     let cloud = [("KILN_MODE", "cloud"), ("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", "2"), ("KILN_CONFIG", config.path().to_str().unwrap())];
     let hosts: Vec<Host> = ["r1", "r2", "r3"].iter().map(|name| start_with(name, &shared, &cloud)).collect();
     let http = reqwest::Client::new();
     let tenant = create_account(&http, &hosts[0], "tenant", 1_000_000).await;
-    let other = create_account(&http, &hosts[0], "other", 1_000_000).await;
+    // (Another tier's limit: its three jobs never wait for each other.)
+    let resp = http
+        .post(format!("{}/admin/accounts", hosts[0].base))
+        .bearer_auth(ADMIN)
+        .json(&json!({"name": "other", "credits": 1_000_000, "tier": "wide"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let other = resp.json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string();
     for host in &hosts[1..] {
         until_status(&http, host, &tenant, |s| s == 200, "a key made on r1 works on the others").await;
         until_status(&http, host, &other, |s| s == 200, "a key made on r1 works on the others").await;

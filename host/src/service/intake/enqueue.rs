@@ -213,18 +213,19 @@ impl Service {
             // Checked again where hosts share the store, across all of them
             // (one host's memory already checked everything): the server's
             // queue bound, and with accounts the billed account and the key's bound.
-            let server = ServerBound { max_queued: self.opts.max_queued_jobs, queued_here: self.queue.waiting().queued() };
+            let server = || ServerBound { max_queued: self.opts.max_queued_jobs, queued_here: self.queue.waiting().queued() };
             if self.opts.mode.has_accounts() {
                 // An owner that is no account (as `has_funds` says) has no balance to check.
                 let billed = self.billed_owner(owner, deployment);
                 let billed = self.accounts.get(&billed).is_some().then_some(billed.as_str());
                 let _turn = self.admission_turns.take(&key).await;
+                let server = server();
                 let mut waiting_here = self.queue.waiting().waiting_of(&key);
                 waiting_here.retain(|other| *other != id);
                 let bound = KeyBound { key: &key, max_queued: limits.max_queued, waiting_here: &waiting_here };
                 self.meta.submit_admitted(&record, workflow, claim, Admission { billed, key: Some(bound), server }).await
             } else {
-                self.meta.submit_admitted(&record, workflow, claim, Admission { billed: None, key: None, server }).await
+                self.meta.submit_admitted(&record, workflow, claim, Admission { billed: None, key: None, server: server() }).await
             }
         } else {
             self.meta.submit(&record, workflow, claim).await

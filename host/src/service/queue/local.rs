@@ -1,6 +1,6 @@
 //! The embedded waiting queue: a [`FairQueue`] in memory, a counter of the
-//! jobs queued on the server, a `Notify` that wakes idle workers (or the
-//! end of a key's hold) and the submission counter. One process holds it; a restart rebuilds it from the
+//! jobs queued on the server, a `Notify` that wakes idle workers (which
+//! also wake at the end of a key's hold) and the submission counter. One process holds it; a restart rebuilds it from the
 //! store's unfinished jobs (`retention`).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -83,12 +83,12 @@ impl Waiting for LocalWaiting {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let hold = {
-                let mut waiting = self.waiting.lock();
-                if let Some(next) = waiting.pop(limits) {
+                let (mut waiting, now) = (self.waiting.lock(), std::time::Instant::now());
+                if let Some(next) = waiting.pop(limits, now) {
                     self.queued.fetch_sub(1, Ordering::SeqCst);
                     return next;
                 }
-                waiting.next_hold()
+                waiting.next_hold(now)
             };
             match hold {
                 // A held key's jobs may be taken then, if nothing wakes it before.

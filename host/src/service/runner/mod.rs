@@ -86,7 +86,8 @@ impl Service {
     ///
     /// The running record goes to the store in the job's write turn (so a
     /// concurrent cancel's write cannot be overtaken), and into the live
-    /// record once the store took it; then, outside the turn (it may wait
+    /// record once the store answered (a start not admitted leaves it
+    /// queued); then, outside the turn (it may wait
     /// for the disk when the log grows), the start is logged: it survives a
     /// crash of the process before the run begins, so a job that brings the
     /// server down cannot be retried forever, without a flush on every job
@@ -110,7 +111,12 @@ impl Service {
             started
         };
         let written = match self.shared_running_limit(key) {
-            Some(max_running) => self.meta.start_admitted(&snapshot, key, max_running).await,
+            // Not admitted for certain (refused, or the store did not
+            // answer): it waits, as the limit may not be known to hold.
+            Some(max_running) => match self.meta.start_admitted(&snapshot, key, max_running).await {
+                Err(StoreError::Unavailable(_) | StoreError::Backend(_)) => Err(StoreError::Refused(crate::store::Refusal::RunningFull)),
+                written => written,
+            },
             None => self.meta.put_job(&snapshot).await,
         };
         match written {
@@ -127,7 +133,8 @@ impl Service {
                 tracing::debug!(job_id = %snapshot.id, key, "the key runs as many jobs as it may on all hosts: the job waits");
                 return None;
             }
-            // (Not written: it runs all the same; see below.)
+            // (Not written, where no limit is checked across hosts: it runs
+            // all the same; see below.)
             _ => *live.record.lock() = snapshot.clone(),
         }
         drop(turn);

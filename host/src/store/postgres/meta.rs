@@ -326,18 +326,29 @@ impl MetaStore for PgMeta {
             // The key's admission lock: two hosts never both start the last
             // free place (the key's submissions take it too, briefly).
             sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(&key)).execute(&mut *tx).await.map_err(backend)?;
-            let (running,): (i64,) =
-                sqlx::query_as("SELECT count(*) FROM (SELECT 1 FROM jobs WHERE sched_key = $1 AND status IN ('running', 'canceling') AND id <> $2 LIMIT $3) r")
-                    .bind(&key)
-                    .bind(&job.id)
-                    .bind(max)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(backend)?;
+            // Running on a registered host (a lapsed host's jobs count
+            // again once taken over and started).
+            let (running,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE sched_key = $1 AND status IN ('running', 'canceling') AND id <> $2 \
+                 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) LIMIT $3) r",
+            )
+            .bind(&key)
+            .bind(&job.id)
+            .bind(max)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
             if running >= max {
                 return Err(StoreError::Refused(Refusal::RunningFull));
             }
             upsert_job(&mut *tx, &job, None, &writer).await?;
+            // Counted from now on by every host's starts, whatever wrote the row.
+            sqlx::query("UPDATE jobs SET sched_key = $2 WHERE id = $1 AND sched_key IS DISTINCT FROM $2")
+                .bind(&job.id)
+                .bind(&key)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
             tx.commit().await.map_err(backend)
         })
     }

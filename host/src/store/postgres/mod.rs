@@ -62,6 +62,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (10, "takeover", include_str!("migrations/0010_takeover.sql")),
     (11, "running by key", include_str!("migrations/0011_running_by_key.sql")),
     (12, "blob holds", include_str!("migrations/0012_blob_holds.sql")),
+    (13, "notice bodies", include_str!("migrations/0013_notice_bodies.sql")),
 ];
 
 /// How long an idle connection stays open.
@@ -274,7 +275,7 @@ fn holder_id(host_id: &str) -> std::sync::Arc<str> {
 
 /// Microseconds since the epoch by the database server's clock, in SQL:
 /// leases are measured by one clock whatever the hosts' clocks say.
-const DB_NOW: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
+pub(super) const DB_NOW: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
 
 /// Connects once to `url` (within 5 s) without changing anything; the
 /// kiln migrations the database has (none before kiln's first start on

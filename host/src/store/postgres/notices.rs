@@ -1,18 +1,20 @@
 //! [`Notices`] on PostgreSQL's LISTEN/NOTIFY: one listening connection per
 //! host (re-established when lost, each loss counted as a gap) and one
 //! sender task that batches what is queued into one `pg_notify` statement.
-//! A notice is `<sender's holder>\n<payload>`; a host ignores its own.
+//! A notice is `<sender's holder>\n<payload>`; a host ignores its own. A
+//! payload over NOTIFY's size is written to `notice_bodies` and the notice
+//! carries [`STORED`] and the row's id instead; its receivers read it there.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgListener, PgPool};
 use tokio::sync::{broadcast, mpsc};
 
-use super::{PgDatabase, backend};
+use super::{DB_NOW, PgDatabase, backend};
 use crate::store::StoreError;
-use crate::store::cluster::{MAX_NOTICE, Notices, Topic};
+use crate::store::cluster::{MAX_LARGE_NOTICE, MAX_NOTICE, Notices, Topic};
 
 /// Notices waiting to be sent at most; past it new ones are dropped.
 const OUTBOX: usize = 8192;
@@ -20,6 +22,14 @@ const OUTBOX: usize = 8192;
 const BATCH: usize = 256;
 /// Received notices a slow subscriber may fall behind by.
 const INBOX: usize = 4096;
+/// Bytes of stored (large) notices waiting to be sent at most; past it new
+/// ones are dropped.
+const LARGE_OUTBOX_BYTES: usize = 16 << 20;
+/// How long a stored notice's body is kept (its receivers read it at once).
+const STORED_KEPT: Duration = Duration::from_secs(60);
+/// What a payload stored in `notice_bodies` starts with (then its row's
+/// id); no payload sent inline does (they are JSON or ids).
+const STORED: char = '\u{1}';
 
 /// The channel a topic's notices go out on (a store write that must be
 /// heard sends on it in its own transaction: heard only if committed).
@@ -46,6 +56,16 @@ pub(super) async fn announce<'e>(exec: impl sqlx::PgExecutor<'e>, topic: Topic, 
 struct Counts {
     gaps: Arc<AtomicU64>,
     listens: Arc<AtomicU64>,
+    /// Bytes of stored notices queued (see [`LARGE_OUTBOX_BYTES`]).
+    large_queued: Arc<AtomicUsize>,
+}
+
+/// A notice queued to be sent: its channel and `<sender>\n<payload>`, or
+/// (`large`) the payload alone, which goes through `notice_bodies`.
+struct Outgoing {
+    channel: &'static str,
+    text: String,
+    large: bool,
 }
 
 /// Where the notices of each topic are handed to this host's subscribers.
@@ -70,7 +90,7 @@ impl Inboxes {
 /// This host's notices.
 pub struct PgNotices {
     me: Arc<str>,
-    outbox: mpsc::Sender<(&'static str, String)>,
+    outbox: mpsc::Sender<Outgoing>,
     inboxes: Inboxes,
     counts: Counts,
     /// Keeps the database's runtime, where the tasks run, going.
@@ -84,7 +104,7 @@ impl PgNotices {
         let (outbox, queued) = mpsc::channel(OUTBOX);
         let notices = PgNotices { me: Arc::from(db.holder()), outbox, inboxes: Inboxes::new(), counts: Counts::default(), _db: db.clone() };
         let handle = db.runtime.handle()?;
-        handle.spawn(send(db.pool.clone(), queued));
+        handle.spawn(send(db.pool.clone(), notices.me.clone(), queued, notices.counts.clone()));
         handle.spawn(listen(db.pool.clone(), notices.me.clone(), notices.inboxes.clone(), notices.counts.clone()));
         Ok(notices)
     }
@@ -93,13 +113,25 @@ impl PgNotices {
 impl Notices for PgNotices {
     fn send(&self, topic: Topic, payload: String) {
         // A notice not sent counts as one missed: streams re-read their jobs.
-        if payload.len() > MAX_NOTICE {
-            tracing::warn!(bytes = payload.len(), "a notice too large to send was dropped");
+        let dropped = |why: &str| {
+            tracing::warn!(bytes = payload.len(), "{why}: a notice was dropped");
             self.counts.gaps.fetch_add(1, Ordering::SeqCst);
-            return;
+        };
+        let large = payload.len() > MAX_NOTICE;
+        if payload.len() > MAX_LARGE_NOTICE {
+            return dropped("too large to send");
         }
-        if self.outbox.try_send((channel(topic), format!("{}\n{payload}", self.me))).is_err() {
-            tracing::warn!("the notice outbox is full: a notice was dropped");
+        if large && self.counts.large_queued.fetch_add(payload.len(), Ordering::SeqCst) + payload.len() > LARGE_OUTBOX_BYTES {
+            self.counts.large_queued.fetch_sub(payload.len(), Ordering::SeqCst);
+            return dropped("the outbox of large notices is full");
+        }
+        let len = payload.len();
+        let text = if large { payload } else { format!("{}\n{payload}", self.me) };
+        if self.outbox.try_send(Outgoing { channel: channel(topic), text, large }).is_err() {
+            if large {
+                self.counts.large_queued.fetch_sub(len, Ordering::SeqCst);
+            }
+            tracing::warn!(bytes = len, "the notice outbox is full: a notice was dropped");
             self.counts.gaps.fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -117,8 +149,9 @@ impl Notices for PgNotices {
     }
 }
 
-/// Sends what is queued, a batch per statement, until the pool closes.
-async fn send(pool: PgPool, mut queued: mpsc::Receiver<(&'static str, String)>) {
+/// Sends what is queued, a batch per statement (a stored notice in a
+/// transaction of its own), until the pool closes.
+async fn send(pool: PgPool, me: Arc<str>, mut queued: mpsc::Receiver<Outgoing>, counts: Counts) {
     while let Some(first) = queued.recv().await {
         let mut batch = vec![first];
         while batch.len() < BATCH {
@@ -127,18 +160,47 @@ async fn send(pool: PgPool, mut queued: mpsc::Receiver<(&'static str, String)>) 
                 Err(_) => break,
             }
         }
-        let (channels, payloads): (Vec<&str>, Vec<String>) = batch.into_iter().unzip();
-        let sent = sqlx::query("SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(c, p, n) ORDER BY n")
-            .bind(&channels)
-            .bind(&payloads)
-            .execute(&pool)
-            .await;
-        match sent {
-            Ok(_) => {}
-            Err(_) if pool.is_closed() => return,
-            Err(e) => tracing::warn!(error = %backend(e), dropped = payloads.len(), "cannot send notices"),
+        let (large, inline): (Vec<Outgoing>, Vec<Outgoing>) = batch.into_iter().partition(|n| n.large);
+        let (channels, payloads): (Vec<&str>, Vec<String>) = inline.into_iter().map(|n| (n.channel, n.text)).unzip();
+        if !payloads.is_empty() {
+            let sent = sqlx::query("SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(c, p, n) ORDER BY n")
+                .bind(&channels)
+                .bind(&payloads)
+                .execute(&pool)
+                .await;
+            match sent {
+                Ok(_) => {}
+                Err(_) if pool.is_closed() => return,
+                Err(e) => tracing::warn!(error = %backend(e), dropped = payloads.len(), "cannot send notices"),
+            }
+        }
+        for notice in large {
+            let len = notice.text.len();
+            let sent = send_stored(&pool, &me, notice).await;
+            counts.large_queued.fetch_sub(len, Ordering::SeqCst);
+            match sent {
+                Ok(()) => {}
+                Err(_) if pool.is_closed() => return,
+                Err(e) => tracing::warn!(error = %e, bytes = len, "cannot send a large notice"),
+            }
         }
     }
+}
+
+/// Stores a large notice's payload and notifies its row, in one
+/// transaction (heard only once the row is there); bodies older than
+/// [`STORED_KEPT`] go.
+async fn send_stored(pool: &PgPool, me: &str, notice: Outgoing) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await.map_err(backend)?;
+    let kept = i64::try_from(STORED_KEPT.as_micros()).unwrap_or(i64::MAX);
+    sqlx::query(&format!("DELETE FROM notice_bodies WHERE sent_at < {DB_NOW} - $1")).bind(kept).execute(&mut *tx).await.map_err(backend)?;
+    let (id,): (i64,) = sqlx::query_as(&format!("INSERT INTO notice_bodies (body, sent_at) VALUES ($1, {DB_NOW}) RETURNING id"))
+        .bind(&notice.text)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(backend)?;
+    sqlx::query("SELECT pg_notify($1, $2)").bind(notice.channel).bind(format!("{me}\n{STORED}{id}")).execute(&mut *tx).await.map_err(backend)?;
+    tx.commit().await.map_err(backend)
 }
 
 /// Receives the other hosts' notices until the pool closes. Each time it
@@ -170,10 +232,19 @@ async fn listen(pool: PgPool, me: Arc<str>, inboxes: Inboxes, counts: Counts) {
                     if from == &*me {
                         continue;
                     }
+                    let Some(to) = inboxes.on(notice.channel()) else { continue };
+                    let payload = match payload.strip_prefix(STORED) {
+                        None => Arc::from(payload),
+                        Some(id) => match stored(&pool, id).await {
+                            Some(body) => body,
+                            None => {
+                                counts.gaps.fetch_add(1, Ordering::SeqCst);
+                                continue;
+                            }
+                        },
+                    };
                     // An error only says no one subscribes.
-                    if let Some(to) = inboxes.on(notice.channel()) {
-                        let _ = to.send(Arc::from(payload));
-                    }
+                    let _ = to.send(payload);
                 }
                 // The connection was lost: listen again on a new one.
                 Ok(None) => break,
@@ -184,6 +255,19 @@ async fn listen(pool: PgPool, me: Arc<str>, inboxes: Inboxes, counts: Counts) {
                     break;
                 }
             }
+        }
+    }
+}
+
+/// The body of stored notice `id`; `None` (a notice missed) when it cannot
+/// be read.
+async fn stored(pool: &PgPool, id: &str) -> Option<Arc<str>> {
+    let id: i64 = id.parse().ok()?;
+    match sqlx::query_scalar::<_, String>("SELECT body FROM notice_bodies WHERE id = $1").bind(id).fetch_optional(pool).await {
+        Ok(body) => body.map(Arc::from),
+        Err(e) => {
+            tracing::warn!(error = %backend(e), "cannot read a large notice: counted as missed");
+            None
         }
     }
 }

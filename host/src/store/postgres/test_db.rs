@@ -382,10 +382,25 @@ async fn notices_reach_the_other_hosts_on_their_topic() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!((a.listens(), b.listens(), a.gaps(), b.gaps()), (1, 1, 1, 1));
-    a.send(Topic::Events, "x".repeat(crate::store::cluster::MAX_NOTICE + 1));
+    // Over NOTIFY's size, through the store; over the largest, not sent.
+    let large = "x".repeat(crate::store::cluster::MAX_NOTICE + 1);
+    a.send(Topic::Events, large.clone());
+    a.send(Topic::Events, "y".repeat(crate::store::cluster::MAX_LARGE_NOTICE + 1));
     a.send(Topic::Control, "to b".into());
     let control = tokio::time::timeout(std::time::Duration::from_secs(5), b_control.recv()).await.unwrap().unwrap();
     assert_eq!(&*control, "to b", "on its own topic");
+    let heard = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        loop {
+            let next = b_events.recv().await.unwrap();
+            if &*next != "hello" {
+                return next;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(*heard, *large, "a large notice arrives whole");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     while let Ok(more) = b_events.try_recv() {
         assert_eq!(&*more, "hello", "the oversized notice was not sent");
     }
