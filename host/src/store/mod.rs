@@ -218,8 +218,10 @@ pub trait MetaStore: Send + Sync {
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError>;
     /// Writes a job's start ([`MetaStore::put_job`] of its running record)
     /// if its scheduling key `key` runs fewer than `max_running` other jobs
-    /// on all the hosts sharing the store, in one atomic step
-    /// ([`Refusal::RunningFull`]: nothing written). A store that one
+    /// on all the hosts sharing the store, counting as running the key's
+    /// older jobs refused so on other hosts (they start first), in one
+    /// atomic step ([`Refusal::RunningFull`]: not started, and noted as
+    /// waiting for a start). A store that one
     /// process holds leaves the limit to that process's queue: the default
     /// only writes.
     async fn start_admitted(&self, job: &JobRecord, key: &str, max_running: usize) -> Result<(), StoreError> {

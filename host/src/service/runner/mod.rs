@@ -23,8 +23,10 @@ const FINISH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long a scheduling key whose jobs on all hosts are at its running
 /// limit waits before this host tries to start its next job again (one
-/// short transaction per try; other keys' jobs start meanwhile).
-const KEY_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+/// short transaction per try; other keys' jobs start meanwhile): at most
+/// this long a freed place stays free when the key's next job waits on
+/// another host.
+const KEY_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Service {
     pub(super) async fn worker_loop(self: Arc<Self>) {

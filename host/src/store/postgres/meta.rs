@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::postgres::PgPool;
 
-use super::{PgDatabase, backend};
+use super::{DB_NOW, PgDatabase, backend};
 use crate::store::{Admission, AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, Refusal, ServerBound, StoreError};
 
 /// Rows a listing reads per query (its scan budget bounds the total).
@@ -327,18 +327,33 @@ impl MetaStore for PgMeta {
             // free place (the key's submissions take it too, briefly).
             sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(&key)).execute(&mut *tx).await.map_err(backend)?;
             // Running on a registered host (a lapsed host's jobs count
-            // again once taken over and started).
-            let (running,): (i64,) = sqlx::query_as(
-                "SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE sched_key = $1 AND status IN ('running', 'canceling') AND id <> $2 \
-                 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) LIMIT $3) r",
+            // again once taken over and started), and the key's older jobs
+            // whose start was refused on other registered hosts: they go first.
+            let (taken,): (i64,) = sqlx::query_as(
+                "SELECT (SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE sched_key = $1 AND status IN ('running', 'canceling') AND id <> $2 \
+                 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) LIMIT $3) r) \
+                 + (SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE sched_key = $1 AND status = 'queued' AND start_wanted_at IS NOT NULL \
+                 AND (created_at, id) < ($4, $2) AND j.holder <> $5 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) LIMIT $3) w)",
             )
             .bind(&key)
             .bind(&job.id)
             .bind(max)
+            .bind(job.created_at)
+            .bind(&writer.holder)
             .fetch_one(&mut *tx)
             .await
             .map_err(backend)?;
-            if running >= max {
+            if taken >= max {
+                // Kept queued; newer starts elsewhere wait for it from now on.
+                sqlx::query(&format!(
+                    "UPDATE jobs SET start_wanted_at = {DB_NOW} WHERE id = $1 AND holder = $2 AND status = 'queued' AND start_wanted_at IS NULL"
+                ))
+                .bind(&job.id)
+                .bind(&writer.holder)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+                tx.commit().await.map_err(backend)?;
                 return Err(StoreError::Refused(Refusal::RunningFull));
             }
             upsert_job(&mut *tx, &job, None, &writer).await?;

@@ -485,8 +485,9 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
 }
 
 /// Starts racing on three hosts take exactly the key's free running places
-/// (the refused ones write nothing); a finished or canceling job's place is
-/// counted by its row, and other keys have their own places.
+/// (the refused ones stay queued); a finished or canceling job's place is
+/// counted by its row; a freed place goes to the oldest refused job, on
+/// whichever host; other keys have their own places.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keys_running_limit_holds_across_hosts() {
     use crate::store::cluster::HostLeases;
@@ -529,9 +530,7 @@ async fn a_keys_running_limit_holds_across_hosts() {
         }
     }
     assert_eq!(started.len(), 2, "two of eighteen starts on three hosts: {:?}", started.iter().map(|j| &j.id).collect::<Vec<_>>());
-    // The same job written again (its progress) is no second start.
-    let (again, host) = (started[0].clone(), started[0].id.as_bytes()[1] - b'0');
-    metas[usize::from(host)].start_admitted(&again, "k", 2).await.unwrap();
+    let host = started[0].id.as_bytes()[1] - b'0';
     // Canceling still runs; a finished job frees its place.
     let mut canceling = started[0].clone();
     canceling.transition(JobStatus::Canceling, 200).unwrap();
@@ -542,7 +541,15 @@ async fn a_keys_running_limit_holds_across_hosts() {
     let mut finished = canceling;
     finished.transition(JobStatus::Canceled, 300).unwrap();
     metas[usize::from(host)].put_job(&finished).await.unwrap();
-    let (_, next) = start(waiting[1].0, waiting[1].1.clone(), "k").await;
+    // A place is free: the refused starts go first, oldest first, on
+    // whichever host (a newer job elsewhere waits for them).
+    let mut order = waiting.clone();
+    order.sort_by_key(|(_, j)| (j.created_at, j.id.clone()));
+    let oldest = order[0].clone();
+    let newer = order.iter().rev().find(|(h, _)| *h != oldest.0).unwrap().clone();
+    let (_, next) = start(newer.0, newer.1.clone(), "k").await;
+    assert!(matches!(next, Err(StoreError::Refused(Refusal::RunningFull))), "a newer job on another host waits: {next:?}");
+    let (_, next) = start(oldest.0, oldest.1.clone(), "k").await;
     next.unwrap();
     // Another key's jobs have places of their own.
     let other = crate::store::JobRecord::queued_for_test("other", 5, 1000);
