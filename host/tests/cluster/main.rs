@@ -169,6 +169,17 @@ async fn download(http: &reqwest::Client, host: &Host, job: &Value) -> Vec<u8> {
     resp.bytes().await.unwrap().to_vec()
 }
 
+/// The bucket the hosts share, as a client of it.
+fn bucket(shared: &[(String, String)]) -> object_store::aws::AmazonS3 {
+    object_store::aws::AmazonS3Builder::from_env()
+        .with_endpoint(env(shared, "KILN_S3_ENDPOINT"))
+        .with_allow_http(true)
+        .with_bucket_name(env(shared, "KILN_S3_BUCKET"))
+        .with_region("us-east-1")
+        .build()
+        .unwrap()
+}
+
 fn env(shared: &[(String, String)], name: &str) -> String {
     shared.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap_or_else(|| panic!("{name} is set"))
 }

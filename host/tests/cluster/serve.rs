@@ -190,13 +190,7 @@ async fn unreferenced_blobs_leave_the_bucket_while_several_hosts_run() {
     let sweeping = [("KILN_SWEEP_INTERVAL_S", "1")];
     let hosts: Vec<Host> = ["g1", "g2"].iter().map(|name| start_with(name, &shared, &sweeping)).collect();
     let http = reqwest::Client::new();
-    let bucket = object_store::aws::AmazonS3Builder::from_env()
-        .with_endpoint(env(&shared, "KILN_S3_ENDPOINT"))
-        .with_allow_http(true)
-        .with_bucket_name(env(&shared, "KILN_S3_BUCKET"))
-        .with_region("us-east-1")
-        .build()
-        .unwrap();
+    let bucket = bucket(&shared);
     let stored = |hash: String| {
         let bucket = &bucket;
         async move {

@@ -221,13 +221,7 @@ async fn tenants_hold_across_hosts() {
     }
     assert_eq!((&hashes[0], &ids[0]), (&hashes[1], &ids[1]));
     assert_eq!(hashes[0], format!("blake3:{}", blake3::hash(&bytes).to_hex()));
-    let bucket = object_store::aws::AmazonS3Builder::from_env()
-        .with_endpoint(env(&shared, "KILN_S3_ENDPOINT"))
-        .with_allow_http(true)
-        .with_bucket_name(env(&shared, "KILN_S3_BUCKET"))
-        .with_region("us-east-1")
-        .build()
-        .unwrap();
+    let bucket = bucket(&shared);
     let hex = hashes[0].trim_start_matches("blake3:").to_string();
     let objects: Vec<_> = object_store::ObjectStore::list(&bucket, None)
         .filter_map(|o| async { o.ok() })
