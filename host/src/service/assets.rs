@@ -162,6 +162,23 @@ impl Service {
     /// [`Service::commit_upload`].
     pub fn asset_from_hash(&self, owner: &str, hash: &str, file_path: Option<String>, labels: AssetLabels) -> Result<NewAsset, ServiceError> {
         let hash = hash.to_ascii_lowercase();
+        // Where hosts share the store, held there first (the record read
+        // below may be deleted on another host meanwhile) and checked still
+        // stored, until the new record is made.
+        let claimant = format!("upload:{}", uuid::Uuid::new_v4());
+        let held = wait(self.meta.hold_blobs(std::slice::from_ref(&hash), &claimant))?;
+        let minted = match crate::store::parse_blob_name(&hash) {
+            Some(digest) if held && !self.blobs.stored(&digest)? => Err(ServiceError::BlobNotFound(hash.clone())),
+            _ => self.mint_from_hash(owner, hash, file_path, labels),
+        };
+        if held && let Err(e) = wait(self.meta.release_blobs(&claimant)) {
+            tracing::warn!(error = %e, "cannot end an upload's hold: the retention sweep ends it once this host stops");
+        }
+        minted
+    }
+
+    /// [`Service::asset_from_hash`] once its blob is held.
+    fn mint_from_hash(&self, owner: &str, hash: String, file_path: Option<String>, labels: AssetLabels) -> Result<NewAsset, ServiceError> {
         let _gate = self.blob_claims.writing();
         let known = wait(self.owned_with_hash(owner, &hash))?;
         let Some(first) = known.first() else { return Err(ServiceError::BlobNotFound(hash)) };

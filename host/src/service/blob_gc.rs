@@ -131,13 +131,14 @@ impl Service {
     /// job claims is noted again (the job may end without a record over it).
     fn collect_blob(&self, hash: &blake3::Hash) -> Result<bool, ServiceError> {
         let name = blob_name(hash);
+        // Where hosts share the store: no new hold takes effect until this
+        // pass is done with the blob (taken before the gate, never waiting,
+        // so this host's writes never wait on the database behind it).
+        let lock = crate::store::wait(self.meta.lock_blob(&name))?;
         // Under the gate no upload or output can be between writing this
         // blob and claiming it: unclaimed now means garbage.
         let _gate = self.blob_claims.gate.write();
         let in_use = self.queue.live_jobs().iter().any(|l| l.pending_blobs.lock().contains(&name) || l.record.lock().inputs.iter().any(|i| i.hash == name));
-        // Where hosts share the store: no new hold takes effect until this
-        // pass is done with the blob.
-        let lock = if in_use { None } else { crate::store::wait(self.meta.lock_blob(&name))? };
         if in_use || lock.as_ref().is_some_and(|l| l.held) {
             self.blob_claims.may_be_garbage(*hash);
             return Ok(false);

@@ -37,7 +37,8 @@ struct Marks {
     /// Owners to count again at the next pass.
     due: HashSet<Arc<str>>,
     /// The other hosts' count of each owner with a stream open here, as
-    /// last read (owners without one are dropped at each pass).
+    /// last read (owners without one are dropped at each pass, which runs
+    /// at each change here or heard).
     elsewhere: HashMap<Arc<str>, usize>,
 }
 
@@ -56,9 +57,14 @@ impl QueueCounts {
         elsewhere
     }
 
-    /// The other hosts' count of `owner` was just read (a socket opened).
+    /// The other hosts' count of `owner` was just read (a socket opened):
+    /// kept if none is (a newer count than the one shown goes through the
+    /// next pass, which shows it).
     pub fn read(&self, owner: &str, elsewhere: usize) {
-        self.inner.lock().elsewhere.insert(Arc::from(owner), elsewhere);
+        let mut marks = self.inner.lock();
+        if !marks.elsewhere.contains_key(owner) {
+            marks.elsewhere.insert(Arc::from(owner), elsewhere);
+        }
     }
 
     /// Owners counted at the next pass: `heard` from other hosts, or all
@@ -88,8 +94,9 @@ impl QueueCounts {
         self.inner.lock().elsewhere.insert(owner.clone(), elsewhere) != Some(elsewhere)
     }
 
-    fn forget(&self, owner: &str) {
-        self.inner.lock().elsewhere.remove(owner);
+    /// Drops the counts of owners with no stream open here.
+    fn forget_unwatched(&self, watched: impl Fn(&str) -> bool) {
+        self.inner.lock().elsewhere.retain(|owner, _| watched(owner));
     }
 }
 
@@ -115,9 +122,9 @@ impl Service {
             for owner in here {
                 cluster.notices.send(Topic::Queues, owner.to_string());
             }
+            counts.forget_unwatched(|owner| self.open_streams_of(owner) > 0);
             for owner in due {
                 if self.open_streams_of(&owner) == 0 {
-                    counts.forget(&owner);
                     continue;
                 }
                 let elsewhere = match self.meta.unfinished_count_elsewhere(&owner).await {

@@ -378,8 +378,9 @@ pub trait MetaStore: Send + Sync {
     }
     /// Locks blob `name` against new holds until the lock is dropped (a
     /// collection pass checks and deletes it meanwhile), and says whether a
-    /// live claimant holds it; `None` in a store one process holds (the
-    /// default).
+    /// live claimant holds it (or a hold is being written now: then nothing
+    /// is locked, and nothing waits); `None` in a store one process holds
+    /// (the default).
     async fn lock_blob(&self, name: &str) -> Result<Option<BlobLock>, StoreError> {
         let _ = name;
         Ok(None)

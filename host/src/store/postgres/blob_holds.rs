@@ -59,21 +59,28 @@ impl PgDatabase {
     }
 
     /// Locks blob `name` exclusively on a connection kept until the lock is
-    /// dropped, and reads whether a live claimant holds it.
+    /// dropped, and reads whether a live claimant holds it; a blob whose
+    /// hold is being written now is not locked and reads as held.
     pub(super) async fn lock_blob(&self, name: &str) -> Result<BlobLock, StoreError> {
         let (key, name, pool) = (blob_key(name), name.to_string(), self.pool.clone());
         let (conn, held) = self
             .runtime
             .run(async move {
                 let mut conn = pool.acquire().await.map_err(backend)?;
-                if let Err(e) = sqlx::query("SELECT pg_advisory_lock($1)").bind(key).execute(&mut *conn).await {
-                    // Perhaps taken: the connection must not serve again.
-                    conn.detach();
-                    return Err(backend(e));
+                // Never waits: a hold being written now means held (a pass
+                // waiting here would hold up its host's writes behind it).
+                match sqlx::query_as::<_, (bool,)>("SELECT pg_try_advisory_lock($1)").bind(key).fetch_one(&mut *conn).await {
+                    Ok((true,)) => {}
+                    Ok((false,)) => return Ok((None, true)),
+                    Err(e) => {
+                        // Perhaps taken: the connection must not serve again.
+                        conn.detach();
+                        return Err(backend(e));
+                    }
                 }
                 let live = format!("SELECT EXISTS (SELECT 1 FROM blob_holds h WHERE h.hash = $1 AND ({LIVE}))");
                 match sqlx::query_as::<_, (bool,)>(&live).bind(&name).fetch_one(&mut *conn).await {
-                    Ok((held,)) => Ok((conn, held)),
+                    Ok((held,)) => Ok((Some(conn), held)),
                     Err(e) => {
                         // Closing the connection ends the lock.
                         conn.detach();
@@ -82,7 +89,7 @@ impl PgDatabase {
                 }
             })
             .await?;
-        Ok(BlobLock { held, _lock: Box::new(AdvisoryLock { conn: Some(conn), key, runtime: self.runtime.clone() }) })
+        Ok(BlobLock { held, _lock: Box::new(AdvisoryLock { conn, key, runtime: self.runtime.clone() }) })
     }
 
     /// Deletes the holds whose claimant ended.

@@ -518,8 +518,8 @@ impl MetaStore for PgMeta {
         let (asset, writer) = (asset.clone(), self.writer());
         on_pool!(self, |pool| {
             // A registered host records an asset only while registered: one
-            // whose lease lapsed mid-upload (its blob may have been
-            // collected meanwhile, see `HostLeases::alone`) is refused.
+            // whose lease lapsed mid-upload (its upload's hold ended with its
+            // registration, so the blob may have been collected) is refused.
             let written: Option<(i32,)> = sqlx::query_as(
                 "INSERT INTO assets (id, hash, job_id, expires_at, tags, record) SELECT $1, $2, $3, $4, $5, $6 \
                  WHERE NOT $8 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $7) \
