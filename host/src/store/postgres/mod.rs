@@ -21,6 +21,7 @@ macro_rules! on_pool {
 }
 
 mod accounts;
+mod admission;
 mod blob_holds;
 mod deployments;
 mod hosts;

@@ -1,0 +1,120 @@
+//! Admission where hosts share the database: the rules a new job is
+//! admitted by (`store::Admission`: the billed account, its key's queue bound,
+//! the server's) and a job's start by its key's running limit, each checked
+//! in the transaction that writes the job, under the key's advisory lock.
+
+use sqlx::postgres::PgPool;
+
+use super::DB_NOW;
+use super::backend;
+use super::meta::{Writer, upsert_job};
+use crate::store::{JobRecord, Refusal, ServerBound, StoreError};
+
+/// A new job's `store::Admission`, owned (to move onto the pool's runtime).
+pub(super) struct Admit {
+    pub(super) billed: Option<String>,
+    /// The key, its bound and the ids of its jobs waiting on this host.
+    pub(super) key: Option<(String, usize, Vec<String>)>,
+    pub(super) server: ServerBound,
+}
+
+/// The advisory lock that admissions and starts of jobs of one scheduling
+/// key take in turn (so two hosts never both take the last free place).
+pub(super) fn admission_lock(key: &str) -> i64 {
+    super::advisory_key(&format!("kiln: admit jobs of {key}"))
+}
+
+/// Checks `admit` in `tx` (before anything is written): the billed
+/// account's state as committed now; the key's jobs waiting: those other
+/// hosts hold, and those of `me` still waiting here, as written, counted
+/// under the key's lock (held to the commit, so two hosts never both take
+/// the last place); the jobs waiting on other hosts against the server's
+/// bound (see [`ServerBound`]).
+pub(super) async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) -> Result<(), StoreError> {
+    let limit = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    if let Some((key, _, _)) = &admit.key {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(key)).execute(&mut *tx).await.map_err(backend)?;
+    }
+    let (key, max_key, waiting_here) = admit.key.clone().unwrap_or_default();
+    let server_room = admit.server.max_queued.saturating_sub(admit.server.queued_here);
+    let (credits, disabled, waiting, elsewhere): (Option<i64>, Option<bool>, i64, i64) = sqlx::query_as(
+        "SELECT a.credits, a.disabled, \
+         (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE $6 AND sched_key = $2 AND status = 'queued' \
+          AND (holder IS DISTINCT FROM $4 OR id = ANY($5)) LIMIT $3) w), \
+         (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' AND holder IS DISTINCT FROM $4 LIMIT $7) s) \
+         FROM (SELECT 1) one LEFT JOIN accounts a ON a.id = $1",
+    )
+    .bind(admit.billed.as_deref())
+    .bind(&key)
+    .bind(limit(max_key))
+    .bind(me)
+    .bind(&waiting_here)
+    .bind(admit.key.is_some())
+    .bind(limit(server_room).saturating_add(1))
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(backend)?;
+    if admit.billed.is_some() {
+        match credits.zip(disabled) {
+            Some((_, true)) => return Err(StoreError::Refused(Refusal::AccountDisabled)),
+            Some((credits, false)) if credits <= 0 => return Err(StoreError::Refused(Refusal::NoFunds)),
+            Some(_) => {}
+            // An account removed from the database: nothing to bill.
+            None => return Err(StoreError::Refused(Refusal::NoFunds)),
+        }
+    }
+    if admit.key.is_some() && waiting >= limit(max_key) {
+        return Err(StoreError::Refused(Refusal::QueueFull));
+    }
+    if elsewhere > limit(server_room) {
+        return Err(StoreError::Refused(Refusal::ServerQueueFull));
+    }
+    Ok(())
+}
+
+/// Writes `job`'s start if its key `key` runs fewer than `max_running`
+/// jobs on all hosts (see `MetaStore::start_admitted`).
+pub(super) async fn start(pool: PgPool, job: JobRecord, key: String, max_running: usize, writer: Writer) -> Result<(), StoreError> {
+    let max = i64::try_from(max_running).unwrap_or(i64::MAX);
+    let mut tx = pool.begin().await.map_err(backend)?;
+    // The key's admission lock: two hosts never both start the last
+    // free place (the key's submissions take it too, briefly).
+    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(&key)).execute(&mut *tx).await.map_err(backend)?;
+    // Running on a registered host (a lapsed host's jobs count
+    // again once taken over and started), and the key's older jobs
+    // whose start was refused on other registered hosts: they go first.
+    let (taken,): (i64,) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE sched_key = $1 AND status IN ('running', 'canceling') AND id <> $2 \
+         AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) LIMIT $3) r) \
+         + (SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE sched_key = $1 AND status = 'queued' AND start_wanted_at IS NOT NULL \
+         AND (created_at, id) < ($4, $2) AND j.holder <> $5 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) LIMIT $3) w)",
+    )
+    .bind(&key)
+    .bind(&job.id)
+    .bind(max)
+    .bind(job.created_at)
+    .bind(&writer.holder)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(backend)?;
+    if taken >= max {
+        // Kept queued; newer starts elsewhere wait for it from now on.
+        sqlx::query(&format!("UPDATE jobs SET start_wanted_at = {DB_NOW} WHERE id = $1 AND holder = $2 AND status = 'queued' AND start_wanted_at IS NULL"))
+            .bind(&job.id)
+            .bind(&writer.holder)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        return Err(StoreError::Refused(Refusal::RunningFull));
+    }
+    upsert_job(&mut *tx, &job, None, &writer).await?;
+    // Counted from now on by every host's starts, whatever wrote the row.
+    sqlx::query("UPDATE jobs SET sched_key = $2 WHERE id = $1 AND sched_key IS DISTINCT FROM $2")
+        .bind(&job.id)
+        .bind(&key)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+    tx.commit().await.map_err(backend)
+}
