@@ -21,7 +21,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use super::deployments::DeploymentState;
-use super::{Service, ServiceError};
+use super::{Service, ServiceError, work_sharing};
 use crate::store::cluster::{HostLeases, Notices, Runnable, Topic};
 use crate::store::{JobRecord, JobStatus, StoreError};
 
@@ -81,7 +81,7 @@ impl Service {
     /// What this host can run, for the jobs it would take over: each on
     /// the very components it was validated against, for its owner (see
     /// [`Runnable`]).
-    fn runnable_here(&self) -> Runnable {
+    pub(super) fn runnable_here(&self) -> Runnable {
         let holdings = self.plugins.holdings();
         // The deployments this host serves now, each with its own plugins.
         let deployments: std::collections::HashMap<String, Arc<crate::plugins::NodeRegistry>> =
@@ -112,13 +112,19 @@ impl Service {
         *told = left;
     }
 
-    /// Every heartbeat: takes over lapsed hosts' jobs and serves cancel
-    /// requests; at once when a cancel request for this host is heard.
+    /// Every heartbeat: takes over lapsed hosts' jobs, serves cancel
+    /// requests and looks for other hosts' queued jobs to run here (see
+    /// `work_sharing`); at once when a cancel request or a job taken from
+    /// this host is heard, and when a worker here goes idle or another
+    /// host's queue changes.
     pub(super) async fn cluster_loop(self: Arc<Self>) {
         let Some(cluster) = self.cluster.clone() else { return };
         let mut control = cluster.notices.subscribe(Topic::Control);
+        let mut queues = cluster.notices.subscribe(Topic::Queues);
         let mut tick = tokio::time::interval(self.opts.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // When this host last looked for other hosts' queued jobs.
+        let mut looked = Instant::now();
         // Jobs taken over whose recovery failed (the store unreachable):
         // this host's now, so tried again here.
         let mut backlog: Vec<JobRecord> = Vec::new();
@@ -127,17 +133,30 @@ impl Service {
         // Jobs left for hosts with other plugins, as last told.
         let mut told_left = 0;
         loop {
-            tokio::select! {
+            let look_for_work = tokio::select! {
                 _ = self.shutdown.cancelled() => return,
-                _ = tick.tick() => {}
+                _ = tick.tick() => false,
                 heard = control.recv() => {
-                    // A cancel request for a job this host holds (or
-                    // missed notices: look anyway).
+                    // A cancel request for a job this host holds, or jobs
+                    // another host took from its queue (or missed
+                    // notices: look anyway).
                     if matches!(&heard, Ok(to) if &**to == cluster.leases.holder()) || matches!(heard, Err(RecvError::Lagged(_))) {
                         self.serve_cancel_requests(cluster.leases.as_ref()).await;
+                        self.let_go_of_taken(&cluster).await;
                     }
                     continue;
                 }
+                // A worker here went idle, or another host's queue changed.
+                () = self.sharing.went_idle() => true,
+                _ = queues.recv() => true,
+            };
+            if look_for_work {
+                if self.idle_workers() > 0 {
+                    tokio::time::sleep(work_sharing::LOOK_EVERY.saturating_sub(looked.elapsed())).await;
+                    looked = Instant::now();
+                    backlog.extend(self.take_queued_work(&cluster).await);
+                }
+                continue;
             }
             match cluster.leases.adopt(ADOPT_BATCH, &self.runnable_here()).await {
                 Ok(adopted) => {
@@ -165,6 +184,10 @@ impl Service {
                 ends.clear();
             }
             self.serve_cancel_requests(cluster.leases.as_ref()).await;
+            // (Notices of jobs taken from here may have been missed.)
+            self.let_go_of_taken(&cluster).await;
+            looked = Instant::now();
+            backlog.extend(self.take_queued_work(&cluster).await);
         }
     }
 

@@ -92,7 +92,14 @@ impl Service {
             return Err(ServiceError::NotFound);
         }
         match current.status {
-            JobStatus::Queued => self.stop_queued(&live, JobStatus::Canceled).await.map(|r| (r, None)),
+            JobStatus::Queued => match self.stop_queued(&live, JobStatus::Canceled).await {
+                // An idle host took it from this one's queue meanwhile.
+                Err(ServiceError::Store(crate::store::StoreError::Fenced(_))) => {
+                    self.hand_over(&live).await;
+                    self.cancel_elsewhere(owner, id).await
+                }
+                stopped => stopped.map(|r| (r, None)),
+            },
             JobStatus::Running => self.cancel_running(&live).await.map(|r| (r, None)),
             _ => Ok((current, None)),
         }

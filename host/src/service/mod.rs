@@ -33,6 +33,7 @@ mod runner;
 pub mod streams;
 mod threads;
 pub mod user_files;
+mod work_sharing;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -116,6 +117,9 @@ pub struct Service {
     /// The queue counts the WebSockets show, where hosts share the store
     /// (see `queue_counts`).
     queue_counts: Option<queue_counts::QueueCounts>,
+    /// Which workers are busy, for taking other hosts' queued jobs (see
+    /// `work_sharing`).
+    sharing: work_sharing::WorkSharing,
 }
 
 impl Service {
@@ -179,6 +183,7 @@ impl Service {
             queue_counts: cluster.is_some().then(Default::default),
             cluster,
             lease_lost: CancellationToken::new(),
+            sharing: Default::default(),
         });
         let renewal = service.join_cluster().await?;
         let recovered = async {

@@ -38,6 +38,20 @@ pub trait HostLeases: Send + Sync {
     /// this host. Two hosts looking at once never take the same job. The
     /// others are left for a host that has their components, and counted.
     async fn adopt(&self, limit: usize, here: &Runnable) -> Result<Adopted, StoreError>;
+    /// Takes up to `limit` of the jobs queued on other registered hosts,
+    /// held there for at least [`QUEUED_BEFORE_TAKEN`] (by the store's
+    /// clock; a job taken moves on no sooner), that
+    /// `here` can run, for this host's idle workers: never one whose start
+    /// its key's running limit refused, one asked to be canceled or past
+    /// its expiry, or one with `extra_data` (kept only in its host's
+    /// memory); the oldest of each scheduling key in turn. Their records,
+    /// held by this host now; each former holder is told (a
+    /// [`Topic::Control`] notice naming it) and its late start of one is
+    /// refused ([`StoreError::Fenced`]).
+    async fn take_queued(&self, limit: usize, here: &Runnable) -> Result<Vec<JobRecord>, StoreError>;
+    /// Of the jobs `ids` this host has queued, those another host took
+    /// ([`HostLeases::take_queued`]) or that are gone.
+    async fn taken_away(&self, ids: &[String]) -> Result<Vec<String>, StoreError>;
     /// Asks the holder of the unfinished job stored under `id` to cancel it
     /// (durably: a holder that misses the notice finds the request at its
     /// next heartbeat, a host that takes the job over finds it too).
@@ -88,13 +102,19 @@ pub struct Adopted {
     pub left: usize,
 }
 
+/// How long a job waits queued on its host before an idle host may take it
+/// ([`HostLeases::take_queued`]): a host with a free worker starts its own
+/// jobs, and those it just took, well within this.
+pub const QUEUED_BEFORE_TAKEN: Duration = Duration::from_millis(100);
+
 /// The most jobs left behind one look counts.
 pub const LEFT_COUNTED: usize = 10_000;
 
 /// The notice streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Topic {
-    /// Coordination between hosts (a cancel request names its holder).
+    /// Coordination between hosts: a cancel request, or a queued job taken
+    /// by an idle host, names the holder it concerns.
     Control,
     /// Job events and execution messages, for streams on other hosts.
     Events,

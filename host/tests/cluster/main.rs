@@ -7,7 +7,8 @@
 //! it; an Idempotency-Key raced on all three is taken once. In cloud mode,
 //! accounts made, topped up or disabled through one host hold on all, and
 //! a tenant's queue bound and credits hold across concurrent submissions
-//! on all three. A deployment made, stopped or started through one host
+//! on all three. Jobs queued on a busy host are taken and run by idle
+//! ones. A deployment made, stopped or started through one host
 //! is served, refused or served again by the others. A host whose plugins
 //! differ from the dead host's never takes over a job it would run on other
 //! code: the job waits for a host that has its components. PostgreSQL
@@ -31,6 +32,7 @@ mod migrate;
 mod plugins;
 mod restart;
 mod serve;
+mod sharing;
 mod tenants;
 
 /// The operator token hosts started with `KILN_ADMIN_TOKEN` take.

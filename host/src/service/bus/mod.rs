@@ -142,6 +142,10 @@ pub trait JobChannel: Send + Sync {
     fn subscribe(&self) -> broadcast::Receiver<JobEvent>;
     /// Whether a stream is open on the job.
     fn watched(&self) -> bool;
+    /// Another host runs the job now (it took the job from this one's
+    /// queue): the streams open here hear it from that host from now on,
+    /// `now` (its record as read then) first. On the embedded bus, never.
+    fn moved(&self, _now: Option<Arc<crate::store::JobRecord>>) {}
 }
 
 /// A job's channel in one process: a small `broadcast` (a stream that
@@ -151,6 +155,13 @@ pub struct LocalJobChannel(broadcast::Sender<JobEvent>);
 impl Default for LocalJobChannel {
     fn default() -> Self {
         LocalJobChannel(broadcast::channel(32).0)
+    }
+}
+
+impl LocalJobChannel {
+    /// The sender its streams hear.
+    pub fn sender(&self) -> broadcast::Sender<JobEvent> {
+        self.0.clone()
     }
 }
 

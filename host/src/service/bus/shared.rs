@@ -158,6 +158,40 @@ impl JobChannel for SharedJobChannel {
     fn watched(&self) -> bool {
         self.local.watched()
     }
+
+    /// The streams open here follow the job where it runs now, until it
+    /// ends or they close (noticed at its next event: a re-sync at least
+    /// every [`RESYNC_EVERY`]).
+    fn moved(&self, now: Option<Arc<crate::store::JobRecord>>) {
+        if !self.local.watched() {
+            return;
+        }
+        let mut heard = {
+            let mut followed = self.followed.lock();
+            followed.entry(Arc::from(self.id.as_str())).or_insert_with(|| broadcast::channel(FOLLOW_CAPACITY).0).subscribe()
+        };
+        let streams = self.local.sender();
+        if let Some(now) = now {
+            let ended = now.status.is_terminal();
+            if streams.send(JobEvent::Status(now)).is_err() || ended {
+                return;
+            }
+        }
+        tokio::spawn(async move {
+            loop {
+                let event = match heard.recv().await {
+                    Ok(event) => event,
+                    // The next status (a re-sync at the latest) catches up.
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let ended = matches!(&event, JobEvent::Status(rec) if rec.status.is_terminal());
+                if streams.send(event).is_err() || ended {
+                    return;
+                }
+            }
+        });
+    }
 }
 
 /// Relays the other hosts' notices to this host's subscribers.

@@ -25,11 +25,10 @@ use super::fair::{KeyQueueFull, TenantLimits};
 /// the workers' wake-ups and the numbering of submissions.
 ///
 /// Every call but [`Waiting::next`] answers without waiting (they run under
-/// a job's write turn on the submission path). A backend shared by several
-/// hosts would keep its places and queues in its store (the queued jobs)
-/// and take jobs in [`Waiting::next`] under a lease; the lease's renewal
-/// and release (by job, not only by key as [`Waiting::done`] is) are not
-/// part of this trait yet.
+/// a job's write turn on the submission path). Where hosts share the store,
+/// each host queues the jobs it holds here; an idle host takes jobs queued
+/// on busy ones through the store, and the host they left withdraws them
+/// (see `work_sharing`).
 #[async_trait::async_trait]
 pub trait Waiting: Send + Sync {
     /// Takes one of the server's `max` queue places; `false` when all are

@@ -36,8 +36,10 @@ impl Service {
                 id = self.next_job() => id,
             };
             let (next, key) = next;
+            self.sharing.took();
             let Some(live) = self.live_job(&next) else {
                 self.queue.waiting().done(&key);
+                self.sharing.done();
                 continue;
             };
             tokio::select! {
@@ -49,6 +51,7 @@ impl Service {
                 () = self.run_job(live.clone(), &key) => {}
             }
             self.queue.waiting().done(&key);
+            self.sharing.done();
         }
     }
 
@@ -94,7 +97,7 @@ impl Service {
     /// crash of the process before the run begins, so a job that brings the
     /// server down cannot be retried forever, without a flush on every job
     /// (see `MetaStore::record_start`).
-    async fn begin(&self, live: &LiveJob, key: &str) -> Option<JobRecord> {
+    async fn begin(&self, live: &Arc<LiveJob>, key: &str) -> Option<JobRecord> {
         let now = now_micros();
         let turn = live.writes.lock().await;
         let snapshot = {
@@ -124,9 +127,10 @@ impl Service {
         match written {
             Err(StoreError::Fenced(_)) => {
                 drop(turn);
-                // This host's lease lapsed and another took the job over.
-                tracing::warn!(job_id = %snapshot.id, "another host holds this job now: not started here");
-                self.queue.leave(&snapshot.id);
+                // An idle host took it from this one's queue (or this
+                // host's lease lapsed and another took it over).
+                tracing::debug!(job_id = %snapshot.id, "another host holds this job now: not started here");
+                self.hand_over(live).await;
                 return None;
             }
             Err(StoreError::Refused(_)) => {

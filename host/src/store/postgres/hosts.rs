@@ -7,13 +7,46 @@ use std::time::Duration;
 use sqlx::Row;
 
 use super::{DB_NOW, PgDatabase, backend, meta::records};
-use crate::store::cluster::{Adopted, HostLeases, LEFT_COUNTED, Runnable, Topic};
+use crate::store::cluster::{Adopted, HostLeases, LEFT_COUNTED, QUEUED_BEFORE_TAKEN, Runnable, Topic};
 use crate::store::{JobRecord, JobStatus, StoreError};
 
 /// The advisory lock takeovers run under.
 const ADOPT_LOCK: &str = "kiln: take over lapsed hosts' jobs";
 /// Pages of candidates one look reads at most (each of its `limit`).
 const ADOPT_PAGES: usize = 8;
+/// Candidates one [`HostLeases::take_queued`] reads per job it may take
+/// (others are skipped: another host's plugins, `extra_data`)...
+const TAKE_CANDIDATES: usize = 8;
+/// ...and at most.
+const MAX_TAKE_CANDIDATES: usize = 256;
+/// Ids one query of [`HostLeases::taken_away`] checks.
+const TAKEN_AWAY_CHUNK: usize = 1000;
+
+/// Up to `limit` of `jobs` (each with its scheduling key and holder,
+/// oldest first): each key's oldest in turn, so one key's backlog on a
+/// busy host does not fill every idle worker before another key's job.
+fn round_robin(jobs: Vec<(String, String, JobRecord)>, limit: usize) -> Vec<(String, JobRecord)> {
+    let mut keys: Vec<(String, std::collections::VecDeque<(String, JobRecord)>)> = Vec::new();
+    for (key, holder, job) in jobs {
+        match keys.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, queue)) => queue.push_back((holder, job)),
+            None => keys.push((key, std::collections::VecDeque::from([(holder, job)]))),
+        }
+    }
+    let mut taken = Vec::new();
+    while taken.len() < limit && !keys.is_empty() {
+        keys.retain_mut(|(_, queue)| {
+            if taken.len() < limit
+                && let Some(next) = queue.pop_front()
+            {
+                taken.push(next);
+            }
+            !queue.is_empty()
+        });
+    }
+    taken
+}
+
 /// An orphan any host takes whatever components it needs (table alias
 /// `j`; `$own`: this host's id and `/`, `$wait`: [`Runnable::wait`] in
 /// µs): one an earlier start of this very host held (a restart takes its
@@ -146,7 +179,12 @@ impl HostLeases for PgHosts {
                 }
             }
             let ids: Vec<&str> = adopted.jobs.iter().map(|j| j.id.as_str()).collect();
-            sqlx::query("UPDATE jobs SET holder = $1, orphaned_at = NULL WHERE id = ANY($2)").bind(&me).bind(&ids).execute(&mut *tx).await.map_err(backend)?;
+            sqlx::query(&format!("UPDATE jobs SET holder = $1, orphaned_at = NULL, held_since = {DB_NOW} WHERE id = ANY($2)"))
+                .bind(&me)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
             let (lacking,): (i64,) = sqlx::query_as(&format!(
                 "SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE {ORPHAN} AND NOT {forced} AND NOT j.takeover_needs <@ $1 LIMIT {LEFT_COUNTED}) l",
                 forced = forced(2, 3)
@@ -160,6 +198,71 @@ impl HostLeases for PgHosts {
             adopted.left = (adopted.left + usize::try_from(lacking).unwrap_or(0)).min(LEFT_COUNTED);
             tx.commit().await.map_err(backend)?;
             Ok(adopted)
+        })
+    }
+
+    async fn take_queued(&self, limit: usize, here: &Runnable) -> Result<Vec<JobRecord>, StoreError> {
+        let (me, here) = (self.me(), here.clone());
+        let candidates = i64::try_from(limit.saturating_mul(TAKE_CANDIDATES).clamp(1, MAX_TAKE_CANDIDATES)).unwrap_or(1);
+        let before = micros(QUEUED_BEFORE_TAKEN);
+        on_pool!(self, |pool| {
+            let mut tx = pool.begin().await.map_err(backend)?;
+            // Locked as read: a holder's start of one waits for this
+            // transaction and is then refused (the row names this host).
+            let rows = sqlx::query(&format!(
+                "SELECT id, holder, COALESCE(sched_key, owner) AS key, record FROM jobs j WHERE j.status = 'queued' AND j.holder <> $1 \
+                 AND NOT j.cancel_requested AND j.start_wanted_at IS NULL AND j.expires_at > {DB_NOW} AND j.held_since <= {DB_NOW} - $2 \
+                 AND j.takeover_needs <@ $3 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) \
+                 ORDER BY j.created_at, j.id LIMIT $4 FOR UPDATE OF j SKIP LOCKED"
+            ))
+            .bind(&me)
+            .bind(before)
+            .bind(&here.hashes)
+            .bind(candidates)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(backend)?;
+            let mut runnable = Vec::new();
+            for (row, job) in rows.iter().zip(records::<JobRecord>("job", &rows)?) {
+                // (Its extra_data lives in its holder's memory alone.)
+                if !job.had_extra_data && (here.job)(&job) {
+                    let holder: String = row.try_get("holder").map_err(backend)?;
+                    runnable.push((row.try_get::<String, _>("key").map_err(backend)?, holder, job));
+                }
+            }
+            let taken = round_robin(runnable, limit);
+            if taken.is_empty() {
+                return Ok(Vec::new());
+            }
+            let ids: Vec<&str> = taken.iter().map(|(_, job)| job.id.as_str()).collect();
+            sqlx::query(&format!("UPDATE jobs SET holder = $1, held_since = {DB_NOW} WHERE id = ANY($2)"))
+                .bind(&me)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+            let mut told: Vec<&str> = taken.iter().map(|(holder, _)| holder.as_str()).collect();
+            told.sort_unstable();
+            told.dedup();
+            for holder in told {
+                super::notices::announce(&mut *tx, Topic::Control, &me, holder).await?;
+            }
+            tx.commit().await.map_err(backend)?;
+            Ok(taken.into_iter().map(|(_, job)| job).collect())
+        })
+    }
+
+    async fn taken_away(&self, ids: &[String]) -> Result<Vec<String>, StoreError> {
+        let (me, ids) = (self.me(), ids.to_vec());
+        on_pool!(self, |pool| {
+            let mut gone = Vec::new();
+            for chunk in ids.chunks(TAKEN_AWAY_CHUNK) {
+                let held: Vec<(String,)> =
+                    sqlx::query_as("SELECT id FROM jobs WHERE id = ANY($1) AND holder = $2").bind(chunk).bind(&me).fetch_all(&pool).await.map_err(backend)?;
+                let held: std::collections::HashSet<String> = held.into_iter().map(|(id,)| id).collect();
+                gone.extend(chunk.iter().filter(|id| !held.contains(*id)).cloned());
+            }
+            Ok(gone)
         })
     }
 

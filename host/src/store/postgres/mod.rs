@@ -64,6 +64,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (11, "running by key", include_str!("migrations/0011_running_by_key.sql")),
     (12, "blob holds", include_str!("migrations/0012_blob_holds.sql")),
     (13, "notice bodies", include_str!("migrations/0013_notice_bodies.sql")),
+    (14, "held since", include_str!("migrations/0014_held_since.sql")),
 ];
 
 /// How long an idle connection stays open.
@@ -315,6 +316,8 @@ pub fn redacted(url: &str) -> String {
 
 #[cfg(test)]
 pub(crate) mod test_db;
+#[cfg(test)]
+mod test_take_queued;
 
 #[cfg(test)]
 mod tests {

@@ -322,7 +322,7 @@ async fn a_restarted_host_takes_its_own_jobs_back_and_none_waits_forever() {
 }
 
 /// A queued job of `owner` validated against `components`.
-fn needing(id: &str, seq: u64, owner: &str, components: &[(&str, &str)]) -> crate::store::JobRecord {
+pub(super) fn needing(id: &str, seq: u64, owner: &str, components: &[(&str, &str)]) -> crate::store::JobRecord {
     let mut job = crate::store::JobRecord::queued_for_test(id, 5, seq);
     job.expires_at = i64::MAX / 2;
     job.owner = owner.into();
