@@ -91,8 +91,9 @@ impl Service {
         let (hash, size) = self.blobs.commit(upload)?;
         let name = blob_name(&hash);
         let known = wait(self.owned_with_hash(owner, &name))?;
-        if let Some(existing) = known.iter().find(|a| a.job_id.is_none()) {
-            let asset = self.rereference(existing.clone(), &meta.labels)?;
+        if let Some(existing) = known.iter().find(|a| a.job_id.is_none())
+            && let Some(asset) = self.rereference(existing.clone(), &meta.labels)?
+        {
             return Ok(NewAsset { asset, created_new: false });
         }
         let content_type = meta.content_type.filter(|c| !c.is_empty()).unwrap_or_else(|| "application/octet-stream".into());
@@ -131,8 +132,9 @@ impl Service {
 
     /// An existing upload record referenced again: its retention becomes
     /// the later of the two (never-expiring wins) and the new tags are
-    /// added. Written (durably) only if something changed.
-    fn rereference(&self, mut asset: AssetRecord, labels: &AssetLabels) -> Result<AssetRecord, ServiceError> {
+    /// added. Written (durably) only if something changed; `None` when the
+    /// record was deleted meanwhile (a new one is minted then).
+    fn rereference(&self, mut asset: AssetRecord, labels: &AssetLabels) -> Result<Option<AssetRecord>, ServiceError> {
         let expires_at = match (asset.expires_at, labels.deadline(now_micros())) {
             (Some(old), Some(new)) => Some(old.max(new)),
             _ => None,
@@ -146,10 +148,12 @@ impl Service {
             }
         }
         if changed {
-            wait(self.meta.put_asset(&asset))?;
+            if !wait(self.meta.update_asset(&asset))? {
+                return Ok(None);
+            }
             wait(self.meta.flush())?;
         }
-        Ok(asset)
+        Ok(Some(asset))
     }
 
     /// Whether the caller may mint an asset from `hash`.
@@ -182,8 +186,9 @@ impl Service {
         let _gate = self.blob_claims.writing();
         let known = wait(self.owned_with_hash(owner, &hash))?;
         let Some(first) = known.first() else { return Err(ServiceError::BlobNotFound(hash)) };
-        if let Some(same) = known.iter().find(|a| a.job_id.is_none() && (file_path.is_none() || a.file_path == file_path)) {
-            let asset = self.rereference(same.clone(), &labels)?;
+        if let Some(same) = known.iter().find(|a| a.job_id.is_none() && (file_path.is_none() || a.file_path == file_path))
+            && let Some(asset) = self.rereference(same.clone(), &labels)?
+        {
             return Ok(NewAsset { asset, created_new: false });
         }
         let asset = self.mint(owner, hash.clone(), first.size_bytes, first.content_type.clone(), file_path.or_else(|| first.file_path.clone()), labels)?;

@@ -123,8 +123,9 @@ impl Service {
         let mut queues = cluster.notices.subscribe(Topic::Queues);
         let mut tick = tokio::time::interval(self.opts.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // When this host last looked for other hosts' queued jobs.
-        let mut looked = Instant::now();
+        // When this host last looked for other hosts' queued jobs, and when
+        // a job it saw may be taken (it had not waited long enough).
+        let (mut looked, mut look_at): (Instant, Option<Instant>) = (Instant::now(), None);
         // Jobs taken over whose recovery failed (the store unreachable):
         // this host's now, so tried again here.
         let mut backlog: Vec<JobRecord> = Vec::new();
@@ -146,15 +147,20 @@ impl Service {
                     }
                     continue;
                 }
-                // A worker here went idle, or another host's queue changed.
+                // A worker here went idle, another host's queue changed, or
+                // a job seen may be taken now.
                 () = self.sharing.went_idle() => true,
                 _ = queues.recv() => true,
+                () = sleep_until(look_at), if look_at.is_some() => true,
             };
             if look_for_work {
+                look_at = None;
                 if self.idle_workers() > 0 {
                     tokio::time::sleep(work_sharing::LOOK_EVERY.saturating_sub(looked.elapsed())).await;
                     looked = Instant::now();
-                    backlog.extend(self.take_queued_work(&cluster).await);
+                    let (left, next_in) = self.take_queued_work(&cluster).await;
+                    backlog.extend(left);
+                    look_at = next_in.map(|d| Instant::now() + d);
                 }
                 continue;
             }
@@ -187,7 +193,9 @@ impl Service {
             // (Notices of jobs taken from here may have been missed.)
             self.let_go_of_taken(&cluster).await;
             looked = Instant::now();
-            backlog.extend(self.take_queued_work(&cluster).await);
+            let (left, next_in) = self.take_queued_work(&cluster).await;
+            backlog.extend(left);
+            look_at = next_in.map(|d| Instant::now() + d);
         }
     }
 
@@ -243,6 +251,14 @@ impl Service {
             cluster.leases.request_cancel(&job.id).await?;
         }
         Ok(())
+    }
+}
+
+/// Resolves at `at` (never when `None`).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

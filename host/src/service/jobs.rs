@@ -92,14 +92,14 @@ impl Service {
             return Err(ServiceError::NotFound);
         }
         match current.status {
-            JobStatus::Queued => match self.stop_queued(&live, JobStatus::Canceled).await {
-                // An idle host took it from this one's queue meanwhile.
-                Err(ServiceError::Store(crate::store::StoreError::Fenced(_))) => {
-                    self.hand_over(&live).await;
-                    self.cancel_elsewhere(owner, id).await
+            JobStatus::Queued => {
+                let rec = self.stop_queued(&live, JobStatus::Canceled).await?;
+                // Another host took it from this one's queue meanwhile: asked there.
+                if !rec.status.is_terminal() && self.live_job(id).is_none() {
+                    return self.cancel_elsewhere(owner, id).await;
                 }
-                stopped => stopped.map(|r| (r, None)),
-            },
+                Ok((rec, None))
+            }
             JobStatus::Running => self.cancel_running(&live).await.map(|r| (r, None)),
             _ => Ok((current, None)),
         }
@@ -119,12 +119,14 @@ impl Service {
     }
 
     /// Ends a job that has not started with `status` (canceled or expired).
-    /// A worker that took it meanwhile sees the status and skips it.
+    /// A worker that took it meanwhile sees the status and skips it. A job
+    /// another host took from this one's queue meanwhile is handed over,
+    /// and its record as that host holds it returned.
     pub(super) async fn stop_queued(&self, live: &Arc<LiveJob>, status: JobStatus) -> Result<JobRecord, ServiceError> {
         let id = live.record.lock().id.clone();
         self.queue.waiting().withdraw(&id);
         let mut stopped = false;
-        let rec = live
+        let updated = live
             .update(self.meta.as_ref(), |rec| {
                 let now = now_micros();
                 if rec.status == JobStatus::Queued && rec.transition(status, now).is_ok() {
@@ -134,7 +136,14 @@ impl Service {
                 }
                 stopped
             })
-            .await?;
+            .await;
+        let rec = match updated {
+            Err(crate::store::StoreError::Fenced(_)) => {
+                self.hand_over(live).await;
+                return self.meta.get_job(&id).await?.ok_or(ServiceError::NotFound);
+            }
+            updated => updated?,
+        };
         if !stopped {
             // A worker started it first: cancel it as a running job.
             return if status == JobStatus::Canceled && rec.status == JobStatus::Running { self.cancel_running(live).await } else { Ok(rec) };

@@ -22,6 +22,7 @@ use tokio::sync::Notify;
 
 use super::cluster::ClusterBackends;
 use super::{LiveJob, Service};
+use crate::store::cluster::{QUEUED_BEFORE_TAKEN, Taken};
 use crate::store::{JobRecord, JobStatus};
 
 /// The shortest time between two looks for work (each one transaction).
@@ -67,21 +68,22 @@ impl Service {
 
     /// Takes jobs queued on busy hosts for this host's idle workers.
     /// Returns those taken whose recovery failed (this host's now: the
-    /// caller tries again, as with jobs taken over).
-    pub(super) async fn take_queued_work(&self, cluster: &ClusterBackends) -> Vec<JobRecord> {
+    /// caller tries again, as with jobs taken over), and when to look
+    /// again for a job that had not waited long enough on its host.
+    pub(super) async fn take_queued_work(&self, cluster: &ClusterBackends) -> (Vec<JobRecord>, Option<Duration>) {
         let idle = self.idle_workers();
         if idle == 0 {
-            return Vec::new();
+            return (Vec::new(), None);
         }
-        let jobs = match cluster.leases.take_queued(idle, &self.runnable_here()).await {
-            Ok(jobs) => jobs,
+        let Taken { jobs, next_in } = match cluster.leases.take_queued(idle, &self.runnable_here(), QUEUED_BEFORE_TAKEN).await {
+            Ok(taken) => taken,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot look for jobs queued on other hosts");
-                return Vec::new();
+                return (Vec::new(), None);
             }
         };
         if jobs.is_empty() {
-            return Vec::new();
+            return (Vec::new(), next_in);
         }
         tracing::debug!(jobs = jobs.len(), "took jobs queued on busy hosts");
         let owners: BTreeSet<String> = jobs.iter().map(|j| j.owner.clone()).collect();
@@ -95,7 +97,7 @@ impl Service {
         for owner in owners {
             self.publish_queue(&owner);
         }
-        left
+        (left, next_in)
     }
 
     /// Lets go of the queued jobs other hosts took from this one (told by
@@ -121,11 +123,14 @@ impl Service {
         }
     }
 
-    /// A job another host holds now: out of the live set; its streams here
-    /// follow it on that host, from its record as it stands.
+    /// A job another host holds now: out of the live set (once, whoever
+    /// finds it first); its streams here follow it on that host, from its
+    /// record as it stands.
     pub(super) async fn hand_over(&self, live: &Arc<LiveJob>) {
         let id = live.record.lock().id.clone();
-        self.queue.leave(&id);
+        if self.queue.leave(&id).is_none() {
+            return;
+        }
         let now = match self.meta.get_job(&id).await {
             Ok(now) => now.map(Arc::new),
             Err(e) => {
@@ -136,5 +141,6 @@ impl Service {
         tracing::debug!(job_id = %id, "another host took this queued job");
         live.events.moved(now);
         self.publish_queue(&live.owner);
+        self.publish_queue_positions();
     }
 }

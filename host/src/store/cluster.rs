@@ -39,18 +39,18 @@ pub trait HostLeases: Send + Sync {
     /// others are left for a host that has their components, and counted.
     async fn adopt(&self, limit: usize, here: &Runnable) -> Result<Adopted, StoreError>;
     /// Takes up to `limit` of the jobs queued on other registered hosts,
-    /// held there for at least [`QUEUED_BEFORE_TAKEN`] (by the store's
-    /// clock; a job taken moves on no sooner), that
+    /// held there for at least `waited` (by the store's clock; a job taken
+    /// moves on no sooner; [`QUEUED_BEFORE_TAKEN`]) and
+    /// [`JobRecord::movable`], that
     /// `here` can run, for this host's idle workers: never one whose start
     /// its key's running limit refused, one asked to be canceled or past
-    /// its expiry, or one with `extra_data` (kept only in its host's
-    /// memory); the oldest of each scheduling key in turn. Their records,
-    /// held by this host now; each former holder is told (a
+    /// its expiry; the oldest of each scheduling key in turn. Their
+    /// records, held by this host now; each former holder is told (a
     /// [`Topic::Control`] notice naming it) and its late start of one is
     /// refused ([`StoreError::Fenced`]).
-    async fn take_queued(&self, limit: usize, here: &Runnable) -> Result<Vec<JobRecord>, StoreError>;
-    /// Of the jobs `ids` this host has queued, those another host took
-    /// ([`HostLeases::take_queued`]) or that are gone.
+    async fn take_queued(&self, limit: usize, here: &Runnable, waited: Duration) -> Result<Taken, StoreError>;
+    /// Of the jobs `ids` this host has queued, those another host holds
+    /// now ([`HostLeases::take_queued`]; one not written yet is not).
     async fn taken_away(&self, ids: &[String]) -> Result<Vec<String>, StoreError>;
     /// Asks the holder of the unfinished job stored under `id` to cancel it
     /// (durably: a holder that misses the notice finds the request at its
@@ -85,6 +85,16 @@ pub struct Runnable {
     /// held, or one asked to be canceled or past its expiry, is taken at
     /// once whatever it needs.
     pub wait: std::time::Duration,
+}
+
+/// One look for jobs queued on other hosts.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// The jobs taken: this host's now.
+    pub jobs: Vec<JobRecord>,
+    /// When a job not taken because it had not waited long enough on its
+    /// host may be (the soonest), if any.
+    pub next_in: Option<Duration>,
 }
 
 /// One look for jobs to take over.

@@ -194,13 +194,20 @@ pub(crate) async fn the_periodic_queries_find_exactly_their_records(meta: &dyn M
     assert_eq!(ids(meta.uploads_due(100, 10).await.unwrap(), |a| &a.id), ["up"], "outputs are not uploads");
     assert_eq!(ids(meta.assets_tagged("comfy:").await.unwrap(), |a| &a.id), ["up", "up2"]);
     // Referenced again: a later expiry, a tag dropped.
-    meta.put_asset(&asset("up", None, "blake3:bb", Some(200), &["mine"])).await.unwrap();
+    assert!(meta.update_asset(&asset("up", None, "blake3:bb", Some(200), &["mine"])).await.unwrap());
     assert!(meta.uploads_due(100, 10).await.unwrap().is_empty(), "its old expiry no longer counts");
     assert_eq!(ids(meta.uploads_due(200, 10).await.unwrap(), |a| &a.id), ["up"]);
     assert_eq!(ids(meta.assets_tagged("comfy:").await.unwrap(), |a| &a.id), ["up2"]);
     meta.delete_asset(&meta.get_asset("out1").await.unwrap().unwrap()).await.unwrap();
     assert_eq!(ids(meta.assets_of_job("a").await.unwrap(), |a| &a.id), ["out2"]);
     assert_eq!(ids(meta.assets_with_hash("blake3:aa").await.unwrap(), |a| &a.id), ["out2"]);
+    // A change to a record read before its deletion brings nothing back.
+    let up2 = meta.get_asset("up2").await.unwrap().unwrap();
+    meta.delete_asset(&up2).await.unwrap();
+    assert!(!meta.update_asset(&AssetRecord { tags: vec!["comfy:input".into()], ..up2 }).await.unwrap());
+    assert!(meta.get_asset("up2").await.unwrap().is_none());
+    assert!(meta.assets_with_hash("blake3:cc").await.unwrap().is_empty());
+    assert!(meta.assets_tagged("comfy:").await.unwrap().is_empty());
 }
 
 /// Listings: newest first, one owner's alone, without logs, paged by a

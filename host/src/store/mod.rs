@@ -335,6 +335,10 @@ pub trait MetaStore: Send + Sync {
         false
     }
     async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
+    /// Replaces the record of an asset that exists; `false`, and nothing
+    /// written, when there is none (deleted meanwhile, through any host): a
+    /// change to a record read earlier never brings a deleted one back.
+    async fn update_asset(&self, asset: &AssetRecord) -> Result<bool, StoreError>;
     async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
     async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
     /// Assets over blob `hash`.

@@ -107,6 +107,11 @@ pub struct JobRecord {
     /// run again after a restart.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub had_extra_data: bool,
+    /// It was submitted with `extra_pnginfo`, which its host holds in
+    /// memory alone (see `ExtraData`): where hosts share a store, it stays
+    /// on that host while it waits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pnginfo_held: bool,
     /// ComfyUI's queue fields, for jobs queued through the compatibility
     /// API (`POST /api/prompt`); other jobs show their `seq` as number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -171,6 +176,12 @@ impl JobRecord {
     pub fn takeover_needs(&self) -> Vec<String> {
         if self.bundle.is_some() { Vec::new() } else { self.components.values().cloned().collect() }
     }
+
+    /// Whether another host may take it from its host's queue: not when
+    /// its host holds something of it in memory alone (its `extra_data`).
+    pub fn movable(&self) -> bool {
+        !self.had_extra_data && !self.pnginfo_held
+    }
 }
 
 /// What `POST /api/prompt` gave a job besides its workflow.
@@ -230,6 +241,7 @@ impl JobRecord {
             metadata: None,
             surface: "v2".into(),
             had_extra_data: false,
+            pnginfo_held: false,
             compat: None,
             deployment: None,
             logs_withheld: false,

@@ -1,7 +1,11 @@
 //! Work spreads over the hosts: jobs queued on a busy host are taken by
-//! idle ones, and streams opened on the busy host follow them there.
+//! idle ones, and streams opened on the busy host follow them there; a job
+//! whose `extra_pnginfo` its host holds stays there; a cancel through the
+//! first host reaches a job another took.
 
 use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
 
 use super::*;
 
@@ -9,7 +13,8 @@ use super::*;
 /// some of them, so more than one runs at once (the host they were
 /// submitted to runs one at a time), and each event stream opened on the
 /// first host while its job waited there sees the job succeed, wherever
-/// it ran.
+/// it ran. A prompt with `extra_pnginfo` queued there meanwhile runs there,
+/// its PNG embedding that workflow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_hosts_take_the_jobs_queued_on_a_busy_one() {
     let Some(shared) = shared().await else { return };
@@ -17,6 +22,18 @@ async fn idle_hosts_take_the_jobs_queued_on_a_busy_one() {
     let hosts: Vec<Host> = ["w1", "w2", "w3"].iter().map(|name| start_with(name, &shared, &one_worker)).collect();
     let http = reqwest::Client::new();
     let (busy, other) = (&hosts[0], &hosts[1]);
+    // The busy host's worker taken first; then a prompt whose `extra_pnginfo`
+    // the busy host holds in memory alone: it must wait for that host.
+    let first = submit(&http, busy, slow(100)).await;
+    wait_for(&http, other, &first, &["running"], Duration::from_secs(30)).await;
+    let prompt = json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 1}},
+        "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "pinned"}},
+    });
+    let extra = json!({ "extra_pnginfo": { "workflow": { "marker": "kept-on-its-host" } } });
+    let queued: Value =
+        http.post(format!("{}/api/prompt", busy.base)).json(&json!({ "prompt": prompt, "extra_data": extra })).send().await.unwrap().json().await.unwrap();
+    let pinned = queued["prompt_id"].as_str().unwrap_or_else(|| panic!("{queued}")).to_string();
     let mut jobs = Vec::new();
     for n in 0..6 {
         let id = submit(&http, busy, slow(n)).await;
@@ -41,10 +58,38 @@ async fn idle_hosts_take_the_jobs_queued_on_a_busy_one() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(most_running >= 2, "the idle hosts took queued jobs: at most {most_running} ran at once");
+    // The pinned prompt ran where its `extra_pnginfo` was: its PNG has it.
+    let done = wait_for(&http, other, &pinned, &["succeeded", "failed"], Duration::from_secs(60)).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let png = download(&http, other, &done).await;
+    assert!(png.windows(16).any(|w| w == b"kept-on-its-host"), "the PNG embeds the workflow its host held");
     for (id, stream) in jobs {
         let seen = stream.await.unwrap();
         assert!(seen.contains("\"status\":\"succeeded\""), "the stream opened on the busy host saw job {id} end: {seen}");
     }
+}
+
+/// A cancel sent to the host a queued job was submitted to reaches it on
+/// the idle host that took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_through_the_first_host_reaches_a_job_another_took() {
+    let Some(shared) = shared().await else { return };
+    let one_worker = [("KILN_MAX_RUNNING_JOBS", "1")];
+    let hosts: Vec<Host> = ["c1", "c2"].iter().map(|name| start_with(name, &shared, &one_worker)).collect();
+    let http = reqwest::Client::new();
+    let (busy, other) = (&hosts[0], &hosts[1]);
+    let first = submit(&http, busy, slow(1)).await;
+    wait_for(&http, other, &first, &["running"], Duration::from_secs(30)).await;
+    // The busy host runs one job at a time: this one runs on the other.
+    let second = submit(&http, busy, slow(2)).await;
+    wait_for(&http, other, &second, &["running"], Duration::from_secs(30)).await;
+    assert_eq!(job(&http, busy, &first).await["status"], "running", "both run at once");
+    let resp = http.post(format!("{}/api/v2/jobs/{second}/cancel", busy.base)).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let answer: Value = resp.json().await.unwrap();
+    assert!(["canceling", "canceled"].contains(&answer["status"].as_str().unwrap_or("")), "{answer}");
+    wait_for(&http, busy, &second, &["canceled"], Duration::from_secs(30)).await;
+    assert_eq!(wait_for(&http, other, &first, &["succeeded", "failed"], Duration::from_secs(60)).await["status"], "succeeded");
 }
 
 /// An SSE stream's text until it ends (or 180 s pass).

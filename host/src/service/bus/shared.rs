@@ -168,6 +168,7 @@ impl JobChannel for SharedJobChannel {
         }
         let mut heard = {
             let mut followed = self.followed.lock();
+            followed.retain(|_, tx| tx.receiver_count() > 0);
             followed.entry(Arc::from(self.id.as_str())).or_insert_with(|| broadcast::channel(FOLLOW_CAPACITY).0).subscribe()
         };
         let streams = self.local.sender();
@@ -264,7 +265,11 @@ impl Relay {
 
     /// Notices may have been missed: every followed job's record again.
     async fn resync(&self) {
-        let ids: Vec<Arc<str>> = self.followed.lock().keys().cloned().collect();
+        let ids: Vec<Arc<str>> = {
+            let mut followed = self.followed.lock();
+            followed.retain(|_, tx| tx.receiver_count() > 0);
+            followed.keys().cloned().collect()
+        };
         for id in ids {
             if let Ok(Some(record)) = self.meta.get_job(&id).await
                 && let Some(tx) = self.followed.lock().get(&id)

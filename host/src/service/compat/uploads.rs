@@ -239,10 +239,12 @@ impl Service {
         // stay while anything else refers to them). The record now naming
         // it may be an older one (bytes uploaded under this name before),
         // so the index is set, not merged by age.
+        // (One deleted meanwhile, through any host, stays deleted.)
         if let Some(mut old) = replaced.filter(|old| old.id != asset.id) {
             old.tags.retain(|t| *t != tag);
-            wait(self.meta.put_asset(&old))?;
-            wait(self.meta.flush())?;
+            if wait(self.meta.update_asset(&old))? {
+                wait(self.meta.flush())?;
+            }
         }
         uploads.files.entry(owner.to_string()).or_default().insert((req.kind.clone(), path), asset);
         self.compat.generation.fetch_add(1, Ordering::SeqCst);

@@ -158,6 +158,7 @@ impl Service {
             bundle: registry.bundle().map(crate::plugins::identity::hash_grant),
             deployment: sub.deployment.clone(),
             had_extra_data: !sub.extra.secrets.is_empty(),
+            pnginfo_held: sub.extra.extra_pnginfo.is_some(),
             compat: sub.compat.clone(),
         }
     }

@@ -80,6 +80,13 @@ pub(super) async fn start(pool: PgPool, job: JobRecord, key: String, max_running
     // The key's admission lock: two hosts never both start the last
     // free place (the key's submissions take it too, briefly).
     sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(&key)).execute(&mut *tx).await.map_err(backend)?;
+    // Still this host's (an idle host may have taken it from the queue):
+    // locked, so no host takes it while this start is decided.
+    let held: Option<(Option<String>,)> =
+        sqlx::query_as("SELECT holder FROM jobs WHERE id = $1 FOR UPDATE").bind(&job.id).fetch_optional(&mut *tx).await.map_err(backend)?;
+    if matches!(&held, Some((holder,)) if holder.as_deref() != Some(writer.holder.as_str())) {
+        return Err(StoreError::Fenced(format!("job {}", job.id)));
+    }
     // Running on a registered host (a lapsed host's jobs count
     // again once taken over and started), and the key's older jobs
     // whose start was refused on other registered hosts: they go first.

@@ -7,18 +7,17 @@ use std::time::Duration;
 use sqlx::Row;
 
 use super::{DB_NOW, PgDatabase, backend, meta::records};
-use crate::store::cluster::{Adopted, HostLeases, LEFT_COUNTED, QUEUED_BEFORE_TAKEN, Runnable, Topic};
+use crate::store::cluster::{Adopted, HostLeases, LEFT_COUNTED, Runnable, Taken, Topic};
 use crate::store::{JobRecord, JobStatus, StoreError};
 
 /// The advisory lock takeovers run under.
 const ADOPT_LOCK: &str = "kiln: take over lapsed hosts' jobs";
 /// Pages of candidates one look reads at most (each of its `limit`).
 const ADOPT_PAGES: usize = 8;
-/// Candidates one [`HostLeases::take_queued`] reads per job it may take
-/// (others are skipped: another host's plugins, `extra_data`)...
-const TAKE_CANDIDATES: usize = 8;
-/// ...and at most.
-const MAX_TAKE_CANDIDATES: usize = 256;
+/// Candidates a page of [`HostLeases::take_queued`] reads per job it may
+/// take (it takes each key's oldest in turn among them; those this host
+/// cannot run are skipped, and the next page read).
+const TAKE_PAGE: usize = 8;
 /// Ids one query of [`HostLeases::taken_away`] checks.
 const TAKEN_AWAY_CHUNK: usize = 1000;
 
@@ -201,68 +200,96 @@ impl HostLeases for PgHosts {
         })
     }
 
-    async fn take_queued(&self, limit: usize, here: &Runnable) -> Result<Vec<JobRecord>, StoreError> {
-        let (me, here) = (self.me(), here.clone());
-        let candidates = i64::try_from(limit.saturating_mul(TAKE_CANDIDATES).clamp(1, MAX_TAKE_CANDIDATES)).unwrap_or(1);
-        let before = micros(QUEUED_BEFORE_TAKEN);
+    async fn take_queued(&self, limit: usize, here: &Runnable, waited: Duration) -> Result<Taken, StoreError> {
+        let (me, here, limit) = (self.me(), here.clone(), limit.max(1));
+        let page = i64::try_from(limit.saturating_mul(TAKE_PAGE)).unwrap_or(i64::MAX);
+        let before = micros(waited);
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
-            // Locked as read: a holder's start of one waits for this
+            // Pages of candidates, oldest first, each asked whether it runs
+            // here (for its owner): a page of jobs it cannot run never hides
+            // others. Locked as read: a holder's start of one waits for this
             // transaction and is then refused (the row names this host).
-            let rows = sqlx::query(&format!(
-                "SELECT id, holder, COALESCE(sched_key, owner) AS key, record FROM jobs j WHERE j.status = 'queued' AND j.holder <> $1 \
-                 AND NOT j.cancel_requested AND j.start_wanted_at IS NULL AND j.expires_at > {DB_NOW} AND j.held_since <= {DB_NOW} - $2 \
-                 AND j.takeover_needs <@ $3 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) \
-                 ORDER BY j.created_at, j.id LIMIT $4 FOR UPDATE OF j SKIP LOCKED"
-            ))
-            .bind(&me)
-            .bind(before)
-            .bind(&here.hashes)
-            .bind(candidates)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(backend)?;
             let mut runnable = Vec::new();
-            for (row, job) in rows.iter().zip(records::<JobRecord>("job", &rows)?) {
-                // (Its extra_data lives in its holder's memory alone.)
-                if !job.had_extra_data && (here.job)(&job) {
-                    let holder: String = row.try_get("holder").map_err(backend)?;
-                    runnable.push((row.try_get::<String, _>("key").map_err(backend)?, holder, job));
+            let mut after = (i64::MIN, String::new());
+            for _ in 0..ADOPT_PAGES {
+                let rows = sqlx::query(&format!(
+                    "SELECT id, created_at, holder, COALESCE(sched_key, owner) AS key, record FROM jobs j WHERE j.status = 'queued' AND j.holder <> $1 \
+                     AND j.movable AND NOT j.cancel_requested AND j.start_wanted_at IS NULL AND j.expires_at > {DB_NOW} \
+                     AND j.held_since <= {DB_NOW} - $2 AND j.takeover_needs <@ $3 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) \
+                     AND (j.created_at, j.id) > ($4, $5) ORDER BY j.created_at, j.id LIMIT $6 FOR UPDATE OF j SKIP LOCKED"
+                ))
+                .bind(&me)
+                .bind(before)
+                .bind(&here.hashes)
+                .bind(after.0)
+                .bind(&after.1)
+                .bind(page)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(backend)?;
+                let Some(last) = rows.last() else { break };
+                after = (last.try_get("created_at").map_err(backend)?, last.try_get("id").map_err(backend)?);
+                let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) == page;
+                for (row, job) in rows.iter().zip(records::<JobRecord>("job", &rows)?) {
+                    if (here.job)(&job) {
+                        let holder: String = row.try_get("holder").map_err(backend)?;
+                        runnable.push((row.try_get::<String, _>("key").map_err(backend)?, holder, job));
+                    }
+                }
+                if !full || runnable.len() >= limit.saturating_mul(TAKE_PAGE) {
+                    break;
                 }
             }
             let taken = round_robin(runnable, limit);
-            if taken.is_empty() {
-                return Ok(Vec::new());
+            if !taken.is_empty() {
+                let ids: Vec<&str> = taken.iter().map(|(_, job)| job.id.as_str()).collect();
+                sqlx::query(&format!("UPDATE jobs SET holder = $1, held_since = {DB_NOW} WHERE id = ANY($2)"))
+                    .bind(&me)
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                let mut told: Vec<&str> = taken.iter().map(|(holder, _)| holder.as_str()).collect();
+                told.sort_unstable();
+                told.dedup();
+                for holder in told {
+                    super::notices::announce(&mut *tx, Topic::Control, &me, holder).await?;
+                }
             }
-            let ids: Vec<&str> = taken.iter().map(|(_, job)| job.id.as_str()).collect();
-            sqlx::query(&format!("UPDATE jobs SET holder = $1, held_since = {DB_NOW} WHERE id = ANY($2)"))
-                .bind(&me)
-                .bind(&ids)
-                .execute(&mut *tx)
-                .await
-                .map_err(backend)?;
-            let mut told: Vec<&str> = taken.iter().map(|(holder, _)| holder.as_str()).collect();
-            told.sort_unstable();
-            told.dedup();
-            for holder in told {
-                super::notices::announce(&mut *tx, Topic::Control, &me, holder).await?;
-            }
+            // When the next job that has not waited long enough yet may be
+            // taken (this host looks again then, if still idle).
+            let (soonest,): (Option<i64>,) = sqlx::query_as(&format!(
+                "SELECT min(j.held_since) + $2 - {DB_NOW} FROM jobs j WHERE j.status = 'queued' AND j.holder <> $1 AND j.movable \
+                 AND j.held_since > {DB_NOW} - $2"
+            ))
+            .bind(&me)
+            .bind(before)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
             tx.commit().await.map_err(backend)?;
-            Ok(taken.into_iter().map(|(_, job)| job).collect())
+            let next_in = soonest.map(|us| std::time::Duration::from_micros(u64::try_from(us).unwrap_or(0)));
+            Ok(Taken { jobs: taken.into_iter().map(|(_, job)| job).collect(), next_in })
         })
     }
 
     async fn taken_away(&self, ids: &[String]) -> Result<Vec<String>, StoreError> {
         let (me, ids) = (self.me(), ids.to_vec());
         on_pool!(self, |pool| {
-            let mut gone = Vec::new();
+            let mut taken = Vec::new();
             for chunk in ids.chunks(TAKEN_AWAY_CHUNK) {
-                let held: Vec<(String,)> =
-                    sqlx::query_as("SELECT id FROM jobs WHERE id = ANY($1) AND holder = $2").bind(chunk).bind(&me).fetch_all(&pool).await.map_err(backend)?;
-                let held: std::collections::HashSet<String> = held.into_iter().map(|(id,)| id).collect();
-                gone.extend(chunk.iter().filter(|id| !held.contains(*id)).cloned());
+                // Only rows that exist: a submission not yet committed is
+                // still this host's.
+                let rows: Vec<(String,)> = sqlx::query_as("SELECT id FROM jobs WHERE id = ANY($1) AND holder IS DISTINCT FROM $2")
+                    .bind(chunk)
+                    .bind(&me)
+                    .fetch_all(&pool)
+                    .await
+                    .map_err(backend)?;
+                taken.extend(rows.into_iter().map(|(id,)| id));
             }
-            Ok(gone)
+            Ok(taken)
         })
     }
 

@@ -24,8 +24,8 @@ type Insert<'a> = sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArgum
 fn job_insert(new: &ImportedJob) -> Result<Insert<'_>, StoreError> {
     let ImportedJob { job, workflow, sched_key } = new;
     Ok(sqlx::query(
-        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10) ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs, movable) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11) ON CONFLICT (id) DO NOTHING",
     )
     .bind(&job.id)
     .bind(&job.owner)
@@ -36,7 +36,8 @@ fn job_insert(new: &ImportedJob) -> Result<Insert<'_>, StoreError> {
     .bind(enc(job)?)
     .bind(workflow)
     .bind(sched_key)
-    .bind(job.takeover_needs()))
+    .bind(job.takeover_needs())
+    .bind(job.movable()))
 }
 
 fn asset_insert(asset: &AssetRecord) -> Result<Insert<'_>, StoreError> {

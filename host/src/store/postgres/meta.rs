@@ -83,10 +83,10 @@ pub(super) async fn upsert_job<'e>(
     let finished = job.status.is_terminal();
     let held_by = (!finished).then_some(writer.holder.as_str());
     let written: Option<(i32,)> = sqlx::query_as(
-        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $13, $14 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
+        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs, movable) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $13, $14, $15 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
          ON CONFLICT (id) DO UPDATE SET owner = $2, created_at = $3, seq = $4, status = $5, expires_at = $6, record = $7, \
-         workflow = COALESCE($8, jobs.workflow), holder = $9, sched_key = COALESCE($13, jobs.sched_key), takeover_needs = $14 \
+         workflow = COALESCE($8, jobs.workflow), holder = $9, sched_key = COALESCE($13, jobs.sched_key), takeover_needs = $14, movable = $15 \
          WHERE jobs.holder = $10 OR (jobs.holder IS NULL AND $12 AND (NOT $11 OR jobs.status NOT IN ('queued', 'running', 'canceling'))) \
          RETURNING 1",
     )
@@ -104,6 +104,7 @@ pub(super) async fn upsert_job<'e>(
     .bind(finished)
     .bind(sched_key.flatten())
     .bind(job.takeover_needs())
+    .bind(job.movable())
     .fetch_optional(exec)
     .await
     .map_err(backend)?;
@@ -435,6 +436,26 @@ impl MetaStore for PgMeta {
             .await
             .map_err(backend)?;
             written.map(|_| ()).ok_or_else(|| StoreError::Fenced(format!("asset {}: this host's lease lapsed", asset.id)))
+        })
+    }
+
+    async fn update_asset(&self, asset: &AssetRecord) -> Result<bool, StoreError> {
+        let asset = asset.clone();
+        on_pool!(self, |pool| {
+            // (No registration check: the record it replaces already keeps
+            // its blob from collection.)
+            let written: Option<(i32,)> =
+                sqlx::query_as("UPDATE assets SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 WHERE id = $1 RETURNING 1")
+                    .bind(&asset.id)
+                    .bind(&asset.hash)
+                    .bind(&asset.job_id)
+                    .bind(asset.expires_at)
+                    .bind(&asset.tags)
+                    .bind(enc(&asset)?)
+                    .fetch_optional(&pool)
+                    .await
+                    .map_err(backend)?;
+            Ok(written.is_some())
         })
     }
 

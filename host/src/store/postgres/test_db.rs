@@ -607,8 +607,16 @@ async fn blob_holds_keep_blobs_from_every_hosts_collection() {
     lease_a.register(minute).await.unwrap();
     lease_b.register(minute).await.unwrap();
     let (meta_a, meta_b) = (super::PgMeta::new(a), std::sync::Arc::new(super::PgMeta::new(b)));
+    // A lock dropped unlocks in the background, and a pass that finds the
+    // blob locked reads it as held: held only if it stays so.
     async fn held(meta: &super::PgMeta, name: &str) -> bool {
-        meta.lock_blob(name).await.unwrap().unwrap().held
+        for _ in 0..4 {
+            if !meta.lock_blob(name).await.unwrap().unwrap().held {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        true
     }
     let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
 

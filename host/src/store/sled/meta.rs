@@ -115,6 +115,9 @@ impl MetaStore for SledMeta {
     async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
         self.0.put_asset(asset)
     }
+    async fn update_asset(&self, asset: &AssetRecord) -> Result<bool, StoreError> {
+        self.0.update_asset(asset)
+    }
     async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
         self.0.get_asset(id)
     }

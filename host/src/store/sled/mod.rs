@@ -485,6 +485,31 @@ impl Sled {
         }
     }
 
+    /// [`MetaStore::update_asset`]: the record swapped only for the one
+    /// read (a deletion or another write meanwhile: read again).
+    fn update_asset(&self, asset: &AssetRecord) -> Result<bool, StoreError> {
+        let (id, new) = (asset.id.as_bytes(), encode(asset)?);
+        loop {
+            let Some(current) = self.assets.get(id).map_err(backend)? else { return Ok(false) };
+            let old: AssetRecord = decode(id, &current)?;
+            self.hashes.insert(hash_key(&asset.hash, &asset.id), &[][..]).map_err(backend)?;
+            self.index.before_asset(asset)?;
+            match self.assets.compare_and_swap(id, Some(current), Some(new.clone())).map_err(backend)? {
+                Ok(()) => {
+                    self.index.after_asset(&old, asset)?;
+                    return Ok(true);
+                }
+                Err(_) if self.assets.get(id).map_err(backend)?.is_none() => {
+                    // Deleted meanwhile: the entries made for it go too.
+                    self.hashes.remove(hash_key(&asset.hash, &asset.id)).map_err(backend)?;
+                    self.index.forget_asset(asset)?;
+                    return Ok(false);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
     fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
         self.assets.get(id.as_bytes()).map_err(backend)?.map(|b| decode(id.as_bytes(), &b)).transpose()
     }
