@@ -21,7 +21,7 @@ struct NotDurable {
     hold_finish: AtomicBool,
     /// Asset records read (`get_asset`).
     asset_reads: AtomicUsize,
-    /// Asset records written (`put_asset`).
+    /// Asset records written (`put_asset`, `update_asset`).
     asset_writes: AtomicUsize,
     /// Job records listings returned (`list_jobs`).
     jobs_listed: AtomicUsize,
@@ -83,6 +83,10 @@ impl MetaStore for NotDurable {
     async fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
         self.asset_writes.fetch_add(1, Ordering::SeqCst);
         self.inner.put_asset(asset).await
+    }
+    async fn update_asset(&self, asset: &AssetRecord) -> Result<bool, StoreError> {
+        self.asset_writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.update_asset(asset).await
     }
     async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
         self.asset_reads.fetch_add(1, Ordering::SeqCst);
