@@ -7,8 +7,9 @@ directories (result cache off, GPU off) and, for PostgreSQL, a fresh
 database of the server KILN_BENCH_PG names (its user must create
 databases). Eight client threads submit JOBS (default 600) small
 EmptyImage -> SaveImage jobs through /api/v2/jobs, round-robin over the
-hosts, each thread polling its job on the next host until it has
-succeeded. Prints jobs/s, submit -> succeeded p50/p95 and, for PostgreSQL,
+hosts (or, in the rows marked "all to one", every job to the first host,
+as a load balancer pinning one client would: idle hosts take queued jobs),
+each thread polling its job on the next host until it has succeeded. Prints jobs/s, submit -> succeeded p50/p95 and, for PostgreSQL,
 the database's transactions, WAL bytes and NOTIFY notices per job (from
 pg_stat_database, pg_current_wal_lsn and a listener on kiln_events and
 kiln_queues).
@@ -38,7 +39,7 @@ def post(url, body):
     return json.load(urllib.request.urlopen(req))
 
 
-def run(hosts, pg):
+def run(hosts, pg, one=False):
     env = dict(os.environ, KILN_RESULT_CACHE_MB="0", KILN_GPU="off", KILN_LOG="warn", KILN_MAX_QUEUED_JOBS="100000")
     db = None
     if pg:
@@ -91,7 +92,7 @@ def run(hosts, pg):
             wf = {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": n}},
                   "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "b"}}}
             t0 = time.perf_counter()
-            job = post(bases[n % hosts] + "/api/v2/jobs", {"workflow": wf})
+            job = post(bases[0 if one else n % hosts] + "/api/v2/jobs", {"workflow": wf})
             poll = bases[(n + 1) % hosts] + "/api/v2/jobs/" + job["id"]
             while job["status"] != "succeeded":
                 assert job["status"] in ("queued", "running"), job
@@ -118,8 +119,8 @@ def run(hosts, pg):
         p.wait()
     latencies.sort()
     p50, p95 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.95)]
-    label = "%d host%s, %s" % (hosts, "" if hosts == 1 else "s", "PostgreSQL" if pg else "embedded")
-    print("%-24s %7.1f jobs/s | p50 %6.1f ms | p95 %6.1f ms%s" % (label, JOBS / wall, p50 * 1e3, p95 * 1e3, extra), flush=True)
+    label = "%d host%s, %s%s" % (hosts, "" if hosts == 1 else "s", "PostgreSQL" if pg else "embedded", ", all to one" if one else "")
+    print("%-36s %7.1f jobs/s | p50 %6.1f ms | p95 %6.1f ms%s" % (label, JOBS / wall, p50 * 1e3, p95 * 1e3, extra), flush=True)
 
 
 if __name__ == "__main__":
@@ -127,3 +128,4 @@ if __name__ == "__main__":
     if PG:
         for hosts in (1, 2, 3):
             run(hosts, True)
+        run(3, True, one=True)

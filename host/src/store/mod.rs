@@ -201,7 +201,9 @@ pub trait MetaStore: Send + Sync {
     /// [`StoreError::NotDurable`].
     async fn submit(&self, job: &JobRecord, workflow: &serde_json::Value, claim: Option<&IdempotencyClaim>) -> Result<(), StoreError>;
     /// [`MetaStore::submit`], admitted by `admission` in the same atomic
-    /// step ([`StoreError::Refused`]: nothing written). A store that one
+    /// step ([`StoreError::Refused`]: nothing written). Where hosts share
+    /// the store, the same step holds the job's input blobs while it is
+    /// unfinished (see [`MetaStore::hold_blobs`]). A store that one
     /// process holds (the embedded one) leaves the rules to that process,
     /// which checks them in memory: the default only submits.
     async fn submit_admitted(

@@ -231,6 +231,11 @@ impl Service {
         } else {
             self.meta.submit(&record, workflow, claim).await
         };
+        // Other hosts count the queue from the store: told again once the
+        // row is there (the first announcement may be counted before it).
+        if let Some(counts) = &self.queue_counts {
+            counts.changed_here(owner);
+        }
         match &written {
             // Committed (durable or not): the job exists, so it runs. Kept
             // parsed for the worker while the queued jobs' share allows;
@@ -238,15 +243,8 @@ impl Service {
             // holds at most the tree's constants; the text is what nodes
             // read as `prompt`.
             Ok(()) | Err(StoreError::NotDurable(_)) => {
-                // Where hosts share the store, its inputs are held there
-                // while it is unfinished (see `blob_gc`); their records
-                // keep them until then otherwise.
-                if self.cluster.is_some() && !record.inputs.is_empty() {
-                    let names: Vec<String> = record.inputs.iter().map(|i| i.hash.clone()).collect();
-                    if let Err(e) = self.meta.hold_blobs(&names, &id).await {
-                        tracing::warn!(job_id = %id, error = %e, "cannot hold the job's inputs: only their asset records keep them");
-                    }
-                }
+                // (Where hosts share the store, the write held its inputs'
+                // blobs there while it is unfinished: see `blob_gc`.)
                 let held = crate::workflow::cost::of_value(workflow).tree_bytes();
                 if let Some(permit) = self.queued_parsed.try_enter(held) {
                     let text = Arc::from(workflow.to_string());

@@ -21,26 +21,33 @@ fn blob_key(name: &str) -> i64 {
     advisory_key(&format!("kiln: blob {name}"))
 }
 
+/// Holds `names` for `claimant` by `holder` in transaction `tx` (the
+/// blobs' advisory locks taken shared until it ends).
+pub(super) async fn hold_in(tx: &mut sqlx::PgConnection, names: &[String], claimant: &str, holder: &str) -> Result<(), StoreError> {
+    let mut keys: Vec<i64> = names.iter().map(|n| blob_key(n)).collect();
+    // One order for every holder (shared locks never wait on each other,
+    // but a pass's exclusive request queues between them).
+    keys.sort_unstable();
+    keys.dedup();
+    sqlx::query("SELECT pg_advisory_xact_lock_shared(k) FROM unnest($1::bigint[]) AS k").bind(&keys).execute(&mut *tx).await.map_err(backend)?;
+    sqlx::query("INSERT INTO blob_holds (hash, claimant, holder) SELECT n, $2, $3 FROM unnest($1::text[]) AS n ON CONFLICT DO NOTHING")
+        .bind(names)
+        .bind(claimant)
+        .bind(holder)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+    Ok(())
+}
+
 impl PgDatabase {
     /// Holds `names` for `claimant` by this host (see the module doc).
     pub(super) async fn hold_blobs(&self, names: &[String], claimant: &str) -> Result<(), StoreError> {
-        let mut keys: Vec<i64> = names.iter().map(|n| blob_key(n)).collect();
-        // One order for every holder (shared locks never wait on each
-        // other, but a pass's exclusive request queues between them).
-        keys.sort_unstable();
-        keys.dedup();
         let (names, claimant, me) = (names.to_vec(), claimant.to_string(), self.holder().to_string());
         self.run(move |pool| {
             Box::pin(async move {
                 let mut tx = pool.begin().await.map_err(backend)?;
-                sqlx::query("SELECT pg_advisory_xact_lock_shared(k) FROM unnest($1::bigint[]) AS k").bind(&keys).execute(&mut *tx).await.map_err(backend)?;
-                sqlx::query("INSERT INTO blob_holds (hash, claimant, holder) SELECT n, $2, $3 FROM unnest($1::text[]) AS n ON CONFLICT DO NOTHING")
-                    .bind(&names)
-                    .bind(&claimant)
-                    .bind(&me)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend)?;
+                hold_in(&mut tx, &names, &claimant, &me).await?;
                 tx.commit().await.map_err(backend)
             })
         })

@@ -315,6 +315,8 @@ pub fn redacted(url: &str) -> String {
 }
 
 #[cfg(test)]
+mod test_blob_holds;
+#[cfg(test)]
 pub(crate) mod test_db;
 #[cfg(test)]
 mod test_take_queued;
