@@ -123,7 +123,8 @@ impl Service {
     /// another host took from this one's queue meanwhile is handed over,
     /// and its record as that host holds it returned.
     pub(super) async fn stop_queued(&self, live: &Arc<LiveJob>, status: JobStatus) -> Result<JobRecord, ServiceError> {
-        let id = live.record.lock().id.clone();
+        let before = live.snapshot();
+        let id = before.id.clone();
         self.queue.waiting().withdraw(&id);
         let mut stopped = false;
         let updated = live
@@ -140,7 +141,12 @@ impl Service {
         let rec = match updated {
             Err(crate::store::StoreError::Fenced(_)) => {
                 self.hand_over(live).await;
-                return self.meta.get_job(&id).await?.ok_or(ServiceError::NotFound);
+                // A cancel goes on to the host that holds it now (durably:
+                // it acts on it whenever it learns of it).
+                if status == JobStatus::Canceled {
+                    self.ask_to_cancel(&before.owner, &id).await?;
+                }
+                return Ok(self.meta.get_job(&id).await?.unwrap_or(before));
             }
             updated => updated?,
         };

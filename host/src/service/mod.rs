@@ -417,6 +417,16 @@ impl Service {
         }
     }
 
+    /// Tells `owner`'s listeners here its queue count when a job of its
+    /// started (as ComfyUI does; the count is unchanged, so the other hosts
+    /// are not told).
+    fn publish_queue_here(&self, owner: &str) {
+        if self.bus.watched() {
+            let elsewhere = self.queue_counts.as_ref().map_or(0, |counts| counts.shown_elsewhere(owner));
+            self.bus.queue(Arc::from(owner), self.queue.remaining_of(owner) + elsewhere);
+        }
+    }
+
     fn live_job(&self, id: &str) -> Option<Arc<LiveJob>> {
         self.queue.live(id)
     }

@@ -9,7 +9,7 @@
 //! shows the new total when it changed. Everything shown is read again
 //! when announcements may have been missed (see `follow`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,8 @@ use crate::store::cluster::Topic;
 
 /// How long changes are gathered before they are announced and counted.
 const GATHER: Duration = Duration::from_millis(50);
+/// The longest wait before a failed count is tried again.
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// The owners whose queues changed, and the other hosts' counts shown.
 #[derive(Default)]
@@ -55,6 +57,12 @@ impl QueueCounts {
         };
         self.wake.notify_one();
         elsewhere
+    }
+
+    /// The other hosts' count of `owner` as last read, without marking a
+    /// change here (a job's start leaves its owner's count as it was).
+    pub fn shown_elsewhere(&self, owner: &str) -> usize {
+        self.inner.lock().elsewhere.get(owner).copied().unwrap_or(0)
     }
 
     /// The other hosts' count of `owner` was just read (a socket opened):
@@ -106,6 +114,8 @@ impl Service {
     pub(super) async fn count_queues(self: Arc<Self>) {
         let (Some(cluster), Some(counts)) = (self.cluster.clone(), self.queue_counts.as_ref()) else { return };
         let mut follower = Follower::new(cluster.notices.clone(), Topic::Queues);
+        // After a count failed (the store unreachable): when to count again.
+        let mut retry: Option<Duration> = None;
         loop {
             tokio::select! {
                 heard = follower.next(&self.shutdown) => match heard {
@@ -113,6 +123,7 @@ impl Service {
                     None => return,
                 },
                 () = counts.wake.notified() => {}
+                () = tokio::time::sleep(retry.unwrap_or(GATHER)), if retry.is_some() => {}
             }
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
@@ -123,6 +134,7 @@ impl Service {
                 cluster.notices.send(Topic::Queues, owner.to_string());
             }
             counts.forget_unwatched(|owner| self.open_streams_of(owner) > 0);
+            let mut failed = BTreeSet::new();
             for owner in due {
                 if self.open_streams_of(&owner) == 0 {
                     continue;
@@ -130,7 +142,10 @@ impl Service {
                 let elsewhere = match self.meta.unfinished_count_elsewhere(&owner).await {
                     Ok(n) => n,
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot count the other hosts' jobs: the queue count shown waits for the next change");
+                        if failed.is_empty() && retry.is_none() {
+                            tracing::warn!(error = %e, "cannot count the other hosts' jobs: counting again shortly");
+                        }
+                        failed.insert(owner);
                         continue;
                     }
                 };
@@ -139,6 +154,14 @@ impl Service {
                     self.bus.queue(owner, remaining);
                 }
             }
+            // Those not counted are counted again, later each time the
+            // store stays unreachable (at most every RETRY_MAX).
+            retry = if failed.is_empty() {
+                None
+            } else {
+                counts.heard(Heard::Ids(failed));
+                Some(retry.map_or(GATHER, |r| (r * 2).min(RETRY_MAX)))
+            };
         }
     }
 }

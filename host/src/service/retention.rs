@@ -199,6 +199,10 @@ impl Service {
                 let status = live.record.lock().status;
                 // Not stopped as queued: a worker took it meanwhile.
                 let stopped = status == JobStatus::Queued && self.stop_queued(&live, JobStatus::Expired).await?.status == JobStatus::Expired;
+                if !stopped && self.live_job(&listed.id).is_none() {
+                    // Another host took it meanwhile: it expires there.
+                    continue;
+                }
                 if !stopped {
                     // Running: stop it; the worker records it as expired.
                     live.expire_on_stop.store(true, Ordering::SeqCst);

@@ -128,7 +128,7 @@ impl Service {
     /// record as it stands.
     pub(super) async fn hand_over(&self, live: &Arc<LiveJob>) {
         let id = live.record.lock().id.clone();
-        if self.queue.leave(&id).is_none() {
+        if !self.queue.leave_job(&id, live) {
             return;
         }
         let now = match self.meta.get_job(&id).await {

@@ -126,6 +126,17 @@ impl JobQueue {
         self.live.write().remove(id)
     }
 
+    /// Removes `job` from the live set, if it is still the one stored
+    /// under `id` (not a newer one under the same key); whether it was.
+    pub fn leave_job(&self, id: &str, job: &Arc<LiveJob>) -> bool {
+        let mut live = self.live.write();
+        if live.get(id).is_some_and(|current| Arc::ptr_eq(current, job)) {
+            live.remove(id);
+            return true;
+        }
+        false
+    }
+
     /// A job recovered (at start, or taken over from another host):
     /// queued whatever its key's limit. In the live set first, so a worker
     /// woken by the queueing finds it.

@@ -155,7 +155,7 @@ impl Service {
         live.publish_status();
         self.publish_queue_positions();
         // Running jobs still count as remaining (as ComfyUI counts them).
-        self.publish_queue(&snapshot.owner);
+        self.publish_queue_here(&snapshot.owner);
         Some(snapshot)
     }
 

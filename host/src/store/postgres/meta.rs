@@ -140,6 +140,14 @@ async fn submit(
     writer: Writer,
 ) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(backend)?;
+    // Where hosts share the store, its inputs are held while it is
+    // unfinished (see `blob_holds`), from this very step; first, so the
+    // key's admission lock is never held while a collection pass has one
+    // of these blobs locked.
+    if writer.registered && !job.status.is_terminal() && !job.inputs.is_empty() {
+        let names: Vec<String> = job.inputs.iter().map(|i| i.hash.clone()).collect();
+        super::blob_holds::hold_in(&mut tx, &names, &job.id, &writer.holder).await?;
+    }
     if let Some(a) = &admission {
         super::admission::admit(&mut tx, a, &writer.holder).await?;
     }
@@ -163,12 +171,6 @@ async fn submit(
     let sched_key = admission.as_ref().and_then(|a| a.key.as_ref()).map(|(key, _, _)| key.as_str());
     upsert_job(&mut *tx, &job, Some((&workflow, sched_key)), &writer).await?;
     finished_changed(&mut *tx, &job).await?;
-    // Where hosts share the store, its inputs are held while it is
-    // unfinished (see `blob_holds`), from this very step.
-    if writer.registered && !job.status.is_terminal() && !job.inputs.is_empty() {
-        let names: Vec<String> = job.inputs.iter().map(|i| i.hash.clone()).collect();
-        super::blob_holds::hold_in(&mut tx, &names, &job.id, &writer.holder).await?;
-    }
     tx.commit().await.map_err(backend)
 }
 

@@ -118,10 +118,10 @@ async fn an_idle_host_takes_queued_jobs_a_busy_one_holds() {
     assert_eq!(taken_away(&lease_a, &queued_on_a).await, ["fresh", "x1", "x2", "x3", "y1"]);
 }
 
-/// Jobs an idle host cannot run, however many are oldest, never hide one
-/// it can: it reads on past them.
+/// Jobs an idle host cannot run, oldest, do not hide one it can: it reads
+/// on past them (up to eight pages of eight per job it may take).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jobs_an_idle_host_cannot_run_never_hide_one_it_can() {
+async fn jobs_an_idle_host_cannot_run_do_not_hide_one_it_can() {
     let Some(db) = fresh().await else { return };
     let (a, b) = (db.clone().as_host("a"), db.clone().as_host("b"));
     let (lease_a, lease_b) = (super::PgHosts::new(a.clone(), "a"), super::PgHosts::new(b, "b"));

@@ -497,6 +497,11 @@ impl Sled {
             match self.assets.compare_and_swap(id, Some(current), Some(new.clone())).map_err(backend)? {
                 Ok(()) => {
                     self.index.after_asset(&old, asset)?;
+                    // A concurrent write of the same asset may have removed
+                    // an entry the record now stored needs: put them back.
+                    if let Some(current) = self.get_asset(&asset.id)? {
+                        self.index.before_asset(&current)?;
+                    }
                     return Ok(true);
                 }
                 Err(_) if self.assets.get(id).map_err(backend)?.is_none() => {
