@@ -111,6 +111,15 @@ pub(super) async fn upsert_job<'e>(
     written.map(|_| ()).ok_or_else(|| StoreError::Fenced(format!("job {}", job.id)))
 }
 
+/// `query` with an asset's columns bound as `$1`–`$6` (id, hash, job id,
+/// expiry, tags, record).
+fn bind_asset<'q, O>(
+    query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    asset: &'q AssetRecord,
+) -> Result<sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>, StoreError> {
+    Ok(query.bind(&asset.id).bind(&asset.hash).bind(&asset.job_id).bind(asset.expires_at).bind(&asset.tags).bind(enc(asset)?))
+}
+
 /// Who writes: this start's holder id, and whether it registered as one of
 /// the hosts sharing the database (then only while its registration lasts).
 pub(super) struct Writer {
@@ -427,17 +436,14 @@ impl MetaStore for PgMeta {
             // A registered host records an asset only while registered: one
             // whose lease lapsed mid-upload (its upload's hold ended with its
             // registration, so the blob may have been collected) is refused.
-            let written: Option<(i32,)> = sqlx::query_as(
-                "INSERT INTO assets (id, hash, job_id, expires_at, tags, record) SELECT $1, $2, $3, $4, $5, $6 \
-                 WHERE NOT $8 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $7) \
-                 ON CONFLICT (id) DO UPDATE SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 RETURNING 1",
-            )
-            .bind(&asset.id)
-            .bind(&asset.hash)
-            .bind(&asset.job_id)
-            .bind(asset.expires_at)
-            .bind(&asset.tags)
-            .bind(enc(&asset)?)
+            let written: Option<(i32,)> = bind_asset(
+                sqlx::query_as(
+                    "INSERT INTO assets (id, hash, job_id, expires_at, tags, record) SELECT $1, $2, $3, $4, $5, $6 \
+                     WHERE NOT $8 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $7) \
+                     ON CONFLICT (id) DO UPDATE SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 RETURNING 1",
+                ),
+                &asset,
+            )?
             .bind(&writer.holder)
             .bind(writer.registered)
             .fetch_optional(&pool)
@@ -452,17 +458,8 @@ impl MetaStore for PgMeta {
         on_pool!(self, |pool| {
             // (No registration check: the record it replaces already keeps
             // its blob from collection.)
-            let written: Option<(i32,)> =
-                sqlx::query_as("UPDATE assets SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 WHERE id = $1 RETURNING 1")
-                    .bind(&asset.id)
-                    .bind(&asset.hash)
-                    .bind(&asset.job_id)
-                    .bind(asset.expires_at)
-                    .bind(&asset.tags)
-                    .bind(enc(&asset)?)
-                    .fetch_optional(&pool)
-                    .await
-                    .map_err(backend)?;
+            let update = sqlx::query_as("UPDATE assets SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 WHERE id = $1 RETURNING 1");
+            let written: Option<(i32,)> = bind_asset(update, &asset)?.fetch_optional(&pool).await.map_err(backend)?;
             Ok(written.is_some())
         })
     }
