@@ -163,6 +163,15 @@ impl FairQueue {
         }
     }
 
+    /// Whether [`FairQueue::pop`] would take a job now: a key with jobs
+    /// waiting, not held, and running fewer than its limit.
+    pub fn startable(&self, limits: &dyn TenantLimits, now: Instant) -> bool {
+        self.rotation
+            .iter()
+            .filter_map(|key| Some((key, self.keys.get(key)?)))
+            .any(|(key, entry)| !entry.jobs.is_empty() && !entry.held_until.is_some_and(|until| until > now) && entry.running < limits.limits(key).max_running)
+    }
+
     /// The earliest time after `now` (the `now` of the [`FairQueue::pop`]
     /// that found nothing) that a held key with waiting jobs may be tried again (a worker that found nothing to take sleeps until
     /// then at most).
@@ -386,10 +395,26 @@ mod tests {
         q.done("a");
         assert_eq!(q.next_hold(Instant::now()), Some(until));
         assert_eq!(q.position("a0"), Some(1), "back at its key's front");
+        assert!(q.startable(&|_: &str| OPEN, Instant::now()), "b's jobs may start");
         assert_eq!(pop_all(&mut q, &|_: &str| OPEN), ["b0", "b1"], "a held key is skipped, the others are served");
+        assert!(!q.startable(&|_: &str| OPEN, Instant::now()), "only a held key's jobs wait");
         std::thread::sleep(until.saturating_duration_since(Instant::now()));
         assert_eq!(pop_all(&mut q, &|_: &str| OPEN), ["a0", "a1"], "after the hold, in its order");
         assert_eq!(q.next_hold(Instant::now()), None);
         assert!(q.is_empty());
+    }
+
+    /// A key at its running limit has nothing to start, like a held one.
+    #[test]
+    fn a_key_at_its_running_limit_has_nothing_startable() {
+        let mut q = FairQueue::default();
+        let one = |_: &str| OwnerLimits { max_running: 1, max_queued: 10 };
+        q.push("a", "a", "a0".into(), false, 10).unwrap();
+        q.push("a", "a", "a1".into(), false, 10).unwrap();
+        assert!(q.startable(&one, Instant::now()));
+        assert_eq!(q.pop(&one, Instant::now()).map(|(id, _)| id).as_deref(), Some("a0"));
+        assert!(!q.startable(&one, Instant::now()), "a1 waits for a0");
+        q.done("a");
+        assert!(q.startable(&one, Instant::now()));
     }
 }

@@ -56,11 +56,12 @@ impl WorkSharing {
 }
 
 impl Service {
-    /// Workers that would start a job taken now: those not busy, when
-    /// nothing waits here (a job held back by its key's limit counts as
-    /// waiting: this host is not idle for want of work).
+    /// Workers that would start a job taken now: those not busy, when no
+    /// job here could start now (jobs of a key held back by its running
+    /// limit leave the workers free for other hosts' work).
     pub(super) fn idle_workers(&self) -> usize {
-        if self.queue.waiting().queued() > 0 || self.shutdown.is_cancelled() {
+        let limits = |key: &str| self.limits_for(key);
+        if self.shutdown.is_cancelled() || self.queue.waiting().startable(&limits) {
             return 0;
         }
         self.opts.max_running_jobs.saturating_sub(self.sharing.busy.load(Ordering::SeqCst))

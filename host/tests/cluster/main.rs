@@ -8,7 +8,7 @@
 //! accounts made, topped up or disabled through one host hold on all, and
 //! a tenant's queue bound and credits hold across concurrent submissions
 //! on all three. Jobs queued on a busy host are taken and run by idle
-//! ones. A deployment made, stopped or started through one host
+//! ones (a host whose queue waits on a running limit counts as idle). A deployment made, stopped or started through one host
 //! is served, refused or served again by the others. A host whose plugins
 //! differ from the dead host's never takes over a job it would run on other
 //! code: the job waits for a host that has its components. PostgreSQL

@@ -325,3 +325,46 @@ async fn a_tiers_running_limit_holds_across_hosts() {
     let most = watcher.await.unwrap();
     assert_eq!(most, 1, "the tier's one running job holds on all three hosts");
 }
+
+/// A host whose queued jobs all wait on their account's running limit is
+/// idle for other work: it takes another account's job queued on a busy
+/// host, which runs beside that account's first job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_queue_waits_on_a_running_limit_takes_other_work() {
+    let Some(shared) = shared().await else { return };
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), "default_tier = \"one\"\n[tiers.one]\nmax_running = 1\nmax_queued = 20\n[tiers.wide]\nmax_running = 3\nmax_queued = 20\n")
+        .unwrap();
+    let cloud =
+        |workers| [("KILN_MODE", "cloud"), ("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", workers), ("KILN_CONFIG", config.path().to_str().unwrap())];
+    // h1 has two workers, h2 one.
+    let (h1, h2) = (start_with("l1", &shared, &cloud("2")), start_with("l2", &shared, &cloud("1")));
+    let http = reqwest::Client::new();
+    let limited = create_account(&http, &h1, "limited", 1_000_000).await;
+    let resp = http
+        .post(format!("{}/admin/accounts", h1.base))
+        .bearer_auth(ADMIN)
+        .json(&json!({"name": "wide", "credits": 1_000_000, "tier": "wide"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let wide = resp.json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string();
+    until_status(&http, &h2, &wide, |s| s == 200, "a key made on l1 works on l2").await;
+    // On h1: the limited account's first job runs, its second waits for it.
+    let running = submit_as(&http, &h1, &limited, slow(1)).await.1["id"].as_str().unwrap().to_string();
+    wait_as(&http, &h1, &limited, &running, &["running"]).await;
+    let waiting = submit_as(&http, &h1, &limited, slow(2)).await.1["id"].as_str().unwrap().to_string();
+    // On h2 (one worker): the other account's first job runs, its second
+    // queues behind it; h1's free worker takes it.
+    let first = submit_as(&http, &h2, &wide, slow(3)).await.1["id"].as_str().unwrap().to_string();
+    wait_as(&http, &h2, &wide, &first, &["running"]).await;
+    let second = submit_as(&http, &h2, &wide, slow(4)).await.1["id"].as_str().unwrap().to_string();
+    wait_as(&http, &h2, &wide, &second, &["running"]).await;
+    assert_eq!(job_as(&http, &h2, &wide, &first).await["status"], "running", "both of its jobs run at once");
+    assert_eq!(job_as(&http, &h1, &limited, &waiting).await["status"], "queued", "the limited account's second job still waits");
+    for (key, id) in [(&limited, &running), (&limited, &waiting), (&wide, &first), (&wide, &second)] {
+        let done = wait_as(&http, &h2, key, id, &["succeeded", "failed"]).await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+    }
+}

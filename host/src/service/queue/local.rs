@@ -47,6 +47,10 @@ impl Waiting for LocalWaiting {
         self.queued.load(Ordering::SeqCst)
     }
 
+    fn startable(&self, limits: &dyn TenantLimits) -> bool {
+        self.waiting.lock().startable(limits, std::time::Instant::now())
+    }
+
     fn push(&self, key: &str, owner: &str, id: String, front: bool, max_queued: usize) -> Result<usize, KeyQueueFull> {
         let position = self.waiting.lock().push(key, owner, id, front, max_queued)?;
         self.notify.notify_one();

@@ -39,6 +39,9 @@ pub trait Waiting: Send + Sync {
     fn release(&self);
     /// The server's queue places taken now.
     fn queued(&self) -> usize;
+    /// Whether [`Waiting::next`] would give a job now, within `limits`
+    /// (jobs of held keys, or of keys at their running limit, wait).
+    fn startable(&self, limits: &dyn TenantLimits) -> bool;
     /// Queues a job whose place is reserved under scheduling key `key`
     /// (at most `max_queued` of the key's) and wakes a worker; its position
     /// among its owner's queued jobs.
