@@ -169,7 +169,7 @@ impl FairQueue {
         self.rotation
             .iter()
             .filter_map(|key| Some((key, self.keys.get(key)?)))
-            .any(|(key, entry)| !entry.jobs.is_empty() && !entry.held_until.is_some_and(|until| until > now) && entry.running < limits.limits(key).max_running)
+            .any(|(key, entry)| !entry.jobs.is_empty() && entry.held_until.is_none_or(|until| until <= now) && entry.running < limits.limits(key).max_running)
     }
 
     /// The earliest time after `now` (the `now` of the [`FairQueue::pop`]
