@@ -13,10 +13,19 @@ use super::*;
 
 /// Creates account `name` through `host`; its API key.
 async fn create_account(http: &reqwest::Client, host: &Host, name: &str, credits: i64) -> String {
-    let resp = http.post(format!("{}/admin/accounts", host.base)).bearer_auth(ADMIN).json(&json!({"name": name, "credits": credits})).send().await.unwrap();
-    assert_eq!(resp.status(), 201, "{name}");
+    create_account_with(http, host, json!({"name": name, "credits": credits})).await
+}
+
+/// `POST /admin/accounts` with `body` through `host`: the new account's key.
+async fn create_account_with(http: &reqwest::Client, host: &Host, body: Value) -> String {
+    let resp = http.post(format!("{}/admin/accounts", host.base)).bearer_auth(ADMIN).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 201, "{body}");
     resp.json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string()
 }
+
+/// Tiers of the running-limit tests: every account runs one job at a time,
+/// except those on tier `wide` (three).
+const ONE_AT_A_TIME: &str = "default_tier = \"one\"\n[tiers.one]\nmax_running = 1\nmax_queued = 20\n[tiers.wide]\nmax_running = 3\nmax_queued = 20\n";
 
 async fn admin(http: &reqwest::Client, host: &Host, path: &str, body: Value) -> Value {
     let resp = http.post(format!("{}/admin/accounts/{path}", host.base)).bearer_auth(ADMIN).json(&body).send().await.unwrap();
@@ -254,22 +263,13 @@ async fn a_tiers_running_limit_holds_across_hosts() {
     // Two workers per host; every account's tier runs one job at a time
     // (the other account's, three).
     let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(config.path(), "default_tier = \"one\"\n[tiers.one]\nmax_running = 1\nmax_queued = 20\n[tiers.wide]\nmax_running = 3\nmax_queued = 20\n")
-        .unwrap();
+    std::fs::write(config.path(), ONE_AT_A_TIME).unwrap();
     let cloud = [("KILN_MODE", "cloud"), ("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", "2"), ("KILN_CONFIG", config.path().to_str().unwrap())];
     let hosts: Vec<Host> = ["r1", "r2", "r3"].iter().map(|name| start_with(name, &shared, &cloud)).collect();
     let http = reqwest::Client::new();
     let tenant = create_account(&http, &hosts[0], "tenant", 1_000_000).await;
     // (Another tier's limit: its three jobs never wait for each other.)
-    let resp = http
-        .post(format!("{}/admin/accounts", hosts[0].base))
-        .bearer_auth(ADMIN)
-        .json(&json!({"name": "other", "credits": 1_000_000, "tier": "wide"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
-    let other = resp.json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string();
+    let other = create_account_with(&http, &hosts[0], json!({"name": "other", "credits": 1_000_000, "tier": "wide"})).await;
     for host in &hosts[1..] {
         until_status(&http, host, &tenant, |s| s == 200, "a key made on r1 works on the others").await;
         until_status(&http, host, &other, |s| s == 200, "a key made on r1 works on the others").await;
@@ -333,23 +333,14 @@ async fn a_tiers_running_limit_holds_across_hosts() {
 async fn a_host_whose_queue_waits_on_a_running_limit_takes_other_work() {
     let Some(shared) = shared().await else { return };
     let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(config.path(), "default_tier = \"one\"\n[tiers.one]\nmax_running = 1\nmax_queued = 20\n[tiers.wide]\nmax_running = 3\nmax_queued = 20\n")
-        .unwrap();
+    std::fs::write(config.path(), ONE_AT_A_TIME).unwrap();
     let cloud =
         |workers| [("KILN_MODE", "cloud"), ("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", workers), ("KILN_CONFIG", config.path().to_str().unwrap())];
     // h1 has two workers, h2 one.
     let (h1, h2) = (start_with("l1", &shared, &cloud("2")), start_with("l2", &shared, &cloud("1")));
     let http = reqwest::Client::new();
     let limited = create_account(&http, &h1, "limited", 1_000_000).await;
-    let resp = http
-        .post(format!("{}/admin/accounts", h1.base))
-        .bearer_auth(ADMIN)
-        .json(&json!({"name": "wide", "credits": 1_000_000, "tier": "wide"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
-    let wide = resp.json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string();
+    let wide = create_account_with(&http, &h1, json!({"name": "wide", "credits": 1_000_000, "tier": "wide"})).await;
     until_status(&http, &h2, &wide, |s| s == 200, "a key made on l1 works on l2").await;
     // On h1: the limited account's first job runs, its second waits for it.
     let running = submit_as(&http, &h1, &limited, slow(1)).await.1["id"].as_str().unwrap().to_string();

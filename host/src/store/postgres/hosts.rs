@@ -21,6 +21,18 @@ const TAKE_PAGE: usize = 8;
 /// Ids one query of [`HostLeases::taken_away`] checks.
 const TAKEN_AWAY_CHUNK: usize = 1000;
 
+/// Jobs `ids` are held by `me` from now on (taken over, or taken from
+/// another host's queue): no longer orphaned, and held here since now.
+async fn hold_here(tx: &mut sqlx::PgConnection, me: &str, ids: Vec<&str>) -> Result<(), StoreError> {
+    sqlx::query(&format!("UPDATE jobs SET holder = $1, orphaned_at = NULL, held_since = {DB_NOW} WHERE id = ANY($2)"))
+        .bind(me)
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+    Ok(())
+}
+
 /// Up to `limit` of `jobs` (each with its scheduling key and holder,
 /// oldest first): each key's oldest in turn, so one key's backlog on a
 /// busy host does not fill every idle worker before another key's job.
@@ -177,13 +189,7 @@ impl HostLeases for PgHosts {
                     break;
                 }
             }
-            let ids: Vec<&str> = adopted.jobs.iter().map(|j| j.id.as_str()).collect();
-            sqlx::query(&format!("UPDATE jobs SET holder = $1, orphaned_at = NULL, held_since = {DB_NOW} WHERE id = ANY($2)"))
-                .bind(&me)
-                .bind(&ids)
-                .execute(&mut *tx)
-                .await
-                .map_err(backend)?;
+            hold_here(&mut tx, &me, adopted.jobs.iter().map(|j| j.id.as_str()).collect()).await?;
             let (lacking,): (i64,) = sqlx::query_as(&format!(
                 "SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE {ORPHAN} AND NOT {forced} AND NOT j.takeover_needs <@ $1 LIMIT {LEFT_COUNTED}) l",
                 forced = forced(2, 3)
@@ -243,13 +249,7 @@ impl HostLeases for PgHosts {
             }
             let taken = round_robin(runnable, limit);
             if !taken.is_empty() {
-                let ids: Vec<&str> = taken.iter().map(|(_, job)| job.id.as_str()).collect();
-                sqlx::query(&format!("UPDATE jobs SET holder = $1, held_since = {DB_NOW} WHERE id = ANY($2)"))
-                    .bind(&me)
-                    .bind(&ids)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend)?;
+                hold_here(&mut tx, &me, taken.iter().map(|(_, job)| job.id.as_str()).collect()).await?;
                 let mut told: Vec<&str> = taken.iter().map(|(holder, _)| holder.as_str()).collect();
                 told.sort_unstable();
                 told.dedup();
