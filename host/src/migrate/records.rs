@@ -16,13 +16,7 @@ pub(super) async fn jobs(source: &Source, target: &Target) -> Result<Tally, Migr
         let Some(last) = page.last() else { return Ok(tally) };
         after = last.job.id.clone();
         let ids: Vec<String> = page.iter().map(|e| e.job.id.clone()).collect();
-        let jobs = page
-            .into_iter()
-            .map(|e| {
-                let sched_key = crate::service::fair::sched_key(&e.job.owner, e.job.deployment.as_deref());
-                ImportedJob { job: e.job, workflow: e.workflow, sched_key }
-            })
-            .collect();
+        let jobs = page.into_iter().map(|e| ImportedJob { job: e.job, workflow: e.workflow }).collect();
         count(&mut tally, ids.len(), target.meta.import_jobs(jobs).await?);
         all_present("jobs", ids.len(), target.meta.present(Imported::Jobs, ids).await?)?;
     }

@@ -21,7 +21,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use super::deployments::DeploymentState;
-use super::{Service, ServiceError, work_sharing};
+use super::work_sharing::Looks;
+use super::{Service, ServiceError};
 use crate::store::cluster::{HostLeases, Notices, Runnable, Topic};
 use crate::store::{JobRecord, JobStatus, StoreError};
 
@@ -115,17 +116,16 @@ impl Service {
     /// Every heartbeat: takes over lapsed hosts' jobs, serves cancel
     /// requests and looks for other hosts' queued jobs to run here (see
     /// `work_sharing`); at once when a cancel request or a job taken from
-    /// this host is heard, and when a worker here goes idle or another
-    /// host's queue changes.
+    /// this host is heard, and when a worker here goes idle, a key's last
+    /// job waiting here starts or another host's queue changes.
     pub(super) async fn cluster_loop(self: Arc<Self>) {
         let Some(cluster) = self.cluster.clone() else { return };
         let mut control = cluster.notices.subscribe(Topic::Control);
         let mut queues = cluster.notices.subscribe(Topic::Queues);
         let mut tick = tokio::time::interval(self.opts.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // When this host last looked for other hosts' queued jobs, and when
-        // a job it saw may be taken (it had not waited long enough).
-        let (mut looked, mut look_at): (Instant, Option<Instant>) = (Instant::now(), None);
+        // When this host looked for other hosts' queued jobs, and looks next.
+        let mut looks = Looks::default();
         // Jobs taken over whose recovery failed (the store unreachable):
         // this host's now, so tried again here.
         let mut backlog: Vec<JobRecord> = Vec::new();
@@ -134,9 +134,9 @@ impl Service {
         // Jobs left for hosts with other plugins, as last told.
         let mut told_left = 0;
         loop {
-            let look_for_work = tokio::select! {
+            let wake = tokio::select! {
                 _ = self.shutdown.cancelled() => return,
-                _ = tick.tick() => false,
+                _ = tick.tick() => Wake::Heartbeat,
                 heard = control.recv() => {
                     // A cancel request for a job this host holds, or jobs
                     // another host took from its queue (or missed
@@ -145,24 +145,29 @@ impl Service {
                         self.serve_cancel_requests(cluster.leases.as_ref()).await;
                         self.let_go_of_taken(&cluster).await;
                     }
+                    Wake::Nothing
+                }
+                // A worker here went idle, a key left the queue here,
+                // another host's queue changed, or a job seen may be taken
+                // now. (A busy host learns nothing from a change to the
+                // queue of an owner whose key waits here: it has its turns
+                // here. A deployment's key is not its callers', so its
+                // change may be passed over: the next trigger finds it.)
+                () = self.sharing.went_idle() => Wake::Look,
+                () = self.sharing.keys_left() => Wake::Look,
+                heard = queues.recv() => match heard {
+                    Ok(owner) if self.idle_workers() == 0 && self.queue.waiting().has_waiting(&owner) => Wake::Nothing,
+                    _ => Wake::Look,
+                },
+                () = sleep_until(looks.next), if looks.next.is_some() => Wake::Look,
+            };
+            match wake {
+                Wake::Nothing => continue,
+                Wake::Look => {
+                    backlog.extend(self.look_for_work(&cluster, &mut looks).await);
                     continue;
                 }
-                // A worker here went idle, another host's queue changed, or
-                // a job seen may be taken now.
-                () = self.sharing.went_idle() => true,
-                _ = queues.recv() => true,
-                () = sleep_until(look_at), if look_at.is_some() => true,
-            };
-            if look_for_work {
-                look_at = None;
-                if self.idle_workers() > 0 {
-                    tokio::time::sleep(work_sharing::LOOK_EVERY.saturating_sub(looked.elapsed())).await;
-                    looked = Instant::now();
-                    let (left, next_in) = self.take_queued_work(&cluster).await;
-                    backlog.extend(left);
-                    look_at = next_in.map(|d| Instant::now() + d);
-                }
-                continue;
+                Wake::Heartbeat => {}
             }
             match cluster.leases.adopt(ADOPT_BATCH, &self.runnable_here()).await {
                 Ok(adopted) => {
@@ -192,10 +197,7 @@ impl Service {
             self.serve_cancel_requests(cluster.leases.as_ref()).await;
             // (Notices of jobs taken from here may have been missed.)
             self.let_go_of_taken(&cluster).await;
-            looked = Instant::now();
-            let (left, next_in) = self.take_queued_work(&cluster).await;
-            backlog.extend(left);
-            look_at = next_in.map(|d| Instant::now() + d);
+            backlog.extend(self.look_for_work(&cluster, &mut looks).await);
         }
     }
 
@@ -252,6 +254,16 @@ impl Service {
         }
         Ok(())
     }
+}
+
+/// What woke the cluster loop.
+enum Wake {
+    /// The heartbeat: all its periodic work.
+    Heartbeat,
+    /// A reason to look for other hosts' queued jobs.
+    Look,
+    /// Something handled already, or nothing to do.
+    Nothing,
 }
 
 /// Resolves at `at` (never when `None`).

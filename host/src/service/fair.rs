@@ -220,6 +220,16 @@ impl FairQueue {
         self.keys.get(key).map_or_else(Vec::new, |entry| entry.jobs.iter().cloned().collect())
     }
 
+    /// Whether a job of `key` waits.
+    pub fn has_waiting(&self, key: &str) -> bool {
+        self.keys.get(key).is_some_and(|e| !e.jobs.is_empty())
+    }
+
+    /// The keys with jobs waiting, in their round-robin order.
+    pub fn waiting_keys(&self) -> Vec<String> {
+        self.rotation.iter().cloned().collect()
+    }
+
     /// Jobs of `key` running now.
     pub fn running_of(&self, key: &str) -> usize {
         self.keys.get(key).map_or(0, |e| e.running)
@@ -262,14 +272,7 @@ impl FairQueue {
     }
 }
 
-/// The scheduling key of a job: its deployment's (`deployment/ID`), whose
-/// limits are the deployment's, else its owner's.
-pub fn sched_key(owner: &str, deployment: Option<&str>) -> String {
-    match deployment {
-        Some(d) => format!("deployment/{d}"),
-        None => owner.to_string(),
-    }
-}
+pub use crate::store::sched_key;
 
 /// The limits lookup a service starts with: every key gets `limits`.
 pub fn uniform(limits: OwnerLimits) -> Arc<dyn TenantLimits> {

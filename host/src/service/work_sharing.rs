@@ -4,29 +4,73 @@
 //! took lets them go — out of its queue and live set, its streams on them
 //! following them on the host that runs them now.
 //!
+//! Fair turns across hosts: a busy host also takes one job of each key
+//! whose jobs wait only on other hosts ([`TakeFor::Turns`]), so that key
+//! has a turn in this host's round-robin too. A key flooding one host is
+//! then served by every host alongside the keys queued everywhere, as one
+//! host would serve them all.
+//!
 //! A host looks for work when one of its workers goes idle with nothing
 //! queued here, when another host's queue changes ([`Topic::Queues`]) and
-//! at every heartbeat; at most once per [`LOOK_EVERY`]. The store decides
-//! who gets a job (row locks, the holder it names): a host whose job was
-//! taken while it started it is refused that start, so a job never runs
-//! on two hosts.
+//! at every heartbeat; at most once per [`LOOK_EVERY`]. A busy host looks
+//! for turns at a heartbeat, when another host's queue of an owner with
+//! nothing waiting here changes and when a key's last job waiting here
+//! starts; at most once per [`TURNS_EVERY`]. The store decides who gets a
+//! job (row locks, the holder it names): a host whose job was taken while
+//! it started it is refused that start, so a job never runs on two hosts.
 //!
 //! [`Topic::Queues`]: crate::store::cluster::Topic::Queues
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use super::cluster::ClusterBackends;
 use super::{LiveJob, Service};
-use crate::store::cluster::{QUEUED_BEFORE_TAKEN, Taken};
+use crate::store::cluster::{QUEUED_BEFORE_TAKEN, TakeFor, Taken};
 use crate::store::{JobRecord, JobStatus};
 
 /// The shortest time between two looks for work (each one transaction).
 pub(super) const LOOK_EVERY: Duration = Duration::from_millis(50);
+/// The shortest time between two looks for turns (each one transaction):
+/// a key queued only elsewhere waits at most about this long for its next
+/// turn here after its last one started.
+pub(super) const TURNS_EVERY: Duration = Duration::from_millis(250);
+
+/// When this host last looked for other hosts' queued jobs, and when it
+/// looks next unless woken sooner (a job it saw had not waited long
+/// enough, or a look came too soon after the last).
+pub(super) struct Looks {
+    last: Instant,
+    pub(super) next: Option<Instant>,
+}
+
+impl Default for Looks {
+    fn default() -> Looks {
+        Looks { last: Instant::now(), next: None }
+    }
+}
+
+/// What a look for other hosts' queued jobs is for now (see [`TakeFor`]).
+pub(super) enum Wanted {
+    /// Jobs for this many idle workers.
+    Idle(usize),
+    /// Turns for keys queued elsewhere, besides these keys waiting here.
+    Turns(Vec<String>),
+}
+
+impl Wanted {
+    /// The shortest time between two such looks.
+    pub(super) fn every(&self) -> Duration {
+        match self {
+            Wanted::Idle(_) => LOOK_EVERY,
+            Wanted::Turns(_) => TURNS_EVERY,
+        }
+    }
+}
 
 /// This host's workers as work sharing sees them.
 #[derive(Default)]
@@ -35,6 +79,8 @@ pub(super) struct WorkSharing {
     busy: AtomicUsize,
     /// Woken when a worker goes idle with nothing queued here.
     idle: Notify,
+    /// Woken when a key's last job waiting here started.
+    key_left: Notify,
 }
 
 impl WorkSharing {
@@ -53,6 +99,17 @@ impl WorkSharing {
     pub(super) async fn went_idle(&self) {
         self.idle.notified().await;
     }
+
+    /// A worker started the last job of a key waiting here: a turn for a
+    /// key queued elsewhere may be due.
+    pub(super) fn key_left(&self) {
+        self.key_left.notify_one();
+    }
+
+    /// Resolves when a key left the queue here (see [`WorkSharing::key_left`]).
+    pub(super) async fn keys_left(&self) {
+        self.key_left.notified().await;
+    }
 }
 
 impl Service {
@@ -67,16 +124,49 @@ impl Service {
         self.opts.max_running_jobs.saturating_sub(self.sharing.busy.load(Ordering::SeqCst))
     }
 
-    /// Takes jobs queued on busy hosts for this host's idle workers.
-    /// Returns those taken whose recovery failed (this host's now: the
-    /// caller tries again, as with jobs taken over), and when to look
-    /// again for a job that had not waited long enough on its host.
-    pub(super) async fn take_queued_work(&self, cluster: &ClusterBackends) -> (Vec<JobRecord>, Option<Duration>) {
+    /// What a look for other hosts' queued jobs would take now: jobs for
+    /// idle workers, or turns while jobs wait here; `None` when neither.
+    fn wanted_work(&self) -> Option<Wanted> {
         let idle = self.idle_workers();
-        if idle == 0 {
-            return (Vec::new(), None);
+        if idle > 0 {
+            return Some(Wanted::Idle(idle));
         }
-        let Taken { jobs, next_in } = match cluster.leases.take_queued(idle, &self.runnable_here(), QUEUED_BEFORE_TAKEN).await {
+        let waiting = self.queue.waiting().waiting_keys();
+        (!waiting.is_empty() && !self.shutdown.is_cancelled()).then_some(Wanted::Turns(waiting))
+    }
+
+    /// Looks for other hosts' queued jobs if this host wants any now
+    /// ([`Service::wanted_work`]), at most once per [`Wanted::every`] (a
+    /// look sooner is put off till then). Returns the jobs taken whose
+    /// recovery failed (see [`Service::take_queued_work`]).
+    pub(super) async fn look_for_work(&self, cluster: &ClusterBackends, looks: &mut Looks) -> Vec<JobRecord> {
+        let now = Instant::now();
+        if looks.next.is_some_and(|at| at <= now) {
+            looks.next = None;
+        }
+        let Some(wanted) = self.wanted_work() else { return Vec::new() };
+        let due = looks.last + wanted.every();
+        if due > now {
+            looks.next = Some(looks.next.map_or(due, |at| at.min(due)));
+            return Vec::new();
+        }
+        looks.last = now;
+        let (left, next_in) = self.take_queued_work(cluster, wanted).await;
+        looks.next = next_in.map(|d| Instant::now() + d);
+        left
+    }
+
+    /// Takes jobs queued on busy hosts, as `wanted` says. Returns those
+    /// taken whose recovery failed (this host's now: the caller tries
+    /// again, as with jobs taken over), and when to look again for a job it
+    /// may take that had not waited long enough on its host.
+    async fn take_queued_work(&self, cluster: &ClusterBackends, wanted: Wanted) -> (Vec<JobRecord>, Option<Duration>) {
+        let want = match &wanted {
+            Wanted::Idle(idle) => TakeFor::Idle(*idle),
+            // At most a turn per worker each look.
+            Wanted::Turns(waiting) => TakeFor::Turns { keys: self.opts.max_running_jobs, queued_here: waiting },
+        };
+        let Taken { jobs, next_in } = match cluster.leases.take_queued(want, &self.runnable_here(), QUEUED_BEFORE_TAKEN).await {
             Ok(taken) => taken,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot look for jobs queued on other hosts");
@@ -86,7 +176,7 @@ impl Service {
         if jobs.is_empty() {
             return (Vec::new(), next_in);
         }
-        tracing::debug!(jobs = jobs.len(), "took jobs queued on busy hosts");
+        tracing::debug!(jobs = jobs.len(), turns = matches!(wanted, Wanted::Turns(_)), "took jobs queued on busy hosts");
         let owners: BTreeSet<String> = jobs.iter().map(|j| j.owner.clone()).collect();
         let left = match self.recover_jobs(jobs, &HashMap::new()).await {
             Ok(()) => Vec::new(),

@@ -38,17 +38,17 @@ pub trait HostLeases: Send + Sync {
     /// this host. Two hosts looking at once never take the same job. The
     /// others are left for a host that has their components, and counted.
     async fn adopt(&self, limit: usize, here: &Runnable) -> Result<Adopted, StoreError>;
-    /// Takes up to `limit` of the jobs queued on other registered hosts,
+    /// Takes jobs queued on other registered hosts, as `want` says (for
+    /// idle workers, or turns for keys queued only elsewhere), of those
     /// held there for at least `waited` (by the store's clock; a job taken
     /// moves on no sooner; [`QUEUED_BEFORE_TAKEN`]) and
-    /// [`JobRecord::movable`], that
-    /// `here` can run, for this host's idle workers: never one whose start
+    /// [`JobRecord::movable`], that `here` can run: never one whose start
     /// its key's running limit refused, one asked to be canceled or past
     /// its expiry; the oldest of each scheduling key in turn. Their
     /// records, held by this host now; each former holder is told (a
     /// [`Topic::Control`] notice naming it) and its late start of one is
     /// refused ([`StoreError::Fenced`]).
-    async fn take_queued(&self, limit: usize, here: &Runnable, waited: Duration) -> Result<Taken, StoreError>;
+    async fn take_queued(&self, want: TakeFor<'_>, here: &Runnable, waited: Duration) -> Result<Taken, StoreError>;
     /// Of the jobs `ids` this host has queued, those another host holds
     /// now ([`HostLeases::take_queued`]; one not written yet is not).
     async fn taken_away(&self, ids: &[String]) -> Result<Vec<String>, StoreError>;
@@ -85,6 +85,22 @@ pub struct Runnable {
     /// held, or one asked to be canceled or past its expiry, is taken at
     /// once whatever it needs.
     pub wait: std::time::Duration,
+}
+
+/// What a look for jobs queued on other hosts takes
+/// ([`HostLeases::take_queued`]).
+#[derive(Debug, Clone, Copy)]
+pub enum TakeFor<'a> {
+    /// Jobs for this many idle workers.
+    Idle(usize),
+    /// Turns in this host's round-robin for keys whose jobs wait only
+    /// elsewhere, so a key flooding one host is served by all of them
+    /// alongside the keys queued everywhere: one job of each such key (at
+    /// most `keys` of them), never of a key in `queued_here` (it has its
+    /// turns here already) nor a key's last job on its host (that host
+    /// serves it in its own turn; taking it would only move it back and
+    /// forth).
+    Turns { keys: usize, queued_here: &'a [String] },
 }
 
 /// One look for jobs queued on other hosts.

@@ -162,7 +162,22 @@ pub fn public_job_id(key: &str) -> &str {
     key.split_once('~').map_or(key, |(id, _)| id)
 }
 
+/// The scheduling key of a job of `owner` (in `deployment`, if any): the
+/// deployment's (`deployment/ID`), whose limits are the deployment's, else
+/// its owner's. Queues, limits and fair turns go by it.
+pub fn sched_key(owner: &str, deployment: Option<&str>) -> String {
+    match deployment {
+        Some(d) => format!("deployment/{d}"),
+        None => owner.to_string(),
+    }
+}
+
 impl JobRecord {
+    /// Its scheduling key (see [`sched_key`]).
+    pub fn sched_key(&self) -> String {
+        sched_key(&self.owner, self.deployment.as_deref())
+    }
+
     /// The id its owner knows the job by (see [`public_job_id`]).
     pub fn public_id(&self) -> &str {
         public_job_id(&self.id)

@@ -363,3 +363,47 @@ async fn a_host_whose_queue_waits_on_a_running_limit_takes_other_work() {
         assert_eq!(done["status"], "succeeded", "{done}");
     }
 }
+
+/// Fair turns hold across hosts: one account floods both hosts, another
+/// only the first. The second host gives the second account turns too (it
+/// takes one of its jobs at a time from the first host's queue), so its
+/// jobs are done about as soon as on one host serving both: when its last
+/// one starts, about half of the first account's have, not nearly all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_flooding_one_host_gets_turns_on_every_host() {
+    let Some(shared) = shared().await else { return };
+    let cloud = [("KILN_MODE", "cloud"), ("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", "1")];
+    let (h1, h2) = (start_with("f1", &shared, &cloud), start_with("f2", &shared, &cloud));
+    let http = reqwest::Client::new();
+    let everywhere = create_account(&http, &h1, "everywhere", 1_000_000).await;
+    let one_host = create_account(&http, &h1, "one-host", 1_000_000).await;
+    until_status(&http, &h2, &everywhere, |s| s == 200, "a key made on f1 works on f2").await;
+    let per_host = 8;
+    let mut jobs: Vec<(&str, String)> = Vec::new();
+    for n in 0..per_host {
+        let (_, body) = submit_as(&http, &h2, &everywhere, medium(n)).await;
+        jobs.push(("everywhere", body["id"].as_str().unwrap_or_else(|| panic!("{body}")).to_string()));
+    }
+    for n in 0..per_host {
+        for (name, key) in [("everywhere", &everywhere), ("one-host", &one_host)] {
+            let (_, body) = submit_as(&http, &h1, key, medium(100 + n)).await;
+            jobs.push((name, body["id"].as_str().unwrap_or_else(|| panic!("{body}")).to_string()));
+        }
+    }
+    let mut started = Vec::new();
+    for (name, id) in &jobs {
+        let key = if *name == "everywhere" { &everywhere } else { &one_host };
+        let done = wait_as(&http, &h1, key, id, &["succeeded", "failed"]).await;
+        assert_eq!(done["status"], "succeeded", "{done}");
+        started.push((*name, done["started_at"].as_str().unwrap().to_string()));
+    }
+    // (RFC 3339 times of one clock, in UTC: they sort as text.)
+    let last_of_one_host = started.iter().filter(|(name, _)| *name == "one-host").map(|(_, at)| at.clone()).max().unwrap();
+    let everywhere_before = started.iter().filter(|(name, at)| *name == "everywhere" && *at < last_of_one_host).count();
+    // With turns, 9 or 10 of "everywhere"'s 16 start before "one-host"'s
+    // last (each host alternates the two accounts, the second host from
+    // its first turn on); without them, 15 (only the first host serves
+    // "one-host").
+    let everywhere_jobs = 2 * per_host as usize;
+    assert!(everywhere_before <= everywhere_jobs * 3 / 4, "{everywhere_before} of {everywhere_jobs} started before the other account's last: {started:?}");
+}

@@ -117,6 +117,14 @@ impl Waiting for LocalWaiting {
         self.waiting.lock().waiting_of(key)
     }
 
+    fn has_waiting(&self, key: &str) -> bool {
+        self.waiting.lock().has_waiting(key)
+    }
+
+    fn waiting_keys(&self) -> Vec<String> {
+        self.waiting.lock().waiting_keys()
+    }
+
     fn position(&self, id: &str) -> Option<usize> {
         self.waiting.lock().position(id)
     }

@@ -67,6 +67,10 @@ pub trait Waiting: Send + Sync {
     fn limits_changed(&self);
     /// The ids of the jobs of scheduling key `key` waiting here.
     fn waiting_of(&self, key: &str) -> Vec<String>;
+    /// Whether a job of scheduling key `key` waits here.
+    fn has_waiting(&self, key: &str) -> bool;
+    /// The scheduling keys with jobs waiting here.
+    fn waiting_keys(&self) -> Vec<String>;
     /// 1-based position of a queued job among its owner's queued jobs.
     fn position(&self, id: &str) -> Option<usize>;
     /// Queued job ids in the order they would run.

@@ -37,6 +37,9 @@ impl Service {
             };
             let (next, key) = next;
             self.sharing.took();
+            if self.cluster.is_some() && !self.queue.waiting().has_waiting(&key) {
+                self.sharing.key_left();
+            }
             let Some(live) = self.live_job(&next) else {
                 self.queue.waiting().done(&key);
                 self.sharing.done();

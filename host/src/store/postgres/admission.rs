@@ -115,13 +115,7 @@ pub(super) async fn start(pool: PgPool, job: JobRecord, key: String, max_running
         tx.commit().await.map_err(backend)?;
         return Err(StoreError::Refused(Refusal::RunningFull));
     }
-    upsert_job(&mut *tx, &job, None, &writer).await?;
-    // Counted from now on by every host's starts, whatever wrote the row.
-    sqlx::query("UPDATE jobs SET sched_key = $2 WHERE id = $1 AND sched_key IS DISTINCT FROM $2")
-        .bind(&job.id)
-        .bind(&key)
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?;
+    // Counted under `key` from now on by every host's starts.
+    upsert_job(&mut *tx, &job, None, Some(&key), &writer).await?;
     tx.commit().await.map_err(backend)
 }

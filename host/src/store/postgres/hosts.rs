@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::Row;
 
 use super::{DB_NOW, PgDatabase, backend, meta::records};
-use crate::store::cluster::{Adopted, HostLeases, LEFT_COUNTED, Runnable, Taken, Topic};
+use crate::store::cluster::{Adopted, HostLeases, LEFT_COUNTED, Runnable, TakeFor, Taken, Topic};
 use crate::store::{JobRecord, JobStatus, StoreError};
 
 /// The advisory lock takeovers run under.
@@ -34,19 +34,25 @@ async fn hold_here(tx: &mut sqlx::PgConnection, me: &str, ids: Vec<&str>) -> Res
 }
 
 /// Up to `limit` of `jobs` (each with its scheduling key and holder,
-/// oldest first): each key's oldest in turn, so one key's backlog on a
-/// busy host does not fill every idle worker before another key's job.
-fn round_robin(jobs: Vec<(String, String, JobRecord)>, limit: usize) -> Vec<(String, JobRecord)> {
-    let mut keys: Vec<(String, std::collections::VecDeque<(String, JobRecord)>)> = Vec::new();
+/// oldest first), at most `per_key` of each key: each key's oldest in
+/// turn, so one key's backlog on a busy host does not fill every idle
+/// worker before another key's job.
+fn round_robin(jobs: Vec<(String, String, JobRecord)>, limit: usize, per_key: usize) -> Vec<(String, JobRecord)> {
+    // Each key's jobs, keys in the order of their oldest.
+    let mut keys: Vec<std::collections::VecDeque<(String, JobRecord)>> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (key, holder, job) in jobs {
-        match keys.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, queue)) => queue.push_back((holder, job)),
-            None => keys.push((key, std::collections::VecDeque::from([(holder, job)]))),
+        let at = *index.entry(key).or_insert_with(|| {
+            keys.push(std::collections::VecDeque::new());
+            keys.len() - 1
+        });
+        if keys[at].len() < per_key {
+            keys[at].push_back((holder, job));
         }
     }
     let mut taken = Vec::new();
     while taken.len() < limit && !keys.is_empty() {
-        keys.retain_mut(|(_, queue)| {
+        keys.retain_mut(|queue| {
             if taken.len() < limit
                 && let Some(next) = queue.pop_front()
             {
@@ -56,6 +62,96 @@ fn round_robin(jobs: Vec<(String, String, JobRecord)>, limit: usize) -> Vec<(Str
         });
     }
     taken
+}
+
+/// How a look reads the queued jobs it may take (see
+/// [`HostLeases::take_queued`]).
+struct Candidates<'a> {
+    me: &'a str,
+    /// How long a job must have been held where it is (µs).
+    before: i64,
+    here: &'a Runnable,
+    /// Jobs (or, for turns, keys) wanted.
+    limit: usize,
+    turns: bool,
+}
+
+impl Candidates<'_> {
+    /// Pages of candidates, oldest first, each asked whether it runs here
+    /// (for its owner): a page of jobs it cannot run never hides others;
+    /// never of a key in `skipped`. For idle workers the rows are locked as
+    /// read (a holder's start of one waits for this transaction and is
+    /// then refused: the row names this host). For turns they are read
+    /// unlocked (most are the same few keys' jobs: those chosen are locked
+    /// after), a key's oldest runnable job stands for it, and the next
+    /// pages skip the keys found, so one key's flood never hides the others.
+    async fn pages(&self, tx: &mut sqlx::PgConnection, mut skipped: Vec<String>) -> Result<Vec<(String, String, JobRecord)>, StoreError> {
+        let page = i64::try_from(self.limit.saturating_mul(TAKE_PAGE)).unwrap_or(i64::MAX);
+        let lock = if self.turns { "" } else { "FOR UPDATE OF j SKIP LOCKED" };
+        let mut found: std::collections::HashSet<String> = skipped.iter().cloned().collect();
+        let mut runnable = Vec::new();
+        let mut after = (i64::MIN, String::new());
+        for _ in 0..ADOPT_PAGES {
+            let rows = sqlx::query(&format!(
+                "SELECT id, created_at, holder, COALESCE(sched_key, owner) AS key, record FROM jobs j WHERE j.status = 'queued' AND j.holder <> $1 \
+                 AND j.movable AND NOT j.cancel_requested AND j.start_wanted_at IS NULL AND j.expires_at > {DB_NOW} \
+                 AND j.held_since <= {DB_NOW} - $2 AND j.takeover_needs <@ $3 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) \
+                 AND (j.created_at, j.id) > ($4, $5) AND NOT (COALESCE(j.sched_key, j.owner) = ANY($7)) \
+                 AND (NOT $8 OR EXISTS (SELECT 1 FROM jobs k WHERE k.status = 'queued' AND k.sched_key = j.sched_key AND k.holder = j.holder AND k.id <> j.id)) \
+                 ORDER BY j.created_at, j.id LIMIT $6 {lock}"
+            ))
+            .bind(self.me)
+            .bind(self.before)
+            .bind(&self.here.hashes)
+            .bind(after.0)
+            .bind(&after.1)
+            .bind(page)
+            .bind(&skipped)
+            .bind(self.turns)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(backend)?;
+            let Some(last) = rows.last() else { break };
+            after = (last.try_get("created_at").map_err(backend)?, last.try_get("id").map_err(backend)?);
+            let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) == page;
+            for (row, job) in rows.iter().zip(records::<JobRecord>("job", &rows)?) {
+                let key: String = row.try_get("key").map_err(backend)?;
+                if (self.turns && found.contains(&key)) || !(self.here.job)(&job) {
+                    continue;
+                }
+                if self.turns {
+                    found.insert(key.clone());
+                    skipped.push(key.clone());
+                }
+                runnable.push((key, row.try_get::<String, _>("holder").map_err(backend)?, job));
+            }
+            if !full || runnable.len() >= self.limit.saturating_mul(if self.turns { 1 } else { TAKE_PAGE }) {
+                break;
+            }
+        }
+        Ok(runnable)
+    }
+}
+
+/// Of the jobs chosen from rows read unlocked (each with the holder read),
+/// those still queued there and takeable, locked now; one another look
+/// locked, took or its holder started meanwhile drops out.
+async fn lock_as_read(tx: &mut sqlx::PgConnection, chosen: Vec<(String, JobRecord)>) -> Result<Vec<(String, JobRecord)>, StoreError> {
+    if chosen.is_empty() {
+        return Ok(chosen);
+    }
+    let (holders, ids): (Vec<&str>, Vec<&str>) = chosen.iter().map(|(holder, job)| (holder.as_str(), job.id.as_str())).unzip();
+    let locked: Vec<(String,)> = sqlx::query_as(
+        "SELECT j.id FROM jobs j JOIN unnest($1::text[], $2::text[]) AS c(id, holder) ON j.id = c.id AND j.holder = c.holder \
+         WHERE j.status = 'queued' AND NOT j.cancel_requested AND j.start_wanted_at IS NULL FOR UPDATE OF j SKIP LOCKED",
+    )
+    .bind(&ids)
+    .bind(&holders)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(backend)?;
+    let locked: std::collections::HashSet<String> = locked.into_iter().map(|(id,)| id).collect();
+    Ok(chosen.into_iter().filter(|(_, job)| locked.contains(&job.id)).collect())
 }
 
 /// An orphan any host takes whatever components it needs (table alias
@@ -206,48 +302,23 @@ impl HostLeases for PgHosts {
         })
     }
 
-    async fn take_queued(&self, limit: usize, here: &Runnable, waited: Duration) -> Result<Taken, StoreError> {
+    async fn take_queued(&self, want: TakeFor<'_>, here: &Runnable, waited: Duration) -> Result<Taken, StoreError> {
+        // Turns take one job per key, never of a key queued here, nor a
+        // key's last job on its host.
+        let (limit, per_key, queued_here, turns) = match want {
+            TakeFor::Idle(workers) => (workers, usize::MAX, Vec::new(), false),
+            TakeFor::Turns { keys, queued_here } => (keys, 1, queued_here.to_vec(), true),
+        };
         let (me, here, limit) = (self.me(), here.clone(), limit.max(1));
-        let page = i64::try_from(limit.saturating_mul(TAKE_PAGE)).unwrap_or(i64::MAX);
         let before = micros(waited);
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
-            // Pages of candidates, oldest first, each asked whether it runs
-            // here (for its owner): a page of jobs it cannot run never hides
-            // others. Locked as read: a holder's start of one waits for this
-            // transaction and is then refused (the row names this host).
-            let mut runnable = Vec::new();
-            let mut after = (i64::MIN, String::new());
-            for _ in 0..ADOPT_PAGES {
-                let rows = sqlx::query(&format!(
-                    "SELECT id, created_at, holder, COALESCE(sched_key, owner) AS key, record FROM jobs j WHERE j.status = 'queued' AND j.holder <> $1 \
-                     AND j.movable AND NOT j.cancel_requested AND j.start_wanted_at IS NULL AND j.expires_at > {DB_NOW} \
-                     AND j.held_since <= {DB_NOW} - $2 AND j.takeover_needs <@ $3 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) \
-                     AND (j.created_at, j.id) > ($4, $5) ORDER BY j.created_at, j.id LIMIT $6 FOR UPDATE OF j SKIP LOCKED"
-                ))
-                .bind(&me)
-                .bind(before)
-                .bind(&here.hashes)
-                .bind(after.0)
-                .bind(&after.1)
-                .bind(page)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(backend)?;
-                let Some(last) = rows.last() else { break };
-                after = (last.try_get("created_at").map_err(backend)?, last.try_get("id").map_err(backend)?);
-                let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) == page;
-                for (row, job) in rows.iter().zip(records::<JobRecord>("job", &rows)?) {
-                    if (here.job)(&job) {
-                        let holder: String = row.try_get("holder").map_err(backend)?;
-                        runnable.push((row.try_get::<String, _>("key").map_err(backend)?, holder, job));
-                    }
-                }
-                if !full || runnable.len() >= limit.saturating_mul(TAKE_PAGE) {
-                    break;
-                }
+            let read = Candidates { me: &me, before, here: &here, limit, turns };
+            let runnable = read.pages(&mut tx, queued_here.clone()).await?;
+            let mut taken = round_robin(runnable, limit, per_key);
+            if turns {
+                taken = lock_as_read(&mut tx, taken).await?;
             }
-            let taken = round_robin(runnable, limit);
             if !taken.is_empty() {
                 hold_here(&mut tx, &me, taken.iter().map(|(_, job)| job.id.as_str()).collect()).await?;
                 let mut told: Vec<&str> = taken.iter().map(|(holder, _)| holder.as_str()).collect();
@@ -258,13 +329,15 @@ impl HostLeases for PgHosts {
                 }
             }
             // When the next job that has not waited long enough yet may be
-            // taken (this host looks again then, if still idle).
-            let (soonest,): (Option<i64>,) = sqlx::query_as(&format!(
+            // taken (this host looks again then, if it still may take it):
+            // for turns, a job of a key not queued here.
+            let soonest: Option<i64> = sqlx::query_scalar(&format!(
                 "SELECT min(j.held_since) + $2 - {DB_NOW} FROM jobs j WHERE j.status = 'queued' AND j.holder <> $1 AND j.movable \
-                 AND j.held_since > {DB_NOW} - $2"
+                 AND j.held_since > {DB_NOW} - $2 AND NOT (COALESCE(j.sched_key, j.owner) = ANY($3))"
             ))
             .bind(&me)
             .bind(before)
+            .bind(&queued_here)
             .fetch_one(&mut *tx)
             .await
             .map_err(backend)?;

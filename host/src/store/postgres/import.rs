@@ -10,19 +10,17 @@ use super::meta::{enc, finished_changed, seq, status};
 use super::{PgMeta, backend};
 use crate::store::{AssetRecord, IdempotencyClaim, JobRecord, StoreError};
 
-/// A job to copy in: its record, its workflow's bytes (JSON) when kept,
-/// and its scheduling key (what admission counts it under).
+/// A job to copy in: its record and its workflow's bytes (JSON) when kept.
 pub struct ImportedJob {
     pub job: JobRecord,
     pub workflow: Option<Vec<u8>>,
-    pub sched_key: String,
 }
 
 /// One row's insert, which writes nothing where the row exists.
 type Insert<'a> = sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 fn job_insert(new: &ImportedJob) -> Result<Insert<'_>, StoreError> {
-    let ImportedJob { job, workflow, sched_key } = new;
+    let ImportedJob { job, workflow } = new;
     Ok(sqlx::query(
         "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs, movable) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11) ON CONFLICT (id) DO NOTHING",
@@ -35,7 +33,7 @@ fn job_insert(new: &ImportedJob) -> Result<Insert<'_>, StoreError> {
     .bind(job.expires_at)
     .bind(enc(job)?)
     .bind(workflow)
-    .bind(sched_key)
+    .bind(job.sched_key())
     .bind(job.takeover_needs())
     .bind(job.movable()))
 }

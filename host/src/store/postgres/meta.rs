@@ -67,7 +67,9 @@ pub(super) fn records<T: DeserializeOwned>(what: &str, rows: &[sqlx::postgres::P
 }
 
 /// Inserts or replaces a job's record (and its workflow when given) as
-/// written by `writer`: an unfinished record is held by it, a finished one
+/// written by `writer`, under scheduling key `key` (the key admission
+/// counted it under; `None`: the row's, or for a new row the record's own,
+/// `JobRecord::sched_key`): an unfinished record is held by it, a finished one
 /// by no host. Refused ([`StoreError::Fenced`]) where the row is another
 /// host's (this host's lease lapsed and that host took the job over), where
 /// a finished row would become unfinished again or be replaced by anything
@@ -76,17 +78,17 @@ pub(super) fn records<T: DeserializeOwned>(what: &str, rows: &[sqlx::postgres::P
 pub(super) async fn upsert_job<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     job: &JobRecord,
-    new: Option<(&[u8], Option<&str>)>,
+    workflow: Option<&[u8]>,
+    key: Option<&str>,
     writer: &Writer,
 ) -> Result<(), StoreError> {
-    let (workflow, sched_key) = new.unzip();
     let finished = job.status.is_terminal();
     let held_by = (!finished).then_some(writer.holder.as_str());
     let written: Option<(i32,)> = sqlx::query_as(
         "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs, movable) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $13, $14, $15 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, COALESCE($13, $16), $14, $15 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
          ON CONFLICT (id) DO UPDATE SET owner = $2, created_at = $3, seq = $4, status = $5, expires_at = $6, record = $7, \
-         workflow = COALESCE($8, jobs.workflow), holder = $9, sched_key = COALESCE($13, jobs.sched_key), takeover_needs = $14, movable = $15 \
+         workflow = COALESCE($8, jobs.workflow), holder = $9, sched_key = COALESCE($13, jobs.sched_key, $16), takeover_needs = $14, movable = $15 \
          WHERE jobs.holder = $10 OR (jobs.holder IS NULL AND $12 AND (NOT $11 OR jobs.status NOT IN ('queued', 'running', 'canceling'))) \
          RETURNING 1",
     )
@@ -102,9 +104,10 @@ pub(super) async fn upsert_job<'e>(
     .bind(&writer.holder)
     .bind(writer.registered)
     .bind(finished)
-    .bind(sched_key.flatten())
+    .bind(key)
     .bind(job.takeover_needs())
     .bind(job.movable())
+    .bind(job.sched_key())
     .fetch_optional(exec)
     .await
     .map_err(backend)?;
@@ -177,8 +180,8 @@ async fn submit(
             return Err(StoreError::KeyClaimed);
         }
     }
-    let sched_key = admission.as_ref().and_then(|a| a.key.as_ref()).map(|(key, _, _)| key.as_str());
-    upsert_job(&mut *tx, &job, Some((&workflow, sched_key)), &writer).await?;
+    let key = admission.as_ref().and_then(|a| a.key.as_ref()).map(|(key, _, _)| key.as_str());
+    upsert_job(&mut *tx, &job, Some(&workflow), key, &writer).await?;
     finished_changed(&mut *tx, &job).await?;
     tx.commit().await.map_err(backend)
 }
@@ -269,11 +272,11 @@ impl MetaStore for PgMeta {
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         let (job, writer) = (job.clone(), self.writer());
         if !job.status.is_terminal() {
-            return on_pool!(self, |pool| upsert_job(&pool, &job, None, &writer).await);
+            return on_pool!(self, |pool| upsert_job(&pool, &job, None, None, &writer).await);
         }
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
-            upsert_job(&mut *tx, &job, None, &writer).await?;
+            upsert_job(&mut *tx, &job, None, None, &writer).await?;
             finished_changed(&mut *tx, &job).await?;
             tx.commit().await.map_err(backend)
         })

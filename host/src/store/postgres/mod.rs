@@ -65,6 +65,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (12, "blob holds", include_str!("migrations/0012_blob_holds.sql")),
     (13, "notice bodies", include_str!("migrations/0013_notice_bodies.sql")),
     (14, "held since", include_str!("migrations/0014_held_since.sql")),
+    (15, "turns", include_str!("migrations/0015_turns.sql")),
 ];
 
 /// How long an idle connection stays open.

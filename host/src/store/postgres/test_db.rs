@@ -303,7 +303,7 @@ async fn a_restarted_host_takes_its_own_jobs_back_and_none_waits_forever() {
 
     // A job copied in by `kiln migrate`, held by none: it waits for a host
     // with its components like any other.
-    let copied = super::ImportedJob { job: needing("copied", 3, "local", &[("core", "blake3:0ld")]), workflow: None, sched_key: "local".into() };
+    let copied = super::ImportedJob { job: needing("copied", 3, "local", &[("core", "blake3:0ld")]), workflow: None };
     assert_eq!(super::PgMeta::new(db.clone()).import_jobs(vec![copied]).await.unwrap(), 1);
     assert_eq!(take_all(&b, &lacking(minute)).await, (Vec::new(), 1), "b lacks its components");
     let having = Runnable { hashes: vec!["blake3:0ld".into()], job: Arc::new(|_: &JobRecord| true), wait: minute };

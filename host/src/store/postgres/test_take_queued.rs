@@ -1,11 +1,12 @@
-//! Idle hosts taking jobs queued on busy ones (`HostLeases::take_queued`),
-//! on the server `KILN_TEST_DATABASE_URL` names.
+//! Idle hosts taking jobs queued on busy ones, and busy hosts taking turns
+//! for keys queued only elsewhere (`HostLeases::take_queued`), on the
+//! server `KILN_TEST_DATABASE_URL` names.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::test_db::{fresh, needing};
-use crate::store::cluster::{HostLeases, Notices, Runnable, Topic};
+use crate::store::cluster::{HostLeases, Notices, Runnable, TakeFor, Topic};
 use crate::store::{JobRecord, JobStatus, MetaStore, StoreError};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -17,9 +18,14 @@ async fn sql(db: &super::PgDatabase, sql: &str) {
     pool.close().await;
 }
 
-/// Ids of the jobs taken.
+/// Ids of the jobs taken for `limit` idle workers.
 async fn take(lease: &super::PgHosts, limit: usize, here: &Runnable, waited: Duration) -> Vec<String> {
-    lease.take_queued(limit, here, waited).await.unwrap().jobs.into_iter().map(|j| j.id).collect()
+    take_for(lease, TakeFor::Idle(limit), here, waited).await
+}
+
+/// Ids of the jobs taken as `want` says.
+async fn take_for(lease: &super::PgHosts, want: TakeFor<'_>, here: &Runnable, waited: Duration) -> Vec<String> {
+    lease.take_queued(want, here, waited).await.unwrap().jobs.into_iter().map(|j| j.id).collect()
 }
 
 /// [`HostLeases::taken_away`], sorted.
@@ -82,7 +88,7 @@ async fn an_idle_host_takes_queued_jobs_a_busy_one_holds() {
     gone.release().await.unwrap();
 
     let here = Runnable { hashes: vec!["blake3:c0".into()], job: Arc::new(|job: &JobRecord| job.owner != "tenant"), wait: MINUTE };
-    let early = lease_b.take_queued(10, &here, MINUTE).await.unwrap();
+    let early = lease_b.take_queued(TakeFor::Idle(10), &here, MINUTE).await.unwrap();
     assert!(early.jobs.is_empty(), "none has waited a minute on its host");
     assert!(early.next_in.is_some_and(|d| d > Duration::ZERO && d <= MINUTE), "it looks again when one has: {:?}", early.next_in);
     // All of them waited long enough; then one more is queued on a.
@@ -134,4 +140,54 @@ async fn jobs_an_idle_host_cannot_run_do_not_hide_one_it_can() {
     meta_a.submit(&job("mine", 100, "x"), &serde_json::json!({}), None).await.unwrap();
     let here = Runnable { hashes: vec!["blake3:c0".into()], job: Arc::new(|job: &JobRecord| job.owner != "tenant"), wait: MINUTE };
     assert_eq!(take(&lease_b, 1, &here, Duration::ZERO).await, ["mine"], "past 30 it cannot run, pages of 8");
+}
+
+/// Turns: a busy host takes one job of each key queued elsewhere (the
+/// oldest), never of a key it has queued itself nor a key's last job on its
+/// host; one key's flood does not hide the others (the pages read skip the
+/// keys seen), and a turn moves no job back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_take_one_job_of_each_key_queued_only_elsewhere() {
+    let Some(db) = fresh().await else { return };
+    let (a, b, c) = (db.clone().as_host("a"), db.clone().as_host("b"), db.clone().as_host("c"));
+    let (lease_a, lease_b, lease_c) = (super::PgHosts::new(a.clone(), "a"), super::PgHosts::new(b, "b"), super::PgHosts::new(c, "c"));
+    for lease in [&lease_a, &lease_b, &lease_c] {
+        lease.register(MINUTE).await.unwrap();
+    }
+    let meta_a = super::PgMeta::new(a);
+    // On a: a flood of key "flood", oldest; then two of "x", one of "y",
+    // two of "w" (which b has queued itself), four of "v".
+    for n in 0..30 {
+        meta_a.submit(&job(&format!("flood-{n:02}"), n, "flood"), &serde_json::json!({}), None).await.unwrap();
+    }
+    let others = [
+        ("x1", 100, "x"),
+        ("x2", 101, "x"),
+        ("y1", 102, "y"),
+        ("w1", 103, "w"),
+        ("w2", 104, "w"),
+        ("v1", 105, "v"),
+        ("v2", 106, "v"),
+        ("v3", 107, "v"),
+        ("v4", 108, "v"),
+    ];
+    for (id, created, owner) in others {
+        meta_a.submit(&job(id, created, owner), &serde_json::json!({}), None).await.unwrap();
+    }
+    let here = Runnable { hashes: vec!["blake3:c0".into()], job: Arc::new(|_: &JobRecord| true), wait: MINUTE };
+    let (on_b, flood) = (["w".to_string()], ["flood".to_string()]);
+    // Pages of 8 per key wanted (24 rows) hold nothing but the flood: the
+    // next page skips it.
+    let mut took = take_for(&lease_b, TakeFor::Turns { keys: 3, queued_here: &on_b }, &here, Duration::ZERO).await;
+    took.sort();
+    assert_eq!(took, ["flood-00", "v1", "x1"], "one of each key with another in line on a, not w (queued on b) nor y1 (y's last on a)");
+    let mut took = take_for(&lease_c, TakeFor::Turns { keys: 10, queued_here: &[] }, &here, Duration::ZERO).await;
+    took.sort();
+    assert_eq!(took, ["flood-01", "v2", "w1"], "x2 is x's last on a now, and x1 is b's last of x");
+    assert!(take_for(&lease_a, TakeFor::Turns { keys: 10, queued_here: &flood }, &here, Duration::ZERO).await.is_empty(), "no turn moves a job back");
+    assert_eq!(take_for(&lease_c, TakeFor::Turns { keys: 1, queued_here: &on_b }, &here, Duration::ZERO).await, ["flood-02"], "one turn (v3 could be another)");
+    // Idle workers take the oldest jobs they read, wherever they wait, turns
+    // taken by another host too (here with no wait; a host holds each job
+    // 100 ms first): the flood's, sixteen rows read for two workers.
+    assert_eq!(take(&lease_b, 2, &here, Duration::ZERO).await, ["flood-01", "flood-02"]);
 }
