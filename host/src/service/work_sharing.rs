@@ -46,11 +46,13 @@ pub(super) const TURNS_EVERY: Duration = Duration::from_millis(250);
 pub(super) struct Looks {
     last: Instant,
     pub(super) next: Option<Instant>,
+    /// A look planned after `next` (a look put off to `next` came first).
+    later: Option<Instant>,
 }
 
 impl Default for Looks {
     fn default() -> Looks {
-        Looks { last: Instant::now(), next: None }
+        Looks { last: Instant::now(), next: None, later: None }
     }
 }
 
@@ -142,17 +144,22 @@ impl Service {
     pub(super) async fn look_for_work(&self, cluster: &ClusterBackends, looks: &mut Looks) -> Vec<JobRecord> {
         let now = Instant::now();
         if looks.next.is_some_and(|at| at <= now) {
-            looks.next = None;
+            looks.next = looks.later.take();
         }
         let Some(wanted) = self.wanted_work() else { return Vec::new() };
         let due = looks.last + wanted.every();
         if due > now {
+            // Put off till `due`; one planned later stays planned.
+            if let Some(planned) = looks.next.filter(|at| *at > due) {
+                looks.later = Some(looks.later.map_or(planned, |at| at.min(planned)));
+            }
             looks.next = Some(looks.next.map_or(due, |at| at.min(due)));
             return Vec::new();
         }
         looks.last = now;
         let (left, next_in) = self.take_queued_work(cluster, wanted).await;
-        looks.next = next_in.map(|d| Instant::now() + d);
+        // (This look saw what the ones planned were for.)
+        (looks.next, looks.later) = (next_in.map(|d| Instant::now() + d), None);
         left
     }
 

@@ -64,6 +64,13 @@ fn round_robin(jobs: Vec<(String, String, JobRecord)>, limit: usize, per_key: us
     taken
 }
 
+/// A turn's condition on queued job `j`: its holder has another job of its
+/// key in line (queued, not asked to be canceled, not waiting on the key's
+/// running limit), so it is not the key's last there. An index probe
+/// (`jobs_queued_by_key_and_holder`).
+const IN_LINE: &str = "EXISTS (SELECT 1 FROM jobs k WHERE k.status = 'queued' AND k.sched_key = j.sched_key AND k.holder = j.holder \
+     AND k.id <> j.id AND NOT k.cancel_requested AND k.start_wanted_at IS NULL)";
+
 /// How a look reads the queued jobs it may take (see
 /// [`HostLeases::take_queued`]).
 struct Candidates<'a> {
@@ -97,8 +104,7 @@ impl Candidates<'_> {
                  AND j.movable AND NOT j.cancel_requested AND j.start_wanted_at IS NULL AND j.expires_at > {DB_NOW} \
                  AND j.held_since <= {DB_NOW} - $2 AND j.takeover_needs <@ $3 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) \
                  AND (j.created_at, j.id) > ($4, $5) AND NOT (COALESCE(j.sched_key, j.owner) = ANY($7)) \
-                 AND (NOT $8 OR EXISTS (SELECT 1 FROM jobs k WHERE k.status = 'queued' AND k.sched_key = j.sched_key AND k.holder = j.holder AND k.id <> j.id)) \
-                 ORDER BY j.created_at, j.id LIMIT $6 {lock}"
+                 AND (NOT $8 OR {IN_LINE}) ORDER BY j.created_at, j.id LIMIT $6 {lock}"
             ))
             .bind(self.me)
             .bind(self.before)
@@ -133,18 +139,19 @@ impl Candidates<'_> {
     }
 }
 
-/// Of the jobs chosen from rows read unlocked (each with the holder read),
-/// those still queued there and takeable, locked now; one another look
-/// locked, took or its holder started meanwhile drops out.
+/// Of the turns chosen from rows read unlocked (each with the holder read),
+/// those still queued there, takeable and not their key's last in line
+/// there, locked now; one another look locked, took or its holder started
+/// meanwhile drops out.
 async fn lock_as_read(tx: &mut sqlx::PgConnection, chosen: Vec<(String, JobRecord)>) -> Result<Vec<(String, JobRecord)>, StoreError> {
     if chosen.is_empty() {
         return Ok(chosen);
     }
     let (holders, ids): (Vec<&str>, Vec<&str>) = chosen.iter().map(|(holder, job)| (holder.as_str(), job.id.as_str())).unzip();
-    let locked: Vec<(String,)> = sqlx::query_as(
+    let locked: Vec<(String,)> = sqlx::query_as(&format!(
         "SELECT j.id FROM jobs j JOIN unnest($1::text[], $2::text[]) AS c(id, holder) ON j.id = c.id AND j.holder = c.holder \
-         WHERE j.status = 'queued' AND NOT j.cancel_requested AND j.start_wanted_at IS NULL FOR UPDATE OF j SKIP LOCKED",
-    )
+         WHERE j.status = 'queued' AND NOT j.cancel_requested AND j.start_wanted_at IS NULL AND {IN_LINE} FOR UPDATE OF j SKIP LOCKED"
+    ))
     .bind(&ids)
     .bind(&holders)
     .fetch_all(&mut *tx)
