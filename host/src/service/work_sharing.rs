@@ -14,8 +14,9 @@
 //! queued here, when another host's queue changes ([`Topic::Queues`]) and
 //! at every heartbeat; at most once per [`LOOK_EVERY`]. A busy host looks
 //! for turns at a heartbeat, when another host's queue of an owner with
-//! nothing waiting here changes and when a key's last job waiting here
-//! starts; at most once per [`TURNS_EVERY`]. The store decides who gets a
+//! nothing waiting here changes, when a key's last job waiting here starts
+//! and when a job of a key not queued here has waited long enough; at most
+//! once per [`TURNS_EVERY`]. The store decides who gets a
 //! job (row locks, the holder it names): a host whose job was taken while
 //! it started it is refused that start, so a job never runs on two hosts.
 //!
