@@ -11,10 +11,11 @@ use crate::store::{JobRecord, JobStatus, MetaStore, StoreError};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-/// Runs `sql` on the test database (through a pool of the test's own).
+/// Runs `sql` (statements) on the test database (through a pool of the
+/// test's own).
 async fn sql(db: &super::PgDatabase, sql: &str) {
     let pool = sqlx::PgPool::connect_with((*db.pool.connect_options()).clone()).await.unwrap();
-    sqlx::query(sql).execute(&pool).await.unwrap();
+    sqlx::raw_sql(sql).execute(&pool).await.unwrap();
     pool.close().await;
 }
 
@@ -190,4 +191,29 @@ async fn turns_take_one_job_of_each_key_queued_only_elsewhere() {
     // taken by another host too (here with no wait; a host holds each job
     // 100 ms first): the flood's, sixteen rows read for two workers.
     assert_eq!(take(&lease_b, 2, &here, Duration::ZERO).await, ["flood-01", "flood-02"]);
+}
+
+/// Migration 0015 gives unfinished rows written without a scheduling key
+/// theirs from their record — a deployment's `deployment/<id>`, else the
+/// owner, also when PostgreSQL cannot read the record as `jsonb` (a
+/// `\u0000` in a label) — and leaves finished rows alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_0015_gives_unfinished_rows_their_scheduling_key() {
+    let Some(db) = fresh().await else { return };
+    let label = serde_json::Map::from_iter([("note".to_string(), serde_json::json!("a\u{0}b"))]);
+    let jobs = [
+        JobRecord { deployment: Some("dep9".into()), ..job("of-deployment", 1, "x") },
+        job("plain", 2, "x"),
+        JobRecord { deployment: Some("dep9".into()), metadata: Some(label), ..job("unreadable", 3, "y") },
+        JobRecord { status: JobStatus::Succeeded, ..job("finished", 4, "x") },
+    ];
+    let imported = jobs.into_iter().map(|job| super::ImportedJob { job, workflow: None }).collect();
+    assert_eq!(super::PgMeta::new(db.clone()).import_jobs(imported).await.unwrap(), 4);
+    // As rows from before the migration: no key, no index.
+    sql(&db, "UPDATE jobs SET sched_key = NULL; DROP INDEX jobs_queued_by_key_and_holder").await;
+    sql(&db, include_str!("migrations/0015_turns.sql")).await;
+    let pool = sqlx::PgPool::connect_with((*db.pool.connect_options()).clone()).await.unwrap();
+    let keys: Vec<(String, Option<String>)> = sqlx::query_as("SELECT id, sched_key FROM jobs ORDER BY id").fetch_all(&pool).await.unwrap();
+    let keys: Vec<(&str, Option<&str>)> = keys.iter().map(|(id, key)| (id.as_str(), key.as_deref())).collect();
+    assert_eq!(keys, [("finished", None), ("of-deployment", Some("deployment/dep9")), ("plain", Some("x")), ("unreadable", Some("y"))]);
 }
