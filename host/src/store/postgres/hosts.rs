@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::{DB_NOW, PgDatabase, backend, meta::records};
+use super::{
+    DB_NOW, PgDatabase, backend,
+    meta::{record, records},
+};
 use crate::store::cluster::{Adopted, HostLeases, LEFT_COUNTED, Runnable, TakeFor, Taken, Topic};
 use crate::store::{JobRecord, JobStatus, StoreError};
 
@@ -34,10 +37,10 @@ async fn hold_here(tx: &mut sqlx::PgConnection, me: &str, ids: Vec<&str>) -> Res
 }
 
 /// Up to `limit` of `jobs` (each with its scheduling key and holder,
-/// oldest first), at most `per_key` of each key: each key's oldest in
+/// oldest first): each key's oldest in
 /// turn, so one key's backlog on a busy host does not fill every idle
 /// worker before another key's job.
-fn round_robin(jobs: Vec<(String, String, JobRecord)>, limit: usize, per_key: usize) -> Vec<(String, JobRecord)> {
+fn round_robin(jobs: Vec<(String, String, JobRecord)>, limit: usize) -> Vec<(String, JobRecord)> {
     // Each key's jobs, keys in the order of their oldest.
     let mut keys: Vec<std::collections::VecDeque<(String, JobRecord)>> = Vec::new();
     let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
@@ -46,9 +49,7 @@ fn round_robin(jobs: Vec<(String, String, JobRecord)>, limit: usize, per_key: us
             keys.push(std::collections::VecDeque::new());
             keys.len() - 1
         });
-        if keys[at].len() < per_key {
-            keys[at].push_back((holder, job));
-        }
+        keys[at].push_back((holder, job));
     }
     let mut taken = Vec::new();
     while taken.len() < limit && !keys.is_empty() {
@@ -120,9 +121,14 @@ impl Candidates<'_> {
             let Some(last) = rows.last() else { break };
             after = (last.try_get("created_at").map_err(backend)?, last.try_get("id").map_err(backend)?);
             let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) == page;
-            for (row, job) in rows.iter().zip(records::<JobRecord>("job", &rows)?) {
+            for row in &rows {
                 let key: String = row.try_get("key").map_err(backend)?;
-                if (self.turns && found.contains(&key)) || !(self.here.job)(&job) {
+                // (A key found already is not decoded again.)
+                if self.turns && found.contains(&key) {
+                    continue;
+                }
+                let job: JobRecord = record("job", row)?;
+                if !(self.here.job)(&job) {
                     continue;
                 }
                 if self.turns {
@@ -312,9 +318,10 @@ impl HostLeases for PgHosts {
     async fn take_queued(&self, want: TakeFor<'_>, here: &Runnable, waited: Duration) -> Result<Taken, StoreError> {
         // Turns take one job per key, never of a key queued here, nor a
         // key's last job on its host.
-        let (limit, per_key, queued_here, turns) = match want {
-            TakeFor::Idle(workers) => (workers, usize::MAX, Vec::new(), false),
-            TakeFor::Turns { keys, queued_here } => (keys, 1, queued_here.to_vec(), true),
+        let (limit, queued_here, turns) = match want {
+            TakeFor::Idle(workers) => (workers, Vec::new(), false),
+            // (The candidates hold one job per key then.)
+            TakeFor::Turns { keys, queued_here } => (keys, queued_here.to_vec(), true),
         };
         let (me, here, limit) = (self.me(), here.clone(), limit.max(1));
         let before = micros(waited);
@@ -322,7 +329,7 @@ impl HostLeases for PgHosts {
             let mut tx = pool.begin().await.map_err(backend)?;
             let read = Candidates { me: &me, before, here: &here, limit, turns };
             let runnable = read.pages(&mut tx, queued_here.clone()).await?;
-            let mut taken = round_robin(runnable, limit, per_key);
+            let mut taken = round_robin(runnable, limit);
             if turns {
                 taken = lock_as_read(&mut tx, taken).await?;
             }

@@ -63,7 +63,12 @@ fn parse_cursor(cursor: &[u8]) -> Option<(i64, String)> {
 }
 
 pub(super) fn records<T: DeserializeOwned>(what: &str, rows: &[sqlx::postgres::PgRow]) -> Result<Vec<T>, StoreError> {
-    rows.iter().map(|r| r.try_get::<Vec<u8>, _>("record").map_err(backend).and_then(|b| dec(what, &b))).collect()
+    rows.iter().map(|r| record(what, r)).collect()
+}
+
+/// The record (column `record`) of one row.
+pub(super) fn record<T: DeserializeOwned>(what: &str, row: &sqlx::postgres::PgRow) -> Result<T, StoreError> {
+    row.try_get::<Vec<u8>, _>("record").map_err(backend).and_then(|b| dec(what, &b))
 }
 
 /// Inserts or replaces a job's record (and its workflow when given) as
