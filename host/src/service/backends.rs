@@ -86,7 +86,7 @@ impl Backends {
     /// and hears the others' events (see `service::cluster`). Blobs under
     /// `data_dir` (unless S3 replaces them), and this process's queue.
     pub async fn postgres(url: &str, max_connections: u32, data_dir: &Path, host_id: &str) -> Result<Backends, ServiceError> {
-        use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgHosts, PgMeta, PgNotices, PgSessions, PgUserFiles};
+        use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgHosts, PgMeta, PgNotices, PgNumbers, PgSessions, PgUserFiles};
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
         let db = PgDatabase::connect(url, max_connections).await?.as_host(host_id);
         // The secrets every host shares: seeded, when the database has none
@@ -105,7 +105,8 @@ impl Backends {
         backends.user_files = Arc::new(PgUserFiles::new(db.clone()));
         let notices: Arc<dyn crate::store::cluster::Notices> = Arc::new(PgNotices::start(&db)?);
         backends.bus = Arc::new(super::bus::SharedBus::start(notices.clone(), backends.meta.clone()));
-        backends.cluster = Some(super::ClusterBackends { leases: Arc::new(PgHosts::new(db, host_id)), notices });
+        let numbers = Arc::new(PgNumbers::new(db.clone()));
+        backends.cluster = Some(super::ClusterBackends { leases: Arc::new(PgHosts::new(db, host_id)), notices, numbers });
         Ok(backends)
     }
 

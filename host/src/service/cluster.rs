@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::deployments::DeploymentState;
 use super::work_sharing::Looks;
 use super::{Service, ServiceError};
-use crate::store::cluster::{HostLeases, Notices, Runnable, Topic};
+use crate::store::cluster::{HostLeases, Notices, Runnable, SharedNumbers, Topic};
 use crate::store::{JobRecord, JobStatus, StoreError};
 
 /// Jobs taken over in one look at most (the rest at the next heartbeat).
@@ -40,6 +40,7 @@ const REMOTE_CANCEL_WAIT: Duration = Duration::from_secs(3);
 pub struct ClusterBackends {
     pub leases: Arc<dyn HostLeases>,
     pub notices: Arc<dyn Notices>,
+    pub numbers: Arc<dyn SharedNumbers>,
 }
 
 impl Service {

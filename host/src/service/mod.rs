@@ -23,6 +23,7 @@ mod jobs;
 mod live;
 mod mask;
 pub mod memory_gate;
+mod numbers;
 mod options;
 mod preview;
 pub mod queue;
@@ -89,9 +90,11 @@ pub struct Service {
     /// Execution messages of every job and queue changes (the ComfyUI
     /// WebSocket's source).
     bus: Arc<dyn bus::ExecBus>,
-    /// The compatibility API's own state (its queue counter, the index of
-    /// ComfyUI-style uploads).
+    /// The compatibility API's own state (the index of ComfyUI-style
+    /// uploads, history windows).
     compat: compat::CompatState,
+    /// Submission numbers and ComfyUI priority counters (see `numbers`).
+    numbers: numbers::Numbers,
     /// The accounts jobs belong to (cloud, serverless; empty self-hosted).
     accounts: Arc<crate::accounts::Accounts>,
     /// Web sign-in sessions (any mode that asks for a key).
@@ -172,6 +175,7 @@ impl Service {
             finished: Default::default(),
             bus,
             compat: compat::CompatState::default(),
+            numbers: numbers::Numbers::new(cluster.as_ref().map(|c| c.numbers.clone())),
             accounts,
             sessions,
             deployments,

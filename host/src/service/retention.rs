@@ -38,7 +38,7 @@ impl Service {
     pub(super) async fn recover(&self) -> Result<(), ServiceError> {
         let (jobs, ends) = self.jobs_to_recover().await?;
         let max_seq = jobs.iter().map(|j| j.seq).max().unwrap_or(0).max(self.meta.max_seq().await?);
-        self.queue.waiting().start_seq_after(max_seq);
+        self.numbers.start_seq_after(max_seq);
         self.recover_jobs(jobs, &ends).await.map_err(|(e, _)| e)
     }
 

@@ -1,7 +1,8 @@
 //! What hosts sharing one store coordinate through: each host's lease on
-//! the unfinished jobs it holds ([`HostLeases`]) and small notices every
-//! host hears ([`Notices`]). The embedded store has neither: one process
-//! holds every job.
+//! the unfinished jobs it holds ([`HostLeases`]), small notices every
+//! host hears ([`Notices`]) and the numbers they hand out ([`SharedNumbers`]).
+//! The embedded store has none of these: one process holds every job and
+//! counts alone.
 //!
 //! The lease is per host, not per job: a heartbeat renews one row however
 //! many jobs the host holds. A job names its holder; a host whose lease
@@ -155,6 +156,19 @@ pub enum Topic {
 
 impl Topic {
     pub const ALL: [Topic; 5] = [Topic::Control, Topic::Events, Topic::Accounts, Topic::Deployments, Topic::Queues];
+}
+
+/// The numbers every host sharing the store hands out: no two hosts hand
+/// out the same one, and a number drawn later is larger.
+#[async_trait::async_trait]
+pub trait SharedNumbers: Send + Sync {
+    /// `n` (at least one) submission numbers (`JobRecord::seq`), in
+    /// increasing order: each larger than every number drawn before, by any
+    /// host, and than every job's in the store.
+    async fn draw_seqs(&self, n: u32) -> Result<Vec<u64>, StoreError>;
+    /// Takes the next number of `owner`'s ComfyUI priority counter (0 for
+    /// the owner's first prompt request).
+    async fn next_prompt_number(&self, owner: &str) -> Result<i64, StoreError>;
 }
 
 /// The largest payload a notice carries itself (PostgreSQL's NOTIFY takes

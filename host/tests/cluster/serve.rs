@@ -32,6 +32,21 @@ async fn three_hosts_serve_as_one() {
     }
     let listed: Value = http.get(format!("{}/api/v2/jobs?limit=100", h2.base)).send().await.unwrap().json().await.unwrap();
     assert_eq!(listed["jobs"].as_array().unwrap().len(), 6, "a listing on any host shows every host's jobs");
+    // The hosts number submissions from one source: ComfyUI's history (on
+    // any host) shows no number twice.
+    let history: Value = http.get(format!("{}/api/history?max_items=100", h3.base)).send().await.unwrap().json().await.unwrap();
+    let mut numbers: Vec<i64> = ids.iter().map(|(_, id)| history[id]["prompt"][0].as_i64().unwrap_or_else(|| panic!("{id} in {history}"))).collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    assert_eq!(numbers.len(), 6, "six jobs, six numbers: {numbers:?}");
+    // And an owner's ComfyUI priority counter is one, whichever host a
+    // prompt reaches: prompts sent through each host in turn count up.
+    let mut priorities = Vec::new();
+    for host in [h1, h2, h3, h1] {
+        let queued: Value = http.post(format!("{}/api/prompt", host.base)).json(&json!({ "prompt": quick(11) })).send().await.unwrap().json().await.unwrap();
+        priorities.push(queued["number"].as_i64().unwrap_or_else(|| panic!("{queued}")));
+    }
+    assert!(priorities.windows(2).all(|w| w[1] == w[0] + 1), "one counter across hosts: {priorities:?}");
 
     // An event stream on h2 follows a job h1 runs, to its end.
     let id = submit(&http, h1, slow(1)).await;

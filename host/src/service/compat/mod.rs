@@ -43,11 +43,6 @@ const LISTING_WORKFLOW_BYTES: usize = 1 << 20;
 /// The compatibility API's state in the service.
 #[derive(Default)]
 pub struct CompatState {
-    /// ComfyUI's priority counter, one per owner: every prompt request
-    /// takes a number of its owner's (a server-wide counter would tell an
-    /// account how many prompts the others sent). One entry per owner that
-    /// sent a prompt (bounded by the accounts).
-    counters: Mutex<HashMap<String, i64>>,
     /// Uploads by `(type, path)`, loaded from the asset records on first use.
     uploads: Mutex<Option<Uploads>>,
     /// Bumped by every upload (what `object_info` lists depends on it).
@@ -107,13 +102,9 @@ pub struct CompatOutput {
 
 impl Service {
     /// The next number of `owner`'s ComfyUI priority counter (taken by
-    /// every prompt request that parses, accepted or not).
-    pub fn next_prompt_number(&self, owner: &str) -> i64 {
-        let mut counters = self.compat.counters.lock();
-        let counter = counters.entry(owner.to_string()).or_insert(0);
-        let n = *counter;
-        *counter += 1;
-        n
+    /// every prompt request that parses, accepted or not; see `numbers`).
+    pub async fn next_prompt_number(&self, owner: &str) -> Result<i64, ServiceError> {
+        Ok(self.numbers.next_prompt_number(owner).await?)
     }
 
     /// Jobs queued or running here (ComfyUI's `queue_remaining`, as the

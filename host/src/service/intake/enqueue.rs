@@ -87,7 +87,8 @@ impl Service {
             None => uuid::Uuid::now_v7().to_string(),
             Some(chosen) => self.key_for_chosen_id(&sub.owner, chosen).await?,
         };
-        let record = self.new_record(&sub, id, inputs, &plan, now);
+        let seq = self.numbers.next_seq().await?;
+        let record = self.new_record(&sub, (id, seq), inputs, &plan, now);
         let claim = sub.idempotency_key.as_ref().map(|key| IdempotencyClaim {
             key: self.claim_key(&sub.owner, key),
             owner: sub.owner.clone(),
@@ -130,9 +131,9 @@ impl Service {
         }
     }
 
-    /// The queued record of a new job, with the components its plan was
-    /// validated against.
-    fn new_record(&self, sub: &Submission, id: String, inputs: Vec<JobInput>, (plan, registry): &PlannedOn, now: Micros) -> JobRecord {
+    /// The queued record of a new job (`id`, numbered `seq`), with the
+    /// components its plan was validated against.
+    fn new_record(&self, sub: &Submission, (id, seq): (String, u64), inputs: Vec<JobInput>, (plan, registry): &PlannedOn, now: Micros) -> JobRecord {
         JobRecord {
             id,
             owner: sub.owner.clone(),
@@ -142,7 +143,7 @@ impl Service {
             completed_at: None,
             updated_at: now,
             expires_at: now + self.opts.retention.as_micros() as Micros,
-            seq: self.queue.waiting().next_seq(),
+            seq,
             attempts: 0,
             inputs,
             outputs: Vec::new(),

@@ -1,9 +1,9 @@
 //! The embedded waiting queue: a [`FairQueue`] in memory, a counter of the
 //! jobs queued on the server, a `Notify` that wakes idle workers (which
-//! also wake at the end of a key's hold) and the submission counter. One process holds it; a restart rebuilds it from the
-//! store's unfinished jobs (`retention`).
+//! also wake at the end of a key's hold). One process holds it; a restart
+//! rebuilds it from the store's unfinished jobs (`retention`).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -19,13 +19,11 @@ pub struct LocalWaiting {
     queued: AtomicUsize,
     /// Wakes a worker when a job is pushed or a key may run another.
     notify: Notify,
-    /// The next submission's number (`JobRecord::seq`).
-    seq: AtomicU64,
 }
 
 impl Default for LocalWaiting {
     fn default() -> Self {
-        LocalWaiting { waiting: Mutex::default(), queued: AtomicUsize::new(0), notify: Notify::new(), seq: AtomicU64::new(1) }
+        LocalWaiting { waiting: Mutex::default(), queued: AtomicUsize::new(0), notify: Notify::new() }
     }
 }
 
@@ -131,13 +129,5 @@ impl Waiting for LocalWaiting {
 
     fn ordered(&self) -> Vec<String> {
         self.waiting.lock().ordered()
-    }
-
-    fn next_seq(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::SeqCst)
-    }
-
-    fn start_seq_after(&self, max: u64) {
-        self.seq.store(max + 1, Ordering::SeqCst);
     }
 }

@@ -1,8 +1,8 @@
 //! The queue: every job that has not finished (the live set, by store
 //! key, always this process's) and, behind the [`Waiting`] trait, the jobs
-//! waiting to run, the server-wide count of queued jobs and the order
-//! submissions are numbered in. The embedded [`LocalWaiting`] keeps them in
-//! memory (a restart rebuilds them from the store, see `retention`).
+//! waiting to run and the server-wide count of queued jobs. The embedded
+//! [`LocalWaiting`] keeps them in memory (a restart rebuilds them from the
+//! store, see `retention`). Submissions are numbered by `numbers`.
 //!
 //! The rules of who may queue how much live in `intake` (bounds) and
 //! `fair` (per-key limits and round-robin order); this owns the state they
@@ -22,7 +22,7 @@ use super::fair::{KeyQueueFull, TenantLimits};
 
 /// Where jobs wait to run: the server's queue places, each scheduling
 /// key's queue (served round-robin within each key's limits, see `fair`),
-/// the workers' wake-ups and the numbering of submissions.
+/// and the workers' wake-ups.
 ///
 /// Every call but [`Waiting::next`] answers without waiting (they run under
 /// a job's write turn on the submission path). Where hosts share the store,
@@ -75,10 +75,6 @@ pub trait Waiting: Send + Sync {
     fn position(&self, id: &str) -> Option<usize>;
     /// Queued job ids in the order they would run.
     fn ordered(&self) -> Vec<String>;
-    /// Numbers a new submission (`JobRecord::seq`).
-    fn next_seq(&self) -> u64;
-    /// Numbers submissions from after `max` on (at start, after the store's).
-    fn start_seq_after(&self, max: u64);
 }
 
 /// The jobs not yet finished, and those of them waiting to run.

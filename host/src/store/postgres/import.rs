@@ -76,9 +76,16 @@ fn nothing_more<'c, T>(_: &'c mut sqlx::PgConnection, _: &T) -> BoxFuture<'c, Re
 impl PgMeta {
     /// Writes each of `jobs` the database lacks, in one transaction (a
     /// finished one counted as its owner's change, see
-    /// `MetaStore::finished_changes`); how many were new.
+    /// `MetaStore::finished_changes`), and raises the submission numbers
+    /// above theirs (so a copy cut short leaves none to be drawn again);
+    /// how many were new.
     pub async fn import_jobs(&self, jobs: Vec<ImportedJob>) -> Result<usize, StoreError> {
-        self.insert_new(jobs, job_insert, count_finished).await
+        let highest = jobs.iter().map(|j| j.job.seq).max();
+        let new = self.insert_new(jobs, job_insert, count_finished).await?;
+        if let Some(seq) = highest {
+            self.raise_seq_bound(seq).await?;
+        }
+        Ok(new)
     }
 
     /// Writes each of `assets` the database lacks; how many were new.
@@ -140,14 +147,19 @@ impl PgMeta {
             .await
     }
 
-    /// Raises the bound new queue numbers start above to at least `seq`
-    /// (the source's highest, deleted jobs' included).
+    /// Raises the numbers new submissions draw above `seq` (the source's
+    /// highest, deleted jobs' included). Not atomic with hosts drawing
+    /// meanwhile: the copy runs before any host serves the database.
     pub async fn raise_seq_bound(&self, seq: u64) -> Result<(), StoreError> {
         let seq = i64::try_from(seq).unwrap_or(i64::MAX);
         self.db
             .run(move |pool| {
                 Box::pin(async move {
-                    sqlx::query("UPDATE seq_bound SET value = GREATEST(value, $1)").bind(seq).execute(&pool).await.map_err(backend)?;
+                    sqlx::query(&format!("SELECT setval('job_numbers', $1) WHERE $1 > ({})", super::numbers::LAST_DRAWN))
+                        .bind(seq)
+                        .execute(&pool)
+                        .await
+                        .map_err(backend)?;
                     Ok(())
                 })
             })

@@ -46,6 +46,11 @@ pub(super) fn status(job: &JobRecord) -> String {
     serde_json::to_value(job.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }
 
+/// Deletes the job `$1`, raising the submission numbers above its own.
+const DELETE_JOB: &str = "WITH gone AS (DELETE FROM jobs WHERE id = $1 RETURNING seq) \
+     SELECT setval('job_numbers', gone.seq) FROM gone, job_numbers \
+     WHERE gone.seq > CASE WHEN job_numbers.is_called THEN job_numbers.last_value ELSE job_numbers.last_value - 1 END";
+
 pub(super) fn seq(job: &JobRecord) -> i64 {
     i64::try_from(job.seq).unwrap_or(i64::MAX)
 }
@@ -317,11 +322,10 @@ impl MetaStore for PgMeta {
         let job = job.clone();
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
-            let deleted: Option<(i64,)> =
-                sqlx::query_as("DELETE FROM jobs WHERE id = $1 RETURNING seq").bind(&job.id).fetch_optional(&mut *tx).await.map_err(backend)?;
-            if let Some((seq,)) = deleted {
-                sqlx::query("UPDATE seq_bound SET value = GREATEST(value, $1)").bind(seq).execute(&mut *tx).await.map_err(backend)?;
-            }
+            // The numbers stay above the deleted job's: a number drawn
+            // from them always is (so nothing is set); one a writer chose
+            // itself raises them.
+            sqlx::query(DELETE_JOB).bind(&job.id).execute(&mut *tx).await.map_err(backend)?;
             finished_changed(&mut *tx, &job).await?;
             tx.commit().await.map_err(backend)
         })
@@ -415,8 +419,10 @@ impl MetaStore for PgMeta {
 
     async fn max_seq(&self) -> Result<u64, StoreError> {
         on_pool!(self, |pool| {
-            let (max,): (Option<i64>,) =
-                sqlx::query_as("SELECT GREATEST((SELECT MAX(seq) FROM jobs), (SELECT value FROM seq_bound))").fetch_one(&pool).await.map_err(backend)?;
+            let (max,): (Option<i64>,) = sqlx::query_as(&format!("SELECT GREATEST((SELECT MAX(seq) FROM jobs), ({}))", super::numbers::LAST_DRAWN))
+                .fetch_one(&pool)
+                .await
+                .map_err(backend)?;
             Ok(u64::try_from(max.unwrap_or(0)).unwrap_or(0))
         })
     }

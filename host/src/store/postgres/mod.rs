@@ -28,6 +28,7 @@ mod hosts;
 mod import;
 mod meta;
 mod notices;
+mod numbers;
 mod secrets;
 mod sessions;
 mod user_files;
@@ -43,6 +44,7 @@ pub use hosts::PgHosts;
 pub use import::{Imported, ImportedJob};
 pub use meta::PgMeta;
 pub use notices::PgNotices;
+pub use numbers::PgNumbers;
 pub use sessions::PgSessions;
 pub use user_files::PgUserFiles;
 
@@ -66,6 +68,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (13, "notice bodies", include_str!("migrations/0013_notice_bodies.sql")),
     (14, "held since", include_str!("migrations/0014_held_since.sql")),
     (15, "turns", include_str!("migrations/0015_turns.sql")),
+    (16, "numbers", include_str!("migrations/0016_numbers.sql")),
 ];
 
 /// How long an idle connection stays open.
@@ -319,6 +322,8 @@ pub fn redacted(url: &str) -> String {
 mod test_blob_holds;
 #[cfg(test)]
 pub(crate) mod test_db;
+#[cfg(test)]
+mod test_numbers;
 #[cfg(test)]
 mod test_take_queued;
 

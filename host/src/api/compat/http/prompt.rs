@@ -96,7 +96,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     // ComfyUI float()s a given number; without one the counter is taken.
     let number = match body.get("number") {
         None | Some(Json_::Null) => {
-            let n = state.service.next_prompt_number(caller.owner());
+            let n = state.service.next_prompt_number(caller.owner()).await?;
             serde_json::Number::from(if front { -n } else { n })
         }
         Some(v) => {
