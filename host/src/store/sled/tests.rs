@@ -462,3 +462,49 @@ fn a_filtered_listing_reads_at_most_its_budget() {
     let whole = meta.list_jobs(None, None, 10, usize::MAX, &tenth).unwrap();
     assert_eq!((whole.jobs.len(), whole.next.is_none()), (5, true));
 }
+
+/// Writers racing on one asset (tags and expiry different per writer; an
+/// asset's bytes, so its hash, never change): whichever record is stored
+/// last, every index finds it by what it holds; and an asset deleted while
+/// it is being updated leaves no hash entry behind.
+#[test]
+fn racing_updates_of_an_asset_leave_it_found_by_what_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = Sled::open(dir.path()).unwrap();
+    let version = |writer: usize| asset("a", None, Some(1000 + writer as Micros), &[&format!("w{writer}")]);
+    for round in 0..5 {
+        meta.put_asset(&asset("a", None, Some(5000), &["first"])).unwrap();
+        std::thread::scope(|s| {
+            for writer in 0..4 {
+                let (meta, record) = (&meta, version(writer));
+                s.spawn(move || {
+                    for _ in 0..300 {
+                        assert!(meta.update_asset(&record).unwrap());
+                    }
+                });
+            }
+        });
+        let stored = meta.get_asset("a").unwrap().unwrap();
+        let found = |records: Vec<AssetRecord>| records.into_iter().filter(|r| r.id == "a").count();
+        assert_eq!(found(meta.assets_tagged(&stored.tags[0]).unwrap()), 1, "round {round}: by its tag");
+        assert_eq!(found(meta.uploads_due(stored.expires_at.unwrap(), 100).unwrap()), 1, "round {round}: by its expiry");
+        assert_eq!(found(meta.assets_with_hash(&stored.hash).unwrap()), 1, "round {round}: by its hash");
+        assert_eq!(found(meta.assets_tagged("first").unwrap()), 0, "round {round}: not by what it held before");
+
+        // Deleted while two writers update it.
+        std::thread::scope(|s| {
+            for writer in 0..2 {
+                let (meta, record) = (&meta, version(writer));
+                s.spawn(move || {
+                    for _ in 0..200 {
+                        meta.update_asset(&record).unwrap();
+                    }
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            meta.delete_asset(&meta.get_asset("a").unwrap().unwrap_or_else(|| version(0))).unwrap();
+        });
+        assert!(meta.get_asset("a").unwrap().is_none(), "round {round}: an update never brings a deleted asset back");
+        assert!(meta.hashes.scan_prefix(b"blake3:cc\0").next().is_none(), "round {round}: no hash entry of a deleted asset");
+    }
+}
