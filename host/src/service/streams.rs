@@ -164,6 +164,9 @@ impl Service {
         let followed = self.bus.follow(id);
         let (snapshot, _) = self.get(owner, id).await?;
         let events = followed.filter(|_| !snapshot.status.is_terminal());
+        if events.is_some() {
+            self.bus.following(id);
+        }
         let progress = if events.is_some() && snapshot.status == JobStatus::Running { snapshot.progress.clone() } else { None };
         Ok(EventStream { snapshot, queue_position: None, progress, preview: None, events, guard })
     }

@@ -178,7 +178,8 @@ pub const MAX_NOTICE: usize = 7000;
 /// in the store and the notice names it (a round trip more on each side).
 pub const MAX_LARGE_NOTICE: usize = 1 << 20;
 
-/// Small messages to every other host sharing the store. Delivery is best
+/// Messages to every other host sharing the store (or to one: previews).
+/// Delivery is best
 /// effort: a host whose connection dropped misses what was sent meanwhile
 /// (its [`Notices::gaps`] count rises), so what matters is also kept in
 /// the store and re-read.
@@ -189,6 +190,14 @@ pub trait Notices: Send + Sync {
     fn send(&self, topic: Topic, payload: String);
     /// What other hosts send on `topic` from now on.
     fn subscribe(&self, topic: Topic) -> broadcast::Receiver<Arc<str>>;
+    /// This host's address for [`Notices::send_to`].
+    fn address(&self) -> &str;
+    /// Sends `payload` (as [`Notices::send`]) to the host at `address`
+    /// alone, for what only it wants. Lossy: one not sent (too large, the
+    /// outbox full) is dropped without counting as a gap.
+    fn send_to(&self, address: &str, payload: String);
+    /// What other hosts send this host alone from now on.
+    fn subscribe_direct(&self) -> broadcast::Receiver<Arc<str>>;
     /// How many times notices may have been missed: this host's listening
     /// connection lost (what was sent meanwhile), or one of its own not
     /// sent (too large, the outbox full). Not other hosts' drops: theirs

@@ -3,6 +3,8 @@
 //! plugin of that name is another build leaves it alone (it would run other
 //! code); a host that has the very component takes it and runs it. A job
 //! a client asks to cancel meanwhile is taken at once and ended canceled.
+//! A plugin's previews reach the streams that watch its job on a host
+//! that cannot run it: an event stream and the owner's WebSocket.
 
 use std::time::{Duration, Instant};
 
@@ -106,4 +108,136 @@ async fn a_job_is_taken_over_only_by_a_host_with_its_components() {
         assert_eq!(holder, None, "finished, held by none");
     }
     drop(p3);
+}
+
+/// A noisy 256² PNG (its preview, posterized, is far over NOTIFY's size).
+fn noise() -> Vec<u8> {
+    let (w, h) = (256u32, 256u32);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let pixels: Vec<u8> = (0..w * h * 3)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect();
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, w, h);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder.write_header().unwrap().write_image_data(&pixels).unwrap();
+    out
+}
+
+/// The noisy image posterized to `levels` (the plugin's preview; each job
+/// its own, so none is served from the cache), then scaled up and blurred
+/// for a few seconds.
+fn noisy_posterized(image: &str, levels: i64) -> Value {
+    let mut graph = json!({
+        "l": {"class_type": "LoadImage", "inputs": {"image": image}},
+        "p": {"class_type": "ExamplePosterize", "inputs": {"image": ["l", 0], "levels": levels}},
+        "1": {"class_type": "ImageScaleBy", "inputs": {"image": ["p", 0], "upscale_method": "nearest-exact", "scale_by": 4.0}},
+    });
+    let mut last = "1".to_string();
+    for n in 2..16 {
+        graph[n.to_string()] = json!({"class_type": "ImageBlur", "inputs": {"image": [last, 0], "blur_radius": 31, "sigma": 8.0}});
+        last = n.to_string();
+    }
+    graph["99"] = json!({"class_type": "SaveImage", "inputs": {"images": [last, 0], "filename_prefix": "noisy"}});
+    graph
+}
+
+/// Queues `workflow` as a ComfyUI prompt on `host` (its `LoadImage` names
+/// an upload): its id.
+async fn prompt(http: &reqwest::Client, host: &Host, workflow: Value) -> String {
+    let queued: Value = http.post(format!("{}/api/prompt", host.base)).json(&json!({ "prompt": workflow })).send().await.unwrap().json().await.unwrap();
+    queued["prompt_id"].as_str().unwrap_or_else(|| panic!("{queued}")).to_string()
+}
+
+/// The frames of an SSE stream until the `until` event (or 120 s).
+async fn frames_until(stream: &mut reqwest::Response, until: &str) -> String {
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !seen.contains(until) {
+        match tokio::time::timeout_at(deadline.into(), stream.chunk()).await {
+            Ok(Ok(Some(chunk))) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+            _ => break,
+        }
+    }
+    seen
+}
+
+/// The preview frames in an SSE text: (node, PNG bytes).
+fn previews_in(seen: &str) -> Vec<(String, usize)> {
+    use base64::Engine;
+    seen.split("\n\n")
+        .filter(|frame| frame.contains("event: preview"))
+        .filter_map(|frame| {
+            let data: Value = serde_json::from_str(frame.split("data: ").nth(1)?).ok()?;
+            let png = base64::engine::general_purpose::STANDARD.decode(data["data_base64"].as_str()?).ok()?;
+            (data["content_type"] == "image/png" && png.starts_with(b"\x89PNG")).then(|| (data["node_id"].as_str().unwrap_or("").to_string(), png.len()))
+        })
+        .collect()
+}
+
+/// Jobs only one host can run (the other lacks their plugin), each watched
+/// from the other host one way only: an event stream opened while the job
+/// waits, one opened after its preview was made (it gets that preview, the
+/// job's latest), and a WebSocket of the owner. Each hears the plugin's
+/// preview — over NOTIFY's size, so sent through the database to that host
+/// alone — as it would on the host running the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previews_reach_streams_on_another_host() {
+    use futures_util::StreamExt;
+    let Some(shared) = shared().await else { return };
+    let admin = [("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", "1")];
+    let (runner, watcher) = (start_with("v1", &shared, &admin), start_with("v2", &shared, &admin));
+    let http = reqwest::Client::new();
+    install(&http, &runner, POSTERIZE.to_vec()).await;
+    let form = reqwest::multipart::Form::new().part("image", reqwest::multipart::Part::bytes(noise()).file_name("noise.png").mime_str("image/png").unwrap());
+    let uploaded: Value = http.post(format!("{}/api/upload/image", runner.base)).multipart(form).send().await.unwrap().json().await.unwrap();
+    let image = uploaded["name"].as_str().unwrap_or_else(|| panic!("{uploaded}")).to_string();
+
+    // An event stream on the other host, opened while the job waits there.
+    let blocker = submit(&http, &runner, slow(1)).await;
+    let early = prompt(&http, &runner, noisy_posterized(&image, 3)).await;
+    let mut stream = http.get(format!("{}/api/v2/jobs/{early}/events", watcher.base)).send().await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let seen = frames_until(&mut stream, "\"status\":\"succeeded\"").await;
+    assert!(seen.contains("\"status\":\"succeeded\""), "{blocker} then {early} ran on the host with the plugin: {seen}");
+    let previews = previews_in(&seen);
+    assert!(previews.iter().any(|(node, bytes)| node == "p" && *bytes > 7000), "the plugin's large preview on the other host's stream: {previews:?}");
+
+    // One opened after the preview was made: the job's latest, at once.
+    let late = prompt(&http, &runner, noisy_posterized(&image, 4)).await;
+    let mut local = http.get(format!("{}/api/v2/jobs/{late}/events", runner.base)).send().await.unwrap();
+    assert!(frames_until(&mut local, "event: preview").await.contains("event: preview"));
+    let mut stream = http.get(format!("{}/api/v2/jobs/{late}/events", watcher.base)).send().await.unwrap();
+    let seen = frames_until(&mut stream, "\"status\":\"succeeded\"").await;
+    assert!(previews_in(&seen).iter().any(|(node, _)| node == "p"), "the latest preview reached a stream opened after it: {seen}");
+
+    // A WebSocket of the owner on the other host, and no event stream.
+    let ws_url = format!("{}/ws?clientId=elsewhere", watcher.base.replacen("http", "ws", 1));
+    let (mut socket, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
+    let watched = prompt(&http, &runner, noisy_posterized(&image, 5)).await;
+    let (mut previews, mut ended) = (0, false);
+    let heard = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(Ok(message)) = socket.next().await {
+            match message {
+                tokio_tungstenite::tungstenite::Message::Binary(frame) if frame.len() > 7000 && frame[8..].starts_with(b"\x89PNG") => previews += 1,
+                tokio_tungstenite::tungstenite::Message::Text(text) => {
+                    let message: Value = serde_json::from_str(&text).unwrap();
+                    if message["type"] == "execution_success" && message["data"]["prompt_id"] == watched.as_str() {
+                        ended = true;
+                        return;
+                    }
+                }
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(heard.is_ok() && ended, "the socket heard the job end");
+    assert!(previews >= 1, "and its large preview");
 }

@@ -1,7 +1,8 @@
 //! Work spreads over the hosts: jobs queued on a busy host are taken by
 //! idle ones, and streams opened on the busy host follow them there; a job
 //! whose `extra_pnginfo` its host holds stays there; a cancel through the
-//! first host reaches a job another took.
+//! first host reaches a job another took, also one taken so recently that
+//! the first host still queues it.
 
 use std::time::{Duration, Instant};
 
@@ -90,6 +91,41 @@ async fn a_cancel_through_the_first_host_reaches_a_job_another_took() {
     assert!(["canceling", "canceled"].contains(&answer["status"].as_str().unwrap_or("")), "{answer}");
     wait_for(&http, busy, &second, &["canceled"], Duration::from_secs(30)).await;
     assert_eq!(wait_for(&http, other, &first, &["succeeded", "failed"], Duration::from_secs(60)).await["status"], "succeeded");
+}
+
+/// A cancel of a queued job another host took a moment ago (its row names
+/// that host; this one has not heard yet): this host's write is refused,
+/// so it lets the job go and asks its holder to cancel it, and never runs
+/// it. (The other host is a row only: nothing acts on the request.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_a_job_just_taken_elsewhere_goes_to_its_new_holder() {
+    let Some(shared) = shared().await else { return };
+    let host = start_with("f1", &shared, &[("KILN_MAX_RUNNING_JOBS", "1")]);
+    let http = reqwest::Client::new();
+    let busy = submit(&http, &host, slow(1)).await;
+    wait_for(&http, &host, &busy, &["running"], Duration::from_secs(30)).await;
+    let taken = submit(&http, &host, quick(2)).await;
+    let db = sqlx::PgPool::connect(&env(&shared, "KILN_DATABASE_URL")).await.unwrap();
+    sqlx::query(
+        "INSERT INTO hosts (holder, host_id, started_at, lease_until) \
+         VALUES ('ghost/1', 'ghost', 0, (extract(epoch from clock_timestamp()) * 1000000)::bigint + 3600000000)",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    let moved = sqlx::query("UPDATE jobs SET holder = 'ghost/1' WHERE id = $1 AND status = 'queued'").bind(&taken).execute(&db).await.unwrap();
+    assert_eq!(moved.rows_affected(), 1, "still queued behind the running job");
+
+    let resp = http.post(format!("{}/api/v2/jobs/{taken}/cancel", host.base)).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap_or_default());
+    let (asked,): (bool,) = sqlx::query_as("SELECT cancel_requested FROM jobs WHERE id = $1").bind(&taken).fetch_one(&db).await.unwrap();
+    assert!(asked, "the holder is asked to cancel it");
+    // Once its worker is free, this host runs nothing of the job.
+    assert_eq!(wait_for(&http, &host, &busy, &["succeeded", "failed"], Duration::from_secs(60)).await["status"], "succeeded");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, holder): (String, Option<String>) = sqlx::query_as("SELECT status, holder FROM jobs WHERE id = $1").bind(&taken).fetch_one(&db).await.unwrap();
+    assert_eq!((status.as_str(), holder.as_deref()), ("queued", Some("ghost/1")), "left to its holder");
+    assert_eq!(job(&http, &host, &taken).await["started_at"], Value::Null);
 }
 
 /// An SSE stream's text until it ends (or 180 s pass).

@@ -1,6 +1,7 @@
 //! The job event stream (Server-Sent Events): a snapshot on connect
 //! (`status`, the outputs so far, then the latest `progress` and `preview`
-//! of a running job),
+//! of a running job; of one another host runs, its latest preview comes
+//! as the first live `preview` frame),
 //! live frames after it, every `output` before the terminal `status`, and
 //! the end of the stream right after that. Keepalive comments every 15 s.
 //! A stream is a future on its connection plus one broadcast receiver, so

@@ -14,6 +14,7 @@
 //! reader. Hosts sharing a store use [`SharedBus`] (`shared`): the same,
 //! with what each host publishes also sent to the others.
 
+mod previews;
 mod shared;
 
 use std::sync::Arc;
@@ -60,7 +61,7 @@ impl NodeRunState {
 }
 
 /// What happened. Times are epoch milliseconds. (Serialized for other
-/// hosts, which previews never reach.)
+/// hosts; previews travel as a notice of their own, see `shared`.)
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ExecBody {
     /// The number of jobs queued or running changed.
@@ -118,6 +119,16 @@ pub trait ExecBus: Send + Sync {
     /// `None` when none does (on the embedded bus, never: one process runs
     /// every job).
     fn follow(&self, id: &str) -> Option<broadcast::Receiver<JobEvent>>;
+    /// A stream here follows job `id` (its owner's, unfinished), which
+    /// another process runs (a bus shared by several hosts has that host
+    /// send its previews here; the embedded bus needs nothing).
+    fn following(&self, _id: &str) {}
+    /// A socket of `owner` listens here until the returned watch drops (a
+    /// bus shared by several hosts has them send here the previews of the
+    /// owner's jobs meanwhile; the embedded bus needs nothing).
+    fn watch_owner(&self, _owner: &Arc<str>) -> OwnerWatch {
+        OwnerWatch(None)
+    }
 
     /// Publishes a message about job `job_id` of `owner`.
     fn job(&self, job_id: &Arc<str>, owner: &Arc<str>, body: ExecBody) {
@@ -130,6 +141,24 @@ pub trait ExecBus: Send + Sync {
     fn queue(&self, owner: Arc<str>, remaining: usize) {
         if self.watched() {
             self.publish(Arc::new(ExecMessage { job_id: Arc::from(""), owner: Some(owner), body: ExecBody::Queue { remaining } }));
+        }
+    }
+}
+
+/// A socket's watch on its owner's jobs ([`ExecBus::watch_owner`]), ended
+/// when dropped.
+pub struct OwnerWatch(Option<Box<dyn FnOnce() + Send>>);
+
+impl OwnerWatch {
+    fn new(end: impl FnOnce() + Send + 'static) -> OwnerWatch {
+        OwnerWatch(Some(Box::new(end)))
+    }
+}
+
+impl Drop for OwnerWatch {
+    fn drop(&mut self) {
+        if let Some(end) = self.0.take() {
+            end();
         }
     }
 }

@@ -9,9 +9,10 @@
 //! host with a stream on that job re-reads its record from the store; so
 //! does every followed job when notices may have been missed (this host's
 //! listening connection lost, or one of its own not sent), and every ten
-//! seconds in any case (another host's notice not sent). Previews (images) stay on the host that made them,
-//! and so do queue-count messages (each host shows every host's count, see
-//! `service::queue_counts`).
+//! seconds in any case (another host's notice not sent). Previews (images)
+//! go only to the hosts where a stream watches their job, each host alone
+//! (see `previews`); queue-count messages stay on their host (each host
+//! shows every host's count, see `service::queue_counts`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,7 +23,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{ExecBody, ExecBus, ExecMessage, JobChannel, LocalBus, LocalJobChannel};
+use base64::Engine;
+
+use super::previews::{self, Previews};
+use super::{ExecBody, ExecBus, ExecMessage, JobChannel, LocalBus, LocalJobChannel, OwnerWatch};
 use crate::service::live::JobEvent;
 use crate::store::cluster::{Notices, Topic};
 use crate::store::{MetaStore, OutputRecord, ProgressSnapshot};
@@ -49,6 +53,20 @@ enum Wire {
     Output { j: String, o: OutputRecord },
     #[serde(rename = "m")]
     Message { m: ExecMessage },
+    /// Streams on the host at address `h` watch these jobs (`j`) and every
+    /// job of these owners (`o`): send it their previews (see `previews`).
+    #[serde(rename = "w")]
+    Watch {
+        h: String,
+        #[serde(default)]
+        j: Vec<String>,
+        #[serde(default)]
+        o: Vec<String>,
+    },
+    /// A preview of job `j` of owner `o`, made by node `n`: a PNG, base64
+    /// (sent to this host alone).
+    #[serde(rename = "v")]
+    Preview { j: String, o: String, n: String, d: String },
 }
 
 /// Streams on this host following jobs other hosts run, by store key.
@@ -59,6 +77,7 @@ pub struct SharedBus {
     local: LocalBus,
     notices: Arc<dyn Notices>,
     followed: Followed,
+    previews: Arc<Previews>,
     /// Ends the relay when the bus goes.
     _relay: DropGuard,
 }
@@ -68,9 +87,11 @@ impl SharedBus {
     /// runtime; it reads records from `meta`).
     pub fn start(notices: Arc<dyn Notices>, meta: Arc<dyn MetaStore>) -> SharedBus {
         let (local, followed, stop) = (LocalBus::default(), Followed::default(), CancellationToken::new());
-        let relay = Relay { tx: local.tx.clone(), followed: followed.clone(), meta, notices: notices.clone() };
-        tokio::spawn(relay.run(notices.subscribe(Topic::Events), stop.clone()));
-        SharedBus { local, notices, followed, _relay: stop.drop_guard() }
+        let previews = Arc::new(Previews::new(notices.clone()));
+        let relay = Relay { tx: local.tx.clone(), followed: followed.clone(), meta, notices: notices.clone(), previews: previews.clone() };
+        let heard = (notices.subscribe(Topic::Events), notices.subscribe_direct());
+        tokio::spawn(relay.run(heard, stop.clone()));
+        SharedBus { local, notices, followed, previews, _relay: stop.drop_guard() }
     }
 
     fn send(notices: &dyn Notices, wire: &impl Serialize) {
@@ -84,10 +105,12 @@ impl SharedBus {
 impl ExecBus for SharedBus {
     fn publish(&self, message: Arc<ExecMessage>) {
         // Queue counts are each host's to make (see `queue_counts`);
-        // previews too large to send.
-        if !matches!(message.body, ExecBody::Queue { .. } | ExecBody::Preview { .. }) {
-            SharedBus::send(self.notices.as_ref(), &MessageOut { t: "m", m: &message });
+        // previews go where a stream watches them.
+        match message.body {
+            ExecBody::Queue { .. } | ExecBody::Preview { .. } => {}
+            _ => SharedBus::send(self.notices.as_ref(), &MessageOut { t: "m", m: &message }),
         }
+        self.previews.published(&message);
         self.local.publish(message);
     }
 
@@ -101,15 +124,36 @@ impl ExecBus for SharedBus {
     }
 
     fn job_channel(&self, id: &str) -> Arc<dyn JobChannel> {
-        Arc::new(SharedJobChannel { local: LocalJobChannel::default(), id: id.to_string(), notices: self.notices.clone(), followed: self.followed.clone() })
+        Arc::new(SharedJobChannel {
+            local: LocalJobChannel::default(),
+            id: id.to_string(),
+            notices: self.notices.clone(),
+            followed: self.followed.clone(),
+            previews: self.previews.clone(),
+        })
     }
 
     fn follow(&self, id: &str) -> Option<broadcast::Receiver<JobEvent>> {
-        let mut followed = self.followed.lock();
-        // Bounded by the open streams (`max_event_streams`).
-        followed.retain(|_, tx| tx.receiver_count() > 0);
-        Some(followed.entry(Arc::from(id)).or_insert_with(|| broadcast::channel(FOLLOW_CAPACITY).0).subscribe())
+        Some(follow(&self.followed, id))
     }
+
+    fn following(&self, id: &str) {
+        self.previews.watching_job(id);
+    }
+
+    fn watch_owner(&self, owner: &Arc<str>) -> OwnerWatch {
+        self.previews.owner_opened(owner);
+        let (previews, owner) = (self.previews.clone(), owner.clone());
+        OwnerWatch::new(move || previews.owner_closed(&owner))
+    }
+}
+
+/// A receiver of job `id`'s events from the host that runs it.
+fn follow(followed: &Followed, id: &str) -> broadcast::Receiver<JobEvent> {
+    let mut followed = followed.lock();
+    // Bounded by the open streams (`max_event_streams`).
+    followed.retain(|_, tx| tx.receiver_count() > 0);
+    followed.entry(Arc::from(id)).or_insert_with(|| broadcast::channel(FOLLOW_CAPACITY).0).subscribe()
 }
 
 /// [`Wire::Message`] as sent, borrowing the message.
@@ -129,6 +173,7 @@ struct SharedJobChannel {
     /// Streams here that began following the job while another host held
     /// it (this host took it over since): they hear it from here.
     followed: Followed,
+    previews: Arc<Previews>,
 }
 
 impl JobChannel for SharedJobChannel {
@@ -166,11 +211,8 @@ impl JobChannel for SharedJobChannel {
         if !self.local.watched() {
             return;
         }
-        let mut heard = {
-            let mut followed = self.followed.lock();
-            followed.retain(|_, tx| tx.receiver_count() > 0);
-            followed.entry(Arc::from(self.id.as_str())).or_insert_with(|| broadcast::channel(FOLLOW_CAPACITY).0).subscribe()
-        };
+        let mut heard = follow(&self.followed, &self.id);
+        self.previews.watching_job(&self.id);
         let streams = self.local.sender();
         if let Some(now) = now {
             let ended = now.status.is_terminal();
@@ -201,17 +243,23 @@ struct Relay {
     followed: Followed,
     meta: Arc<dyn MetaStore>,
     notices: Arc<dyn Notices>,
+    previews: Arc<Previews>,
 }
 
 impl Relay {
-    async fn run(self, mut heard: broadcast::Receiver<Arc<str>>, stop: CancellationToken) {
+    /// Relays what is `heard` on the `Events` topic and `direct`ly.
+    async fn run(self, (mut heard, mut direct): (broadcast::Receiver<Arc<str>>, broadcast::Receiver<Arc<str>>), stop: CancellationToken) {
         let mut gaps = self.notices.gaps();
         let mut check = tokio::time::interval(GAP_CHECK);
-        let mut resynced = tokio::time::Instant::now();
+        let (mut resynced, mut announced) = (tokio::time::Instant::now(), tokio::time::Instant::now());
         loop {
             let notice = tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = check.tick() => {
+                    if announced.elapsed() >= previews::RENEW {
+                        announced = tokio::time::Instant::now();
+                        self.previews.renew(self.followed_jobs());
+                    }
                     let now = self.notices.gaps();
                     if now != gaps || resynced.elapsed() >= RESYNC_EVERY {
                         gaps = now;
@@ -221,6 +269,12 @@ impl Relay {
                     continue;
                 }
                 notice = heard.recv() => notice,
+                // Previews only: one missed costs nothing more.
+                notice = direct.recv() => match notice {
+                    Ok(text) => Ok(text),
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
             };
             match notice {
                 Ok(text) => self.relay(&text).await,
@@ -241,6 +295,8 @@ impl Relay {
                 let _ = self.tx.send(Arc::new(m));
                 return;
             }
+            Wire::Watch { h, j, o } => return self.previews.announced(&h, j, o),
+            Wire::Preview { j, o, n, d } => return self.relay_preview(j, o, n, &d),
             Wire::Progress { j, p } => (j, JobEvent::Progress(p)),
             Wire::Output { j, o } => (j, JobEvent::Output(o)),
             Wire::Status { j } => {
@@ -257,6 +313,30 @@ impl Relay {
         if let Some(tx) = self.followed.lock().get(j.as_str()) {
             let _ = tx.send(event);
         }
+    }
+
+    /// Another host's preview, to the streams here that watch its job.
+    fn relay_preview(&self, j: String, o: String, node: String, data: &str) {
+        let (to_sockets, to_streams) = (self.previews.owner_here(&o), self.follows(&j));
+        if !to_sockets && !to_streams {
+            return;
+        }
+        let Ok(data) = base64::engine::general_purpose::STANDARD.decode(data) else {
+            return tracing::debug!(job_id = %j, "a preview notice this host cannot read");
+        };
+        let data = Arc::new(data);
+        if to_streams && let Some(tx) = self.followed.lock().get(j.as_str()) {
+            let _ = tx.send(JobEvent::Preview { node_id: node.clone(), content_type: previews::PNG.into(), data: data.clone() });
+        }
+        if to_sockets {
+            let body = ExecBody::Preview { node, content_type: previews::PNG, data };
+            let _ = self.tx.send(Arc::new(ExecMessage { job_id: Arc::from(j), owner: Some(Arc::from(o)), body }));
+        }
+    }
+
+    /// The jobs streams here follow.
+    fn followed_jobs(&self) -> Vec<Arc<str>> {
+        self.followed.lock().iter().filter(|(_, tx)| tx.receiver_count() > 0).map(|(id, _)| id.clone()).collect()
     }
 
     fn follows(&self, id: &str) -> bool {

@@ -4,6 +4,8 @@
 //! A notice is `<sender's holder>\n<payload>`; a host ignores its own. A
 //! payload over NOTIFY's size is written to `notice_bodies` and the notice
 //! carries [`STORED`] and the row's id instead; its receivers read it there.
+//! Besides the topics' channels each host listens on a channel of its own
+//! ([`direct_channel`]), for what only it wants (`Notices::send_to`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -25,6 +27,9 @@ const INBOX: usize = 4096;
 /// Bytes of stored (large) notices waiting to be sent at most; past it new
 /// ones are dropped.
 const LARGE_OUTBOX_BYTES: usize = 16 << 20;
+/// The same for large notices to one host (`Notices::send_to`, lossy): a
+/// budget of their own, so they never crowd out the topics' notices.
+const LARGE_DIRECT_BYTES: usize = 4 << 20;
 /// How long a stored notice's body is kept (its receivers read it at once).
 const STORED_KEPT: Duration = Duration::from_secs(60);
 /// What a payload stored in `notice_bodies` starts with (then its row's
@@ -43,6 +48,12 @@ pub(super) fn channel(topic: Topic) -> &'static str {
     }
 }
 
+/// The channel of the host whose holder id is `holder` (a hash of it: a
+/// valid channel name whatever the id holds).
+fn direct_channel(holder: &str) -> String {
+    format!("kiln_to_{}", &blake3::hash(holder.as_bytes()).to_hex()[..24])
+}
+
 /// Announces `payload` on `topic` from `sender` (this host's holder id)
 /// when the transaction `exec` is in commits: heard only if it does, and
 /// never dropped by an outbox.
@@ -56,33 +67,46 @@ pub(super) async fn announce<'e>(exec: impl sqlx::PgExecutor<'e>, topic: Topic, 
 struct Counts {
     gaps: Arc<AtomicU64>,
     listens: Arc<AtomicU64>,
-    /// Bytes of stored notices queued (see [`LARGE_OUTBOX_BYTES`]).
+    /// Bytes of stored notices queued, on topics (see
+    /// [`LARGE_OUTBOX_BYTES`]) and to one host ([`LARGE_DIRECT_BYTES`]).
     large_queued: Arc<AtomicUsize>,
+    large_direct: Arc<AtomicUsize>,
 }
 
 /// A notice queued to be sent: its channel and `<sender>\n<payload>`, or
 /// (`large`) the payload alone, which goes through `notice_bodies`.
 struct Outgoing {
-    channel: &'static str,
+    channel: std::borrow::Cow<'static, str>,
     text: String,
     large: bool,
+    /// Counted against the budget of notices to one host.
+    direct: bool,
 }
 
-/// Where the notices of each topic are handed to this host's subscribers.
+/// Where the notices of each topic, and those to this host alone, are
+/// handed to this host's subscribers.
 #[derive(Clone)]
-struct Inboxes([broadcast::Sender<Arc<str>>; Topic::ALL.len()]);
+struct Inboxes {
+    topics: [broadcast::Sender<Arc<str>>; Topic::ALL.len()],
+    direct: broadcast::Sender<Arc<str>>,
+    /// This host's own channel.
+    direct_channel: Arc<str>,
+}
 
 impl Inboxes {
-    fn new() -> Inboxes {
-        Inboxes(std::array::from_fn(|_| broadcast::channel(INBOX).0))
+    fn new(me: &str) -> Inboxes {
+        Inboxes { topics: std::array::from_fn(|_| broadcast::channel(INBOX).0), direct: broadcast::channel(INBOX).0, direct_channel: direct_channel(me).into() }
     }
 
     fn of(&self, topic: Topic) -> &broadcast::Sender<Arc<str>> {
-        &self.0[topic as usize]
+        &self.topics[topic as usize]
     }
 
-    /// The inbox of the topic sent on `channel`.
+    /// The inbox of what is sent on `channel`.
     fn on(&self, channel: &str) -> Option<&broadcast::Sender<Arc<str>>> {
+        if channel == &*self.direct_channel {
+            return Some(&self.direct);
+        }
         Topic::ALL.into_iter().find(|t| self::channel(*t) == channel).map(|t| self.of(t))
     }
 }
@@ -102,7 +126,8 @@ impl PgNotices {
     /// its pool closes).
     pub fn start(db: &PgDatabase) -> Result<PgNotices, StoreError> {
         let (outbox, queued) = mpsc::channel(OUTBOX);
-        let notices = PgNotices { me: Arc::from(db.holder()), outbox, inboxes: Inboxes::new(), counts: Counts::default(), _db: db.clone() };
+        let me: Arc<str> = Arc::from(db.holder());
+        let notices = PgNotices { inboxes: Inboxes::new(&me), me, outbox, counts: Counts::default(), _db: db.clone() };
         let handle = db.runtime.handle()?;
         handle.spawn(send(db.pool.clone(), notices.me.clone(), queued, notices.counts.clone()));
         handle.spawn(listen(db.pool.clone(), notices.me.clone(), notices.inboxes.clone(), notices.counts.clone()));
@@ -110,30 +135,59 @@ impl PgNotices {
     }
 }
 
+impl PgNotices {
+    /// Queues `payload` on `channel` (`direct`: to one host); why not when
+    /// it is not.
+    fn queue(&self, channel: std::borrow::Cow<'static, str>, payload: String, direct: bool) -> Result<(), &'static str> {
+        let (len, large) = (payload.len(), payload.len() > MAX_NOTICE);
+        if len > MAX_LARGE_NOTICE {
+            return Err("too large to send");
+        }
+        let (queued, cap) = self.counts.budget(direct);
+        if large && queued.fetch_add(len, Ordering::SeqCst) + len > cap {
+            queued.fetch_sub(len, Ordering::SeqCst);
+            return Err("the outbox of large notices is full");
+        }
+        let text = if large { payload } else { format!("{}\n{payload}", self.me) };
+        if self.outbox.try_send(Outgoing { channel, text, large, direct }).is_err() {
+            if large {
+                queued.fetch_sub(len, Ordering::SeqCst);
+            }
+            return Err("the notice outbox is full");
+        }
+        Ok(())
+    }
+}
+
+impl Counts {
+    /// The bytes queued of large notices on topics or (`direct`) to one
+    /// host, and their bound.
+    fn budget(&self, direct: bool) -> (&AtomicUsize, usize) {
+        if direct { (&self.large_direct, LARGE_DIRECT_BYTES) } else { (&self.large_queued, LARGE_OUTBOX_BYTES) }
+    }
+}
+
 impl Notices for PgNotices {
     fn send(&self, topic: Topic, payload: String) {
-        // A notice not sent counts as one missed: streams re-read their jobs.
-        let dropped = |why: &str| {
-            tracing::warn!(bytes = payload.len(), "{why}: a notice was dropped");
-            self.counts.gaps.fetch_add(1, Ordering::SeqCst);
-        };
-        let large = payload.len() > MAX_NOTICE;
-        if payload.len() > MAX_LARGE_NOTICE {
-            return dropped("too large to send");
-        }
-        if large && self.counts.large_queued.fetch_add(payload.len(), Ordering::SeqCst) + payload.len() > LARGE_OUTBOX_BYTES {
-            self.counts.large_queued.fetch_sub(payload.len(), Ordering::SeqCst);
-            return dropped("the outbox of large notices is full");
-        }
-        let len = payload.len();
-        let text = if large { payload } else { format!("{}\n{payload}", self.me) };
-        if self.outbox.try_send(Outgoing { channel: channel(topic), text, large }).is_err() {
-            if large {
-                self.counts.large_queued.fetch_sub(len, Ordering::SeqCst);
-            }
-            tracing::warn!(bytes = len, "the notice outbox is full: a notice was dropped");
+        if let Err(why) = self.queue(channel(topic).into(), payload, false) {
+            // A notice not sent counts as one missed: streams re-read their jobs.
+            tracing::warn!("{why}: a notice was dropped");
             self.counts.gaps.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    fn address(&self) -> &str {
+        &self.me
+    }
+
+    fn send_to(&self, address: &str, payload: String) {
+        if let Err(why) = self.queue(direct_channel(address).into(), payload, true) {
+            tracing::debug!(to = address, "{why}: a notice to one host was dropped");
+        }
+    }
+
+    fn subscribe_direct(&self) -> broadcast::Receiver<Arc<str>> {
+        self.inboxes.direct.subscribe()
     }
 
     fn subscribe(&self, topic: Topic) -> broadcast::Receiver<Arc<str>> {
@@ -149,40 +203,57 @@ impl Notices for PgNotices {
     }
 }
 
-/// Sends what is queued, a batch per statement (a stored notice in a
-/// transaction of its own), until the pool closes.
+/// Sends what is queued in order, runs of small notices a statement each
+/// (a stored notice in a transaction of its own), until the pool closes.
 async fn send(pool: PgPool, me: Arc<str>, mut queued: mpsc::Receiver<Outgoing>, counts: Counts) {
+    let mut run: Vec<Outgoing> = Vec::new();
     while let Some(first) = queued.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < BATCH {
-            match queued.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
+        let mut next = Some(first);
+        while let Some(notice) = next.take() {
+            if notice.large {
+                // What was queued before it goes first.
+                if !send_inline(&pool, std::mem::take(&mut run)).await {
+                    return;
+                }
+                let (len, direct) = (notice.text.len(), notice.direct);
+                let sent = send_stored(&pool, &me, notice).await;
+                counts.budget(direct).0.fetch_sub(len, Ordering::SeqCst);
+                match sent {
+                    Ok(()) => {}
+                    Err(_) if pool.is_closed() => return,
+                    Err(e) => tracing::warn!(error = %e, bytes = len, "cannot send a large notice"),
+                }
+            } else {
+                run.push(notice);
+            }
+            if run.len() < BATCH {
+                next = queued.try_recv().ok();
             }
         }
-        let (large, inline): (Vec<Outgoing>, Vec<Outgoing>) = batch.into_iter().partition(|n| n.large);
-        let (channels, payloads): (Vec<&str>, Vec<String>) = inline.into_iter().map(|n| (n.channel, n.text)).unzip();
-        if !payloads.is_empty() {
-            let sent = sqlx::query("SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(c, p, n) ORDER BY n")
-                .bind(&channels)
-                .bind(&payloads)
-                .execute(&pool)
-                .await;
-            match sent {
-                Ok(_) => {}
-                Err(_) if pool.is_closed() => return,
-                Err(e) => tracing::warn!(error = %backend(e), dropped = payloads.len(), "cannot send notices"),
-            }
+        if !send_inline(&pool, std::mem::take(&mut run)).await {
+            return;
         }
-        for notice in large {
-            let len = notice.text.len();
-            let sent = send_stored(&pool, &me, notice).await;
-            counts.large_queued.fetch_sub(len, Ordering::SeqCst);
-            match sent {
-                Ok(()) => {}
-                Err(_) if pool.is_closed() => return,
-                Err(e) => tracing::warn!(error = %e, bytes = len, "cannot send a large notice"),
-            }
+    }
+}
+
+/// Sends `notices` (small ones) in one statement, in order; `false` once
+/// the pool is closed.
+async fn send_inline(pool: &PgPool, notices: Vec<Outgoing>) -> bool {
+    if notices.is_empty() {
+        return true;
+    }
+    let (channels, payloads): (Vec<String>, Vec<String>) = notices.into_iter().map(|n| (n.channel.into_owned(), n.text)).unzip();
+    let sent = sqlx::query("SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(c, p, n) ORDER BY n")
+        .bind(&channels)
+        .bind(&payloads)
+        .execute(pool)
+        .await;
+    match sent {
+        Ok(_) => true,
+        Err(_) if pool.is_closed() => false,
+        Err(e) => {
+            tracing::warn!(error = %backend(e), dropped = payloads.len(), "cannot send notices");
+            true
         }
     }
 }
@@ -199,7 +270,7 @@ async fn send_stored(pool: &PgPool, me: &str, notice: Outgoing) -> Result<(), St
         .fetch_one(&mut *tx)
         .await
         .map_err(backend)?;
-    sqlx::query("SELECT pg_notify($1, $2)").bind(notice.channel).bind(format!("{me}\n{STORED}{id}")).execute(&mut *tx).await.map_err(backend)?;
+    sqlx::query("SELECT pg_notify($1, $2)").bind(notice.channel.as_ref()).bind(format!("{me}\n{STORED}{id}")).execute(&mut *tx).await.map_err(backend)?;
     tx.commit().await.map_err(backend)
 }
 
@@ -211,7 +282,7 @@ async fn listen(pool: PgPool, me: Arc<str>, inboxes: Inboxes, counts: Counts) {
     loop {
         let connected = async {
             let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen_all(Topic::ALL.map(channel)).await?;
+            listener.listen_all(Topic::ALL.map(channel).into_iter().chain([&*inboxes.direct_channel])).await?;
             Ok::<_, sqlx::Error>(listener)
         };
         let mut listener = match connected.await {

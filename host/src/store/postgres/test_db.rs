@@ -409,6 +409,55 @@ async fn notices_reach_the_other_hosts_on_their_topic() {
     assert_eq!((a.listens(), b.listens()), (1, 1), "and is no lost connection");
 }
 
+/// Notices keep their order whatever their size (a large one is not
+/// overtaken by small ones sent after it), and a notice to one host reaches
+/// that host alone, uncounted when it cannot be sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_keep_their_order_and_reach_one_host_when_addressed() {
+    use crate::store::cluster::{Notices, Topic};
+    use std::time::Duration;
+    let Some(db) = fresh().await else { return };
+    let start = |name: &str| super::PgNotices::start(&db.clone().as_host(name)).unwrap();
+    let (a, b, c) = (start("a"), start("b"), start("c"));
+    let (mut b_events, mut b_direct, mut c_direct) = (b.subscribe(Topic::Events), b.subscribe_direct(), c.subscribe_direct());
+    let ready = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            a.send(Topic::Events, "ready".into());
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), b_events.recv()).await {
+                return;
+            }
+        }
+    });
+    ready.await.expect("b listens");
+    while c.listens() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let large = "L".repeat(crate::store::cluster::MAX_NOTICE * 2);
+    for payload in ["first".to_string(), large.clone(), "last".to_string()] {
+        a.send(Topic::Events, payload);
+    }
+    let mut heard = Vec::new();
+    while heard.len() < 3 {
+        let next = tokio::time::timeout(Duration::from_secs(5), b_events.recv()).await.expect("three notices").unwrap();
+        if &*next != "ready" {
+            heard.push(next);
+        }
+    }
+    assert_eq!([&*heard[0], &*heard[1], &*heard[2]], ["first", large.as_str(), "last"], "in the order sent");
+
+    let gaps = a.gaps();
+    a.send_to(b.address(), "just b".into());
+    a.send_to(b.address(), large.clone());
+    a.send_to(b.address(), "y".repeat(crate::store::cluster::MAX_LARGE_NOTICE + 1));
+    let first = tokio::time::timeout(Duration::from_secs(5), b_direct.recv()).await.expect("b hears").unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(5), b_direct.recv()).await.expect("b hears").unwrap();
+    assert_eq!((&*first, &*second), ("just b", large.as_str()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(b_direct.try_recv().is_err(), "the oversized one was not sent");
+    assert!(c_direct.try_recv().is_err(), "another host hears nothing addressed to b");
+    assert_eq!(a.gaps(), gaps, "nor is it counted as a missed notice");
+}
+
 /// Admissions racing on three hosts take exactly the free places of a key
 /// (each host counting its own waiting jobs, as its queue does); an account
 /// without credits, or disabled, is refused and nothing is written.

@@ -60,6 +60,8 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: 
     let (mut sink, mut incoming) = socket.split();
     // Subscribed before the queue is counted: no change falls in between.
     let mut bus = state.service.bus().subscribe();
+    // Other hosts running the owner's jobs send their previews here meanwhile.
+    let _watching = state.service.bus().watch_owner(&owner);
     let (outbox, mut rx) = Outbox::new(SOCKET_BUFFER_FRAMES, SOCKET_BUFFER_BYTES);
     let waiting_bytes = outbox.waiting_bytes.clone();
     let mut writer = tokio::spawn(async move {
