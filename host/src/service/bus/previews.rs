@@ -111,6 +111,7 @@ impl Watches {
 }
 
 /// A job's latest preview, kept while it runs here.
+#[derive(Clone)]
 struct Latest {
     owner: Arc<str>,
     node: String,
@@ -196,15 +197,15 @@ impl Previews {
         if new.is_empty() {
             return;
         }
-        let wanted: Vec<(Arc<str>, Arc<str>, String, Arc<Vec<u8>>)> = self
+        let wanted: Vec<(Arc<str>, Latest)> = self
             .latest
             .lock()
             .iter()
             .filter(|(job, l)| new.iter().any(|w| matches!(w, Watched::Job(j) if j == *job) || matches!(w, Watched::Owner(o) if *o == l.owner)))
-            .map(|(job, l)| (job.clone(), l.owner.clone(), l.node.clone(), l.data.clone()))
+            .map(|(job, l)| (job.clone(), l.clone()))
             .collect();
-        for (job, owner, node, data) in wanted {
-            self.send(&job, &owner, &node, &data, std::slice::from_ref(&by));
+        for (job, l) in wanted {
+            self.send(&job, &l.owner, &l.node, &l.data, std::slice::from_ref(&by));
         }
     }
 
@@ -282,11 +283,11 @@ mod tests {
         let (h2, h3): (Arc<str>, Arc<str>) = (Arc::from("h2/1"), Arc::from("h3/1"));
         assert!(watches.wanted_by(&job, &owner).is_empty());
         assert_eq!(watches.announced(&h2, [Watched::Job(job.clone())]), [Watched::Job(job.clone())]);
-        assert_eq!(watches.wanted_by(&job, &owner), [h2.clone()]);
+        assert_eq!(watches.wanted_by(&job, &owner), std::slice::from_ref(&h2));
         assert!(watches.wanted_by(&other, &owner).is_empty());
         assert!(watches.announced(&h2, [Watched::Job(job.clone())]).is_empty(), "a renewal is nothing new");
         watches.announced(&h3, [Watched::Owner(owner.clone())]);
-        assert_eq!(watches.wanted_by(&other, &owner), [h3.clone()], "every job of a watched owner");
+        assert_eq!(watches.wanted_by(&other, &owner), std::slice::from_ref(&h3), "every job of a watched owner");
         assert_eq!(watches.wanted_by(&job, &owner), [h2, h3], "each host once");
         assert!(watches.wanted_by(&other, &Arc::from("bob")).is_empty());
     }
