@@ -124,13 +124,20 @@ fn slow(seed: i64) -> Value {
     let mut graph = json!({
         "1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 2048, "batch_size": 1, "color": seed}},
     });
+    let last = blurs(&mut graph, 20);
+    graph["99"] = json!({"class_type": "SaveImage", "inputs": {"images": [last, 0], "filename_prefix": "slow"}});
+    graph
+}
+
+/// Adds `count` blurs in a row to `graph` after its node "1" (as nodes
+/// "2", "3", …): the last one's id.
+fn blurs(graph: &mut Value, count: usize) -> String {
     let mut last = "1".to_string();
-    for n in 2..22 {
+    for n in 2..2 + count {
         graph[n.to_string()] = json!({"class_type": "ImageBlur", "inputs": {"image": [last, 0], "blur_radius": 31, "sigma": 8.0}});
         last = n.to_string();
     }
-    graph["99"] = json!({"class_type": "SaveImage", "inputs": {"images": [last, 0], "filename_prefix": "slow"}});
-    graph
+    last
 }
 
 fn quick(seed: i64) -> Value {

@@ -139,11 +139,7 @@ fn noisy_posterized(image: &str, levels: i64) -> Value {
         "p": {"class_type": "ExamplePosterize", "inputs": {"image": ["l", 0], "levels": levels}},
         "1": {"class_type": "ImageScaleBy", "inputs": {"image": ["p", 0], "upscale_method": "nearest-exact", "scale_by": 4.0}},
     });
-    let mut last = "1".to_string();
-    for n in 2..16 {
-        graph[n.to_string()] = json!({"class_type": "ImageBlur", "inputs": {"image": [last, 0], "blur_radius": 31, "sigma": 8.0}});
-        last = n.to_string();
-    }
+    let last = blurs(&mut graph, 14);
     graph["99"] = json!({"class_type": "SaveImage", "inputs": {"images": [last, 0], "filename_prefix": "noisy"}});
     graph
 }

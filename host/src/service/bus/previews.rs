@@ -110,12 +110,19 @@ impl Watches {
     }
 }
 
+/// Jobs whose latest preview is kept at most (more than run at once on a
+/// host; a run that ended without saying so — its host's lease lapsed —
+/// leaves its entry until it is the oldest of this many).
+const MAX_LATEST: usize = 256;
+
 /// A job's latest preview, kept while it runs here.
 #[derive(Clone)]
 struct Latest {
     owner: Arc<str>,
     node: String,
     data: Arc<Vec<u8>>,
+    /// The order previews were kept in.
+    order: u64,
 }
 
 /// `Wire::Watch` as sent.
@@ -143,13 +150,14 @@ pub struct Previews {
     notices: Arc<dyn Notices>,
     watches: Watches,
     /// The latest preview of each job running here that made one (until
-    /// its run is over): bounded by the running jobs.
+    /// its run is over; at most [`MAX_LATEST`]).
     latest: Mutex<HashMap<Arc<str>, Latest>>,
+    kept: std::sync::atomic::AtomicU64,
 }
 
 impl Previews {
     pub fn new(notices: Arc<dyn Notices>) -> Previews {
-        Previews { notices, watches: Watches::default(), latest: Mutex::default() }
+        Previews { notices, watches: Watches::default(), latest: Mutex::default(), kept: Default::default() }
     }
 
     /// A message published here: a preview is kept as its job's latest and
@@ -157,8 +165,16 @@ impl Previews {
     pub fn published(&self, message: &ExecMessage) {
         match (&message.body, &message.owner) {
             (ExecBody::Preview { node, data, .. }, Some(owner)) => {
-                let latest = Latest { owner: owner.clone(), node: node.clone(), data: data.clone() };
-                self.latest.lock().insert(message.job_id.clone(), latest);
+                let order = self.kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let latest = Latest { owner: owner.clone(), node: node.clone(), data: data.clone(), order };
+                let mut kept = self.latest.lock();
+                kept.insert(message.job_id.clone(), latest);
+                if kept.len() > MAX_LATEST
+                    && let Some(oldest) = kept.iter().min_by_key(|(_, l)| l.order).map(|(job, _)| job.clone())
+                {
+                    kept.remove(&oldest);
+                }
+                drop(kept);
                 let hosts = self.watches.wanted_by(&message.job_id, owner);
                 self.send(&message.job_id, owner, node, data, &hosts);
             }
@@ -290,6 +306,71 @@ mod tests {
         assert_eq!(watches.wanted_by(&other, &owner), std::slice::from_ref(&h3), "every job of a watched owner");
         assert_eq!(watches.wanted_by(&job, &owner), [h2, h3], "each host once");
         assert!(watches.wanted_by(&other, &Arc::from("bob")).is_empty());
+    }
+
+    /// Notices that record what is sent to one host.
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<(String, String)>>);
+
+    impl Notices for Recorded {
+        fn send(&self, _topic: Topic, _payload: String) {}
+        fn subscribe(&self, _topic: Topic) -> tokio::sync::broadcast::Receiver<Arc<str>> {
+            tokio::sync::broadcast::channel(1).1
+        }
+        fn gaps(&self) -> u64 {
+            0
+        }
+        fn listens(&self) -> u64 {
+            1
+        }
+        fn address(&self) -> &str {
+            "h1/1"
+        }
+        fn send_to(&self, address: &str, payload: String) {
+            self.0.lock().push((address.to_string(), payload));
+        }
+        fn subscribe_direct(&self) -> tokio::sync::broadcast::Receiver<Arc<str>> {
+            tokio::sync::broadcast::channel(1).1
+        }
+    }
+
+    fn message(job: &str, body: ExecBody) -> ExecMessage {
+        ExecMessage { job_id: Arc::from(job), owner: Some(Arc::from("alice")), body }
+    }
+
+    fn preview(job: &str) -> ExecMessage {
+        message(job, ExecBody::Preview { node: "p".into(), content_type: PNG, data: Arc::new(b"\x89PNG".to_vec()) })
+    }
+
+    #[test]
+    fn a_host_that_begins_watching_gets_the_latest_preview_of_a_running_job() {
+        let notices = Arc::new(Recorded::default());
+        let previews = Previews::new(notices.clone());
+        previews.published(&preview("j1"));
+        assert!(notices.0.lock().is_empty(), "watched nowhere: sent nowhere");
+        previews.announced("h2/1", vec!["j1".into()], vec![]);
+        let sent = std::mem::take(&mut *notices.0.lock());
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].0, "h2/1");
+        assert!(sent[0].1.contains("\"j\":\"j1\"") && sent[0].1.contains("\"n\":\"p\""), "{}", sent[0].1);
+        previews.announced("h2/1", vec!["j1".into()], vec![]);
+        assert!(notices.0.lock().is_empty(), "a renewal sends nothing again");
+        previews.published(&preview("j1"));
+        assert_eq!(notices.0.lock().len(), 1, "the next preview goes to the watcher");
+        previews.published(&message("j1", ExecBody::Executing { node: None }));
+        previews.announced("h3/1", vec![], vec!["alice".into()]);
+        assert_eq!(notices.0.lock().len(), 1, "a run that is over has no latest preview");
+    }
+
+    #[test]
+    fn latest_previews_are_kept_for_a_bounded_number_of_jobs() {
+        let previews = Previews::new(Arc::new(Recorded::default()));
+        for n in 0..=MAX_LATEST {
+            previews.published(&preview(&format!("j{n}")));
+        }
+        let kept = previews.latest.lock();
+        assert_eq!(kept.len(), MAX_LATEST);
+        assert!(!kept.contains_key("j0"), "the oldest left");
     }
 
     #[test]
