@@ -28,6 +28,7 @@ mod options;
 mod preview;
 pub mod queue;
 mod queue_counts;
+mod readiness;
 pub mod reencode;
 mod retention;
 mod runner;
@@ -51,6 +52,7 @@ pub use intake::{Admitted, IDEMPOTENCY_TTL, OutputPolicy, Submission, SubmitErro
 pub use jobs::ListQuery;
 pub use live::{ExtraData, JobEvent, LiveJob};
 pub use options::ServiceOptions;
+pub use readiness::Readiness;
 pub use streams::{EventStream, StreamGuard, StreamKind};
 
 use crate::executor::Executor;
@@ -123,6 +125,8 @@ pub struct Service {
     /// Which workers are busy, for taking other hosts' queued jobs (see
     /// `work_sharing`).
     sharing: work_sharing::WorkSharing,
+    /// The last readiness check of the store (see `readiness`).
+    ready_probe: readiness::Probe,
 }
 
 impl Service {
@@ -188,6 +192,7 @@ impl Service {
             cluster,
             lease_lost: CancellationToken::new(),
             sharing: Default::default(),
+            ready_probe: Default::default(),
         });
         let renewal = service.join_cluster().await?;
         let recovered = async {

@@ -405,6 +405,10 @@ pub trait MetaStore: Send + Sync {
         Ok(Some(PeriodicLease(None)))
     }
 
+    /// Writes a small marker and makes it durable: an error when the store
+    /// cannot take writes now (a full disk, a read-only directory or
+    /// database, a database that does not answer). What readiness checks.
+    async fn check_writable(&self) -> Result<(), StoreError>;
     /// This installation's id: made once with the store and kept by it
     /// (hosts sharing the store share it). What an S3 bucket is marked
     /// with. A store that keeps none answers an error.

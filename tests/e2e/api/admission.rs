@@ -117,12 +117,18 @@ async fn a_full_queue_refuses_on_both_surfaces() {
         o.max_queued_jobs = 1;
     })
     .await;
+    assert_eq!(s.http.get(s.url("/ready")).send().await.unwrap().status(), 200, "ready while the queue has room");
     let blocker = s.submit(spinner(1)).await;
     s.wait_for(blocker["id"].as_str().unwrap(), "running").await;
     s.submit(trivial(1)).await;
     let (status, body) = post_job(&s, &trivial(2), None).await;
     assert_eq!(status, 429, "{body}");
     assert_envelope(&body, "queue_full");
+    // A load balancer sends it nothing more meanwhile.
+    let ready = s.http.get(s.url("/ready")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let ready: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!((ready["status"].as_str(), &ready["checks"]["queue"]), (Some("not_ready"), &serde_json::json!({"queued": 1, "max_queued": 1})), "{ready}");
     let (status, body) = post_prompt(&s, &trivial(3), None).await;
     assert_eq!(status, 429, "{body}");
     assert_envelope(&body, "queue_full");

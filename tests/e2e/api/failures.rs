@@ -74,6 +74,12 @@ impl MetaStore for NotDurable {
     async fn max_seq(&self) -> Result<u64, StoreError> {
         self.inner.max_seq().await
     }
+    async fn check_writable(&self) -> Result<(), StoreError> {
+        if self.reject.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend("injected: the write failed".into()));
+        }
+        self.inner.check_writable().await
+    }
     async fn jobs_due(&self, now: Micros, purge_before: Micros, limit: usize) -> Result<Vec<JobRecord>, StoreError> {
         self.inner.jobs_due(now, purge_before, limit).await
     }
@@ -231,6 +237,33 @@ async fn a_submission_that_was_not_written_never_runs_and_frees_its_key() {
     assert_eq!(status, 201, "{job}");
     assert_eq!(s.wait(job["id"].as_str().unwrap()).await["status"], "succeeded");
     assert_eq!(s.get("/jobs").await.1["jobs"].as_array().unwrap().len(), 1);
+}
+
+/// Readiness follows the store: 503 `not_ready` while it takes no write
+/// (checked again after at most a second), 200 once it does; `/health`
+/// answers 200 throughout. Neither needs a token.
+#[tokio::test]
+async fn readiness_is_503_while_the_store_takes_no_write() {
+    let (s, meta) = start_not_durable(false, false).await;
+    let ready = |s: &TestServer| {
+        let url = s.url("/ready");
+        let http = s.http.clone();
+        async move {
+            let resp = http.get(url).send().await.unwrap();
+            (resp.status().as_u16(), resp.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (status, body) = ready(&s).await;
+    assert_eq!((status, body["status"].as_str(), body["checks"]["store"].as_str()), (200, Some("ready"), Some("writable")), "{body}");
+    meta.reject.store(true, Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let (status, body) = ready(&s).await;
+    assert_eq!((status, body["status"].as_str(), body["checks"]["store"].as_str()), (503, Some("not_ready"), Some("not writable")), "{body}");
+    assert!(!body.to_string().contains("injected"), "the store's error stays in the log: {body}");
+    assert_eq!(s.http.get(s.url("/health")).send().await.unwrap().status(), 200);
+    meta.reject.store(false, Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(ready(&s).await.0, 200);
 }
 
 /// `/history` and `/api/jobs` show each output's subfolder from the job's

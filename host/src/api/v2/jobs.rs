@@ -22,6 +22,22 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Json<Json_> {
     Json(json!({ "status": "healthy", "version": env!("CARGO_PKG_VERSION"), "nodes": state.service.registry().definitions().count() }))
 }
 
+/// Readiness for load balancers: 200 `ready`, or 503 `not_ready` with
+/// the check that failed (see `service::readiness`).
+pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    let found = state.service.readiness().await;
+    let body = json!({
+        "status": if found.ready() { "ready" } else { "not_ready" },
+        "checks": {
+            "store": found.store_error.as_ref().map_or_else(|| json!("writable"), |_| json!("not writable")),
+            "queue": { "queued": found.queued, "max_queued": found.max_queued },
+            "nodes": found.nodes,
+        },
+    });
+    let status = if found.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(body)).into_response()
+}
+
 /// A submission over `max` bytes: a workflow over its size limit, named.
 pub(super) fn workflow_too_large(max: usize) -> ApiError {
     ApiError::invalid_workflow(crate::workflow::ParseError::TooLarge { limit: max }.to_string())

@@ -27,6 +27,7 @@ pub fn routes(base: &str, state: Arc<AppState>) -> Router {
         .on(Router::new().route(&at("/jobs"), post(jobs::submit).get(jobs::list)));
     let json = BodyLimit::new(json_limit).on(Router::new()
         .route(&at("/health"), get(jobs::health))
+        .route(&at("/ready"), get(jobs::ready))
         .route(&at("/jobs/{id}"), get(jobs::get_job))
         .route(&at("/jobs/{id}/workflow"), get(jobs::workflow))
         .route(&at("/jobs/{id}/cancel"), post(jobs::cancel))

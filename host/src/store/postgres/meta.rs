@@ -575,6 +575,16 @@ impl MetaStore for PgMeta {
         self.db.advisory_lease(name).await
     }
 
+    /// Rewrites this host's own `hosts` row as it is (a row version and
+    /// its WAL, refused by a read-only database; no row is contended).
+    async fn check_writable(&self) -> Result<(), StoreError> {
+        let me = self.writer().holder;
+        on_pool!(self, |pool| {
+            sqlx::query("UPDATE hosts SET lease_until = lease_until WHERE holder = $1").bind(me).execute(&pool).await.map_err(backend)?;
+            Ok(())
+        })
+    }
+
     async fn installation_id(&self) -> Result<String, StoreError> {
         on_pool!(self, |pool| {
             let (id,): (String,) = sqlx::query_as("SELECT id FROM installation").fetch_one(&pool).await.map_err(backend)?;

@@ -150,6 +150,10 @@ impl MetaStore for SledMeta {
         Ok(self.0.finished_changes(owner))
     }
 
+    async fn check_writable(&self) -> Result<(), StoreError> {
+        self.blocking(|sled| sled.check_writable()).await
+    }
+
     async fn installation_id(&self) -> Result<String, StoreError> {
         self.0.installation_id()
     }

@@ -590,6 +590,13 @@ impl Sled {
         self.db.flush().map_err(backend)?;
         Ok(())
     }
+
+    /// Writes the readiness marker (`store_info`'s `ready_probe`: the time)
+    /// and flushes it.
+    fn check_writable(&self) -> Result<(), StoreError> {
+        self.index.info.insert(b"ready_probe", &crate::store::now_micros().to_be_bytes()).map_err(backend)?;
+        self.flush()
+    }
 }
 
 #[cfg(test)]
