@@ -130,10 +130,7 @@ impl Block {
         if let Some((at, e)) = &self.failed
             && *at > asked
         {
-            return Err(match e {
-                StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-                e => StoreError::Backend(e.to_string()),
-            });
+            return Err(again(e));
         }
         let size = if self.drawn_at.is_some_and(|at| now.duration_since(at) <= self.fresh) { (self.size * 2).min(MAX_BLOCK) } else { self.size };
         // Fresh from the moment the store was asked: the numbers are no
@@ -148,14 +145,19 @@ impl Block {
                 self.left.pop_front().ok_or_else(|| StoreError::Backend("the store drew no submission number".into()))
             }
             Err(e) => {
-                let failed = match &e {
-                    StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-                    e => StoreError::Backend(e.to_string()),
-                };
-                self.failed = Some((Instant::now(), failed));
+                self.failed = Some((Instant::now(), again(&e)));
                 Err(e)
             }
         }
+    }
+}
+
+/// The same failure once more, for another submission that waited on it
+/// (`StoreError` is not `Clone`): unavailable stays unavailable.
+fn again(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        e => StoreError::Backend(e.to_string()),
     }
 }
 
