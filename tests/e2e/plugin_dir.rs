@@ -80,30 +80,49 @@ async fn refuses_duplicate_classes_missing_components_and_ungranted_capabilities
     assert!(err.to_string().contains("not a valid component"), "{err}");
 }
 
+/// An artifact from the cache is loaded from memory, not mapped from its
+/// file: one truncated in place under a loaded component (by a person, a
+/// tool, a shared network directory) leaves that component running, where
+/// a mapping would take the whole host down with `SIGBUS`; the damaged
+/// artifact is then compiled again, never loaded.
 #[tokio::test]
 async fn compiled_components_are_cached_and_tampered_artifacts_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let config = kiln::config::Config { cache_dir: Some(dir.path().join("artifacts")), max_concurrency: 1, ..crate::support::test_config() };
-    let runtime = kiln::plugins::PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap();
-    let manifest = || kiln::plugins::Manifest::parse(EXAMPLE_MANIFEST).unwrap();
-    let id = || PluginId::Dir("/plugins/example".into());
-    let cold = runtime.load(id(), manifest(), EXAMPLE_WASM).await.unwrap();
+    let config = kiln::config::Config {
+        cache_dir: Some(dir.path().join("artifacts")),
+        max_concurrency: 1,
+        secret_plugins: vec![hostile_grant()],
+        ..crate::support::test_config()
+    };
+    let runtime = Arc::new(kiln::plugins::PluginRuntime::new(kiln::plugins::RuntimeConfig::from_config(&config).unwrap()).unwrap());
+    let manifest = || kiln::plugins::Manifest::parse(HOSTILE_MANIFEST).unwrap();
+    let id = || PluginId::Dir("/plugins/hostile".into());
+    let cold = runtime.load(id(), manifest(), HOSTILE_WASM).await.unwrap();
     assert!(!cold.from_cache, "first load compiles");
-    let warm = runtime.load(id(), manifest(), EXAMPLE_WASM).await.unwrap();
+    drop(cold);
+    let warm = runtime.load(id(), manifest(), HOSTILE_WASM).await.unwrap();
     assert!(warm.from_cache, "second load deserializes the cached artifact");
+    let mut registry = NodeRegistry::new();
+    registry.add(warm).unwrap();
+    let registry = Arc::new(registry);
 
-    // Flip a byte of every artifact: the checksum no longer matches, so the
-    // host recompiles instead of deserializing bytes it did not produce.
+    // Cut every artifact to half, in place, and flip its last byte.
     for entry in std::fs::read_dir(dir.path().join("artifacts")).unwrap() {
         let path = entry.unwrap().path();
         let mut bytes = std::fs::read(&path).unwrap();
+        bytes.truncate(bytes.len() / 2);
         let last = bytes.len() - 1;
         bytes[last] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
     }
-    let recompiled = runtime.load(id(), manifest(), EXAMPLE_WASM).await.unwrap();
-    assert!(!recompiled.from_cache, "a tampered artifact is not loaded");
-    assert_eq!(recompiled.definitions.len(), 1);
+    let executor = Executor::new(runtime.clone(), 16 << 20, 1);
+    let out = tempfile::tempdir().unwrap();
+    let (outcome, report) = run_clock_probe(&executor, &registry, out.path()).await;
+    assert!(outcome.executed.iter().any(|node| node == "7") && report.is_some(), "the loaded component still runs");
+
+    let recompiled = runtime.load(id(), manifest(), HOSTILE_WASM).await.unwrap();
+    assert!(!recompiled.from_cache, "a damaged artifact is not loaded");
+    assert!(!recompiled.definitions.is_empty());
 }
 
 /// A runtime whose operator grants secrets to `grants` (`secret_plugins`).

@@ -11,8 +11,10 @@
 //! by this user and not writable by anyone else, and every artifact
 //! (`KEY-2.cwasm`, wasmtime's bytes as they are) has a blake3 checksum beside
 //! it (`KEY-2.cwasm.b3`) that is verified before deserializing. The artifact
-//! is then mapped from its file, not copied into memory: a start that loads
-//! the bundled plugins from the cache reads each file once, to hash it.
+//! is read into memory once, and those bytes are both hashed and loaded: it
+//! is never mapped from its file, so a file truncated or rewritten in place
+//! underneath a running host (by a person, a tool or a shared network
+//! directory) costs at most a recompile, never a `SIGBUS` in the host.
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -69,9 +71,13 @@ impl ArtifactCache {
             dir.join(format!("{}-2.cwasm", key.0.finalize().to_hex()))
         });
         if let Some(path) = &path
-            && let Some(hashed) = verified(path)
+            && let Some(bytes) = verified(path)
         {
-            match cached(engine, path, &hashed) {
+            // SAFETY: these bytes were written by `store` into a directory
+            // only this user can write, and they match the checksum beside
+            // them; they are in this process's memory, so nothing changes
+            // them between the check and the load.
+            match unsafe { Component::deserialize(engine, &bytes) } {
                 Ok(component) => return Ok((component, true)),
                 Err(e) => tracing::warn!(path = %path.display(), error = %e, "discarding unusable artifact"),
             }
@@ -122,63 +128,15 @@ fn sum_path(path: &Path) -> PathBuf {
     path.with_extension("cwasm.b3")
 }
 
-/// The artifact at `path`, opened, when it has its checksum beside it and
-/// matches it.
-fn verified(path: &Path) -> Option<std::fs::File> {
+/// The bytes of the artifact at `path`, read once, when its checksum is
+/// beside it and matches them.
+fn verified(path: &Path) -> Option<Vec<u8>> {
     let sum = std::fs::read(sum_path(path)).ok()?;
     if sum.len() != MAGIC.len() + 32 || &sum[..MAGIC.len()] != MAGIC {
         return None;
     }
-    let expected: [u8; 32] = sum[MAGIC.len()..].try_into().ok()?;
-    let mut file = std::fs::File::open(path).ok()?;
-    let mut hasher = blake3::Hasher::new();
-    hasher.update_reader(&mut file).ok()?;
-    (hasher.finalize().as_bytes() == &expected).then_some(file)
-}
-
-/// The verified artifact at `path` (`hashed`: the file that was hashed) as
-/// a component: mapped from its file when that is still
-/// the file that was hashed (the cache only ever replaces an artifact by a
-/// rename, never in place), else read and checked again.
-fn cached(engine: &Engine, path: &Path, hashed: &std::fs::File) -> wasmtime::Result<Component> {
-    if same_file(hashed, path) {
-        // SAFETY: the file was written by `store` into a directory only this
-        // user can write, its checksum matches, and files there are only
-        // ever replaced by a rename, so the mapped file does not change.
-        match unsafe { Component::deserialize_file(engine, path) } {
-            Ok(component) if same_file(hashed, path) => return Ok(component),
-            Ok(_) => {}
-            Err(e) => tracing::debug!(path = %path.display(), error = %e, "cannot map the artifact: reading it"),
-        }
-    }
-    // Replaced meanwhile, or not mappable here (some network filesystems):
-    // the bytes themselves, checked against the checksum beside them now
-    // (a replacement brings its own).
-    let bytes = std::fs::read(path)?;
-    let sum = std::fs::read(sum_path(path))?;
-    let matches = sum.len() == MAGIC.len() + 32 && sum.starts_with(MAGIC) && blake3::hash(&bytes).as_bytes()[..] == sum[MAGIC.len()..];
-    if !matches {
-        return Err(wasmtime::Error::msg("the artifact does not match its checksum"));
-    }
-    // SAFETY: as above; these are the bytes whose checksum matched.
-    unsafe { Component::deserialize(engine, &bytes) }
-}
-
-/// Whether `file` is the file now at `path` (same device and inode).
-fn same_file(file: &std::fs::File, path: &Path) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        match (file.metadata(), std::fs::metadata(path)) {
-            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-            _ => false,
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (file, path);
-        false
-    }
+    let bytes = std::fs::read(path).ok()?;
+    (blake3::hash(&bytes).as_bytes()[..] == sum[MAGIC.len()..]).then_some(bytes)
 }
 
 /// Writes the artifact, then its checksum, each whole or not at all (a
@@ -220,12 +178,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.cwasm");
         store(&path, b"payload").unwrap();
-        let file = verified(&path).unwrap();
-        assert!(same_file(&file, &path));
+        assert_eq!(verified(&path).as_deref(), Some(&b"payload"[..]));
         assert_eq!(std::fs::read(&path).unwrap(), b"payload", "wasmtime's bytes as they are");
-        // Replaced by a rename after the check: no longer the file that was hashed.
-        store(&path, b"payload").unwrap();
-        assert!(!same_file(&file, &path));
         std::fs::write(&path, b"paylaod").unwrap();
         assert!(verified(&path).is_none(), "tampered");
         std::fs::write(&path, b"pay").unwrap();
