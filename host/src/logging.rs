@@ -14,6 +14,19 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+/// How log lines are written (`log_format`, `KILN_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line: the event's fields, and those of the
+    /// spans it happened in (job, node, account, request ids) under `span`
+    /// and `spans`.
+    Json,
+}
+
 /// How often buffered lines are written out.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 /// Most bytes waiting to be written; lines beyond it are dropped.

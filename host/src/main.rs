@@ -14,10 +14,18 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::SUCCESS;
     }
     kiln::memory::tune_allocator();
+    let config = match kiln::cli::load_config(&cli) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     // The server logs a line per job (id, status, times) by default; the
     // one-shot commands only warnings. `KILN_LOG` overrides either
-    // (EnvFilter syntax). Lines are written in batches by a thread of their
-    // own (`kiln::logging`); `flush` writes the rest at exit.
+    // (EnvFilter syntax); `log_format` picks text or JSON lines. Lines are
+    // written in batches by a thread of their own (`kiln::logging`);
+    // `flush` writes the rest at exit.
     let default = if matches!(cli.command, kiln::cli::Command::Serve(_)) { "info" } else { "warn" };
     let (writer, flush) = match kiln::logging::BatchedWriter::new(std::io::stderr()) {
         Ok(pair) => pair,
@@ -26,18 +34,13 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    tracing_subscriber::fmt()
+    let lines = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| default.into()))
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(writer)
-        .init();
-    let config = match kiln::cli::load_config(&cli) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
+        .with_writer(writer);
+    match config.log_format {
+        kiln::logging::LogFormat::Text => lines.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        kiln::logging::LogFormat::Json => lines.json().with_current_span(true).with_span_list(true).flatten_event(true).init(),
+    }
     let runtime = match kiln::cli::runtime(&cli, &config) {
         Ok(rt) => rt,
         Err(e) => {

@@ -188,12 +188,11 @@ fn sigterm(pid: u32) {
     assert!(ok);
 }
 
-/// By default the server logs one line per job, with its id, status, times
-/// and error code, and a node failure with the job's and the node's ids.
-#[tokio::test]
-async fn jobs_are_logged_with_their_job_and_node_ids() {
+/// Runs `kiln serve` with `env`: one job that succeeds, one whose LoadImage
+/// fails at run time; the server's log, and the two job ids.
+async fn log_of_two_jobs(env: &[(&str, &str)]) -> (String, String, String) {
     let data = tempfile::tempdir().unwrap();
-    let mut kiln = spawn_with(data.path(), &[], &[], Stdio::piped());
+    let mut kiln = spawn_with(data.path(), env, &[], Stdio::piped());
     let mut stderr = kiln.child.stderr.take().unwrap();
     let reader = std::thread::spawn(move || {
         let mut text = String::new();
@@ -222,7 +221,14 @@ async fn jobs_are_logged_with_their_job_and_node_ids() {
     assert_eq!(wait_terminal(&http, &kiln.base, &bad).await["status"], "failed");
     sigterm(kiln.child.id());
     assert!(kiln.child.wait().unwrap().success());
-    let log = reader.join().unwrap();
+    (reader.join().unwrap(), ok, bad)
+}
+
+/// By default the server logs one line per job, with its id, status, times
+/// and error code, and a node failure with the job's and the node's ids.
+#[tokio::test]
+async fn jobs_are_logged_with_their_job_and_node_ids() {
+    let (log, ok, bad) = log_of_two_jobs(&[]).await;
     let line = |needle: &str| log.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no line with {needle:?} in:\n{log}")).to_string();
     let ok_line = line(&format!("job_id={ok}"));
     assert!(ok_line.contains("job finished") && ok_line.contains("status=\"succeeded\"") && ok_line.contains("execution_ms="), "{ok_line}");
@@ -231,6 +237,32 @@ async fn jobs_are_logged_with_their_job_and_node_ids() {
     let node_line = line("node failed");
     assert!(node_line.contains(&format!("job_id={bad}")) && node_line.contains("node_id=1") && node_line.contains("class_type=LoadImage"), "{node_line}");
     assert!(!log.contains("\u{1b}["), "no colour codes when stderr is not a terminal");
+}
+
+/// With `KILN_LOG_FORMAT=json` every line is one JSON object: an event's
+/// fields at the top level, the spans it happened in (the job's run with
+/// its account, the node) with theirs.
+#[tokio::test]
+async fn json_logs_carry_job_node_and_account_ids_as_fields() {
+    let (log, ok, bad) = log_of_two_jobs(&[("KILN_LOG_FORMAT", "json")]).await;
+    let events: Vec<Value> =
+        log.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}"))).collect();
+    let event = |message: &str, job: &str| {
+        events
+            .iter()
+            .find(|e| e["message"] == message && (e["job_id"] == job || e["spans"].as_array().is_some_and(|s| s.iter().any(|s| s["job_id"] == job))))
+            .unwrap_or_else(|| panic!("no {message:?} of {job} in:\n{log}"))
+            .clone()
+    };
+    let finished = event("job finished", &ok);
+    assert_eq!((finished["level"].as_str(), finished["status"].as_str()), (Some("INFO"), Some("succeeded")), "{finished}");
+    assert!(finished["execution_ms"].is_u64() && finished["timestamp"].is_string(), "{finished}");
+    let failed = event("node failed", &bad);
+    let spans = failed["spans"].as_array().unwrap();
+    let run = spans.iter().find(|s| s["name"] == "run").unwrap_or_else(|| panic!("no run span: {failed}"));
+    assert_eq!((run["job_id"].as_str(), run["owner"].as_str()), (Some(bad.as_str()), Some("local")), "{failed}");
+    let node = spans.iter().find(|s| s["name"] == "node").unwrap_or_else(|| panic!("no node span: {failed}"));
+    assert_eq!((node["node_id"].as_str(), node["class_type"].as_str()), (Some("1"), Some("LoadImage")), "{failed}");
 }
 
 /// A test input: a 16×12 RGB PNG with a gradient.

@@ -12,6 +12,7 @@ pub mod deployment;
 pub mod error;
 mod links;
 pub mod listener;
+mod metrics;
 mod plugins;
 pub mod pool;
 #[cfg(test)]
@@ -154,6 +155,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let inner = v2::routes(&state.api_base, state.clone())
         .merge(compat::routes(state.clone()))
         .merge(admin::routes(state.clone()))
+        .merge(metrics::routes(state.clone()))
         .merge(session::routes(state.clone()))
         .merge(
             body_limit::BodyLimit::refusing(state.config.route_body_bytes(), proxy::too_large)
@@ -190,8 +192,12 @@ fn next_request_id() -> String {
 /// What every request passes through: it is counted as activity (the idle
 /// memory trimmer waits for quiet), checked for the token (the Jobs API
 /// and the compatibility routes, see `auth`),
-/// traced, and its response tagged with `X-Comfy-Request-Id`.
+/// traced, counted and timed by the route it matched (`/metrics`), and its
+/// response tagged with `X-Comfy-Request-Id`.
 async fn edge(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let method = request.method().clone();
+    let route = request.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str().to_owned());
     let id = next_request_id();
     state.service.touch();
     // A signed-in browser's session (checked for CSRF) stands in for a key
@@ -219,6 +225,7 @@ async fn edge(State(state): State<Arc<AppState>>, mut request: Request, next: Ne
     if let Ok(v) = HeaderValue::try_from(id) {
         response.headers_mut().insert("x-comfy-request-id", v);
     }
+    state.service.metrics().http_request(&method, route.as_deref(), response.status().as_u16(), started.elapsed());
     response
 }
 

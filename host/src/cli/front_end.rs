@@ -44,7 +44,7 @@ fn ensure_with(python: &str, data_dir: &Path, version: &str) -> Result<PathBuf, 
     let tmp = data_dir.join("frontend").join(format!(".fetch-{version}"));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    eprintln!("fetching comfyui-frontend-package=={version} from PyPI into {}", dir.display());
+    tracing::info!(version, dir = %dir.display(), "fetching comfyui-frontend-package from PyPI");
     let dest = tmp.to_string_lossy().into_owned();
     let spec = format!("comfyui-frontend-package=={version}");
     run(python, &["-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--dest", &dest, &spec])?;

@@ -73,12 +73,12 @@ pub async fn serve(mut config: Config, args: ServeArgs) -> anyhow::Result<i32> {
         () = shutdown_signal() => false,
         () = server.state.service.lease_lost() => true,
     };
-    eprintln!("shutting down");
+    tracing::info!("shutting down");
     server.shutdown().await?;
     if lost {
         // Another host may run this host's jobs now: this start is over;
         // its supervisor starts it again as a new host.
-        eprintln!("kiln: this host lost its lease on its jobs (the database was out of reach for longer than lease_s)");
+        tracing::error!("this host lost its lease on its jobs (the database was out of reach for longer than lease_s)");
         return Ok(1);
     }
     Ok(0)

@@ -99,6 +99,7 @@ impl Default for Config {
             outbound_max_response_mb: 64,
             route_max_body_mb: 64,
             route_timeout_ms: 120_000,
+            log_format: crate::logging::LogFormat::Text,
             gpu: GpuMode::Auto,
             gpu_max_buffer_mb: 1024,
             gpu_max_workgroups: 65_535,

@@ -64,6 +64,7 @@ const ENV_FIELDS: &[&str] = &[
     "job_max_files",
     "job_output_mb",
     "http_threads",
+    "log_format",
     "host",
     "port",
     "data_dir",
@@ -149,7 +150,9 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
             }
             "partner_base_url" | "partner_api_key" => toml::Value::String(value),
             "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" | "gpu"
-            | "serverless_host" | "store" | "database_url" | "blob_store" | "s3_endpoint" | "s3_bucket" | "s3_region" | "host_id" => toml::Value::String(value),
+            | "serverless_host" | "store" | "database_url" | "blob_store" | "s3_endpoint" | "s3_bucket" | "s3_region" | "host_id" | "log_format" => {
+                toml::Value::String(value)
+            }
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),
@@ -167,6 +170,13 @@ mod tests {
     use super::*;
     use crate::config::TierConfig;
     use crate::gpu::GpuMode;
+
+    #[test]
+    fn log_format_is_text_or_json() {
+        assert_eq!(Config::default().log_format, crate::logging::LogFormat::Text);
+        assert_eq!(from_env(&[("KILN_LOG_FORMAT", "json")]).unwrap().log_format, crate::logging::LogFormat::Json);
+        assert!(from_env(&[("KILN_LOG_FORMAT", "xml")]).is_err());
+    }
 
     fn from_env(vars: &[(&str, &str)]) -> Result<Config, toml::de::Error> {
         let mut table = toml::Table::new();

@@ -404,6 +404,13 @@ pub struct Config {
     /// if lower); 504 beyond. Default 120000.
     pub route_timeout_ms: u64,
 
+    // --- Logs (see `logging`) ---
+    /// `"text"` (the default): one human-readable line per event; `"json"`:
+    /// one JSON object per line, with the fields of the spans it happened
+    /// in (`job_id`, `node`, `owner`, `request_id`) as fields of their own.
+    /// `KILN_LOG_FORMAT`. (`KILN_LOG` picks what is logged.)
+    pub log_format: crate::logging::LogFormat,
+
     // --- GPU compute (see `gpu`) ---
     /// `"auto"` (the default): use a GPU adapter when there is one — host
     /// kernels run on it when it is a real GPU and the tensor is large

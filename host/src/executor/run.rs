@@ -256,7 +256,7 @@ impl<'a> Run<'a> {
                     Ok(_) => tracing::debug!(elapsed_ms, "node done"),
                     Err(f) if f.kind == FailureKind::Interrupted => tracing::debug!(elapsed_ms, "node interrupted"),
                     // Debug-quoted: a plugin's message cannot forge log lines.
-                    Err(f) => tracing::info!(kind = ?f.kind, message = ?f.message, elapsed_ms, "node failed"),
+                    Err(f) => tracing::info!(kind = ?f.kind, error = %f.message, elapsed_ms, "node failed"),
                 }
                 (node_id, result, elapsed_ms)
             }

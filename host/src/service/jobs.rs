@@ -154,6 +154,7 @@ impl Service {
             // A worker started it first: cancel it as a running job.
             return if status == JobStatus::Canceled && rec.status == JobStatus::Running { self.cancel_running(live).await } else { Ok(rec) };
         }
+        self.metrics.job_ended(rec.status, &rec.surface);
         // Again: a worker refused its start (its key busy on other hosts)
         // may have put it back meanwhile.
         self.queue.waiting().withdraw(&id);

@@ -23,6 +23,7 @@ mod jobs;
 mod live;
 mod mask;
 pub mod memory_gate;
+pub mod metrics;
 mod numbers;
 mod options;
 mod preview;
@@ -127,6 +128,8 @@ pub struct Service {
     sharing: work_sharing::WorkSharing,
     /// The last readiness check of the store (see `readiness`).
     ready_probe: readiness::Probe,
+    /// What `GET /metrics` shows (see `metrics`).
+    metrics: Arc<metrics::Metrics>,
 }
 
 impl Service {
@@ -193,6 +196,7 @@ impl Service {
             lease_lost: CancellationToken::new(),
             sharing: Default::default(),
             ready_probe: Default::default(),
+            metrics: Arc::new(metrics::Metrics::new()),
         });
         let renewal = service.join_cluster().await?;
         let recovered = async {
@@ -230,6 +234,7 @@ impl Service {
             tokio::spawn(service.clone().follow_accounts()),
             tokio::spawn(service.clone().follow_deployments()),
             tokio::spawn(service.clone().count_queues()),
+            tokio::spawn(service.clone().metrics_upkeep()),
         ];
         service.threads.keep(workers, tasks.into_iter().chain(renewal).collect());
         Ok(service)

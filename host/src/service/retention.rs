@@ -84,6 +84,7 @@ impl Service {
             job.transition(end, now)?;
             tracing::info!(job_id = %job.id, status = ?end, "job recovered and ended, not run");
             self.meta.put_job(&job).await?;
+            self.metrics.job_ended(job.status, &job.surface);
             self.bus.job_channel(&job.id).publish(super::JobEvent::Status(Arc::new(job)));
             return Ok(());
         }
@@ -97,6 +98,7 @@ impl Service {
             fail_interrupted(&mut job, why.into(), ran, now)?;
             tracing::warn!(job_id = %job.id, "job with extra_data interrupted (a restart, or its host stopped): failed");
             self.meta.put_job(&job).await?;
+            self.metrics.job_ended(job.status, &job.surface);
             return Ok(());
         }
         match job.status {
@@ -105,6 +107,7 @@ impl Service {
                 // Keeps the outputs its record lists.
                 job.transition(JobStatus::Canceled, now)?;
                 self.meta.put_job(&job).await?;
+                self.metrics.job_ended(job.status, &job.surface);
                 return Ok(());
             }
             JobStatus::Running => {
@@ -115,6 +118,7 @@ impl Service {
                     fail_interrupted(&mut job, why, true, now)?;
                     tracing::warn!(job_id = %job.id, "job interrupted (a restart, or its host stopped) for the last time: failed");
                     self.meta.put_job(&job).await?;
+                    self.metrics.job_ended(job.status, &job.surface);
                     return Ok(());
                 }
                 tracing::warn!(job_id = %job.id, "job interrupted (a restart, or its host stopped): running it again");

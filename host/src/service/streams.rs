@@ -121,6 +121,11 @@ impl StreamSlots {
         self.events.load(Ordering::SeqCst)
     }
 
+    /// Open streams of both kinds.
+    pub fn open_total(&self) -> usize {
+        self.total.load(Ordering::SeqCst)
+    }
+
     /// Open streams of `owner`.
     pub fn open_of(&self, owner: &str) -> usize {
         self.owners.lock().get(owner).map_or(0, |e| e.open)

@@ -98,6 +98,11 @@ impl WorkSharing {
         self.idle.notify_one();
     }
 
+    /// Workers with a job now.
+    pub(super) fn busy(&self) -> usize {
+        self.busy.load(Ordering::SeqCst)
+    }
+
     /// Resolves when a worker went idle (see [`WorkSharing::done`]).
     pub(super) async fn went_idle(&self) {
         self.idle.notified().await;

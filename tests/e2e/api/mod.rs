@@ -16,6 +16,7 @@ mod fair;
 mod idempotency;
 mod intake;
 mod jobs;
+mod metrics;
 mod plugins;
 mod postgres;
 mod s3;

@@ -126,7 +126,10 @@ impl Service {
         // everything after it together (the caller, who got no 201, submits
         // again). The 201 waits for the sync.
         match self.meta.sync_jobs().await {
-            Ok(()) => Ok((record, position)),
+            Ok(()) => {
+                self.metrics.job_submitted(&record.surface);
+                Ok((record, position))
+            }
             Err(e) => Err(StoreError::NotDurable(e.to_string()).into()),
         }
     }

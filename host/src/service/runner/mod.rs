@@ -51,7 +51,7 @@ impl Service {
                     live.cancel.cancel();
                     return;
                 }
-                () = self.run_job(live.clone(), &key) => {}
+                () = tracing::Instrument::instrument(self.run_job(live.clone(), &key), tracing::info_span!("run", job_id = %next, owner = %live.owner)) => {}
             }
             self.queue.waiting().done(&key);
             self.sharing.done();
@@ -155,6 +155,8 @@ impl Service {
             tracing::error!(job_id = %snapshot.id, error = %e, "cannot record the running job");
         }
         tracing::debug!(job_id = %snapshot.id, attempt = snapshot.attempts, "job running");
+        let waited = snapshot.started_at.map_or(0, |at| at - snapshot.created_at);
+        self.metrics.job_started(std::time::Duration::from_micros(u64::try_from(waited).unwrap_or(0)));
         live.publish_status();
         self.publish_queue_positions();
         // Running jobs still count as remaining (as ComfyUI counts them).
@@ -277,7 +279,7 @@ impl Service {
 
     /// The executor's event sink for one job.
     fn sink(&self, live: Arc<LiveJob>) -> crate::executor::EventSink {
-        let sink = JobSink::new(self.meta.clone(), self.bus.clone(), live);
+        let sink = JobSink::new(self.meta.clone(), self.bus.clone(), live, self.metrics.clone());
         Arc::new(move |event: Event| sink.handle(event))
     }
 
@@ -360,6 +362,7 @@ impl Service {
         // expires it; a live job is never expired under it).
         self.finished.remember(terminal.clone(), None);
         *live.record.lock() = (*terminal).clone();
+        self.metrics.job_ended(terminal.status, &terminal.surface);
         // The one line per job at `info` (queued and running are `debug`).
         tracing::info!(
             job_id = %terminal.id,
@@ -383,7 +386,11 @@ impl Service {
             && terminal.error.as_ref().is_none_or(|e| e.code != NO_CREDITS)
         {
             let billed = self.billed_account(&terminal);
-            let balance = self.accounts.charge(&billed, u64::try_from(ms).unwrap_or(0)).await;
+            let ms = u64::try_from(ms).unwrap_or(0);
+            let balance = self.accounts.charge(&billed, ms).await;
+            if balance.is_some() {
+                self.metrics.credits_charged(self.accounts.pricing().cost(ms));
+            }
             tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, %billed, execution_ms = ms, ?balance, "job charged");
         }
     }

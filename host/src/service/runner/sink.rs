@@ -38,6 +38,8 @@ pub(super) struct JobSink {
     run: Mutex<RunTrack>,
     /// The node the last `Executing` on the bus named (see [`JobSink::publish`]).
     said: Mutex<Option<String>>,
+    /// Where node times and failures are counted.
+    metrics: Arc<crate::service::metrics::Metrics>,
 }
 
 /// What the bus has been told of the run (the run's own state — nodes
@@ -51,12 +53,17 @@ struct RunTrack {
 }
 
 impl JobSink {
-    pub(super) fn new(meta: Arc<dyn crate::store::MetaStore>, bus: Arc<dyn ExecBus>, live: Arc<LiveJob>) -> JobSink {
+    pub(super) fn new(
+        meta: Arc<dyn crate::store::MetaStore>,
+        bus: Arc<dyn ExecBus>,
+        live: Arc<LiveJob>,
+        metrics: Arc<crate::service::metrics::Metrics>,
+    ) -> JobSink {
         let (job_id, owner) = {
             let rec = live.record.lock();
             (Arc::from(rec.id.as_str()), Arc::from(rec.owner.as_str()))
         };
-        JobSink { meta, bus, live, job_id, owner, run: Mutex::new(RunTrack::default()), said: Mutex::new(None) }
+        JobSink { meta, bus, live, job_id, owner, run: Mutex::new(RunTrack::default()), said: Mutex::new(None), metrics }
     }
 
     pub(super) fn handle(&self, event: Event) {
@@ -65,7 +72,10 @@ impl JobSink {
             Event::Cached { nodes, overall } => self.cached(nodes, overall),
             Event::Executing { node, class_type } => self.executing(node, class_type),
             Event::Progress { node, step, steps, overall } => self.progress(node, step, steps, overall),
-            Event::Executed { node, nodes_done, .. } => self.executed(node, nodes_done),
+            Event::Executed { node, class_type, elapsed_ms, on_gpu, nodes_done } => {
+                self.metrics.node_ran(&class_type, on_gpu, elapsed_ms);
+                self.executed(node, nodes_done)
+            }
             Event::Output { node, files, cached, .. } => self.output(node, files, cached),
             Event::Preview { node, image } => self.preview(node, &image),
             Event::Text { node, text } => self.publish(ExecBody::Text { node, text }),
@@ -271,6 +281,9 @@ impl JobSink {
     }
 
     fn failed(&self, node: String, class_type: String, failure: &crate::plugins::NodeFailure, executed: Vec<String>) {
+        if !class_type.is_empty() {
+            self.metrics.node_failed(&class_type, failure_code(failure.kind));
+        }
         let (node, class_type) = (Some(node).filter(|n| !n.is_empty()), Some(class_type).filter(|c| !c.is_empty()));
         let body = ExecBody::Failed { node, class_type, code: failure_code(failure.kind), message: failure.message.clone(), executed, at_ms: bus::now_ms() };
         self.publish(body);
@@ -331,7 +344,7 @@ mod tests {
         let mut rx = bus.subscribe();
         let dir = tempfile::tempdir().unwrap();
         let meta: Arc<dyn crate::store::MetaStore> = Arc::new(crate::store::SledMeta::open(dir.path()).unwrap());
-        let sink = JobSink::new(meta, bus.clone(), Arc::new(running_job(4)));
+        let sink = JobSink::new(meta, bus.clone(), Arc::new(running_job(4)), Default::default());
         let text = |node: &str| Event::Text { node: node.into(), text: format!("from {node}") };
         for event in [
             Event::Executing { node: "2".into(), class_type: "A".into() },
