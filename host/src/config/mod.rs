@@ -406,8 +406,9 @@ pub struct Config {
 
     // --- Logs (see `logging`) ---
     /// `"text"` (the default): one human-readable line per event; `"json"`:
-    /// one JSON object per line, with the fields of the spans it happened
-    /// in (`job_id`, `node`, `owner`, `request_id`) as fields of their own.
+    /// one JSON object per line, the event's fields at its top level and
+    /// the spans it happened in (a run's `job_id` and `owner`, a node's
+    /// `node_id` and `class_type`) under `span` and `spans`.
     /// `KILN_LOG_FORMAT`. (`KILN_LOG` picks what is logged.)
     pub log_format: crate::logging::LogFormat,
 

@@ -255,8 +255,8 @@ impl<'a> Run<'a> {
                 match &result {
                     Ok(_) => tracing::debug!(elapsed_ms, "node done"),
                     Err(f) if f.kind == FailureKind::Interrupted => tracing::debug!(elapsed_ms, "node interrupted"),
-                    // Debug-quoted: a plugin's message cannot forge log lines.
-                    Err(f) => tracing::info!(kind = ?f.kind, error = %f.message, elapsed_ms, "node failed"),
+                    // Escaped (newlines as `\n`): a plugin's message cannot forge log lines.
+                    Err(f) => tracing::info!(kind = ?f.kind, error = %f.message.escape_debug(), elapsed_ms, "node failed"),
                 }
                 (node_id, result, elapsed_ms)
             }

@@ -92,7 +92,7 @@ impl Device {
         let lost = Arc::new(AtomicBool::new(false));
         let flag = lost.clone();
         device.set_device_lost_callback(move |reason, message| {
-            tracing::warn!(?reason, %message, "GPU device lost");
+            tracing::warn!(?reason, detail = %message, "GPU device lost");
             flag.store(true, Ordering::Release);
         });
         let capacity = std::num::NonZeroUsize::new(limits.max_cached_kernels.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);

@@ -7,8 +7,10 @@
 //! layers call its typed methods. Every label takes values from a bounded
 //! set: job statuses and surfaces, failure codes, the router's route
 //! patterns (never the path a client sent), HTTP methods and statuses, and
-//! node classes (only those of loaded plugins ever run). No job, node or
-//! account id is a label.
+//! node classes: the host's own plugins' by name, every other class
+//! (an account's own plugins, a deployment's bundle) as `other` — a tenant
+//! names its classes, and they are neither bounded by the operator nor
+//! anyone else's to see. No job, node or account id is a label.
 //!
 //! Histograms keep their samples until they are folded into buckets: a
 //! render does that, and so does [`Metrics::upkeep`], which the service
@@ -181,6 +183,16 @@ impl Metrics {
         }
         self.handle.render()
     }
+}
+
+/// The `class` label of nodes of classes the host's own plugins do not
+/// define.
+pub const OTHER_CLASS: &str = "other";
+
+/// The `class` label of a node of `class`: its name when `host` (the
+/// host's own plugins) defines it, else [`OTHER_CLASS`].
+pub fn class_label<'a>(host: &crate::plugins::NodeRegistry, class: &'a str) -> &'a str {
+    if host.get(class).is_some() { class } else { OTHER_CLASS }
 }
 
 /// The label of a stored surface name: one of two, whatever was stored.

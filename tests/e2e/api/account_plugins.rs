@@ -97,6 +97,11 @@ async fn each_account_sees_and_runs_only_its_own_plugins() {
     let ran_b = b.run("ExamplePosterize").await;
     assert_eq!((ran_a["status"].as_str(), &ran_a["components"]["mine"]), (Some("succeeded"), &mine_a["hash"]), "{ran_a}");
     assert_eq!((ran_b["status"].as_str(), &ran_b["components"]["mine"]), (Some("succeeded"), &mine_b["hash"]), "{ran_b}");
+    // A tenant names its classes: the operator's metrics count them as `other`.
+    let metrics = s.http.get(format!("{}/metrics", s.server.url())).bearer_auth(OPERATOR).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"kiln_node_seconds_count{class="other",device="cpu"} 2"#), "{metrics}");
+    assert!(metrics.contains(r#"kiln_node_seconds_count{class="EmptyImage",device="cpu"} 2"#), "{metrics}");
+    assert!(!metrics.contains("ExamplePosterize"), "{metrics}");
 
     // To a third account it is a class that exists nowhere, word for word.
     let (status, theirs) = c.submit("ExamplePosterize").await;

@@ -109,14 +109,29 @@ async fn queued_running_and_canceled_jobs_are_counted() {
 }
 
 /// With an operator token (`admin_token`), `/metrics` is the operator's:
-/// 401 without it or with another token, 200 with it.
+/// 401 without it or with another token, 200 with it. Without one, a
+/// server with accounts has none (404, as the admin API), and a
+/// self-hosted one with a `token` asks for it as the Jobs API does.
 #[tokio::test]
-async fn with_an_operator_token_metrics_need_it() {
+async fn metrics_are_the_operators_or_need_the_servers_token() {
     const OPERATOR: &str = "operator-token-of-the-metrics-tests";
+    const TOKEN: &str = "token-of-the-metrics-tests";
     let s = start(|c, _| c.admin_token = Some(OPERATOR.into())).await;
     assert_eq!(scrape(&s, None).await.0, 401);
     assert_eq!(scrape(&s, Some("not-the-operator")).await.0, 401);
     let (status, text) = scrape(&s, Some(OPERATOR)).await;
     assert_eq!(status, 200);
     assert!(text.contains("# TYPE kiln_http_requests_total counter"), "{text}");
+
+    let cloud = start(|c, o| {
+        c.mode = kiln::config::Mode::Cloud;
+        o.mode = kiln::config::Mode::Cloud;
+    })
+    .await;
+    assert_eq!(scrape(&cloud, None).await.0, 404, "no operator token, no metrics");
+
+    let guarded = start(|c, _| c.token = Some(TOKEN.into())).await;
+    assert_eq!(scrape(&guarded, None).await.0, 401);
+    assert_eq!(scrape(&guarded, Some("not-the-token")).await.0, 401);
+    assert_eq!(scrape(&guarded, Some(TOKEN)).await.0, 200);
 }

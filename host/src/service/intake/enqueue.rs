@@ -99,6 +99,10 @@ impl Service {
         let live = Arc::new(LiveJob::new(record.clone(), sub.extra, self.bus.job_channel(&record.id)));
         let (written, position) = self.commit(&live, slot, (&sub.owner, sub.deployment.as_deref(), sub.front), &workflow, claim.as_ref(), plan).await?;
         let id = &record.id;
+        if matches!(written, Ok(()) | Err(StoreError::NotDurable(_))) {
+            // Queued here: it runs whatever the caller hears from now on.
+            self.metrics.job_submitted(&record.surface);
+        }
         match written {
             Ok(()) => {}
             // The caller hears 500 (outcome unknown); the key stays claimed.
@@ -126,10 +130,7 @@ impl Service {
         // everything after it together (the caller, who got no 201, submits
         // again). The 201 waits for the sync.
         match self.meta.sync_jobs().await {
-            Ok(()) => {
-                self.metrics.job_submitted(&record.surface);
-                Ok((record, position))
-            }
+            Ok(()) => Ok((record, position)),
             Err(e) => Err(StoreError::NotDurable(e.to_string()).into()),
         }
     }

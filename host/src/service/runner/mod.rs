@@ -279,7 +279,7 @@ impl Service {
 
     /// The executor's event sink for one job.
     fn sink(&self, live: Arc<LiveJob>) -> crate::executor::EventSink {
-        let sink = JobSink::new(self.meta.clone(), self.bus.clone(), live, self.metrics.clone());
+        let sink = JobSink::new(self.meta.clone(), self.bus.clone(), live, (self.metrics.clone(), self.registry()));
         Arc::new(move |event: Event| sink.handle(event))
     }
 

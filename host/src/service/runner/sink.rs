@@ -14,6 +14,7 @@ use super::outcome::failure_code;
 use crate::executor::Event;
 use crate::service::bus::{self, ExecBody, ExecBus, NodeRunState};
 use crate::service::job_files::media_type;
+use crate::service::metrics::class_label;
 use crate::service::{JobEvent, LiveJob};
 use crate::store::{AssetRecord, OutputRecord, ProgressSnapshot, blob_name, now_micros};
 
@@ -38,8 +39,10 @@ pub(super) struct JobSink {
     run: Mutex<RunTrack>,
     /// The node the last `Executing` on the bus named (see [`JobSink::publish`]).
     said: Mutex<Option<String>>,
-    /// Where node times and failures are counted.
+    /// Where node times and failures are counted, and the host's own node
+    /// classes (the only ones counted by name).
     metrics: Arc<crate::service::metrics::Metrics>,
+    host_classes: Arc<crate::plugins::NodeRegistry>,
 }
 
 /// What the bus has been told of the run (the run's own state — nodes
@@ -57,13 +60,13 @@ impl JobSink {
         meta: Arc<dyn crate::store::MetaStore>,
         bus: Arc<dyn ExecBus>,
         live: Arc<LiveJob>,
-        metrics: Arc<crate::service::metrics::Metrics>,
+        (metrics, host_classes): (Arc<crate::service::metrics::Metrics>, Arc<crate::plugins::NodeRegistry>),
     ) -> JobSink {
         let (job_id, owner) = {
             let rec = live.record.lock();
             (Arc::from(rec.id.as_str()), Arc::from(rec.owner.as_str()))
         };
-        JobSink { meta, bus, live, job_id, owner, run: Mutex::new(RunTrack::default()), said: Mutex::new(None), metrics }
+        JobSink { meta, bus, live, job_id, owner, run: Mutex::new(RunTrack::default()), said: Mutex::new(None), metrics, host_classes }
     }
 
     pub(super) fn handle(&self, event: Event) {
@@ -73,7 +76,7 @@ impl JobSink {
             Event::Executing { node, class_type } => self.executing(node, class_type),
             Event::Progress { node, step, steps, overall } => self.progress(node, step, steps, overall),
             Event::Executed { node, class_type, elapsed_ms, on_gpu, nodes_done } => {
-                self.metrics.node_ran(&class_type, on_gpu, elapsed_ms);
+                self.metrics.node_ran(class_label(&self.host_classes, &class_type), on_gpu, elapsed_ms);
                 self.executed(node, nodes_done)
             }
             Event::Output { node, files, cached, .. } => self.output(node, files, cached),
@@ -282,7 +285,7 @@ impl JobSink {
 
     fn failed(&self, node: String, class_type: String, failure: &crate::plugins::NodeFailure, executed: Vec<String>) {
         if !class_type.is_empty() {
-            self.metrics.node_failed(&class_type, failure_code(failure.kind));
+            self.metrics.node_failed(class_label(&self.host_classes, &class_type), failure_code(failure.kind));
         }
         let (node, class_type) = (Some(node).filter(|n| !n.is_empty()), Some(class_type).filter(|c| !c.is_empty()));
         let body = ExecBody::Failed { node, class_type, code: failure_code(failure.kind), message: failure.message.clone(), executed, at_ms: bus::now_ms() };
@@ -344,7 +347,7 @@ mod tests {
         let mut rx = bus.subscribe();
         let dir = tempfile::tempdir().unwrap();
         let meta: Arc<dyn crate::store::MetaStore> = Arc::new(crate::store::SledMeta::open(dir.path()).unwrap());
-        let sink = JobSink::new(meta, bus.clone(), Arc::new(running_job(4)), Default::default());
+        let sink = JobSink::new(meta, bus.clone(), Arc::new(running_job(4)), (Default::default(), Arc::new(crate::plugins::NodeRegistry::new())));
         let text = |node: &str| Event::Text { node: node.into(), text: format!("from {node}") };
         for event in [
             Event::Executing { node: "2".into(), class_type: "A".into() },
