@@ -16,6 +16,7 @@ mod examples;
 mod files;
 mod gpu;
 mod hostile;
+mod image_bombs;
 mod object_info;
 mod own_postgres;
 pub mod parity;
