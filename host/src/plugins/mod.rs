@@ -35,6 +35,8 @@ mod kernels;
 pub mod live;
 mod log_pipe;
 pub mod manifest;
+#[cfg(test)]
+mod manifest_proptests;
 pub mod meta;
 pub mod network;
 pub mod outcome;

@@ -5,3 +5,4 @@
 mod frontend;
 mod http;
 mod ws;
+mod ws_input;
