@@ -69,7 +69,8 @@ crate::codes::code_table! {
         TooManyConnections => (StatusCode::SERVICE_UNAVAILABLE, "too_many_connections"),
         /// A plugin route past its time limit (plugin routes only).
         Timeout => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
-        /// The compatibility `/userdata` store is full.
+        /// The server's disk is full (an upload, a submission), or the
+        /// compatibility `/userdata` store is.
         StorageFull => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
     }
     /// The code's HTTP status and wire name.
@@ -136,6 +137,11 @@ impl ApiError {
     pub fn too_many_connections() -> ApiError {
         ApiError::new(ApiCode::TooManyConnections, "The server is at its connection limit: only health checks are answered now. Retry shortly.").retry_after(1)
     }
+    /// The disk (or a quota) is full: 507 `storage_full`, the cause logged.
+    pub fn storage_full(cause: &dyn std::fmt::Display) -> ApiError {
+        tracing::error!(error = %cause, "request failed: no space left to store it");
+        ApiError::new(ApiCode::StorageFull, "The server has no space left to store this. Try again later.")
+    }
     pub fn internal(cause: &dyn std::fmt::Display) -> ApiError {
         tracing::error!(error = %cause, "request failed");
         ApiError::new(ApiCode::UpstreamError, "The server could not complete the request.")
@@ -179,10 +185,16 @@ impl From<ServiceError> for ApiError {
             ServiceError::DeploymentNotReady { retry_after_s } => ApiError::new(C::DeploymentNotReady, message).retry_after(retry_after_s),
             ServiceError::DeploymentStopped => ApiError::new(C::DeploymentStopped, message),
             ServiceError::Store(crate::store::StoreError::TooLarge { limit }) => ApiError::payload_too_large(limit),
+            ServiceError::Store(crate::store::StoreError::Io(cause)) if disk_full(&cause) => ApiError::storage_full(&cause),
             ServiceError::Store(cause) => ApiError::internal(&cause),
             ServiceError::Transition(bug) => ApiError::internal(&bug),
         }
     }
+}
+
+/// Whether an I/O error says the disk or a quota is full.
+fn disk_full(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
 }
 
 impl From<crate::accounts::AccountError> for ApiError {
@@ -310,6 +322,9 @@ mod tests {
             (ServiceError::DeploymentStopped, ApiCode::DeploymentStopped, None),
             (ServiceError::Store(StoreError::TooLarge { limit: 8 }), ApiCode::PayloadTooLarge, None),
             (ServiceError::Store(StoreError::Backend("/secret/path".into())), ApiCode::UpstreamError, None),
+            (ServiceError::Store(StoreError::Io(std::io::Error::new(std::io::ErrorKind::StorageFull, "/secret/path"))), ApiCode::StorageFull, None),
+            (ServiceError::Store(StoreError::Io(std::io::Error::new(std::io::ErrorKind::QuotaExceeded, "/secret/path"))), ApiCode::StorageFull, None),
+            (ServiceError::Store(StoreError::Io(std::io::Error::new(std::io::ErrorKind::ReadOnlyFilesystem, "/secret/path"))), ApiCode::UpstreamError, None),
         ];
         for (e, code, retry_after) in cases {
             let what = format!("{e:?}");

@@ -71,6 +71,7 @@ const ENV_FIELDS: &[&str] = &[
     "token",
     "mount_prefix",
     "max_queued_jobs",
+    "ready_min_free_mb",
     "max_queued_jobs_per_account",
     "max_running_jobs",
     "job_retention_s",

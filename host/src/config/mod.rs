@@ -166,6 +166,11 @@ pub struct Config {
     pub port: u16,
     /// Where jobs, assets and blobs are kept. Default `./kiln-data`.
     pub data_dir: PathBuf,
+    /// Readiness (`GET /api/v2/ready`) answers 503 while the filesystem of
+    /// `data_dir` has less free space than this, MiB, so a load balancer
+    /// stops sending work before writes fail (then 507 `storage_full`).
+    /// Default 256; 0 turns the check off. `KILN_READY_MIN_FREE_MB`.
+    pub ready_min_free_mb: u64,
     /// When set, every `/api/v2` route except health needs
     /// `Authorization: Bearer <token>`. Default: none (open, self-hosted).
     pub token: Option<String>,

@@ -1,9 +1,11 @@
 //! Readiness, for load balancers: whether this host should be sent work
-//! now. Ready when its store takes a durable write and its queue has room
-//! (the server's bound, `max_queued_jobs`); its plugins are loaded before it
-//! listens at all. Liveness (`/health`) stays a constant answer. The
-//! store is written at most once per [`PROBE_EVERY`], however often
-//! readiness is asked (the route needs no token).
+//! now. Ready when its store takes a durable write, its data directory's
+//! filesystem has the free space `ready_min_free_mb` asks, and its queue
+//! has room (the server's bound, `max_queued_jobs`); its plugins are
+//! loaded before it listens at all. Liveness (`/health`) stays a constant
+//! answer. The store is written and the free space read at most once per
+//! [`PROBE_EVERY`], however often readiness is asked (the route needs no
+//! token).
 
 use std::time::{Duration, Instant};
 
@@ -12,9 +14,18 @@ use super::Service;
 /// How long a store check's answer is reused.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
-/// The last store check: when, and why it failed (`None`: it wrote).
+/// The last probe (`None`: none yet).
 #[derive(Default)]
-pub(super) struct Probe(tokio::sync::Mutex<Option<(Instant, Option<String>)>>);
+pub(super) struct Probe(tokio::sync::Mutex<Option<Probed>>);
+
+/// What a probe found: when, why the store failed (`None`: it wrote), and
+/// the free space on the data directory's filesystem.
+#[derive(Clone)]
+struct Probed {
+    at: Instant,
+    store_error: Option<String>,
+    free_bytes: Option<u64>,
+}
 
 /// What readiness found: each check, and whether all passed.
 pub struct Readiness {
@@ -25,12 +36,21 @@ pub struct Readiness {
     pub max_queued: usize,
     /// Node classes loaded.
     pub nodes: usize,
+    /// Free bytes on the data directory's filesystem (`None`: unknown),
+    /// and the least it must have (0: not checked).
+    pub free_bytes: Option<u64>,
+    pub min_free_bytes: u64,
 }
 
 impl Readiness {
     /// Whether this host should be sent work.
     pub fn ready(&self) -> bool {
-        self.store_error.is_none() && self.queued < self.max_queued
+        self.store_error.is_none() && self.queued < self.max_queued && self.disk_ok()
+    }
+
+    /// Whether the data directory's filesystem has the free space asked.
+    pub fn disk_ok(&self) -> bool {
+        self.min_free_bytes == 0 || self.free_bytes.is_none_or(|free| free >= self.min_free_bytes)
     }
 }
 
@@ -39,20 +59,54 @@ impl Service {
     /// [`PROBE_EVERY`]; callers meanwhile share its answer), the queue's
     /// count.
     pub async fn readiness(&self) -> Readiness {
-        let store_error = {
+        let (dir, min_free_bytes) = &self.opts.disk_floor;
+        let (store_error, free_bytes) = {
             let mut last = self.ready_probe.0.lock().await;
             match &*last {
-                Some((at, answer)) if at.elapsed() < PROBE_EVERY => answer.clone(),
+                Some(probed) if probed.at.elapsed() < PROBE_EVERY => (probed.store_error.clone(), probed.free_bytes),
                 _ => {
                     let answer = self.meta.check_writable().await.err().map(|e| {
                         tracing::warn!(error = %e, "not ready: the store takes no write");
                         e.to_string()
                     });
-                    *last = Some((Instant::now(), answer.clone()));
-                    answer
+                    let free = match *min_free_bytes {
+                        0 => None,
+                        floor => free_space(dir).inspect(|&free| {
+                            if free < floor {
+                                tracing::warn!(dir = %dir.display(), free_mb = free >> 20, min_free_mb = floor >> 20, "not ready: the data directory's filesystem is nearly full");
+                            }
+                        }),
+                    };
+                    *last = Some(Probed { at: Instant::now(), store_error: answer.clone(), free_bytes: free });
+                    (answer, free)
                 }
             }
         };
-        Readiness { store_error, queued: self.queue.waiting().queued(), max_queued: self.opts.max_queued_jobs, nodes: self.registry().definitions().count() }
+        Readiness {
+            store_error,
+            queued: self.queue.waiting().queued(),
+            max_queued: self.opts.max_queued_jobs,
+            nodes: self.registry().definitions().count(),
+            free_bytes,
+            min_free_bytes: *min_free_bytes,
+        }
     }
+}
+
+/// Bytes an unprivileged process may still write on the filesystem of
+/// `dir` (`None` when it cannot be read).
+fn free_space(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string and `stat` is written by
+    // the call before it is read (only when it succeeded).
+    let stat = unsafe {
+        if libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) != 0 {
+            return None;
+        }
+        stat.assume_init()
+    };
+    #[allow(clippy::useless_conversion)] // u64 on 64-bit Linux, narrower elsewhere
+    Some(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
 }

@@ -9,6 +9,7 @@ mod auth;
 mod blob_gc;
 mod bundles;
 mod deployments;
+mod disk;
 mod durability;
 mod events;
 mod failures;
