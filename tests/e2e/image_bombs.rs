@@ -3,9 +3,9 @@
 //! a real decompression bomb (a small PNG that inflates to 36 MB of pixels
 //! and a 432 MB tensor), and files cut short. Each fails its node with a
 //! clear error naming what was wrong — the decoder's allocation limit, the
-//! node's tensor budget, or the truncation (a JPEG cut short too, which
-//! its decoder would fill with grey) — and the host goes on to run the
-//! next job.
+//! node's tensor budget, or the truncation — and the host goes on to run
+//! the next job. A JPEG cut short loads with its missing part grey, as
+//! ComfyUI loads one (it retries with Pillow's `LOAD_TRUNCATED_IMAGES`).
 
 use std::io::Write;
 
@@ -128,11 +128,26 @@ async fn files_cut_short_fail_as_unreadable_and_the_host_goes_on() {
     image::codecs::jpeg::JpegEncoder::new(&mut jpeg).encode(&pixels, 64, 64, image::ExtendedColorType::Rgb8).unwrap();
     let mut webp = Vec::new();
     image::codecs::webp::WebPEncoder::new_lossless(&mut webp).encode(&pixels, 64, 64, image::ExtendedColorType::Rgb8).unwrap();
-    for (name, bytes) in [("cut.png", &png), ("cut.jpg", &jpeg), ("cut.webp", &webp)] {
+    for (name, bytes) in [("cut.png", &png), ("cut.webp", &webp)] {
         let (kind, message) = load(name, &bytes[..bytes.len() / 2]).await;
         assert_eq!(kind, FailureKind::Failed, "{name}: {message}");
         assert!(message.contains(name), "{name}: {message}");
     }
+    // A JPEG cut short loads, as in ComfyUI.
+    let cut_jpeg = dir.path().join("cut.jpg");
+    std::fs::write(&cut_jpeg, &jpeg[..jpeg.len() / 2]).unwrap();
+    let out_jpeg = dir.path().join("out-jpeg");
+    let mut opts = RunOpts::new(&out_jpeg);
+    opts.inputs.insert("cut.jpg", &cut_jpeg);
+    let ran = run_workflow(
+        json!({
+            "1": {"class_type": "LoadImage", "inputs": {"image": "cut.jpg"}},
+            "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "j"}}
+        }),
+        opts,
+    )
+    .await;
+    assert!(matches!(ran.outcome.status, RunStatus::Succeeded), "{:?}", ran.outcome.status);
     // The same image whole still loads: nothing a failed decode did stays.
     let out = dir.path().join("out");
     let mut opts = RunOpts::new(&out);

@@ -69,7 +69,7 @@ crate::codes::code_table! {
         TooManyConnections => (StatusCode::SERVICE_UNAVAILABLE, "too_many_connections"),
         /// A plugin route past its time limit (plugin routes only).
         Timeout => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
-        /// The server's disk is full (an upload, a submission), or the
+        /// The server's disk is full (an upload's bytes), or the
         /// compatibility `/userdata` store is.
         StorageFull => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
     }

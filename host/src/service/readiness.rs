@@ -65,16 +65,30 @@ impl Service {
             match &*last {
                 Some(probed) if probed.at.elapsed() < PROBE_EVERY => (probed.store_error.clone(), probed.free_bytes),
                 _ => {
-                    let answer = self.meta.check_writable().await.err().map(|e| {
-                        tracing::warn!(error = %e, "not ready: the store takes no write");
-                        e.to_string()
-                    });
+                    // Free space first: on a nearly full disk the store is
+                    // not written (a write that fails there can leave the
+                    // embedded store failing every write until a restart).
                     let free = match *min_free_bytes {
                         0 => None,
-                        floor => free_space(dir).inspect(|&free| {
-                            if free < floor {
-                                tracing::warn!(dir = %dir.display(), free_mb = free >> 20, min_free_mb = floor >> 20, "not ready: the data directory's filesystem is nearly full");
-                            }
+                        floor => {
+                            let dir = dir.clone();
+                            tokio::task::spawn_blocking(move || free_space(&dir)).await.ok().flatten().inspect(|&free| {
+                                if free < floor {
+                                    tracing::warn!(
+                                        free_mb = free >> 20,
+                                        min_free_mb = floor >> 20,
+                                        "not ready: the data directory's filesystem is nearly full"
+                                    );
+                                }
+                            })
+                        }
+                    };
+                    let low = free.is_some_and(|free| free < *min_free_bytes);
+                    let answer = match low {
+                        true => None,
+                        false => self.meta.check_writable().await.err().map(|e| {
+                            tracing::warn!(error = %e, "not ready: the store takes no write");
+                            e.to_string()
                         }),
                     };
                     *last = Some(Probed { at: Instant::now(), store_error: answer.clone(), free_bytes: free });
@@ -95,6 +109,14 @@ impl Service {
 
 /// Bytes an unprivileged process may still write on the filesystem of
 /// `dir` (`None` when it cannot be read).
+#[cfg(not(unix))]
+fn free_space(_dir: &std::path::Path) -> Option<u64> {
+    None
+}
+
+/// Bytes an unprivileged process may still write on the filesystem of
+/// `dir` (`None` when it cannot be read).
+#[cfg(unix)]
 fn free_space(dir: &std::path::Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;

@@ -95,11 +95,6 @@ fn decode(name: &str) -> Result<Decoded> {
     use image::ImageDecoder;
     let bytes = host::read_input(name).map_err(Error::invalid)?;
     let reader = image::ImageReader::new(std::io::Cursor::new(&bytes[..])).with_guessed_format().map_err(|e| Error::invalid(format!("{name}: {e}")))?;
-    // The JPEG decoder fills what is missing of a file cut short with grey;
-    // ComfyUI refuses such a file, and so does this node.
-    if reader.format() == Some(image::ImageFormat::Jpeg) && !jpeg_is_whole(&bytes) {
-        return Err(Error::invalid(format!("cannot decode {name}: the JPEG file is truncated (no end-of-image marker after its last scan)")));
-    }
     let mut decoder = reader.into_decoder().map_err(|e| Error::invalid(format!("cannot decode {name}: {e}")))?;
     let orientation = decoder.orientation().unwrap_or(image::metadata::Orientation::NoTransforms);
     let mut img = image::DynamicImage::from_decoder(decoder).map_err(|e| Error::invalid(format!("cannot decode {name}: {e}")))?;
@@ -119,15 +114,6 @@ fn decode(name: &str) -> Result<Decoded> {
     } else {
         Ok(Decoded { width: w, height: h, rgb: img.into_rgb8().into_raw(), alpha: None })
     }
-}
-
-/// Whether a JPEG file ends its last scan: an end-of-image marker follows
-/// the last start-of-scan marker (neither can occur inside a scan's coded
-/// data, where every 0xFF byte is followed by 0x00 or a restart marker).
-/// The last scan is the main image's: an EXIF thumbnail comes before it.
-fn jpeg_is_whole(bytes: &[u8]) -> bool {
-    let Some(last_scan) = bytes.windows(2).rposition(|w| w == [0xff, 0xda]) else { return false };
-    bytes[last_scan..].windows(2).any(|w| w == [0xff, 0xd9])
 }
 
 /// PNG text chunks: `prompt` and each key of `extra_pnginfo`, JSON-encoded.
