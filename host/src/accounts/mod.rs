@@ -354,12 +354,9 @@ mod tests {
     async fn accounts_survive_a_reopen_and_keys_find_them() {
         let dir = tempfile::tempdir().unwrap();
         let open = async || {
-            // sled's flusher lets go of the lock a moment after the last
-            // handle is dropped (as `SledMeta::open` also waits for).
-            let db = (0..200)
-                .find_map(|_| sled::open(dir.path().join("db")).map_err(|_| std::thread::sleep(std::time::Duration::from_millis(20))).ok())
-                .expect("the database opens");
-            let store = Arc::new(crate::store::SledAccounts::new(db.open_tree("accounts").unwrap()));
+            // Waits for the previous handle's lock to go (see `SledMeta::open`).
+            let db = crate::store::SledMeta::open(&dir.path().join("db")).unwrap();
+            let store = Arc::new(db.accounts().unwrap());
             (db, Accounts::open(store, KeyHasher::load_or_create(dir.path()).unwrap(), PRICE).await.unwrap())
         };
         let (key, id) = {

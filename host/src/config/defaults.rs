@@ -44,6 +44,7 @@ impl Default for Config {
             mount_prefix: String::new(),
             max_queued_jobs: 1000,
             ready_min_free_mb: 256,
+            durability: crate::store::Durability::PowerLoss,
             max_queued_jobs_per_account: None,
             max_running_jobs: std::thread::available_parallelism().map_or(2, |n| n.get()),
             job_retention_s: 86_400,

@@ -72,6 +72,7 @@ const ENV_FIELDS: &[&str] = &[
     "mount_prefix",
     "max_queued_jobs",
     "ready_min_free_mb",
+    "durability",
     "max_queued_jobs_per_account",
     "max_running_jobs",
     "job_retention_s",
@@ -151,9 +152,8 @@ fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String
             }
             "partner_base_url" | "partner_api_key" => toml::Value::String(value),
             "cache_dir" | "host" | "data_dir" | "token" | "mount_prefix" | "front_end_root" | "mode" | "admin_token" | "default_tier" | "gpu"
-            | "serverless_host" | "store" | "database_url" | "blob_store" | "s3_endpoint" | "s3_bucket" | "s3_region" | "host_id" | "log_format" => {
-                toml::Value::String(value)
-            }
+            | "serverless_host" | "store" | "database_url" | "blob_store" | "s3_endpoint" | "s3_bucket" | "s3_region" | "host_id" | "log_format"
+            | "durability" => toml::Value::String(value),
             "download_redirect" | "trust_forwarded_headers" | "guest_perf_map" => match value.as_str() {
                 "1" | "true" => toml::Value::Boolean(true),
                 "0" | "false" => toml::Value::Boolean(false),
@@ -171,6 +171,15 @@ mod tests {
     use super::*;
     use crate::config::TierConfig;
     use crate::gpu::GpuMode;
+
+    #[test]
+    fn durability_is_power_loss_unless_told() {
+        use crate::store::Durability;
+        assert_eq!(Config::default().durability, Durability::PowerLoss);
+        assert_eq!(from_env(&[("KILN_DURABILITY", "os_crash")]).unwrap().durability, Durability::OsCrash);
+        assert_eq!(from_env(&[("KILN_DURABILITY", "power_loss")]).unwrap().durability, Durability::PowerLoss);
+        assert!(from_env(&[("KILN_DURABILITY", "none")]).is_err());
+    }
 
     #[test]
     fn log_format_is_text_or_json() {

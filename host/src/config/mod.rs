@@ -171,6 +171,13 @@ pub struct Config {
     /// stops sending work before writes fail (then 507 `storage_full`).
     /// Default 256; 0 turns the check off. `KILN_READY_MIN_FREE_MB`.
     pub ready_min_free_mb: u64,
+    /// What an acknowledged write to the embedded store survives:
+    /// `power_loss` (the default: `fdatasync` before a job, asset, claim
+    /// or account change is acknowledged, concurrent ones sharing a flush)
+    /// or `os_crash` (the pages are written out without a device cache
+    /// flush: kill -9 and a kernel crash lose nothing, a power cut on a
+    /// disk with a volatile write cache can). `KILN_DURABILITY`.
+    pub durability: crate::store::Durability,
     /// When set, every `/api/v2` route except health needs
     /// `Authorization: Bearer <token>`. Default: none (open, self-hosted).
     pub token: Option<String>,

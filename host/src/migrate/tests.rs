@@ -106,7 +106,7 @@ async fn a_finished_copy_marks_the_directory_and_a_wrong_blob_store_is_an_error(
     run(&source, &Target::on(db), &mut |_| {}).await.unwrap();
     assert!(dir.path().join(super::MOVED_MARK).exists(), "the directory is marked as moved");
     drop(source);
-    let refused = crate::service::Backends::embedded(dir.path()).err().expect("no embedded server opens it");
+    let refused = crate::service::Backends::embedded(dir.path(), crate::store::Durability::default()).err().expect("no embedded server opens it");
     assert!(refused.to_string().contains("kiln migrate"), "{refused}");
 }
 

@@ -55,7 +55,9 @@ impl Service {
 
     /// Starts receiving an upload's bytes.
     pub fn begin_upload(&self) -> Result<BlobUpload, ServiceError> {
-        Ok(self.blobs.begin(self.opts.max_upload_bytes)?)
+        let mut upload = self.blobs.begin(self.opts.max_upload_bytes)?;
+        upload.keep_free(self.opts.disk_floor.clone())?;
+        Ok(upload)
     }
 
     /// Finishes an upload: checks `expected_hash`, stores the blob, and

@@ -61,9 +61,10 @@ pub struct Backends {
 }
 
 impl Backends {
-    /// kiln's embedded backends under `data_dir` (created when missing);
-    /// refused for a directory `kiln migrate` copied into a shared database.
-    pub fn embedded(data_dir: &Path) -> Result<Backends, ServiceError> {
+    /// kiln's embedded backends under `data_dir` (created when missing),
+    /// their acknowledged writes as durable as `durability` says; refused
+    /// for a directory `kiln migrate` copied into a shared database.
+    pub fn embedded(data_dir: &Path, durability: crate::store::Durability) -> Result<Backends, ServiceError> {
         let moved = data_dir.join(crate::migrate::MOVED_MARK);
         if moved.exists() {
             return Err(ServiceError::InvalidRequest(format!(
@@ -73,7 +74,7 @@ impl Backends {
             )));
         }
         std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
-        let sled = SledMeta::open(&data_dir.join("meta"))?;
+        let sled = SledMeta::open_with(&data_dir.join("meta"), durability)?;
         let (accounts, sessions) = (Arc::new(sled.accounts()?), Arc::new(sled.sessions()?));
         Backends::beside(Arc::new(sled), accounts, sessions, data_dir, file_secrets(data_dir)?)
     }
@@ -143,7 +144,7 @@ impl Backends {
                 Backends::postgres(url, config.database_max_connections, &config.data_dir, &config.host_id()).await?
             }
             (crate::config::StoreKind::Postgres, None) => return Err(ServiceError::InvalidRequest("store = \"postgres\" needs database_url".into())),
-            (crate::config::StoreKind::Embedded, _) => Backends::embedded(&config.data_dir)?,
+            (crate::config::StoreKind::Embedded, _) => Backends::embedded(&config.data_dir, config.durability)?,
         };
         if let Some(mut settings) = s3_settings(config) {
             settings.installation = Some(backends.meta.installation_id().await?);

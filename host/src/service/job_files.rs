@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 
 use super::blob_gc::BlobClaims;
 use crate::files::{FileError, FileKind, InputFiles, MAX_INPUT_BYTES, OutputFiles, SavedFile, check_extension, is_image_name, output_name, split_prefix};
+use crate::store::space::{DiskFloor, LargeWrite};
 use crate::store::{BlobStore, JobInput, MetaStore, StoreError, blob_name, parse_blob_name};
 
 /// Input files of one job: name → blob.
@@ -73,6 +74,8 @@ pub struct JobOutputs {
     /// The store that holds the job's blobs where hosts share it, and the
     /// job's id (the holds' claimant).
     holds: (Arc<dyn MetaStore>, String),
+    /// The free space an output must leave on the data directory's disk.
+    floor: DiskFloor,
 }
 
 /// How long an output's hold is tried while the store is unreachable
@@ -80,8 +83,14 @@ pub struct JobOutputs {
 const HOLD_RETRY: Duration = Duration::from_secs(30);
 
 impl JobOutputs {
-    pub fn new(blobs: Arc<dyn BlobStore>, pending: Arc<Mutex<Vec<String>>>, claims: Arc<BlobClaims>, holds: (Arc<dyn MetaStore>, String)) -> JobOutputs {
-        JobOutputs { blobs, counters: Mutex::new(HashMap::new()), pending, claims, holds }
+    pub fn new(
+        blobs: Arc<dyn BlobStore>,
+        pending: Arc<Mutex<Vec<String>>>,
+        claims: Arc<BlobClaims>,
+        holds: (Arc<dyn MetaStore>, String),
+        floor: DiskFloor,
+    ) -> JobOutputs {
+        JobOutputs { blobs, counters: Mutex::new(HashMap::new()), pending, claims, holds, floor }
     }
 
     /// Holds blob `hash` for the job where hosts share the store (see
@@ -127,7 +136,8 @@ impl OutputFiles for JobOutputs {
         // sees it either absent or claimed, never unnamed.
         let hash = {
             let _gate = self.claims.writing();
-            let hash = self.blobs.put(data).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
+            let stored = self.floor.reserve(LargeWrite::Output, data.len() as u64).and_then(|()| self.blobs.put(data));
+            let hash = stored.map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
             self.pending.lock().push(blob_name(&hash));
             // The job may end without a record over it.
             self.claims.may_be_garbage(hash);
@@ -198,10 +208,10 @@ mod tests {
         let pending = Arc::new(Mutex::new(Vec::new()));
         let meta: Arc<dyn MetaStore> = Arc::new(crate::store::SledMeta::open(&dir.path().join("meta")).unwrap());
         let holds = |job: &str| (meta.clone(), job.to_string());
-        let first = JobOutputs::new(blobs.clone(), Arc::new(Mutex::new(Vec::new())), Arc::default(), holds("j1"));
+        let first = JobOutputs::new(blobs.clone(), Arc::new(Mutex::new(Vec::new())), Arc::default(), holds("j1"), DiskFloor::default());
         let saved = first.save(FileKind::Output, "kiln", "png", b"pixels").unwrap();
         // A later job served this file from the result cache claims its blob.
-        let later = JobOutputs::new(blobs.clone(), pending.clone(), Arc::default(), holds("j2"));
+        let later = JobOutputs::new(blobs.clone(), pending.clone(), Arc::default(), holds("j2"), DiskFloor::default());
         assert!(later.adopt(&saved));
         assert_eq!(*pending.lock(), [blob_name(&saved.hash.unwrap())], "pending: the collector keeps it");
         // Collected in between: not adopted, so no record will name it.
@@ -226,7 +236,7 @@ mod tests {
         let blobs: Arc<dyn BlobStore> = Arc::new(DiskBlobs::open(dir.path()).unwrap());
         let job = crate::store::JobRecord::queued_for_test("j", 5, 1);
         meta.submit(&job, &serde_json::json!({}), None).await.unwrap();
-        let outputs = JobOutputs::new(blobs.clone(), Arc::default(), Arc::default(), (meta.clone(), "j".into()));
+        let outputs = JobOutputs::new(blobs.clone(), Arc::default(), Arc::default(), (meta.clone(), "j".into()), DiskFloor::default());
         tokio::task::spawn_blocking(move || {
             let hash = blobs.put(b"output").unwrap();
             blobs.delete(&hash).unwrap();

@@ -133,15 +133,15 @@ pub struct Service {
 }
 
 impl Service {
-    /// Opens the embedded backends under `data_dir` and starts on them
-    /// (see [`Service::start_on`]).
+    /// Opens the embedded backends under `data_dir` (acknowledged writes
+    /// survive a power cut) and starts on them (see [`Service::start_on`]).
     pub async fn start(
         opts: ServiceOptions,
         data_dir: &Path,
         plugins: impl Into<crate::plugins::LivePlugins>,
         executor: Arc<Executor>,
     ) -> Result<Arc<Service>, ServiceError> {
-        Service::start_on(opts, Backends::embedded(data_dir)?, plugins, executor).await
+        Service::start_on(opts, Backends::embedded(data_dir, crate::store::Durability::PowerLoss)?, plugins, executor).await
     }
 
     /// Recovers the jobs a crash or restart interrupted, loads the

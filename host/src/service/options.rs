@@ -56,8 +56,9 @@ pub struct ServiceOptions {
     pub lease: Duration,
     pub heartbeat: Duration,
     /// The data directory, and the free space on its filesystem below which
-    /// the host is not ready, bytes (`ready_min_free_mb`; 0: not checked).
-    pub disk_floor: (std::path::PathBuf, u64),
+    /// the host is not ready (`ready_min_free_mb`; 0: not checked); uploads
+    /// and outputs stop at half of it.
+    pub disk_floor: crate::store::space::DiskFloor,
 }
 
 impl ServiceOptions {
@@ -92,7 +93,7 @@ impl ServiceOptions {
             queued_parsed_bytes: config.queued_parsed_mb.saturating_mul(1 << 20),
             lease: Duration::from_secs(config.lease_s.max(2)),
             heartbeat: Duration::from_secs(config.heartbeat_s.max(1)),
-            disk_floor: (config.data_dir.clone(), config.ready_min_free_mb.saturating_mul(1 << 20)),
+            disk_floor: crate::store::space::DiskFloor { dir: config.data_dir.clone(), min_free: config.ready_min_free_mb.saturating_mul(1 << 20) },
         }
     }
 }

@@ -48,9 +48,20 @@ impl Readiness {
         self.store_error.is_none() && self.queued < self.max_queued && self.disk_ok()
     }
 
-    /// Whether the data directory's filesystem has the free space asked.
+    /// Whether the data directory's filesystem has the free space asked
+    /// (an unreadable free space does not hold the host back).
     pub fn disk_ok(&self) -> bool {
         self.min_free_bytes == 0 || self.free_bytes.is_none_or(|free| free >= self.min_free_bytes)
+    }
+
+    /// The disk check as readiness shows it.
+    pub fn disk(&self) -> &'static str {
+        match (self.min_free_bytes, self.free_bytes) {
+            (0, _) => "not checked",
+            (_, None) => "unknown",
+            _ if self.disk_ok() => "ok",
+            _ => "low",
+        }
     }
 }
 
@@ -59,7 +70,7 @@ impl Service {
     /// [`PROBE_EVERY`]; callers meanwhile share its answer), the queue's
     /// count.
     pub async fn readiness(&self) -> Readiness {
-        let (dir, min_free_bytes) = &self.opts.disk_floor;
+        let floor = &self.opts.disk_floor;
         let (store_error, free_bytes) = {
             let mut last = self.ready_probe.0.lock().await;
             match &*last {
@@ -68,22 +79,22 @@ impl Service {
                     // Free space first: on a nearly full disk the store is
                     // not written (a write that fails there can leave the
                     // embedded store failing every write until a restart).
-                    let free = match *min_free_bytes {
+                    let free = match floor.min_free {
                         0 => None,
-                        floor => {
-                            let dir = dir.clone();
-                            tokio::task::spawn_blocking(move || free_space(&dir)).await.ok().flatten().inspect(|&free| {
-                                if free < floor {
+                        min_free => {
+                            let floor = floor.clone();
+                            tokio::task::spawn_blocking(move || floor.free()).await.ok().flatten().inspect(|&free| {
+                                if free < min_free {
                                     tracing::warn!(
                                         free_mb = free >> 20,
-                                        min_free_mb = floor >> 20,
+                                        min_free_mb = min_free >> 20,
                                         "not ready: the data directory's filesystem is nearly full"
                                     );
                                 }
                             })
                         }
                     };
-                    let low = free.is_some_and(|free| free < *min_free_bytes);
+                    let low = free.is_some_and(|free| free < floor.min_free);
                     let answer = match low {
                         true => None,
                         false => self.meta.check_writable().await.err().map(|e| {
@@ -102,33 +113,7 @@ impl Service {
             max_queued: self.opts.max_queued_jobs,
             nodes: self.registry().definitions().count(),
             free_bytes,
-            min_free_bytes: *min_free_bytes,
+            min_free_bytes: floor.min_free,
         }
     }
-}
-
-/// Bytes an unprivileged process may still write on the filesystem of
-/// `dir` (`None` when it cannot be read).
-#[cfg(not(unix))]
-fn free_space(_dir: &std::path::Path) -> Option<u64> {
-    None
-}
-
-/// Bytes an unprivileged process may still write on the filesystem of
-/// `dir` (`None` when it cannot be read).
-#[cfg(unix)]
-fn free_space(dir: &std::path::Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `path` is a NUL-terminated string and `stat` is written by
-    // the call before it is read (only when it succeeded).
-    let stat = unsafe {
-        if libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) != 0 {
-            return None;
-        }
-        stat.assume_init()
-    };
-    #[allow(clippy::useless_conversion)] // u64 on 64-bit Linux, narrower elsewhere
-    Some(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
 }

@@ -151,6 +151,9 @@ pub struct BlobUpload {
     hasher: blake3::Hasher,
     size: u64,
     limit: u64,
+    /// The free space it must leave (see [`BlobUpload::keep_free`]), and
+    /// the size when it was last looked at.
+    floor: Option<(super::space::DiskFloor, u64)>,
 }
 
 impl BlobUpload {
@@ -158,7 +161,16 @@ impl BlobUpload {
     /// (for a [`BlobStore`] implementation's `begin`).
     pub fn create(path: PathBuf, limit: u64) -> Result<BlobUpload, StoreError> {
         let file = File::options().write(true).create_new(true).open(&path)?;
-        Ok(BlobUpload { path: Some(path), file, hasher: blake3::Hasher::new(), size: 0, limit })
+        Ok(BlobUpload { path: Some(path), file, hasher: blake3::Hasher::new(), size: 0, limit, floor: None })
+    }
+
+    /// Refuses (`StorageFull`) to start, or to go on every
+    /// [`CHECK_EVERY`](super::space::CHECK_EVERY) bytes, while less than
+    /// `floor`'s reserve is free.
+    pub fn keep_free(&mut self, floor: super::space::DiskFloor) -> Result<(), StoreError> {
+        floor.reserve(super::space::LargeWrite::Upload, 0)?;
+        self.floor = Some((floor, self.size));
+        Ok(())
     }
 
     /// Appends a chunk.
@@ -166,6 +178,12 @@ impl BlobUpload {
         self.size += chunk.len() as u64;
         if self.size > self.limit {
             return Err(StoreError::TooLarge { limit: self.limit });
+        }
+        if let Some((floor, checked_at)) = &mut self.floor
+            && self.size - *checked_at >= super::space::CHECK_EVERY
+        {
+            floor.reserve(super::space::LargeWrite::Upload, 0)?;
+            *checked_at = self.size;
         }
         self.hasher.update(chunk);
         self.file.write_all(chunk)?;

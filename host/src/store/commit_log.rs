@@ -3,10 +3,12 @@
 //!
 //! sled's own flush hands the write to its I/O thread pool, whose `send`
 //! wakes all seven idle pool threads; twice per job that was a fifth of the
-//! server's CPU (BENCHMARKS.md, "where a job's CPU goes"). Here the calling thread writes a
-//! frame with one `pwrite` and, when it must be durable, pushes the log's
-//! unsynced prefix to the disk with `sync_file_range` — the same guarantee
-//! sled's flush gives (data on the device, no cache flush), in one thread.
+//! server's CPU (BENCHMARKS.md, "where a job's CPU goes"). Here the calling
+//! thread writes a frame with one `pwrite` and, when it must be durable,
+//! syncs the log's unsynced prefix as [`Durability`] says (`fdatasync` by
+//! default). Syncs are group commits: one runs at a time and covers every
+//! frame appended before it started, so the writers that queued behind it
+//! share the next one instead of each paying a device cache flush.
 //!
 //! Frames go one after another into a file that is zero-filled ahead of the
 //! writes (1 MiB at a time, made durable with `fdatasync` when extended), so
@@ -26,7 +28,6 @@
 //! the log's lock so no frame can slip between the flush and the reset.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,6 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use super::StoreError;
+use super::durability::Durability;
 
 /// Most bytes of frames before the log is reset.
 pub const CAP: u64 = 16 << 20;
@@ -67,6 +69,12 @@ pub struct CommitLog {
     resetting: AtomicBool,
     /// `state.end`, readable without the lock.
     end_hint: AtomicU64,
+    /// Held by the one sync running (see [`CommitLog::sync_to`]).
+    syncing: Mutex<()>,
+    /// Syncs run so far (group commit makes them fewer than the appends
+    /// that wait for one).
+    syncs: AtomicU64,
+    durability: Durability,
 }
 
 fn checksum(cycle: u64, seq: u64, payload: &[u8]) -> [u8; 8] {
@@ -80,22 +88,11 @@ fn checksum(cycle: u64, seq: u64, payload: &[u8]) -> [u8; 8] {
     out
 }
 
-/// Pushes `[from, to)` of `file` to the device and waits for it.
-fn sync_range(file: &File, from: u64, to: u64) -> std::io::Result<()> {
-    if to <= from {
-        return Ok(());
-    }
-    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-    // SAFETY: a plain syscall on an open descriptor; no memory is passed.
-    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), from as libc::off64_t, (to - from) as libc::off64_t, flags) };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
-}
-
 impl CommitLog {
     /// Opens (creating) the log at `path` and returns it with the payloads
     /// of its current cycle, oldest first. The caller applies them, flushes
     /// the store, then calls [`CommitLog::reset`].
-    pub fn open(path: &Path) -> Result<(CommitLog, Vec<Vec<u8>>), StoreError> {
+    pub fn open(path: &Path, durability: Durability) -> Result<(CommitLog, Vec<Vec<u8>>), StoreError> {
         let file = File::options().read(true).write(true).create(true).truncate(false).open(path)?;
         let allocated = file.metadata()?.len();
         let mut payloads = Vec::new();
@@ -122,7 +119,16 @@ impl CommitLog {
         // Until the reset the frames read stay; new ones would follow them.
         let (cycle, seq) = last.map_or_else(|| (new_cycle(), 1), |(c, s)| (c, s + 1));
         let state = State { end: offset, synced: offset, allocated, seq, cycle };
-        Ok((CommitLog { file, state: Mutex::new(state), resetting: AtomicBool::new(false), end_hint: AtomicU64::new(offset) }, payloads))
+        let log = CommitLog {
+            file,
+            state: Mutex::new(state),
+            resetting: AtomicBool::new(false),
+            end_hint: AtomicU64::new(offset),
+            syncing: Mutex::new(()),
+            syncs: AtomicU64::new(0),
+            durability,
+        };
+        Ok((log, payloads))
     }
 
     /// Appends `payload`; with `sync`, returns once it (and every frame
@@ -160,27 +166,39 @@ impl CommitLog {
         if !sync {
             return Ok(());
         }
-        let (from, cycle) = (state.synced, state.cycle);
+        let cycle = state.cycle;
         drop(state);
-        self.sync_to(from, needed, cycle)
+        self.sync_to(needed, cycle)
     }
 
     /// Makes every frame appended so far durable.
     pub fn sync(&self) -> Result<(), StoreError> {
-        let (from, to, cycle) = {
+        let (end, cycle) = {
             let state = self.state.lock();
-            (state.synced, state.end, state.cycle)
+            (state.end, state.cycle)
         };
-        self.sync_to(from, to, cycle)
+        self.sync_to(end, cycle)
     }
 
-    /// Syncs `[from, to)` without the lock (concurrent syncs overlap), then
-    /// records it unless the log was reset meanwhile.
-    fn sync_to(&self, from: u64, to: u64, cycle: u64) -> Result<(), StoreError> {
-        sync_range(&self.file, from, to)?;
+    /// Returns once the frames of `cycle` before `to` are durable (or that
+    /// cycle was ended by a reset, whose flush made them redundant). One
+    /// sync runs at a time, outside the append lock; a caller that waited
+    /// for it finds its frames covered, or runs the next sync, which covers
+    /// everything appended by then (group commit).
+    fn sync_to(&self, to: u64, cycle: u64) -> Result<(), StoreError> {
+        let _turn = self.syncing.lock();
+        let (from, end) = {
+            let state = self.state.lock();
+            if state.cycle != cycle || state.synced >= to {
+                return Ok(());
+            }
+            (state.synced, state.end)
+        };
+        self.durability.sync_range(&self.file, from, end)?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         let mut state = self.state.lock();
         if state.cycle == cycle {
-            state.synced = state.synced.max(to);
+            state.synced = state.synced.max(end);
         }
         Ok(())
     }
@@ -211,7 +229,7 @@ impl CommitLog {
     fn reset(&self, state: &mut State) -> Result<(), StoreError> {
         if state.allocated >= HEADER as u64 {
             self.file.write_all_at(&[0u8; HEADER], 0)?;
-            sync_range(&self.file, 0, HEADER as u64)?;
+            self.durability.sync_range(&self.file, 0, HEADER as u64)?;
         }
         state.end = 0;
         self.end_hint.store(0, Ordering::Relaxed);
@@ -232,7 +250,7 @@ mod tests {
     use super::*;
 
     fn open(path: &Path) -> (CommitLog, Vec<String>) {
-        let (log, payloads) = CommitLog::open(path).unwrap();
+        let (log, payloads) = CommitLog::open(path, Durability::PowerLoss).unwrap();
         (log, payloads.into_iter().map(|p| String::from_utf8(p).unwrap()).collect())
     }
 
@@ -256,6 +274,37 @@ mod tests {
         // A broken header ends the log too.
         file.write_all_at(b"Z", 0).unwrap();
         assert!(open(&path).1.is_empty());
+    }
+
+    #[test]
+    fn writers_waiting_for_a_sync_share_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("commit.log");
+        let (log, _) = CommitLog::open(&path, Durability::PowerLoss).unwrap();
+        let log = std::sync::Arc::new(log);
+        // A sync in flight: the writers append, then queue behind it.
+        let in_flight = log.syncing.lock();
+        let writers: Vec<_> = (0..4)
+            .map(|i| {
+                let log = log.clone();
+                std::thread::spawn(move || log.append(format!("w{i}").as_bytes(), true, || Ok(())).unwrap())
+            })
+            .collect();
+        while log.end_hint.load(Ordering::Relaxed) < 4 * (HEADER as u64 + 2) {
+            std::thread::yield_now();
+        }
+        drop(in_flight);
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert_eq!(log.syncs.load(Ordering::Relaxed), 1, "the first to go on synced all four frames");
+        log.append(b"alone", true, || Ok(())).unwrap();
+        assert_eq!(log.syncs.load(Ordering::Relaxed), 2);
+        log.sync().unwrap();
+        assert_eq!(log.syncs.load(Ordering::Relaxed), 2, "nothing left to sync");
+        let mut back = open(&path).1;
+        back.sort();
+        assert_eq!(back, ["alone", "w0", "w1", "w2", "w3"]);
     }
 
     #[test]

@@ -19,18 +19,21 @@ pub(crate) mod contract_accounts;
 #[cfg(test)]
 pub(crate) mod contract_blobs;
 mod deployments;
+mod durability;
 mod io_runtime;
 pub mod postgres;
 pub mod records;
 pub mod s3;
 mod sessions;
 mod sled;
+pub mod space;
 mod status;
 mod user_files;
 
 pub use accounts::{AccountChange, AccountStore, CreditChange};
 pub use blobs::{BlobUpload, DiskBlobs, StagedBlob};
 pub use deployments::{DeploymentStore, FileDeployments};
+pub use durability::Durability;
 pub use records::*;
 pub use sessions::{SessionRecord, SessionStore};
 pub use sled::{ExportedJob, SledAccounts, SledMeta, SledSessions};

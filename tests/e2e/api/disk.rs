@@ -1,8 +1,9 @@
 //! A data directory on a small filesystem of its own (a tmpfs, mounted for
 //! the test: root's, as in CI): uploads that fill it get 507
 //! `storage_full` in the envelope and a log line, readiness turns 503
-//! (`checks.disk: "low"`) before that, what was stored stays whole, and
-//! once there is room again the same server takes uploads and jobs. A
+//! (`checks.disk: "low"`) before that, what was stored stays whole, jobs
+//! still run in the room kept for the store's own writes, and once there
+//! is room again the same server takes uploads and jobs. A
 //! data directory on a read-only filesystem stops the start with the
 //! system's reason. The embedded store only: PostgreSQL and S3 keep
 //! nothing there.
@@ -88,8 +89,8 @@ async fn a_full_disk_is_507_and_not_ready_and_the_server_recovers_when_space_ret
     let Some(fs) = Tmpfs::mount("size=24m") else { return };
     let data = tempfile::tempdir_in(fs.path()).unwrap();
     let s = start_in(data, |c, o| {
-        c.ready_min_free_mb = 6;
-        o.disk_floor.1 = 6 << 20;
+        c.ready_min_free_mb = 12;
+        o.disk_floor.min_free = 12 << 20;
     })
     .await;
     let (status, body) = ready(&s).await;
@@ -111,6 +112,14 @@ async fn a_full_disk_is_507_and_not_ready_and_the_server_recovers_when_space_ret
     assert!(!body.to_string().contains(&s.data.path().display().to_string()), "no path on the wire: {body}");
     let (status, body) = ready(&s).await;
     assert_eq!((status, body["status"].as_str(), body["checks"]["disk"].as_str()), (503, Some("not_ready"), Some("low")), "{body}");
+    // Uploads stopped while half the floor was still free: the store's own
+    // writes (a submission, its commit log frame, the job's small output
+    // and terminal record) still fit, and nothing refuses writes later.
+    let job = s.submit(trivial(5)).await;
+    let done = s.wait(job["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "succeeded", "a job runs on the nearly full disk: {done}");
+    let (status, body) = s.upload("still-full.bin", noise(2, 50), None).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (507, Some("storage_full")), "{body}");
     // What was stored before is whole.
     let content = s.http.get(s.url(&format!("/assets/{}/content", stored["id"].as_str().unwrap()))).send().await.unwrap();
     assert_eq!(content.status(), 200);

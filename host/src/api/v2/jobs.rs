@@ -32,7 +32,7 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
             "store": found.store_error.as_ref().map_or_else(|| json!("writable"), |_| json!("not writable")),
             "queue": { "queued": found.queued, "max_queued": found.max_queued },
             "nodes": found.nodes,
-            "disk": if found.min_free_bytes == 0 { json!("not checked") } else if found.disk_ok() { json!("ok") } else { json!("low") },
+            "disk": found.disk(),
         },
     });
     let status = if found.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };

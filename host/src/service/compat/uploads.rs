@@ -83,11 +83,17 @@ pub(super) fn annotated(name: &str) -> (&str, &str) {
 }
 
 /// A blob upload as `std::io::Write` (an encoder writes into it).
-struct UploadWriter<'a>(&'a mut BlobUpload);
+/// Writes into an upload, keeping the store's own error (a full disk is
+/// 507, not a bad request) for the caller.
+struct UploadWriter<'a>(&'a mut BlobUpload, Option<crate::store::StoreError>);
 
 impl std::io::Write for UploadWriter<'_> {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.0.write(data).map_err(std::io::Error::other)?;
+        if let Err(e) = self.0.write(data) {
+            let message = e.to_string();
+            self.1 = Some(e);
+            return Err(std::io::Error::other(message));
+        }
         Ok(data.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -266,7 +272,10 @@ impl Service {
         // decoded.
         let _held = runtime.block_on(self.intake.enter(composition.memory())).map_err(|e| ServiceError::PayloadTooLarge { limit_bytes: e.total })?;
         let mut upload = self.begin_upload()?;
-        composition.write(UploadWriter(&mut upload)).map_err(ServiceError::InvalidRequest)?;
+        let mut writer = UploadWriter(&mut upload, None);
+        if let Err(e) = composition.write(&mut writer) {
+            return Err(writer.1.take().map_or(ServiceError::InvalidRequest(e), ServiceError::from));
+        }
         self.commit_compat_upload(owner, upload, req)
     }
 

@@ -2,23 +2,25 @@
 //! beside the jobs in the same database.
 
 use super::backend;
+use super::durable::DurableFlush;
 use crate::store::{Account, AccountChange, AccountStore, CreditChange, StoreError};
 
 /// Accounts in a sled tree.
 pub struct SledAccounts {
     tree: sled::Tree,
+    durable: DurableFlush,
 }
 
 impl SledAccounts {
-    pub fn new(tree: sled::Tree) -> SledAccounts {
-        SledAccounts { tree }
+    pub(crate) fn new(tree: sled::Tree, durable: DurableFlush) -> SledAccounts {
+        SledAccounts { tree, durable }
     }
 
     /// A store in a temporary database that keeps nothing (a self-hosted
     /// service started on other stores, tests).
     pub fn temporary() -> Result<SledAccounts, StoreError> {
         let db = sled::Config::new().temporary(true).open().map_err(backend)?;
-        Ok(SledAccounts { tree: db.open_tree("accounts").map_err(backend)? })
+        Ok(SledAccounts { tree: db.open_tree("accounts").map_err(backend)?, durable: DurableFlush::temporary(db) })
     }
 
     /// Changes the stored record of `id` with `f` in one atomic step
@@ -54,7 +56,7 @@ impl SledAccounts {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.tree.flush().map(drop).map_err(backend)
+        self.durable.flush()
     }
 }
 

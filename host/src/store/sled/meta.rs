@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{Sled, SledMeta, backend};
+use crate::store::durability::Durability;
 use crate::store::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, StoreError};
 
 /// Whether this thread runs a multi-thread runtime's tasks (the request
@@ -18,19 +19,28 @@ fn on_request_runtime() -> bool {
 }
 
 impl SledMeta {
-    /// Opens (creating) the store in `dir`, replaying its commit log.
+    /// Opens (creating) the store in `dir`, replaying its commit log;
+    /// acknowledged writes survive a power cut.
     pub fn open(dir: &Path) -> Result<SledMeta, StoreError> {
-        Sled::open(dir).map(|sled| SledMeta(Arc::new(sled)))
+        SledMeta::open_with(dir, Durability::PowerLoss)
+    }
+
+    /// Opens (creating) the store in `dir`, replaying its commit log;
+    /// acknowledged writes are as durable as `durability` says.
+    pub fn open_with(dir: &Path, durability: Durability) -> Result<SledMeta, StoreError> {
+        Sled::open(dir, durability).map(|sled| SledMeta(Arc::new(sled)))
     }
 
     /// The account store, in this store's database beside the jobs.
     pub fn accounts(&self) -> Result<super::SledAccounts, StoreError> {
-        self.0.db.open_tree("accounts").map(super::SledAccounts::new).map_err(backend)
+        let tree = self.0.db.open_tree("accounts").map_err(backend)?;
+        Ok(super::SledAccounts::new(tree, self.0.durable.clone()))
     }
 
     /// The web sign-in sessions, in the same database.
     pub fn sessions(&self) -> Result<super::SledSessions, StoreError> {
-        self.0.db.open_tree("sessions").map(super::SledSessions::new).map_err(backend)
+        let tree = self.0.db.open_tree("sessions").map_err(backend)?;
+        Ok(super::SledSessions::new(tree, self.0.durable.clone()))
     }
 
     /// Runs `f`, which may wait for the disk: inline on a current-thread

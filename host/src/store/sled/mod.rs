@@ -16,6 +16,7 @@
 //! the job records when the service starts.
 
 mod accounts;
+mod durable;
 mod export;
 mod index;
 mod meta;
@@ -29,7 +30,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::commit_log::CommitLog;
+use super::durability::Durability;
 use super::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, JobStatus, Micros, StoreError};
+use durable::DurableFlush;
 use index::Indexes;
 use replay::entry;
 
@@ -54,6 +57,8 @@ struct Sled {
     claims: sled::Tree,
     index: Indexes,
     log: CommitLog,
+    /// sled's flush, as durable as the store was opened with.
+    durable: DurableFlush,
     /// Per owner, a count of writes and deletions of its finished jobs
     /// (`MetaStore::finished_changes`), bumped after each is done; one
     /// entry per owner that has finished a job since the store opened.
@@ -75,8 +80,12 @@ const LOG_FILE: &str = "commit.log";
 /// Where earlier versions journaled job starts (unsynced); removed on open.
 const OLD_JOURNAL_FILE: &str = "attempts.journal";
 
+/// sled's I/O errors keep their kind (a full disk is `StorageFull`).
 fn backend(e: sled::Error) -> StoreError {
-    StoreError::Backend(e.to_string())
+    match e {
+        sled::Error::Io(e) => StoreError::Io(e),
+        e => StoreError::Backend(e.to_string()),
+    }
 }
 
 fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
@@ -113,7 +122,7 @@ fn hash_key(hash: &str, id: &str) -> Vec<u8> {
 }
 
 impl Sled {
-    fn open(dir: &Path) -> Result<Sled, StoreError> {
+    fn open(dir: &Path, durability: Durability) -> Result<Sled, StoreError> {
         // sled's background flusher lets go of the directory's lock a moment
         // after the previous handle is dropped (an in-process restart); a
         // lock held longer means another kiln uses this data directory.
@@ -135,7 +144,8 @@ impl Sled {
             }
         };
         let tree = |name: &str| db.open_tree(name).map_err(backend);
-        let (log, entries) = CommitLog::open(&dir.join(LOG_FILE))?;
+        let (log, entries) = CommitLog::open(&dir.join(LOG_FILE), durability)?;
+        let durable = DurableFlush::open(db.clone(), dir, durability)?;
         let meta = Sled {
             jobs: tree("jobs")?,
             workflows: tree("workflows")?,
@@ -146,6 +156,7 @@ impl Sled {
             claims: tree("claims")?,
             index: Indexes::open(&db)?,
             log,
+            durable,
             finished_changes: Default::default(),
             db,
         };
@@ -165,7 +176,7 @@ impl Sled {
         let made = uuid::Uuid::new_v4().to_string();
         let id = match self.db.compare_and_swap(KEY, None::<&[u8]>, Some(made.as_bytes())).map_err(backend)? {
             Ok(()) => {
-                self.db.flush().map_err(backend)?;
+                self.flush()?;
                 made
             }
             Err(taken) => {
@@ -189,7 +200,7 @@ impl Sled {
             count += 1;
         }
         tracing::info!(jobs = count, "indexed the store's jobs by owner");
-        self.db.flush().map_err(backend)?;
+        self.flush()?;
         Ok(())
     }
 
@@ -587,8 +598,7 @@ impl Sled {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush().map_err(backend)?;
-        Ok(())
+        self.durable.flush()
     }
 
     /// Writes the readiness marker (`store_info`'s `ready_probe`: the time)

@@ -4,23 +4,25 @@
 //! at sign-in is short.
 
 use super::backend;
+use super::durable::DurableFlush;
 use crate::store::{Micros, SessionRecord, SessionStore, StoreError};
 
 /// Sessions in a sled tree.
 pub struct SledSessions {
     tree: sled::Tree,
+    durable: DurableFlush,
 }
 
 impl SledSessions {
-    pub fn new(tree: sled::Tree) -> SledSessions {
-        SledSessions { tree }
+    pub(crate) fn new(tree: sled::Tree, durable: DurableFlush) -> SledSessions {
+        SledSessions { tree, durable }
     }
 
     /// A store in a temporary database that keeps nothing (a service
     /// started on other stores, tests).
     pub fn temporary() -> Result<SledSessions, StoreError> {
         let db = sled::Config::new().temporary(true).open().map_err(backend)?;
-        Ok(SledSessions { tree: db.open_tree("sessions").map_err(backend)? })
+        Ok(SledSessions { tree: db.open_tree("sessions").map_err(backend)?, durable: DurableFlush::temporary(db) })
     }
 }
 
@@ -33,7 +35,7 @@ impl SessionStore for SledSessions {
     async fn put(&self, id: &str, session: &SessionRecord) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(session).map_err(|e| StoreError::Backend(e.to_string()))?;
         self.tree.insert(id.as_bytes(), bytes).map_err(backend)?;
-        self.tree.flush().map(drop).map_err(backend)
+        self.durable.flush()
     }
 
     async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
@@ -46,7 +48,7 @@ impl SessionStore for SledSessions {
             batch.remove(id.as_bytes());
         }
         self.tree.apply_batch(batch).map_err(backend)?;
-        self.tree.flush().map(drop).map_err(backend)
+        self.durable.flush()
     }
 
     async fn of_owner(&self, owner: &str, now: Micros) -> Result<(Vec<(String, SessionRecord)>, Vec<String>), StoreError> {

@@ -2,6 +2,7 @@
 //! claims, replay, indexes, budgets.
 
 use super::*;
+use crate::store::durability::Durability;
 
 /// Every case of the `MetaStore` contract, each on a new store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,16 +55,16 @@ fn queued(meta: &Sled) -> Vec<String> {
 #[test]
 fn open_waits_for_a_handle_being_dropped_and_names_a_held_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let first = Sled::open(dir.path()).unwrap();
+    let first = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     // An in-process restart: the old handle goes away a moment later.
     let dropper = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(300));
         drop(first);
     });
-    let second = Sled::open(dir.path()).expect("opens once the old handle is gone");
+    let second = Sled::open(dir.path(), Durability::PowerLoss).expect("opens once the old handle is gone");
     dropper.join().unwrap();
     // Held for good: a clear error after the wait.
-    match Sled::open(dir.path()) {
+    match Sled::open(dir.path(), Durability::PowerLoss) {
         Err(StoreError::Backend(m)) => assert!(m.contains("in use by another process"), "{m}"),
         other => panic!("expected the directory to be in use, got {:?}", other.map(|_| ())),
     }
@@ -74,7 +75,7 @@ fn open_waits_for_a_handle_being_dropped_and_names_a_held_directory() {
 fn submit_claims_once_and_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let meta = Sled::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
         let claim = IdempotencyClaim { key: "k".into(), owner: "local".into(), job_id: Some("a".into()), claimed_at: 10, expires_at: 100 };
         meta.submit(&job("a", 10, 1), &serde_json::json!({"1": {}}), Some(&claim)).unwrap();
         let again = IdempotencyClaim { job_id: Some("b".into()), claimed_at: 20, ..claim.clone() };
@@ -84,7 +85,7 @@ fn submit_claims_once_and_survives_reopen() {
         let later = IdempotencyClaim { job_id: Some("c".into()), claimed_at: 100, expires_at: 200, ..claim };
         meta.submit(&job("c", 30, 3), &serde_json::json!({}), Some(&later)).unwrap();
     }
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     assert_eq!(queued(&meta), vec!["a".to_string(), "c".to_string()]);
     assert_eq!(meta.get_claim("k").unwrap().unwrap().job_id.as_deref(), Some("c"));
     assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"1": {}})));
@@ -110,7 +111,7 @@ fn the_claim_purge_reads_expired_claims_only() {
         expires_at: at + 100,
     };
     {
-        let meta = Sled::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
         meta.submit(&job("a", 10, 1), &serde_json::json!({}), Some(&claim("k1", "a", 10))).unwrap();
         meta.submit(&job("b", 20, 2), &serde_json::json!({}), Some(&claim("k2", "b", 20))).unwrap();
         assert!(matches!(meta.submit(&job("x", 30, 3), &serde_json::json!({}), Some(&claim("k2", "x", 30))), Err(StoreError::KeyClaimed)));
@@ -129,7 +130,7 @@ fn the_claim_purge_reads_expired_claims_only() {
         meta.index.info.insert(b"indexes", &[1u8]).unwrap();
         meta.flush().unwrap();
     }
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     assert_eq!(meta.index.claims_due(i64::MAX).unwrap().len(), 3);
     assert_eq!(meta.purge_claims(1_000).unwrap(), 3);
     assert!(meta.claims.get(b"bad").unwrap().is_none());
@@ -139,7 +140,7 @@ fn the_claim_purge_reads_expired_claims_only() {
 #[test]
 fn assets_indexed_by_hash() {
     let dir = tempfile::tempdir().unwrap();
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     let a = AssetRecord {
         id: "x".into(),
         owner: "local".into(),
@@ -183,7 +184,7 @@ fn ids<T>(records: Vec<T>, id: impl Fn(&T) -> &str) -> Vec<String> {
 fn the_periodic_work_finds_its_records_through_indexes() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let meta = Sled::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
         // expires_at = created + 1000: a at 1010, b at 1020, c at 1030, d at 1040.
         for (i, id) in ["a", "b", "c", "d"].into_iter().enumerate() {
             meta.submit(&job(id, 10 * (i as Micros + 1), 5 + i as u64), &serde_json::json!({}), None).unwrap();
@@ -232,14 +233,14 @@ fn the_periodic_work_finds_its_records_through_indexes() {
         meta.finish_job(&JobRecord { status: JobStatus::Failed, ..a }, &[]).unwrap();
         assert_eq!(ids(meta.unfinished_jobs().unwrap(), |j| &j.id), ["f"]);
     }
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     assert_eq!(ids(meta.unfinished_jobs().unwrap(), |j| &j.id), ["f"], "the saved set and the log together");
     let a = meta.get_job("a").unwrap().unwrap();
     meta.put_job(&JobRecord { status: JobStatus::Queued, ..a }).unwrap();
     meta.index.settle(&meta.get_job("a").unwrap().unwrap());
     meta.checkpoint().unwrap();
     drop(meta);
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     assert_eq!(ids(meta.unfinished_jobs().unwrap(), |j| &j.id), ["a", "f"]);
     assert_eq!(ids(meta.jobs_due(1025, 1030, 100).unwrap(), |j| &j.id), ["a", "b", "c"]);
     assert_eq!(ids(meta.uploads_due(200, 10).unwrap(), |a| &a.id), ["up"]);
@@ -251,7 +252,7 @@ fn the_periodic_work_finds_its_records_through_indexes() {
     }
     meta.flush().unwrap();
     drop(meta);
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     assert_eq!(ids(meta.unfinished_jobs().unwrap(), |j| &j.id), ["a", "f"]);
     assert_eq!(ids(meta.jobs_due(1025, 1030, 100).unwrap(), |j| &j.id), ["a", "b", "c"]);
     assert_eq!(ids(meta.assets_of_job("a").unwrap(), |a| &a.id), ["out2"]);
@@ -265,7 +266,7 @@ fn the_periodic_work_finds_its_records_through_indexes() {
 #[test]
 fn stale_index_entries_are_removed_as_the_sweep_meets_them() {
     let dir = tempfile::tempdir().unwrap();
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     // expires_at = created + 1000.
     for (id, created) in [("gone", 10), ("kept", 20), ("moved", 30)] {
         meta.submit(&job(id, created, 1), &serde_json::json!({}), None).unwrap();
@@ -302,7 +303,7 @@ fn a_submission_in_sled_only_is_found_when_the_store_opens() {
     let dir = tempfile::tempdir().unwrap();
     let now = crate::store::now_micros();
     {
-        let meta = Sled::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
         meta.checkpoint().unwrap();
         let lost = JobRecord { expires_at: now + 5, ..job("lost", now, 1) };
         // The record and its time index, none of the submission's index
@@ -312,7 +313,7 @@ fn a_submission_in_sled_only_is_found_when_the_store_opens() {
         meta.flush().unwrap();
         assert!(meta.unfinished_jobs().unwrap().is_empty());
     }
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     assert_eq!(ids(meta.unfinished_jobs().unwrap(), |j| &j.id), ["lost"]);
     assert_eq!(ids(meta.jobs_due(now + 10, 0, 10).unwrap(), |j| &j.id), ["lost"]);
 }
@@ -354,7 +355,7 @@ fn writes_sled_lost_come_back_from_the_commit_log() {
     };
     let claim = IdempotencyClaim { key: "k".into(), owner: "local".into(), job_id: Some("d".into()), claimed_at: 40, expires_at: 1_000 };
     {
-        let meta = Sled::open(dir.path()).unwrap();
+        let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
         // Durable in sled: b queued, c finished.
         meta.submit(&b, &serde_json::json!({"b": 1}), None).unwrap();
         meta.submit(&c, &serde_json::json!({}), None).unwrap();
@@ -371,7 +372,7 @@ fn writes_sled_lost_come_back_from_the_commit_log() {
         meta.record_start(&started(&c, 1)).unwrap();
         meta.append(&entry("submitted", &[("job", &encode(&d).unwrap()), ("workflow", br#"{"d":1}"#), ("claim", &encode(&claim).unwrap())]), true).unwrap();
     }
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     let get = |id: &str| meta.get_job(id).unwrap().unwrap();
     assert_eq!((get("a").status, get("a").attempts), (JobStatus::Running, 1), "submitted and started from the log");
     assert_eq!(meta.get_workflow("a").unwrap(), Some(serde_json::json!({"a": 1})));
@@ -384,14 +385,14 @@ fn writes_sled_lost_come_back_from_the_commit_log() {
     assert_eq!(meta.list_jobs(None, None, 10, usize::MAX, &|_| true).unwrap().jobs.len(), 4, "listed");
     // Replayed once: sled has it all, the log starts a new cycle.
     drop(meta);
-    let (_, left) = CommitLog::open(&dir.path().join(LOG_FILE)).unwrap();
+    let (_, left) = CommitLog::open(&dir.path().join(LOG_FILE), Durability::PowerLoss).unwrap();
     assert!(left.is_empty());
 }
 
 #[test]
 fn one_owners_listing_reads_only_that_owners_records() {
     let dir = tempfile::tempdir().unwrap();
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     let mut mine = Vec::new();
     for i in 0..5u64 {
         let mut j = job(&format!("a{i}"), 100 + i as i64, i);
@@ -422,7 +423,7 @@ fn one_owners_listing_reads_only_that_owners_records() {
     meta.by_owner.clear().unwrap();
     meta.checkpoint().unwrap();
     drop(meta);
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     assert_eq!(meta.list_jobs(Some("alice"), None, 10, usize::MAX, &|_| true).unwrap().jobs.len(), 5);
 }
 
@@ -431,7 +432,7 @@ fn one_owners_listing_reads_only_that_owners_records() {
 #[test]
 fn a_filtered_listing_reads_at_most_its_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     for i in 0..50u64 {
         meta.submit(&job(&format!("j{i:02}"), 100 + i as i64, i + 1), &serde_json::json!({}), None).unwrap();
     }
@@ -470,7 +471,7 @@ fn a_filtered_listing_reads_at_most_its_budget() {
 #[test]
 fn racing_updates_of_an_asset_leave_it_found_by_what_it_holds() {
     let dir = tempfile::tempdir().unwrap();
-    let meta = Sled::open(dir.path()).unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
     let version = |writer: usize| asset("a", None, Some(1000 + writer as Micros), &[&format!("w{writer}")]);
     for round in 0..5 {
         meta.put_asset(&asset("a", None, Some(5000), &["first"])).unwrap();
