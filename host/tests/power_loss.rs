@@ -2,9 +2,11 @@
 //! `powercut/preload.rs` preloaded, which keeps beside its data directory
 //! the image a disk with a volatile write cache would hold — only what was
 //! flushed. After kill -9 a fresh server opens that image: with the default
-//! durability every acknowledged job, asset and idempotency claim is in it;
-//! with `os_crash` (writes pushed out without a cache flush) some are not,
-//! which shows the image really drops what was not flushed.
+//! durability every acknowledged job (on both surfaces), asset and
+//! idempotency claim is in it; with `os_crash` (writes pushed out without a
+//! cache flush) some are not, which shows the image really drops what was
+//! not flushed. Either way the data directory itself — what kill -9 alone
+//! leaves — loses nothing, and an upload cut off mid-body leaves nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 mod common;
@@ -35,12 +38,15 @@ fn preload_library() -> &'static Path {
     })
 }
 
-/// What the clients were told, and what the image lost of it.
+/// What the clients were told.
 #[derive(Default)]
-struct Outcome {
-    jobs: usize,
-    assets: usize,
-    lost: Vec<String>,
+struct Acked {
+    /// (job id, Idempotency-Key) from `POST /api/v2/jobs`.
+    jobs: Vec<(String, String)>,
+    /// prompt ids from `POST /api/prompt`.
+    prompts: Vec<String>,
+    /// (asset id, bytes).
+    assets: Vec<(String, Vec<u8>)>,
 }
 
 /// A small PNG whose bytes differ per `n` (a trailing comment chunk would
@@ -62,12 +68,11 @@ fn workflow(n: usize) -> Value {
     })
 }
 
-/// One client: uploads an asset, then submits a job under an idempotency
-/// key, until the server goes. Returns (job id, key) and (asset id, bytes)
-/// for every 201.
-async fn client(base: String, who: usize, acks: Arc<AtomicUsize>) -> (Vec<(String, String)>, Vec<(String, Vec<u8>)>) {
+/// One client: uploads an asset, submits a job under an idempotency key,
+/// then a prompt on the ComfyUI surface, until the server goes.
+async fn client(base: String, who: usize, acks: Arc<AtomicUsize>) -> Acked {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
-    let (mut jobs, mut assets) = (Vec::new(), Vec::new());
+    let mut acked = Acked::default();
     for i in 0.. {
         let n = who * 100_000 + i;
         let bytes = png(n);
@@ -75,7 +80,7 @@ async fn client(base: String, who: usize, acks: Arc<AtomicUsize>) -> (Vec<(Strin
         let form = reqwest::multipart::Form::new().text("file_path", format!("power/{n}.png")).part("file", part);
         match http.post(format!("{base}/api/v2/assets")).multipart(form).send().await {
             Ok(r) if r.status().is_success() => match r.json::<Value>().await {
-                Ok(asset) => assets.push((asset["id"].as_str().unwrap_or_default().to_string(), bytes)),
+                Ok(asset) => acked.assets.push((asset["id"].as_str().unwrap_or_default().to_string(), bytes)),
                 Err(_) => break,
             },
             Ok(r) => panic!("an upload got {} {}", r.status(), r.text().await.unwrap_or_default()),
@@ -86,7 +91,7 @@ async fn client(base: String, who: usize, acks: Arc<AtomicUsize>) -> (Vec<(Strin
         match http.post(format!("{base}/api/v2/jobs")).header("Idempotency-Key", &key).json(&body).send().await {
             Ok(r) if r.status() == 201 => match r.json::<Value>().await {
                 Ok(job) => {
-                    jobs.push((job["id"].as_str().unwrap_or_default().to_string(), key));
+                    acked.jobs.push((job["id"].as_str().unwrap_or_default().to_string(), key));
                     acks.fetch_add(1, Ordering::SeqCst);
                 }
                 Err(_) => break,
@@ -94,14 +99,36 @@ async fn client(base: String, who: usize, acks: Arc<AtomicUsize>) -> (Vec<(Strin
             Ok(r) => panic!("a submission got {} {}", r.status(), r.text().await.unwrap_or_default()),
             Err(_) => break,
         }
+        let prompt = json!({ "prompt": workflow(n + 50_000), "client_id": format!("power-{who}") });
+        match http.post(format!("{base}/api/prompt")).json(&prompt).send().await {
+            Ok(r) if r.status() == 200 => match r.json::<Value>().await {
+                Ok(body) => acked.prompts.push(body["prompt_id"].as_str().unwrap_or_default().to_string()),
+                Err(_) => break,
+            },
+            Ok(r) => panic!("a prompt got {} {}", r.status(), r.text().await.unwrap_or_default()),
+            Err(_) => break,
+        }
     }
-    (jobs, assets)
+    acked
+}
+
+/// An upload whose body trickles in (16 KiB every 20 ms, 16 MiB in all,
+/// so it takes 20 s): it is in flight when the power goes.
+async fn slow_upload(base: String) -> reqwest::Result<reqwest::Response> {
+    let chunks = futures_util::stream::iter(0..1024).then(|_| async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok::<_, std::io::Error>(vec![7u8; 16 << 10])
+    });
+    let part = reqwest::multipart::Part::stream(reqwest::Body::wrap_stream(chunks)).file_name("slow.bin");
+    let form = reqwest::multipart::Form::new().text("file_path", "slow.bin").part("file", part);
+    reqwest::Client::new().post(format!("{base}/api/v2/assets")).multipart(form).send().await
 }
 
 /// Runs clients against a preloaded server with `durability` until `target`
-/// jobs are acknowledged, cuts the power (kill -9 at once, requests still
-/// in flight), and opens the image with a fresh server.
-async fn cut_power_under_load(durability: &str, target: usize) -> Outcome {
+/// jobs are acknowledged, cuts the power (kill -9 at once, requests and an
+/// upload still in flight), then opens what kill -9 left (nothing may be
+/// lost there) and the power cut's image; what the image lost.
+async fn cut_power_under_load(durability: &str, target: usize) -> (Acked, Vec<String>) {
     let root = tempfile::tempdir().unwrap();
     let (data, image) = (root.path().join("data"), root.path().join("image"));
     std::fs::create_dir_all(&data).unwrap();
@@ -115,84 +142,104 @@ async fn cut_power_under_load(durability: &str, target: usize) -> Outcome {
     ];
     let kiln = spawn(&data, &env, &[]);
     let acks = Arc::new(AtomicUsize::new(0));
+    let slow = tokio::spawn(slow_upload(kiln.base.clone()));
     let clients: Vec<_> = (0..4).map(|who| tokio::spawn(client(kiln.base.clone(), who, acks.clone()))).collect();
-    for _ in 0..6000 {
+    for _ in 0..15_000 {
         if acks.load(Ordering::SeqCst) >= target {
             break;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     drop(kiln); // SIGKILL: the power goes now.
-    let (mut jobs, mut assets) = (Vec::new(), Vec::new());
+    let mut acked = Acked::default();
     for c in clients {
-        let (j, a) = c.await.unwrap();
-        jobs.extend(j);
-        assets.extend(a);
+        let a = c.await.unwrap();
+        acked.jobs.extend(a.jobs);
+        acked.prompts.extend(a.prompts);
+        acked.assets.extend(a.assets);
     }
-    assert!(jobs.len() >= target, "{} jobs acknowledged before the cut", jobs.len());
+    assert!(acked.jobs.len() >= target, "{} jobs acknowledged before the cut", acked.jobs.len());
+    assert!(slow.await.unwrap().is_err(), "the slow upload was cut off, not answered");
 
-    // A new machine boots from what the disk kept.
-    let kiln = spawn(&image, &[], &[]);
+    let after_kill = lost(&data, &acked).await;
+    assert!(after_kill.is_empty(), "{durability}: lost to kill -9 alone: {after_kill:?}");
+    // The upload cut off mid-body left no staged file.
+    assert_eq!(std::fs::read_dir(data.join("blobs/tmp")).unwrap().count(), 0, "no staged upload left");
+    let in_image = lost(&image, &acked).await;
+    (acked, in_image)
+}
+
+/// Opens `dir` with a fresh server: what of `acked` is missing. What is
+/// there runs to its end.
+async fn lost(dir: &Path, acked: &Acked) -> Vec<String> {
+    let kiln = spawn(dir, &[], &[]);
     let http = reqwest::Client::new();
-    let mut outcome = Outcome { jobs: jobs.len(), assets: assets.len(), lost: Vec::new() };
-    for (id, bytes) in &assets {
+    let mut lost = Vec::new();
+    for (id, bytes) in &acked.assets {
         let got = http.get(format!("{}/api/v2/assets/{id}/content", kiln.base)).send().await.unwrap();
         if got.status() != 200 {
-            outcome.lost.push(format!("asset {id}: {}", got.status()));
+            lost.push(format!("asset {id}: {}", got.status()));
             continue;
         }
         assert_eq!(&got.bytes().await.unwrap()[..], &bytes[..], "asset {id} kept its bytes");
     }
-    for (id, key) in &jobs {
+    for (id, key) in &acked.jobs {
         let job = http.get(format!("{}/api/v2/jobs/{id}", kiln.base)).send().await.unwrap();
         if job.status() != 200 {
-            outcome.lost.push(format!("job {id}: {}", job.status()));
+            lost.push(format!("job {id}: {}", job.status()));
             continue;
         }
         let again =
             http.post(format!("{}/api/v2/jobs", kiln.base)).header("Idempotency-Key", key).json(&json!({ "workflow": workflow(0) })).send().await.unwrap();
         if again.status() != 422 {
-            outcome.lost.push(format!("claim {key}: a different body got {}", again.status()));
+            lost.push(format!("claim {key}: a different body got {}", again.status()));
         }
     }
-    // What survived runs to its end.
-    for (id, _) in &jobs {
+    for id in &acked.prompts {
+        if http.get(format!("{}/api/v2/jobs/{id}", kiln.base)).send().await.unwrap().status() != 200 {
+            lost.push(format!("prompt {id}"));
+        }
+    }
+    let kept = acked.jobs.iter().map(|(id, _)| id).chain(&acked.prompts).filter(|id| !lost.iter().any(|l| l.contains(id.as_str())));
+    for id in kept {
         for _ in 0..600 {
             let job: Value = http.get(format!("{}/api/v2/jobs/{id}", kiln.base)).send().await.unwrap().json().await.unwrap_or_default();
             match job["status"].as_str() {
                 Some("succeeded") => break,
                 Some("queued" | "running") => tokio::time::sleep(Duration::from_millis(50)).await,
-                _ if outcome.lost.iter().any(|l| l.contains(id.as_str())) => break,
-                _ => panic!("job {id} after the cut: {job}"),
+                _ => panic!("job {id} in {}: {job}", dir.display()),
             }
         }
     }
-    outcome
+    lost
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_power_cut_loses_no_acknowledged_job_asset_or_claim() {
     for round in 0..3 {
-        let outcome = cut_power_under_load("power_loss", 80).await;
-        assert!(outcome.lost.is_empty(), "round {round}: lost across the cut: {:?}", outcome.lost);
-        eprintln!("round {round}: {} jobs and {} assets acknowledged, all kept", outcome.jobs, outcome.assets);
+        let (acked, lost) = cut_power_under_load("power_loss", 80).await;
+        assert!(lost.is_empty(), "round {round}: lost across the cut: {lost:?}");
+        let (jobs, prompts, assets) = (acked.jobs.len(), acked.prompts.len(), acked.assets.len());
+        eprintln!("round {round}: {jobs} jobs, {prompts} prompts and {assets} assets acknowledged, all kept");
     }
 }
 
 /// The control: without a cache flush the same cut loses acknowledged work
 /// (sled's background fsync runs every 200 ms, so what was acknowledged
 /// since the last one is gone; three tries make a tick landing right before
-/// the cut every time out of the question).
+/// the cut every time out of the question). kill -9 alone still loses
+/// nothing (checked inside).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_cache_flush_the_same_cut_loses_acknowledged_work() {
-    let mut lost = Vec::new();
+    let mut seen = Vec::new();
     for _ in 0..3 {
-        let outcome = cut_power_under_load("os_crash", 40).await;
-        if !outcome.lost.is_empty() {
-            eprintln!("{} of {} jobs / {} assets lost, e.g. {}", outcome.lost.len(), outcome.jobs, outcome.assets, outcome.lost[0]);
-            lost = outcome.lost;
+        let (acked, lost) = cut_power_under_load("os_crash", 40).await;
+        if !lost.is_empty() {
+            let (jobs, prompts, assets) = (acked.jobs.len(), acked.prompts.len(), acked.assets.len());
+            eprintln!("{} lost of {jobs} jobs, {prompts} prompts and {assets} assets, e.g. {}", lost.len(), lost[0]);
+            seen = lost;
             break;
         }
     }
-    assert!(!lost.is_empty(), "the image kept writes that were never flushed");
+    assert!(!seen.is_empty(), "the image kept writes that were never flushed");
 }
