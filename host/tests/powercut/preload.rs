@@ -222,12 +222,10 @@ impl Disk {
     }
 }
 
-/// # Safety
-/// As libc's `fsync`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
-    let real = real!("fsync", unsafe extern "C" fn(c_int) -> c_int);
-    // SAFETY: forwarded as given.
+/// Calls `real` (libc's `fsync` or `fdatasync`); on success, `fd`'s
+/// content or entries are durable.
+fn sync_with(real: unsafe extern "C" fn(c_int) -> c_int, fd: c_int) -> c_int {
+    // SAFETY: forwarded as the caller gave it.
     let rc = unsafe { real(fd) };
     if rc == 0 {
         watched(|d| d.synced(fd));
@@ -236,16 +234,17 @@ pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
 }
 
 /// # Safety
+/// As libc's `fsync`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
+    sync_with(real!("fsync", unsafe extern "C" fn(c_int) -> c_int), fd)
+}
+
+/// # Safety
 /// As libc's `fdatasync`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
-    let real = real!("fdatasync", unsafe extern "C" fn(c_int) -> c_int);
-    // SAFETY: forwarded as given.
-    let rc = unsafe { real(fd) };
-    if rc == 0 {
-        watched(|d| d.synced(fd));
-    }
-    rc
+    sync_with(real!("fdatasync", unsafe extern "C" fn(c_int) -> c_int), fd)
 }
 
 /// # Safety
