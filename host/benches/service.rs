@@ -19,12 +19,16 @@
 //! key on every request: authentication and scoping) in interleaved
 //! rounds: submit latency (POST → 201) and `GET /api/v2/jobs/{id}` req/s.
 //! `-- surfaces` compares two builds on both job surfaces (see `surfaces.rs`).
+//! `-- load`: watchers by the thousand, submissions at the queue bound and
+//! consumers that never read (see `load.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
+#[path = "service/load.rs"]
+mod load;
 #[path = "service/surfaces.rs"]
 mod surfaces;
 
@@ -150,6 +154,11 @@ fn main() {
     println!("{}", machine_probe());
     if std::env::args().any(|a| a == "surfaces") {
         surfaces::run();
+        println!("{}", machine_probe());
+        return;
+    }
+    if std::env::args().any(|a| a == "load") {
+        load::run();
         println!("{}", machine_probe());
         return;
     }

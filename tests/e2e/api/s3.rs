@@ -17,11 +17,13 @@ struct OwnWeed {
     child: Option<std::process::Child>,
 }
 
-/// A loopback port that is free, with the one 10000 above it (weed's gRPC).
+/// A loopback port that is free, with the one 10000 above it (weed's gRPC),
+/// neither of them one of `taken`'s pairs (nothing listens on those yet).
 fn free_port_pair(taken: &[u16]) -> u16 {
     loop {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        if port < 55000 && !taken.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+        let clashes = taken.iter().any(|&t| t == port || t + 10000 == port || port + 10000 == t);
+        if port < 55000 && !clashes && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
             return port;
         }
     }
