@@ -49,7 +49,8 @@ fn chain(nodes: usize) -> Value {
 /// Starts the long job as a ComfyUI prompt of its own client (so its
 /// per-node messages go to that client only); its cancel URL.
 async fn blocker(http: &reqwest::Client, base: &str) -> String {
-    let body: Value = http.post(format!("{base}/api/prompt")).json(&json!({ "prompt": chain(4000), "client_id": "blocker" })).send().await.unwrap().json().await.unwrap();
+    let body: Value =
+        http.post(format!("{base}/api/prompt")).json(&json!({ "prompt": chain(4000), "client_id": "blocker" })).send().await.unwrap().json().await.unwrap();
     format!("{base}/api/v2/jobs/{}/cancel", body["prompt_id"].as_str().unwrap())
 }
 
@@ -106,7 +107,8 @@ async fn watch(n: usize) {
     }
     let ws_secs = t0.elapsed().as_secs_f64();
     let per_socket = (rss[1] as f64 - rss[0] as f64) / (n / 2) as f64;
-    let body: Value = http.post(format!("{base}/api/prompt")).json(&json!({ "prompt": small(1), "client_id": "w0-0" })).send().await.unwrap().json().await.unwrap();
+    let body: Value =
+        http.post(format!("{base}/api/prompt")).json(&json!({ "prompt": small(1), "client_id": "w0-0" })).send().await.unwrap().json().await.unwrap();
     let prompt = body["prompt_id"].as_str().unwrap().to_string();
     let heard = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = sockets
@@ -194,7 +196,8 @@ async fn at_the_bound() {
     let (base, pid) = (s.base.clone(), s.child.id());
     let http = reqwest::Client::new();
     let cancel = blocker(&http, &base).await;
-    let (created, full, other, no_retry_after) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (created, full, other, no_retry_after) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let until = Instant::now() + Duration::from_secs(10);
     let clients: Vec<_> = (0..8)
         .map(|c| {

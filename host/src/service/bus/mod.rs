@@ -40,6 +40,37 @@ pub struct ExecMessage {
     /// count it is); `None`: everyone.
     pub owner: Option<Arc<str>>,
     pub body: ExecBody,
+    /// What a surface made of it, made by its first reader and shared by
+    /// the others (every subscriber reads the same `Arc`).
+    #[serde(skip)]
+    pub rendered: Rendered,
+}
+
+impl ExecMessage {
+    pub fn new(job_id: Arc<str>, owner: Option<Arc<str>>, body: ExecBody) -> ExecMessage {
+        ExecMessage { job_id, owner, body, rendered: Rendered::default() }
+    }
+}
+
+/// Renderings of one message, one per variant a surface asks for (the
+/// ComfyUI WebSocket: with or without preview metadata), each of the
+/// surface's own type: a frame is rendered once however many connections
+/// send it.
+#[derive(Default)]
+pub struct Rendered([std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>; 2]);
+
+impl Rendered {
+    /// Variant `variant` (0 or 1), made by `make` if no one made it yet;
+    /// `None` for another variant, or where it was made as another type.
+    pub fn get_or_make<T: Clone + Send + Sync + 'static>(&self, variant: usize, make: impl FnOnce() -> T) -> Option<T> {
+        self.0.get(variant)?.get_or_init(|| Box::new(make())).downcast_ref::<T>().cloned()
+    }
+}
+
+impl std::fmt::Debug for Rendered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Rendered")
+    }
 }
 
 /// A node's state, as `progress_state` shows it.
@@ -133,14 +164,14 @@ pub trait ExecBus: Send + Sync {
     /// Publishes a message about job `job_id` of `owner`.
     fn job(&self, job_id: &Arc<str>, owner: &Arc<str>, body: ExecBody) {
         if self.watched() {
-            self.publish(Arc::new(ExecMessage { job_id: job_id.clone(), owner: Some(owner.clone()), body }));
+            self.publish(Arc::new(ExecMessage::new(job_id.clone(), Some(owner.clone()), body)));
         }
     }
 
     /// Publishes a change of `owner`'s queue (its jobs queued or running).
     fn queue(&self, owner: Arc<str>, remaining: usize) {
         if self.watched() {
-            self.publish(Arc::new(ExecMessage { job_id: Arc::from(""), owner: Some(owner), body: ExecBody::Queue { remaining } }));
+            self.publish(Arc::new(ExecMessage::new(Arc::from(""), Some(owner), ExecBody::Queue { remaining })));
         }
     }
 }

@@ -335,7 +335,7 @@ mod tests {
     }
 
     fn message(job: &str, body: ExecBody) -> ExecMessage {
-        ExecMessage { job_id: Arc::from(job), owner: Some(Arc::from("alice")), body }
+        ExecMessage::new(Arc::from(job), Some(Arc::from("alice")), body)
     }
 
     fn preview(job: &str) -> ExecMessage {

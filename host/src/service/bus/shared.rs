@@ -330,7 +330,7 @@ impl Relay {
         }
         if to_sockets {
             let body = ExecBody::Preview { node, content_type: previews::PNG, data };
-            let _ = self.tx.send(Arc::new(ExecMessage { job_id: Arc::from(j), owner: Some(Arc::from(o)), body }));
+            let _ = self.tx.send(Arc::new(ExecMessage::new(Arc::from(j), Some(Arc::from(o)), body)));
         }
     }
 

@@ -35,16 +35,40 @@ impl Outbox {
 
     /// Queues `frame`; `false` when the buffer is full (the client fell behind).
     fn push(&self, frame: Frame) -> bool {
-        let len = frame.len();
+        self.push_message(into_message(frame))
+    }
+
+    /// Queues a frame already made (shared with other connections: a
+    /// clone shares its bytes).
+    fn push_message(&self, message: Message) -> bool {
+        let len = message_len(&message);
         if self.waiting_bytes.fetch_add(len, Ordering::SeqCst) + len > self.max_bytes {
             return false;
         }
-        let message = match frame {
-            Frame::Text(t) => Message::Text(t.into()),
-            Frame::Binary(b) => Message::Binary(b.into()),
-        };
         self.tx.try_send(message).is_ok()
     }
+}
+
+fn into_message(frame: Frame) -> Message {
+    match frame {
+        Frame::Text(t) => Message::Text(t.into()),
+        Frame::Binary(b) => Message::Binary(b.into()),
+    }
+}
+
+fn message_len(message: &Message) -> usize {
+    match message {
+        Message::Text(t) => t.len(),
+        Message::Binary(b) => b.len(),
+        _ => 0,
+    }
+}
+
+/// The frame of a bus message for connections that asked for preview
+/// metadata or not: rendered by the first connection to send it, shared by
+/// the rest (an account's every socket gets every message of its jobs).
+fn frame_of(message: &ExecMessage, preview_metadata: bool) -> Option<Message> {
+    message.rendered.get_or_make(usize::from(preview_metadata), || render::message(message, preview_metadata).map(into_message)).flatten()
 }
 
 /// Whether a connection of `owner` sees `message`.
@@ -66,11 +90,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: 
     let waiting_bytes = outbox.waiting_bytes.clone();
     let mut writer = tokio::spawn(async move {
         while let Some(message) = rx.recv().await {
-            let len = match &message {
-                Message::Text(t) => t.len(),
-                Message::Binary(b) => b.len(),
-                _ => 0,
-            };
+            let len = message_len(&message);
             if sink.send(message).await.is_err() {
                 return;
             }
@@ -111,8 +131,8 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, owner: Arc<str>, sid: 
             received = bus.recv() => match received {
                 Ok(message) => {
                     if visible(&message, &owner)
-                        && let Some(frame) = render::message(&message, preview_metadata)
-                        && !outbox.push(frame)
+                        && let Some(frame) = frame_of(&message, preview_metadata)
+                        && !outbox.push_message(frame)
                     {
                         break true;
                     }
@@ -152,9 +172,24 @@ mod tests {
     }
 
     #[test]
+    fn a_message_is_rendered_once_for_every_connection() {
+        use crate::service::bus::ExecBody;
+        let message = ExecMessage::new(Arc::from("j"), None, ExecBody::Succeeded { at_ms: 1 });
+        let text = |m: Option<Message>| match m {
+            Some(Message::Text(t)) => t,
+            other => panic!("{other:?}"),
+        };
+        let (first, second) = (text(frame_of(&message, false)), text(frame_of(&message, false)));
+        assert!(first.contains("execution_success"));
+        assert_eq!(first.as_str().as_ptr(), second.as_str().as_ptr(), "the second connection shares the first one's bytes");
+        // Connections that asked for preview metadata get their own rendering.
+        assert_eq!(text(frame_of(&message, true)), first);
+    }
+
+    #[test]
     fn a_connection_sees_its_owners_jobs_and_the_queue() {
         use crate::service::bus::ExecBody;
-        let message = |owner: Option<&str>| ExecMessage { job_id: Arc::from("j"), owner: owner.map(Arc::from), body: ExecBody::Queue { remaining: 0 } };
+        let message = |owner: Option<&str>| ExecMessage::new(Arc::from("j"), owner.map(Arc::from), ExecBody::Queue { remaining: 0 });
         assert!(visible(&message(Some("me")), "me"));
         assert!(!visible(&message(Some("other")), "me"));
         assert!(visible(&message(None), "me"));

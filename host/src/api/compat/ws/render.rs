@@ -20,15 +20,6 @@ pub enum Frame {
     Binary(Vec<u8>),
 }
 
-impl Frame {
-    pub fn len(&self) -> usize {
-        match self {
-            Frame::Text(t) => t.len(),
-            Frame::Binary(b) => b.len(),
-        }
-    }
-}
-
 fn text(kind: &str, data: Value) -> Frame {
     Frame::Text(json!({ "type": kind, "data": data }).to_string())
 }
@@ -181,7 +172,7 @@ pub(in crate::api::compat) mod tests {
     pub(in crate::api::compat) fn execution_error(code: crate::codes::JobErrorCode) -> Value {
         let body =
             ExecBody::Failed { node: Some("3".into()), class_type: Some("Fail".into()), code, message: "boom".into(), executed: vec!["1".into()], at_ms: 5 };
-        let Some(Frame::Text(text)) = message(&ExecMessage { job_id: "j".into(), owner: None, body }, false) else { panic!("no text frame") };
+        let Some(Frame::Text(text)) = message(&ExecMessage::new("j".into(), None, body), false) else { panic!("no text frame") };
         let frame: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(frame["type"], "execution_error", "{frame}");
         frame["data"].clone()
