@@ -20,7 +20,9 @@
 //! rounds: submit latency (POST → 201) and `GET /api/v2/jobs/{id}` req/s.
 //! `-- surfaces` compares two builds on both job surfaces (see `surfaces.rs`).
 //! `-- load`: watchers by the thousand, submissions at the queue bound and
-//! consumers that never read (see `load.rs`).
+//! consumers that never read (see `load.rs`). `-- slow-disk`: submissions
+//! and health checks on a disk whose cache flush is slow (see
+//! `slow_disk.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,6 +31,8 @@ use std::time::{Duration, Instant};
 mod common;
 #[path = "service/load.rs"]
 mod load;
+#[path = "service/slow_disk.rs"]
+mod slow_disk;
 #[path = "service/surfaces.rs"]
 mod surfaces;
 
@@ -159,6 +163,11 @@ fn main() {
     }
     if std::env::args().any(|a| a == "load") {
         load::run();
+        println!("{}", machine_probe());
+        return;
+    }
+    if std::env::args().any(|a| a == "slow-disk") {
+        slow_disk::run();
         println!("{}", machine_probe());
         return;
     }

@@ -3,7 +3,8 @@
 //! target, and the directory synced, so a crash leaves the old file or the new one, never
 //! half of one, and a file that was replaced stays replaced. The one home
 //! of that rule for kiln's own files (secrets, the deployments file, the
-//! web frontend's user files).
+//! web frontend's user files), and of creating a directory whose entry
+//! survives a power cut ([`create_dir_all`]).
 
 use std::io::Write;
 use std::path::Path;
@@ -13,7 +14,7 @@ use std::path::Path;
 pub fn write(path: &Path, bytes: &[u8], mode: Option<u32>) -> std::io::Result<()> {
     // A bare file name's parent is the empty path: the working directory.
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
+    create_dir_all(dir)?;
     // One temporary name per target (writers of one file are serialized by
     // their owners), so what a crash left is reused, not piled up; a dot
     // name: listings of the directory skip it.
@@ -44,6 +45,32 @@ pub fn write(path: &Path, bytes: &[u8], mode: Option<u32>) -> std::io::Result<()
 /// survive a crash.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// Creates `dir` and whatever ancestors it lacks, syncing the parent of
+/// each one created so its entry survives a power cut (a file synced into
+/// a directory whose own entry was lost is lost with it).
+pub fn create_dir_all(dir: &Path) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while !at.as_os_str().is_empty() && !at.is_dir() {
+        missing.push(at);
+        match at.parent() {
+            Some(parent) => at = parent,
+            None => break,
+        }
+    }
+    for created in missing.into_iter().rev() {
+        match std::fs::create_dir(created) {
+            Ok(()) => {}
+            // Made by another writer meanwhile: its creator syncs it.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && created.is_dir() => continue,
+            Err(e) => return Err(e),
+        }
+        let parent = created.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        sync_dir(parent)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

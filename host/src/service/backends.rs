@@ -73,7 +73,7 @@ impl Backends {
                 moved.display()
             )));
         }
-        std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
+        crate::atomic_file::create_dir_all(data_dir).map_err(StoreError::from)?;
         let sled = SledMeta::open_with(&data_dir.join("meta"), durability)?;
         let (accounts, sessions) = (Arc::new(sled.accounts()?), Arc::new(sled.sessions()?));
         Backends::beside(Arc::new(sled), accounts, sessions, data_dir, file_secrets(data_dir)?)
@@ -88,7 +88,7 @@ impl Backends {
     /// `data_dir` (unless S3 replaces them), and this process's queue.
     pub async fn postgres(url: &str, max_connections: u32, data_dir: &Path, host_id: &str) -> Result<Backends, ServiceError> {
         use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgHosts, PgMeta, PgNotices, PgNumbers, PgSessions, PgUserFiles};
-        std::fs::create_dir_all(data_dir).map_err(StoreError::from)?;
+        crate::atomic_file::create_dir_all(data_dir).map_err(StoreError::from)?;
         let db = PgDatabase::connect(url, max_connections).await?.as_host(host_id);
         // The secrets every host shares: seeded, when the database has none
         // yet, from this host's files (kept from before it used the

@@ -35,7 +35,7 @@ impl InputFiles for JobInputs {
         use std::io::Read;
         let not_found = || FileError::NotFound(name.to_string());
         let hash = self.hash(name).ok_or_else(not_found)?;
-        let mut file = self.blobs.open(hash).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?.ok_or_else(not_found)?;
+        let mut file = self.blobs.open(hash).map_err(store_io)?.ok_or_else(not_found)?;
         let size = file.metadata()?.len();
         if size > MAX_INPUT_BYTES {
             return Err(FileError::TooLarge { name: name.to_string(), size, limit: MAX_INPUT_BYTES });
@@ -137,13 +137,13 @@ impl OutputFiles for JobOutputs {
         let hash = {
             let _gate = self.claims.writing();
             let stored = self.floor.reserve(LargeWrite::Output, data.len() as u64).and_then(|()| self.blobs.put(data));
-            let hash = stored.map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
+            let hash = stored.map_err(store_io)?;
             self.pending.lock().push(blob_name(&hash));
             // The job may end without a record over it.
             self.claims.may_be_garbage(hash);
             hash
         };
-        self.hold(&hash, Some(data)).map_err(|e| FileError::Io(std::io::Error::other(e.to_string())))?;
+        self.hold(&hash, Some(data)).map_err(store_io)?;
         // Named by its hash: no local path to report (see `SavedFile::path`).
         Ok(SavedFile { filename: output_name(&base, counter, extension), subfolder, kind, size: data.len() as u64, path: Default::default(), hash: Some(hash) })
     }
@@ -193,6 +193,15 @@ pub fn media_type(name: &str) -> (&'static str, &'static str) {
         "json" => ("application/json", "file"),
         "latent" => ("application/octet-stream", "latent"),
         _ => ("application/octet-stream", "file"),
+    }
+}
+
+/// A store error as a file error; an I/O error keeps its kind (a full disk
+/// stays `StorageFull`).
+fn store_io(e: crate::store::StoreError) -> FileError {
+    match e {
+        crate::store::StoreError::Io(io) => FileError::Io(io),
+        other => FileError::Io(std::io::Error::other(other.to_string())),
     }
 }
 

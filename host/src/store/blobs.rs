@@ -20,7 +20,7 @@ impl DiskBlobs {
     pub fn open(dir: impl Into<PathBuf>) -> Result<DiskBlobs, StoreError> {
         let dir = dir.into();
         let tmp = dir.join("tmp");
-        std::fs::create_dir_all(&tmp)?;
+        crate::atomic_file::create_dir_all(&tmp)?;
         for entry in std::fs::read_dir(&tmp)? {
             let _ = std::fs::remove_file(entry?.path());
         }
@@ -64,11 +64,8 @@ impl DiskBlobs {
 fn move_into_place(tmp: &Path, dest: &Path) -> Result<(), StoreError> {
     let parent = dest.parent().ok_or_else(|| StoreError::Corrupt(dest.display().to_string()))?;
     if !parent.is_dir() {
-        std::fs::create_dir_all(parent)?;
         // The new shard's entry in the root must be durable too.
-        if let Some(root) = parent.parent() {
-            File::open(root)?.sync_all()?;
-        }
+        crate::atomic_file::create_dir_all(parent)?;
     }
     if let Err(e) = std::fs::rename(tmp, dest) {
         let _ = std::fs::remove_file(tmp);

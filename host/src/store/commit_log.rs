@@ -26,6 +26,14 @@
 //! store has made every frame redundant: when the store opens, when the log
 //! is full ([`CAP`]), and when the store asks (a checkpoint), always under
 //! the log's lock so no frame can slip between the flush and the reset.
+//!
+//! A failed sync is not retried: the kernel may have dropped the dirty pages
+//! it could not write and report the next sync of the same range as clean,
+//! which would acknowledge frames behind a hole that replay stops at. The
+//! log is *failed* instead: every sync refuses until the next append has
+//! flushed the store and reset the log (PostgreSQL, facing the same kernel
+//! behaviour, stops the server; here the writers of the unsynced frames get
+//! an error and the store's own flush is the way back).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -41,6 +49,9 @@ use super::durability::Durability;
 pub const CAP: u64 = 16 << 20;
 /// Within this many bytes of [`CAP`], an append may have to flush the store.
 const HEADROOM: u64 = 1 << 20;
+/// A sync that took longer than this, µs, is slow: a thread that must not
+/// block hands the next one to another thread (see [`CommitLog::sync_may_wait`]).
+const QUICK_SYNC_MICROS: u64 = 500;
 /// The file is zero-filled ahead of the writes in steps of this size.
 const STEP: u64 = 1 << 20;
 const MAGIC: [u8; 4] = *b"KLG1";
@@ -58,6 +69,9 @@ struct State {
     /// This cycle's id (random per reset): a sync that finishes after a
     /// reset must not mark frames of the new cycle durable.
     cycle: u64,
+    /// A sync of this cycle failed: nothing after `synced` may be
+    /// acknowledged until a flush of the store and a reset.
+    failed: bool,
 }
 
 /// An append-only log of opaque payloads.
@@ -67,6 +81,8 @@ pub struct CommitLog {
     state: Mutex<State>,
     /// A flush and reset holds the lock (see [`CommitLog::may_block`]).
     resetting: AtomicBool,
+    /// `state.failed`, readable without the lock.
+    failed_hint: AtomicBool,
     /// `state.end`, readable without the lock.
     end_hint: AtomicU64,
     /// Held by the one sync running (see [`CommitLog::sync_to`]).
@@ -74,7 +90,12 @@ pub struct CommitLog {
     /// Syncs run so far (group commit makes them fewer than the appends
     /// that wait for one).
     syncs: AtomicU64,
+    /// How long the last sync took, µs.
+    last_sync_micros: AtomicU64,
     durability: Durability,
+    /// Tests make the next sync fail as a device error would.
+    #[cfg(test)]
+    fail_next_sync: AtomicBool,
 }
 
 fn checksum(cycle: u64, seq: u64, payload: &[u8]) -> [u8; 8] {
@@ -118,27 +139,32 @@ impl CommitLog {
         }
         // Until the reset the frames read stay; new ones would follow them.
         let (cycle, seq) = last.map_or_else(|| (new_cycle(), 1), |(c, s)| (c, s + 1));
-        let state = State { end: offset, synced: offset, allocated, seq, cycle };
+        let state = State { end: offset, synced: offset, allocated, seq, cycle, failed: false };
         let log = CommitLog {
             file,
             state: Mutex::new(state),
             resetting: AtomicBool::new(false),
+            failed_hint: AtomicBool::new(false),
             end_hint: AtomicU64::new(offset),
             syncing: Mutex::new(()),
             syncs: AtomicU64::new(0),
+            last_sync_micros: AtomicU64::new(0),
             durability,
+            #[cfg(test)]
+            fail_next_sync: AtomicBool::new(false),
         };
         Ok((log, payloads))
     }
 
     /// Appends `payload`; with `sync`, returns once it (and every frame
-    /// before it) is durable. When the log is full, `flush` (which must make
-    /// every earlier frame redundant) runs first and the log is reset.
+    /// before it) is durable. When the log is full or a sync has failed,
+    /// `flush` (which must make every earlier frame redundant) runs first
+    /// and the log is reset.
     pub fn append(&self, payload: &[u8], sync: bool, flush: impl FnOnce() -> Result<(), StoreError>) -> Result<(), StoreError> {
         let mut frame = Vec::with_capacity(HEADER + payload.len());
         let mut state = self.state.lock();
         let len = u32::try_from(payload.len()).map_err(|_| StoreError::Backend("commit log entry too large".into()))?;
-        if state.end + frame.capacity() as u64 > CAP {
+        if state.failed || state.end + frame.capacity() as u64 > CAP {
             self.flush_and_reset(&mut state, flush)?;
         }
         let (cycle, seq) = (state.cycle, state.seq);
@@ -171,6 +197,12 @@ impl CommitLog {
         self.sync_to(needed, cycle)
     }
 
+    /// Syncs run so far.
+    #[cfg(test)]
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+
     /// Makes every frame appended so far durable.
     pub fn sync(&self) -> Result<(), StoreError> {
         let (end, cycle) = {
@@ -192,15 +224,36 @@ impl CommitLog {
             if state.cycle != cycle || state.synced >= to {
                 return Ok(());
             }
+            if state.failed {
+                return Err(failed());
+            }
             (state.synced, state.end)
         };
-        self.durability.sync_range(&self.file, from, end)?;
+        let started = std::time::Instant::now();
+        let synced = self.sync_range(from, end);
+        self.last_sync_micros.store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         self.syncs.fetch_add(1, Ordering::Relaxed);
         let mut state = self.state.lock();
-        if state.cycle == cycle {
-            state.synced = state.synced.max(end);
+        if state.cycle != cycle {
+            // A reset flushed the store meanwhile: the frames are redundant.
+            return Ok(());
         }
+        if let Err(e) = synced {
+            tracing::error!(error = %e, "a sync of the commit log failed; the next write flushes the store and resets the log");
+            state.failed = true;
+            self.failed_hint.store(true, Ordering::Relaxed);
+            return Err(e.into());
+        }
+        state.synced = state.synced.max(end);
         Ok(())
+    }
+
+    fn sync_range(&self, from: u64, to: u64) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self.fail_next_sync.swap(false, Ordering::Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.durability.sync_range(&self.file, from, to)
     }
 
     /// Runs `flush` (which must make every frame so far redundant) with
@@ -210,11 +263,20 @@ impl CommitLog {
         self.flush_and_reset(&mut state, flush)
     }
 
+    /// Whether a sync now may keep its caller waiting long: the last one
+    /// was slow (the device's cache flush took more than
+    /// [`QUICK_SYNC_MICROS`]; waiting for one in flight first at most
+    /// doubles a quick one). A caller that must not block — an HTTP
+    /// thread — has another thread sync then.
+    pub fn sync_may_wait(&self) -> bool {
+        self.last_sync_micros.load(Ordering::Relaxed) > QUICK_SYNC_MICROS
+    }
+
     /// Whether an append now may wait for a flush of the store (a
     /// checkpoint is running, or the log is nearly full): a caller that must
     /// not block — an HTTP thread — appends from another thread then.
     pub fn may_block(&self) -> bool {
-        self.resetting.load(Ordering::Relaxed) || self.end_hint.load(Ordering::Relaxed) + HEADROOM > CAP
+        self.resetting.load(Ordering::Relaxed) || self.failed_hint.load(Ordering::Relaxed) || self.end_hint.load(Ordering::Relaxed) + HEADROOM > CAP
     }
 
     fn flush_and_reset(&self, state: &mut State, flush: impl FnOnce() -> Result<(), StoreError>) -> Result<(), StoreError> {
@@ -236,8 +298,15 @@ impl CommitLog {
         state.synced = 0;
         state.cycle = new_cycle();
         state.seq = 1;
+        state.failed = false;
+        self.failed_hint.store(false, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// What a sync answers while the log is failed.
+fn failed() -> StoreError {
+    StoreError::Io(std::io::Error::other("an earlier sync of the commit log failed; the store is flushed before the next write"))
 }
 
 /// A random cycle id.
@@ -305,6 +374,41 @@ mod tests {
         let mut back = open(&path).1;
         back.sort();
         assert_eq!(back, ["alone", "w0", "w1", "w2", "w3"]);
+    }
+
+    /// After a failed sync nothing more is acknowledged over the log until
+    /// the store has been flushed: a retried sync could succeed over pages
+    /// the kernel dropped.
+    #[test]
+    fn a_failed_sync_is_not_retried_the_next_write_flushes_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("commit.log");
+        let flushes = std::cell::Cell::new(0);
+        let flush = || {
+            flushes.set(flushes.get() + 1);
+            Ok(())
+        };
+        let (log, _) = open(&path);
+        log.append(b"kept", true, flush).unwrap();
+        log.append(b"unsynced", false, flush).unwrap();
+        log.fail_next_sync.store(true, Ordering::Relaxed);
+        assert!(log.sync().is_err(), "the device error is reported");
+        assert!(log.sync().is_err(), "and not retried as if the pages were written");
+        assert!(log.may_block(), "the next append flushes the store");
+        assert_eq!(flushes.get(), 0);
+        log.append(b"after", true, flush).unwrap();
+        assert_eq!(flushes.get(), 1, "the store was flushed first");
+        assert!(!log.may_block());
+        log.sync().unwrap();
+        drop(log);
+        assert_eq!(open(&path).1, ["after"], "a new cycle: the failed frames were made redundant by the flush");
+        // A flush that fails too keeps the log failed.
+        let (log, _) = open(&path);
+        log.append(b"x", false, || Ok(())).unwrap();
+        log.fail_next_sync.store(true, Ordering::Relaxed);
+        assert!(log.sync().is_err());
+        assert!(log.append(b"y", true, || Err(StoreError::Backend("disk gone".into()))).is_err());
+        assert!(log.sync().is_err(), "still failed");
     }
 
     #[test]

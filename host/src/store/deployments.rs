@@ -102,13 +102,8 @@ impl DeploymentStore for FileDeployments {
             return Ok(());
         };
         let bytes = bytes.to_vec();
-        on_disk(move || {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            crate::atomic_file::write(&path, &bytes, None)
-        })
-        .await
+        // Its directory is made (durably) by the write.
+        on_disk(move || crate::atomic_file::write(&path, &bytes, None)).await
     }
 
     async fn bundle(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {

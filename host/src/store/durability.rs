@@ -3,10 +3,13 @@
 //! sled's files is.
 //!
 //! `sync_file_range` writes the pages to the device and waits for them but
-//! issues no cache flush: what it covered survives kill -9 and a kernel
-//! crash, not a power cut on a disk with a volatile write cache.
-//! `fdatasync` also flushes the device's cache (it is what PostgreSQL does
-//! before acknowledging a commit by default).
+//! issues no cache flush and writes no metadata: the commit log (whose file
+//! is zero-filled ahead and made durable with `fdatasync` when it grows)
+//! survives a kernel crash that way, sled's log — which grows by appending
+//! — only as of sled's own `fsync`, every 200 ms. Nothing survives a power
+//! cut on a disk with a volatile write cache without the flush that
+//! `fdatasync` adds (what PostgreSQL does before acknowledging a commit by
+//! default).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -21,9 +24,11 @@ pub enum Durability {
     /// device), shared by the writes waiting for it (group commit).
     #[default]
     PowerLoss,
-    /// kill -9 and a kernel crash, not a power cut on a disk with a
-    /// volatile write cache: syncs write the pages out (`sync_file_range`)
-    /// without a cache flush.
+    /// kill -9: syncs write the pages out (`sync_file_range`) without a
+    /// cache flush. A kernel crash keeps the jobs (their commit log) but
+    /// may lose what went through sled alone — assets, cancellations,
+    /// accounts — in the last 200 ms; a power cut on a disk with a volatile
+    /// write cache may lose any of it.
     OsCrash,
 }
 

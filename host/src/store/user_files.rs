@@ -144,9 +144,13 @@ impl UserFileStore for DiskUserFiles {
     fn rename(&self, user: &str, from: &Path, to: &Path) -> Result<FileInfo, StoreError> {
         let (src, dest) = (self.files_dir(user).join(from), self.files_dir(user).join(to));
         if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent)?;
+            crate::atomic_file::create_dir_all(parent)?;
         }
         std::fs::rename(&src, &dest)?;
+        // Both names durable: the file is under one of them after a crash.
+        for dir in [dest.parent(), src.parent()].into_iter().flatten() {
+            crate::atomic_file::sync_dir(dir)?;
+        }
         self.remove_empty_parents(user, &src);
         info(&dest, path_string(to))
     }

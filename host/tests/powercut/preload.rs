@@ -16,6 +16,11 @@
 //! - Content is kept per inode (`KILN_POWERCUT_IMAGE` + `.inodes`), so a
 //!   rename made durable later carries the content synced before or after
 //!   it.
+//! - A directory made by `mkdir` exists once its parent is synced after
+//!   it. The image's tree holds every directory a synced file needs; the
+//!   list of those that are durable (relative paths, one per line, the root
+//!   always) is `KILN_POWERCUT_IMAGE` + `.dirs`; the test prunes the image
+//!   with it after the cut, dropping the others with what is in them.
 //!
 //! After the process is killed the image is what the disk would hold had
 //! the power gone at that moment. Compiled by the test with plain `rustc`
@@ -23,7 +28,7 @@
 //! guard lets the library's own file operations through unwatched.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -62,12 +67,15 @@ type Ino = (u64, u64);
 enum Op {
     Rename { from: Option<PathBuf>, to: PathBuf, ino: Ino },
     Remove(PathBuf),
+    MakeDir(PathBuf),
 }
 
 struct Disk {
     root: PathBuf,
     image: PathBuf,
     inodes: PathBuf,
+    /// The list of durable directories.
+    dirs_file: PathBuf,
     state: Mutex<State>,
 }
 
@@ -75,6 +83,8 @@ struct Disk {
 struct State {
     /// The image's names (relative to the root) and their inodes.
     names: HashMap<PathBuf, Ino>,
+    /// Directories whose entries are durable (the root is).
+    dirs: HashSet<PathBuf>,
     /// Name changes not yet durable, oldest first.
     pending: Vec<Op>,
 }
@@ -85,9 +95,15 @@ fn disk() -> Option<&'static Disk> {
         let root = std::fs::canonicalize(std::env::var_os("KILN_POWERCUT_ROOT")?).ok()?;
         let image = PathBuf::from(std::env::var_os("KILN_POWERCUT_IMAGE")?);
         let inodes = PathBuf::from(format!("{}.inodes", image.display()));
+        let dirs_file = PathBuf::from(format!("{}.dirs", image.display()));
         std::fs::create_dir_all(&image).ok()?;
         std::fs::create_dir_all(&inodes).ok()?;
-        Some(Disk { root, image, inodes, state: Mutex::new(State::default()) })
+        let disk = Disk { root, image, inodes, dirs_file, state: Mutex::new(State::default()) };
+        let mut state = disk.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.dirs.insert(PathBuf::new());
+        disk.save_dirs(&state);
+        drop(state);
+        Some(disk)
     })
     .as_ref()
 }
@@ -195,11 +211,31 @@ impl Disk {
                 }
                 Op::Remove(path) if parent(&path) == dir => {
                     state.names.remove(&path);
+                    state.dirs.remove(&path);
                     let image = self.image.join(&path);
                     let _ = std::fs::remove_file(&image).or_else(|_| std::fs::remove_dir(&image));
                 }
+                Op::MakeDir(path) if parent(&path) == dir => {
+                    state.dirs.insert(path);
+                }
                 op => state.pending.push(op),
             }
+        }
+        self.save_dirs(state);
+    }
+
+    /// Writes the list of durable directories whole.
+    fn save_dirs(&self, state: &State) {
+        let list: Vec<String> = state.dirs.iter().map(|d| d.display().to_string()).collect();
+        let tmp = PathBuf::from(format!("{}.powercut-tmp", self.dirs_file.display()));
+        if std::fs::write(&tmp, list.join("\n")).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.dirs_file);
+        }
+    }
+
+    fn made_dir(&self, path: PathBuf) {
+        if let Some(rel) = self.relative(&path) {
+            self.state.lock().unwrap_or_else(|p| p.into_inner()).pending.push(Op::MakeDir(rel));
         }
     }
 
@@ -247,21 +283,26 @@ pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
     sync_with(real!("fdatasync", unsafe extern "C" fn(c_int) -> c_int), fd)
 }
 
+/// After a rename call returned `rc`: a successful one is a pending name
+/// change.
+fn after_rename(rc: c_int, olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char) -> c_int {
+    if rc == 0 {
+        watched(|d| {
+            if let (Some(from), Some(to)) = (absolute(olddir, old), absolute(newdir, new)) {
+                d.renamed(from, to);
+            }
+        });
+    }
+    rc
+}
+
 /// # Safety
 /// As libc's `rename`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rename(old: *const c_char, new: *const c_char) -> c_int {
     let real = real!("rename", unsafe extern "C" fn(*const c_char, *const c_char) -> c_int);
     // SAFETY: forwarded as given.
-    let rc = unsafe { real(old, new) };
-    if rc == 0 {
-        watched(|d| {
-            if let (Some(from), Some(to)) = (absolute(AT_FDCWD, old), absolute(AT_FDCWD, new)) {
-                d.renamed(from, to);
-            }
-        });
-    }
-    rc
+    after_rename(unsafe { real(old, new) }, AT_FDCWD, old, AT_FDCWD, new)
 }
 
 /// # Safety
@@ -270,15 +311,7 @@ pub unsafe extern "C" fn rename(old: *const c_char, new: *const c_char) -> c_int
 pub unsafe extern "C" fn renameat(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char) -> c_int {
     let real = real!("renameat", unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char) -> c_int);
     // SAFETY: forwarded as given.
-    let rc = unsafe { real(olddir, old, newdir, new) };
-    if rc == 0 {
-        watched(|d| {
-            if let (Some(from), Some(to)) = (absolute(olddir, old), absolute(newdir, new)) {
-                d.renamed(from, to);
-            }
-        });
-    }
-    rc
+    after_rename(unsafe { real(olddir, old, newdir, new) }, olddir, old, newdir, new)
 }
 
 /// # Safety
@@ -287,13 +320,31 @@ pub unsafe extern "C" fn renameat(olddir: c_int, old: *const c_char, newdir: c_i
 pub unsafe extern "C" fn renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char, flags: c_uint) -> c_int {
     let real = real!("renameat2", unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char, c_uint) -> c_int);
     // SAFETY: forwarded as given.
-    let rc = unsafe { real(olddir, old, newdir, new, flags) };
+    after_rename(unsafe { real(olddir, old, newdir, new, flags) }, olddir, old, newdir, new)
+}
+
+/// # Safety
+/// As libc's `mkdir`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
+    let real = real!("mkdir", unsafe extern "C" fn(*const c_char, c_uint) -> c_int);
+    // SAFETY: forwarded as given.
+    let rc = unsafe { real(path, mode) };
     if rc == 0 {
-        watched(|d| {
-            if let (Some(from), Some(to)) = (absolute(olddir, old), absolute(newdir, new)) {
-                d.renamed(from, to);
-            }
-        });
+        watched(|d| d.made_dir(absolute(AT_FDCWD, path).unwrap_or_default()));
+    }
+    rc
+}
+
+/// # Safety
+/// As libc's `mkdirat`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkdirat(dir: c_int, path: *const c_char, mode: c_uint) -> c_int {
+    let real = real!("mkdirat", unsafe extern "C" fn(c_int, *const c_char, c_uint) -> c_int);
+    // SAFETY: forwarded as given.
+    let rc = unsafe { real(dir, path, mode) };
+    if rc == 0 {
+        watched(|d| d.made_dir(absolute(dir, path).unwrap_or_default()));
     }
     rc
 }

@@ -128,10 +128,11 @@ pub async fn submit(
     let service = state.service.clone();
     let owner = caller.owner().to_string();
     let submission = Submission { extra, idempotency_key: key, metadata, deployment: caller.deployment_id(), ..Submission::v2(owner, workflow) };
-    // Validation, the store writes and the commit log's sync (~50 µs on a
-    // local disk, see `SledMeta::sync_jobs`) run right here for a typical workflow: a hand-off to the
-    // blocking pool and back costs more than that on a small machine
-    // (BENCHMARKS.md, "fewer hand-offs on a job's critical path"). A large graph validates on the pool, and
+    // Validation and the store writes run right here for a typical workflow
+    // (the commit log's sync is handed to its own thread, see
+    // `SledMeta::sync_jobs`): a hand-off to the blocking pool and back costs
+    // more on a small machine (BENCHMARKS.md, "fewer hand-offs on a job's
+    // critical path"). A large graph validates on the pool, and
     // so does any submission while the store's writes may wait for a
     // flush of the whole store (a checkpoint): with one HTTP thread, every
     // request would wait with it.

@@ -1,58 +1,44 @@
-//! [`AccountStore`] on a sled tree (`accounts`: id → the record's JSON),
-//! beside the jobs in the same database.
+//! [`AccountStore`] on a sled tree (`accounts`: id → the record's JSON, in
+//! pieces when long: see [`super::chunked`]), beside the jobs in the same
+//! database.
 
 use super::backend;
+use super::chunked::Chunked;
 use super::durable::DurableFlush;
 use crate::store::{Account, AccountChange, AccountStore, CreditChange, StoreError};
 
 /// Accounts in a sled tree.
 pub struct SledAccounts {
-    tree: sled::Tree,
+    tree: Chunked,
     durable: DurableFlush,
 }
 
 impl SledAccounts {
-    pub(crate) fn new(tree: sled::Tree, durable: DurableFlush) -> SledAccounts {
-        SledAccounts { tree, durable }
+    pub(crate) fn new(db: &sled::Db, durable: DurableFlush) -> Result<SledAccounts, StoreError> {
+        Ok(SledAccounts { tree: Chunked::open(db, "accounts", 4)?, durable })
     }
 
     /// A store in a temporary database that keeps nothing (a self-hosted
     /// service started on other stores, tests).
     pub fn temporary() -> Result<SledAccounts, StoreError> {
         let db = sled::Config::new().temporary(true).open().map_err(backend)?;
-        Ok(SledAccounts { tree: db.open_tree("accounts").map_err(backend)?, durable: DurableFlush::temporary(db) })
+        SledAccounts::new(&db.clone(), DurableFlush::temporary(db))
     }
 
-    /// Changes the stored record of `id` with `f` in one atomic step
-    /// (sled retries `f` when another write came between); the record after
-    /// it, if there was one.
+    /// Changes the stored record of `id` with `f` in one atomic step (`f`
+    /// runs again when another write came between); the record after it,
+    /// if there is one.
     fn update(&self, id: &str, mut f: impl FnMut(Option<Account>) -> Option<Account>) -> Result<Option<Account>, StoreError> {
-        let mut failed = None;
-        let stored = self
-            .tree
-            .update_and_fetch(id.as_bytes(), |old| {
-                failed = None;
-                let old = match old.map(serde_json::from_slice::<Account>).transpose() {
-                    Ok(old) => old,
-                    Err(e) => {
-                        failed = Some(StoreError::Corrupt(format!("account {id}: {e}")));
-                        return old.map(<[u8]>::to_vec);
-                    }
-                };
-                let new = f(old)?;
-                match serde_json::to_vec(&new) {
-                    Ok(bytes) => Some(bytes),
-                    Err(e) => {
-                        failed = Some(StoreError::Backend(e.to_string()));
-                        None
-                    }
-                }
-            })
-            .map_err(backend)?;
-        if let Some(e) = failed {
-            return Err(e);
+        let corrupt = |e: serde_json::Error| StoreError::Corrupt(format!("account {id}: {e}"));
+        loop {
+            let current = self.tree.get_stored(id.as_bytes())?;
+            let old = current.as_ref().map(|(_, value)| serde_json::from_slice::<Account>(value)).transpose().map_err(corrupt)?;
+            let new = f(old);
+            let bytes = new.as_ref().map(serde_json::to_vec).transpose().map_err(|e| StoreError::Backend(e.to_string()))?;
+            if self.tree.compare_and_swap(id.as_bytes(), current.map(|(stored, _)| stored), bytes.as_deref())? {
+                return Ok(new);
+            }
         }
-        stored.map(|bytes| serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt(format!("account {id}: {e}")))).transpose()
     }
 
     fn flush(&self) -> Result<(), StoreError> {
@@ -65,7 +51,7 @@ impl AccountStore for SledAccounts {
     async fn all(&self) -> Result<Vec<Account>, StoreError> {
         let mut all = Vec::new();
         for entry in self.tree.iter() {
-            let (key, bytes) = entry.map_err(backend)?;
+            let (key, bytes) = entry?;
             let account = serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt(format!("account {}: {e}", String::from_utf8_lossy(&key))))?;
             all.push(account);
         }
@@ -73,13 +59,13 @@ impl AccountStore for SledAccounts {
     }
 
     async fn get(&self, id: &str) -> Result<Option<Account>, StoreError> {
-        let bytes = self.tree.get(id.as_bytes()).map_err(backend)?;
+        let bytes = self.tree.get(id.as_bytes())?;
         bytes.map(|b| serde_json::from_slice(&b).map_err(|e| StoreError::Corrupt(format!("account {id}: {e}")))).transpose()
     }
 
     async fn create(&self, account: &Account) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(account).map_err(|e| StoreError::Backend(e.to_string()))?;
-        self.tree.insert(account.id.as_bytes(), bytes).map_err(backend)?;
+        self.tree.insert(account.id.as_bytes(), &bytes)?;
         self.flush()
     }
 

@@ -24,12 +24,12 @@ impl SledMeta {
         let sled = &self.0;
         let mut jobs = Vec::new();
         let mut bytes_held = 0;
-        for (key, bytes) in page(&sled.jobs, after, limit)? {
+        for (key, bytes) in page(sled.jobs.range_after(start(after)), limit)? {
             if !jobs.is_empty() && bytes_held >= PAGE_BYTES {
                 break;
             }
             let job: JobRecord = decode(&key, &bytes)?;
-            let workflow = sled.workflows.get(&key).map_err(backend)?.map(|w| w.to_vec());
+            let workflow = sled.workflows.get(&key)?.map(|w| w.to_vec());
             bytes_held += bytes.len() + workflow.as_ref().map_or(0, Vec::len);
             jobs.push(ExportedJob { job, workflow });
         }
@@ -38,29 +38,34 @@ impl SledMeta {
 
     /// Up to `limit` assets whose ids follow `after`.
     pub fn export_assets(&self, after: &str, limit: usize) -> Result<Vec<AssetRecord>, StoreError> {
-        page(&self.0.assets, after, limit)?.iter().map(|(key, bytes)| decode(key, bytes)).collect()
+        page(self.0.assets.range_after(start(after)), limit)?.iter().map(|(key, bytes)| decode(key, bytes)).collect()
     }
 
     /// Up to `limit` idempotency claims whose keys follow `after`.
     pub fn export_claims(&self, after: &str, limit: usize) -> Result<Vec<IdempotencyClaim>, StoreError> {
-        page(&self.0.claims, after, limit)?.iter().map(|(key, bytes)| decode(key, bytes)).collect()
+        let claims = self.0.claims.range::<&[u8], _>((start(after), Bound::Unbounded)).map(|e| e.map_err(backend));
+        page(claims, limit)?.iter().map(|(key, bytes)| decode(key, bytes)).collect()
     }
 }
 
 /// A key and its value.
 type Entry = (Vec<u8>, Vec<u8>);
 
-/// Up to `limit` entries of `tree` after key `after`, in key order, about
+/// Where a page after key `after` starts (`""`: the first key).
+fn start(after: &str) -> Bound<&[u8]> {
+    if after.is_empty() { Bound::Unbounded } else { Bound::Excluded(after.as_bytes()) }
+}
+
+/// Up to `limit` of `entries` (a tree's, in key order), about
 /// [`PAGE_BYTES`] at most.
-fn page(tree: &sled::Tree, after: &str, limit: usize) -> Result<Vec<Entry>, StoreError> {
-    let from = if after.is_empty() { Bound::Unbounded } else { Bound::Excluded(after.as_bytes()) };
+fn page(entries_in: impl Iterator<Item = Result<(sled::IVec, sled::IVec), StoreError>>, limit: usize) -> Result<Vec<Entry>, StoreError> {
     let mut entries = Vec::new();
     let mut bytes_held = 0;
-    for entry in tree.range::<&[u8], _>((from, Bound::Unbounded)).take(limit) {
+    for entry in entries_in.take(limit) {
         if !entries.is_empty() && bytes_held >= PAGE_BYTES {
             break;
         }
-        let (k, v) = entry.map_err(backend)?;
+        let (k, v) = entry?;
         bytes_held += k.len() + v.len();
         entries.push((k.to_vec(), v.to_vec()));
     }

@@ -33,6 +33,8 @@ use parking_lot::Mutex;
 
 use sled::Tree;
 
+use super::chunked::Chunked;
+
 use super::{backend, decode};
 use crate::store::{AssetRecord, IdempotencyClaim, JobRecord, JobStatus, Micros, StoreError};
 
@@ -148,7 +150,7 @@ impl Indexes {
 
     /// Indexes every record of a store written before these indexes, or
     /// before their latest version (once; then the version is recorded).
-    pub(super) fn build_once(&self, jobs: &Tree, assets: &Tree, claims: &Tree) -> Result<(), StoreError> {
+    pub(super) fn build_once(&self, jobs: &Chunked, assets: &Chunked, claims: &Tree) -> Result<(), StoreError> {
         let version = self.info.get(b"indexes").map_err(backend)?.and_then(|v| v.first().copied()).unwrap_or(0);
         if version == 0 {
             self.build_records(jobs, assets)?;
@@ -174,17 +176,17 @@ impl Indexes {
     }
 
     /// The job and asset entries of a store written before any index.
-    fn build_records(&self, jobs: &Tree, assets: &Tree) -> Result<(), StoreError> {
+    fn build_records(&self, jobs: &Chunked, assets: &Chunked) -> Result<(), StoreError> {
         let (mut job_count, mut asset_count) = (0, 0);
         for item in jobs.iter() {
-            let (k, v) = item.map_err(backend)?;
+            let (k, v) = item?;
             let Ok(job) = decode::<JobRecord>(&k, &v) else { continue };
             self.new_job(&job)?;
             self.submitted(job.seq)?;
             job_count += 1;
         }
         for item in assets.iter() {
-            let (k, v) = item.map_err(backend)?;
+            let (k, v) = item?;
             let Ok(asset) = decode::<AssetRecord>(&k, &v) else { continue };
             self.before_asset(&asset)?;
             asset_count += 1;

@@ -33,8 +33,7 @@ impl SledMeta {
 
     /// The account store, in this store's database beside the jobs.
     pub fn accounts(&self) -> Result<super::SledAccounts, StoreError> {
-        let tree = self.0.db.open_tree("accounts").map_err(backend)?;
-        Ok(super::SledAccounts::new(tree, self.0.durable.clone()))
+        super::SledAccounts::new(&self.0.db, self.0.durable.clone())
     }
 
     /// The web sign-in sessions, in the same database.
@@ -98,13 +97,15 @@ impl MetaStore for SledMeta {
     async fn record_start(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.0.record_start(job)
     }
-    /// One log sync (~50 µs on a local disk) runs where it is called: a
-    /// hand-off to the blocking pool and back costs more on a small
-    /// machine; a sync that may wait for a flush of the whole store goes to
-    /// the pool.
+    /// A request worker syncs inline while syncs are quick (a hand-off to
+    /// another thread and back costs more than a quick sync on a small
+    /// machine: BENCHMARKS.md, "commit log syncs off the request workers
+    /// when the disk is slow"); once one was slow the log's sync thread runs
+    /// them, shared with the other requests waiting, so no worker waits for
+    /// a slow device flush. A job's thread, which may block, syncs inline.
     async fn sync_jobs(&self) -> Result<(), StoreError> {
-        if self.0.writes_may_block() {
-            return self.blocking(|sled| sled.sync_jobs()).await;
+        if on_request_runtime() && self.0.log.sync_may_wait() {
+            return self.0.syncer.sync().await;
         }
         self.0.sync_jobs()
     }

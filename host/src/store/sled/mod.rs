@@ -16,12 +16,14 @@
 //! the job records when the service starts.
 
 mod accounts;
+mod chunked;
 mod durable;
 mod export;
 mod index;
 mod meta;
 mod replay;
 mod sessions;
+mod syncer;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -32,6 +34,7 @@ use serde::de::DeserializeOwned;
 use super::commit_log::CommitLog;
 use super::durability::Durability;
 use super::{AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, JobStatus, Micros, StoreError};
+use chunked::Chunked;
 use durable::DurableFlush;
 use index::Indexes;
 use replay::entry;
@@ -48,15 +51,17 @@ pub struct SledMeta(Arc<Sled>);
 
 struct Sled {
     db: sled::Db,
-    jobs: sled::Tree,
-    workflows: sled::Tree,
+    jobs: Chunked,
+    workflows: Chunked,
     by_time: sled::Tree,
     by_owner: sled::Tree,
-    assets: sled::Tree,
+    assets: Chunked,
     hashes: sled::Tree,
     claims: sled::Tree,
     index: Indexes,
-    log: CommitLog,
+    log: Arc<CommitLog>,
+    /// Runs log syncs for the request runtime's workers.
+    syncer: syncer::Syncer,
     /// sled's flush, as durable as the store was opened with.
     durable: DurableFlush,
     /// Per owner, a count of writes and deletions of its finished jobs
@@ -127,6 +132,8 @@ impl Sled {
         // after the previous handle is dropped (an in-process restart); a
         // lock held longer means another kiln uses this data directory.
         let config = sled::Config::new().path(dir).flush_every_ms(Some(200)).cache_capacity(16 << 20);
+        // Its entry durable before anything is synced inside it.
+        crate::atomic_file::create_dir_all(dir)?;
         // sled reports a held lock as an `Other` I/O error with this text.
         let locked = |e: &std::io::Error| e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().starts_with("could not acquire lock");
         let mut attempt = 0;
@@ -145,17 +152,20 @@ impl Sled {
         };
         let tree = |name: &str| db.open_tree(name).map_err(backend);
         let (log, entries) = CommitLog::open(&dir.join(LOG_FILE), durability)?;
+        let log = Arc::new(log);
+        let syncer = syncer::Syncer::start(log.clone())?;
         let durable = DurableFlush::open(db.clone(), dir, durability)?;
         let meta = Sled {
-            jobs: tree("jobs")?,
-            workflows: tree("workflows")?,
+            jobs: Chunked::open(&db, "jobs", 1)?,
+            workflows: Chunked::open(&db, "workflows", 2)?,
             by_time: tree("jobs_by_time")?,
             by_owner: tree("jobs_by_owner")?,
-            assets: tree("assets")?,
+            assets: Chunked::open(&db, "assets", 3)?,
             hashes: tree("asset_hashes")?,
             claims: tree("claims")?,
             index: Indexes::open(&db)?,
             log,
+            syncer,
             durable,
             finished_changes: Default::default(),
             db,
@@ -194,7 +204,7 @@ impl Sled {
         }
         let mut count = 0;
         for item in self.jobs.iter() {
-            let (k, v) = item.map_err(backend)?;
+            let (k, v) = item?;
             let Ok(job) = decode::<JobRecord>(&k, &v) else { continue };
             self.by_owner.insert(owner_key(&job), job.id.as_bytes()).map_err(backend)?;
             count += 1;
@@ -238,12 +248,12 @@ impl Sled {
     /// job record: sled keeps a prefix of its writes, so a job record that
     /// survives a crash has everything written before it.
     fn write_submission(&self, job: &JobRecord, job_bytes: &[u8], wf_bytes: &[u8]) -> Result<(), StoreError> {
-        self.workflows.insert(job.id.as_bytes(), wf_bytes).map_err(backend)?;
+        self.workflows.insert(job.id.as_bytes(), wf_bytes)?;
         self.by_time.insert(time_key(job), job.id.as_bytes()).map_err(backend)?;
         self.by_owner.insert(owner_key(job), job.id.as_bytes()).map_err(backend)?;
         self.index.submitted(job.seq)?;
         self.index.new_job(job)?;
-        self.jobs.insert(job.id.as_bytes(), job_bytes).map_err(backend)?;
+        self.jobs.insert(job.id.as_bytes(), job_bytes)?;
         self.finished_changed(job);
         Ok(())
     }
@@ -314,7 +324,7 @@ impl Sled {
 
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.index.before_job(job)?;
-        self.jobs.insert(job.id.as_bytes(), encode(job)?).map_err(backend)?;
+        self.jobs.insert(job.id.as_bytes(), &encode(job)?)?;
         self.finished_changed(job);
         self.index.after_job(job)
     }
@@ -332,24 +342,24 @@ impl Sled {
     }
 
     fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
-        self.jobs.get(id.as_bytes()).map_err(backend)?.map(|b| decode(id.as_bytes(), &b)).transpose()
+        self.jobs.get(id.as_bytes())?.map(|b| decode(id.as_bytes(), &b)).transpose()
     }
 
     fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
-        self.jobs.remove(job.id.as_bytes()).map_err(backend)?;
+        self.jobs.remove(job.id.as_bytes())?;
         self.finished_changed(job);
-        self.workflows.remove(job.id.as_bytes()).map_err(backend)?;
+        self.workflows.remove(job.id.as_bytes())?;
         self.by_time.remove(time_key(job)).map_err(backend)?;
         self.by_owner.remove(owner_key(job)).map_err(backend)?;
         self.index.forget_job(job)
     }
 
     fn get_workflow(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
-        self.workflows.get(id.as_bytes()).map_err(backend)?.map(|b| decode(id.as_bytes(), &b)).transpose()
+        self.workflows.get(id.as_bytes())?.map(|b| decode(id.as_bytes(), &b)).transpose()
     }
 
     fn get_workflow_bytes(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.workflows.get(id.as_bytes()).map_err(backend)?.map(|b| b.to_vec()))
+        Ok(self.workflows.get(id.as_bytes())?.map(|b| b.to_vec()))
     }
 
     fn list_jobs(&self, owner: Option<&str>, cursor: Option<&[u8]>, limit: usize, max_scanned: usize, keep: &JobFilter<'_>) -> Result<JobPage, StoreError> {
@@ -396,7 +406,7 @@ impl Sled {
         self.jobs
             .iter()
             .map(|item| {
-                let (k, v) = item.map_err(backend)?;
+                let (k, v) = item?;
                 decode(&k, &v)
             })
             .collect()
@@ -468,7 +478,7 @@ impl Sled {
     fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
         let job_bytes = encode(job)?;
         self.index.before_job(job)?;
-        self.jobs.insert(job.id.as_bytes(), job_bytes.as_slice()).map_err(backend)?;
+        self.jobs.insert(job.id.as_bytes(), &job_bytes)?;
         self.finished_changed(job);
         self.index.after_job(job)?;
         self.append(&entry("finished", &[("job", &job_bytes), ("assets", &encode(&assets)?)]), true)
@@ -481,7 +491,7 @@ impl Sled {
     fn put_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
         self.hashes.insert(hash_key(&asset.hash, &asset.id), &[][..]).map_err(backend)?;
         self.index.before_asset(asset)?;
-        let old = self.assets.insert(asset.id.as_bytes(), encode(asset)?).map_err(backend)?;
+        let old = self.assets.insert(asset.id.as_bytes(), &encode(asset)?)?;
         match old.map(|b| decode::<AssetRecord>(asset.id.as_bytes(), &b)) {
             Some(Ok(old)) => {
                 self.index.after_asset(&old, asset)?;
@@ -501,12 +511,12 @@ impl Sled {
     fn update_asset(&self, asset: &AssetRecord) -> Result<bool, StoreError> {
         let (id, new) = (asset.id.as_bytes(), encode(asset)?);
         loop {
-            let Some(current) = self.assets.get(id).map_err(backend)? else { return Ok(false) };
-            let old: AssetRecord = decode(id, &current)?;
+            let Some((current, value)) = self.assets.get_stored(id)? else { return Ok(false) };
+            let old: AssetRecord = decode(id, &value)?;
             self.hashes.insert(hash_key(&asset.hash, &asset.id), &[][..]).map_err(backend)?;
             self.index.before_asset(asset)?;
-            match self.assets.compare_and_swap(id, Some(current), Some(new.clone())).map_err(backend)? {
-                Ok(()) => {
+            match self.assets.compare_and_swap(id, Some(current), Some(&new))? {
+                true => {
                     self.index.after_asset(&old, asset)?;
                     // A concurrent write of the same asset may have removed
                     // an entry the record now stored needs: put them back.
@@ -515,23 +525,23 @@ impl Sled {
                     }
                     return Ok(true);
                 }
-                Err(_) if self.assets.get(id).map_err(backend)?.is_none() => {
+                false if self.assets.get(id)?.is_none() => {
                     // Deleted meanwhile: the entries made for it go too.
                     self.hashes.remove(hash_key(&asset.hash, &asset.id)).map_err(backend)?;
                     self.index.forget_asset(asset)?;
                     return Ok(false);
                 }
-                Err(_) => {}
+                false => {}
             }
         }
     }
 
     fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
-        self.assets.get(id.as_bytes()).map_err(backend)?.map(|b| decode(id.as_bytes(), &b)).transpose()
+        self.assets.get(id.as_bytes())?.map(|b| decode(id.as_bytes(), &b)).transpose()
     }
 
     fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
-        self.assets.remove(asset.id.as_bytes()).map_err(backend)?;
+        self.assets.remove(asset.id.as_bytes())?;
         self.hashes.remove(hash_key(&asset.hash, &asset.id)).map_err(backend)?;
         self.index.forget_asset(asset)
     }

@@ -1,0 +1,313 @@
+//! Records of any size kept out of sled's blob files.
+//!
+//! sled 0.34 writes a page (a tree node with all its entries) whose
+//! serialized size passes a quarter of a segment (128 KiB) to a file of its
+//! own under `blobs/`, never syncs that file, and then makes the log's
+//! pointer to it durable (its 200 ms fsync, or any flush): a power cut or a
+//! kernel crash in between leaves a pointer to nothing, and sled panics
+//! opening the store. A leaf splits past 16 entries, so kiln keeps every
+//! value it stores in sled at most [`PIECE`] bytes, and such a page never
+//! gets near the limit.
+//!
+//! [`Chunked`] is a tree whose longer values are stored in pieces of that
+//! size in the shared `chunks` tree (key: the tree's code ‖ key length ‖ key
+//! ‖ write id ‖ piece number, big-endian), while the tree itself holds a
+//! stub: `0 ‖ write id ‖ length ‖ piece count`. No JSON starts with a zero
+//! byte, so values written before the split existed read as they are.
+//!
+//! Every write of a split value uses a fresh write id: its pieces go first,
+//! then the stub (a crash in between leaves pieces no stub names, which
+//! nothing reads), then the pieces of the stub it replaced are removed —
+//! so two writers of one key never mix their pieces, and a reader that
+//! finds a stub's pieces gone (replaced meanwhile) reads again.
+
+use sled::{IVec, Tree};
+
+use super::backend;
+use crate::store::StoreError;
+
+/// The most bytes of a value stored in one sled entry.
+pub(super) const PIECE: usize = 4 << 10;
+const STUB_TAG: u8 = 0;
+const STUB_LEN: usize = 1 + 8 + 8 + 4;
+/// Reads of a value being replaced that give up (a writer per read would
+/// have to replace it this often).
+const READ_TRIES: usize = 64;
+
+/// A tree whose values may be longer than [`PIECE`].
+pub(super) struct Chunked {
+    tree: Tree,
+    chunks: Tree,
+    /// This tree's code in the `chunks` tree's keys.
+    code: u8,
+}
+
+/// Where a split value's pieces are.
+#[derive(Clone, Copy, PartialEq, Debug)]
+struct Stub {
+    write: u64,
+    len: u64,
+    pieces: u32,
+}
+
+impl Stub {
+    fn parse(stored: &[u8]) -> Option<Stub> {
+        if stored.len() != STUB_LEN || stored[0] != STUB_TAG {
+            return None;
+        }
+        let u64_at = |at: usize| u64::from_be_bytes(stored[at..at + 8].try_into().unwrap_or_default());
+        Some(Stub { write: u64_at(1), len: u64_at(9), pieces: u32::from_be_bytes(stored[17..21].try_into().unwrap_or_default()) })
+    }
+
+    fn bytes(&self) -> [u8; STUB_LEN] {
+        let mut out = [0u8; STUB_LEN];
+        out[1..9].copy_from_slice(&self.write.to_be_bytes());
+        out[9..17].copy_from_slice(&self.len.to_be_bytes());
+        out[17..21].copy_from_slice(&self.pieces.to_be_bytes());
+        out
+    }
+}
+
+impl Chunked {
+    /// The tree `name` of `db`, its long values' pieces under `code` in the
+    /// `chunks` tree (one code per tree, never reused).
+    pub(super) fn open(db: &sled::Db, name: &str, code: u8) -> Result<Chunked, StoreError> {
+        Ok(Chunked { tree: db.open_tree(name).map_err(backend)?, chunks: db.open_tree("chunks").map_err(backend)?, code })
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.tree.is_empty()
+    }
+
+    /// The value stored under `key`.
+    pub(super) fn get(&self, key: &[u8]) -> Result<Option<IVec>, StoreError> {
+        Ok(self.get_stored(key)?.map(|(_, value)| value))
+    }
+
+    /// The entry under `key` as stored (what [`Chunked::compare_and_swap`]
+    /// compares) and its value.
+    pub(super) fn get_stored(&self, key: &[u8]) -> Result<Option<(IVec, IVec)>, StoreError> {
+        for _ in 0..READ_TRIES {
+            let Some(stored) = self.tree.get(key).map_err(backend)? else { return Ok(None) };
+            if let Some(value) = self.resolve(key, &stored)? {
+                return Ok(Some((stored, value)));
+            }
+        }
+        Err(StoreError::Backend(format!("{} is replaced faster than it can be read", String::from_utf8_lossy(key))))
+    }
+
+    /// `stored`'s value; `None` when its pieces were removed (the entry was
+    /// replaced since it was read).
+    fn resolve(&self, key: &[u8], stored: &IVec) -> Result<Option<IVec>, StoreError> {
+        let Some(stub) = Stub::parse(stored) else { return Ok(Some(stored.clone())) };
+        let mut value = Vec::with_capacity(usize::try_from(stub.len).unwrap_or(0).min(64 << 20));
+        let mut pieces = 0u32;
+        for piece in self.chunks.scan_prefix(self.prefix(key, stub.write)) {
+            let (_, bytes) = piece.map_err(backend)?;
+            value.extend_from_slice(&bytes);
+            pieces += 1;
+        }
+        if pieces != stub.pieces || value.len() as u64 != stub.len {
+            return Ok(None);
+        }
+        Ok(Some(value.into()))
+    }
+
+    /// Stores `value` under `key`; the value it replaced.
+    pub(super) fn insert(&self, key: &[u8], value: &[u8]) -> Result<Option<IVec>, StoreError> {
+        let (stored, stub) = self.write_pieces(key, value)?;
+        let old = match self.tree.insert(key, stored.as_slice()) {
+            Ok(old) => old,
+            Err(e) => {
+                self.remove_pieces(key, stub);
+                return Err(backend(e));
+            }
+        };
+        let Some(old) = old else { return Ok(None) };
+        // Its pieces are there until this writer, which replaced it, removes them.
+        let value = self.resolve(key, &old)?;
+        self.remove_pieces(key, Stub::parse(&old));
+        Ok(value)
+    }
+
+    /// Replaces the entry stored as `current` (`None`: no entry) with
+    /// `new` (`None`: removes it); `false` when the entry was not
+    /// `current` any more.
+    pub(super) fn compare_and_swap(&self, key: &[u8], current: Option<IVec>, new: Option<&[u8]>) -> Result<bool, StoreError> {
+        let (stored, stub) = match new {
+            Some(value) => {
+                let (stored, stub) = self.write_pieces(key, value)?;
+                (Some(stored), stub)
+            }
+            None => (None, None),
+        };
+        let old_stub = current.as_deref().and_then(Stub::parse);
+        match self.tree.compare_and_swap(key, current, stored.as_deref()).map_err(backend) {
+            Ok(Ok(())) => {
+                self.remove_pieces(key, old_stub);
+                Ok(true)
+            }
+            outcome => {
+                self.remove_pieces(key, stub);
+                outcome.map(|_| false)
+            }
+        }
+    }
+
+    /// Removes the entry under `key`.
+    pub(super) fn remove(&self, key: &[u8]) -> Result<(), StoreError> {
+        let old = self.tree.remove(key).map_err(backend)?;
+        self.remove_pieces(key, old.as_deref().and_then(Stub::parse));
+        Ok(())
+    }
+
+    /// Every entry in key order, from `from` on (excluded), values resolved.
+    pub(super) fn range_after<'a>(&'a self, from: std::ops::Bound<&[u8]>) -> impl Iterator<Item = Result<(IVec, IVec), StoreError>> + 'a {
+        let from = from.map(<[u8]>::to_vec);
+        self.tree.range::<Vec<u8>, _>((from, std::ops::Bound::Unbounded)).filter_map(move |entry| {
+            let (key, stored) = match entry {
+                Ok(entry) => entry,
+                Err(e) => return Some(Err(backend(e))),
+            };
+            match self.resolve(&key, &stored) {
+                Ok(Some(value)) => Some(Ok((key, value))),
+                // Replaced since the scan read it: its current value.
+                Ok(None) => self.get(&key).transpose().map(|value| value.map(|v| (key, v))),
+                Err(e) => Some(Err(e)),
+            }
+        })
+    }
+
+    /// Every entry in key order, values resolved.
+    pub(super) fn iter(&self) -> impl Iterator<Item = Result<(IVec, IVec), StoreError>> + '_ {
+        self.range_after(std::ops::Bound::Unbounded)
+    }
+
+    /// What the tree holds for `value`: itself when short, else a stub
+    /// whose pieces are written here.
+    fn write_pieces(&self, key: &[u8], value: &[u8]) -> Result<(Vec<u8>, Option<Stub>), StoreError> {
+        if value.len() <= PIECE && value.first() != Some(&STUB_TAG) {
+            return Ok((value.to_vec(), None));
+        }
+        let pieces = u32::try_from(value.len().div_ceil(PIECE)).map_err(|_| StoreError::Backend("value too large".into()))?;
+        let stub = Stub { write: fresh_write_id(), len: value.len() as u64, pieces };
+        let prefix = self.prefix(key, stub.write);
+        for (n, piece) in value.chunks(PIECE).enumerate() {
+            let mut piece_key = prefix.clone();
+            piece_key.extend_from_slice(&(n as u32).to_be_bytes());
+            if let Err(e) = self.chunks.insert(piece_key, piece) {
+                self.remove_pieces(key, Some(stub));
+                return Err(backend(e));
+            }
+        }
+        Ok((stub.bytes().to_vec(), Some(stub)))
+    }
+
+    /// Removes a replaced stub's pieces; a failure leaves them unread.
+    fn remove_pieces(&self, key: &[u8], stub: Option<Stub>) {
+        let Some(stub) = stub else { return };
+        let prefix = self.prefix(key, stub.write);
+        for n in 0..stub.pieces {
+            let mut piece_key = prefix.clone();
+            piece_key.extend_from_slice(&n.to_be_bytes());
+            if self.chunks.remove(piece_key).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn prefix(&self, key: &[u8], write: u64) -> Vec<u8> {
+        let mut prefix = Vec::with_capacity(1 + 4 + key.len() + 8);
+        prefix.push(self.code);
+        prefix.extend_from_slice(&(key.len() as u32).to_be_bytes());
+        prefix.extend_from_slice(key);
+        prefix.extend_from_slice(&write.to_be_bytes());
+        prefix
+    }
+}
+
+/// A write id no other write of the same key is likely to have picked.
+fn fresh_write_id() -> u64 {
+    u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(tree: &Chunked) -> Vec<(Vec<u8>, Vec<u8>)> {
+        tree.iter().map(|e| e.map(|(k, v)| (k.to_vec(), v.to_vec()))).collect::<Result<_, _>>().unwrap()
+    }
+
+    #[test]
+    fn long_values_round_trip_in_pieces_and_leave_none_behind() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = Chunked::open(&db, "t", 1).unwrap();
+        let other = Chunked::open(&db, "u", 2).unwrap();
+        let long: Vec<u8> = (0..PIECE * 3 + 17).map(|i| (i % 251) as u8 + 1).collect();
+        tree.insert(b"a", b"{\"short\":1}").unwrap();
+        tree.insert(b"b", &long).unwrap();
+        other.insert(b"b", &long[..PIECE + 1]).unwrap();
+        assert_eq!(tree.get(b"a").unwrap().unwrap(), b"{\"short\":1}"[..]);
+        assert_eq!(tree.get(b"b").unwrap().unwrap(), long[..]);
+        assert_eq!(other.get(b"b").unwrap().unwrap(), long[..PIECE + 1], "trees keep their pieces apart");
+        assert_eq!(values(&tree), vec![(b"a".to_vec(), b"{\"short\":1}".to_vec()), (b"b".to_vec(), long.clone())]);
+        assert!(db.open_tree("t").unwrap().get(b"b").unwrap().unwrap().len() <= PIECE, "the tree itself holds a stub");
+        // Replaced by a shorter value, then removed: no piece is left.
+        tree.insert(b"b", &long[..PIECE * 2]).unwrap();
+        assert_eq!(tree.get(b"b").unwrap().unwrap(), long[..PIECE * 2]);
+        tree.insert(b"b", b"{}").unwrap();
+        assert_eq!(db.open_tree("chunks").unwrap().len(), 2, "only the other tree's pieces");
+        other.remove(b"b").unwrap();
+        assert!(db.open_tree("chunks").unwrap().is_empty());
+        // A short value that starts with the stub's tag is split too, so it
+        // reads back as itself.
+        tree.insert(b"z", &[0, 1, 2]).unwrap();
+        assert_eq!(tree.get(b"z").unwrap().unwrap(), [0u8, 1, 2][..]);
+    }
+
+    #[test]
+    fn a_swap_compares_what_is_stored() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = Chunked::open(&db, "t", 1).unwrap();
+        let long = vec![b'x'; PIECE * 2];
+        assert!(tree.compare_and_swap(b"k", None, Some(&long)).unwrap());
+        let (stored, value) = tree.get_stored(b"k").unwrap().unwrap();
+        assert_eq!(value, long[..]);
+        assert!(!tree.compare_and_swap(b"k", None, Some(b"lost")).unwrap(), "not absent any more");
+        assert!(tree.compare_and_swap(b"k", Some(stored.clone()), Some(b"won")).unwrap());
+        assert!(!tree.compare_and_swap(b"k", Some(stored), Some(&long)).unwrap(), "stale");
+        assert_eq!(tree.get(b"k").unwrap().unwrap(), b"won"[..]);
+        assert!(db.open_tree("chunks").unwrap().is_empty(), "the losers' and the replaced pieces are gone");
+    }
+
+    /// Writers of one key never mix their pieces: every read sees one
+    /// writer's whole value.
+    #[test]
+    fn concurrent_writers_of_one_key_never_mix_pieces() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = std::sync::Arc::new(Chunked::open(&db, "t", 1).unwrap());
+        let writers: Vec<_> = (0..4u8)
+            .map(|w| {
+                let tree = tree.clone();
+                std::thread::spawn(move || {
+                    for i in 0..200usize {
+                        tree.insert(b"k", &vec![w + 1; PIECE * (1 + i % 3) + w as usize]).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..500 {
+            if let Some(v) = tree.get(b"k").unwrap() {
+                assert!(v.iter().all(|b| *b == v[0]), "one writer's bytes");
+                assert_eq!(v.len() % PIECE, (v[0] - 1) as usize, "and all of them");
+            }
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        let last = tree.get(b"k").unwrap().unwrap();
+        let pieces = db.open_tree("chunks").unwrap().len();
+        assert_eq!(pieces, last.len().div_ceil(PIECE), "only the last value's pieces remain");
+    }
+}
