@@ -28,6 +28,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+#[path = "../tests/common/cdylib.rs"]
+mod cdylib;
 mod common;
 #[path = "service/load.rs"]
 mod load;

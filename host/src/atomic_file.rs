@@ -63,8 +63,9 @@ pub fn create_dir_all(dir: &Path) -> std::io::Result<()> {
     for created in missing.into_iter().rev() {
         match std::fs::create_dir(created) {
             Ok(()) => {}
-            // Made by another writer meanwhile: its creator syncs it.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && created.is_dir() => continue,
+            // Made by another writer meanwhile, whose sync of the parent may
+            // not have happened yet: synced here too.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && created.is_dir() => {}
             Err(e) => return Err(e),
         }
         let parent = created.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));

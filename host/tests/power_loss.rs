@@ -8,11 +8,10 @@
 //! not flushed. Either way the data directory itself — what kill -9 alone
 //! leaves — loses nothing, and an upload cut off mid-body is gone after a
 //! restart. One round submits workflows large enough that the commit log
-//! wraps (a checkpoint: the store flushed, the log reset) and sled keeps
-//! them in its blob files.
+//! wraps (a checkpoint: the store flushed, the log reset) and that sled,
+//! were they stored whole, would write them to its unsynced blob files.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -28,15 +27,7 @@ fn preload_library() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
         let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libkiln_powercut.so");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/powercut/preload.rs");
-        let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-        let status = Command::new(rustc)
-            .args(["--edition", "2024", "--crate-type", "cdylib", "--crate-name", "kiln_powercut", "-C", "opt-level=1", "-C", "panic=abort", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .expect("rustc runs");
-        assert!(status.success(), "the preload library compiles");
+        common::cdylib::compile("tests/powercut/preload.rs", "kiln_powercut", &out);
         out
     })
 }
@@ -72,8 +63,9 @@ fn workflow(n: usize, bulk: usize) -> Value {
     })
 }
 
-/// Workflows of this size go past sled's inline values (into its blob
-/// files), and a round submits more of them than the commit log holds.
+/// Workflows of this size would go past sled's inline pages (into its blob
+/// files) were they not stored in pieces, and a round submits more of them
+/// than the commit log holds.
 const LARGE: usize = 200 << 10;
 
 /// One client: uploads an asset, submits a job under an idempotency key,

@@ -7,7 +7,6 @@
 //! that build too, alternating, `KILN_BENCH_ROUNDS` (default 2) rounds.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,15 +25,7 @@ fn workflow(n: u64) -> Value {
 /// The preload library, compiled into the bench's temporary directory.
 fn library() -> PathBuf {
     let out = std::env::temp_dir().join(format!("kiln-slow-sync-{}.so", std::process::id()));
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/service/slow_sync.rs");
-    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    let status = Command::new(rustc)
-        .args(["--edition", "2024", "--crate-type", "cdylib", "--crate-name", "kiln_slow_sync", "-C", "opt-level=1", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("rustc runs");
-    assert!(status.success(), "the preload library compiles");
+    crate::cdylib::compile("benches/service/slow_sync.rs", "kiln_slow_sync", &out);
     out
 }
 
@@ -44,18 +35,19 @@ async fn round(binary: &Path, preload: &Path) -> String {
     let http = reqwest::Client::new();
     let secs = 8;
     let until = Instant::now() + Duration::from_secs(secs);
-    let created = Arc::new(AtomicU64::new(0));
+    let (created, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let clients: Vec<_> = (0..8u64)
         .map(|c| {
-            let (http, base, created) = (http.clone(), base.clone(), created.clone());
+            let (http, base, created, refused) = (http.clone(), base.clone(), created.clone(), refused.clone());
             tokio::spawn(async move {
                 let mut n = c * 1_000_000;
                 while Instant::now() < until {
                     n += 1;
                     let r = http.post(format!("{base}/api/v2/jobs")).json(&json!({ "workflow": workflow(n) })).send().await.unwrap();
-                    if r.status() == 201 {
-                        created.fetch_add(1, Ordering::Relaxed);
-                    }
+                    match r.status().as_u16() {
+                        201 => created.fetch_add(1, Ordering::Relaxed),
+                        _ => refused.fetch_add(1, Ordering::Relaxed),
+                    };
                 }
             })
         })
@@ -74,8 +66,9 @@ async fn round(binary: &Path, preload: &Path) -> String {
     health.sort_by(f64::total_cmp);
     let q = |p: f64| health[((health.len() as f64 * p) as usize).min(health.len() - 1)];
     format!(
-        "{:.0} submissions/s; health p50 {:.2} ms p95 {:.2} ms p99 {:.2} ms max {:.2} ms ({} probes)",
+        "{:.0} submissions/s ({} not created); health p50 {:.2} ms p95 {:.2} ms p99 {:.2} ms max {:.2} ms ({} probes)",
         created.load(Ordering::Relaxed) as f64 / secs as f64,
+        refused.load(Ordering::Relaxed),
         q(0.5),
         q(0.95),
         q(0.99),

@@ -146,6 +146,15 @@ impl ApiError {
         tracing::error!(error = %cause, "request failed");
         ApiError::new(ApiCode::UpstreamError, "The server could not complete the request.")
     }
+    /// A file the server could not write or read: 507 `storage_full` when
+    /// the disk or a quota is full, else 500 `upstream_error` (the cause
+    /// logged, never sent).
+    pub fn io(cause: &std::io::Error) -> ApiError {
+        match disk_full(cause) {
+            true => ApiError::storage_full(cause),
+            false => ApiError::internal(cause),
+        }
+    }
     pub fn with_details(mut self, details: Json) -> ApiError {
         self.details = Some(Box::new(details));
         self
@@ -185,7 +194,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::DeploymentNotReady { retry_after_s } => ApiError::new(C::DeploymentNotReady, message).retry_after(retry_after_s),
             ServiceError::DeploymentStopped => ApiError::new(C::DeploymentStopped, message),
             ServiceError::Store(crate::store::StoreError::TooLarge { limit }) => ApiError::payload_too_large(limit),
-            ServiceError::Store(crate::store::StoreError::Io(cause)) if disk_full(&cause) => ApiError::storage_full(&cause),
+            ServiceError::Store(crate::store::StoreError::Io(cause)) => ApiError::io(&cause),
             ServiceError::Store(cause) => ApiError::internal(&cause),
             ServiceError::Transition(bug) => ApiError::internal(&bug),
         }
@@ -332,6 +341,11 @@ mod tests {
             assert_eq!((err.code, err.status, err.retry_after_s), (code, code.status(), retry_after), "{what}");
             let (_, _, body) = rendered(err).await;
             assert_eq!(body["error"]["code"], code.as_str(), "{what}");
+            assert!(!body.to_string().contains("secret"), "{body}");
+        }
+        for (kind, code) in [(std::io::ErrorKind::StorageFull, ApiCode::StorageFull), (std::io::ErrorKind::PermissionDenied, ApiCode::UpstreamError)] {
+            let (_, _, body) = rendered(ApiError::io(&std::io::Error::new(kind, "/secret/path"))).await;
+            assert_eq!(body["error"]["code"], code.as_str(), "{kind:?}");
             assert!(!body.to_string().contains("secret"), "{body}");
         }
         let missing = ApiError::from(ServiceError::MissingAsset(vec!["a".into()]));

@@ -48,7 +48,7 @@ fn error(e: InstallError) -> ApiError {
         InstallError::Fixed(_) => ApiError::new(ApiCode::Conflict, e.to_string()),
         InstallError::Quota(_) => ApiError::new(ApiCode::TooManyPlugins, e.to_string()),
         InstallError::Refused(_) => ApiError::new(ApiCode::PluginRefused, e.to_string()),
-        InstallError::Io(e) => ApiError::internal(&e),
+        InstallError::Io(e) => ApiError::io(&e),
     }
 }
 

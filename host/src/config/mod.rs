@@ -176,7 +176,7 @@ pub struct Config {
     /// or account change is acknowledged, concurrent ones sharing a flush)
     /// or `os_crash` (the pages are written out without a device cache
     /// flush: kill -9 loses nothing, a kernel crash can lose the last
-    /// 200 ms of assets and account changes, a power cut on a disk with a
+    /// 200 ms of uploads, cancellations and account changes, a power cut on a disk with a
     /// volatile write cache anything recent). `KILN_DURABILITY`.
     pub durability: crate::store::Durability,
     /// When set, every `/api/v2` route except health needs

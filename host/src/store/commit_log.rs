@@ -69,9 +69,9 @@ struct State {
     /// This cycle's id (random per reset): a sync that finishes after a
     /// reset must not mark frames of the new cycle durable.
     cycle: u64,
-    /// A sync of this cycle failed: nothing after `synced` may be
-    /// acknowledged until a flush of the store and a reset.
-    failed: bool,
+    /// A sync of this cycle failed (with this kind of error): nothing after
+    /// `synced` may be acknowledged until a flush of the store and a reset.
+    failed: Option<std::io::ErrorKind>,
 }
 
 /// An append-only log of opaque payloads.
@@ -139,7 +139,7 @@ impl CommitLog {
         }
         // Until the reset the frames read stay; new ones would follow them.
         let (cycle, seq) = last.map_or_else(|| (new_cycle(), 1), |(c, s)| (c, s + 1));
-        let state = State { end: offset, synced: offset, allocated, seq, cycle, failed: false };
+        let state = State { end: offset, synced: offset, allocated, seq, cycle, failed: None };
         let log = CommitLog {
             file,
             state: Mutex::new(state),
@@ -164,7 +164,7 @@ impl CommitLog {
         let mut frame = Vec::with_capacity(HEADER + payload.len());
         let mut state = self.state.lock();
         let len = u32::try_from(payload.len()).map_err(|_| StoreError::Backend("commit log entry too large".into()))?;
-        if state.failed || state.end + frame.capacity() as u64 > CAP {
+        if state.failed.is_some() || state.end + frame.capacity() as u64 > CAP {
             self.flush_and_reset(&mut state, flush)?;
         }
         let (cycle, seq) = (state.cycle, state.seq);
@@ -224,8 +224,8 @@ impl CommitLog {
             if state.cycle != cycle || state.synced >= to {
                 return Ok(());
             }
-            if state.failed {
-                return Err(failed());
+            if let Some(kind) = state.failed {
+                return Err(failed(kind));
             }
             (state.synced, state.end)
         };
@@ -240,7 +240,7 @@ impl CommitLog {
         }
         if let Err(e) = synced {
             tracing::error!(error = %e, "a sync of the commit log failed; the next write flushes the store and resets the log");
-            state.failed = true;
+            state.failed = Some(e.kind());
             self.failed_hint.store(true, Ordering::Relaxed);
             return Err(e.into());
         }
@@ -298,15 +298,16 @@ impl CommitLog {
         state.synced = 0;
         state.cycle = new_cycle();
         state.seq = 1;
-        state.failed = false;
+        state.failed = None;
         self.failed_hint.store(false, Ordering::Relaxed);
         Ok(())
     }
 }
 
-/// What a sync answers while the log is failed.
-fn failed() -> StoreError {
-    StoreError::Io(std::io::Error::other("an earlier sync of the commit log failed; the store is flushed before the next write"))
+/// What a sync answers while the log is failed (the failure's kind kept:
+/// a full disk stays `StorageFull`).
+fn failed(kind: std::io::ErrorKind) -> StoreError {
+    StoreError::Io(std::io::Error::new(kind, "an earlier sync of the commit log failed; the store is flushed before the next write"))
 }
 
 /// A random cycle id.

@@ -26,9 +26,9 @@ pub enum Durability {
     PowerLoss,
     /// kill -9: syncs write the pages out (`sync_file_range`) without a
     /// cache flush. A kernel crash keeps the jobs (their commit log) but
-    /// may lose what went through sled alone — assets, cancellations,
-    /// accounts — in the last 200 ms; a power cut on a disk with a volatile
-    /// write cache may lose any of it.
+    /// may lose what went through sled alone — uploads, cancellations,
+    /// deletions, accounts, sign-ins — in the last 200 ms; a power cut on a
+    /// disk with a volatile write cache may lose any of it.
     OsCrash,
 }
 

@@ -2,6 +2,8 @@
 //! some of them).
 #![allow(dead_code)]
 
+pub mod cdylib;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -323,17 +323,22 @@ pub unsafe extern "C" fn renameat2(olddir: c_int, old: *const c_char, newdir: c_
     after_rename(unsafe { real(olddir, old, newdir, new, flags) }, olddir, old, newdir, new)
 }
 
+/// After a call on one path returned `rc`: a successful one is recorded
+/// by `record` (a new directory, a removal).
+fn after_path_call(rc: c_int, dir: c_int, path: *const c_char, record: fn(&Disk, PathBuf)) -> c_int {
+    if rc == 0 {
+        watched(|d| record(d, absolute(dir, path).unwrap_or_default()));
+    }
+    rc
+}
+
 /// # Safety
 /// As libc's `mkdir`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
     let real = real!("mkdir", unsafe extern "C" fn(*const c_char, c_uint) -> c_int);
     // SAFETY: forwarded as given.
-    let rc = unsafe { real(path, mode) };
-    if rc == 0 {
-        watched(|d| d.made_dir(absolute(AT_FDCWD, path).unwrap_or_default()));
-    }
-    rc
+    after_path_call(unsafe { real(path, mode) }, AT_FDCWD, path, Disk::made_dir)
 }
 
 /// # Safety
@@ -342,11 +347,7 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
 pub unsafe extern "C" fn mkdirat(dir: c_int, path: *const c_char, mode: c_uint) -> c_int {
     let real = real!("mkdirat", unsafe extern "C" fn(c_int, *const c_char, c_uint) -> c_int);
     // SAFETY: forwarded as given.
-    let rc = unsafe { real(dir, path, mode) };
-    if rc == 0 {
-        watched(|d| d.made_dir(absolute(dir, path).unwrap_or_default()));
-    }
-    rc
+    after_path_call(unsafe { real(dir, path, mode) }, dir, path, Disk::made_dir)
 }
 
 /// # Safety
@@ -355,11 +356,7 @@ pub unsafe extern "C" fn mkdirat(dir: c_int, path: *const c_char, mode: c_uint) 
 pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
     let real = real!("unlink", unsafe extern "C" fn(*const c_char) -> c_int);
     // SAFETY: forwarded as given.
-    let rc = unsafe { real(path) };
-    if rc == 0 {
-        watched(|d| d.removed(absolute(AT_FDCWD, path).unwrap_or_default()));
-    }
-    rc
+    after_path_call(unsafe { real(path) }, AT_FDCWD, path, Disk::removed)
 }
 
 /// # Safety
@@ -368,11 +365,7 @@ pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
 pub unsafe extern "C" fn unlinkat(dir: c_int, path: *const c_char, flags: c_int) -> c_int {
     let real = real!("unlinkat", unsafe extern "C" fn(c_int, *const c_char, c_int) -> c_int);
     // SAFETY: forwarded as given.
-    let rc = unsafe { real(dir, path, flags) };
-    if rc == 0 {
-        watched(|d| d.removed(absolute(dir, path).unwrap_or_default()));
-    }
-    rc
+    after_path_call(unsafe { real(dir, path, flags) }, dir, path, Disk::removed)
 }
 
 /// # Safety
@@ -381,9 +374,5 @@ pub unsafe extern "C" fn unlinkat(dir: c_int, path: *const c_char, flags: c_int)
 pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
     let real = real!("rmdir", unsafe extern "C" fn(*const c_char) -> c_int);
     // SAFETY: forwarded as given.
-    let rc = unsafe { real(path) };
-    if rc == 0 {
-        watched(|d| d.removed(absolute(AT_FDCWD, path).unwrap_or_default()));
-    }
-    rc
+    after_path_call(unsafe { real(path) }, AT_FDCWD, path, Disk::removed)
 }

@@ -43,7 +43,7 @@ fn error(e: DeploymentError) -> ApiError {
         DeploymentError::Invalid(m) => ApiError::invalid_request(m),
         DeploymentError::Exists(_) => ApiError::new(ApiCode::DeploymentExists, e.to_string()),
         DeploymentError::NotFound(_) => ApiError::not_found(),
-        DeploymentError::Store(e) => ApiError::internal(&e),
+        DeploymentError::Store(e) => ApiError::from(crate::service::ServiceError::Store(e)),
         DeploymentError::Bundle(e) => ApiError::new(ApiCode::BundleRefused, e.to_string()),
     }
 }

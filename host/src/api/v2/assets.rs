@@ -27,9 +27,11 @@ fn created(asset: NewAsset, links: &Links) -> Response {
 
 /// Retention a caller may ask for, in seconds (one minute to one week).
 const EXPIRES_IN: std::ops::RangeInclusive<u64> = 60..=604_800;
-/// Tags per asset, and characters per tag.
+/// Tags per asset, and characters and bytes per tag (a tag is part of an
+/// index key: the bytes bound the store's index pages).
 const MAX_TAGS: usize = 64;
 const MAX_TAG_CHARS: usize = 128;
+const MAX_TAG_BYTES: usize = 256;
 
 fn expires_in(seconds: Option<u64>) -> Result<Option<u64>, ApiError> {
     match seconds {
@@ -41,8 +43,8 @@ fn expires_in(seconds: Option<u64>) -> Result<Option<u64>, ApiError> {
 }
 
 fn add_tag(labels: &mut AssetLabels, tag: String) -> Result<(), ApiError> {
-    if tag.is_empty() || tag.chars().count() > MAX_TAG_CHARS || tag.chars().any(char::is_control) {
-        return Err(ApiError::invalid_request(format!("A tag must be 1 to {MAX_TAG_CHARS} printable characters.")));
+    if tag.is_empty() || tag.chars().count() > MAX_TAG_CHARS || tag.len() > MAX_TAG_BYTES || tag.chars().any(char::is_control) {
+        return Err(ApiError::invalid_request(format!("A tag must be 1 to {MAX_TAG_CHARS} printable characters ({MAX_TAG_BYTES} bytes in UTF-8 at most).")));
     }
     if labels.tags.len() == MAX_TAGS {
         return Err(ApiError::invalid_request(format!("At most {MAX_TAGS} tags per asset.")));

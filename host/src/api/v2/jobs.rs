@@ -129,8 +129,8 @@ pub async fn submit(
     let owner = caller.owner().to_string();
     let submission = Submission { extra, idempotency_key: key, metadata, deployment: caller.deployment_id(), ..Submission::v2(owner, workflow) };
     // Validation and the store writes run right here for a typical workflow
-    // (the commit log's sync is handed to its own thread, see
-    // `SledMeta::sync_jobs`): a hand-off to the blocking pool and back costs
+    // (the commit log's sync too while syncs are quick; a slow one goes to
+    // the log's own thread, see `SledMeta::sync_jobs`): a hand-off to the blocking pool and back costs
     // more on a small machine (BENCHMARKS.md, "fewer hand-offs on a job's
     // critical path"). A large graph validates on the pool, and
     // so does any submission while the store's writes may wait for a

@@ -65,7 +65,7 @@ impl AccountStore for SledAccounts {
 
     async fn create(&self, account: &Account) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(account).map_err(|e| StoreError::Backend(e.to_string()))?;
-        self.tree.insert(account.id.as_bytes(), &bytes)?;
+        self.tree.put(account.id.as_bytes(), &bytes)?;
         self.flush()
     }
 

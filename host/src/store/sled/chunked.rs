@@ -51,12 +51,15 @@ struct Stub {
 }
 
 impl Stub {
+    /// The stub `stored` is; `None` for a value stored whole (or bytes
+    /// that cannot be a stub: read as a value, they fail to decode).
     fn parse(stored: &[u8]) -> Option<Stub> {
         if stored.len() != STUB_LEN || stored[0] != STUB_TAG {
             return None;
         }
         let u64_at = |at: usize| u64::from_be_bytes(stored[at..at + 8].try_into().unwrap_or_default());
-        Some(Stub { write: u64_at(1), len: u64_at(9), pieces: u32::from_be_bytes(stored[17..21].try_into().unwrap_or_default()) })
+        let stub = Stub { write: u64_at(1), len: u64_at(9), pieces: u32::from_be_bytes(stored[17..21].try_into().unwrap_or_default()) };
+        (stub.len > 0 && stub.len.div_ceil(PIECE as u64) == u64::from(stub.pieces)).then_some(stub)
     }
 
     fn bytes(&self) -> [u8; STUB_LEN] {
@@ -87,11 +90,17 @@ impl Chunked {
     /// The entry under `key` as stored (what [`Chunked::compare_and_swap`]
     /// compares) and its value.
     pub(super) fn get_stored(&self, key: &[u8]) -> Result<Option<(IVec, IVec)>, StoreError> {
+        let mut last: Option<IVec> = None;
         for _ in 0..READ_TRIES {
             let Some(stored) = self.tree.get(key).map_err(backend)? else { return Ok(None) };
             if let Some(value) = self.resolve(key, &stored)? {
                 return Ok(Some((stored, value)));
             }
+            // The same stub twice without its pieces: not a replacement.
+            if last.as_ref() == Some(&stored) {
+                return Err(StoreError::Corrupt(format!("{} (pieces missing)", String::from_utf8_lossy(key))));
+            }
+            last = Some(stored);
         }
         Err(StoreError::Backend(format!("{} is replaced faster than it can be read", String::from_utf8_lossy(key))))
     }
@@ -100,10 +109,14 @@ impl Chunked {
     /// replaced since it was read).
     fn resolve(&self, key: &[u8], stored: &IVec) -> Result<Option<IVec>, StoreError> {
         let Some(stub) = Stub::parse(stored) else { return Ok(Some(stored.clone())) };
-        let mut value = Vec::with_capacity(usize::try_from(stub.len).unwrap_or(0).min(64 << 20));
+        // The length is only trusted as far as the pieces bear it out.
+        let mut value = Vec::with_capacity(usize::try_from(stub.len).unwrap_or(0).min(1 << 20));
         let mut pieces = 0u32;
         for piece in self.chunks.scan_prefix(self.prefix(key, stub.write)) {
             let (_, bytes) = piece.map_err(backend)?;
+            if value.len() as u64 + bytes.len() as u64 > stub.len {
+                return Ok(None);
+            }
             value.extend_from_slice(&bytes);
             pieces += 1;
         }
@@ -113,21 +126,49 @@ impl Chunked {
         Ok(Some(value.into()))
     }
 
-    /// Stores `value` under `key`; the value it replaced.
+    /// Stores `value` under `key`.
+    pub(super) fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let old = self.swap_in(key, value)?;
+        self.remove_pieces(key, old.as_deref().and_then(Stub::parse));
+        Ok(())
+    }
+
+    /// Stores `value` under `key`; the value it replaced (`None` also when
+    /// that cannot be read: the write is done either way).
     pub(super) fn insert(&self, key: &[u8], value: &[u8]) -> Result<Option<IVec>, StoreError> {
-        let (stored, stub) = self.write_pieces(key, value)?;
-        let old = match self.tree.insert(key, stored.as_slice()) {
-            Ok(old) => old,
-            Err(e) => {
-                self.remove_pieces(key, stub);
-                return Err(backend(e));
-            }
-        };
-        let Some(old) = old else { return Ok(None) };
+        let Some(old) = self.swap_in(key, value)? else { return Ok(None) };
         // Its pieces are there until this writer, which replaced it, removes them.
-        let value = self.resolve(key, &old)?;
+        let value = self.resolve(key, &old).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, key = %String::from_utf8_lossy(key), "the replaced record could not be read");
+            None
+        });
         self.remove_pieces(key, Stub::parse(&old));
         Ok(value)
+    }
+
+    /// Writes `value`'s pieces and puts its entry in the tree; the entry it
+    /// replaced, as stored.
+    fn swap_in(&self, key: &[u8], value: &[u8]) -> Result<Option<IVec>, StoreError> {
+        let (stored, stub) = self.write_pieces(key, value)?;
+        self.tree.insert(key, stored.as_slice()).map_err(|e| {
+            self.remove_pieces(key, stub);
+            backend(e)
+        })
+    }
+
+    /// Splits every value stored whole that is longer than a piece (written
+    /// before values were split); how many. For a store being opened: no
+    /// other writer runs.
+    pub(super) fn split_long_values(&self) -> Result<usize, StoreError> {
+        let mut split = 0;
+        for entry in self.tree.iter() {
+            let (key, stored) = entry.map_err(backend)?;
+            if stored.len() > PIECE && Stub::parse(&stored).is_none() {
+                self.put(&key, &stored)?;
+                split += 1;
+            }
+        }
+        Ok(split)
     }
 
     /// Replaces the entry stored as `current` (`None`: no entry) with
@@ -169,10 +210,20 @@ impl Chunked {
                 Ok(entry) => entry,
                 Err(e) => return Some(Err(backend(e))),
             };
-            match self.resolve(&key, &stored) {
-                Ok(Some(value)) => Some(Ok((key, value))),
+            let resolved = match self.resolve(&key, &stored) {
+                Ok(Some(value)) => return Some(Ok((key, value))),
                 // Replaced since the scan read it: its current value.
-                Ok(None) => self.get(&key).transpose().map(|value| value.map(|v| (key, v))),
+                Ok(None) => self.get(&key),
+                Err(e) => Err(e),
+            };
+            match resolved {
+                Ok(value) => value.map(|v| Ok((key, v))),
+                // One record that cannot be read does not stop a scan (the
+                // store's opening, an export): it is left out, and said so.
+                Err(StoreError::Corrupt(what)) => {
+                    tracing::warn!(record = %what, "a stored record cannot be read: left out");
+                    None
+                }
                 Err(e) => Some(Err(e)),
             }
         })
@@ -279,6 +330,44 @@ mod tests {
         assert!(!tree.compare_and_swap(b"k", Some(stored), Some(&long)).unwrap(), "stale");
         assert_eq!(tree.get(b"k").unwrap().unwrap(), b"won"[..]);
         assert!(db.open_tree("chunks").unwrap().is_empty(), "the losers' and the replaced pieces are gone");
+    }
+
+    /// A stub whose pieces are gone (or whose fields do not agree) is a
+    /// corrupt record, not a retry loop or a huge allocation, and a scan
+    /// leaves it out.
+    #[test]
+    fn a_stub_without_its_pieces_is_corrupt_and_left_out_of_scans() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = Chunked::open(&db, "t", 1).unwrap();
+        tree.put(b"a", &vec![b'a'; PIECE * 2]).unwrap();
+        tree.put(b"b", &vec![b'b'; PIECE * 2]).unwrap();
+        let chunks = db.open_tree("chunks").unwrap();
+        let first = chunks.iter().next().unwrap().unwrap().0;
+        chunks.remove(first).unwrap();
+        assert!(matches!(tree.get(b"a"), Err(StoreError::Corrupt(_))));
+        let keys: Vec<_> = tree.iter().map(|e| e.unwrap().0.to_vec()).collect();
+        assert_eq!(keys, [b"b".to_vec()]);
+        // A stub claiming more bytes than its pieces hold, or a count that
+        // does not fit its length, is not taken for a stub.
+        let raw = db.open_tree("t").unwrap();
+        let mut lying = raw.get(b"b").unwrap().unwrap().to_vec();
+        lying[9..17].copy_from_slice(&(u64::MAX / 2).to_be_bytes());
+        assert!(Stub::parse(&lying).is_none());
+    }
+
+    #[test]
+    fn values_stored_whole_before_are_split_once() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let raw = db.open_tree("t").unwrap();
+        let long = vec![b'{'; PIECE * 3];
+        raw.insert(b"old", long.as_slice()).unwrap();
+        raw.insert(b"short", b"{}".as_slice()).unwrap();
+        let tree = Chunked::open(&db, "t", 1).unwrap();
+        assert_eq!(tree.get(b"old").unwrap().unwrap(), long[..], "read whole as before");
+        assert_eq!(tree.split_long_values().unwrap(), 1);
+        assert_eq!(raw.get(b"old").unwrap().unwrap().len(), STUB_LEN, "now a stub");
+        assert_eq!(tree.get(b"old").unwrap().unwrap(), long[..]);
+        assert_eq!(tree.split_long_values().unwrap(), 0, "nothing left to split");
     }
 
     /// Writers of one key never mix their pieces: every read sees one

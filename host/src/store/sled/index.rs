@@ -51,6 +51,9 @@ pub(super) struct Indexes {
     by_tag: Tree,
     pub(super) claims_expiring: Tree,
     pub(super) info: Tree,
+    /// `store_info` again, for the saved unfinished set: one value that
+    /// grows with the queue, so stored in pieces.
+    saved: Chunked,
     /// The sequence bound `info` holds (see [`Indexes::submitted`]).
     reserved: AtomicU64,
 }
@@ -144,6 +147,7 @@ impl Indexes {
             by_tag: tree("assets_by_tag")?,
             claims_expiring: tree("claims_expiring")?,
             info: tree("store_info")?,
+            saved: Chunked::open(db, "store_info", 5)?,
             reserved: AtomicU64::new(0),
         })
     }
@@ -154,7 +158,7 @@ impl Indexes {
         let version = self.info.get(b"indexes").map_err(backend)?.and_then(|v| v.first().copied()).unwrap_or(0);
         if version == 0 {
             self.build_records(jobs, assets)?;
-        } else if let Some(bytes) = self.info.get(b"unfinished").map_err(backend)? {
+        } else if let Some(bytes) = self.saved.get(b"unfinished")? {
             let ids: Vec<String> = decode(b"unfinished", &bytes)?;
             self.unfinished.lock().extend(ids);
         }
@@ -337,7 +341,7 @@ impl Indexes {
         let ids = self.unfinished();
         let bytes = serde_json::to_vec(&ids).map_err(|e| StoreError::Backend(e.to_string()))?;
         self.info.insert(b"unfinished_at", &at.to_be_bytes()).map_err(backend)?;
-        self.info.insert(b"unfinished", bytes).map_err(backend)?;
+        self.saved.put(b"unfinished", &bytes)?;
         Ok(())
     }
 

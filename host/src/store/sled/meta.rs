@@ -100,11 +100,12 @@ impl MetaStore for SledMeta {
     /// A request worker syncs inline while syncs are quick (a hand-off to
     /// another thread and back costs more than a quick sync on a small
     /// machine: BENCHMARKS.md, "commit log syncs off the request workers
-    /// when the disk is slow"); once one was slow the log's sync thread runs
-    /// them, shared with the other requests waiting, so no worker waits for
-    /// a slow device flush. A job's thread, which may block, syncs inline.
+    /// when the disk is slow"); once one was slow, or while a checkpoint
+    /// holds the log (a flush of the whole store), the log's sync thread
+    /// runs them, shared with the other requests waiting, so no worker
+    /// waits for the disk. A job's thread, which may block, syncs inline.
     async fn sync_jobs(&self) -> Result<(), StoreError> {
-        if on_request_runtime() && self.0.log.sync_may_wait() {
+        if on_request_runtime() && (self.0.log.sync_may_wait() || self.0.writes_may_block()) {
             return self.0.syncer.sync().await;
         }
         self.0.sync_jobs()

@@ -170,6 +170,7 @@ impl Sled {
             finished_changes: Default::default(),
             db,
         };
+        meta.split_long_records()?;
         meta.index_owners()?;
         meta.index.build_once(&meta.jobs, &meta.assets, &meta.claims)?;
         meta.reindex_recent()?;
@@ -194,6 +195,26 @@ impl Sled {
             }
         };
         Ok(id)
+    }
+
+    /// Splits the records a version before [`chunked`] stored whole (once,
+    /// then flushed): until then sled may write the pages holding them to
+    /// its unsynced blob files.
+    fn split_long_records(&self) -> Result<(), StoreError> {
+        const DONE: &[u8] = b"records_split";
+        if self.db.get(DONE).map_err(backend)?.is_some() {
+            return Ok(());
+        }
+        let accounts = Chunked::open(&self.db, "accounts", 4)?;
+        let mut split = 0;
+        for tree in [&self.jobs, &self.workflows, &self.assets, &accounts] {
+            split += tree.split_long_values()?;
+        }
+        if split > 0 {
+            tracing::info!(records = split, "stored the store's long records in pieces");
+        }
+        self.db.insert(DONE, &[1]).map_err(backend)?;
+        self.flush()
     }
 
     /// Builds the owner index of a store written before it existed (once:
@@ -248,12 +269,12 @@ impl Sled {
     /// job record: sled keeps a prefix of its writes, so a job record that
     /// survives a crash has everything written before it.
     fn write_submission(&self, job: &JobRecord, job_bytes: &[u8], wf_bytes: &[u8]) -> Result<(), StoreError> {
-        self.workflows.insert(job.id.as_bytes(), wf_bytes)?;
+        self.workflows.put(job.id.as_bytes(), wf_bytes)?;
         self.by_time.insert(time_key(job), job.id.as_bytes()).map_err(backend)?;
         self.by_owner.insert(owner_key(job), job.id.as_bytes()).map_err(backend)?;
         self.index.submitted(job.seq)?;
         self.index.new_job(job)?;
-        self.jobs.insert(job.id.as_bytes(), job_bytes)?;
+        self.jobs.put(job.id.as_bytes(), job_bytes)?;
         self.finished_changed(job);
         Ok(())
     }
@@ -324,7 +345,7 @@ impl Sled {
 
     fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         self.index.before_job(job)?;
-        self.jobs.insert(job.id.as_bytes(), &encode(job)?)?;
+        self.jobs.put(job.id.as_bytes(), &encode(job)?)?;
         self.finished_changed(job);
         self.index.after_job(job)
     }
@@ -478,7 +499,7 @@ impl Sled {
     fn finish_job(&self, job: &JobRecord, assets: &[AssetRecord]) -> Result<(), StoreError> {
         let job_bytes = encode(job)?;
         self.index.before_job(job)?;
-        self.jobs.insert(job.id.as_bytes(), &job_bytes)?;
+        self.jobs.put(job.id.as_bytes(), &job_bytes)?;
         self.finished_changed(job);
         self.index.after_job(job)?;
         self.append(&entry("finished", &[("job", &job_bytes), ("assets", &encode(&assets)?)]), true)

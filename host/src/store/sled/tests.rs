@@ -542,3 +542,22 @@ fn large_records_stay_out_of_sled_blob_files() {
         assert_eq!(meta.get_asset(&format!("asset-{i:02}")).unwrap().unwrap().tags.len(), 400);
     }
 }
+
+/// A store written before records were split: its long records are split
+/// when it opens (once), and read back the same.
+#[test]
+fn long_records_of_an_older_store_are_split_when_it_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let workflow = serde_json::json!({ "1": { "class_type": "A", "inputs": {}, "_meta": { "title": "w".repeat(64 << 10) } } });
+    {
+        let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
+        meta.submit(&job("old", 1, 1), &serde_json::json!({}), None).unwrap();
+        // As an older version wrote it: whole, and not yet split.
+        meta.db.open_tree("workflows").unwrap().insert(b"old", serde_json::to_vec(&workflow).unwrap()).unwrap();
+        meta.db.remove(b"records_split").unwrap();
+        meta.checkpoint().unwrap();
+    }
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
+    assert!(meta.db.open_tree("workflows").unwrap().get(b"old").unwrap().unwrap().len() < 64, "a stub now");
+    assert_eq!(meta.get_workflow("old").unwrap().unwrap(), workflow);
+}

@@ -36,7 +36,7 @@ fn error(e: UserFilesError) -> ApiError {
         UserFilesError::Exists => ApiError::new(ApiCode::Conflict, "File already exists"),
         UserFilesError::TooLarge { limit } => ApiError::payload_too_large(limit),
         UserFilesError::Full { .. } => ApiError::new(ApiCode::StorageFull, e.to_string()),
-        UserFilesError::Store(e) => ApiError::internal(&e),
+        UserFilesError::Store(e) => ApiError::from(crate::service::ServiceError::Store(e)),
     }
 }
 
