@@ -20,6 +20,10 @@ pub struct UploadMeta {
     pub labels: AssetLabels,
 }
 
+/// Most tags one asset record holds: per request (checked at the API
+/// edge) and merged over re-uploads of the same bytes.
+pub const MAX_ASSET_TAGS: usize = 64;
+
 /// What a caller may ask of an asset record besides its bytes (validated
 /// at the API edge).
 #[derive(Debug, Default, Clone)]
@@ -145,6 +149,12 @@ impl Service {
         asset.expires_at = expires_at;
         for tag in &labels.tags {
             if !asset.tags.contains(tag) {
+                if asset.tags.len() >= MAX_ASSET_TAGS {
+                    return Err(ServiceError::InvalidRequest(format!(
+                        "Asset {} already has {MAX_ASSET_TAGS} tags, the most an asset may have: it keeps them, and `{tag}` is not added.",
+                        asset.id
+                    )));
+                }
                 asset.tags.push(tag.clone());
                 changed = true;
             }

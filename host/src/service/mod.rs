@@ -45,7 +45,7 @@ use std::sync::atomic::AtomicU64;
 use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 
-pub use assets::{AssetLabels, NewAsset, UploadMeta};
+pub use assets::{AssetLabels, MAX_ASSET_TAGS, NewAsset, UploadMeta};
 pub use backends::{Backends, s3_settings};
 pub use cluster::ClusterBackends;
 pub use error::ServiceError;

@@ -239,6 +239,7 @@ impl Service {
             tracing::info!(asset_id = %asset.id, "asset expired");
         }
         self.meta.purge_claims(now).await?;
+        self.meta.tidy().await?;
         self.meta.prune_blob_holds().await?;
         self.collect_blobs()?;
         self.meta.flush().await?;

@@ -361,6 +361,13 @@ pub trait MetaStore: Send + Sync {
     /// Drops claims that expired before `now`; returns how many.
     async fn purge_claims(&self, now: Micros) -> Result<usize, StoreError>;
 
+    /// Collects the store's own leftovers (the embedded store's record
+    /// pieces that no record names after a crash), a bounded amount per
+    /// call; how many. Called by each retention sweep.
+    async fn tidy(&self) -> Result<usize, StoreError> {
+        Ok(0)
+    }
+
     /// Makes every write so far durable.
     async fn flush(&self) -> Result<(), StoreError>;
 

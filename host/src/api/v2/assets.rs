@@ -29,7 +29,7 @@ fn created(asset: NewAsset, links: &Links) -> Response {
 const EXPIRES_IN: std::ops::RangeInclusive<u64> = 60..=604_800;
 /// Tags per asset, and characters and bytes per tag (a tag is part of an
 /// index key: the bytes bound the store's index pages).
-const MAX_TAGS: usize = 64;
+const MAX_TAGS: usize = crate::service::MAX_ASSET_TAGS;
 const MAX_TAG_CHARS: usize = 128;
 const MAX_TAG_BYTES: usize = 256;
 

@@ -19,7 +19,9 @@
 //! then the stub (a crash in between leaves pieces no stub names, which
 //! nothing reads), then the pieces of the stub it replaced are removed —
 //! so two writers of one key never mix their pieces, and a reader that
-//! finds a stub's pieces gone (replaced meanwhile) reads again.
+//! finds a stub's pieces gone (replaced meanwhile) reads again. Pieces no
+//! stub names (a crash mid-write, a removal that failed) are collected by
+//! [`PieceSweep`], a bounded stretch of the `chunks` tree per pass.
 
 use sled::{IVec, Tree};
 
@@ -277,6 +279,64 @@ impl Chunked {
     }
 }
 
+/// Collects pieces no stub names, a stretch of the `chunks` tree per pass
+/// ([`PieceSweep::pass`]). A write's pieces exist before its stub does, so
+/// pieces are removed only when two passes in a row found them unnamed
+/// (passes are the retention sweep's, a minute or more apart; a write
+/// takes microseconds between its pieces and its stub).
+#[derive(Default)]
+pub(super) struct PieceSweep {
+    /// Where the next pass starts (empty: the beginning).
+    cursor: parking_lot::Mutex<Vec<u8>>,
+    /// Piece prefixes found unnamed by the last pass.
+    suspects: parking_lot::Mutex<std::collections::HashSet<Vec<u8>>>,
+}
+
+impl PieceSweep {
+    /// Looks at up to `limit` pieces after the last pass's; removes those
+    /// of `trees` (by code) that no stub named then or now; how many.
+    pub(super) fn pass(&self, trees: &[&Chunked], limit: usize) -> Result<usize, StoreError> {
+        let Some(chunks) = trees.first().map(|t| &t.chunks) else { return Ok(0) };
+        let mut cursor = self.cursor.lock();
+        let from = std::ops::Bound::Excluded(cursor.clone());
+        let start = if cursor.is_empty() { std::ops::Bound::Unbounded } else { from };
+        let (mut seen, mut removed, mut last) = (0, 0, None);
+        let previous = std::mem::take(&mut *self.suspects.lock());
+        let mut suspects = std::collections::HashSet::new();
+        for piece in chunks.range::<Vec<u8>, _>((start, std::ops::Bound::Unbounded)).take(limit) {
+            let (piece_key, _) = piece.map_err(backend)?;
+            seen += 1;
+            last = Some(piece_key.to_vec());
+            // code ‖ key length ‖ key ‖ write id ‖ piece number
+            let Some((code, key, write)) = split_piece_key(&piece_key) else { continue };
+            let Some(tree) = trees.iter().find(|t| t.code == code) else { continue };
+            let named = tree.tree.get(key).map_err(backend)?.as_deref().and_then(Stub::parse).is_some_and(|s| s.write == write);
+            if named {
+                continue;
+            }
+            let prefix = piece_key[..piece_key.len() - 4].to_vec();
+            if previous.contains(&prefix) {
+                chunks.remove(&piece_key).map_err(backend)?;
+                removed += 1;
+            } else {
+                suspects.insert(prefix);
+            }
+        }
+        *cursor = if seen < limit { Vec::new() } else { last.unwrap_or_default() };
+        *self.suspects.lock() = suspects;
+        Ok(removed)
+    }
+}
+
+/// A piece's key read back: its tree's code, the record's key, the write id.
+fn split_piece_key(piece_key: &[u8]) -> Option<(u8, &[u8], u64)> {
+    let (&code, rest) = piece_key.split_first()?;
+    let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    let key = rest.get(4..4 + len)?;
+    let write = u64::from_be_bytes(rest.get(4 + len..12 + len)?.try_into().ok()?);
+    (rest.len() == 16 + len).then_some((code, key, write))
+}
+
 /// A write id no other write of the same key is likely to have picked.
 fn fresh_write_id() -> u64 {
     u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().unwrap_or_default())
@@ -353,6 +413,34 @@ mod tests {
         let mut lying = raw.get(b"b").unwrap().unwrap().to_vec();
         lying[9..17].copy_from_slice(&(u64::MAX / 2).to_be_bytes());
         assert!(Stub::parse(&lying).is_none());
+    }
+
+    /// Pieces no stub names go after two passes; a value's live pieces and
+    /// a write whose stub came between the passes stay.
+    #[test]
+    fn pieces_no_stub_names_are_collected_after_two_passes() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = Chunked::open(&db, "t", 1).unwrap();
+        let long = vec![b'x'; PIECE * 3];
+        tree.put(b"live", &long).unwrap();
+        // A crash between a write's pieces and its stub.
+        let (_, orphan) = tree.write_pieces(b"cut", &long).unwrap();
+        // A write whose pieces are there and whose stub comes later.
+        let (late_stub, _) = tree.write_pieces(b"late", &long).unwrap();
+        let sweep = PieceSweep::default();
+        assert_eq!(sweep.pass(&[&tree], 100).unwrap(), 0, "first pass: suspects only");
+        db.open_tree("t").unwrap().insert(b"late", late_stub).unwrap();
+        assert_eq!(sweep.pass(&[&tree], 100).unwrap(), 3, "the cut write's three pieces");
+        assert!(orphan.is_some());
+        assert_eq!(tree.get(b"live").unwrap().unwrap(), long[..]);
+        assert_eq!(tree.get(b"late").unwrap().unwrap(), long[..]);
+        assert_eq!(db.open_tree("chunks").unwrap().len(), 6);
+        // A pass covers a bounded stretch and goes on where the last stopped.
+        let small = PieceSweep::default();
+        assert_eq!(small.pass(&[&tree], 4).unwrap(), 0);
+        assert!(!small.cursor.lock().is_empty());
+        small.pass(&[&tree], 4).unwrap();
+        assert!(small.cursor.lock().is_empty(), "the end reached: the next pass starts over");
     }
 
     #[test]

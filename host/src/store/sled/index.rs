@@ -345,6 +345,11 @@ impl Indexes {
         Ok(())
     }
 
+    /// The tree the unfinished set is saved in.
+    pub(super) fn saved(&self) -> &Chunked {
+        &self.saved
+    }
+
     /// When the saved unfinished set was taken, if it was.
     pub(super) fn saved_at(&self) -> Result<Option<Micros>, StoreError> {
         Ok(self.info.get(b"unfinished_at").map_err(backend)?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map(Micros::from_be_bytes))

@@ -155,6 +155,9 @@ impl MetaStore for SledMeta {
     async fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
         self.0.purge_claims(now)
     }
+    async fn tidy(&self) -> Result<usize, StoreError> {
+        self.blocking(|sled| sled.tidy()).await
+    }
     async fn flush(&self) -> Result<(), StoreError> {
         self.blocking(|sled| sled.flush()).await
     }

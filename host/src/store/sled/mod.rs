@@ -64,6 +64,10 @@ struct Sled {
     syncer: syncer::Syncer,
     /// sled's flush, as durable as the store was opened with.
     durable: DurableFlush,
+    /// Collects record pieces no record names (see `chunked`).
+    pieces: chunked::PieceSweep,
+    /// The accounts tree as `Chunked` (the account store has its own).
+    accounts: Chunked,
     /// Per owner, a count of writes and deletions of its finished jobs
     /// (`MetaStore::finished_changes`), bumped after each is done; one
     /// entry per owner that has finished a job since the store opened.
@@ -167,6 +171,8 @@ impl Sled {
             log,
             syncer,
             durable,
+            pieces: Default::default(),
+            accounts: Chunked::open(&db, "accounts", 4)?,
             finished_changes: Default::default(),
             db,
         };
@@ -205,9 +211,8 @@ impl Sled {
         if self.db.get(DONE).map_err(backend)?.is_some() {
             return Ok(());
         }
-        let accounts = Chunked::open(&self.db, "accounts", 4)?;
         let mut split = 0;
-        for tree in [&self.jobs, &self.workflows, &self.assets, &accounts] {
+        for tree in [&self.jobs, &self.workflows, &self.assets, &self.accounts] {
             split += tree.split_long_values()?;
         }
         if split > 0 {
@@ -614,6 +619,16 @@ impl Sled {
     /// taken again since its entry was written has an entry of its own and
     /// is left; one whose bytes changed under the purge is left too (the
     /// compare-and-swap refuses).
+    /// A stretch of the record pieces no record names, collected.
+    fn tidy(&self) -> Result<usize, StoreError> {
+        const PIECES_PER_PASS: usize = 10_000;
+        let removed = self.pieces.pass(&[&self.jobs, &self.workflows, &self.assets, &self.accounts, self.index.saved()], PIECES_PER_PASS)?;
+        if removed > 0 {
+            tracing::info!(pieces = removed, "collected record pieces no record names");
+        }
+        Ok(removed)
+    }
+
     fn purge_claims(&self, now: Micros) -> Result<usize, StoreError> {
         let mut purged = 0;
         for entry in self.index.claims_due(now)? {
