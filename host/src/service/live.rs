@@ -70,6 +70,36 @@ pub struct LiveJob {
     pub finishing: std::sync::atomic::AtomicBool,
     /// The job's owner (never changes; read without the record's lock).
     pub owner: Arc<str>,
+    /// Open (permits) once the job may start: a new submission holds it
+    /// shut until its caller has its answer ([`StartGate`]).
+    start_gate: tokio::sync::Semaphore,
+}
+
+/// Holds a newly queued job back from starting until dropped: the caller
+/// that submitted it drops it once its answer is made, so a ComfyUI client
+/// hears the prompt id before the prompt's messages (a client that learns
+/// the id from the answer — `@stable-canvas/comfyui-client` does — misses
+/// messages that come first).
+pub struct StartGate(Arc<LiveJob>);
+
+impl StartGate {
+    /// Shuts `live`'s gate until the returned handle is dropped.
+    pub(super) fn shut(live: &Arc<LiveJob>) -> StartGate {
+        live.start_gate.forget_permits(usize::MAX);
+        StartGate(live.clone())
+    }
+}
+
+impl std::fmt::Debug for StartGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("StartGate").field(&self.0.owner).finish()
+    }
+}
+
+impl Drop for StartGate {
+    fn drop(&mut self) {
+        self.0.start_gate.add_permits(tokio::sync::Semaphore::MAX_PERMITS);
+    }
 }
 
 /// A queued job's plan and workflow text, and the memory they hold.
@@ -100,7 +130,14 @@ impl LiveJob {
             pending_blobs: Arc::default(),
             output_assets: Mutex::new(Vec::new()),
             finishing: Default::default(),
+            start_gate: tokio::sync::Semaphore::new(tokio::sync::Semaphore::MAX_PERMITS),
         }
+    }
+
+    /// Returns once the job may start (see [`StartGate`]).
+    pub async fn may_start(&self) {
+        // Closed never: an error would only mean it is open.
+        let _ = self.start_gate.acquire().await;
     }
 
     /// Lets `f` change the record and, when it says it did, writes it to

@@ -51,6 +51,7 @@ pub use cluster::ClusterBackends;
 pub use error::ServiceError;
 pub use intake::{Admitted, IDEMPOTENCY_TTL, OutputPolicy, Submission, SubmitError, Surface, intake_estimate};
 pub use jobs::ListQuery;
+pub use live::StartGate;
 pub use live::{ExtraData, JobEvent, LiveJob};
 pub use options::ServiceOptions;
 pub use readiness::Readiness;

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use serde_json::Value as Json;
 
 use super::{IDEMPOTENCY_TTL, Submission};
-use crate::service::live::{self, LiveJob};
+use crate::service::live::{self, LiveJob, StartGate};
 use crate::service::{Service, ServiceError, fair};
 use crate::store::{Admission, IdempotencyClaim, JobInput, JobRecord, JobStatus, KeyBound, Micros, Refusal, ServerBound, StoreError, now_micros};
 use crate::workflow::Plan;
@@ -70,7 +70,13 @@ impl Service {
 
     /// Records a validated job (`workflow` resolved, `plan` its plan); it
     /// is durable and queued when this returns, at the position returned.
-    pub(super) async fn enqueue(&self, sub: Submission, workflow: Json, inputs: Vec<JobInput>, plan: PlannedOn) -> Result<(JobRecord, usize), ServiceError> {
+    pub(super) async fn enqueue(
+        &self,
+        sub: Submission,
+        workflow: Json,
+        inputs: Vec<JobInput>,
+        plan: PlannedOn,
+    ) -> Result<(JobRecord, usize, StartGate), ServiceError> {
         let now = now_micros();
         self.activity.fetch_add(1, Ordering::Relaxed);
         // An account without credits submits nothing (no claim is made, so
@@ -97,6 +103,9 @@ impl Service {
             expires_at: now + IDEMPOTENCY_TTL.as_micros() as Micros,
         });
         let live = Arc::new(LiveJob::new(record.clone(), sub.extra, self.bus.job_channel(&record.id)));
+        // Shut before it is queued; opened when the caller drops it (on an
+        // error, at once).
+        let gate = StartGate::shut(&live);
         let (written, position) = self.commit(&live, slot, (&sub.owner, sub.deployment.as_deref(), sub.front), &workflow, claim.as_ref(), plan).await?;
         let id = &record.id;
         if matches!(written, Ok(()) | Err(StoreError::NotDurable(_))) {
@@ -123,14 +132,15 @@ impl Service {
             }
         }
         tracing::debug!(job_id = %id, "job queued");
-        // A worker may run the job while the submission is made durable.
-        // Nothing it does can be seen as done before that: its terminal
+        // The job is queued, but starts only once the caller drops `gate`
+        // (after its answer is made). Nothing it does can be seen as done
+        // before the submission is durable either way: its terminal
         // record is logged after the submission and synced with everything
         // before it, and a crash before this sync loses the submission and
         // everything after it together (the caller, who got no 201, submits
         // again). The 201 waits for the sync.
         match self.meta.sync_jobs().await {
-            Ok(()) => Ok((record, position)),
+            Ok(()) => Ok((record, position, gate)),
             Err(e) => Err(StoreError::NotDurable(e.to_string()).into()),
         }
     }

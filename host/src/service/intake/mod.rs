@@ -129,6 +129,9 @@ pub struct Admitted {
     pub position: Option<usize>,
     /// Outputs dropped under [`OutputPolicy::DropFailing`], with why.
     pub dropped: Vec<Issue>,
+    /// The job starts once this is dropped: a caller drops it when its
+    /// answer is made (see `StartGate`).
+    pub start: Option<crate::service::StartGate>,
 }
 
 /// Why a submission was not queued.
@@ -222,8 +225,8 @@ impl Service {
                 nodes.shift_remove(output);
             }
         }
-        let (record, position) = self.enqueue(sub, workflow, inputs, (plan, registry)).await?;
-        Ok(Admitted { record, position: Some(position), dropped })
+        let (record, position, start) = self.enqueue(sub, workflow, inputs, (plan, registry)).await?;
+        Ok(Admitted { record, position: Some(position), dropped, start: Some(start) })
     }
 
     /// The hosted cloud runs workflows of the compatibility API only for an

@@ -101,6 +101,8 @@ impl Service {
     /// server down cannot be retried forever, without a flush on every job
     /// (see `MetaStore::record_start`).
     async fn begin(&self, live: &Arc<LiveJob>, key: &str) -> Option<JobRecord> {
+        // Not before its submitter has its answer (see `StartGate`).
+        live.may_start().await;
         let now = now_micros();
         let turn = live.writes.lock().await;
         let snapshot = {
