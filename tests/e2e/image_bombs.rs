@@ -13,7 +13,7 @@ use kiln::executor::RunStatus;
 use kiln::plugins::FailureKind;
 use serde_json::json;
 
-use crate::support::{RunOpts, run_workflow, write_png};
+use crate::support::{Rng, RunOpts, run_workflow, write_png};
 
 /// Runs LoadImage → SaveImage on `bytes` saved as `name`: how the run ended.
 async fn run_load(name: &str, bytes: &[u8]) -> RunStatus {
@@ -121,17 +121,22 @@ async fn a_png_decompression_bomb_fails_at_the_tensor_budget() {
     assert!(message.contains("tensor budget exceeded") && message.contains("256 MiB"), "{message}");
 }
 
+/// `pixels` (RGB, `side`×`side`) as PNG, JPEG and lossless WebP files.
+fn encoded(pixels: &[u8], side: u32) -> [Vec<u8>; 3] {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.png");
+    write_png(&path, side, side, 3, pixels);
+    let mut jpeg = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new(&mut jpeg).encode(pixels, side, side, image::ExtendedColorType::Rgb8).unwrap();
+    let mut webp = Vec::new();
+    image::codecs::webp::WebPEncoder::new_lossless(&mut webp).encode(pixels, side, side, image::ExtendedColorType::Rgb8).unwrap();
+    [std::fs::read(&path).unwrap(), jpeg, webp]
+}
+
 #[tokio::test]
 async fn files_cut_short_fail_as_unreadable_and_the_host_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let whole = dir.path().join("whole.png");
     let pixels: Vec<u8> = (0..64 * 64 * 3).map(|i| (i * 7) as u8).collect();
-    write_png(&whole, 64, 64, 3, &pixels);
-    let png = std::fs::read(&whole).unwrap();
-    let mut jpeg = Vec::new();
-    image::codecs::jpeg::JpegEncoder::new(&mut jpeg).encode(&pixels, 64, 64, image::ExtendedColorType::Rgb8).unwrap();
-    let mut webp = Vec::new();
-    image::codecs::webp::WebPEncoder::new_lossless(&mut webp).encode(&pixels, 64, 64, image::ExtendedColorType::Rgb8).unwrap();
+    let [png, jpeg, webp] = encoded(&pixels, 64);
     for (name, bytes) in [("cut.png", &png), ("cut.webp", &webp)] {
         let (kind, message) = load(name, &bytes[..bytes.len() / 2]).await;
         assert_eq!(kind, FailureKind::Failed, "{name}: {message}");
@@ -143,4 +148,77 @@ async fn files_cut_short_fail_as_unreadable_and_the_host_goes_on() {
         let status = run_load(name, bytes).await;
         assert!(matches!(status, RunStatus::Succeeded), "{name}: {status:?}");
     }
+}
+
+/// Seeded mutations: the same on every run with the same seed.
+struct Mutator(Rng);
+
+impl Mutator {
+    fn below(&mut self, n: usize) -> usize {
+        self.0.below(n.max(1) as u64) as usize
+    }
+
+    /// `base` with one to four mutations: bytes flipped or set to edge
+    /// values, a span cut out or repeated, the file cut short, or a
+    /// 32-bit field (a chunk length, a dimension) overwritten.
+    fn mutate(&mut self, base: &[u8]) -> Vec<u8> {
+        let mut bytes = base.to_vec();
+        for _ in 0..1 + self.below(4) {
+            let at = self.below(bytes.len());
+            match self.below(6) {
+                0 => bytes[at] ^= 1 << self.below(8),
+                1 => bytes[at] = [0x00, 0xff, 0x7f, 0x80][self.below(4)],
+                2 => {
+                    let end = (at + 1 + self.below(64)).min(bytes.len());
+                    bytes.drain(at..end);
+                }
+                3 => {
+                    let end = (at + 1 + self.below(64)).min(bytes.len());
+                    let span = bytes[at..end].to_vec();
+                    bytes.splice(at..at, span);
+                }
+                4 => bytes.truncate(at.max(1)),
+                _ if bytes.len() >= 4 => {
+                    let value = [0u32, 1, 0x7fff_ffff, 0xffff_ffff, 65_535, 1 << 20][self.below(6)];
+                    let at = at.min(bytes.len() - 4);
+                    bytes[at..at + 4].copy_from_slice(&value.to_be_bytes());
+                }
+                _ => bytes.push(0),
+            }
+            if bytes.is_empty() {
+                bytes.push(0);
+            }
+        }
+        bytes
+    }
+}
+
+/// Seeded mutations of valid PNG, JPEG and WebP files through LoadImage:
+/// each run loads the image (and SaveImage saves it) or fails LoadImage
+/// with a message; never another node, never the host. `KILN_FUZZ_SEED`
+/// and `KILN_FUZZ_CASES` (default 1,500) run another set; a failing case
+/// prints its seed, index and bytes.
+#[tokio::test]
+async fn mutated_images_load_or_fail_their_node_with_a_message() {
+    let seed = std::env::var("KILN_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x6b69_6c6e_u64);
+    let cases: usize = std::env::var("KILN_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(1500);
+    let pixels: Vec<u8> = (0..24 * 24 * 3).map(|i| (i * 13 % 251) as u8).collect();
+    let [png, jpeg, webp] = encoded(&pixels, 24);
+    let bases = [("m.png", png), ("m.jpg", jpeg), ("m.webp", webp)];
+    let mut mutator = Mutator(Rng(seed.max(1)));
+    let (mut loaded, mut refused) = (0, 0);
+    for case in 0..cases {
+        let (name, base) = &bases[case % bases.len()];
+        let bytes = mutator.mutate(base);
+        match run_load(name, &bytes).await {
+            RunStatus::Succeeded => loaded += 1,
+            RunStatus::Failed { node, failure, .. } if node == "1" && !failure.message.trim().is_empty() => refused += 1,
+            other => {
+                let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                panic!("seed {seed} case {case} ({name}): {other:?}\nbytes: {hex}");
+            }
+        }
+    }
+    eprintln!("mutated images (seed {seed}): {cases} runs, {loaded} loaded, {refused} refused by LoadImage");
+    assert!(loaded > 0 && refused > 0, "the mutations reach both outcomes: {loaded} loaded, {refused} refused");
 }

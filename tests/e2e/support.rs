@@ -153,3 +153,22 @@ pub fn read_png(path: &Path) -> (u32, u32, usize, Vec<u8>, Vec<(String, String)>
     text.extend(chunks.utf8_text.iter().map(|t| (t.keyword.clone(), t.get_text().unwrap())));
     (info.width, info.height, info.color_type.samples(), buf, text)
 }
+
+/// xorshift64*: a fixed sequence, reproducible from the seed (the seeded
+/// input generators of the tests).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}

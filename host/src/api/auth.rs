@@ -192,7 +192,7 @@ pub fn may_use_session(state: &AppState, request: &Request) -> bool {
 /// Paths under the Jobs API that need no token.
 /// (`path` is relative to the Jobs API's mount point.)
 fn is_public(path: &str) -> bool {
-    path == "/health" || path == "/ready" || path.starts_with("/signed/")
+    path == "/health" || path == "/ready" || path == "/openapi.json" || path.starts_with("/signed/")
 }
 
 /// Self-hosted: whether `request` may proceed: always without a configured

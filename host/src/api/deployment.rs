@@ -41,25 +41,44 @@ pub use crate::service::deployments::demo_owner;
 /// after authentication (`check_state`, from the edge), so a caller without
 /// credentials learns nothing of it.
 pub async fn rewrite(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let (method, started) = (request.method().clone(), std::time::Instant::now());
+    match addressed(&state, request, next).await {
+        Ok(response) => response,
+        // Answered here, before the edge that counts every other request.
+        Err(refused) => {
+            let response = refused.into_response();
+            state.service.metrics().http_request(&method, Some(REFUSED_ROUTE), response.status().as_u16(), started.elapsed());
+            response
+        }
+    }
+}
+
+/// The route label of the requests a deployment prefix refuses itself
+/// (unknown deployment, no Jobs API path, no credentials).
+const REFUSED_ROUTE: &str = "/deployment/{id}/{*rest}";
+
+/// [`rewrite`]'s work: the response of the routes behind it, or the
+/// refusal of a deployment-scoped request.
+async fn addressed(state: &AppState, request: Request, next: Next) -> Result<Response, ApiError> {
     let mount = state.config.mount_prefix.as_str();
     // `{id}.{serverless_host}/api/v2/...`: the path stays, links carry no prefix.
-    if let Some(id) = subdomain(&state, &request) {
+    if let Some(id) = subdomain(state, &request) {
         let base: Arc<str> = Arc::clone(&state.api_base);
         let path = request.uri().path();
         if path != &*base && !path.strip_prefix(&*base).is_some_and(|rest| rest.starts_with('/')) {
-            return ApiError::not_found().into_response();
+            return Err(ApiError::not_found());
         }
-        return route(&state, request, next, &id, None, base).await;
+        return route(state, request, next, &id, None, base).await;
     }
     let prefix = format!("{mount}/deployment/");
-    let Some(rest) = request.uri().path().strip_prefix(prefix.as_str()) else { return next.run(request).await };
+    let Some(rest) = request.uri().path().strip_prefix(prefix.as_str()) else { return Ok(next.run(request).await) };
     let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
     if !(tail == "api/v2" || tail.starts_with("api/v2/")) {
-        return ApiError::not_found().into_response();
+        return Err(ApiError::not_found());
     }
     let (id, path) = (id.to_string(), format!("{mount}/{tail}"));
     let base: Arc<str> = format!("{mount}/deployment/{id}/api/v2").into();
-    route(&state, request, next, &id, Some(path), base).await
+    route(state, request, next, &id, Some(path), base).await
 }
 
 /// The deployment a request's host names as `{id}.{serverless_host}`
@@ -76,12 +95,10 @@ fn subdomain(state: &AppState, request: &Request) -> Option<String> {
 /// path rewritten to `path` (`None`: kept), its links under `base`. An
 /// unknown id is authenticated first: without credentials it answers as a
 /// known one does (401), so ids cannot be probed.
-async fn route(state: &AppState, mut request: Request, next: Next, id: &str, path: Option<String>, base: Arc<str>) -> Response {
+async fn route(state: &AppState, mut request: Request, next: Next, id: &str, path: Option<String>, base: Arc<str>) -> Result<Response, ApiError> {
     let Some(record) = state.service.deployment(id) else {
-        return match super::auth::authenticate(state, super::auth::bearer(request.headers())) {
-            Err(e) => e.into_response(),
-            Ok(_) => ApiError::not_found().into_response(),
-        };
+        super::auth::authenticate(state, super::auth::bearer(request.headers()))?;
+        return Err(ApiError::not_found());
     };
     let ctx = DeploymentCtx { id: id.to_string(), public_demo: record.spec.public_demo, owner: record.spec.owner.clone(), base };
     if let Some(path) = path {
@@ -89,13 +106,10 @@ async fn route(state: &AppState, mut request: Request, next: Next, id: &str, pat
             Some(q) => format!("{path}?{q}"),
             None => path,
         };
-        match uri.parse::<Uri>() {
-            Ok(uri) => *request.uri_mut() = uri,
-            Err(_) => return ApiError::not_found().into_response(),
-        }
+        *request.uri_mut() = uri.parse::<Uri>().map_err(|_| ApiError::not_found())?;
     }
     request.extensions_mut().insert(ctx);
-    next.run(request).await
+    Ok(next.run(request).await)
 }
 
 /// A request to a deployment that does not serve now: 429

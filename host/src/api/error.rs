@@ -35,6 +35,8 @@ crate::codes::code_table! {
         RequestTimeout => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
         HashMismatch => (StatusCode::CONFLICT, "hash_mismatch"),
         AssetInUse => (StatusCode::CONFLICT, "asset_in_use"),
+        /// The asset an upload's bytes name already has its most tags.
+        TooManyTags => (StatusCode::CONFLICT, "too_many_tags"),
         NameTaken => (StatusCode::CONFLICT, "name_taken"),
         TooManyAccounts => (StatusCode::CONFLICT, "too_many_accounts"),
         /// An account at its `max_plugins_per_account`.
@@ -189,6 +191,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::HashMismatch { .. } => ApiError::new(C::HashMismatch, message),
             ServiceError::BlobNotFound(_) => ApiError::new(C::BlobNotFound, message),
             ServiceError::AssetInUse => ApiError::new(C::AssetInUse, "The asset is in use and cannot be deleted."),
+            ServiceError::TooManyTags { .. } => ApiError::new(C::TooManyTags, message),
             ServiceError::PayloadTooLarge { limit_bytes } => ApiError::payload_too_large(limit_bytes),
             ServiceError::TooManyStreams => ApiError::new(C::TooManyStreams, message).retry_after(5),
             ServiceError::DeploymentNotReady { retry_after_s } => ApiError::new(C::DeploymentNotReady, message).retry_after(retry_after_s),
@@ -325,6 +328,7 @@ mod tests {
             (ServiceError::HashMismatch { expected: "a".into(), actual: "b".into() }, ApiCode::HashMismatch, None),
             (ServiceError::BlobNotFound("h".into()), ApiCode::BlobNotFound, None),
             (ServiceError::AssetInUse, ApiCode::AssetInUse, None),
+            (ServiceError::TooManyTags { asset: "a".into(), max: 64, tag: "t".into() }, ApiCode::TooManyTags, None),
             (ServiceError::PayloadTooLarge { limit_bytes: 8 }, ApiCode::PayloadTooLarge, None),
             (ServiceError::TooManyStreams, ApiCode::TooManyStreams, Some(5)),
             (ServiceError::DeploymentNotReady { retry_after_s: 2 }, ApiCode::DeploymentNotReady, Some(2)),

@@ -13,6 +13,7 @@ pub mod error;
 mod links;
 pub mod listener;
 mod metrics;
+pub(crate) mod openapi;
 mod plugins;
 pub mod pool;
 #[cfg(test)]

@@ -17,7 +17,6 @@ use axum::extract::multipart::MultipartRejection;
 use axum::extract::{Multipart, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, post};
 
 use crate::api::AppState;
 use crate::api::Caller;
@@ -31,14 +30,13 @@ use crate::plugins::{InstallError, PluginInfo};
 const MAX_MANIFEST: usize = 64 << 10;
 
 /// The operator's routes, with a body limit of `max_bytes`.
-pub fn admin_routes(max_bytes: usize) -> Router<Arc<AppState>> {
-    BodyLimit::new(max_bytes).on(Router::new().route("/admin/plugins", post(install).get(list)).route("/admin/plugins/{name}", delete(remove)))
+pub fn admin_routes(contract: &mut crate::api::openapi::Contract, max_bytes: usize) -> Router<Arc<AppState>> {
+    BodyLimit::new(max_bytes).on(contract.routes("", [utoipa_axum::routes!(install, list), utoipa_axum::routes!(remove)]))
 }
 
-/// An account's routes at `base` (the Jobs API's), with a body limit of `max_bytes`.
-pub fn account_routes(base: &str, max_bytes: usize) -> Router<Arc<AppState>> {
-    BodyLimit::new(max_bytes)
-        .on(Router::new().route(&format!("{base}/plugins"), post(install_own).get(list_own)).route(&format!("{base}/plugins/{{name}}"), delete(remove_own)))
+/// An account's routes (under the Jobs API, documented in its contract).
+pub fn account_routes() -> [utoipa_axum::router::UtoipaMethodRouter<Arc<AppState>>; 2] {
+    [utoipa_axum::routes!(install_own, list_own), utoipa_axum::routes!(remove_own)]
 }
 
 fn error(e: InstallError) -> ApiError {
@@ -64,6 +62,10 @@ fn created(info: PluginInfo) -> Response {
     (StatusCode::CREATED, Json(serde_json::json!({"name": info.name, "version": info.version, "hash": info.hash, "classes": info.classes}))).into_response()
 }
 
+#[utoipa::path(post, path = "/admin/plugins", operation_id = "install_host_plugin", tag = "plugins",
+    description = "Installs or upgrades a plugin for every caller of this host.",
+    request_body(content = inline(crate::api::openapi::schemas::PluginUpload), content_type = "multipart/form-data"),
+    responses((status = 201, description = "Installed.", body = crate::api::openapi::schemas::PluginView)))]
 async fn install(State(state): State<Arc<AppState>>, multipart: Result<Multipart, MultipartRejection>) -> Result<Response, ApiError> {
     let (manifest, component) = read_plugin(multipart, state.config.max_plugin_mb.saturating_mul(1 << 20)).await?;
     let service = state.service.clone();
@@ -71,14 +73,26 @@ async fn install(State(state): State<Arc<AppState>>, multipart: Result<Multipart
     Ok(created(info))
 }
 
+#[utoipa::path(get, path = "/admin/plugins", operation_id = "list_host_plugins", tag = "plugins",
+    responses((status = 200, description = "`{plugins: [...]}`.", body = inline(PluginList))))]
 async fn list(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "plugins": state.service.plugins().list() }))
 }
 
+#[utoipa::path(delete, path = "/admin/plugins/{name}", operation_id = "remove_host_plugin", tag = "plugins",
+    params(("name" = String, Path, description = "The plugin's name.")),
+    responses((status = 204, description = "Removed.")))]
 async fn remove(State(state): State<Arc<AppState>>, Segment(name): Segment) -> Result<StatusCode, ApiError> {
     let service = state.service.clone();
     crate::api::pool::on_pool(move || async move { service.plugins().remove(&name).await }).await?.map_err(error)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /plugins`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct PluginList {
+    plugins: Vec<crate::api::openapi::schemas::PluginView>,
 }
 
 /// An account's plugins exist only on a host with accounts; elsewhere (and
@@ -87,6 +101,10 @@ fn own_plugins(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
     if state.config.mode.has_accounts() && caller.deployment_id().is_none() { Ok(()) } else { Err(ApiError::not_found()) }
 }
 
+#[utoipa::path(post, path = "/plugins", operation_id = "install_plugin", tag = "plugins",
+    description = "Installs or upgrades one of the caller's own plugins (hosts with accounts; elsewhere 404).",
+    request_body(content = inline(crate::api::openapi::schemas::PluginUpload), content_type = "multipart/form-data"),
+    responses((status = 201, description = "Installed.", body = crate::api::openapi::schemas::PluginView)))]
 async fn install_own(State(state): State<Arc<AppState>>, caller: Caller, multipart: Result<Multipart, MultipartRejection>) -> Result<Response, ApiError> {
     own_plugins(&state, &caller)?;
     let (manifest, component) = read_plugin(multipart, state.config.max_account_plugin_mb.saturating_mul(1 << 20)).await?;
@@ -95,11 +113,17 @@ async fn install_own(State(state): State<Arc<AppState>>, caller: Caller, multipa
     Ok(created(info))
 }
 
+#[utoipa::path(get, path = "/plugins", operation_id = "list_plugins", tag = "plugins",
+    description = "The caller's own plugins (hosts with accounts; elsewhere 404).",
+    responses((status = 200, description = "`{plugins: [...]}`.", body = inline(PluginList))))]
 async fn list_own(State(state): State<Arc<AppState>>, caller: Caller) -> Result<Json<serde_json::Value>, ApiError> {
     own_plugins(&state, &caller)?;
     Ok(Json(serde_json::json!({ "plugins": state.service.plugins().list_for(caller.owner()).map_err(error)? })))
 }
 
+#[utoipa::path(delete, path = "/plugins/{name}", operation_id = "remove_plugin", tag = "plugins",
+    params(("name" = String, Path, description = "The plugin's name.")),
+    responses((status = 204, description = "Removed.")))]
 async fn remove_own(State(state): State<Arc<AppState>>, caller: Caller, Segment(name): Segment) -> Result<StatusCode, ApiError> {
     own_plugins(&state, &caller)?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());

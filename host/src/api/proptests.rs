@@ -30,26 +30,33 @@ use crate::test_support::proptest_config as config;
 // The app, in-process
 // ---------------------------------------------------------------------------
 
-/// A service on a fresh data directory and the router over it.
-struct App {
+/// A service on a fresh data directory and the router over it (also used
+/// by the contract's tests, `api::openapi::tests`).
+pub(in crate::api) struct App {
     runtime: tokio::runtime::Runtime,
     router: Router,
-    state: Arc<AppState>,
+    pub(in crate::api) state: Arc<AppState>,
     _data: tempfile::TempDir,
 }
 
 /// A response, read whole.
-struct Reply {
-    status: StatusCode,
+pub(in crate::api) struct Reply {
+    pub(in crate::api) status: StatusCode,
     headers: HeaderMap,
-    body: Bytes,
+    pub(in crate::api) body: Bytes,
 }
 
 impl App {
     fn start() -> App {
+        App::start_with(|_| {})
+    }
+
+    /// [`App::start`] with `tweak` applied to the configuration.
+    pub(in crate::api) fn start_with(tweak: impl FnOnce(&mut Config)) -> App {
         let data = tempfile::tempdir().unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let config = Config { data_dir: data.path().to_path_buf(), max_running_jobs: 1, download_redirect: false, ..test_support::config() };
+        let mut config = Config { data_dir: data.path().to_path_buf(), max_running_jobs: 1, download_redirect: false, ..test_support::config() };
+        tweak(&mut config);
         let options = ServiceOptions::from_config(&config);
         let registry = test_support::registry().clone();
         let executor = Arc::new(Executor::new(test_support::runtime().clone(), 16 << 20, 1));
@@ -59,7 +66,7 @@ impl App {
         App { router: super::router(state.clone()), runtime, state, _data: data }
     }
 
-    fn call(&self, request: Request<Body>) -> Reply {
+    pub(in crate::api) fn call(&self, request: Request<Body>) -> Reply {
         self.runtime.block_on(async {
             let response = self.router.clone().oneshot(request).await.unwrap();
             let (parts, body) = response.into_parts();
@@ -67,7 +74,7 @@ impl App {
         })
     }
 
-    fn get(&self, uri: &str, headers: &[(&str, &str)]) -> Reply {
+    pub(in crate::api) fn get(&self, uri: &str, headers: &[(&str, &str)]) -> Reply {
         let mut request = Request::get(uri);
         for (k, v) in headers {
             request = request.header(*k, *v);
@@ -597,7 +604,7 @@ fn part() -> impl Strategy<Value = Part> {
             .prop_map(|(bytes, filename)| Part { filename, ..Part::file(&bytes) }),
         4 => text("file_path", ["in/cat.png", "a", "", "/abs", "\\abs", "a/../b", "..", "a\0b", "ok/./x.png", &"x".repeat(1025), "é/ü.png"].map(String::from).to_vec()),
         1 => text("content_type", ["image/png", "", "text/html", "x"].map(String::from).to_vec()),
-        1 => text("tags", ["cat", "", "é", "a\u{7}b", &"t".repeat(129), &"t".repeat(128)].map(String::from).to_vec()),
+        1 => text("tags", ["cat", "", "é", "a\u{7}b", &"t".repeat(65), &"t".repeat(64), &"語".repeat(64)].map(String::from).to_vec()),
         1 => text("expires_in", ["60", "59", " 3600 ", "604800", "604801", "-1", "1e3", "", "18446744073709551616"].map(String::from).to_vec()),
         // The right hash is filled in when the body is built.
         1 => text("expected_hash", ["right", "RIGHT", WRONG_HASH, "nonsense"].map(String::from).to_vec()),
@@ -650,24 +657,36 @@ fn expected_upload(parts: &[Part]) -> Result<(Vec<u8>, String), &'static str> {
             "file_path" => path = Some(text),
             "expected_hash" => hash = Some(text),
             "tags" => {
-                if text.is_empty() || text.chars().count() > 128 || text.chars().any(char::is_control) || tags.len() == 64 {
+                if text.is_empty() || text.chars().count() > 64 || text.chars().any(char::is_control) || tags.len() == 64 {
                     return Err("invalid_request");
                 }
                 if !tags.contains(&text) {
                     tags.push(text);
                 }
             }
-            "expires_in" => match text.trim().parse::<u64>() {
-                Ok(s) if (60..=604_800).contains(&s) => {}
-                _ => return Err("invalid_request"),
-            },
-            _ => {}
+            // A whole number, written as an integer or not (`1e3`).
+            "expires_in" => {
+                match text.trim().parse::<u64>().ok().or_else(|| text.trim().parse::<f64>().ok().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64)) {
+                    Some(s) if (60..=604_800).contains(&s) => {}
+                    _ => return Err("invalid_request"),
+                }
+            }
+            "content_type" => {
+                if !(text.is_empty() || text.split_once('/').is_some_and(|(t, s)| !t.is_empty() && !s.is_empty())) {
+                    return Err("invalid_request");
+                }
+            }
+            // Any other part.
+            _ => return Err("invalid_request"),
         }
     }
     let file = file.ok_or("invalid_request")?;
     let path = path.ok_or("invalid_request")?;
-    let path_ok =
-        !path.is_empty() && path.len() <= 1024 && !path.starts_with(['/', '\\']) && !path.split(['/', '\\']).any(|s| s == "..") && !path.contains('\0');
+    let path_ok = !path.is_empty()
+        && path.chars().count() <= 1024
+        && !path.starts_with(['/', '\\'])
+        && !path.split(['/', '\\']).any(|s| s == "..")
+        && !path.contains('\0');
     if !path_ok {
         return Err("invalid_request");
     }

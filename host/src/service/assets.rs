@@ -150,10 +150,7 @@ impl Service {
         for tag in &labels.tags {
             if !asset.tags.contains(tag) {
                 if asset.tags.len() >= MAX_ASSET_TAGS {
-                    return Err(ServiceError::InvalidRequest(format!(
-                        "Asset {} already has {MAX_ASSET_TAGS} tags, the most an asset may have: it keeps them, and `{tag}` is not added.",
-                        asset.id
-                    )));
+                    return Err(ServiceError::TooManyTags { asset: asset.id.clone(), max: MAX_ASSET_TAGS, tag: tag.clone() });
                 }
                 asset.tags.push(tag.clone());
                 changed = true;

@@ -19,6 +19,11 @@
 //! each blob there while it checks and deletes it (`MetaStore::lock_blob`).
 //! A hold that lands after a pass deleted its blob is followed by its
 //! writer's check that the blob is there (stored again if not).
+//!
+//! Also the store's size for `/metrics` (`kiln_blob_store_bytes`): one
+//! walk of the store ([`BlobStore::usage`](crate::store::BlobStore::usage))
+//! at the first sweep and then at most every [`USAGE_EVERY`], by the host
+//! that sweeps.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -30,6 +35,8 @@ use crate::store::blob_name;
 
 /// How often a pass lists every blob.
 pub const FULL_PASS_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+/// How often the blob store's size is measured.
+pub const USAGE_EVERY: Duration = Duration::from_secs(600);
 /// Most candidates kept: past it they are dropped and the next pass is a
 /// full one (passes that keep failing must not grow the set for ever).
 const MAX_CANDIDATES: usize = 1 << 20;
@@ -42,6 +49,8 @@ pub struct BlobClaims {
     /// When the last full pass ended (`None`: none since start, or one is
     /// due at once).
     last_full: Mutex<Option<Instant>>,
+    /// The store's size at its last measurement, and when that was.
+    usage: Mutex<Option<(crate::store::BlobUsage, Instant)>>,
 }
 
 /// What a pass checks.
@@ -83,15 +92,48 @@ impl BlobClaims {
 }
 
 impl Service {
+    /// Measures the blob store's size if it was never measured or
+    /// [`USAGE_EVERY`] has passed (a failure is logged: the figure is
+    /// only reported, never acted on).
+    pub(super) fn measure_blobs(&self) {
+        let now = Instant::now();
+        if self.blob_claims.usage.lock().is_some_and(|(_, at)| now.duration_since(at) < USAGE_EVERY) {
+            return;
+        }
+        if let Err(e) = self.measure_blob_store() {
+            tracing::warn!(error = %e, "cannot measure the blob store");
+        }
+    }
+
+    /// Measures the blob store now (the sweep does so at most every
+    /// [`USAGE_EVERY`]) and keeps the figure for `/metrics`. Blocking: one
+    /// walk of the store.
+    pub fn measure_blob_store(&self) -> Result<crate::store::BlobUsage, ServiceError> {
+        let usage = self.blobs.usage()?;
+        *self.blob_claims.usage.lock() = Some((usage, Instant::now()));
+        Ok(usage)
+    }
+
+    /// The blob store's size at its last measurement, if any.
+    pub fn blob_usage(&self) -> Option<crate::store::BlobUsage> {
+        self.blob_claims.usage.lock().map(|(usage, _)| usage)
+    }
+
     /// Deletes asset record `asset` (not flushed), takes it out of the
     /// compat upload index and notes its blob.
     pub(super) async fn delete_asset_record(&self, asset: &crate::store::AssetRecord) -> Result<(), ServiceError> {
         self.meta.delete_asset(asset).await?;
+        self.forget_asset_record(asset);
+        Ok(())
+    }
+
+    /// What follows the deletion of asset record `asset`: out of the
+    /// compat upload index, its blob a candidate for collection.
+    pub(super) fn forget_asset_record(&self, asset: &crate::store::AssetRecord) {
         self.forget_upload(asset);
         if let Some(hash) = crate::store::parse_blob_name(&asset.hash) {
             self.blob_claims.may_be_garbage(hash);
         }
-        Ok(())
     }
 
     /// One collection pass (synchronous: it holds the gate while it checks

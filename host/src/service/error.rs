@@ -40,6 +40,10 @@ pub enum ServiceError {
     BlobNotFound(String),
     #[error("the asset is an output of a retained job and cannot be deleted")]
     AssetInUse,
+    /// An upload or from-hash naming an asset (its bytes already stored)
+    /// that has `MAX_ASSET_TAGS` tags, with a tag it lacks (409 `too_many_tags`).
+    #[error("asset {asset} already has {max} tags, the most an asset may have: it keeps them, and {tag:?} is not added")]
+    TooManyTags { asset: String, max: usize, tag: String },
     #[error("the upload exceeds {limit_bytes} bytes")]
     PayloadTooLarge { limit_bytes: u64 },
     #[error("too many event streams are open; retry later")]

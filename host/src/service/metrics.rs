@@ -45,6 +45,8 @@ const QUEUED: &str = "kiln_jobs_queued";
 const RUNNING: &str = "kiln_jobs_running";
 const STREAMS: &str = "kiln_open_streams";
 const RSS: &str = "kiln_resident_memory_bytes";
+const BLOB_BYTES: &str = "kiln_blob_store_bytes";
+const BLOBS: &str = "kiln_blob_store_blobs";
 
 /// Figures read when the metrics are rendered rather than counted as they
 /// change.
@@ -57,6 +59,9 @@ pub struct Gauges {
     pub sse: usize,
     /// Open compatibility WebSockets.
     pub websockets: usize,
+    /// The blob store at its last measurement (`None`: not measured by
+    /// this host yet).
+    pub blobs: Option<crate::store::BlobUsage>,
 }
 
 /// One service's metrics (see the module docs).
@@ -106,6 +111,8 @@ impl Metrics {
         r.describe_gauge(name(RUNNING), None, help("Jobs running on this host."));
         r.describe_gauge(name(STREAMS), None, help("Open event streams, by kind (sse, websocket)."));
         r.describe_gauge(name(RSS), Some(Unit::Bytes), help("Resident memory of this process."));
+        r.describe_gauge(name(BLOB_BYTES), Some(Unit::Bytes), help("Bytes in the blob store, measured by the sweeping host at most every 10 minutes."));
+        r.describe_gauge(name(BLOBS), None, help("Blobs in the blob store, measured with kiln_blob_store_bytes."));
     }
 
     fn counter(&self, name: &'static str, labels: Vec<Label>) -> metrics::Counter {
@@ -180,6 +187,10 @@ impl Metrics {
         set(STREAMS, vec![Label::from_static_parts("kind", "websocket")], gauges.websockets);
         if let Some(rss) = resident_bytes() {
             self.gauge(RSS, Vec::new()).set(rss as f64);
+        }
+        if let Some(blobs) = gauges.blobs {
+            self.gauge(BLOB_BYTES, Vec::new()).set(blobs.bytes as f64);
+            self.gauge(BLOBS, Vec::new()).set(blobs.blobs as f64);
         }
         self.handle.render()
     }
@@ -260,7 +271,8 @@ impl super::Service {
     pub fn render_metrics(&self) -> String {
         let all = self.streams.open_total();
         let sse = self.streams.open_events();
-        let gauges = Gauges { queued: self.queue.waiting().queued(), running: self.sharing.busy(), sse, websockets: all.saturating_sub(sse) };
+        let gauges =
+            Gauges { queued: self.queue.waiting().queued(), running: self.sharing.busy(), sse, websockets: all.saturating_sub(sse), blobs: self.blob_usage() };
         self.metrics.render(gauges)
     }
 
@@ -295,7 +307,7 @@ mod tests {
         metrics.credits_charged(7);
         metrics.credits_charged(-1);
         metrics.upkeep();
-        let text = metrics.render(Gauges { queued: 3, running: 1, sse: 2, websockets: 5 });
+        let text = metrics.render(Gauges { queued: 3, running: 1, sse: 2, websockets: 5, blobs: Some(crate::store::BlobUsage { bytes: 4096, blobs: 2 }) });
         for line in [
             "kiln_jobs_submitted_total{surface=\"compat\"} 1",
             "kiln_jobs_submitted_total{surface=\"v2\"} 2",
@@ -323,7 +335,7 @@ mod tests {
     fn two_services_keep_their_figures_apart() {
         let (a, b) = (Metrics::new(), Metrics::new());
         a.job_submitted("v2");
-        let gauges = || Gauges { queued: 0, running: 0, sse: 0, websockets: 0 };
+        let gauges = || Gauges { queued: 0, running: 0, sse: 0, websockets: 0, blobs: None };
         assert!(a.render(gauges()).contains("kiln_jobs_submitted_total{surface=\"v2\"} 1"));
         assert!(!b.render(gauges()).contains("kiln_jobs_submitted_total{surface"));
     }

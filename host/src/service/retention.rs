@@ -234,14 +234,19 @@ impl Service {
             }
         }
         // Uploads (not job outputs, which go with their job) past their expiry.
+        // (Each only if still due: an upload of the same bytes may have
+        // extended it since it was listed.)
         for asset in self.meta.uploads_due(now, SWEEP_BATCH).await? {
-            self.delete_asset_record(&asset).await?;
-            tracing::info!(asset_id = %asset.id, "asset expired");
+            if self.meta.delete_expired_upload(&asset, now).await? {
+                self.forget_asset_record(&asset);
+                tracing::info!(asset_id = %asset.id, "asset expired");
+            }
         }
         self.meta.purge_claims(now).await?;
         self.meta.tidy().await?;
         self.meta.prune_blob_holds().await?;
         self.collect_blobs()?;
+        self.measure_blobs();
         self.meta.flush().await?;
         Ok(())
     }

@@ -76,6 +76,29 @@ fn move_into_place(tmp: &Path, dest: &Path) -> Result<(), StoreError> {
 }
 
 impl BlobStore for DiskBlobs {
+    fn usage(&self) -> Result<super::BlobUsage, StoreError> {
+        let mut usage = super::BlobUsage::default();
+        for shard in std::fs::read_dir(&self.dir)? {
+            let shard = shard?;
+            if shard.file_name() == "tmp" || !shard.file_type()?.is_dir() {
+                continue;
+            }
+            for entry in std::fs::read_dir(shard.path())? {
+                // A blob deleted during the walk is not counted.
+                match entry.and_then(|e| e.metadata()) {
+                    Ok(meta) if meta.is_file() => {
+                        usage.bytes += meta.len();
+                        usage.blobs += 1;
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(usage)
+    }
+
     fn put(&self, data: &[u8]) -> Result<blake3::Hash, StoreError> {
         // A node's output: bytes already stored are not written again (a
         // job saving what an earlier run saved pays no sync). Uploads, whose

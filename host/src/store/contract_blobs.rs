@@ -38,8 +38,11 @@ fn put_open_and_delete(blobs: &dyn BlobStore) {
     let hash = blake3::hash(&data);
     assert!(!blobs.contains(&hash).unwrap());
     assert!(read_all(blobs, &hash).is_none(), "nothing stored yet");
+    let before = blobs.usage().unwrap();
     assert_eq!(blobs.put(&data).unwrap(), hash);
     assert_eq!(blobs.put(&data).unwrap(), hash, "storing known bytes again is fine");
+    let with = blobs.usage().unwrap();
+    assert_eq!((with.bytes.checked_sub(before.bytes), with.blobs.checked_sub(before.blobs)), (Some(1000), Some(1)), "{before:?} → {with:?}");
     assert!(blobs.contains(&hash).unwrap());
     assert_eq!(read_all(blobs, &hash).as_deref(), Some(&data[..]));
     assert!(blobs.list().unwrap().contains(&hash));
@@ -47,6 +50,7 @@ fn put_open_and_delete(blobs: &dyn BlobStore) {
     assert!(!blobs.contains(&hash).unwrap());
     assert!(read_all(blobs, &hash).is_none(), "deleted");
     assert!(!blobs.list().unwrap().contains(&hash));
+    assert_eq!(blobs.usage().unwrap(), before, "measured without the deleted blob");
     blobs.delete(&hash).unwrap();
     let empty = blobs.put(b"").unwrap();
     assert_eq!(read_all(blobs, &empty).as_deref(), Some(&b""[..]));

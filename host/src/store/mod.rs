@@ -346,6 +346,12 @@ pub trait MetaStore: Send + Sync {
     async fn update_asset(&self, asset: &AssetRecord) -> Result<bool, StoreError>;
     async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
     async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
+    /// Deletes upload `asset` (read from [`MetaStore::uploads_due`]) only
+    /// if the stored record is still an upload due at `now`; whether it
+    /// did. An upload of the same bytes may have extended its expiry since
+    /// it was listed (`update_asset`): that record, acknowledged to its
+    /// uploader, stays.
+    async fn delete_expired_upload(&self, asset: &AssetRecord, now: Micros) -> Result<bool, StoreError>;
     /// Assets over blob `hash`.
     async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError>;
     /// A job's output assets.
@@ -452,11 +458,21 @@ pub struct BlobLock {
     pub _lock: Box<dyn Send + Sync>,
 }
 
+/// What a blob store holds ([`BlobStore::usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BlobUsage {
+    pub bytes: u64,
+    pub blobs: u64,
+}
+
 /// Content-addressed blobs. Calls may wait for a disk or a network:
 /// callers run them on blocking threads. Readers get a local file
 /// ([`BlobStore::open`]): a store that keeps blobs elsewhere
 /// ([`s3::S3Blobs`]) reads them through a local cache.
 pub trait BlobStore: Send + Sync {
+    /// The bytes and the number of blobs stored now, by one walk of the
+    /// store (a directory walk, a bucket listing): callers measure rarely.
+    fn usage(&self) -> Result<BlobUsage, StoreError>;
     /// Stores `data`; returns its hash. Atomic and durable when it returns.
     fn put(&self, data: &[u8]) -> Result<blake3::Hash, StoreError>;
     /// Starts a streamed upload of at most `limit` bytes, staged locally.

@@ -17,7 +17,7 @@ pub fn now_micros() -> Micros {
 }
 
 /// A progress snapshot (complete; re-syncs a client on its own).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ProgressSnapshot {
     pub value: f64,
     pub nodes_done: u64,
@@ -31,7 +31,8 @@ pub struct ProgressSnapshot {
 
 /// Why a job failed (`job.error`). `code` is stored as its wire name; a
 /// name this build does not know loads as `internal_error` (`crate::codes`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = JobError)]
 pub struct JobErrorRecord {
     pub code: JobErrorCode,
     pub message: String,

@@ -332,6 +332,22 @@ impl BlobStore for S3Blobs {
         self.cache.delete(hash)
     }
 
+    fn usage(&self) -> Result<super::BlobUsage, StoreError> {
+        let store = self.store.clone();
+        wait(self.runtime.run(async move {
+            let mut objects = store.list(Some(&Key::from(PREFIX)));
+            let mut usage = super::BlobUsage::default();
+            while let Some(object) = objects.next().await {
+                let object = object.map_err(backend)?;
+                if object.location.filename().is_some_and(|n| blake3::Hash::from_hex(n).is_ok()) {
+                    usage.bytes += object.size;
+                    usage.blobs += 1;
+                }
+            }
+            Ok(usage)
+        }))
+    }
+
     fn list(&self) -> Result<Vec<blake3::Hash>, StoreError> {
         let store = self.store.clone();
         wait(self.runtime.run(async move {

@@ -255,16 +255,16 @@ async fn tags_and_expires_in_on_upload_and_from_hash() {
     let (_, got) = s.get(&format!("/assets/{}", a["id"].as_str().unwrap())).await;
     assert_eq!((got["tags"].clone(), micros(&got["expires_at"])), (json!(["red", "raw", "hdr"]), extended), "persisted");
     // Tags merged over re-uploads stop at 64 an asset: the one that does
-    // not fit is refused (400), the record keeps what it had.
+    // not fit is refused (409 `too_many_tags`), the record keeps what it had.
     let many: Vec<String> = (0..61).map(|i| format!("t{i}")).collect();
     let parts: Vec<(&str, &str)> = many.iter().map(|t| ("tags", t.as_str())).collect();
     let (status, full) = upload_with(&s, bytes.clone(), &parts).await;
     assert_eq!((status, full["tags"].as_array().map(Vec::len)), (200, Some(64)), "{full}");
     let (status, err) = upload_with(&s, bytes.clone(), &[("tags", "one-more")]).await;
-    assert_eq!((status, err["error"]["code"].as_str()), (400, Some("invalid_request")), "{err}");
+    assert_eq!((status, err["error"]["code"].as_str()), (409, Some("too_many_tags")), "{err}");
     assert_eq!(s.get(&format!("/assets/{}", a["id"].as_str().unwrap())).await.1["tags"].as_array().map(Vec::len), Some(64));
-    // A tag over 256 bytes (128 characters of 3 bytes each) is refused.
-    let (status, err) = upload_with(&s, bytes.clone(), &[("tags", &"語".repeat(100))]).await;
+    // A tag over 64 characters is refused.
+    let (status, err) = upload_with(&s, bytes.clone(), &[("tags", &"語".repeat(65))]).await;
     assert_eq!((status, err["error"]["code"].as_str()), (400, Some("invalid_request")), "{err}");
 
     // from-hash takes the same fields, checked the same way.

@@ -17,6 +17,9 @@ struct CountingBlobs {
 }
 
 impl BlobStore for CountingBlobs {
+    fn usage(&self) -> Result<kiln::store::BlobUsage, StoreError> {
+        self.inner.usage()
+    }
     fn put(&self, data: &[u8]) -> Result<blake3::Hash, StoreError> {
         self.inner.put(data)
     }

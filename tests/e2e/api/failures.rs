@@ -101,6 +101,9 @@ impl MetaStore for NotDurable {
     async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
         self.inner.delete_asset(asset).await
     }
+    async fn delete_expired_upload(&self, asset: &AssetRecord, now: kiln::store::Micros) -> Result<bool, StoreError> {
+        self.inner.delete_expired_upload(asset, now).await
+    }
     async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
         self.inner.assets_with_hash(hash).await
     }

@@ -41,9 +41,14 @@ async fn metrics_count_jobs_nodes_requests_and_streams_by_bounded_labels() {
     assert_eq!(s.wait(&compat_id).await["status"], "succeeded");
     let unknown = uuid::Uuid::new_v4().to_string();
     assert_eq!(s.get(&format!("/jobs/{unknown}")).await.0, 404);
+    // Refused by the deployment prefix itself (no such deployment): counted too.
+    let refused = s.http.get(format!("{}/deployment/no-such/api/v2/jobs", s.server.url())).send().await.unwrap();
+    assert_eq!(refused.status(), 404);
     let ws = format!("{}/ws?clientId=metrics", s.server.url().replacen("http", "ws", 1));
     let (socket, _) = tokio_tungstenite::connect_async(ws).await.expect("the WebSocket opens");
 
+    // (The sweeper measures at start and then every 10 minutes.)
+    let measured = s.server.state.service.measure_blob_store().unwrap();
     let (status, text) = scrape(&s, None).await;
     assert_eq!(status, 200, "open without an operator token: {text}");
     let at = |series: &str| value(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"));
@@ -60,10 +65,14 @@ async fn metrics_count_jobs_nodes_requests_and_streams_by_bounded_labels() {
     assert_eq!(at(r#"kiln_http_requests_total{method="POST",route="/api/prompt",status="200"}"#), 1.0);
     assert_eq!(at(r#"kiln_http_requests_total{method="GET",route="/api/v2/jobs/{id}",status="404"}"#), 1.0);
     assert!(at(r#"kiln_http_request_seconds_count{method="GET",route="/api/v2/jobs/{id}"}"#) >= 3.0);
+    assert_eq!(at(r#"kiln_http_requests_total{method="GET",route="/deployment/{id}/{*rest}",status="404"}"#), 1.0);
     assert_eq!(at(r#"kiln_open_streams{kind="websocket"}"#), 1.0);
     assert_eq!(at(r#"kiln_open_streams{kind="sse"}"#), 0.0);
     assert_eq!(at("kiln_jobs_queued"), 0.0);
     assert!(at("kiln_resident_memory_bytes") > 1e6);
+    // The outputs' PNGs (the two successful jobs'; equal bytes are one blob).
+    assert!(measured.blobs >= 1 && measured.bytes > 60, "{measured:?}");
+    assert_eq!((at("kiln_blob_store_blobs"), at("kiln_blob_store_bytes")), (measured.blobs as f64, measured.bytes as f64));
     for id in [ok["id"].as_str().unwrap(), crash["id"].as_str().unwrap(), &compat_id, &unknown] {
         assert!(!text.contains(id), "no job id is a label: {id}");
     }

@@ -11,24 +11,7 @@ use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::api::start_default;
-
-/// xorshift64*: a fixed sequence, reproducible from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
+use crate::support::Rng;
 
 /// What a frame is to the server.
 #[derive(Clone, Copy, PartialEq)]

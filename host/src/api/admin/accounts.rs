@@ -5,26 +5,53 @@
 
 use std::sync::Arc;
 
+use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value as Json_, json};
+use utoipa_axum::router::UtoipaMethodRouter;
+use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountError, Accounts};
 use crate::api::AppState;
 use crate::api::error::ApiError;
 
-pub fn routes() -> Router<Arc<AppState>> {
-    Router::new()
-        .route("/admin/accounts", get(list).post(create))
-        .route("/admin/accounts/{name}", get(show))
-        .route("/admin/accounts/{name}/credits", post(credit))
-        .route("/admin/accounts/{name}/subscription", post(subscription))
-        .route("/admin/accounts/{name}/disable", post(disable))
+/// The routes, each with its documentation (`api::openapi`).
+pub fn routes() -> [UtoipaMethodRouter<Arc<AppState>>; 5] {
+    [routes!(list, create), routes!(show), routes!(credit), routes!(subscription), routes!(disable)]
+}
+
+/// An account as the admin API shows it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct AccountView {
+    id: String,
+    name: String,
+    credits: i64,
+    tier: Option<String>,
+    /// `active` or `inactive`.
+    subscription: String,
+    disabled: bool,
+    #[schema(schema_with = crate::api::openapi::schemas::timestamp)]
+    created_at: String,
+}
+
+/// A new account and its key (shown only here).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct CreatedAccount {
+    account: AccountView,
+    key: String,
+}
+
+/// `GET /admin/accounts`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct AccountList {
+    accounts: Vec<AccountView>,
 }
 
 /// An account as the admin API shows it (never its key hashes).
@@ -55,7 +82,7 @@ where
     Ok(Json(view(&account)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewAccount {
     name: String,
@@ -64,6 +91,9 @@ struct NewAccount {
     tier: Option<String>,
 }
 
+#[utoipa::path(post, path = "/admin/accounts", operation_id = "create_account", tag = "accounts",
+    request_body = NewAccount,
+    responses((status = 201, description = "Created; `key` is shown only here.", body = CreatedAccount)))]
 async fn create(State(state): State<Arc<AppState>>, b: Result<Json<NewAccount>, JsonRejection>) -> Result<Response, ApiError> {
     let b = body(b)?;
     let accounts = state.service.accounts().clone();
@@ -72,32 +102,43 @@ async fn create(State(state): State<Arc<AppState>>, b: Result<Json<NewAccount>, 
     Ok((StatusCode::CREATED, Json(json!({ "account": view(&account), "key": key }))).into_response())
 }
 
+#[utoipa::path(get, path = "/admin/accounts", operation_id = "list_accounts", tag = "accounts",
+    responses((status = 200, description = "Every account.", body = AccountList)))]
 async fn list(State(state): State<Arc<AppState>>) -> Json<Json_> {
     Json(json!({ "accounts": state.service.accounts().list().iter().map(|a| view(a)).collect::<Vec<_>>() }))
 }
 
+#[utoipa::path(get, path = "/admin/accounts/{name}", operation_id = "show_account", tag = "accounts", params(("name" = String, Path, description = "The account's name.")),
+    responses((status = 200, description = "The account.", body = AccountView)))]
 async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Json_>, ApiError> {
     let account = state.service.accounts().by_name(&name).ok_or(AccountError::NotFound(name))?;
     Ok(Json(view(&account)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Credit {
+    /// Added to the balance (negative: taken off).
     amount: i64,
 }
 
+#[utoipa::path(post, path = "/admin/accounts/{name}/credits", operation_id = "credit_account", tag = "accounts", params(("name" = String, Path, description = "The account's name.")),
+    request_body = Credit,
+    responses((status = 200, description = "The account after the change.", body = AccountView)))]
 async fn credit(State(state): State<Arc<AppState>>, Path(name): Path<String>, b: Result<Json<Credit>, JsonRejection>) -> Result<Json<Json_>, ApiError> {
     let amount = body(b)?.amount;
     write(&state, move |a| async move { a.add_credits(&name, amount).await }).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Subscription {
     active: bool,
 }
 
+#[utoipa::path(post, path = "/admin/accounts/{name}/subscription", operation_id = "set_subscription", tag = "accounts", params(("name" = String, Path, description = "The account's name.")),
+    request_body = Subscription,
+    responses((status = 200, description = "The account after the change.", body = AccountView)))]
 async fn subscription(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
@@ -111,6 +152,8 @@ async fn subscription(
 /// going ends at once — its queued and running jobs are canceled (as a
 /// client's cancel: a job that never started is not charged) and its open
 /// SSE streams and WebSockets are closed.
+#[utoipa::path(post, path = "/admin/accounts/{name}/disable", operation_id = "disable_account", tag = "accounts", params(("name" = String, Path, description = "The account's name.")),
+    responses((status = 200, description = "The account, disabled.", body = AccountView)))]
 async fn disable(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Json_>, ApiError> {
     let service = state.service.clone();
     let account = crate::api::pool::on_pool(move || async move {

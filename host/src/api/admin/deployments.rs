@@ -16,26 +16,54 @@ use axum::extract::Request;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use utoipa_axum::routes;
 
 use crate::api::AppState;
 use crate::api::body;
 use crate::api::body_limit::BodyLimit;
 use crate::api::error::{ApiCode, ApiError};
+use crate::api::openapi::Contract;
 use crate::api::v2::Segment;
 use crate::service::deployments::{DeploymentError, DeploymentRecord, DeploymentSpec};
 
 /// The routes; creation's body (a bundle) up to `bundle_bytes`, the
 /// others' up to the admin API's [`super::MAX_BODY`].
-pub fn routes(bundle_bytes: usize) -> Router<Arc<AppState>> {
-    let create_routes = BodyLimit::new(bundle_bytes).on(Router::new().route("/admin/deployments", post(create)));
-    BodyLimit::new(super::MAX_BODY)
-        .on(Router::new()
-            .route("/admin/deployments", get(list))
-            .route("/admin/deployments/{id}", get(get_one))
-            .route("/admin/deployments/{id}/stop", post(stop))
-            .route("/admin/deployments/{id}/start", post(start)))
-        .merge(create_routes)
+pub fn routes(contract: &mut Contract, bundle_bytes: usize) -> Router<Arc<AppState>> {
+    let create_routes = BodyLimit::new(bundle_bytes).on(contract.routes("", [routes!(create)]));
+    BodyLimit::new(super::MAX_BODY).on(contract.routes("", [routes!(list), routes!(get_one), routes!(stop), routes!(start)])).merge(create_routes)
+}
+
+/// A deployment: its spec's fields, its state (`service::deployments`),
+/// and `api_base`, the Jobs API path it serves at.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct DeploymentView {
+    id: String,
+    /// The owning account's id (with accounts), else the owner's name.
+    owner: String,
+    public_demo: bool,
+    plugin_dirs: Vec<String>,
+    /// The owner's limits for this deployment, when set.
+    #[schema(value_type = Option<Object>)]
+    limits: Option<serde_json::Value>,
+    /// The bundle it runs (`hash`, `name`, `version`, `workflows`, `components`), when created from one.
+    #[schema(value_type = Option<Object>)]
+    bundle: Option<serde_json::Value>,
+    /// `starting`, `ready`, `stopped` or `failed`.
+    state: String,
+    /// Why its plugins failed to load (state `failed`).
+    error: Option<String>,
+    /// Microseconds since the Unix epoch.
+    created_at: i64,
+    updated_at: i64,
+    api_base: String,
+}
+
+/// `GET /admin/deployments`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct DeploymentList {
+    deployments: Vec<DeploymentView>,
 }
 
 fn error(e: DeploymentError) -> ApiError {
@@ -57,6 +85,10 @@ fn view(state: &AppState, record: &DeploymentRecord) -> serde_json::Value {
     value
 }
 
+#[utoipa::path(post, path = "/admin/deployments", operation_id = "create_deployment", tag = "deployments",
+    description = "Creates a deployment from its spec (JSON), or from a bundle (multipart: `deployment`, the same JSON; `bundle`, the file).",
+    request_body(content(("application/json"), ("multipart/form-data"))),
+    responses((status = 201, description = "Created.", body = DeploymentView)))]
 async fn create(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
     let is_multipart = request.headers().get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("multipart/"));
     let (spec, bundle) = if is_multipart {
@@ -88,22 +120,30 @@ async fn create(State(state): State<Arc<AppState>>, request: Request) -> Result<
     Ok((StatusCode::CREATED, Json(view(&state, &record))).into_response())
 }
 
+#[utoipa::path(get, path = "/admin/deployments", operation_id = "list_deployments", tag = "deployments",
+    responses((status = 200, description = "Every deployment.", body = DeploymentList)))]
 async fn list(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let all: Vec<serde_json::Value> = state.service.deployments().iter().map(|d| view(&state, d)).collect();
     Ok(Json(serde_json::json!({ "deployments": all })).into_response())
 }
 
+#[utoipa::path(get, path = "/admin/deployments/{id}", operation_id = "show_deployment", tag = "deployments", params(("id" = String, Path, description = "The deployment's id.")),
+    responses((status = 200, description = "The deployment.", body = DeploymentView)))]
 async fn get_one(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
     let record = state.service.deployment(&id).ok_or_else(ApiError::not_found)?;
     Ok(Json(view(&state, &record)).into_response())
 }
 
+#[utoipa::path(post, path = "/admin/deployments/{id}/stop", operation_id = "stop_deployment", tag = "deployments", params(("id" = String, Path, description = "The deployment's id.")),
+    responses((status = 200, description = "The deployment, stopped.", body = DeploymentView)))]
 async fn stop(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
     let service = state.service.clone();
     let record = crate::api::pool::on_pool(move || async move { service.stop_deployment(&id).await }).await?.map_err(error)?;
     Ok(Json(view(&state, &record)).into_response())
 }
 
+#[utoipa::path(post, path = "/admin/deployments/{id}/start", operation_id = "start_deployment", tag = "deployments", params(("id" = String, Path, description = "The deployment's id.")),
+    responses((status = 200, description = "The deployment, started.", body = DeploymentView)))]
 async fn start(State(state): State<Arc<AppState>>, Segment(id): Segment) -> Result<Response, ApiError> {
     let service = state.service.clone();
     let record = crate::api::pool::on_pool(move || async move { service.start_deployment(&id).await }).await?.map_err(error)?;

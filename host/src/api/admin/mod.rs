@@ -22,6 +22,7 @@ use super::AppState;
 use super::auth::bearer;
 use super::body_limit::BodyLimit;
 use super::error::ApiError;
+use super::openapi::Contract;
 
 /// The admin routes, each behind [`authorize`]; none without an operator token.
 /// Largest admin request body.
@@ -36,14 +37,24 @@ pub fn routes(state: Arc<AppState>) -> Router {
     let mb = |n: u64| usize::try_from(n.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     // A bundle upload: the file plus its multipart framing and spec part.
     let bundle_bytes = mb(state.config.max_bundle_mb).saturating_add(MAX_BODY + (1 << 20));
-    BodyLimit::new(MAX_BODY)
-        .on(Router::new().merge(accounts::routes()))
-        .merge(deployments::routes(bundle_bytes))
-        .merge(super::plugins::admin_routes(mb(state.config.max_plugin_mb)))
+    let mut contract = Contract::default();
+    let accounts = BodyLimit::new(MAX_BODY).on(contract.routes("", accounts::routes()));
+    let deployments = deployments::routes(&mut contract, bundle_bytes);
+    let plugins = super::plugins::admin_routes(&mut contract, mb(state.config.max_plugin_mb));
+    let document = contract.routes("", [utoipa_axum::routes!(super::openapi::admin_document)]);
+    let rendered = super::openapi::Rendered::new(&contract.document("kiln admin API", DESCRIPTION, "/", true));
+    accounts
+        .merge(deployments)
+        .merge(plugins)
+        .merge(document.layer(axum::Extension(rendered)))
         // Every admin area's routes join here, behind the one gate.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), gate))
         .with_state(state)
 }
+
+/// The admin document's description.
+const DESCRIPTION: &str = "The operator's API: accounts, serverless deployments, plugins installed into the running host. \
+Every route needs the operator token (`admin_token`) as `Authorization: Bearer`.";
 
 /// Whether a request with `headers` is the operator's (see the module docs).
 pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {

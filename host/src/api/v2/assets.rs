@@ -27,11 +27,21 @@ fn created(asset: NewAsset, links: &Links) -> Response {
 
 /// Retention a caller may ask for, in seconds (one minute to one week).
 const EXPIRES_IN: std::ops::RangeInclusive<u64> = 60..=604_800;
-/// Tags per asset, and characters and bytes per tag (a tag is part of an
-/// index key: the bytes bound the store's index pages).
+/// Tags per asset, and characters per tag (a tag is part of an index key:
+/// 64 characters are at most 256 bytes, which bounds the store's index
+/// pages).
 const MAX_TAGS: usize = crate::service::MAX_ASSET_TAGS;
-const MAX_TAG_CHARS: usize = 128;
-const MAX_TAG_BYTES: usize = 256;
+pub const MAX_TAG_CHARS: usize = 64;
+/// Characters of a `file_path`.
+pub const MAX_FILE_PATH_CHARS: usize = 1024;
+/// Characters of an upload's `content_type`.
+pub const MAX_MEDIA_TYPE_CHARS: usize = 255;
+
+/// A whole number of seconds: an integer, or a number with no fraction
+/// (`600.0` is 600, as JSON Schema's `integer` has it); `None` otherwise.
+fn whole_seconds(value: &Json_) -> Option<u64> {
+    value.as_u64().or_else(|| value.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64).map(|f| f as u64))
+}
 
 fn expires_in(seconds: Option<u64>) -> Result<Option<u64>, ApiError> {
     match seconds {
@@ -43,8 +53,8 @@ fn expires_in(seconds: Option<u64>) -> Result<Option<u64>, ApiError> {
 }
 
 fn add_tag(labels: &mut AssetLabels, tag: String) -> Result<(), ApiError> {
-    if tag.is_empty() || tag.chars().count() > MAX_TAG_CHARS || tag.len() > MAX_TAG_BYTES || tag.chars().any(char::is_control) {
-        return Err(ApiError::invalid_request(format!("A tag must be 1 to {MAX_TAG_CHARS} printable characters ({MAX_TAG_BYTES} bytes in UTF-8 at most).")));
+    if tag.is_empty() || tag.chars().count() > MAX_TAG_CHARS || tag.chars().any(char::is_control) {
+        return Err(ApiError::invalid_request(format!("A tag must be 1 to {MAX_TAG_CHARS} characters without control characters.")));
     }
     if labels.tags.len() == MAX_TAGS {
         return Err(ApiError::invalid_request(format!("At most {MAX_TAGS} tags per asset.")));
@@ -55,15 +65,49 @@ fn add_tag(labels: &mut AssetLabels, tag: String) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A `file_path`: a non-empty relative path, no `..`, no NUL, at most 1024 bytes.
+/// A `file_path`: a non-empty relative path, no `..`, no NUL, at most
+/// [`MAX_FILE_PATH_CHARS`] characters (the document's pattern:
+/// `api::openapi::schemas::file_path`).
 fn check_file_path(path: &str) -> Result<&str, ApiError> {
-    let bad = path.is_empty() || path.len() > 1024 || path.starts_with(['/', '\\']) || path.split(['/', '\\']).any(|s| s == "..") || path.contains('\0');
+    let bad = path.is_empty()
+        || path.chars().count() > MAX_FILE_PATH_CHARS
+        || path.starts_with(['/', '\\'])
+        || path.split(['/', '\\']).any(|s| s == "..")
+        || path.contains('\0');
     if bad {
-        return Err(ApiError::invalid_request("`file_path` must be a non-empty relative path (at most 1024 bytes) without `..`."));
+        return Err(ApiError::invalid_request(format!(
+            "`file_path` must be a non-empty relative path (at most {MAX_FILE_PATH_CHARS} characters) without `..`."
+        )));
     }
     Ok(path)
 }
 
+/// An upload's `content_type`: empty (octet-stream), or `type/subtype` of
+/// RFC 6838 name characters, parameters after `;` in printable ASCII (the
+/// document's pattern: `api::openapi::schemas::media_type`).
+fn check_media_type(text: &str) -> Result<(), ApiError> {
+    let name =
+        |s: &str| s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$&^_.+-".contains(&b));
+    let (essence, params) = text.split_once(';').unwrap_or((text, ""));
+    let ok = text.is_empty()
+        || (text.chars().count() <= MAX_MEDIA_TYPE_CHARS
+            && essence.split_once('/').is_some_and(|(t, s)| name(t) && name(s))
+            && params.bytes().all(|b| (0x20..0x7f).contains(&b)));
+    if ok { Ok(()) } else { Err(ApiError::invalid_request("`content_type` must be a media type (type/subtype).")) }
+}
+
+#[utoipa::path(post, path = "/assets", operation_id = "upload_asset", tag = "assets",
+    description = "Uploads a file. Bytes already stored (by hash) make a new record without a second copy (200, `created_new: false`).",
+    request_body(content = inline(crate::api::openapi::schemas::Upload), content_type = "multipart/form-data"),
+    responses(
+        (status = 201, description = "Stored.", body = wire::AssetView, links(
+            ("GetAsset" = (operation_id = "get_asset", parameters(("id" = "$response.body#/id")))),
+            ("AssetContent" = (operation_id = "asset_content", parameters(("id" = "$response.body#/id")))),
+            ("DeleteAsset" = (operation_id = "delete_asset", parameters(("id" = "$response.body#/id")))))),
+        (status = 200, description = "The bytes were already stored.", body = wire::AssetView, links(
+            ("GetAsset" = (operation_id = "get_asset", parameters(("id" = "$response.body#/id")))),
+            ("AssetContent" = (operation_id = "asset_content", parameters(("id" = "$response.body#/id")))),
+            ("DeleteAsset" = (operation_id = "delete_asset", parameters(("id" = "$response.body#/id"))))))))]
 pub async fn upload(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -82,7 +126,11 @@ pub async fn upload(
                 }
                 file = Some(body::receive_file(&state.service, field, limit, ApiError::from).await?);
             }
-            "content_type" => meta.content_type = Some(text_field(field, limit).await?),
+            "content_type" => {
+                let text = text_field(field, limit).await?;
+                check_media_type(&text)?;
+                meta.content_type = Some(text);
+            }
             "file_path" => meta.file_path = Some(text_field(field, limit).await?),
             "expected_hash" => meta.expected_hash = Some(text_field(field, limit).await?),
             "tags" => {
@@ -91,12 +139,18 @@ pub async fn upload(
             }
             "expires_in" => {
                 let text = text_field(field, limit).await?;
-                let seconds = text.trim().parse::<u64>().map_err(|_| ApiError::invalid_request("`expires_in` must be a whole number of seconds."))?;
+                let text = text.trim();
+                let seconds = text
+                    .parse::<u64>()
+                    .ok()
+                    .or_else(|| serde_json::from_str::<Json_>(text).ok().as_ref().and_then(whole_seconds))
+                    .ok_or_else(|| ApiError::invalid_request("`expires_in` must be a whole number of seconds."))?;
                 meta.labels.expires_in = expires_in(Some(seconds))?;
             }
-            _ => {
-                // Unknown parts: read and ignore.
-                text_field(field, limit).await?;
+            other => {
+                return Err(ApiError::invalid_request(format!(
+                    "Unknown part {other:?}: an upload has `file`, `file_path`, `content_type`, `expected_hash`, `tags` and `expires_in`."
+                )));
             }
         }
     }
@@ -110,11 +164,26 @@ pub async fn upload(
     Ok(created(asset, &links))
 }
 
+#[utoipa::path(head, path = "/assets/by-hash/{hash}", operation_id = "asset_by_hash", tag = "assets",
+    description = "Whether the caller may use bytes with this hash (`blake3:<hex>`) without uploading them.",
+    params(("hash" = String, Path, description = "`blake3:<64 hex digits>`.")),
+    responses((status = 200, description = "Known."), (status = 404, description = "Unknown (no body).")))]
 pub async fn head_by_hash(State(state): State<Arc<AppState>>, caller: Caller, Segment(hash): Segment) -> Response {
     let known = parse_blob_name(&hash).is_some() && state.service.has_blob(caller.owner(), &hash).await.unwrap_or(false);
     if known { StatusCode::OK.into_response() } else { StatusCode::NOT_FOUND.into_response() }
 }
 
+#[utoipa::path(post, path = "/assets/from-hash", operation_id = "asset_from_hash", tag = "assets",
+    request_body(content = crate::api::openapi::schemas::FromHash, content_type = "application/json"),
+    responses(
+        (status = 201, description = "A new record.", body = wire::AssetView, links(
+            ("GetAsset" = (operation_id = "get_asset", parameters(("id" = "$response.body#/id")))),
+            ("AssetContent" = (operation_id = "asset_content", parameters(("id" = "$response.body#/id")))),
+            ("DeleteAsset" = (operation_id = "delete_asset", parameters(("id" = "$response.body#/id")))))),
+        (status = 200, description = "The caller's record for these bytes.", body = wire::AssetView, links(
+            ("GetAsset" = (operation_id = "get_asset", parameters(("id" = "$response.body#/id")))),
+            ("AssetContent" = (operation_id = "asset_content", parameters(("id" = "$response.body#/id")))),
+            ("DeleteAsset" = (operation_id = "delete_asset", parameters(("id" = "$response.body#/id"))))))))]
 pub async fn from_hash(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -144,7 +213,7 @@ pub async fn from_hash(
     }
     labels.expires_in = match body.get("expires_in") {
         None | Some(Json_::Null) => None,
-        Some(v) => expires_in(Some(v.as_u64().ok_or_else(|| ApiError::invalid_request("`expires_in` must be a whole number of seconds."))?))?,
+        Some(v) => expires_in(Some(whole_seconds(v).ok_or_else(|| ApiError::invalid_request("`expires_in` must be a whole number of seconds."))?))?,
     };
     let service = state.service.clone();
     let (owner, hash) = (caller.owner().to_string(), hash.to_string());
@@ -152,11 +221,18 @@ pub async fn from_hash(
     Ok(created(asset, &links))
 }
 
+#[utoipa::path(get, path = "/assets/{id}", operation_id = "get_asset", tag = "assets",
+    params(("id" = String, Path, description = "The asset's id (a UUID).")),
+    responses((status = 200, description = "The asset.", body = wire::AssetView)))]
 pub async fn get_asset(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     Ok(Json(wire::asset(&state.service.asset(caller.owner(), &id).await?, &links, None)).into_response())
 }
 
+#[utoipa::path(delete, path = "/assets/{id}", operation_id = "delete_asset", tag = "assets",
+    description = "Deletes an upload that no queued or running job uses.",
+    params(("id" = String, Path, description = "The asset's id (a UUID).")),
+    responses((status = 204, description = "Deleted.")))]
 pub async fn delete_asset(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<StatusCode, ApiError> {
     check_id(&id)?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
@@ -164,6 +240,15 @@ pub async fn delete_asset(State(state): State<Arc<AppState>>, caller: Caller, Se
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(get, path = "/assets/{id}/content", operation_id = "asset_content", tag = "assets",
+    description = "The bytes, honouring one `Range`; on hosts with accounts (or `download_redirect`) a 302 to a signed URL instead.",
+    params(("id" = String, Path, description = "The asset's id (a UUID)."), ("Range" = Option<String>, Header, description = "One byte range.")),
+    responses(
+        (status = 200, description = "The bytes.", content_type = "*/*", body = Vec<u8>,
+            headers(("ETag" = String, description = "The content hash, quoted."), ("Accept-Ranges" = String))),
+        (status = 206, description = "The requested range.", content_type = "*/*", body = Vec<u8>,
+            headers(("Content-Range" = String), ("ETag" = String))),
+        (status = 302, description = "Download from the signed URL.", headers(("Location" = String, description = "A signed URL, valid for `signed_url_ttl_s`.")))))]
 pub async fn content(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment, headers: HeaderMap) -> Result<Response, ApiError> {
     check_id(&id)?;
     let asset = state.service.asset(caller.owner(), &id).await?;
@@ -183,6 +268,16 @@ pub struct Signature {
     sig: String,
 }
 
+#[utoipa::path(get, path = "/signed/assets/{id}", operation_id = "signed_asset_content", tag = "assets",
+    description = "The bytes behind a signed URL (no credentials: the signature is the permission).",
+    params(("id" = String, Path, description = "The asset's id (a UUID)."),
+        ("expires" = i64, Query, description = "Unix seconds the signature is good until."),
+        ("sig" = String, Query, description = "The signature."),
+        ("Range" = Option<String>, Header, description = "One byte range.")),
+    responses((status = 200, description = "The bytes.", content_type = "*/*", body = Vec<u8>,
+            headers(("ETag" = String, description = "The content hash, quoted."), ("Accept-Ranges" = String))),
+        (status = 206, description = "The requested range.", content_type = "*/*", body = Vec<u8>,
+            headers(("Content-Range" = String), ("ETag" = String)))))]
 pub async fn signed_content(
     State(state): State<Arc<AppState>>,
     Segment(id): Segment,

@@ -45,6 +45,11 @@ fn event_frame(state: &AppState, event: &JobEvent, links: &Links, job: &JobRecor
     }
 }
 
+#[utoipa::path(get, path = "/jobs/{id}/events", operation_id = "job_events", tag = "jobs",
+    description = "Server-Sent Events: `status` first, `output`, `progress` and `preview` while the job runs, every `output` before the terminal `status`, which ends the stream. The frames are listed in `x-events`.",
+    params(("id" = String, Path, description = "The job's id (a UUID).")),
+    responses((status = 200, description = "The event stream.", content_type = "text/event-stream", body = crate::api::openapi::schemas::SseEvent)),
+    extensions(("x-events" = json!(crate::api::openapi::schemas::event_catalogue()))))]
 pub async fn stream(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     let opened = state.service.open_stream(caller.owner(), &id).await?;

@@ -18,23 +18,67 @@ use crate::api::{AppState, Links};
 use crate::service::{ExtraData, ListQuery, ServiceError, Submission};
 use crate::store::JobStatus;
 
-pub async fn health(State(state): State<Arc<AppState>>) -> Json<Json_> {
-    Json(json!({ "status": "healthy", "version": env!("CARGO_PKG_VERSION"), "nodes": state.service.registry().definitions().count() }))
+/// `GET /health`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `healthy`.
+    status: &'static str,
+    version: &'static str,
+    /// Node classes this server has.
+    nodes: usize,
+}
+
+#[utoipa::path(get, path = "/health", operation_id = "health", tag = "service",
+    description = "Liveness: cheap, no store access.",
+    responses((status = 200, description = "The server answers.", body = Health)))]
+pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {
+    Json(Health { status: "healthy", version: env!("CARGO_PKG_VERSION"), nodes: state.service.registry().definitions().count() })
+}
+
+/// `GET /ready`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Ready {
+    /// `ready` or `not_ready`.
+    status: &'static str,
+    checks: ReadyChecks,
+}
+
+/// What readiness checked.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ReadyChecks {
+    /// `writable` or `not writable`.
+    store: &'static str,
+    queue: QueueCheck,
+    nodes: usize,
+    /// `ok`, `low`, `unknown` or `not checked`.
+    disk: &'static str,
+}
+
+/// The queue against its bound.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct QueueCheck {
+    queued: usize,
+    max_queued: usize,
 }
 
 /// Readiness for load balancers: 200 `ready`, or 503 `not_ready` with
 /// the check that failed (see `service::readiness`).
+#[utoipa::path(get, path = "/ready", operation_id = "ready", tag = "service",
+    description = "Readiness for load balancers: the store takes writes, the queue is below its bound, the disk has its reserve.",
+    responses(
+        (status = 200, description = "Ready.", body = Ready),
+        (status = 503, description = "Not ready: `checks` names what failed.", body = Ready)))]
 pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
     let found = state.service.readiness().await;
-    let body = json!({
-        "status": if found.ready() { "ready" } else { "not_ready" },
-        "checks": {
-            "store": found.store_error.as_ref().map_or_else(|| json!("writable"), |_| json!("not writable")),
-            "queue": { "queued": found.queued, "max_queued": found.max_queued },
-            "nodes": found.nodes,
-            "disk": found.disk(),
+    let body = Ready {
+        status: if found.ready() { "ready" } else { "not_ready" },
+        checks: ReadyChecks {
+            store: if found.store_error.is_some() { "not writable" } else { "writable" },
+            queue: QueueCheck { queued: found.queued, max_queued: found.max_queued },
+            nodes: found.nodes,
+            disk: found.disk(),
         },
-    });
+    };
     let status = if found.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
 }
@@ -45,7 +89,8 @@ pub(super) fn workflow_too_large(max: usize) -> ApiError {
 }
 
 /// `metadata`: at most 16 labels; keys 1–40 of `[A-Za-z0-9_.-]`; string
-/// values of at most 256 bytes without control characters.
+/// values of at most 256 characters without control characters (the
+/// document's schema: `api::openapi::schemas`).
 fn check_metadata(value: &Json_) -> Result<Map<String, Json_>, ApiError> {
     let bad = |m: &str| ApiError::new(ApiCode::MetadataInvalid, m.to_string());
     let map = value.as_object().ok_or_else(|| bad("`metadata` must be an object of string labels."))?;
@@ -57,8 +102,8 @@ fn check_metadata(value: &Json_) -> Result<Map<String, Json_>, ApiError> {
             return Err(bad(&format!("metadata key {k:?} must be 1-40 characters of A-Z a-z 0-9 _ . -")));
         }
         let Some(s) = v.as_str() else { return Err(bad(&format!("metadata value of {k:?} must be a string."))) };
-        if s.len() > 256 || s.chars().any(char::is_control) {
-            return Err(bad(&format!("metadata value of {k:?} must be at most 256 bytes without control characters.")));
+        if s.chars().count() > 256 || s.chars().any(char::is_control) {
+            return Err(bad(&format!("metadata value of {k:?} must be at most 256 characters without control characters.")));
         }
     }
     Ok(map.clone())
@@ -90,6 +135,20 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// worker that received them; larger ones on the blocking pool.
 const INLINE_SUBMIT_BYTES: usize = 32 << 10;
 
+#[utoipa::path(post, path = "/jobs", operation_id = "submit_job", tag = "jobs",
+    description = "Submits a workflow. With an `Idempotency-Key`, the first submission makes the job and any later one with the key answers 422 `idempotency_key_reuse`.",
+    params(("Idempotency-Key" = Option<String>, Header, pattern = "^[!-~](?:[ -~]{0,253}[!-~])?$",
+        description = "1-255 printable ASCII characters (no space at either end: HTTP trims them).")),
+    request_body(content = crate::api::openapi::schemas::SubmitJob, content_type = "application/json",
+        example = json!({"workflow": {
+            "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+            "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "kiln"}}}})),
+    responses((status = 201, description = "Queued.", body = wire::JobView,
+        links(
+            ("GetJob" = (operation_id = "get_job", parameters(("id" = "$response.body#/id")))),
+            ("GetJobWorkflow" = (operation_id = "get_job_workflow", parameters(("id" = "$response.body#/id")))),
+            ("JobEvents" = (operation_id = "job_events", parameters(("id" = "$response.body#/id")))),
+            ("CancelJob" = (operation_id = "cancel_job", parameters(("id" = "$response.body#/id"))))))))]
 pub async fn submit(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -149,6 +208,9 @@ pub async fn submit(
 /// Largest rendered job body kept for later polls.
 const MAX_CACHED_BODY: usize = 64 << 10;
 
+#[utoipa::path(get, path = "/jobs/{id}", operation_id = "get_job", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id (a UUID).")),
+    responses((status = 200, description = "The job (with `logs` where the server shows them).", body = wire::JobView)))]
 pub async fn get_job(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     let (record, position) = state.service.get_shared(caller.owner(), &id).await?;
@@ -179,12 +241,19 @@ pub async fn get_job(State(state): State<Arc<AppState>>, caller: Caller, links: 
     Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
+#[utoipa::path(get, path = "/jobs/{id}/workflow", operation_id = "get_job_workflow", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id (a UUID).")),
+    responses((status = 200, description = "The workflow as submitted.", body = crate::api::openapi::schemas::WorkflowView)))]
 pub async fn workflow(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<Json<Json_>, ApiError> {
     check_id(&id)?;
     let workflow = state.service.workflow(caller.owner(), &id).await?;
     Ok(Json(json!({ "workflow": workflow, "format": "api" })))
 }
 
+#[utoipa::path(post, path = "/jobs/{id}/cancel", operation_id = "cancel_job", tag = "jobs",
+    description = "Cancels a queued or running job; a finished one is answered as it is.",
+    params(("id" = String, Path, description = "The job's id (a UUID).")),
+    responses((status = 200, description = "The job after the request.", body = wire::JobView)))]
 pub async fn cancel(State(state): State<Arc<AppState>>, caller: Caller, links: Links, Segment(id): Segment) -> Result<Response, ApiError> {
     check_id(&id)?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
@@ -192,6 +261,15 @@ pub async fn cancel(State(state): State<Arc<AppState>>, caller: Caller, links: L
     Ok(Json(wire::job(&record, position, &links, false)).into_response())
 }
 
+#[utoipa::path(get, path = "/jobs", operation_id = "list_jobs", tag = "jobs",
+    description = "The caller's jobs, newest first. Unknown query parameters are ignored.",
+    params(
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 100, description = "Page size (default 50)."),
+        ("cursor" = Option<String>, Query, pattern = "^(?:[0-9a-fA-F]{2}){0,256}$",
+            description = "`next_cursor` of the previous page (opaque: one this server did not issue is 400 `invalid_cursor`)."),
+        ("status" = Option<Vec<JobStatus>>, Query, style = Form, explode = false, description = "Statuses to list (comma-separated)."),
+        ("metadata" = Option<Object>, Query, style = DeepObject, explode, description = "`metadata[key]=value` filters, at most 3.")),
+    responses((status = 200, description = "A page of jobs.", body = JobPage)))]
 pub async fn list(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -216,7 +294,7 @@ pub async fn list(
                 q.cursor = Some(bytes);
             }
             "status" => {
-                for s in v.split(',').filter(|s| !s.is_empty()) {
+                for s in v.split(',') {
                     q.statuses.push(JobStatus::parse(s).ok_or_else(|| ApiError::invalid_request(format!("Unknown status {s:?}.")))?);
                 }
             }
@@ -238,14 +316,17 @@ pub async fn list(
             wire::job(j, position, &links, false)
         })
         .collect();
-    #[derive(serde::Serialize)]
-    struct Page<'a> {
-        jobs: Vec<wire::JobView<'a>>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        next_cursor: Option<String>,
-    }
     let next_cursor = next.map(|n| n.iter().map(|b| format!("{b:02x}")).collect());
-    Ok(Json(Page { jobs: items, next_cursor }).into_response())
+    Ok(Json(JobPage { jobs: items, next_cursor }).into_response())
+}
+
+/// A page of `GET /jobs`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct JobPage<'a> {
+    jobs: Vec<wire::JobView<'a>>,
+    /// Absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {

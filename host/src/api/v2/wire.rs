@@ -7,9 +7,10 @@
 use chrono::{DateTime, SecondsFormat};
 use serde::Serialize;
 use serde_json::{Map, Value as Json};
+use utoipa::ToSchema;
 
 use crate::api::Links;
-use crate::store::{AssetRecord, JobErrorRecord, JobRecord, Micros, OutputRecord, ProgressSnapshot, now_micros};
+use crate::store::{AssetRecord, JobErrorRecord, JobRecord, JobStatus, Micros, OutputRecord, ProgressSnapshot, now_micros};
 
 /// Download URLs of uploads are advertised for this long.
 const UPLOAD_URL_TTL_US: Micros = 24 * 3600 * 1_000_000;
@@ -20,7 +21,7 @@ pub fn timestamp(us: Micros) -> String {
 }
 
 /// An Output object.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct OutputView<'a> {
     node_id: &'a str,
     name: &'a str,
@@ -31,6 +32,7 @@ pub struct OutputView<'a> {
     id: &'a str,
     hash: &'a str,
     url: String,
+    #[schema(schema_with = crate::api::openapi::schemas::timestamp)]
     url_expires_at: String,
     job_id: &'a str,
 }
@@ -51,13 +53,13 @@ pub fn output<'a>(o: &'a OutputRecord, job: &'a JobRecord, links: &Links) -> Out
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct Metrics {
     queue_ms: Option<i64>,
     execution_ms: Option<i64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct Urls {
     #[serde(rename = "self")]
     this: String,
@@ -65,21 +67,27 @@ struct Urls {
     cancel: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct LogsView<'a> {
     text: &'a str,
     truncated: bool,
+    #[schema(schema_with = crate::api::openapi::schemas::timestamp)]
     captured_at: String,
 }
 
 /// A Job object (plus `create_time`/`update_time` for list readers).
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct JobView<'a> {
     id: &'a str,
+    #[schema(value_type = JobStatus)]
     status: &'static str,
+    #[schema(schema_with = crate::api::openapi::schemas::timestamp)]
     created_at: String,
+    #[schema(schema_with = crate::api::openapi::schemas::maybe_timestamp)]
     started_at: Option<String>,
+    #[schema(schema_with = crate::api::openapi::schemas::maybe_timestamp)]
     completed_at: Option<String>,
+    #[schema(schema_with = crate::api::openapi::schemas::timestamp)]
     expires_at: String,
     queue_position: Option<usize>,
     progress: &'a Option<ProgressSnapshot>,
@@ -87,9 +95,13 @@ pub struct JobView<'a> {
     error: &'a Option<JobErrorRecord>,
     metrics: Metrics,
     urls: Urls,
+    #[schema(schema_with = crate::api::openapi::schemas::timestamp)]
     create_time: String,
+    #[schema(schema_with = crate::api::openapi::schemas::timestamp)]
     update_time: String,
+    /// The labels it was submitted with.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     metadata: Option<&'a Map<String, Json>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     logs: Option<LogsView<'a>>,
@@ -129,16 +141,19 @@ pub fn job<'a>(rec: &'a JobRecord, queue_position: Option<usize>, links: &Links,
 }
 
 /// An Asset object.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct AssetView<'a> {
     id: &'a str,
     hash: &'a str,
     size_bytes: u64,
     content_type: &'a str,
+    #[schema(schema_with = crate::api::openapi::schemas::timestamp)]
     created_at: String,
     url: String,
+    #[schema(schema_with = crate::api::openapi::schemas::timestamp)]
     url_expires_at: String,
     file_path: &'a Option<String>,
+    #[schema(schema_with = crate::api::openapi::schemas::maybe_timestamp)]
     expires_at: Option<String>,
     job_id: Option<&'a str>,
     tags: &'a [String],

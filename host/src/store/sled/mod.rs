@@ -572,6 +572,24 @@ impl Sled {
         self.index.forget_asset(asset)
     }
 
+    /// [`MetaStore::delete_expired_upload`]: removed by a swap from the
+    /// record read, so a write since (a longer expiry) wins.
+    fn delete_expired_upload(&self, asset: &AssetRecord, now: Micros) -> Result<bool, StoreError> {
+        let id = asset.id.as_bytes();
+        loop {
+            let Some((current, value)) = self.assets.get_stored(id)? else { return Ok(false) };
+            let stored: AssetRecord = decode(id, &value)?;
+            if stored.job_id.is_some() || stored.expires_at.is_none_or(|at| at > now) {
+                return Ok(false);
+            }
+            if self.assets.compare_and_swap(id, Some(current), None)? {
+                self.hashes.remove(hash_key(&stored.hash, &stored.id)).map_err(backend)?;
+                self.index.forget_asset(&stored)?;
+                return Ok(true);
+            }
+        }
+    }
+
     fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {
         let mut prefix = hash.as_bytes().to_vec();
         prefix.push(0);
