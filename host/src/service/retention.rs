@@ -237,9 +237,9 @@ impl Service {
         // (Each only if still due: an upload of the same bytes may have
         // extended it since it was listed.)
         for asset in self.meta.uploads_due(now, SWEEP_BATCH).await? {
-            if self.meta.delete_expired_upload(&asset, now).await? {
-                self.forget_asset_record(&asset);
-                tracing::info!(asset_id = %asset.id, "asset expired");
+            if let Some(deleted) = self.meta.delete_expired_upload(&asset, now).await? {
+                self.forget_asset_record(&deleted);
+                tracing::info!(asset_id = %deleted.id, "asset expired");
             }
         }
         self.meta.purge_claims(now).await?;

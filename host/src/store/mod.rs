@@ -347,11 +347,11 @@ pub trait MetaStore: Send + Sync {
     async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
     async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
     /// Deletes upload `asset` (read from [`MetaStore::uploads_due`]) only
-    /// if the stored record is still an upload due at `now`; whether it
-    /// did. An upload of the same bytes may have extended its expiry since
-    /// it was listed (`update_asset`): that record, acknowledged to its
-    /// uploader, stays.
-    async fn delete_expired_upload(&self, asset: &AssetRecord, now: Micros) -> Result<bool, StoreError>;
+    /// if the stored record is still an upload due at `now`; the record it
+    /// deleted, as stored. An upload of the same bytes may have extended
+    /// its expiry since it was listed (`update_asset`): that record,
+    /// acknowledged to its uploader, stays.
+    async fn delete_expired_upload(&self, asset: &AssetRecord, now: Micros) -> Result<Option<AssetRecord>, StoreError>;
     /// Assets over blob `hash`.
     async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError>;
     /// A job's output assets.

@@ -101,7 +101,7 @@ impl MetaStore for NotDurable {
     async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
         self.inner.delete_asset(asset).await
     }
-    async fn delete_expired_upload(&self, asset: &AssetRecord, now: kiln::store::Micros) -> Result<bool, StoreError> {
+    async fn delete_expired_upload(&self, asset: &AssetRecord, now: kiln::store::Micros) -> Result<Option<AssetRecord>, StoreError> {
         self.inner.delete_expired_upload(asset, now).await
     }
     async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {

@@ -7,17 +7,21 @@
 use std::collections::BTreeMap;
 
 use utoipa::openapi::path::Operation;
-use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, ResponseBuilder};
+use utoipa::openapi::schema::OneOfBuilder;
+use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr, ResponseBuilder};
 
 use crate::api::error::ApiCode;
 
 use ApiCode::*;
 
-/// The codes an operation's own handler can answer with (its status and
-/// wire name come from [`ApiCode`]).
-pub fn of_operation(operation_id: &str) -> &'static [ApiCode] {
-    match operation_id {
-        "submit_job" => &[
+/// The codes each operation's own handler (and the service calls it
+/// makes) can answer with, by operation id; their statuses and wire names
+/// come from [`ApiCode`]. Every id names an operation of a document (a
+/// test checks), and every operation not here answers only edge codes.
+pub const TABLE: &[(&str, &[ApiCode])] = &[
+    (
+        "submit_job",
+        &[
             InvalidRequest,
             InsufficientCredits,
             InvalidWorkflow,
@@ -26,28 +30,48 @@ pub fn of_operation(operation_id: &str) -> &'static [ApiCode] {
             IdempotencyKeyReuse,
             DeploymentStopped,
             MetadataInvalid,
+            // The body's memory estimate over `intake_memory_mb`.
+            PayloadTooLarge,
             QueueFull,
             DeploymentNotReady,
-            RequestTimeout,
         ],
-        "list_jobs" => &[InvalidRequest, InvalidCursor, InvalidMetadataFilter],
-        "get_job" | "get_job_workflow" | "cancel_job" | "get_asset" => &[NotFound],
-        "job_events" => &[NotFound, TooManyStreams],
-        "upload_asset" => &[InvalidRequest, HashMismatch, TooManyTags, PayloadTooLarge, RequestTimeout, StorageFull],
-        "asset_from_hash" => &[InvalidRequest, BlobNotFound, TooManyTags, PayloadTooLarge, StorageFull],
-        "delete_asset" => &[NotFound, AssetInUse],
-        "asset_content" => &[NotFound, RangeNotSatisfiable],
-        "signed_asset_content" => &[Forbidden, NotFound, RangeNotSatisfiable],
-        "install_plugin" => &[InvalidRequest, NotFound, Conflict, TooManyPlugins, PayloadTooLarge, PluginRefused, RequestTimeout, StorageFull],
-        "list_plugins" => &[NotFound],
-        "remove_plugin" | "remove_host_plugin" => &[NotFound, Conflict],
-        "install_host_plugin" => &[InvalidRequest, Conflict, PayloadTooLarge, PluginRefused, RequestTimeout, StorageFull],
-        "create_account" => &[InvalidRequest, NameTaken, TooManyAccounts],
-        "show_account" | "disable_account" | "show_deployment" => &[NotFound],
-        "credit_account" | "set_subscription" | "stop_deployment" | "start_deployment" => &[InvalidRequest, NotFound],
-        "create_deployment" => &[InvalidRequest, DeploymentExists, BundleRefused, PayloadTooLarge, RequestTimeout, StorageFull],
-        _ => &[],
-    }
+    ),
+    // (A body over the submission limit: the route's `invalid_workflow`.)
+    ("list_jobs", &[InvalidRequest, InvalidCursor, InvalidMetadataFilter, InvalidWorkflow]),
+    ("get_job", &[NotFound]),
+    ("get_job_workflow", &[NotFound]),
+    ("cancel_job", &[NotFound]),
+    ("get_asset", &[NotFound]),
+    ("job_events", &[NotFound, TooManyStreams]),
+    ("upload_asset", &[InvalidRequest, HashMismatch, TooManyTags, StorageFull]),
+    ("asset_from_hash", &[InvalidRequest, BlobNotFound, TooManyTags, StorageFull]),
+    ("delete_asset", &[NotFound, AssetInUse]),
+    ("asset_content", &[NotFound, RangeNotSatisfiable]),
+    ("signed_asset_content", &[Forbidden, NotFound, RangeNotSatisfiable]),
+    ("install_plugin", &[InvalidRequest, NotFound, Conflict, TooManyPlugins, PluginRefused, StorageFull]),
+    ("list_plugins", &[NotFound]),
+    ("remove_plugin", &[NotFound, Conflict]),
+    ("install_host_plugin", &[InvalidRequest, NotFound, Conflict, PluginRefused, StorageFull]),
+    ("remove_host_plugin", &[NotFound, Conflict]),
+    ("create_account", &[InvalidRequest, NameTaken, TooManyAccounts]),
+    ("show_account", &[NotFound]),
+    ("disable_account", &[NotFound]),
+    ("show_deployment", &[NotFound]),
+    ("credit_account", &[InvalidRequest, NotFound]),
+    ("set_subscription", &[InvalidRequest, NotFound]),
+    ("stop_deployment", &[InvalidRequest, NotFound]),
+    ("start_deployment", &[InvalidRequest, NotFound]),
+    ("create_deployment", &[InvalidRequest, DeploymentExists, BundleRefused, StorageFull]),
+];
+
+/// The codes of `operation_id`'s own handler (see [`TABLE`]).
+pub fn of_operation(operation_id: &str) -> &'static [ApiCode] {
+    TABLE.iter().find(|(id, _)| *id == operation_id).map_or(&[], |(_, codes)| codes)
+}
+
+/// Operations whose route has no body limit (the documents).
+fn unlimited(operation_id: &str) -> bool {
+    matches!(operation_id, "openapi" | "admin_openapi")
 }
 
 /// Operations callers reach without credentials.
@@ -55,11 +79,22 @@ pub fn is_public(operation_id: &str) -> bool {
     matches!(operation_id, "health" | "ready" | "signed_asset_content" | "openapi")
 }
 
-/// The codes any operation can meet before or around its handler: the
-/// credentials check (when the server asks for them), a failure of the
-/// server itself, the connection limits.
-fn at_the_edge(authenticated: bool) -> &'static [ApiCode] {
-    if authenticated { &[Unauthorized, Forbidden, UpstreamError, TooManyConnections] } else { &[UpstreamError, TooManyConnections] }
+/// The codes any operation can meet before or around its handler: a body
+/// that stalls (`api::listener`), one over its route's limit (`BodyLimit`,
+/// which refuses a declared length before reading), the credentials check
+/// (when the server asks for them), a failure of the server itself, the
+/// connection limits.
+fn at_the_edge(operation_id: &str, authenticated: bool) -> Vec<ApiCode> {
+    let mut codes = vec![RequestTimeout];
+    // (The submission routes answer a body over the limit as a workflow over it.)
+    if !unlimited(operation_id) && !matches!(operation_id, "submit_job" | "list_jobs") {
+        codes.push(PayloadTooLarge);
+    }
+    if authenticated && !is_public(operation_id) {
+        codes.extend([Unauthorized, Forbidden]);
+    }
+    codes.extend([UpstreamError, TooManyConnections]);
+    codes
 }
 
 /// Adds `operation`'s error responses: one per status its codes have
@@ -67,8 +102,8 @@ fn at_the_edge(authenticated: bool) -> &'static [ApiCode] {
 /// `Retry-After` on 429 and 503), leaving any the handler documents.
 pub fn add_responses(operation_id: &str, operation: &mut Operation, authenticated: bool) {
     let mut by_status: BTreeMap<u16, Vec<&'static str>> = BTreeMap::new();
-    let edge = if is_public(operation_id) { at_the_edge(false) } else { at_the_edge(authenticated) };
-    for code in of_operation(operation_id).iter().chain(edge) {
+    let edge = at_the_edge(operation_id, authenticated);
+    for code in of_operation(operation_id).iter().chain(&edge) {
         let names = by_status.entry(code.status().as_u16()).or_default();
         if !names.contains(&code.as_str()) {
             names.push(code.as_str());
@@ -76,9 +111,6 @@ pub fn add_responses(operation_id: &str, operation: &mut Operation, authenticate
     }
     for (status, names) in by_status {
         let key = status.to_string();
-        if operation.responses.responses.contains_key(&key) {
-            continue;
-        }
         let described = names
             .iter()
             .map(|n| match ApiCode::ALL.iter().find(|c| c.as_str() == *n).and_then(|c| meaning(*c)) {
@@ -87,6 +119,17 @@ pub fn add_responses(operation_id: &str, operation: &mut Operation, authenticate
             })
             .collect::<Vec<_>>()
             .join(", ");
+        // A status the handler documents too (`ready`'s 503): its body, or the envelope.
+        if let Some(RefOr::T(documented)) = operation.responses.responses.get_mut(&key) {
+            documented.description = format!("{} Or an error: {described}.", documented.description);
+            for content in documented.content.values_mut() {
+                let RefOr::T(content) = content else { continue };
+                if let Some(schema) = content.schema.take() {
+                    content.schema = Some(OneOfBuilder::new().item(schema).item(Ref::from_schema_name("ErrorEnvelope")).into());
+                }
+            }
+            continue;
+        }
         let mut response = ResponseBuilder::new()
             .description(format!("An error: {described}."))
             .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorEnvelope"))).build());
@@ -126,7 +169,7 @@ mod tests {
         let mut op = Operation::new();
         add_responses("submit_job", &mut op, true);
         let statuses: Vec<&str> = op.responses.responses.keys().map(String::as_str).collect();
-        assert_eq!(statuses, ["400", "401", "402", "403", "408", "422", "429", "500", "503"]);
+        assert_eq!(statuses, ["400", "401", "402", "403", "408", "413", "422", "429", "500", "503"]);
         let json = serde_json::to_value(&op).unwrap();
         let unprocessable = json["responses"]["422"]["description"].as_str().unwrap();
         for code in ["invalid_workflow", "missing_asset", "idempotency_key_reuse", "metadata_invalid"] {

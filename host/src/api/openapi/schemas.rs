@@ -191,8 +191,8 @@ pub struct FromHash {
     /// At most 64 tags.
     #[schema(schema_with = tags_or_null)]
     tags: Option<Vec<String>>,
-    /// Retention in seconds, 60 to 604800.
-    #[schema(minimum = 60, maximum = 604800)]
+    /// Retention in seconds (`api::v2::assets::EXPIRES_IN`).
+    #[schema(schema_with = expires_in)]
     expires_in: Option<u64>,
 }
 
@@ -217,13 +217,28 @@ pub struct Upload {
     /// One part per tag, at most 64.
     #[schema(schema_with = tags, nullable = false)]
     tags: Option<Vec<String>>,
-    /// Retention in seconds, 60 to 604800.
-    #[schema(minimum = 60, maximum = 604800, nullable = false)]
+    /// Retention in seconds (`api::v2::assets::EXPIRES_IN`).
+    #[schema(schema_with = expires_in_part)]
     expires_in: Option<u64>,
 }
 
 fn nullable(schema: Schema) -> Schema {
     utoipa::openapi::schema::OneOfBuilder::new().item(schema).item(ObjectBuilder::new().schema_type(SchemaType::new(Type::Null))).into()
+}
+
+/// `expires_in` in seconds, from the range the handlers check.
+fn expires_in_part() -> Schema {
+    let range = crate::api::v2::assets::EXPIRES_IN;
+    ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::Integer))
+        .description(Some(format!("Retention in seconds, {} to {}.", range.start(), range.end())))
+        .minimum(Some(*range.start()))
+        .maximum(Some(*range.end()))
+        .into()
+}
+
+fn expires_in() -> Schema {
+    nullable(expires_in_part())
 }
 
 fn file_path_or_null() -> Schema {
@@ -259,6 +274,15 @@ pub struct PluginView {
     hash: String,
     /// The node classes it serves.
     classes: Vec<String>,
+    /// Installed into the running host (else it came with the server); in
+    /// listings only.
+    installed: Option<bool>,
+    /// What one node call of it may use, after the operator's ceilings; in
+    /// listings only.
+    memory_mb: Option<u64>,
+    timeout_ms: Option<u64>,
+    /// Whether it gets the GPU; in listings only.
+    gpu: Option<bool>,
 }
 
 /// `GET /jobs/{id}/workflow`.

@@ -134,6 +134,24 @@ fn the_jobs_api_document_and_its_router_agree() {
     assert_eq!(codes.as_array().unwrap().len(), crate::api::error::ApiCode::ALL.len(), "{codes}");
 }
 
+/// Every operation id of the error table names an operation of one of
+/// the documents (a renamed operation cannot silently lose its codes).
+#[test]
+fn the_error_table_names_documented_operations() {
+    let app = app();
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let mut ids = BTreeSet::new();
+    let base = app.state.api_base.to_string();
+    for doc in [document(&app, &format!("{base}/openapi.json"), &[]), document(&app, "/admin/openapi.json", &[("authorization", bearer.as_str())])] {
+        for item in doc["paths"].as_object().unwrap().values() {
+            ids.extend(item.as_object().unwrap().values().filter_map(|op| op["operationId"].as_str().map(str::to_string)));
+        }
+    }
+    for (id, _) in super::errors::TABLE {
+        assert!(ids.contains(*id), "{id} is in the error table but no document has it: {ids:?}");
+    }
+}
+
 #[test]
 fn the_admin_document_and_its_router_agree() {
     let app = app();

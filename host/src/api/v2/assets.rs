@@ -26,7 +26,7 @@ fn created(asset: NewAsset, links: &Links) -> Response {
 }
 
 /// Retention a caller may ask for, in seconds (one minute to one week).
-const EXPIRES_IN: std::ops::RangeInclusive<u64> = 60..=604_800;
+pub const EXPIRES_IN: std::ops::RangeInclusive<u64> = 60..=604_800;
 /// Tags per asset, and characters per tag (a tag is part of an index key:
 /// 64 characters are at most 256 bytes, which bounds the store's index
 /// pages).
@@ -230,7 +230,7 @@ pub async fn get_asset(State(state): State<Arc<AppState>>, caller: Caller, links
 }
 
 #[utoipa::path(delete, path = "/assets/{id}", operation_id = "delete_asset", tag = "assets",
-    description = "Deletes an upload that no queued or running job uses.",
+    description = "Deletes an asset: any upload; a job's output only once its job is gone (409 `asset_in_use` while it is kept).",
     params(("id" = String, Path, description = "The asset's id (a UUID).")),
     responses((status = 204, description = "Deleted.")))]
 pub async fn delete_asset(State(state): State<Arc<AppState>>, caller: Caller, Segment(id): Segment) -> Result<StatusCode, ApiError> {

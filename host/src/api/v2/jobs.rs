@@ -131,10 +131,6 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_string()))
 }
 
-/// Submissions up to this size are validated and committed on the HTTP
-/// worker that received them; larger ones on the blocking pool.
-const INLINE_SUBMIT_BYTES: usize = 32 << 10;
-
 #[utoipa::path(post, path = "/jobs", operation_id = "submit_job", tag = "jobs",
     description = "Submits a workflow. With an `Idempotency-Key`, the first submission makes the job and any later one with the key answers 422 `idempotency_key_reuse`.",
     params(("Idempotency-Key" = Option<String>, Header, pattern = "^[!-~](?:[ -~]{0,253}[!-~])?$",
@@ -187,20 +183,7 @@ pub async fn submit(
     let service = state.service.clone();
     let owner = caller.owner().to_string();
     let submission = Submission { extra, idempotency_key: key, metadata, deployment: caller.deployment_id(), ..Submission::v2(owner, workflow) };
-    // Validation and the store writes run right here for a typical workflow
-    // (the commit log's sync too while syncs are quick; a slow one goes to
-    // the log's own thread, see `SledMeta::sync_jobs`): a hand-off to the blocking pool and back costs
-    // more on a small machine (BENCHMARKS.md, "fewer hand-offs on a job's
-    // critical path"). A large graph validates on the pool, and
-    // so does any submission while the store's writes may wait for a
-    // flush of the whole store (a checkpoint): with one HTTP thread, every
-    // request would wait with it.
-    let (record, position) = if size <= INLINE_SUBMIT_BYTES && !service.submit_may_block() {
-        service.admit(submission).await.map(|a| (a.record, a.position)).map_err(ServiceError::from)?
-    } else {
-        let admitted = crate::api::pool::on_pool(move || async move { service.admit(submission).await }).await?;
-        admitted.map(|a| (a.record, a.position)).map_err(ServiceError::from)?
-    };
+    let (record, position) = crate::api::pool::admit(service, submission, size).await?.map(|a| (a.record, a.position)).map_err(ServiceError::from)?;
     drop(admitted);
     Ok((StatusCode::CREATED, Json(wire::job(&record, position, &links, false))).into_response())
 }
@@ -267,7 +250,7 @@ pub async fn cancel(State(state): State<Arc<AppState>>, caller: Caller, links: L
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 100, description = "Page size (default 50)."),
         ("cursor" = Option<String>, Query, pattern = "^(?:[0-9a-fA-F]{2}){0,256}$",
             description = "`next_cursor` of the previous page (opaque: one this server did not issue is 400 `invalid_cursor`)."),
-        ("status" = Option<Vec<JobStatus>>, Query, style = Form, explode = false, description = "Statuses to list (comma-separated)."),
+        ("status" = Option<Vec<JobStatus>>, Query, style = Form, explode = false, min_items = 1, description = "Statuses to list (comma-separated; an empty one is 400)."),
         ("metadata" = Option<Object>, Query, style = DeepObject, explode, description = "`metadata[key]=value` filters, at most 3.")),
     responses((status = 200, description = "A page of jobs.", body = JobPage)))]
 pub async fn list(

@@ -494,17 +494,17 @@ impl MetaStore for PgMeta {
         })
     }
 
-    async fn delete_expired_upload(&self, asset: &AssetRecord, now: Micros) -> Result<bool, StoreError> {
+    async fn delete_expired_upload(&self, asset: &AssetRecord, now: Micros) -> Result<Option<AssetRecord>, StoreError> {
         let id = asset.id.clone();
         on_pool!(self, |pool| {
             // The row's own columns decide, as they stand when it is deleted.
-            let deleted: Option<(i32,)> = sqlx::query_as("DELETE FROM assets WHERE id = $1 AND job_id IS NULL AND expires_at <= $2 RETURNING 1")
+            let row = sqlx::query("DELETE FROM assets WHERE id = $1 AND job_id IS NULL AND expires_at <= $2 RETURNING record")
                 .bind(id)
                 .bind(now)
                 .fetch_optional(&pool)
                 .await
                 .map_err(backend)?;
-            Ok(deleted.is_some())
+            Ok(records("asset", row.as_slice())?.pop())
         })
     }
 

@@ -136,7 +136,7 @@ impl MetaStore for SledMeta {
     async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
         self.0.delete_asset(asset)
     }
-    async fn delete_expired_upload(&self, asset: &AssetRecord, now: Micros) -> Result<bool, StoreError> {
+    async fn delete_expired_upload(&self, asset: &AssetRecord, now: Micros) -> Result<Option<AssetRecord>, StoreError> {
         self.0.delete_expired_upload(asset, now)
     }
     async fn assets_with_hash(&self, hash: &str) -> Result<Vec<AssetRecord>, StoreError> {

@@ -574,18 +574,18 @@ impl Sled {
 
     /// [`MetaStore::delete_expired_upload`]: removed by a swap from the
     /// record read, so a write since (a longer expiry) wins.
-    fn delete_expired_upload(&self, asset: &AssetRecord, now: Micros) -> Result<bool, StoreError> {
+    fn delete_expired_upload(&self, asset: &AssetRecord, now: Micros) -> Result<Option<AssetRecord>, StoreError> {
         let id = asset.id.as_bytes();
         loop {
-            let Some((current, value)) = self.assets.get_stored(id)? else { return Ok(false) };
+            let Some((current, value)) = self.assets.get_stored(id)? else { return Ok(None) };
             let stored: AssetRecord = decode(id, &value)?;
             if stored.job_id.is_some() || stored.expires_at.is_none_or(|at| at > now) {
-                return Ok(false);
+                return Ok(None);
             }
             if self.assets.compare_and_swap(id, Some(current), None)? {
                 self.hashes.remove(hash_key(&stored.hash, &stored.id)).map_err(backend)?;
                 self.index.forget_asset(&stored)?;
-                return Ok(true);
+                return Ok(Some(stored));
             }
         }
     }

@@ -91,6 +91,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
         },
         Err(_) => None,
     };
+    let size = body.as_ref().map_or(0, |b| b.len());
     let mut body = json_object(body, limit)?;
     let front = body.get("front").and_then(Json_::as_bool).unwrap_or(false);
     // ComfyUI float()s a given number; without one the counter is taken.
@@ -130,8 +131,7 @@ pub async fn submit(State(state): State<Arc<AppState>>, caller: Caller, body: Re
     let titles = node_titles(&workflow);
     let fields = CompatFields { number: number.clone(), client_id };
     let submission = Submission { extra, id, front, ..Submission::compat(caller.owner(), workflow, fields) };
-    let service = state.service.clone();
-    let outcome = crate::api::pool::on_pool(move || async move { service.admit(submission).await }).await?;
+    let outcome = crate::api::pool::admit(state.service.clone(), submission, size).await?;
     drop(admitted);
     let registry = state.service.registry_for(caller.owner());
     match outcome {
