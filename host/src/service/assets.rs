@@ -8,6 +8,10 @@
 //! bytes, or a from-hash that returns the existing record) extends the
 //! record's retention and adds its tags, never shortens or drops them.
 
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
 use super::{Service, ServiceError};
 use crate::store::{AssetRecord, BlobUpload, Micros, StoreError, blob_name, now_micros, parse_blob_name, wait};
 
@@ -138,31 +142,56 @@ impl Service {
 
     /// An existing upload record referenced again: its retention becomes
     /// the later of the two (never-expiring wins) and the new tags are
-    /// added. Written (durably) only if something changed; `None` when the
-    /// record was deleted meanwhile (a new one is minted then).
-    fn rereference(&self, mut asset: AssetRecord, labels: &AssetLabels) -> Result<Option<AssetRecord>, ServiceError> {
-        let expires_at = match (asset.expires_at, labels.deadline(now_micros())) {
-            (Some(old), Some(new)) => Some(old.max(new)),
-            _ => None,
-        };
-        let mut changed = expires_at != asset.expires_at;
-        asset.expires_at = expires_at;
-        for tag in &labels.tags {
-            if !asset.tags.contains(tag) {
-                if asset.tags.len() >= MAX_ASSET_TAGS {
-                    return Err(ServiceError::TooManyTags { asset: asset.id.clone(), max: MAX_ASSET_TAGS, tag: tag.clone() });
+    /// added, from the record as stored (`MetaStore::change_asset`: a
+    /// concurrent re-reference is merged, not overwritten). Written
+    /// (durably) only if something changed; `None` when the record was
+    /// deleted or expired meanwhile (a new one is minted then).
+    fn rereference(&self, asset: AssetRecord, labels: &AssetLabels) -> Result<Option<AssetRecord>, ServiceError> {
+        let now = now_micros();
+        let (deadline, tags) = (labels.deadline(now), labels.tags.clone());
+        // What the change last found, beyond the record: gone, a tag too
+        // many, or whether it changed the record.
+        let found: Arc<Mutex<Option<Result<bool, ServiceError>>>> = Arc::default();
+        let change: crate::store::AssetChange = {
+            let found = found.clone();
+            Arc::new(move |stored: &AssetRecord| {
+                *found.lock() = None;
+                if stored.expires_at.is_some_and(|at| at <= now) {
+                    *found.lock() = Some(Ok(false));
+                    return None;
                 }
-                asset.tags.push(tag.clone());
-                changed = true;
-            }
-        }
+                let mut asset = stored.clone();
+                asset.expires_at = match (stored.expires_at, deadline) {
+                    (Some(old), Some(new)) => Some(old.max(new)),
+                    _ => None,
+                };
+                for tag in &tags {
+                    if !asset.tags.contains(tag) {
+                        if asset.tags.len() >= MAX_ASSET_TAGS {
+                            *found.lock() = Some(Err(ServiceError::TooManyTags { asset: asset.id.clone(), max: MAX_ASSET_TAGS, tag: tag.clone() }));
+                            return None;
+                        }
+                        asset.tags.push(tag.clone());
+                    }
+                }
+                let changed = asset != *stored;
+                *found.lock() = Some(Ok(changed));
+                changed.then_some(asset)
+            })
+        };
+        let stored = wait(self.meta.change_asset(&asset.id, change))?;
+        let changed = match found.lock().take() {
+            Some(Err(refused)) => return Err(refused),
+            Some(Ok(changed)) => changed,
+            // Gone before the change saw it.
+            None => return Ok(None),
+        };
+        // (Expired when the change saw it: as gone.)
+        let Some(stored) = stored.filter(|s| s.expires_at.is_none_or(|at| at > now)) else { return Ok(None) };
         if changed {
-            if !wait(self.meta.update_asset(&asset))? {
-                return Ok(None);
-            }
             wait(self.meta.flush())?;
         }
-        Ok(Some(asset))
+        Ok(Some(stored))
     }
 
     /// Whether the caller may mint an asset from `hash`.

@@ -50,6 +50,7 @@ where
     one_of_many_concurrent_submissions_with_a_key_wins(fresh().await).await;
     the_periodic_queries_find_exactly_their_records(fresh().await.as_ref()).await;
     an_expired_upload_extended_since_it_was_listed_stays(fresh().await.as_ref()).await;
+    an_asset_is_changed_from_its_stored_record(fresh().await).await;
     listings_page_newest_first_per_owner_within_a_budget(fresh().await.as_ref()).await;
     a_finished_job_reads_back_with_its_outputs(fresh().await.as_ref()).await;
     the_owner_stamp_moves_with_each_finished_write(fresh().await.as_ref()).await;
@@ -191,6 +192,39 @@ pub(crate) async fn an_expired_upload_extended_since_it_was_listed_stays(meta: &
     assert!(meta.delete_expired_upload(&asset("gone", None, "blake3:g1", Some(100), &[]), 150).await.unwrap().is_none());
     assert!(meta.delete_expired_upload(&asset("output", Some("job"), "blake3:o1", Some(100), &[]), 150).await.unwrap().is_none());
     assert!(meta.get_asset("output").await.unwrap().is_some());
+}
+
+/// `change_asset` works from the record as stored, not a copy read
+/// earlier: changes made at once (uploads of the same bytes, each adding
+/// its tag) all land; no change leaves the record; a missing asset is
+/// `None`.
+pub(crate) async fn an_asset_is_changed_from_its_stored_record(meta: Arc<dyn MetaStore>) {
+    meta.put_asset(&asset("m", None, "blake3:m1", Some(100), &["first"])).await.unwrap();
+    let add = |tag: String| -> super::AssetChange {
+        Arc::new(move |stored: &AssetRecord| {
+            let mut next = stored.clone();
+            next.tags.push(tag.clone());
+            Some(next)
+        })
+    };
+    let changes = (0..12).map(|i| {
+        let meta = meta.clone();
+        let change = add(format!("t{i}"));
+        tokio::spawn(async move { meta.change_asset("m", change).await })
+    });
+    for done in futures_util::future::join_all(changes).await {
+        assert!(done.unwrap().unwrap().is_some());
+    }
+    let stored = meta.get_asset("m").await.unwrap().unwrap();
+    let mut tags = stored.tags.clone();
+    tags.sort();
+    let mut expected: Vec<String> = (0..12).map(|i| format!("t{i}")).chain(["first".to_string()]).collect();
+    expected.sort();
+    assert_eq!(tags, expected, "no change lost");
+    let left = meta.change_asset("m", Arc::new(|_: &AssetRecord| None)).await.unwrap();
+    assert_eq!(left, Some(stored), "no change: the record as stored");
+    assert!(meta.change_asset("nope", add("x".into())).await.unwrap().is_none());
+    assert!(meta.assets_tagged("t11").await.unwrap().iter().any(|a| a.id == "m"), "found by a tag added");
 }
 
 /// Recovery's, the sweep's and the upload index's queries, across status

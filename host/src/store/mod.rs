@@ -344,6 +344,13 @@ pub trait MetaStore: Send + Sync {
     /// written, when there is none (deleted meanwhile, through any host): a
     /// change to a record read earlier never brings a deleted one back.
     async fn update_asset(&self, asset: &AssetRecord) -> Result<bool, StoreError>;
+    /// Changes asset `id` from its record as stored, atomically against
+    /// every other write of it (through any host): `change` gets the
+    /// stored record and returns the new one, or `None` to leave it, and is
+    /// called again when another write came first. The record as stored
+    /// after; `None` when there is none. (Two uploads of the same bytes
+    /// merging their expiry and tags into one record must not lose either.)
+    async fn change_asset(&self, id: &str, change: AssetChange) -> Result<Option<AssetRecord>, StoreError>;
     async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError>;
     async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError>;
     /// Deletes upload `asset` (read from [`MetaStore::uploads_due`]) only
@@ -457,6 +464,9 @@ pub struct BlobLock {
     pub held: bool,
     pub _lock: Box<dyn Send + Sync>,
 }
+
+/// A change [`MetaStore::change_asset`] makes from an asset's stored record.
+pub type AssetChange = std::sync::Arc<dyn Fn(&AssetRecord) -> Option<AssetRecord> + Send + Sync>;
 
 /// What a blob store holds ([`BlobStore::usage`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

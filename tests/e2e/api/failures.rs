@@ -101,6 +101,9 @@ impl MetaStore for NotDurable {
     async fn delete_asset(&self, asset: &AssetRecord) -> Result<(), StoreError> {
         self.inner.delete_asset(asset).await
     }
+    async fn change_asset(&self, id: &str, change: kiln::store::AssetChange) -> Result<Option<AssetRecord>, StoreError> {
+        self.inner.change_asset(id, change).await
+    }
     async fn delete_expired_upload(&self, asset: &AssetRecord, now: kiln::store::Micros) -> Result<Option<AssetRecord>, StoreError> {
         self.inner.delete_expired_upload(asset, now).await
     }

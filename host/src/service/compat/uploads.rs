@@ -246,9 +246,13 @@ impl Service {
         // it may be an older one (bytes uploaded under this name before),
         // so the index is set, not merged by age.
         // (One deleted meanwhile, through any host, stays deleted.)
-        if let Some(mut old) = replaced.filter(|old| old.id != asset.id) {
-            old.tags.retain(|t| *t != tag);
-            if wait(self.meta.update_asset(&old))? {
+        if let Some(old) = replaced.filter(|old| old.id != asset.id) {
+            // From the record as stored (a concurrent change to it stays).
+            let untag = tag.clone();
+            let change: crate::store::AssetChange = std::sync::Arc::new(move |stored: &AssetRecord| {
+                stored.tags.contains(&untag).then(|| AssetRecord { tags: stored.tags.iter().filter(|t| **t != untag).cloned().collect(), ..stored.clone() })
+            });
+            if wait(self.meta.change_asset(&old.id, change))?.is_some() {
                 wait(self.meta.flush())?;
             }
         }

@@ -478,6 +478,23 @@ impl MetaStore for PgMeta {
         })
     }
 
+    async fn change_asset(&self, id: &str, change: crate::store::AssetChange) -> Result<Option<AssetRecord>, StoreError> {
+        let id = id.to_string();
+        on_pool!(self, |pool| {
+            // The row locked from the read to the write: no other write of
+            // it comes between.
+            let mut tx = pool.begin().await.map_err(backend)?;
+            let row = sqlx::query("SELECT record FROM assets WHERE id = $1 FOR UPDATE").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
+            let Some(old) = records::<AssetRecord>("asset", row.as_slice())?.pop() else { return Ok(None) };
+            let Some(new) = change(&old) else { return Ok(Some(old)) };
+            let update =
+                sqlx::query_as::<_, (i32,)>("UPDATE assets SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 WHERE id = $1 RETURNING 1");
+            bind_asset(update, &new)?.fetch_optional(&mut *tx).await.map_err(backend)?;
+            tx.commit().await.map_err(backend)?;
+            Ok(Some(new))
+        })
+    }
+
     async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
         let id = id.to_string();
         on_pool!(self, |pool| {

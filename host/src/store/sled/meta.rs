@@ -130,6 +130,9 @@ impl MetaStore for SledMeta {
     async fn update_asset(&self, asset: &AssetRecord) -> Result<bool, StoreError> {
         self.0.update_asset(asset)
     }
+    async fn change_asset(&self, id: &str, change: crate::store::AssetChange) -> Result<Option<AssetRecord>, StoreError> {
+        self.0.change_asset(id, &*change)
+    }
     async fn get_asset(&self, id: &str) -> Result<Option<AssetRecord>, StoreError> {
         self.0.get_asset(id)
     }

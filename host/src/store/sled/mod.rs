@@ -532,30 +532,37 @@ impl Sled {
         }
     }
 
-    /// [`MetaStore::update_asset`]: the record swapped only for the one
-    /// read (a deletion or another write meanwhile: read again).
+    /// [`MetaStore::update_asset`]: [`Sled::change_asset`] to `asset`.
     fn update_asset(&self, asset: &AssetRecord) -> Result<bool, StoreError> {
-        let (id, new) = (asset.id.as_bytes(), encode(asset)?);
+        Ok(self.change_asset(&asset.id, &|_| Some(asset.clone()))?.is_some())
+    }
+
+    /// [`MetaStore::change_asset`]: the record swapped only for the one
+    /// read (a deletion or another write meanwhile: read again).
+    fn change_asset(&self, id: &str, change: &(dyn Fn(&AssetRecord) -> Option<AssetRecord> + Send + Sync)) -> Result<Option<AssetRecord>, StoreError> {
+        let key = id.as_bytes();
         loop {
-            let Some((current, value)) = self.assets.get_stored(id)? else { return Ok(false) };
-            let old: AssetRecord = decode(id, &value)?;
+            let Some((current, value)) = self.assets.get_stored(key)? else { return Ok(None) };
+            let old: AssetRecord = decode(key, &value)?;
+            let Some(asset) = change(&old) else { return Ok(Some(old)) };
+            let new = encode(&asset)?;
             self.hashes.insert(hash_key(&asset.hash, &asset.id), &[][..]).map_err(backend)?;
-            self.index.before_asset(asset)?;
-            match self.assets.compare_and_swap(id, Some(current), Some(&new))? {
+            self.index.before_asset(&asset)?;
+            match self.assets.compare_and_swap(key, Some(current), Some(&new))? {
                 true => {
-                    self.index.after_asset(&old, asset)?;
+                    self.index.after_asset(&old, &asset)?;
                     // A concurrent write of the same asset may have removed
                     // an entry the record now stored needs: put them back.
-                    if let Some(current) = self.get_asset(&asset.id)? {
+                    if let Some(current) = self.get_asset(id)? {
                         self.index.before_asset(&current)?;
                     }
-                    return Ok(true);
+                    return Ok(Some(asset));
                 }
-                false if self.assets.get(id)?.is_none() => {
+                false if self.assets.get(key)?.is_none() => {
                     // Deleted meanwhile: the entries made for it go too.
                     self.hashes.remove(hash_key(&asset.hash, &asset.id)).map_err(backend)?;
-                    self.index.forget_asset(asset)?;
-                    return Ok(false);
+                    self.index.forget_asset(&asset)?;
+                    return Ok(None);
                 }
                 false => {}
             }

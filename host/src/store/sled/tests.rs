@@ -510,6 +510,34 @@ fn racing_updates_of_an_asset_leave_it_found_by_what_it_holds() {
     }
 }
 
+/// Writers merging into one asset from its stored record (as uploads of
+/// the same bytes do, each adding its tag): no writer's tag is lost.
+#[test]
+fn concurrent_changes_of_an_asset_are_merged_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = Sled::open(dir.path(), Durability::PowerLoss).unwrap();
+    meta.put_asset(&asset("a", None, Some(5000), &["first"])).unwrap();
+    std::thread::scope(|s| {
+        for writer in 0..4 {
+            let meta = &meta;
+            s.spawn(move || {
+                for n in 0..50 {
+                    let tag = format!("w{writer}-{n}");
+                    let add = move |stored: &AssetRecord| {
+                        let mut next = stored.clone();
+                        next.tags.push(tag.clone());
+                        Some(next)
+                    };
+                    assert!(meta.change_asset("a", &add).unwrap().is_some());
+                }
+            });
+        }
+    });
+    let stored = meta.get_asset("a").unwrap().unwrap();
+    assert_eq!(stored.tags.len(), 1 + 4 * 50, "every writer's tags: {:?}", stored.tags);
+    assert_eq!(meta.assets_tagged("w3-49").unwrap().len(), 1, "found by the last tag");
+}
+
 /// Large workflows, job records and asset records never make sled write a
 /// page to a blob file (which it never syncs: a power cut could leave the
 /// log pointing at nothing, and sled would not open), and come back whole
