@@ -189,10 +189,16 @@ pub fn may_use_session(state: &AppState, request: &Request) -> bool {
     is_compat(path) || matches!(path, "" | "/" | "/index.html")
 }
 
-/// Paths under the Jobs API that need no token.
-/// (`path` is relative to the Jobs API's mount point.)
+/// The Jobs API's operations that need no token: operation id (as the
+/// published document names it) and path, relative to the Jobs API's
+/// mount point (a trailing `/`: every path under it). The one list: the
+/// check below and the document's security both read it.
+pub const PUBLIC_OPERATIONS: &[(&str, &str)] =
+    &[("health", "/health"), ("ready", "/ready"), ("openapi", "/openapi.json"), ("signed_asset_content", "/signed/")];
+
+/// Whether `path` (relative to the Jobs API's mount point) needs no token.
 fn is_public(path: &str) -> bool {
-    path == "/health" || path == "/ready" || path == "/openapi.json" || path.starts_with("/signed/")
+    PUBLIC_OPERATIONS.iter().any(|(_, public)| if public.ends_with('/') { path.starts_with(public) } else { path == *public })
 }
 
 /// Self-hosted: whether `request` may proceed: always without a configured

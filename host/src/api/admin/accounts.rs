@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -18,6 +18,7 @@ use utoipa_axum::routes;
 use crate::accounts::{Account, AccountError, Accounts};
 use crate::api::AppState;
 use crate::api::error::ApiError;
+use crate::api::v2::Segment;
 
 /// The routes, each with its documentation (`api::openapi`).
 pub fn routes() -> [UtoipaMethodRouter<Arc<AppState>>; 5] {
@@ -110,7 +111,7 @@ async fn list(State(state): State<Arc<AppState>>) -> Json<Json_> {
 
 #[utoipa::path(get, path = "/admin/accounts/{name}", operation_id = "show_account", tag = "accounts", params(("name" = String, Path, description = "The account's name.")),
     responses((status = 200, description = "The account.", body = AccountView)))]
-async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Json_>, ApiError> {
+async fn show(State(state): State<Arc<AppState>>, Segment(name): Segment) -> Result<Json<Json_>, ApiError> {
     let account = state.service.accounts().by_name(&name).ok_or(AccountError::NotFound(name))?;
     Ok(Json(view(&account)))
 }
@@ -125,7 +126,7 @@ struct Credit {
 #[utoipa::path(post, path = "/admin/accounts/{name}/credits", operation_id = "credit_account", tag = "accounts", params(("name" = String, Path, description = "The account's name.")),
     request_body = Credit,
     responses((status = 200, description = "The account after the change.", body = AccountView)))]
-async fn credit(State(state): State<Arc<AppState>>, Path(name): Path<String>, b: Result<Json<Credit>, JsonRejection>) -> Result<Json<Json_>, ApiError> {
+async fn credit(State(state): State<Arc<AppState>>, Segment(name): Segment, b: Result<Json<Credit>, JsonRejection>) -> Result<Json<Json_>, ApiError> {
     let amount = body(b)?.amount;
     write(&state, move |a| async move { a.add_credits(&name, amount).await }).await
 }
@@ -141,7 +142,7 @@ struct Subscription {
     responses((status = 200, description = "The account after the change.", body = AccountView)))]
 async fn subscription(
     State(state): State<Arc<AppState>>,
-    Path(name): Path<String>,
+    Segment(name): Segment,
     b: Result<Json<Subscription>, JsonRejection>,
 ) -> Result<Json<Json_>, ApiError> {
     let active = body(b)?.active;
@@ -154,7 +155,7 @@ async fn subscription(
 /// SSE streams and WebSockets are closed.
 #[utoipa::path(post, path = "/admin/accounts/{name}/disable", operation_id = "disable_account", tag = "accounts", params(("name" = String, Path, description = "The account's name.")),
     responses((status = 200, description = "The account, disabled.", body = AccountView)))]
-async fn disable(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Json_>, ApiError> {
+async fn disable(State(state): State<Arc<AppState>>, Segment(name): Segment) -> Result<Json<Json_>, ApiError> {
     let service = state.service.clone();
     let account = crate::api::pool::on_pool(move || async move {
         let account = service.accounts().disable(&name).await?;

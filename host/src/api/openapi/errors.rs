@@ -74,9 +74,9 @@ fn unlimited(operation_id: &str) -> bool {
     matches!(operation_id, "openapi" | "admin_openapi")
 }
 
-/// Operations callers reach without credentials.
+/// Operations callers reach without credentials (`api::auth`'s list).
 pub fn is_public(operation_id: &str) -> bool {
-    matches!(operation_id, "health" | "ready" | "signed_asset_content" | "openapi")
+    crate::api::auth::PUBLIC_OPERATIONS.iter().any(|(id, _)| *id == operation_id)
 }
 
 /// The codes any operation can meet before or around its handler: a body

@@ -130,6 +130,14 @@ fn the_jobs_api_document_and_its_router_agree() {
             assert!(op["responses"].get("500").is_some(), "{method} {path} lists no 500");
         }
     }
+    // The public operations' ids and paths (`auth::PUBLIC_OPERATIONS`) name documented operations.
+    for (id, public) in crate::api::auth::PUBLIC_OPERATIONS {
+        let found = doc["paths"].as_object().unwrap().iter().any(|(path, item)| {
+            let at = if public.ends_with('/') { path.starts_with(public) } else { path == public };
+            at && item.as_object().unwrap().values().any(|op| op["operationId"] == *id)
+        });
+        assert!(found, "public operation {id} at {public} is not in the document");
+    }
     let codes = &doc["components"]["schemas"]["ApiCode"]["enum"];
     assert_eq!(codes.as_array().unwrap().len(), crate::api::error::ApiCode::ALL.len(), "{codes}");
 }
