@@ -126,6 +126,9 @@ pub(super) async fn upsert_job<'e>(
 
 /// `query` with an asset's columns bound as `$1`–`$6` (id, hash, job id,
 /// expiry, tags, record).
+/// An asset's row rewritten from its record (bound by [`bind_asset`]).
+const UPDATE_ASSET: &str = "UPDATE assets SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 WHERE id = $1 RETURNING 1";
+
 fn bind_asset<'q, O>(
     query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
     asset: &'q AssetRecord,
@@ -472,7 +475,7 @@ impl MetaStore for PgMeta {
         on_pool!(self, |pool| {
             // (No registration check: the record it replaces already keeps
             // its blob from collection.)
-            let update = sqlx::query_as("UPDATE assets SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 WHERE id = $1 RETURNING 1");
+            let update = sqlx::query_as(UPDATE_ASSET);
             let written: Option<(i32,)> = bind_asset(update, &asset)?.fetch_optional(&pool).await.map_err(backend)?;
             Ok(written.is_some())
         })
@@ -487,8 +490,7 @@ impl MetaStore for PgMeta {
             let row = sqlx::query("SELECT record FROM assets WHERE id = $1 FOR UPDATE").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
             let Some(old) = records::<AssetRecord>("asset", row.as_slice())?.pop() else { return Ok(None) };
             let Some(new) = change(&old) else { return Ok(Some(old)) };
-            let update =
-                sqlx::query_as::<_, (i32,)>("UPDATE assets SET hash = $2, job_id = $3, expires_at = $4, tags = $5, record = $6 WHERE id = $1 RETURNING 1");
+            let update = sqlx::query_as::<_, (i32,)>(UPDATE_ASSET);
             bind_asset(update, &new)?.fetch_optional(&mut *tx).await.map_err(backend)?;
             tx.commit().await.map_err(backend)?;
             Ok(Some(new))
