@@ -120,10 +120,10 @@ async fn open_service(config: &Config, options: ServiceOptions, runtime: Arc<Plu
     let backends = crate::service::Backends::from_config(config).await.with_context(|| format!("opening the {:?} store", config.store))?;
     // Plugins installed through the admin API, on top of those it started
     // with, and (with accounts) each account's own.
-    let accounts_dir = config.data_dir.join("account-plugins");
+    let accounts_dir = config.data_dir.join(crate::plugins::live::ACCOUNT_INSTALLS_DIR);
     let account_plugins = (config.mode.has_accounts() && config.max_plugins_per_account > 0)
         .then_some((accounts_dir.as_path(), crate::plugins::AccountQuota { max_plugins: config.max_plugins_per_account, gpu: config.account_plugin_gpu }));
-    let plugins = crate::plugins::LivePlugins::open(runtime, registry, &config.data_dir.join("plugins"), account_plugins).await?;
+    let plugins = crate::plugins::LivePlugins::open(runtime, registry, &config.data_dir.join(crate::plugins::live::INSTALLS_DIR), account_plugins).await?;
     Service::start_on(options, backends, plugins, executor).await.with_context(|| format!("opening the data directory {}", config.data_dir.display()))
 }
 

@@ -6,8 +6,9 @@
 //! bodies bounded by `max_plugin_mb`. An account's own (cloud and
 //! serverless modes), with its key: the same three under
 //! `/api/v2/plugins`, seen by that account only, bodies bounded by
-//! `max_account_plugin_mb`. The rules live in `plugins::live` and
-//! `plugins::account_plugins`.
+//! `max_account_plugin_mb`. Where hosts share a store, an install or
+//! removal through any host is every host's. The rules live in
+//! `plugins::live`, `plugins::account_plugins` and `plugins::shared`.
 
 use std::sync::Arc;
 
@@ -47,6 +48,7 @@ fn error(e: InstallError) -> ApiError {
         InstallError::Quota(_) => ApiError::new(ApiCode::TooManyPlugins, e.to_string()),
         InstallError::Refused(_) => ApiError::new(ApiCode::PluginRefused, e.to_string()),
         InstallError::Io(e) => ApiError::io(&e),
+        InstallError::Shared(e) => crate::service::ServiceError::Store(e).into(),
     }
 }
 
@@ -63,7 +65,7 @@ fn created(info: PluginInfo) -> Response {
 }
 
 #[utoipa::path(post, path = "/admin/plugins", operation_id = "install_host_plugin", tag = "plugins",
-    description = "Installs or upgrades a plugin for every caller of this host.",
+    description = "Installs or upgrades a plugin for every caller of this host (of every host, where hosts share a store).",
     request_body(content = inline(crate::api::openapi::schemas::PluginUpload), content_type = "multipart/form-data"),
     responses((status = 201, description = "Installed.", body = crate::api::openapi::schemas::PluginView)))]
 async fn install(State(state): State<Arc<AppState>>, multipart: Result<Multipart, MultipartRejection>) -> Result<Response, ApiError> {

@@ -1,6 +1,6 @@
-//! Accounts, deployments with their bundles, the web frontend's user files
-//! and the blobs: each copied where the target lacks it, and each copied
-//! byte checked by hash.
+//! Accounts, deployments with their bundles, the web frontend's user
+//! files, installed plugins and the blobs: each copied where the target
+//! lacks it, and each copied byte checked by hash.
 
 use std::io::Read;
 use std::path::Path;
@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::{MigrateError, Source, Tally, Target};
 use crate::service::deployments::{DeploymentRecord, DeploymentState};
+use crate::store::cluster::SharedPlugins;
 use crate::store::{AccountStore, BlobStore, DeploymentStore, Entry, StoreError, UserFileStore};
 
 /// Most files one user of the web frontend is read for.
@@ -24,6 +25,42 @@ pub(super) async fn accounts(source: &Source, target: &Target) -> Result<Tally, 
         target.accounts.create(&account).await?;
         tally.copied += 1;
     }
+    Ok(tally)
+}
+
+/// Installed plugins, the operator's and accounts' own (by scope and name),
+/// each component read back and compared by hash. Every host sharing the
+/// database installs them from there.
+pub(super) async fn plugins(source: &Source, target: &Target) -> Result<Tally, MigrateError> {
+    let mut tally = Tally { kind: "plugins", ..Tally::default() };
+    let kept = crate::plugins::kept_in(&source.dir).map_err(|e| MigrateError::Mismatch {
+        kind: "plugin",
+        name: source.dir.display().to_string(),
+        why: e.to_string(),
+    })?;
+    let keys: Vec<(String, String)> = kept.iter().map(|(p, _)| (p.scope.clone(), p.name.clone())).collect();
+    let stored = target.plugins.plugins(None).await?;
+    for (plugin, bytes) in kept {
+        tally.source += 1;
+        if stored.iter().any(|s| s.scope == plugin.scope && s.name == plugin.name) {
+            tally.present += 1;
+            continue;
+        }
+        let how = crate::store::cluster::Publish { limit: None, replace: false };
+        if target.plugins.publish(&plugin, &bytes, how).await? == crate::store::cluster::Published::Present {
+            tally.present += 1;
+            continue;
+        }
+        let mismatch = |why: &str| MigrateError::Mismatch { kind: "plugin", name: plugin.name.clone(), why: why.into() };
+        let copied = target.plugins.component(&plugin.component).await?.ok_or_else(|| mismatch("its component is not in the database after the copy"))?;
+        if blake3::hash(&copied) != blake3::hash(&bytes) {
+            return Err(mismatch("the database holds other bytes under its component's hash"));
+        }
+        tally.copied += 1;
+    }
+    let now = target.plugins.plugins(None).await?;
+    let present = keys.iter().filter(|(scope, name)| now.iter().any(|s| &s.scope == scope && &s.name == name)).count();
+    super::all_present("plugins", tally.source, present)?;
     Ok(tally)
 }
 

@@ -1,7 +1,8 @@
 //! `kiln migrate --to postgres`: an embedded data directory copied into
 //! the stores hosts share — its jobs (with their workflows), assets,
 //! idempotency claims, accounts, deployments (with their bundles), the web
-//! frontend's user files and the server secrets into PostgreSQL, its blobs
+//! frontend's user files, installed plugins (the operator's and accounts'
+//! own) and the server secrets into PostgreSQL, its blobs
 //! into the S3 bucket when `blob_store = "s3"`.
 //!
 //! Every write is made only where the target lacks the record, so a copy
@@ -14,13 +15,12 @@
 //! server opens it. Each kind is checked
 //! once copied: every record of the source is present in the target
 //! (counted by id), and every copied byte is hashed: a blob is committed
-//! under the blake3 of what was read, which must be its name, and a bundle
-//! or user file is read back and compared by hash; every copied asset's
-//! blob must be where the hosts will read it. The data directory must not
+//! under the blake3 of what was read, which must be its name, and a
+//! bundle, user file or plugin component is read back and compared by
+//! hash; every copied asset's blob must be where the hosts will read it. The data directory must not
 //! be in use (sled's lock refuses a second opener), nor served again once
 //! copied (a record the database holds is never updated from it); sign-in
-//! sessions and installed plugins are not copied (users sign in again;
-//! operators install plugins on every host).
+//! sessions are not copied (users sign in again).
 
 mod files;
 mod records;
@@ -30,7 +30,7 @@ mod tests;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgMeta, PgUserFiles};
+use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgMeta, PgPlugins, PgUserFiles};
 use crate::store::{BlobStore, DiskBlobs, DiskUserFiles, FileDeployments, SledAccounts, SledMeta, StoreError};
 
 /// Records read from the source per page.
@@ -130,6 +130,7 @@ pub struct Target {
     accounts: PgAccounts,
     deployments: PgDeployments,
     user_files: Arc<PgUserFiles>,
+    plugins: PgPlugins,
     /// `None`: blobs stay where they are (`blob_store = "fs"`).
     blobs: Option<Arc<dyn BlobStore>>,
 }
@@ -147,6 +148,7 @@ impl Target {
             accounts: PgAccounts::new(db.clone()),
             deployments: PgDeployments::new(db.clone()),
             user_files: Arc::new(PgUserFiles::new(db.clone())),
+            plugins: PgPlugins::new(db.clone()),
             db,
             blobs: None,
         }
@@ -182,6 +184,7 @@ pub async fn run(source: &Source, target: &Target, progress: &mut dyn FnMut(&Tal
     done(files::accounts(source, target).await?);
     done(files::deployments(source, target).await?);
     done(files::user_files(source, target).await?);
+    done(files::plugins(source, target).await?);
     // Blobs before the records that name them: an asset copied is checked
     // to have its blob where the hosts will read it.
     let blob_home: Arc<dyn BlobStore> = match &target.blobs {

@@ -67,7 +67,7 @@ async fn accounts_move_a_damaged_blob_stops_the_copy_and_a_second_run_finishes_i
     std::fs::remove_file(DiskBlobs::open(dir.path().join("blobs")).unwrap().path(&damaged).unwrap()).unwrap();
     let mut heard = Vec::new();
     let tallies = run(&source, &target, &mut |t| heard.push(t.kind)).await.unwrap();
-    assert_eq!(heard, ["accounts", "deployments", "user files", "blobs", "jobs", "assets", "idempotency claims"]);
+    assert_eq!(heard, ["accounts", "deployments", "user files", "plugins", "blobs", "jobs", "assets", "idempotency claims"]);
     let of = |kind: &str| tallies.iter().find(|t| t.kind == kind).unwrap().clone();
     assert_eq!((of("accounts").source, of("accounts").copied, of("accounts").present), (2, 0, 2));
     assert_eq!((of("blobs").source, of("blobs").copied + of("blobs").present), (1, 1));
@@ -141,4 +141,37 @@ async fn a_fresh_database_takes_the_data_directorys_installation_id() {
     let own = source.meta.installation_id().await.unwrap();
     run(&source, &Target::on(db.clone()), &mut |_| {}).await.unwrap();
     assert_eq!(crate::store::postgres::PgMeta::new(db).installation_id().await.unwrap(), own, "a bucket the server marked stays the installation's");
+}
+
+/// Installed plugins, the operator's and an account's own, come over by
+/// scope and name with their components; a second run finds them there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_plugins_move_with_their_components() {
+    use crate::store::cluster::{OPERATOR_SCOPE, SharedPlugins};
+    let Some(db) = fresh().await else { return };
+    let (dir, damaged) = data_dir().await;
+    std::fs::remove_file(DiskBlobs::open(dir.path().join("blobs")).unwrap().path(&damaged).unwrap()).unwrap();
+    let install = |folder: std::path::PathBuf, name: &str, bytes: &[u8]| {
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("kiln-plugin.toml"), format!("name = \"{name}\"\nversion = \"1.0.0\"\ncomponent = \"p.wasm\"\n")).unwrap();
+        std::fs::write(folder.join("p.wasm"), bytes).unwrap();
+    };
+    install(dir.path().join("plugins/ops-tool"), "ops-tool", b"operator component");
+    let account_dir = dir.path().join("account-plugins/0123");
+    install(account_dir.join("own-tool"), "own-tool", b"account component");
+    std::fs::write(account_dir.join("account"), "acct_1").unwrap();
+    let source = Source::open(dir.path()).unwrap();
+    let target = Target::on(db.clone());
+    let tallies = run(&source, &target, &mut |_| {}).await.unwrap();
+    let plugins = tallies.iter().find(|t| t.kind == "plugins").unwrap();
+    assert_eq!((plugins.source, plugins.copied), (2, 2));
+    let moved = crate::store::postgres::PgPlugins::new(db.clone());
+    let mut stored: Vec<(String, String)> = moved.plugins(None).await.unwrap().into_iter().map(|p| (p.scope, p.name)).collect();
+    stored.sort();
+    assert_eq!(stored, [(OPERATOR_SCOPE.to_string(), "ops-tool".to_string()), ("acct_1".to_string(), "own-tool".to_string())]);
+    let hash = blake3::hash(b"account component").to_hex().to_string();
+    assert_eq!(moved.component(&hash).await.unwrap().as_deref(), Some(&b"account component"[..]));
+    let again = run(&source, &target, &mut |_| {}).await.unwrap();
+    let plugins = again.iter().find(|t| t.kind == "plugins").unwrap();
+    assert_eq!((plugins.source, plugins.copied, plugins.present), (2, 0, 2));
 }

@@ -21,10 +21,11 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::identity::PluginId;
-use super::live::{InstallError, PluginInfo, settle, store, unstore};
+use super::live::{InstallError, Origin, PluginInfo, publish, settle, store, unstore};
 use super::manifest::Manifest;
 use super::registry::{NodeRegistry, RegistryError};
 use super::runtime::{Plugin, PluginRuntime};
+use crate::store::cluster::SharedPlugins;
 
 /// Account installs compiling at once, across accounts.
 pub const COMPILES: usize = 2;
@@ -54,7 +55,7 @@ pub(super) struct AccountPlugins {
 }
 
 /// The file in an account's folder naming the account.
-const OWNER_FILE: &str = "account";
+pub(super) const OWNER_FILE: &str = "account";
 
 impl AccountPlugins {
     /// Loads every account's plugins under `dir` on top of `base`. A plugin
@@ -110,27 +111,53 @@ impl AccountPlugins {
         self.own.read().get(owner).map(|ps| ps.iter().map(|p| PluginInfo::of(p, true)).collect()).unwrap_or_default()
     }
 
-    fn turn(&self, owner: &str) -> Arc<tokio::sync::Mutex<()>> {
+    /// Plugins one account may have.
+    pub(super) fn max_plugins(&self) -> usize {
+        self.quota.max_plugins
+    }
+
+    /// The accounts with plugins of their own here.
+    pub(super) fn owners(&self) -> Vec<String> {
+        self.own.read().keys().cloned().collect()
+    }
+
+    /// The names of `owner`'s own plugins here.
+    pub(super) fn names(&self, owner: &str) -> Vec<String> {
+        self.own.read().get(owner).map(|ps| ps.iter().map(|p| p.manifest.name.clone()).collect()).unwrap_or_default()
+    }
+
+    /// `owner`'s change lock: one install or removal of its plugins at a
+    /// time, and its plugins followed from the shared store in its turn.
+    pub(super) fn turn(&self, owner: &str) -> Arc<tokio::sync::Mutex<()>> {
         self.turns.lock().entry(owner.to_string()).or_default().clone()
     }
 
     /// The folder of `owner`'s plugins (a hash: account ids never name a path).
-    fn account_dir(&self, owner: &str) -> PathBuf {
+    pub(super) fn account_dir(&self, owner: &str) -> PathBuf {
         self.dir.join(&blake3::hash(owner.as_bytes()).to_hex()[..32])
     }
 
-    /// Installs (or upgrades) `owner`'s plugin on top of `base`.
-    pub(super) async fn install(&self, owner: &str, base: &NodeRegistry, manifest_text: &str, component: Vec<u8>) -> Result<PluginInfo, InstallError> {
+    /// Installs (or upgrades) `owner`'s plugin on top of `base`, in the
+    /// account's turn ([`AccountPlugins::turn`] held). A caller's install
+    /// is written to the `shared` store first, where there is one (which
+    /// holds the account to its quota across hosts); one followed from it
+    /// was.
+    pub(super) async fn install_locked(
+        &self,
+        owner: &str,
+        base: &NodeRegistry,
+        (manifest_text, component): (&str, Vec<u8>),
+        shared: Option<&dyn SharedPlugins>,
+        origin: Origin,
+    ) -> Result<PluginInfo, InstallError> {
         let mut manifest = Manifest::parse(manifest_text)?;
         let name = manifest.name.clone();
         if base.plugins().iter().any(|p| p.manifest.name == name) {
             return Err(InstallError::Fixed(name));
         }
-        let turn = self.turn(owner);
-        let _turn = turn.lock().await;
         let others: Vec<Arc<Plugin>> =
             self.own.read().get(owner).map(|ps| ps.iter().filter(|p| p.manifest.name != name).cloned().collect()).unwrap_or_default();
-        if others.len() >= self.quota.max_plugins {
+        if matches!(origin, Origin::Caller) && others.len() >= self.quota.max_plugins {
             return Err(InstallError::Quota(self.quota.max_plugins));
         }
         cap(&mut manifest, self.quota);
@@ -143,11 +170,12 @@ impl AccountPlugins {
         drop(slot);
         // Its classes must be new to the account's view.
         NodeRegistry::of(base.plugins().iter().cloned().chain(others.iter().cloned()).chain([plugin.clone()]))?;
+        let mark = publish(shared, owner, (manifest_text, &plugin, &wasm), Some(self.quota.max_plugins), origin).await?;
         let (text, component_name) = (manifest_text.to_string(), plugin.manifest.component.clone());
         let owner_text = owner.to_string();
         tokio::task::spawn_blocking(move || {
             crate::atomic_file::write(&account_dir.join(OWNER_FILE), owner_text.as_bytes(), None)?;
-            store(&account_dir, &target, &text, &component_name, &wasm)
+            store(&account_dir, &target, (&text, &component_name, &wasm), mark.as_deref())
         })
         .await
         .map_err(|e| InstallError::Io(std::io::Error::other(e.to_string())))??;
@@ -160,10 +188,8 @@ impl AccountPlugins {
         Ok(info)
     }
 
-    /// Removes `owner`'s plugin `name`.
-    pub(super) async fn remove(&self, owner: &str, base: &NodeRegistry, name: &str) -> Result<(), InstallError> {
-        let turn = self.turn(owner);
-        let _turn = turn.lock().await;
+    /// Removes `owner`'s plugin `name` here, in the account's turn.
+    pub(super) async fn remove_locked(&self, owner: &str, base: &NodeRegistry, name: &str) -> Result<(), InstallError> {
         let mine: Vec<Arc<Plugin>> = self.own.read().get(owner).cloned().unwrap_or_default();
         if !mine.iter().any(|p| p.manifest.name == name) {
             return Err(InstallError::NotFound(name.to_string()));

@@ -12,6 +12,11 @@
 //! anything is written or swapped, so a failed install leaves no trace; its
 //! files are staged beside the final folder and renamed into place, so a
 //! crash leaves the old version or the new one, never half of one.
+//!
+//! Where hosts share a store, an install or removal through this host is
+//! written there first (after its compile and checks here) and the other
+//! hosts follow it (see `shared`); a plugin kept here that every host has
+//! carries a mark of its revision.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,18 +30,33 @@ use super::manifest::{Manifest, ManifestError};
 use super::outcome::LoadError;
 use super::registry::{NodeRegistry, RegistryError};
 use super::runtime::{Plugin, PluginRuntime};
+use crate::store::StoreError;
+use crate::store::cluster::{OPERATOR_SCOPE, Publish, Published, SharedPlugin, SharedPlugins};
+
+/// The folder of a data directory where the operator's installed plugins
+/// are kept.
+pub const INSTALLS_DIR: &str = "plugins";
+/// The folder of a data directory where accounts' own plugins are kept.
+pub const ACCOUNT_INSTALLS_DIR: &str = "account-plugins";
 
 /// The host's current plugins, and where installed ones live.
 pub struct LivePlugins {
     /// The plugins it started with: never replaced or removed here.
-    fixed: Vec<Arc<Plugin>>,
-    installs: Option<Installs>,
+    pub(super) fixed: Vec<Arc<Plugin>>,
+    pub(super) installs: Option<Installs>,
     current: RwLock<Arc<NodeRegistry>>,
     /// Accounts' own plugins (cloud and serverless modes).
-    accounts: Option<AccountPlugins>,
+    pub(super) accounts: Option<AccountPlugins>,
     /// Bumped by every change, an account's included (caches of
     /// `object_info` compare it).
     generation: AtomicU64,
+    /// Where hosts share a store: the plugins installed into all of them.
+    pub(super) shared: Option<Arc<dyn SharedPlugins>>,
+    /// Revisions followed from the shared store that did not load here,
+    /// by scope and name (not tried again until they change).
+    pub(super) refused: parking_lot::Mutex<std::collections::HashMap<(String, String), String>>,
+    /// Scopes to follow again soon (see [`LivePlugins::take_pending`]).
+    pub(super) pending: parking_lot::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// The components a host has at one moment: its plugins, and each
@@ -65,12 +85,22 @@ impl Holdings {
 }
 
 /// Where installed plugins are kept and how they are loaded.
-struct Installs {
+pub(super) struct Installs {
     runtime: Arc<PluginRuntime>,
     /// Canonical: an installed plugin's identity is `dir/<name>`.
-    dir: PathBuf,
+    pub(super) dir: PathBuf,
     /// One change at a time (each builds on the registry before it).
-    changing: tokio::sync::Mutex<()>,
+    pub(super) changing: tokio::sync::Mutex<()>,
+}
+
+/// Where an install comes from.
+#[derive(Debug, Clone)]
+pub(super) enum Origin {
+    /// A caller of this host: written to the shared store, where there is
+    /// one, before it is kept here.
+    Caller,
+    /// Followed from the shared store: kept here, marked with this revision.
+    Shared(String),
 }
 
 /// Why a plugin was not installed or removed.
@@ -91,6 +121,9 @@ pub enum InstallError {
     Refused(#[from] RegistryError),
     #[error("cannot store the plugin: {0}")]
     Io(#[from] std::io::Error),
+    /// The store the hosts share did not take it.
+    #[error(transparent)]
+    Shared(#[from] StoreError),
 }
 
 /// One plugin as listed.
@@ -128,11 +161,61 @@ impl PluginInfo {
 /// A staged folder, and the leftover of a replaced one.
 const STAGING: &str = ".staging-";
 const REPLACED: &str = ".old-";
+/// The file in a plugin's folder holding its shared revision (see
+/// [`SharedPlugin::revision`]): every host sharing the store has it.
+const SHARED_MARK: &str = ".shared";
+
+/// The shared revision of the plugin kept in `dir`, if it is marked.
+pub(super) fn mark_of(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join(SHARED_MARK)).ok()
+}
+
+/// Marks the plugin kept in `dir` as shared at `revision`.
+pub(super) fn mark(dir: &Path, revision: &str) -> std::io::Result<()> {
+    crate::atomic_file::write(&dir.join(SHARED_MARK), revision.as_bytes(), None)
+}
+
+/// Writes a plugin `plugin` (from `manifest_text` and `wasm`) of `scope`
+/// that a caller of this host installs to the shared store, if any; an
+/// install followed from it was written already. The revision to mark it
+/// with when kept here, if shared.
+pub(super) async fn publish(
+    shared: Option<&dyn SharedPlugins>,
+    scope: &str,
+    (manifest_text, plugin, wasm): (&str, &Plugin, &[u8]),
+    limit: Option<usize>,
+    origin: Origin,
+) -> Result<Option<String>, InstallError> {
+    let shared = match (origin, shared) {
+        (Origin::Shared(revision), _) => return Ok(Some(revision)),
+        (Origin::Caller, None) => return Ok(None),
+        (Origin::Caller, Some(shared)) => shared,
+    };
+    let record = SharedPlugin {
+        scope: scope.to_string(),
+        name: plugin.manifest.name.clone(),
+        manifest: manifest_text.to_string(),
+        component: plugin.component_hash.to_hex().to_string(),
+    };
+    match shared.publish(&record, wasm, Publish { limit, replace: true }).await? {
+        Published::Done | Published::Present => Ok(Some(record.revision())),
+        Published::Full => Err(InstallError::Quota(limit.unwrap_or_default())),
+    }
+}
 
 impl From<Arc<NodeRegistry>> for LivePlugins {
     /// A set that never changes (no installs).
     fn from(registry: Arc<NodeRegistry>) -> LivePlugins {
-        LivePlugins { fixed: registry.plugins().to_vec(), installs: None, current: RwLock::new(registry), accounts: None, generation: AtomicU64::new(0) }
+        LivePlugins {
+            fixed: registry.plugins().to_vec(),
+            installs: None,
+            current: RwLock::new(registry),
+            accounts: None,
+            generation: AtomicU64::new(0),
+            shared: None,
+            refused: Default::default(),
+            pending: Default::default(),
+        }
     }
 }
 
@@ -165,7 +248,33 @@ impl LivePlugins {
             current: RwLock::new(Arc::new(registry)),
             accounts,
             generation: AtomicU64::new(0),
+            shared: None,
+            refused: Default::default(),
+            pending: Default::default(),
         })
+    }
+
+    /// Installs through this host go to `store` too, for every host sharing
+    /// it; what others install there is followed (`follow_shared`).
+    pub fn share(&mut self, store: Arc<dyn SharedPlugins>) {
+        self.shared = Some(store);
+    }
+
+    /// The scopes to follow again from the shared store: where a change
+    /// through this host may have reached the store but not this host (it
+    /// failed here after the store's write, or the store's answer was
+    /// lost), or a followed change could not be kept here.
+    pub fn take_pending(&self) -> Vec<String> {
+        std::mem::take(&mut *self.pending.lock()).into_iter().collect()
+    }
+
+    /// `done`, a change of `scope` through this host; one that failed after
+    /// it may have been written to the shared store is followed again.
+    fn after_change<T>(&self, scope: &str, done: Result<T, InstallError>) -> Result<T, InstallError> {
+        if self.shared.is_some() && matches!(done, Err(InstallError::Io(_) | InstallError::Shared(_))) {
+            self.pending.lock().insert(scope.to_string());
+        }
+        done
     }
 
     /// The registry new work uses: the host's plugins.
@@ -193,7 +302,10 @@ impl LivePlugins {
     pub async fn install_for(&self, owner: &str, manifest_text: &str, component: Vec<u8>) -> Result<PluginInfo, InstallError> {
         let accounts = self.accounts.as_ref().ok_or(InstallError::Disabled)?;
         let base = self.current();
-        let info = accounts.install(owner, &base, manifest_text, component).await?;
+        let turn = accounts.turn(owner);
+        let _turn = turn.lock().await;
+        let installed = accounts.install_locked(owner, &base, (manifest_text, component), self.shared.as_deref(), Origin::Caller).await;
+        let info = self.after_change(owner, installed)?;
         self.after_account_change(accounts, &base);
         Ok(info)
     }
@@ -202,14 +314,27 @@ impl LivePlugins {
     pub async fn remove_for(&self, owner: &str, name: &str) -> Result<(), InstallError> {
         let accounts = self.accounts.as_ref().ok_or(InstallError::Disabled)?;
         let base = self.current();
-        accounts.remove(owner, &base, name).await?;
+        let turn = accounts.turn(owner);
+        let _turn = turn.lock().await;
+        let removed = async {
+            let withdrawn = match &self.shared {
+                Some(shared) => shared.withdraw(owner, name).await?,
+                None => false,
+            };
+            match accounts.remove_locked(owner, &base, name).await {
+                Err(InstallError::NotFound(_)) if withdrawn => Ok(()),
+                done => done,
+            }
+        };
+        let removed = removed.await;
+        self.after_change(owner, removed)?;
         self.after_account_change(accounts, &base);
         Ok(())
     }
 
     /// An account's view was built on `base`: if the host's plugins changed
     /// meanwhile, every view is built again on the new ones.
-    fn after_account_change(&self, accounts: &AccountPlugins, base: &Arc<NodeRegistry>) {
+    pub(super) fn after_account_change(&self, accounts: &AccountPlugins, base: &Arc<NodeRegistry>) {
         let current = self.current();
         if !Arc::ptr_eq(base, &current) {
             accounts.rebase(&current);
@@ -236,22 +361,35 @@ impl LivePlugins {
     /// compile limits, off the async threads.
     pub async fn install(&self, manifest_text: &str, component: Vec<u8>) -> Result<PluginInfo, InstallError> {
         let installs = self.installs.as_ref().ok_or(InstallError::Disabled)?;
+        let _turn = installs.changing.lock().await;
+        let installed = self.install_locked(installs, manifest_text, component, Origin::Caller).await;
+        self.after_change(OPERATOR_SCOPE, installed)
+    }
+
+    /// [`LivePlugins::install`] in its turn (`installs.changing` held).
+    pub(super) async fn install_locked(
+        &self,
+        installs: &Installs,
+        manifest_text: &str,
+        component: Vec<u8>,
+        origin: Origin,
+    ) -> Result<PluginInfo, InstallError> {
         let manifest = Manifest::parse(manifest_text)?;
         let name = manifest.name.clone();
         if self.fixed.iter().any(|p| p.manifest.name == name) {
             return Err(InstallError::Fixed(name));
         }
-        let _turn = installs.changing.lock().await;
         let target = installs.dir.join(&name);
         let id = PluginId::Dir(target.clone());
         let wasm = Arc::new(component);
         let plugin = Arc::new(load_blocking(installs.runtime.clone(), id, manifest, wasm.clone()).await?);
         let others = self.current().plugins().iter().filter(|p| p.manifest.name != name).cloned().collect::<Vec<_>>();
         let registry = NodeRegistry::of(others.into_iter().chain([plugin.clone()]))?;
+        let shared = publish(self.shared.as_deref(), OPERATOR_SCOPE, (manifest_text, &plugin, &wasm), None, origin).await?;
         let text = manifest_text.to_string();
         let component_name = plugin.manifest.component.clone();
         let dir = installs.dir.clone();
-        tokio::task::spawn_blocking(move || store(&dir, &target, &text, &component_name, &wasm))
+        tokio::task::spawn_blocking(move || store(&dir, &target, (&text, &component_name, &wasm), shared.as_deref()))
             .await
             .map_err(|e| InstallError::Io(std::io::Error::other(e.to_string())))??;
         tracing::info!(plugin = %name, version = %plugin.manifest.version, hash = %plugin.component_hash, "plugin installed");
@@ -267,6 +405,22 @@ impl LivePlugins {
             return Err(InstallError::Fixed(name.to_string()));
         }
         let _turn = installs.changing.lock().await;
+        let removed = async {
+            let withdrawn = match &self.shared {
+                Some(shared) => shared.withdraw(OPERATOR_SCOPE, name).await?,
+                None => false,
+            };
+            match self.remove_locked(installs, name).await {
+                Err(InstallError::NotFound(_)) if withdrawn => Ok(()),
+                done => done,
+            }
+        };
+        let removed = removed.await;
+        self.after_change(OPERATOR_SCOPE, removed)
+    }
+
+    /// [`LivePlugins::remove`] here, in its turn (`installs.changing` held).
+    pub(super) async fn remove_locked(&self, installs: &Installs, name: &str) -> Result<(), InstallError> {
         let current = self.current();
         if !current.plugins().iter().any(|p| p.manifest.name == name) {
             return Err(InstallError::NotFound(name.to_string()));
@@ -295,14 +449,17 @@ impl From<LoadError> for InstallError {
     }
 }
 
-/// Writes the plugin into `target` (a folder of `dir`): staged, synced,
-/// then renamed over the old version.
-pub(super) fn store(dir: &Path, target: &Path, manifest: &str, component_name: &str, wasm: &[u8]) -> std::io::Result<()> {
+/// Writes the plugin (its manifest's text, its component's file name and
+/// bytes) into `target` (a folder of `dir`), marked with its `shared`
+/// revision if it has one: staged, synced, then renamed over the old
+/// version.
+pub(super) fn store(dir: &Path, target: &Path, (manifest, component_name, wasm): (&str, &str, &[u8]), shared: Option<&str>) -> std::io::Result<()> {
     let staging = dir.join(format!("{STAGING}{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir(&staging)?;
     let written = (|| {
         crate::atomic_file::write(&staging.join("kiln-plugin.toml"), manifest.as_bytes(), None)?;
-        crate::atomic_file::write(&staging.join(component_name), wasm, None)
+        crate::atomic_file::write(&staging.join(component_name), wasm, None)?;
+        shared.map_or(Ok(()), |revision| mark(&staging, revision))
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(&staging);
@@ -378,11 +535,12 @@ mod tests {
     fn an_upgrade_replaces_the_folder_whole_and_a_removal_takes_it_away() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("p");
-        store(dir.path(), &target, "v1", "p.wasm", b"one").unwrap();
-        store(dir.path(), &target, "v2", "p.wasm", b"two").unwrap();
+        store(dir.path(), &target, ("v1", "p.wasm", b"one"), None).unwrap();
+        store(dir.path(), &target, ("v2", "p.wasm", b"two"), Some("r2")).unwrap();
         assert_eq!(files(dir.path()), ["p"], "no staged or replaced folder stays");
         assert_eq!(std::fs::read_to_string(target.join("kiln-plugin.toml")).unwrap(), "v2");
         assert_eq!(std::fs::read(target.join("p.wasm")).unwrap(), b"two");
+        assert_eq!(mark_of(&target).as_deref(), Some("r2"), "the new version's mark");
         unstore(dir.path(), "p").unwrap();
         assert!(files(dir.path()).is_empty());
     }

@@ -45,6 +45,7 @@ pub mod routes;
 pub mod runtime;
 pub mod secrets;
 pub mod settings;
+mod shared;
 pub mod state;
 
 pub use account_plugins::AccountQuota;
@@ -57,4 +58,5 @@ pub use registry::{NodeRegistry, RegistryError};
 pub use runtime::{CapturedLog, NodeDef, Plugin, PluginRuntime};
 pub use secrets::JobSecrets;
 pub use settings::RuntimeConfig;
+pub use shared::kept_in;
 pub use state::{NodeIo, NodeSignal};

@@ -80,14 +80,14 @@ impl Backends {
     }
 
     /// Jobs, assets, claims, accounts, sessions, deployments and their
-    /// bundles, the server secrets and the web frontend's user files in the
+    /// bundles, installed plugins, the server secrets and the web frontend's user files in the
     /// PostgreSQL database at `url` (its schema migrated first; at most
     /// `max_connections` open), shared with the other hosts that name it:
     /// this host (`host_id`) holds the jobs submitted to it under a lease
     /// and hears the others' events (see `service::cluster`). Blobs under
     /// `data_dir` (unless S3 replaces them), and this process's queue.
     pub async fn postgres(url: &str, max_connections: u32, data_dir: &Path, host_id: &str) -> Result<Backends, ServiceError> {
-        use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgHosts, PgMeta, PgNotices, PgNumbers, PgSessions, PgUserFiles};
+        use crate::store::postgres::{PgAccounts, PgDatabase, PgDeployments, PgHosts, PgMeta, PgNotices, PgNumbers, PgPlugins, PgSessions, PgUserFiles};
         crate::atomic_file::create_dir_all(data_dir).map_err(StoreError::from)?;
         let db = PgDatabase::connect(url, max_connections).await?.as_host(host_id);
         // The secrets every host shares: seeded, when the database has none
@@ -107,7 +107,8 @@ impl Backends {
         let notices: Arc<dyn crate::store::cluster::Notices> = Arc::new(PgNotices::start(&db)?);
         backends.bus = Arc::new(super::bus::SharedBus::start(notices.clone(), backends.meta.clone()));
         let numbers = Arc::new(PgNumbers::new(db.clone()));
-        backends.cluster = Some(super::ClusterBackends { leases: Arc::new(PgHosts::new(db, host_id)), notices, numbers });
+        let plugins = Arc::new(PgPlugins::new(db.clone()));
+        backends.cluster = Some(super::ClusterBackends { leases: Arc::new(PgHosts::new(db, host_id)), notices, numbers, plugins });
         Ok(backends)
     }
 

@@ -41,6 +41,7 @@ pub struct ClusterBackends {
     pub leases: Arc<dyn HostLeases>,
     pub notices: Arc<dyn Notices>,
     pub numbers: Arc<dyn SharedNumbers>,
+    pub plugins: Arc<dyn crate::store::cluster::SharedPlugins>,
 }
 
 impl Service {

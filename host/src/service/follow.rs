@@ -1,7 +1,8 @@
 //! Following what other hosts sharing the store change in the records
-//! every host keeps in memory: accounts and deployments. Each write of one
-//! is announced by the store in its own transaction (`store::cluster`,
-//! [`Topic::Accounts`], [`Topic::Deployments`]); a host re-reads what it
+//! every host keeps in memory: accounts, deployments and installed
+//! plugins. Each write of one is announced by the store in its own
+//! transaction (`store::cluster`, [`Topic::Accounts`],
+//! [`Topic::Deployments`], [`Topic::Plugins`]); a host re-reads what it
 //! hears, and everything when announcements may have been missed (its
 //! listening connection lost, its inbox overrun) and once at the start (a
 //! change between its first read and its subscription).
@@ -19,6 +20,9 @@ use crate::store::cluster::{Notices, Topic};
 
 /// How often a follower checks whether notices were missed.
 const GAP_CHECK: Duration = Duration::from_secs(1);
+/// How often scopes of plugins this host could not bring in step are
+/// followed again (`LivePlugins::take_pending`).
+const PLUGINS_AGAIN: Duration = Duration::from_secs(5);
 /// Ids re-read in one pass at most (more wait for the next pass).
 const BATCH: usize = 256;
 
@@ -170,6 +174,32 @@ impl Service {
                     Reconciled::Load(generation) => self.load_deployment(&id, generation),
                     Reconciled::Stopped => self.cancel_queued_of_deployment(&id).await,
                 }
+            }
+        }
+    }
+
+    /// Keeps this host's installed plugins (the operator's, and accounts'
+    /// own) in step with what was installed or removed through other hosts
+    /// (`plugins::shared`).
+    pub(super) async fn follow_plugins(self: Arc<Self>) {
+        let Some(cluster) = self.cluster.clone() else { return };
+        let mut follower = Follower::new(cluster.notices.clone(), Topic::Plugins);
+        let mut again = tokio::time::interval(PLUGINS_AGAIN);
+        loop {
+            let scopes = tokio::select! {
+                heard = follower.next(&self.shutdown) => match heard {
+                    None => return,
+                    Some(Heard::All) => None,
+                    Some(Heard::Ids(scopes)) => Some(scopes.iter().map(|scope| scope.to_string()).collect()),
+                },
+                _ = again.tick() => match self.plugins.take_pending() {
+                    pending if pending.is_empty() => continue,
+                    pending => Some(pending),
+                },
+            };
+            if let Err(e) = self.plugins.follow_shared(scopes).await {
+                follower.failed();
+                tracing::warn!(error = %e, "cannot follow the plugins other hosts installed; trying again");
             }
         }
     }

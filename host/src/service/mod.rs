@@ -154,6 +154,10 @@ impl Service {
         executor: Arc<Executor>,
     ) -> Result<Arc<Service>, ServiceError> {
         let Backends { meta, blobs, accounts, key_hasher, signing_key, sessions, deployments, user_files, waiting, bus, cluster } = backends;
+        let mut plugins: crate::plugins::LivePlugins = plugins.into();
+        if let Some(cluster) = &cluster {
+            plugins.share(cluster.plugins.clone());
+        }
         let sessions = crate::accounts::sessions::Sessions::new(sessions, opts.session_ttl_s);
         let accounts =
             Arc::new(crate::accounts::Accounts::open(accounts, key_hasher, opts.pricing).await.map_err(|e| crate::store::StoreError::Backend(e.to_string()))?);
@@ -172,7 +176,7 @@ impl Service {
             meta,
             blobs,
             executor,
-            plugins: plugins.into(),
+            plugins,
             queue: queue::JobQueue::new(waiting),
             limits: RwLock::new(limits),
             streams,
@@ -201,6 +205,9 @@ impl Service {
         });
         let renewal = service.join_cluster().await?;
         let recovered = async {
+            // The plugins every host has, before this host validates or
+            // takes any job.
+            service.plugins.follow_shared(None).await?;
             service.recover().await?;
             service.load_uploads().await
         };
@@ -234,6 +241,7 @@ impl Service {
             tokio::spawn(service.clone().cluster_loop()),
             tokio::spawn(service.clone().follow_accounts()),
             tokio::spawn(service.clone().follow_deployments()),
+            tokio::spawn(service.clone().follow_plugins()),
             tokio::spawn(service.clone().count_queues()),
             tokio::spawn(service.clone().metrics_upkeep()),
         ];

@@ -1,6 +1,7 @@
 //! What hosts sharing one store coordinate through: each host's lease on
 //! the unfinished jobs it holds ([`HostLeases`]), small notices every
-//! host hears ([`Notices`]) and the numbers they hand out ([`SharedNumbers`]).
+//! host hears ([`Notices`]), the numbers they hand out ([`SharedNumbers`])
+//! and the plugins installed into all of them ([`SharedPlugins`]).
 //! The embedded store has none of these: one process holds every job and
 //! counts alone.
 //!
@@ -152,10 +153,74 @@ pub enum Topic {
     /// The owner whose queue (jobs queued or running) changed on another
     /// host (ComfyUI's `queue_remaining`).
     Queues,
+    /// The scope (see [`SharedPlugin::scope`]) whose installed plugins
+    /// another host changed.
+    Plugins,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 5] = [Topic::Control, Topic::Events, Topic::Accounts, Topic::Deployments, Topic::Queues];
+    pub const ALL: [Topic; 6] = [Topic::Control, Topic::Events, Topic::Accounts, Topic::Deployments, Topic::Queues, Topic::Plugins];
+}
+
+/// The scope of the plugins an operator installs for every caller.
+pub const OPERATOR_SCOPE: &str = "";
+
+/// A plugin installed through one host for every host sharing the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPlugin {
+    /// Whose it is: [`OPERATOR_SCOPE`] (every caller's), else the id of
+    /// the account it belongs to.
+    pub scope: String,
+    pub name: String,
+    /// Its manifest's text, as installed.
+    pub manifest: String,
+    /// Its component's blake3 hash (64 hex digits); the bytes are
+    /// [`SharedPlugins::component`].
+    pub component: String,
+}
+
+impl SharedPlugin {
+    /// What a host compares with what it installed: the manifest's text
+    /// and the component, together.
+    pub fn revision(&self) -> String {
+        format!("{}.{}", &blake3::hash(self.manifest.as_bytes()).to_hex()[..32], self.component)
+    }
+}
+
+/// How [`SharedPlugins::publish`] writes a plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Publish {
+    /// Only while the scope holds fewer other plugins than this.
+    pub limit: Option<usize>,
+    /// Replacing the scope's plugin of that name (an install); else only
+    /// where the scope has none (a copy of one kept elsewhere).
+    pub replace: bool,
+}
+
+/// What [`SharedPlugins::publish`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    Done,
+    /// Nothing written: the scope holds its limit of other plugins.
+    Full,
+    /// Nothing written: the scope has a plugin of that name, kept.
+    Present,
+}
+
+/// The plugins installed into every host sharing the store. Each write is
+/// announced on [`Topic::Plugins`] in its own transaction; each host
+/// compiles and checks what it follows on its own.
+#[async_trait::async_trait]
+pub trait SharedPlugins: Send + Sync {
+    /// The plugins of `scopes` (every scope's: `None`).
+    async fn plugins(&self, scopes: Option<Vec<String>>) -> Result<Vec<SharedPlugin>, StoreError>;
+    /// Installs `plugin` (its component's bytes `component`, which hash to
+    /// `plugin.component`) as `how` says.
+    async fn publish(&self, plugin: &SharedPlugin, component: &[u8], how: Publish) -> Result<Published, StoreError>;
+    /// Removes `scope`'s plugin `name`; whether there was one.
+    async fn withdraw(&self, scope: &str, name: &str) -> Result<bool, StoreError>;
+    /// The component whose hash is `hash`, while a plugin names it.
+    async fn component(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
 /// The numbers every host sharing the store hands out: no two hosts hand

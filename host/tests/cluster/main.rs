@@ -28,6 +28,7 @@ use serde_json::{Value, json};
 mod own_postgres;
 
 mod deployments;
+mod installs;
 mod migrate;
 mod plugins;
 mod restart;

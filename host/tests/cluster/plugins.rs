@@ -1,4 +1,4 @@
-//! Hosts with different plugin sets: a job records the components it was
+//! Hosts with different plugin sets (their plugin folders): a job records the components it was
 //! validated against when submitted, and when its host dies, a host whose
 //! plugin of that name is another build leaves it alone (it would run other
 //! code); a host that has the very component takes it and runs it. A job
@@ -13,11 +13,11 @@ use serde_json::{Value, json};
 use super::*;
 
 /// `examples/custom-node` (class `ExamplePosterize`) as built before.
-const POSTERIZE: &[u8] = include_bytes!("../../../tests/fixtures/plugins/custom-node-kiln-plugin-0.1.0.wasm");
+pub(super) const POSTERIZE: &[u8] = include_bytes!("../../../tests/fixtures/plugins/custom-node-kiln-plugin-0.1.0.wasm");
 
 /// The same component with a custom section appended: it behaves alike,
 /// but it is another build, with another hash.
-fn another_build() -> Vec<u8> {
+pub(super) fn another_build() -> Vec<u8> {
     let mut bytes = POSTERIZE.to_vec();
     // Section 0 (custom), 10 bytes: a 9-byte name and no payload.
     bytes.extend([0u8, 10, 9]);
@@ -25,14 +25,22 @@ fn another_build() -> Vec<u8> {
     bytes
 }
 
-/// Installs `component` as plugin `example-posterize` on `host`: its hash.
-async fn install(http: &reqwest::Client, host: &Host, component: Vec<u8>) -> String {
-    let manifest = "name = \"example-posterize\"\nversion = \"1.0.0\"\ncomponent = \"plugin.wasm\"\n[limits]\nmemory_mb = 256\ntimeout_ms = 30000\n";
-    let form =
-        reqwest::multipart::Form::new().text("manifest", manifest).part("component", reqwest::multipart::Part::bytes(component).file_name("plugin.wasm"));
-    let resp = http.post(format!("{}/admin/plugins", host.base)).bearer_auth(ADMIN).multipart(form).send().await.unwrap();
-    assert_eq!(resp.status(), 201, "{}", host.base);
-    resp.json::<Value>().await.unwrap()["hash"].as_str().unwrap().to_string()
+/// The manifest of plugin `example-posterize`.
+pub(super) const MANIFEST: &str =
+    "name = \"example-posterize\"\nversion = \"1.0.0\"\ncomponent = \"plugin.wasm\"\n[limits]\nmemory_mb = 256\ntimeout_ms = 30000\n";
+
+/// A plugin folder holding `component` as plugin `example-posterize`, for
+/// one host's `KILN_PLUGIN_DIRS`; and the component's hash.
+pub(super) fn plugin_folder(component: &[u8]) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("kiln-plugin.toml"), MANIFEST).unwrap();
+    std::fs::write(dir.path().join("plugin.wasm"), component).unwrap();
+    (dir, format!("blake3:{}", blake3::hash(component).to_hex()))
+}
+
+/// `KILN_PLUGIN_DIRS` naming `folder`.
+pub(super) fn plugin_dirs(folder: &tempfile::TempDir) -> (&'static str, &str) {
+    ("KILN_PLUGIN_DIRS", folder.path().to_str().unwrap())
 }
 
 /// A few seconds of blurs, then the plugin's posterize, then a save.
@@ -53,12 +61,11 @@ async fn a_job_is_taken_over_only_by_a_host_with_its_components() {
             *value = "6".into();
         }
     }
-    let admin = [("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", "1")];
-    let (mut p1, p2) = (start_with("p1", &shared, &admin), start_with("p2", &shared, &admin));
-    let http = reqwest::Client::new();
-    let v1 = install(&http, &p1, POSTERIZE.to_vec()).await;
-    let other = install(&http, &p2, another_build()).await;
+    let ((first, v1), (second, other)) = (plugin_folder(POSTERIZE), plugin_folder(&another_build()));
     assert_ne!(v1, other);
+    let one_worker = ("KILN_MAX_RUNNING_JOBS", "1");
+    let (mut p1, p2) = (start_with("p1", &shared, &[one_worker, plugin_dirs(&first)]), start_with("p2", &shared, &[one_worker, plugin_dirs(&second)]));
+    let http = reqwest::Client::new();
 
     let id = submit(&http, &p1, posterized()).await;
     wait_for(&http, &p2, &id, &["running"], Duration::from_secs(30)).await;
@@ -98,8 +105,7 @@ async fn a_job_is_taken_over_only_by_a_host_with_its_components() {
     assert_eq!((canceled["status"].as_str(), &canceled["started_at"]), (Some("canceled"), &Value::Null), "{canceled}");
 
     // A host with the very component: it takes the job once it has it.
-    let p3 = start_with("p3", &shared, &admin);
-    assert_eq!(install(&http, &p3, POSTERIZE.to_vec()).await, v1);
+    let p3 = start_with("p3", &shared, &[one_worker, plugin_dirs(&first)]);
     for id in [&id, &waiting] {
         let done = wait_for(&http, &p2, id, &["succeeded", "failed", "canceled"], Duration::from_secs(90)).await;
         assert_eq!(done["status"], "succeeded", "{done}");
@@ -187,10 +193,10 @@ fn previews_in(seen: &str) -> Vec<(String, usize)> {
 async fn previews_reach_streams_on_another_host() {
     use futures_util::StreamExt;
     let Some(shared) = shared().await else { return };
-    let admin = [("KILN_ADMIN_TOKEN", ADMIN), ("KILN_MAX_RUNNING_JOBS", "1")];
-    let (runner, watcher) = (start_with("v1", &shared, &admin), start_with("v2", &shared, &admin));
+    let (folder, _) = plugin_folder(POSTERIZE);
+    let one_worker = ("KILN_MAX_RUNNING_JOBS", "1");
+    let (runner, watcher) = (start_with("v1", &shared, &[one_worker, plugin_dirs(&folder)]), start_with("v2", &shared, &[one_worker]));
     let http = reqwest::Client::new();
-    install(&http, &runner, POSTERIZE.to_vec()).await;
     let form = reqwest::multipart::Form::new().part("image", reqwest::multipart::Part::bytes(noise()).file_name("noise.png").mime_str("image/png").unwrap());
     let uploaded: Value = http.post(format!("{}/api/upload/image", runner.base)).multipart(form).send().await.unwrap().json().await.unwrap();
     let image = uploaded["name"].as_str().unwrap_or_else(|| panic!("{uploaded}")).to_string();

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::*;
 
 /// Creates account `name` through `host`; its API key.
-async fn create_account(http: &reqwest::Client, host: &Host, name: &str, credits: i64) -> String {
+pub(super) async fn create_account(http: &reqwest::Client, host: &Host, name: &str, credits: i64) -> String {
     create_account_with(http, host, json!({"name": name, "credits": credits})).await
 }
 
@@ -39,7 +39,7 @@ async fn balance(http: &reqwest::Client, host: &Host, name: &str) -> i64 {
 }
 
 /// Submits as `key` through `host`: the status and the body.
-async fn submit_as(http: &reqwest::Client, host: &Host, key: &str, workflow: Value) -> (u16, Value) {
+pub(super) async fn submit_as(http: &reqwest::Client, host: &Host, key: &str, workflow: Value) -> (u16, Value) {
     let resp = http.post(format!("{}/api/v2/jobs", host.base)).bearer_auth(key).json(&json!({ "workflow": workflow })).send().await.unwrap();
     (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
 }
@@ -51,7 +51,7 @@ async fn job_as(http: &reqwest::Client, host: &Host, key: &str, id: &str) -> Val
 /// Polls `host` as `key` until job `id`'s status is one of `wanted`. The
 /// 90 s bound only catches a hang: with several clusters of the suite on a
 /// small machine, a [`slow`] job may take ten times its lone run.
-async fn wait_as(http: &reqwest::Client, host: &Host, key: &str, id: &str, wanted: &[&str]) -> Value {
+pub(super) async fn wait_as(http: &reqwest::Client, host: &Host, key: &str, id: &str, wanted: &[&str]) -> Value {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let job = job_as(http, host, key, id).await;
@@ -64,7 +64,7 @@ async fn wait_as(http: &reqwest::Client, host: &Host, key: &str, id: &str, wante
 }
 
 /// Polls until `check` holds for the status `GET /api/v2/jobs` answers `key` on `host`.
-async fn until_status(http: &reqwest::Client, host: &Host, key: &str, check: impl Fn(u16) -> bool, what: &str) {
+pub(super) async fn until_status(http: &reqwest::Client, host: &Host, key: &str, check: impl Fn(u16) -> bool, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let status = http.get(format!("{}/api/v2/jobs", host.base)).bearer_auth(key).send().await.unwrap().status().as_u16();

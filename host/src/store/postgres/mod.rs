@@ -29,6 +29,7 @@ mod import;
 mod meta;
 mod notices;
 mod numbers;
+mod plugins;
 mod secrets;
 mod sessions;
 mod user_files;
@@ -45,6 +46,7 @@ pub use import::{Imported, ImportedJob};
 pub use meta::PgMeta;
 pub use notices::PgNotices;
 pub use numbers::PgNumbers;
+pub use plugins::PgPlugins;
 pub use sessions::PgSessions;
 pub use user_files::PgUserFiles;
 
@@ -69,6 +71,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (14, "held since", include_str!("migrations/0014_held_since.sql")),
     (15, "turns", include_str!("migrations/0015_turns.sql")),
     (16, "numbers", include_str!("migrations/0016_numbers.sql")),
+    (17, "plugins", include_str!("migrations/0017_plugins.sql")),
 ];
 
 /// How long an idle connection stays open.
@@ -324,6 +327,8 @@ mod test_blob_holds;
 pub(crate) mod test_db;
 #[cfg(test)]
 mod test_numbers;
+#[cfg(test)]
+mod test_plugins;
 #[cfg(test)]
 mod test_take_queued;
 

@@ -45,6 +45,7 @@ pub(super) fn channel(topic: Topic) -> &'static str {
         Topic::Accounts => "kiln_accounts",
         Topic::Deployments => "kiln_deployments",
         Topic::Queues => "kiln_queues",
+        Topic::Plugins => "kiln_plugins",
     }
 }
 
