@@ -133,9 +133,12 @@ async fn three_hosts_serve_as_one() {
     assert_eq!(codes.iter().filter(|&&c| c == 201).count(), 1, "{codes:?}");
 
     // SIGKILL of the host running a job: another host takes it over once
-    // the lease lapses, and runs it to the end.
+    // the lease lapses, and runs it again from the start, to the end.
     let id = submit(&http, h1, slow(3)).await;
-    wait_for(&http, h2, &id, &["running"], Duration::from_secs(30)).await;
+    let first_run = wait_for(&http, h2, &id, &["running"], Duration::from_secs(30)).await;
+    let db = sqlx::PgPool::connect(&env(&shared, "KILN_DATABASE_URL")).await.unwrap();
+    let (holder,): (Option<String>,) = sqlx::query_as("SELECT holder FROM jobs WHERE id = $1").bind(&id).fetch_one(&db).await.unwrap();
+    assert!(holder.as_deref().is_some_and(|h| h.starts_with("h1/")), "h1 runs it: {holder:?}");
     let mut hosts = hosts;
     let mut h1 = hosts.remove(0);
     h1.child.kill().unwrap();
@@ -144,6 +147,7 @@ async fn three_hosts_serve_as_one() {
     let (h2, h3) = (&hosts[0], &hosts[1]);
     let done = wait_for(&http, h2, &id, &["succeeded", "failed", "canceled"], Duration::from_secs(90)).await;
     assert_eq!(done["status"], "succeeded", "the job ran again on another host: {done}");
+    assert!(done["started_at"].as_str() > first_run["started_at"].as_str(), "started again: {first_run} then {done}");
     assert!(killed_at.elapsed() >= Duration::from_secs(2), "not before the dead host's lease lapsed");
     let png = download(&http, h3, &done).await;
     assert_eq!(&png[..4], b"\x89PNG");

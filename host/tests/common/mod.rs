@@ -62,6 +62,7 @@ pub fn spawn_with(data: &Path, extra_env: &[(&str, &str)], args: &[&str], stderr
         .arg(data)
         .args(args)
         .env("KILN_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-artifacts"))
+        .envs(store_of_the_run(data))
         .stdout(Stdio::piped())
         .stderr(stderr);
     for (k, v) in extra_env {
@@ -72,6 +73,58 @@ pub fn spawn_with(data: &Path, extra_env: &[(&str, &str)], args: &[&str], stderr
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let base = line.trim().strip_prefix("kiln listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
     Kiln { child, base }
+}
+
+/// The settings of the run's stores for a server on `data`: with
+/// `KILN_TEST_STORE=postgres` its records in a database of its own on the
+/// PostgreSQL test server (`KILN_TEST_DATABASE_URL`), with
+/// `KILN_TEST_BLOB_STORE=s3` its blobs in a bucket of its own on
+/// `KILN_TEST_S3_ENDPOINT`; each remembered in the data directory, with a
+/// host id, so a restart on it finds them again and takes its jobs back.
+/// Nothing (the embedded stores) otherwise.
+pub fn store_of_the_run(data: &Path) -> Vec<(&'static str, String)> {
+    let remembered = |file: &str, make: &dyn Fn() -> String| {
+        let path = data.join(file);
+        std::fs::read_to_string(&path).unwrap_or_else(|_| {
+            let value = make();
+            std::fs::create_dir_all(data).unwrap();
+            std::fs::write(&path, &value).unwrap();
+            value
+        })
+    };
+    let mut env = Vec::new();
+    if std::env::var("KILN_TEST_STORE").as_deref() == Ok("postgres") {
+        let server = std::env::var("KILN_TEST_DATABASE_URL").expect("KILN_TEST_STORE=postgres needs KILN_TEST_DATABASE_URL");
+        let url = remembered("test-database-url", &|| fresh_database(&server));
+        env.extend([("KILN_STORE", "postgres".to_string()), ("KILN_DATABASE_URL", url)]);
+        env.push(("KILN_HOST_ID", remembered("test-host-id", &|| format!("serve-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]))));
+    }
+    if std::env::var("KILN_TEST_BLOB_STORE").as_deref() == Ok("s3") {
+        let endpoint = std::env::var("KILN_TEST_S3_ENDPOINT").expect("KILN_TEST_BLOB_STORE=s3 needs KILN_TEST_S3_ENDPOINT");
+        let bucket = remembered("test-bucket", &|| format!("kiln-serve-{}", uuid::Uuid::new_v4().simple()));
+        env.extend([("KILN_BLOB_STORE", "s3".to_string()), ("KILN_S3_ENDPOINT", endpoint), ("KILN_S3_BUCKET", bucket)]);
+    }
+    env
+}
+
+/// A new database on the PostgreSQL server at `server`: its URL.
+fn fresh_database(server: &str) -> String {
+    let name = format!("kiln_serve_{}", uuid::Uuid::new_v4().simple());
+    let (server, create) = (server.to_string(), format!("CREATE DATABASE {name}"));
+    // Callers may be on a runtime already: the database is made on a
+    // thread and runtime of its own.
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let admin = sqlx::PgPool::connect(&server).await.unwrap();
+            sqlx::query(&create).execute(&admin).await.unwrap();
+            admin.close().await;
+        })
+    })
+    .join()
+    .unwrap();
+    let server = std::env::var("KILN_TEST_DATABASE_URL").unwrap_or_default();
+    format!("{}/{name}", server.rsplit_once('/').map_or(server.as_str(), |(base, _)| base))
 }
 
 impl Drop for Kiln {
