@@ -1,6 +1,7 @@
 //! PostgreSQL restarted under three hosts: a submission during the outage
 //! is 500 `upstream_error` (its key stays free), the job running through
-//! it ends recorded, and the hosts go on.
+//! it ends recorded, an event stream on another host that missed the
+//! notices of the outage still hears its end, and the hosts go on.
 
 use std::time::Duration;
 
@@ -24,6 +25,20 @@ async fn a_database_restart_under_three_hosts_loses_nothing() {
     let http = reqwest::Client::new();
     let running = submit(&http, &hosts[0], slow(5)).await;
     wait_for(&http, &hosts[1], &running, &["running"], Duration::from_secs(30)).await;
+    // An event stream on another host: its notices stop with the database.
+    let mut stream = http.get(format!("{}/api/v2/jobs/{running}/events", hosts[1].base)).send().await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let watched = tokio::spawn(async move {
+        let mut seen = String::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        while !seen.contains("\"status\":\"succeeded\"") {
+            match tokio::time::timeout_at(deadline, stream.chunk()).await {
+                Ok(Ok(Some(chunk))) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => break,
+            }
+        }
+        seen
+    });
 
     pg.stop();
     for (n, host) in hosts.iter().enumerate() {
@@ -41,6 +56,8 @@ async fn a_database_restart_under_three_hosts_loses_nothing() {
     for host in &hosts {
         assert_eq!(job(&http, host, &running).await["status"], "succeeded");
     }
+    let seen = watched.await.unwrap();
+    assert!(seen.contains("\"status\":\"succeeded\""), "the stream on another host heard the end: {seen}");
     // The keys of the refused submissions are free; each host runs work.
     for (n, host) in hosts.iter().enumerate() {
         let resp = submit_keyed(&http, host, &format!("outage-{n}"), quick(n as i64)).await;

@@ -32,6 +32,13 @@ async fn three_hosts_serve_as_one() {
     }
     let listed: Value = http.get(format!("{}/api/v2/jobs?limit=100", h2.base)).send().await.unwrap().json().await.unwrap();
     assert_eq!(listed["jobs"].as_array().unwrap().len(), 6, "a listing on any host shows every host's jobs");
+    // ComfyUI's unified jobs list too.
+    let comfy: Value = http.get(format!("{}/api/jobs?limit=100", h3.base)).send().await.unwrap().json().await.unwrap();
+    let mut listed: Vec<&str> = comfy["jobs"].as_array().unwrap_or_else(|| panic!("{comfy}")).iter().filter_map(|j| j["id"].as_str()).collect();
+    let mut submitted: Vec<&str> = ids.iter().map(|(_, id)| id.as_str()).collect();
+    listed.sort_unstable();
+    submitted.sort_unstable();
+    assert_eq!(listed, submitted, "/api/jobs on any host lists every host's jobs");
     // The hosts number submissions from one source: ComfyUI's history (on
     // any host) shows no number twice.
     let history: Value = http.get(format!("{}/api/history?max_items=100", h3.base)).send().await.unwrap().json().await.unwrap();
