@@ -12,7 +12,9 @@ as a load balancer pinning one client would: idle hosts take queued jobs),
 each thread polling its job on the next host until it has succeeded. Prints jobs/s, submit -> succeeded p50/p95 and, for PostgreSQL,
 the database's transactions, WAL bytes and NOTIFY notices per job (from
 pg_stat_database, pg_current_wal_lsn and a listener on kiln_events and
-kiln_queues).
+kiln_queues) and, where the server preloads pg_stat_statements, the
+statements kiln's hosts ran per job (each at least one round trip; the
+bench's own queries left out).
 Figures: BENCHMARKS.md.
 """
 import json, os, subprocess, sys, tempfile, threading, time, urllib.request, uuid
@@ -25,6 +27,18 @@ CLIENTS = 8
 
 def psql(url, sql):
     return subprocess.run(["psql", "-qAt", url, "-c", sql], check=True, capture_output=True, text=True).stdout.strip()
+
+
+# kiln's statements in the current database (not this script's own).
+STATEMENTS = ("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+              "AND query NOT LIKE '%pg_stat%' AND query NOT LIKE '%pg_current_wal_lsn%' AND query NOT LIKE 'LISTEN%' AND query <> 'SELECT $1'")
+
+
+def statements(db):
+    try:
+        return int(psql(db, STATEMENTS))
+    except subprocess.CalledProcessError:
+        return None
 
 
 def start(env, name):
@@ -46,6 +60,10 @@ def run(hosts, pg, one=False):
         name = "kiln_bench_" + uuid.uuid4().hex
         psql(PG, "CREATE DATABASE " + name)
         db = PG.rsplit("/", 1)[0] + "/" + name
+        try:
+            psql(db, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        except subprocess.CalledProcessError:
+            pass
         env.update(KILN_STORE="postgres", KILN_DATABASE_URL=db)
     procs = [start(env, "bench-%d" % i) for i in range(hosts)]
     bases = [b for _, b in procs]
@@ -80,7 +98,7 @@ def run(hosts, pg, one=False):
                 pass
         threading.Thread(target=hear, daemon=True).start()
         threading.Thread(target=ask, daemon=True).start()
-        before = psql(db, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"), psql(db, "SELECT pg_current_wal_lsn()")
+        before = psql(db, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"), psql(db, "SELECT pg_current_wal_lsn()"), statements(db)
     latencies, lock, counter = [], threading.Lock(), iter(range(JOBS))
 
     def client(c):
@@ -113,6 +131,9 @@ def run(hosts, pg, one=False):
         wal = int(psql(db, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '%s')" % before[1]).split(".")[0])
         extra = " | %.1f transactions/job | %.0f WAL bytes/job | %.1f notices/job, %.0f bytes each" % (
             xacts / JOBS, wal / JOBS, len(notices) / JOBS, (sum(notices) / len(notices)) if notices else 0)
+        after = statements(db)
+        if before[2] is not None and after is not None:
+            extra += " | %.1f statements/job" % ((after - before[2]) / JOBS)
         listener.kill()
     for p, _ in procs:
         p.terminate()

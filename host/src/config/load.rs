@@ -283,6 +283,7 @@ mod tests {
         );
         assert_eq!(config.blob_cache_mb, 64);
         assert!(config.check_store().is_ok());
+        assert_eq!(from_env(&[("KILN_S3_REGION", "eu-central-1")]).unwrap().s3_region, "eu-central-1");
         assert!(from_env(&[("KILN_BLOB_STORE", "s3")]).unwrap().check_store().unwrap_err().contains("s3_bucket"), "no bucket");
         for bad in ["Kiln", "ab", "-kiln", "kiln_blobs", "kiln-"] {
             assert!(from_env(&[("KILN_BLOB_STORE", "s3"), ("KILN_S3_BUCKET", bad)]).unwrap().check_store().is_err(), "{bad}");
