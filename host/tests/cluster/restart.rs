@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::*;
 
@@ -69,4 +69,45 @@ async fn a_database_restart_under_three_hosts_loses_nothing() {
     for host in &mut hosts {
         assert!(host.child.try_wait().unwrap().is_none(), "every host kept its lease through the outage");
     }
+}
+
+/// A host stalled (SIGSTOP) past its lease while it runs a job: another
+/// host takes the job and runs it to the end; when the stalled host wakes,
+/// it stops on its own (exit 1, its lease lost) and nothing it still had
+/// in hand changes the job the other host finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_stalled_past_its_lease_stops_and_leaves_the_job_to_the_one_that_took_it() {
+    let Some(shared) = shared().await else { return };
+    let (mut stalled, other) = (start("s1", &shared), start("s2", &shared));
+    let http = reqwest::Client::new();
+    let id = submit(&http, &stalled, slow(8)).await;
+    let first_run = wait_for(&http, &other, &id, &["running"], Duration::from_secs(30)).await;
+    let db = sqlx::PgPool::connect(&env(&shared, "KILN_DATABASE_URL")).await.unwrap();
+    let (holder,): (Option<String>,) = sqlx::query_as("SELECT holder FROM jobs WHERE id = $1").bind(&id).fetch_one(&db).await.unwrap();
+    assert!(holder.as_deref().is_some_and(|h| h.starts_with("s1/")), "s1 runs it: {holder:?}");
+
+    let pid = stalled.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let done = wait_for(&http, &other, &id, &["succeeded", "failed", "canceled"], Duration::from_secs(120)).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert!(done["started_at"].as_str() > first_run["started_at"].as_str(), "run again from the start: {first_run} then {done}");
+
+    assert!(std::process::Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = stalled.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the stalled host did not stop after waking");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(1), "it stops as a host that lost its lease");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // What the job is (not its signed links, made afresh for each read).
+    let seen = |job: &Value| {
+        let outputs: Vec<Value> = job["outputs"].as_array().into_iter().flatten().map(|o| json!([o["node_id"], o["name"], o["hash"]])).collect();
+        json!([job["status"], job["started_at"], job["completed_at"], job["components"], outputs])
+    };
+    let after = job(&http, &other, &id).await;
+    assert_eq!(seen(&after), seen(&done), "the finished job is the other host's, unchanged: {after}");
 }
