@@ -85,6 +85,9 @@ pub(super) async fn start(pool: PgPool, job: JobRecord, key: String, max_running
     let held: Option<(Option<String>,)> =
         sqlx::query_as("SELECT holder FROM jobs WHERE id = $1 FOR UPDATE").bind(&job.id).fetch_optional(&mut *tx).await.map_err(backend)?;
     if matches!(&held, Some((holder,)) if holder.as_deref() != Some(writer.holder.as_str())) {
+        // Ended now, not when the connection is next used: until then the
+        // row stays locked and other hosts' takes skip it.
+        tx.rollback().await.map_err(backend)?;
         return Err(StoreError::Fenced(format!("job {}", job.id)));
     }
     // Running on a registered host (a lapsed host's jobs count

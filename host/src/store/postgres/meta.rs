@@ -488,8 +488,19 @@ impl MetaStore for PgMeta {
             // it comes between.
             let mut tx = pool.begin().await.map_err(backend)?;
             let row = sqlx::query("SELECT record FROM assets WHERE id = $1 FOR UPDATE").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
-            let Some(old) = records::<AssetRecord>("asset", row.as_slice())?.pop() else { return Ok(None) };
-            let Some(new) = change(&old) else { return Ok(Some(old)) };
+            let (old, new) = match records::<AssetRecord>("asset", row.as_slice())?.pop() {
+                Some(old) => {
+                    let new = change(&old);
+                    (Some(old), new)
+                }
+                None => (None, None),
+            };
+            let Some(new) = new else {
+                // Nothing to write: the row's lock ends now, not when the
+                // connection is next used.
+                tx.rollback().await.map_err(backend)?;
+                return Ok(old);
+            };
             let update = sqlx::query_as::<_, (i32,)>(UPDATE_ASSET);
             bind_asset(update, &new)?.fetch_optional(&mut *tx).await.map_err(backend)?;
             tx.commit().await.map_err(backend)?;

@@ -74,7 +74,10 @@ impl SharedPlugins for PgPlugins {
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(backend)?;
+            // Nothing to write: the transaction (and the lock every write
+            // waits for) ends now, not when the connection is next used.
             if before.is_some() && !how.replace {
+                tx.rollback().await.map_err(backend)?;
                 return Ok(Published::Present);
             }
             if let Some(limit) = how.limit {
@@ -85,6 +88,7 @@ impl SharedPlugins for PgPlugins {
                     .await
                     .map_err(backend)?;
                 if usize::try_from(others).unwrap_or(usize::MAX) >= limit {
+                    tx.rollback().await.map_err(backend)?;
                     return Ok(Published::Full);
                 }
             }
@@ -125,7 +129,10 @@ impl SharedPlugins for PgPlugins {
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(backend)?;
-            let Some((component,)) = gone else { return Ok(false) };
+            let Some((component,)) = gone else {
+                tx.rollback().await.map_err(backend)?;
+                return Ok(false);
+            };
             drop_unnamed(&mut tx, &component).await?;
             announce(&mut *tx, Topic::Plugins, &me, &scope).await?;
             tx.commit().await.map_err(backend)?;
