@@ -165,16 +165,36 @@ async fn submit(
     writer: Writer,
 ) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(backend)?;
+    match submit_in(&mut tx, job, workflow, claim, admission, writer).await {
+        Ok(()) => tx.commit().await.map_err(backend),
+        Err(e) => {
+            // A refused submission's locks (the key's admission lock among
+            // them) end now, not when the connection is next used.
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+/// [`submit`]'s writes in `tx`.
+async fn submit_in(
+    tx: &mut sqlx::PgConnection,
+    job: JobRecord,
+    workflow: Vec<u8>,
+    claim: Option<IdempotencyClaim>,
+    admission: Option<super::admission::Admit>,
+    writer: Writer,
+) -> Result<(), StoreError> {
     // Where hosts share the store, its inputs are held while it is
     // unfinished (see `blob_holds`), from this very step; first, so the
     // key's admission lock is never held while a collection pass has one
     // of these blobs locked.
     if writer.registered && !job.status.is_terminal() && !job.inputs.is_empty() {
         let names: Vec<String> = job.inputs.iter().map(|i| i.hash.clone()).collect();
-        super::blob_holds::hold_in(&mut tx, &names, &job.id, &writer.holder).await?;
+        super::blob_holds::hold_in(tx, &names, &job.id, &writer.holder).await?;
     }
     if let Some(a) = &admission {
-        super::admission::admit(&mut tx, a, &writer.holder).await?;
+        super::admission::admit(tx, a, &writer.holder).await?;
     }
     if let Some(claim) = &claim {
         // Taken when free, or when the holder's claim has expired by now.
@@ -195,8 +215,7 @@ async fn submit(
     }
     let key = admission.as_ref().and_then(|a| a.key.as_ref()).map(|(key, _, _)| key.as_str());
     upsert_job(&mut *tx, &job, Some(&workflow), key, &writer).await?;
-    finished_changed(&mut *tx, &job).await?;
-    tx.commit().await.map_err(backend)
+    finished_changed(&mut *tx, &job).await
 }
 
 /// Up to `chunk` job records (JSON) of `owner` (everyone's: `None`)
