@@ -33,14 +33,14 @@ pub(super) async fn accounts(source: &Source, target: &Target) -> Result<Tally, 
 /// database installs them from there.
 pub(super) async fn plugins(source: &Source, target: &Target) -> Result<Tally, MigrateError> {
     let mut tally = Tally { kind: "plugins", ..Tally::default() };
-    let kept = crate::plugins::kept_in(&source.dir).map_err(|e| MigrateError::Mismatch {
-        kind: "plugin",
-        name: source.dir.display().to_string(),
-        why: e.to_string(),
-    })?;
-    let keys: Vec<(String, String)> = kept.iter().map(|(p, _)| (p.scope.clone(), p.name.clone())).collect();
+    let unreadable = |name: String, e: &dyn std::fmt::Display| MigrateError::Mismatch { kind: "plugin", name, why: e.to_string() };
+    let kept = crate::plugins::kept_in(&source.dir).map_err(|e| unreadable(source.dir.display().to_string(), &e))?;
     let stored = target.plugins.plugins(None).await?;
-    for (plugin, bytes) in kept {
+    let mut keys = Vec::with_capacity(kept.len());
+    // One plugin's bytes in memory at a time.
+    for (scope, dir) in kept {
+        let (plugin, bytes) = crate::plugins::read_kept(&scope, &dir).map_err(|e| unreadable(dir.display().to_string(), &e))?;
+        keys.push((plugin.scope.clone(), plugin.name.clone()));
         tally.source += 1;
         if stored.iter().any(|s| s.scope == plugin.scope && s.name == plugin.name) {
             tally.present += 1;

@@ -58,5 +58,5 @@ pub use registry::{NodeRegistry, RegistryError};
 pub use runtime::{CapturedLog, NodeDef, Plugin, PluginRuntime};
 pub use secrets::JobSecrets;
 pub use settings::RuntimeConfig;
-pub use shared::kept_in;
+pub use shared::{kept_in, read_kept};
 pub use state::{NodeIo, NodeSignal};

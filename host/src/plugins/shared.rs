@@ -83,7 +83,7 @@ async fn fetch(shared: &dyn SharedPlugins, row: &SharedPlugin) -> Result<Option<
 
 /// The plugin kept in `dir` as `scope`'s, as the shared store keeps it,
 /// with its component's bytes.
-fn read_kept(scope: &str, dir: &Path) -> Result<(SharedPlugin, Vec<u8>), InstallError> {
+pub fn read_kept(scope: &str, dir: &Path) -> Result<(SharedPlugin, Vec<u8>), InstallError> {
     let named = |e: std::io::Error| InstallError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())));
     let text = std::fs::read_to_string(dir.join("kiln-plugin.toml")).map_err(named)?;
     let manifest = Manifest::parse(&text)?;
@@ -93,24 +93,20 @@ fn read_kept(scope: &str, dir: &Path) -> Result<(SharedPlugin, Vec<u8>), Install
 }
 
 /// The plugins installed into the data directory `data_dir`, the
-/// operator's and accounts' own, as the store hosts share keeps them (with
-/// their components' bytes): what `kiln migrate` copies.
-pub fn kept_in(data_dir: &Path) -> Result<Vec<(SharedPlugin, Vec<u8>)>, InstallError> {
+/// operator's and accounts' own: each one's scope and folder (read one at
+/// a time with [`read_kept`]): what `kiln migrate` copies.
+pub fn kept_in(data_dir: &Path) -> std::io::Result<Vec<(String, std::path::PathBuf)>> {
     use super::account_plugins::{OWNER_FILE, subdirs};
     let mut kept = Vec::new();
     let installs = data_dir.join(INSTALLS_DIR);
     if installs.is_dir() {
-        for dir in subdirs(&installs)? {
-            kept.push(read_kept(OPERATOR_SCOPE, &dir)?);
-        }
+        kept.extend(subdirs(&installs)?.into_iter().map(|dir| (OPERATOR_SCOPE.to_string(), dir)));
     }
     let accounts = data_dir.join(ACCOUNT_INSTALLS_DIR);
     if accounts.is_dir() {
         for account_dir in subdirs(&accounts)? {
             let Ok(owner) = std::fs::read_to_string(account_dir.join(OWNER_FILE)) else { continue };
-            for dir in subdirs(&account_dir)? {
-                kept.push(read_kept(&owner, &dir)?);
-            }
+            kept.extend(subdirs(&account_dir)?.into_iter().map(|dir| (owner.clone(), dir)));
         }
     }
     Ok(kept)

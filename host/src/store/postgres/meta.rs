@@ -165,7 +165,42 @@ async fn submit(
     writer: Writer,
 ) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(backend)?;
-    match submit_in(&mut tx, job, workflow, claim, admission, writer).await {
+    let written = async {
+        let tx: &mut sqlx::PgConnection = &mut tx;
+        // Where hosts share the store, its inputs are held while it is
+        // unfinished (see `blob_holds`), from this very step; first, so the
+        // key's admission lock is never held while a collection pass has one
+        // of these blobs locked.
+        if writer.registered && !job.status.is_terminal() && !job.inputs.is_empty() {
+            let names: Vec<String> = job.inputs.iter().map(|i| i.hash.clone()).collect();
+            super::blob_holds::hold_in(tx, &names, &job.id, &writer.holder).await?;
+        }
+        if let Some(a) = &admission {
+            super::admission::admit(tx, a, &writer.holder).await?;
+        }
+        if let Some(claim) = &claim {
+            // Taken when free, or when the holder's claim has expired by now.
+            let taken = sqlx::query(
+                "INSERT INTO claims (key, expires_at, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (key) DO UPDATE SET expires_at = $2, record = $3 WHERE claims.expires_at <= $4 RETURNING key",
+            )
+            .bind(&claim.key)
+            .bind(claim.expires_at)
+            .bind(enc(claim)?)
+            .bind(claim.claimed_at)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(backend)?;
+            if taken.is_none() {
+                return Err(StoreError::KeyClaimed);
+            }
+        }
+        let key = admission.as_ref().and_then(|a| a.key.as_ref()).map(|(key, _, _)| key.as_str());
+        upsert_job(&mut *tx, &job, Some(&workflow), key, &writer).await?;
+        finished_changed(&mut *tx, &job).await
+    }
+    .await;
+    match written {
         Ok(()) => tx.commit().await.map_err(backend),
         Err(e) => {
             // A refused submission's locks (the key's admission lock among
@@ -174,48 +209,6 @@ async fn submit(
             Err(e)
         }
     }
-}
-
-/// [`submit`]'s writes in `tx`.
-async fn submit_in(
-    tx: &mut sqlx::PgConnection,
-    job: JobRecord,
-    workflow: Vec<u8>,
-    claim: Option<IdempotencyClaim>,
-    admission: Option<super::admission::Admit>,
-    writer: Writer,
-) -> Result<(), StoreError> {
-    // Where hosts share the store, its inputs are held while it is
-    // unfinished (see `blob_holds`), from this very step; first, so the
-    // key's admission lock is never held while a collection pass has one
-    // of these blobs locked.
-    if writer.registered && !job.status.is_terminal() && !job.inputs.is_empty() {
-        let names: Vec<String> = job.inputs.iter().map(|i| i.hash.clone()).collect();
-        super::blob_holds::hold_in(tx, &names, &job.id, &writer.holder).await?;
-    }
-    if let Some(a) = &admission {
-        super::admission::admit(tx, a, &writer.holder).await?;
-    }
-    if let Some(claim) = &claim {
-        // Taken when free, or when the holder's claim has expired by now.
-        let taken = sqlx::query(
-            "INSERT INTO claims (key, expires_at, record) VALUES ($1, $2, $3) \
-             ON CONFLICT (key) DO UPDATE SET expires_at = $2, record = $3 WHERE claims.expires_at <= $4 RETURNING key",
-        )
-        .bind(&claim.key)
-        .bind(claim.expires_at)
-        .bind(enc(claim)?)
-        .bind(claim.claimed_at)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(backend)?;
-        if taken.is_none() {
-            return Err(StoreError::KeyClaimed);
-        }
-    }
-    let key = admission.as_ref().and_then(|a| a.key.as_ref()).map(|(key, _, _)| key.as_str());
-    upsert_job(&mut *tx, &job, Some(&workflow), key, &writer).await?;
-    finished_changed(&mut *tx, &job).await
 }
 
 /// Up to `chunk` job records (JSON) of `owner` (everyone's: `None`)
