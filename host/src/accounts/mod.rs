@@ -43,6 +43,17 @@ impl Pricing {
         let per_time = execution_ms.saturating_mul(self.credits_per_second).div_ceil(1000);
         i64::try_from(per_time.max(self.min_per_job)).unwrap_or(i64::MAX)
     }
+
+    /// Whether a balance of `credits` admits one more job while
+    /// `unfinished` other jobs billed to the same account have not been
+    /// charged: each holds the minimum price until it is, so submissions
+    /// arriving together (on any host) never promise more than the balance
+    /// covers. A balance above zero is needed even when jobs are free.
+    pub fn admits(&self, credits: i64, unfinished: usize) -> bool {
+        let unfinished = i128::try_from(unfinished).unwrap_or(i128::MAX);
+        let held = i128::from(self.min_per_job).saturating_mul(unfinished.saturating_add(1));
+        i128::from(credits) >= held.max(1)
+    }
 }
 
 /// Why an account operation failed.
@@ -218,11 +229,32 @@ impl Accounts {
         }
     }
 
+    /// Gives `amount` back to account `id` (a charge for a run that does
+    /// not count); not made durable at once, as a charge.
+    pub async fn refund(&self, id: &str, amount: i64) -> Result<(), AccountError> {
+        let _writing = self.writing.lock().await;
+        match self.store.add_credits(id, amount, false).await? {
+            CreditChange::Changed(account) => {
+                self.publish(account);
+                Ok(())
+            }
+            CreditChange::NoAccount => Err(AccountError::NotFound(id.to_string())),
+            CreditChange::Overflow => Err(AccountError::Overflow),
+        }
+    }
+
     /// Whether `owner` may start paid work: an account with a positive
     /// balance, or no account at all (self-hosted). The one answer to "has
     /// this account funds" — for job submission and for partner nodes.
     pub fn has_funds(&self, owner: &str) -> bool {
         self.get(owner).is_none_or(|a| a.credits > 0)
+    }
+
+    /// Whether `owner` may queue one more job while `unfinished` other jobs
+    /// billed to it have not been charged ([`Pricing::admits`]); `true` for
+    /// owners that are no account.
+    pub fn admits(&self, owner: &str, unfinished: usize) -> bool {
+        self.get(owner).is_none_or(|a| self.pricing.admits(a.credits, unfinished))
     }
 
     /// Whether `owner` is a disabled account.
@@ -348,6 +380,22 @@ mod tests {
         // Saturating, never wrapping.
         assert_eq!(Pricing { credits_per_second: u64::MAX, min_per_job: 0 }.cost(u64::MAX), (u64::MAX / 1000 + 1) as i64);
         assert_eq!(Pricing { credits_per_second: 1, min_per_job: u64::MAX }.cost(1), i64::MAX);
+    }
+
+    #[test]
+    fn a_balance_admits_what_it_covers_at_the_minimum_price() {
+        // 10 credits at 3 a job: three jobs, the fourth would overdraw.
+        assert!(PRICE.admits(10, 0) && PRICE.admits(10, 2));
+        assert!(!PRICE.admits(10, 3));
+        assert!(PRICE.admits(3, 0) && !PRICE.admits(2, 0), "the first job needs its minimum too");
+        assert!(!PRICE.admits(0, 0) && !PRICE.admits(-5, 0));
+        // Free jobs still need a balance above zero.
+        let free = Pricing { credits_per_second: 10, min_per_job: 0 };
+        assert!(free.admits(1, 1_000_000) && !free.admits(0, 0));
+        // Never overflowing.
+        let dear = Pricing { credits_per_second: 1, min_per_job: u64::MAX };
+        assert!(!dear.admits(i64::MAX, usize::MAX) && !dear.admits(i64::MAX, 0));
+        assert!(Pricing { credits_per_second: 1, min_per_job: 1 }.admits(i64::MAX, 1 << 40));
     }
 
     #[tokio::test]

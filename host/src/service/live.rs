@@ -70,6 +70,10 @@ pub struct LiveJob {
     pub finishing: std::sync::atomic::AtomicBool,
     /// The job's owner (never changes; read without the record's lock).
     pub owner: Arc<str>,
+    /// The account the job is billed to (`None`: none): until it leaves
+    /// the live set, it holds that account's minimum price (see
+    /// `JobQueue::join`).
+    pub billed: Option<Arc<str>>,
     /// Open (permits) once the job may start: a new submission holds it
     /// shut until its caller has its answer ([`StartGate`]).
     start_gate: tokio::sync::Semaphore,
@@ -117,6 +121,7 @@ impl LiveJob {
     pub fn new(record: JobRecord, extra: ExtraData, events: Arc<dyn super::bus::JobChannel>) -> LiveJob {
         LiveJob {
             owner: Arc::from(record.owner.as_str()),
+            billed: None,
             record: Mutex::new(record),
             writes: tokio::sync::Mutex::new(()),
             cancel: CancellationToken::new(),
@@ -132,6 +137,12 @@ impl LiveJob {
             finishing: Default::default(),
             start_gate: tokio::sync::Semaphore::new(tokio::sync::Semaphore::MAX_PERMITS),
         }
+    }
+
+    /// The job, billed to `account`.
+    pub fn billed_to(mut self, account: Option<Arc<str>>) -> LiveJob {
+        self.billed = account;
+        self
     }
 
     /// Returns once the job may start (see [`StartGate`]).

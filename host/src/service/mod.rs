@@ -341,6 +341,12 @@ impl Service {
         self.billed_owner(&job.owner, job.deployment.as_deref())
     }
 
+    /// The account a job of `owner` on `deployment` is billed to, when
+    /// that is an account (`None`: nothing is billed).
+    pub(crate) fn billing(&self, owner: &str, deployment: Option<&str>) -> Option<Arc<str>> {
+        self.accounts.get(&self.billed_owner(owner, deployment)).map(|a| Arc::from(a.id.as_str()))
+    }
+
     /// [`Service::billed_account`] of a job of `owner` on `deployment`.
     fn billed_owner(&self, owner: &str, deployment: Option<&str>) -> String {
         match deployment.and_then(|d| self.deployments.get(d)) {

@@ -131,7 +131,8 @@ impl Service {
         // Recovered jobs are queued whatever their key's limit.
         let key = super::fair::sched_key(&job.owner, job.deployment.as_deref());
         let events = self.bus.job_channel(&job.id);
-        self.queue.requeue(&key, Arc::new(LiveJob::new(job, ExtraData::default(), events)));
+        let billed = self.billing(&job.owner, job.deployment.as_deref());
+        self.queue.requeue(&key, Arc::new(LiveJob::new(job, ExtraData::default(), events).billed_to(billed)));
         Ok(())
     }
 

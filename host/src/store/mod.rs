@@ -92,14 +92,23 @@ pub enum Refusal {
 /// [`MetaStore::submit_admitted`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Admission<'a> {
-    /// The account the job is billed to, which must exist, hold a positive
-    /// balance and not be disabled (`None`: no account is billed).
-    pub billed: Option<&'a str>,
+    /// The account the job is billed to, which must exist, not be
+    /// disabled, and hold a balance that covers the job beside its other
+    /// unfinished jobs on every host (`None`: no account is billed).
+    pub billed: Option<Billing<'a>>,
     /// The bound of the job's scheduling key (with accounts; `None`: none
     /// is checked here).
     pub key: Option<KeyBound<'a>>,
     /// The server's queue bound over all hosts.
     pub server: ServerBound,
+}
+
+/// The account a new job is billed to, and the prices its balance is held
+/// against ([`crate::accounts::Pricing::admits`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Billing<'a> {
+    pub account: &'a str,
+    pub pricing: crate::accounts::Pricing,
 }
 
 /// How many jobs of one scheduling key may wait on all hosts.

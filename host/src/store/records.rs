@@ -220,7 +220,8 @@ pub struct Account {
     pub name: String,
     /// Its API keys, as hex of their keyed hashes (never the keys).
     pub key_hashes: Vec<String>,
-    /// Balance in credits; may go negative by at most the job that crossed zero.
+    /// Balance in credits; may go negative by what running jobs cost beyond
+    /// the minimum price each held (`accounts::Pricing::admits`).
     pub credits: i64,
     /// The tier's name (its limits are the scheduler's business).
     pub tier: String,

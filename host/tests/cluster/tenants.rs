@@ -92,14 +92,14 @@ async fn burst(http: &reqwest::Client, hosts: &[Host], key: &str, per_host: usiz
 async fn tenants_hold_across_hosts() {
     let Some(shared) = shared().await else { return };
     // One job at a time per host; a tenant may have six waiting in all;
-    // a job costs at least 5 credits.
+    // a job costs 10 credits a second, at least 5.
     let cloud = [
         ("KILN_MODE", "cloud"),
         ("KILN_ADMIN_TOKEN", ADMIN),
         ("KILN_MAX_RUNNING_JOBS", "1"),
         ("KILN_MAX_QUEUED_JOBS_PER_ACCOUNT", "6"),
         ("KILN_CREDITS_MIN_PER_JOB", "5"),
-        ("KILN_CREDITS_PER_SECOND", "1"),
+        ("KILN_CREDITS_PER_SECOND", "10"),
     ];
     let hosts: Vec<Host> = ["t1", "t2", "t3"].iter().map(|name| start_with(name, &shared, &cloud)).collect();
     let http = reqwest::Client::new();
@@ -108,7 +108,7 @@ async fn tenants_hold_across_hosts() {
     // Accounts made on h1 are known to h2 and h3 at once.
     let blocker = create_account(&http, h1, "blocker", 1_000_000).await;
     let tenant = create_account(&http, h1, "tenant", 1_000_000).await;
-    let poor = create_account(&http, h1, "poor", 1).await;
+    let poor = create_account(&http, h1, "poor", 10).await;
     for host in [h2, h3] {
         until_status(&http, host, &tenant, |s| s == 200, "a key made on h1 works on the others").await;
         until_status(&http, host, &poor, |s| s == 200, "a key made on h1 works on the others").await;
@@ -168,38 +168,75 @@ async fn tenants_hold_across_hosts() {
         wait_as(&http, host, &blocker, id, &["canceled"]).await;
     }
 
-    // An account with 1 credit: a job queued on h2 behind another account's
-    // long job, then one run on h1, whose charge takes the balance below
-    // zero; when h2's worker comes to the queued job, it does not run. (A
-    // ComfyUI prompt with `extra_pnginfo`, which h2 holds in memory: no
-    // idle host takes it from h2's queue.)
-    let busy = submit_as(&http, h2, &blocker, slow(2)).await.1["id"].as_str().unwrap().to_string();
-    wait_as(&http, h2, &blocker, &busy, &["running"]).await;
-    let pinned = json!({ "prompt": quick(100), "extra_data": { "extra_pnginfo": { "workflow": {} } } });
-    let resp = http.post(format!("{}/api/prompt", h2.base)).header("X-API-Key", &poor).json(&pinned).send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let queued: Value = resp.json().await.unwrap();
-    let queued = json!({ "id": queued["prompt_id"].clone() });
-    let (status, first) = submit_as(&http, h1, &poor, quick(101)).await;
-    assert_eq!(status, 201, "{first}");
-    let first = wait_as(&http, h3, &poor, first["id"].as_str().unwrap(), &["succeeded", "failed"]).await;
-    assert_eq!(first["status"], "succeeded", "{first}");
+    // An account with 10 credits, at 5 a job at least: six submissions at
+    // once on all three hosts have exactly two taken, whatever order they
+    // reach the database in, and its balance ends at zero, never below.
+    let answers = burst(&http, &hosts, &poor, 2, |n| quick(300 + n as i64)).await;
+    let taken: Vec<_> = answers.iter().filter(|(_, status, _)| *status == 201).collect();
+    assert_eq!(taken.len(), 2, "10 credits cover two jobs at 5: {answers:?}");
+    for (_, status, body) in &answers {
+        assert!(*status == 201 || (*status == 402 && body["error"]["code"] == "insufficient_credits"), "{status} {body}");
+    }
+    for (host, _, body) in &taken {
+        wait_as(&http, &hosts[(host + 1) % 3], &poor, body["id"].as_str().unwrap(), &["succeeded"]).await;
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while balance(&http, h3, "poor").await != -4 {
-        assert!(Instant::now() < deadline, "the charge of 5 lands: {}", balance(&http, h3, "poor").await);
+    while balance(&http, h3, "poor").await != 0 {
+        assert!(Instant::now() < deadline, "both charges of 5 land: {}", balance(&http, h3, "poor").await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+
+    // Topped up to 10 again: a job queued on h2 behind another account's
+    // long job holds 5, a long one run on h1 the other 5, so a third is
+    // refused on every host. The long one costs more than its minimum (its
+    // time), which takes the balance below zero; when h2's worker comes to
+    // the queued job, it does not run. (A ComfyUI prompt with
+    // `extra_pnginfo`, which h2 holds in memory: no idle host takes it
+    // from h2's queue.)
+    admin(&http, h3, "poor/credits", json!({"amount": 10})).await;
+    // (Busy until canceled: it must not end before the long job is charged.)
+    let busy = submit_as(&http, h2, &blocker, long(2)).await.1["id"].as_str().unwrap().to_string();
+    wait_as(&http, h2, &blocker, &busy, &["running"]).await;
+    let pinned = json!({ "prompt": quick(100), "extra_data": { "extra_pnginfo": { "workflow": {} } } });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let queued = loop {
+        // (h2 may not have heard of the top-up yet.)
+        let resp = http.post(format!("{}/api/prompt", h2.base)).header("X-API-Key", &poor).json(&pinned).send().await.unwrap();
+        if resp.status() == 200 {
+            break resp.json::<Value>().await.unwrap()["prompt_id"].as_str().unwrap().to_string();
+        }
+        assert!(resp.status() == 402 && Instant::now() < deadline, "{}", resp.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (status, long) = submit_as(&http, h1, &poor, slow(101)).await;
+    assert_eq!(status, 201, "{long}");
+    for host in &hosts {
+        let (status, body) = submit_as(&http, host, &poor, quick(0)).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (402, Some("insufficient_credits")), "two jobs hold all 10 credits: {body}");
+    }
+    let long = wait_as(&http, h3, &poor, long["id"].as_str().unwrap(), &["succeeded", "failed"]).await;
+    assert_eq!(long["status"], "succeeded", "{long}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let overdrawn = loop {
+        let now = balance(&http, h3, "poor").await;
+        if now < 0 {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "the long job's charge (more than 10) lands: {now}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     http.post(format!("{}/api/v2/jobs/{busy}/cancel", h1.base)).bearer_auth(&blocker).send().await.unwrap();
-    let stopped = wait_as(&http, h3, &poor, queued["id"].as_str().unwrap(), &["succeeded", "failed"]).await;
+    let stopped = wait_as(&http, h3, &poor, &queued, &["succeeded", "failed"]).await;
     assert_eq!((stopped["status"].as_str(), stopped["error"]["code"].as_str()), (Some("failed"), Some("insufficient_credits")), "{stopped}");
     for host in &hosts {
         let (status, body) = submit_as(&http, host, &poor, quick(0)).await;
         assert_eq!((status, body["error"]["code"].as_str()), (402, Some("insufficient_credits")), "{body}");
     }
-    assert_eq!(balance(&http, h1, "poor").await, -4, "the job that never ran cost nothing");
+    assert_eq!(balance(&http, h1, "poor").await, overdrawn, "the job that never ran cost nothing");
 
-    // Topped up through h3 (to 96), it submits through h1 again ...
-    admin(&http, h3, "poor/credits", json!({"amount": 100})).await;
+    // Topped up through h3, it submits through h1 again ...
+    admin(&http, h3, "poor/credits", json!({"amount": 1000})).await;
+    let topped = overdrawn + 1000;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (status, body) = submit_as(&http, h1, &poor, quick(1)).await;
@@ -217,7 +254,7 @@ async fn tenants_hold_across_hosts() {
         wait_as(&http, &hosts[(host + 1) % 3], &poor, body["id"].as_str().unwrap(), &["succeeded"]).await;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while balance(&http, h2, "poor").await != 96 - 5 - 6 * 5 {
+    while balance(&http, h2, "poor").await != topped - 5 - 6 * 5 {
         assert!(Instant::now() < deadline, "every charge lands once: {}", balance(&http, h2, "poor").await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -245,6 +282,17 @@ async fn tenants_hold_across_hosts() {
         .collect()
         .await;
     assert_eq!(objects.len(), 1, "one object holds the bytes both hosts took: {objects:?}");
+}
+
+/// A job that runs for about twenty seconds (a hundred and twenty blurs of
+/// a 2048² image): canceled before it ends.
+fn long(seed: i64) -> Value {
+    let mut graph = json!({
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 2048, "height": 2048, "batch_size": 1, "color": seed}},
+    });
+    let last = blurs(&mut graph, 120);
+    graph["999"] = json!({"class_type": "SaveImage", "inputs": {"images": [last, 0], "filename_prefix": "long"}});
+    graph
 }
 
 /// A job that runs for about half a second (four blurs of a 2048² image).

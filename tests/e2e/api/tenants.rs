@@ -2,7 +2,8 @@
 //! loopback: accounts made through the admin API, whose keys open both
 //! surfaces; two accounts that cannot see, download, cancel, reference or
 //! stream each other's work (every route tried with the other's ids);
-//! credits charged when jobs end and 402 at zero; the cloud's subscription
+//! credits charged when jobs end, held at the minimum price while they have
+//! not, and 402 when the balance does not cover one more; the cloud's subscription
 //! rule (429 on the compatibility API only); the admin API's gate; the
 //! result cache per account; accounts surviving a restart.
 
@@ -355,7 +356,7 @@ async fn jobs_are_charged_and_an_empty_balance_is_402_on_both_surfaces() {
     let ms = done["metrics"]["execution_ms"].as_i64().unwrap();
     // A job costs its execution time at 1000 credits/s, at least 5.
     let cost = ms.max(5);
-    let mut balance = 7 - cost;
+    let balance = 7 - cost;
     for _ in 0..100 {
         if t.account().await["credits"] == balance {
             break;
@@ -363,17 +364,9 @@ async fn jobs_are_charged_and_an_empty_balance_is_402_on_both_surfaces() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(t.account().await["credits"], balance, "charged {cost} for {ms} ms");
-    if balance > 0 {
-        // Still funded: one more job takes it to zero or below (by at most that job).
-        let (status, job) = t.submit(trivial(2)).await;
-        assert_eq!(status, 201);
-        let done = t.wait(job["id"].as_str().unwrap()).await;
-        balance -= done["metrics"]["execution_ms"].as_i64().unwrap().max(5);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(t.account().await["credits"], balance);
-    }
-    assert!(balance <= 0);
-    // At zero or below: 402 on v2 (the Idempotency-Key stays free) and on the compat API.
+    // At most 2 left, below the minimum price: 402 on v2 (the
+    // Idempotency-Key stays free) and on the compat API.
+    assert!(balance < 5);
     let keyed = || t.v2(Method::POST, "/jobs").header("Idempotency-Key", "after-top-up").json(&json!({ "workflow": trivial(3) }));
     let (status, body) = json_of(keyed()).await;
     assert_eq!((status.as_u16(), body["error"]["code"].as_str()), (402, Some("insufficient_credits")), "{body}");
@@ -480,23 +473,74 @@ async fn a_job_queued_when_the_balance_ran_out_fails_uncharged() {
     let s = start(|c, o| {
         cloud(c, o);
         (c.max_running_jobs, o.max_running_jobs) = (1, 1);
-        o.pricing = kiln::accounts::Pricing { credits_per_second: 1, min_per_job: 5 };
+        o.pricing = kiln::accounts::Pricing { credits_per_second: 10, min_per_job: 5 };
     })
     .await;
-    let t = tenant(&s, "thin", 1).await;
-    // The spinner runs to its 2 s node limit; the second job waits behind it.
+    let t = tenant(&s, "thin", 10).await;
+    // The spinner runs to its 2 s node limit; the second job waits behind
+    // it. Each holds the minimum of 5, so a third is refused.
     let (status, first) = t.submit(super::spinner(7)).await;
     assert_eq!(status, 201, "{first}");
     let (status, second) = t.submit(trivial(7)).await;
-    assert_eq!(status, 201, "accepted while the balance is still positive: {second}");
+    assert_eq!(status, 201, "10 credits cover two jobs at the minimum: {second}");
+    let (status, third) = t.submit(trivial(8)).await;
+    assert_eq!((status.as_u16(), third["error"]["code"].as_str()), (402, Some("insufficient_credits")), "{third}");
     let first = t.wait(first["id"].as_str().unwrap()).await;
     assert_eq!(first["error"]["code"], "node_timeout", "{first}");
+    // Its time costs more than the minimum (2 s at 10 a second): the
+    // balance goes below zero, and the waiting job does not run.
+    let cost = (first["metrics"]["execution_ms"].as_u64().unwrap() * 10).div_ceil(1000).max(5) as i64;
+    assert!(cost > 10, "{first}");
     let second = t.wait(second["id"].as_str().unwrap()).await;
     assert_eq!((second["status"].as_str(), second["error"]["code"].as_str()), (Some("failed"), Some("insufficient_credits")), "{second}");
     assert!(second["outputs"].as_array().unwrap().is_empty());
     tokio::time::sleep(Duration::from_millis(50)).await;
-    // Only the job that crossed zero was charged (2 s at 1/s, at least 5).
-    assert_eq!(t.account().await["credits"], 1 - 5);
+    // Only the job that ran was charged.
+    assert_eq!(t.account().await["credits"], 10 - cost);
+    s.shutdown().await;
+}
+
+/// Submissions racing on both surfaces while another account's job holds
+/// the only worker: each admitted job holds the minimum price until it is
+/// charged, so a balance of 10 at 5 a job admits exactly two of twelve,
+/// and ends at zero, never below.
+#[tokio::test]
+async fn concurrent_submissions_never_promise_more_than_the_balance() {
+    let s = start(|c, o| {
+        cloud(c, o);
+        (c.max_running_jobs, o.max_running_jobs) = (1, 1);
+        o.pricing = kiln::accounts::Pricing { credits_per_second: 1, min_per_job: 5 };
+    })
+    .await;
+    let (blocker, t) = (tenant(&s, "blocker", 1000).await, tenant(&s, "racer", 10).await);
+    let (status, spinning) = blocker.submit(super::spinner(9)).await;
+    assert_eq!(status, 201, "{spinning}");
+    let racing = (0..12).map(|n| {
+        let t = &t;
+        async move {
+            let (status, body) = if n % 2 == 0 { t.submit(trivial(100 + n)).await } else { t.prompt(trivial(100 + n)).await };
+            let id = body.get("id").or_else(|| body.get("prompt_id")).and_then(Value::as_str).map(str::to_string);
+            (status.as_u16(), body, id)
+        }
+    });
+    let answers = futures_util::future::join_all(racing).await;
+    let admitted: Vec<String> = answers.iter().filter_map(|(_, _, id)| id.clone()).collect();
+    assert_eq!(admitted.len(), 2, "{answers:?}");
+    for (status, body, id) in &answers {
+        assert!(id.is_some() || (*status == 402 && body["error"]["code"] == "insufficient_credits"), "{status} {body}");
+    }
+    for id in &admitted {
+        assert_eq!(t.wait(id).await["status"], "succeeded");
+    }
+    for _ in 0..100 {
+        if t.account().await["credits"] == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(t.account().await["credits"], 0, "two charges of 5");
+    let (status, body) = t.submit(trivial(1)).await;
+    assert_eq!((status.as_u16(), body["error"]["code"].as_str()), (402, Some("insufficient_credits")), "{body}");
     s.shutdown().await;
 }
 

@@ -13,8 +13,9 @@ use serde_json::Value as Json;
 
 use super::{IDEMPOTENCY_TTL, Submission};
 use crate::service::live::{self, LiveJob, StartGate};
+use crate::service::queue::NotJoined;
 use crate::service::{Service, ServiceError, fair};
-use crate::store::{Admission, IdempotencyClaim, JobInput, JobRecord, JobStatus, KeyBound, Micros, Refusal, ServerBound, StoreError, now_micros};
+use crate::store::{Admission, Billing, IdempotencyClaim, JobInput, JobRecord, JobStatus, KeyBound, Micros, Refusal, ServerBound, StoreError, now_micros};
 use crate::workflow::Plan;
 
 /// A plan and the node classes it was made against.
@@ -79,9 +80,12 @@ impl Service {
     ) -> Result<(JobRecord, usize, StartGate), ServiceError> {
         let now = now_micros();
         self.activity.fetch_add(1, Ordering::Relaxed);
-        // An account without credits submits nothing (no claim is made, so
-        // its Idempotency-Key stays free).
-        if !self.accounts.has_funds(&self.billed_owner(&sub.owner, sub.deployment.as_deref())) {
+        // An account whose balance does not cover one more job beside its
+        // unfinished ones submits nothing (no claim is made, so its
+        // Idempotency-Key stays free). Checked again as the job joins the
+        // live set, and where hosts share the store, in its write.
+        let billed = self.billing(&sub.owner, sub.deployment.as_deref());
+        if billed.as_deref().is_some_and(|account| !self.accounts.admits(account, self.queue.billed_to(account))) {
             return Err(ServiceError::InsufficientCredits);
         }
         // Reserve a queue slot; a full queue releases everything (no claim).
@@ -102,7 +106,7 @@ impl Service {
             claimed_at: now,
             expires_at: now + IDEMPOTENCY_TTL.as_micros() as Micros,
         });
-        let live = Arc::new(LiveJob::new(record.clone(), sub.extra, self.bus.job_channel(&record.id)));
+        let live = Arc::new(LiveJob::new(record.clone(), sub.extra, self.bus.job_channel(&record.id)).billed_to(billed));
         // Shut before it is queued; opened when the caller drops it (on an
         // error, at once).
         let gate = StartGate::shut(&live);
@@ -205,8 +209,14 @@ impl Service {
         let _turn = live.writes.lock().await;
         let record = live.snapshot();
         let id = record.id.clone();
-        if !self.queue.join(&id, live.clone()) {
-            return Err(ServiceError::InvalidRequest(format!("a job with id {} already exists", crate::store::public_job_id(&id))));
+        // The job holds its account's minimum price from here until it
+        // leaves the live set (charged by then if it ran).
+        match self.queue.join(&id, live.clone(), |account, unfinished| self.accounts.admits(account, unfinished)) {
+            Ok(()) => {}
+            Err(NotJoined::Taken) => {
+                return Err(ServiceError::InvalidRequest(format!("a job with id {} already exists", crate::store::public_job_id(&id))));
+            }
+            Err(NotJoined::NoFunds) => return Err(ServiceError::InsufficientCredits),
         }
         // An account disabled meanwhile queues nothing, nor is billed for a
         // demo job (checked after the job joined the live set: a disable
@@ -231,9 +241,8 @@ impl Service {
             // queue bound, and with accounts the billed account and the key's bound.
             let server = || ServerBound { max_queued: self.opts.max_queued_jobs, queued_here: self.queue.waiting().queued() };
             if self.opts.mode.has_accounts() {
-                // An owner that is no account (as `has_funds` says) has no balance to check.
-                let billed = self.billed_owner(owner, deployment);
-                let billed = self.accounts.get(&billed).is_some().then_some(billed.as_str());
+                // An owner that is no account has no balance to check.
+                let billed = live.billed.as_deref().map(|account| Billing { account, pricing: self.accounts.pricing() });
                 let _turn = self.admission_turns.take(&key).await;
                 let server = server();
                 let mut waiting_here = self.queue.waiting().waiting_of(&key);

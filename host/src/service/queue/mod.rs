@@ -79,8 +79,54 @@ pub trait Waiting: Send + Sync {
 
 /// The jobs not yet finished, and those of them waiting to run.
 pub(super) struct JobQueue {
-    live: RwLock<HashMap<String, Arc<LiveJob>>>,
+    live: RwLock<LiveSet>,
     waiting: Arc<dyn Waiting>,
+}
+
+/// The live jobs by store key, and how many of them each account is
+/// billed for (`LiveJob::billed`), kept in step under one lock.
+#[derive(Default)]
+struct LiveSet {
+    jobs: HashMap<String, Arc<LiveJob>>,
+    billed: HashMap<Arc<str>, usize>,
+}
+
+impl LiveSet {
+    fn insert(&mut self, id: String, job: Arc<LiveJob>) {
+        if let Some(account) = &job.billed {
+            *self.billed.entry(account.clone()).or_default() += 1;
+        }
+        if let Some(replaced) = self.jobs.insert(id, job) {
+            self.unbill(&replaced);
+        }
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Arc<LiveJob>> {
+        let job = self.jobs.remove(id)?;
+        self.unbill(&job);
+        Some(job)
+    }
+
+    fn unbill(&mut self, job: &LiveJob) {
+        if let Some(account) = &job.billed
+            && let Some(n) = self.billed.get_mut(account)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.billed.remove(account);
+            }
+        }
+    }
+}
+
+/// Why a job did not join the live set.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotJoined {
+    /// Another live job has its store key.
+    Taken,
+    /// Its account's balance does not cover it beside the account's other
+    /// live jobs.
+    NoFunds,
 }
 
 impl JobQueue {
@@ -90,22 +136,27 @@ impl JobQueue {
 
     /// The live job stored under `id`.
     pub fn live(&self, id: &str) -> Option<Arc<LiveJob>> {
-        self.live.read().get(id).cloned()
+        self.live.read().jobs.get(id).cloned()
     }
 
     /// Every live job (a copy of the set: no lock is held afterwards).
     pub fn live_jobs(&self) -> Vec<Arc<LiveJob>> {
-        self.live.read().values().cloned().collect()
+        self.live.read().jobs.values().cloned().collect()
     }
 
     /// Live jobs of `owner` (ComfyUI's `queue_remaining`).
     pub fn remaining_of(&self, owner: &str) -> usize {
-        self.live.read().values().filter(|j| &*j.owner == owner).count()
+        self.live.read().jobs.values().filter(|j| &*j.owner == owner).count()
+    }
+
+    /// Live jobs billed to `account`.
+    pub fn billed_to(&self, account: &str) -> usize {
+        self.live.read().billed.get(account).copied().unwrap_or(0)
     }
 
     /// Whether no job is live.
     pub fn is_idle(&self) -> bool {
-        self.live.read().is_empty()
+        self.live.read().jobs.is_empty()
     }
 
     /// The waiting queue.
@@ -113,15 +164,23 @@ impl JobQueue {
         self.waiting.as_ref()
     }
 
-    /// Adds a job to the live set; `false` (and nothing added) when its key
-    /// is taken.
-    pub fn join(&self, id: &str, job: Arc<LiveJob>) -> bool {
+    /// Adds a new job to the live set. Refused, with nothing added, when
+    /// its key is taken, or when it is billed to an account and `admits`
+    /// refuses the number of live jobs billed to that account already:
+    /// counted and joined under one lock, so concurrent submissions never
+    /// together pass a balance that covers only some of them.
+    pub fn join(&self, id: &str, job: Arc<LiveJob>, admits: impl FnOnce(&str, usize) -> bool) -> Result<(), NotJoined> {
         let mut live = self.live.write();
-        if live.contains_key(id) {
-            return false;
+        if live.jobs.contains_key(id) {
+            return Err(NotJoined::Taken);
+        }
+        if let Some(account) = &job.billed
+            && !admits(account, live.billed.get(account).copied().unwrap_or(0))
+        {
+            return Err(NotJoined::NoFunds);
         }
         live.insert(id.to_string(), job);
-        true
+        Ok(())
     }
 
     /// Removes a job from the live set.
@@ -133,7 +192,7 @@ impl JobQueue {
     /// under `id` (not a newer one under the same key); whether it was.
     pub fn leave_job(&self, id: &str, job: &Arc<LiveJob>) -> bool {
         let mut live = self.live.write();
-        if live.get(id).is_some_and(|current| Arc::ptr_eq(current, job)) {
+        if live.jobs.get(id).is_some_and(|current| Arc::ptr_eq(current, job)) {
             live.remove(id);
             return true;
         }
@@ -141,8 +200,9 @@ impl JobQueue {
     }
 
     /// A job recovered (at start, or taken over from another host):
-    /// queued whatever its key's limit. In the live set first, so a worker
-    /// woken by the queueing finds it.
+    /// queued whatever its key's limit (and its account's balance: it was
+    /// admitted once). In the live set first, so a worker woken by the
+    /// queueing finds it.
     pub fn requeue(&self, key: &str, job: Arc<LiveJob>) {
         let (id, owner) = (job.record.lock().id.clone(), job.owner.clone());
         self.live.write().insert(id.clone(), job);
@@ -161,7 +221,7 @@ impl JobQueue {
         let order = self.waiting.ordered();
         let waiting: Vec<Arc<LiveJob>> = {
             let live = self.live.read();
-            order.iter().filter_map(|id| live.get(id).cloned()).collect()
+            order.iter().filter_map(|id| live.jobs.get(id).cloned()).collect()
         };
         waiting.into_iter().filter(|job| keep(job)).collect()
     }

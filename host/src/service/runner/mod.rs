@@ -168,8 +168,8 @@ impl Service {
 
     /// The job's node classes and executor: its deployment's, or the
     /// server's. A job whose account ran out of credits while it waited
-    /// does not run (so a balance goes below zero by at most the jobs
-    /// running when it crossed zero): it fails, never executed, never
+    /// (a job that cost more than the minimum it held took the balance to
+    /// zero or below) does not run: it fails, never executed, never
     /// charged.
     /// Where hosts share the store, the balance is the store's (another
     /// host's charge may not have been heard yet; this host's view if the
@@ -354,17 +354,27 @@ impl Service {
         // On this thread: the execution runtime's threads are there for
         // blocking job work, and a hand-off to the blocking pool and back
         // cost ~100 µs per job here (BENCHMARKS.md, "fewer hand-offs on a job's critical path").
+        let charged = self.charge(&terminal).await;
         match self.record_finished(&terminal, &assets).await {
             Ok(()) => {}
             Err(StoreError::Fenced(_)) => {
                 // This host's lease lapsed while the job ran and another
                 // host took it over: that host's run is the job's.
                 tracing::warn!(job_id = %terminal.id, "another host took this job over while it ran here: this run is dropped");
+                if let Some(charged) = charged {
+                    self.refund(&terminal.id, charged).await;
+                }
                 self.queue.leave(&terminal.id);
                 return;
             }
-            // Ended either way: a store failure only means a restart may run it again.
-            Err(e) => tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job"),
+            // Ended either way: a store failure only means a restart may
+            // run it again (charged then).
+            Err(e) => {
+                tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job");
+                if let Some(charged) = charged {
+                    self.refund(&terminal.id, charged).await;
+                }
+            }
         }
         // Served from memory from now on (the sweeper forgets it when it
         // expires it; a live job is never expired under it).
@@ -386,20 +396,33 @@ impl Service {
         // the job is over.
         self.publish_queue(&terminal.owner);
         self.bus.job(&Arc::from(terminal.id.as_str()), &Arc::from(terminal.owner.as_str()), ExecBody::Executing { node: None });
-        // Its account pays for the time it executed (a job that never
-        // started costs nothing). After it is shown finished, before this
-        // worker takes its next job (which checks the balance).
-        if self.opts.mode.has_accounts()
-            && let Some(ms) = terminal.execution_ms
-            && terminal.error.as_ref().is_none_or(|e| e.code != NO_CREDITS)
-        {
-            let billed = self.billed_account(&terminal);
-            let ms = u64::try_from(ms).unwrap_or(0);
-            let balance = self.accounts.charge(&billed, ms).await;
-            if balance.is_some() {
-                self.metrics.credits_charged(self.accounts.pricing().cost(ms));
-            }
-            tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, %billed, execution_ms = ms, ?balance, "job charged");
+    }
+
+    /// Charges the account `terminal` is billed to for the time it
+    /// executed (a job that never started costs nothing); the amount
+    /// charged, if any. Before its terminal record is written: until then
+    /// the job holds its minimum price against new submissions (it is
+    /// unfinished, and live here), so no admission ever sees it ended but
+    /// unpaid.
+    async fn charge(&self, terminal: &JobRecord) -> Option<(String, u64)> {
+        if !self.opts.mode.has_accounts() || terminal.error.as_ref().is_some_and(|e| e.code == NO_CREDITS) {
+            return None;
+        }
+        let ms = u64::try_from(terminal.execution_ms?).unwrap_or(0);
+        let billed = self.billed_account(terminal);
+        let balance = self.accounts.charge(&billed, ms).await;
+        tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, %billed, execution_ms = ms, ?balance, "job charged");
+        balance?;
+        self.metrics.credits_charged(self.accounts.pricing().cost(ms));
+        Some((billed, ms))
+    }
+
+    /// Gives back a charge whose run is not the job's (another host took
+    /// the job over, or its end could not be recorded and it runs again).
+    async fn refund(&self, job_id: &str, (billed, ms): (String, u64)) {
+        let amount = self.accounts.pricing().cost(ms);
+        if let Err(e) = self.accounts.refund(&billed, amount).await {
+            tracing::error!(job_id, account = %billed, amount, error = %e, "cannot give back the charge of a run that does not count");
         }
     }
 }

@@ -8,11 +8,13 @@ use sqlx::postgres::PgPool;
 use super::DB_NOW;
 use super::backend;
 use super::meta::{Writer, upsert_job};
+use crate::accounts::Pricing;
 use crate::store::{JobRecord, Refusal, ServerBound, StoreError};
 
 /// A new job's `store::Admission`, owned (to move onto the pool's runtime).
 pub(super) struct Admit {
-    pub(super) billed: Option<String>,
+    /// The billed account and its prices.
+    pub(super) billed: Option<(String, Pricing)>,
     /// The key, its bound and the ids of its jobs waiting on this host.
     pub(super) key: Option<(String, usize, Vec<String>)>,
     pub(super) server: ServerBound,
@@ -24,8 +26,16 @@ pub(super) fn admission_lock(key: &str) -> i64 {
     super::advisory_key(&format!("kiln: admit jobs of {key}"))
 }
 
+/// The advisory lock that admissions of jobs billed to `account` take in
+/// turn (so two hosts never both spend the last of a balance).
+fn billing_lock(account: &str) -> i64 {
+    super::advisory_key(&format!("kiln: bill {account}"))
+}
+
 /// Checks `admit` in `tx` (before anything is written): the billed
-/// account's state as committed now; the key's jobs waiting: those other
+/// account's state as committed now, its balance against its unfinished
+/// jobs on every host (counted under the account's lock, held to the
+/// commit, which writes the new job's `billed`); the key's jobs waiting: those other
 /// hosts hold, and those of `me` still waiting here, as written, counted
 /// under the key's lock (held to the commit, so two hosts never both take
 /// the last place); the jobs waiting on other hosts against the server's
@@ -35,16 +45,22 @@ pub(super) async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) 
     if let Some((key, _, _)) = &admit.key {
         sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(key)).execute(&mut *tx).await.map_err(backend)?;
     }
+    // Always after the key's lock (never the other way round: no two
+    // admissions wait on each other).
+    if let Some((account, _)) = &admit.billed {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(billing_lock(account)).execute(&mut *tx).await.map_err(backend)?;
+    }
     let (key, max_key, waiting_here) = admit.key.clone().unwrap_or_default();
     let server_room = admit.server.max_queued.saturating_sub(admit.server.queued_here);
-    let (credits, disabled, waiting, elsewhere): (Option<i64>, Option<bool>, i64, i64) = sqlx::query_as(
+    let (credits, disabled, unfinished, waiting, elsewhere): (Option<i64>, Option<bool>, i64, i64, i64) = sqlx::query_as(
         "SELECT a.credits, a.disabled, \
+         (SELECT count(*) FROM jobs WHERE billed = $1 AND status IN ('queued', 'running', 'canceling')), \
          (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE $6 AND sched_key = $2 AND status = 'queued' \
           AND (holder IS DISTINCT FROM $4 OR id = ANY($5)) LIMIT $3) w), \
          (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' AND holder IS DISTINCT FROM $4 LIMIT $7) s) \
          FROM (SELECT 1) one LEFT JOIN accounts a ON a.id = $1",
     )
-    .bind(admit.billed.as_deref())
+    .bind(admit.billed.as_ref().map(|(account, _)| account.as_str()))
     .bind(&key)
     .bind(limit(max_key))
     .bind(me)
@@ -54,10 +70,11 @@ pub(super) async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) 
     .fetch_one(&mut *tx)
     .await
     .map_err(backend)?;
-    if admit.billed.is_some() {
+    if let Some((_, pricing)) = &admit.billed {
+        let unfinished = usize::try_from(unfinished).unwrap_or(usize::MAX);
         match credits.zip(disabled) {
             Some((_, true)) => return Err(StoreError::Refused(Refusal::AccountDisabled)),
-            Some((credits, false)) if credits <= 0 => return Err(StoreError::Refused(Refusal::NoFunds)),
+            Some((credits, false)) if !pricing.admits(credits, unfinished) => return Err(StoreError::Refused(Refusal::NoFunds)),
             Some(_) => {}
             // An account removed from the database: nothing to bill.
             None => return Err(StoreError::Refused(Refusal::NoFunds)),
@@ -119,6 +136,6 @@ pub(super) async fn start(pool: PgPool, job: JobRecord, key: String, max_running
         return Err(StoreError::Refused(Refusal::RunningFull));
     }
     // Counted under `key` from now on by every host's starts.
-    upsert_job(&mut *tx, &job, None, Some(&key), &writer).await?;
+    upsert_job(&mut *tx, &job, None, (Some(&key), None), &writer).await?;
     tx.commit().await.map_err(backend)
 }

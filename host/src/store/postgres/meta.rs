@@ -79,7 +79,8 @@ pub(super) fn record<T: DeserializeOwned>(what: &str, row: &sqlx::postgres::PgRo
 /// Inserts or replaces a job's record (and its workflow when given) as
 /// written by `writer`, under scheduling key `key` (the key admission
 /// counted it under; `None`: the row's, or for a new row the record's own,
-/// `JobRecord::sched_key`): an unfinished record is held by it, a finished one
+/// `JobRecord::sched_key`), billed to account `billed` (`None`: as the row
+/// says): an unfinished record is held by it, a finished one
 /// by no host. Refused ([`StoreError::Fenced`]) where the row is another
 /// host's (this host's lease lapsed and that host took the job over), where
 /// a finished row would become unfinished again or be replaced by anything
@@ -89,16 +90,17 @@ pub(super) async fn upsert_job<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     job: &JobRecord,
     workflow: Option<&[u8]>,
-    key: Option<&str>,
+    (key, billed): (Option<&str>, Option<&str>),
     writer: &Writer,
 ) -> Result<(), StoreError> {
     let finished = job.status.is_terminal();
     let held_by = (!finished).then_some(writer.holder.as_str());
     let written: Option<(i32,)> = sqlx::query_as(
-        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs, movable) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, COALESCE($13, $16), $14, $15 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
+        "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs, movable, billed) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, COALESCE($13, $16), $14, $15, $17 WHERE NOT $11 OR EXISTS (SELECT 1 FROM hosts WHERE holder = $10) \
          ON CONFLICT (id) DO UPDATE SET owner = $2, created_at = $3, seq = $4, status = $5, expires_at = $6, record = $7, \
-         workflow = COALESCE($8, jobs.workflow), holder = $9, sched_key = COALESCE($13, jobs.sched_key, $16), takeover_needs = $14, movable = $15 \
+         workflow = COALESCE($8, jobs.workflow), holder = $9, sched_key = COALESCE($13, jobs.sched_key, $16), takeover_needs = $14, movable = $15, \
+         billed = COALESCE($17, jobs.billed) \
          WHERE jobs.holder = $10 OR (jobs.holder IS NULL AND $12 AND (NOT $11 OR jobs.status NOT IN ('queued', 'running', 'canceling'))) \
          RETURNING 1",
     )
@@ -118,6 +120,7 @@ pub(super) async fn upsert_job<'e>(
     .bind(job.takeover_needs())
     .bind(job.movable())
     .bind(job.sched_key())
+    .bind(billed)
     .fetch_optional(exec)
     .await
     .map_err(backend)?;
@@ -196,7 +199,8 @@ async fn submit(
             }
         }
         let key = admission.as_ref().and_then(|a| a.key.as_ref()).map(|(key, _, _)| key.as_str());
-        upsert_job(&mut *tx, &job, Some(&workflow), key, &writer).await?;
+        let billed = admission.as_ref().and_then(|a| a.billed.as_ref()).map(|(account, _)| account.as_str());
+        upsert_job(&mut *tx, &job, Some(&workflow), (key, billed), &writer).await?;
         finished_changed(&mut *tx, &job).await
     }
     .await;
@@ -287,7 +291,7 @@ impl MetaStore for PgMeta {
     ) -> Result<(), StoreError> {
         let (job, workflow, claim, writer) = (job.clone(), enc(workflow)?, claim.cloned(), self.writer());
         let admission = super::admission::Admit {
-            billed: admission.billed.map(str::to_string),
+            billed: admission.billed.map(|b| (b.account.to_string(), b.pricing)),
             key: admission.key.map(|k| (k.key.to_string(), k.max_queued, k.waiting_here.to_vec())),
             server: admission.server,
         };
@@ -297,11 +301,11 @@ impl MetaStore for PgMeta {
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         let (job, writer) = (job.clone(), self.writer());
         if !job.status.is_terminal() {
-            return on_pool!(self, |pool| upsert_job(&pool, &job, None, None, &writer).await);
+            return on_pool!(self, |pool| upsert_job(&pool, &job, None, (None, None), &writer).await);
         }
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await.map_err(backend)?;
-            upsert_job(&mut *tx, &job, None, None, &writer).await?;
+            upsert_job(&mut *tx, &job, None, (None, None), &writer).await?;
             finished_changed(&mut *tx, &job).await?;
             tx.commit().await.map_err(backend)
         })

@@ -72,6 +72,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (15, "turns", include_str!("migrations/0015_turns.sql")),
     (16, "numbers", include_str!("migrations/0016_numbers.sql")),
     (17, "plugins", include_str!("migrations/0017_plugins.sql")),
+    (18, "billed", include_str!("migrations/0018_billed.sql")),
 ];
 
 /// How long an idle connection stays open.

@@ -5,6 +5,9 @@
 use super::PgDatabase;
 use crate::store::MetaStore;
 
+/// Jobs that cost nothing: only a balance above zero is needed.
+const FREE: crate::accounts::Pricing = crate::accounts::Pricing { credits_per_second: 0, min_per_job: 0 };
+
 /// A server bound no test reaches.
 const OPEN: crate::store::ServerBound = crate::store::ServerBound { max_queued: 1_000_000, queued_here: 1 };
 
@@ -464,9 +467,10 @@ async fn notices_keep_their_order_and_reach_one_host_when_addressed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_holds_across_hosts_and_writes_nothing_refused() {
     use crate::store::cluster::HostLeases;
-    use crate::store::{Account, AccountChange, AccountStore, Admission, KeyBound, Refusal, StoreError};
+    use crate::store::{Account, AccountChange, AccountStore, Admission, Billing, KeyBound, Refusal, StoreError};
     let Some(db) = fresh().await else { return };
     let accounts = super::PgAccounts::new(db.clone());
+    let billed = |account| Some(Billing { account, pricing: FREE });
     let account = |id: &str, credits: i64| Account {
         id: id.into(),
         name: id.into(),
@@ -491,7 +495,7 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
             let mut taken = Vec::new();
             for n in 0..4u64 {
                 let job = crate::store::JobRecord::queued_for_test(&format!("j{h}-{n}"), 10 + n as i64, n + 1);
-                let admission = Admission { billed: Some("rich"), key: Some(KeyBound { key: "rich", max_queued: 5, waiting_here: &taken }), server: OPEN };
+                let admission = Admission { billed: billed("rich"), key: Some(KeyBound { key: "rich", max_queued: 5, waiting_here: &taken }), server: OPEN };
                 match meta.submit_admitted(&job, &serde_json::json!({}), None, admission).await {
                     Ok(()) => taken.push(job.id),
                     Err(StoreError::Refused(Refusal::QueueFull)) => {}
@@ -508,7 +512,7 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
     let (h, mine) = per_host.iter().enumerate().find(|(_, taken)| !taken.is_empty()).unwrap();
     let job = crate::store::JobRecord::queued_for_test("one-more", 50, 50);
     let bound = KeyBound { key: "rich", max_queued: 5, waiting_here: mine };
-    let full = Admission { billed: Some("rich"), key: Some(bound), server: OPEN };
+    let full = Admission { billed: billed("rich"), key: Some(bound), server: OPEN };
     assert!(matches!(metas[h].submit_admitted(&job, &serde_json::json!({}), None, full).await, Err(StoreError::Refused(Refusal::QueueFull))));
     let one_started = Admission { key: Some(KeyBound { waiting_here: &mine[1..], ..bound }), ..full };
     metas[h].submit_admitted(&job, &serde_json::json!({}), None, one_started).await.unwrap();
@@ -518,7 +522,13 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
         let (meta, job) = (ma.clone(), crate::store::JobRecord::queued_for_test(id, 99, 99));
         async move {
             let bound = KeyBound { key: billed, max_queued: 5, waiting_here: &[] };
-            meta.submit_admitted(&job, &serde_json::json!({}), None, Admission { billed: Some(billed), key: Some(bound), server: OPEN }).await
+            meta.submit_admitted(
+                &job,
+                &serde_json::json!({}),
+                None,
+                Admission { billed: Some(Billing { account: billed, pricing: FREE }), key: Some(bound), server: OPEN },
+            )
+            .await
         }
     };
     assert!(matches!(admit("k1", "broke").await, Err(StoreError::Refused(Refusal::NoFunds))));
@@ -531,6 +541,70 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
         assert!(ma.get_job(refused).await.unwrap().is_none(), "{refused} was not written");
     }
     assert!(ma.get_job("k2").await.unwrap().is_some());
+}
+
+/// Submissions billed to one account racing on three hosts (each under its
+/// own scheduling key, as a deployment's demo jobs are) are admitted only
+/// while the balance covers the minimum price of every unfinished job
+/// billed to it; a job that ends gives its hold back, one billed to
+/// another account holds nothing of this one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submissions_on_three_hosts_never_promise_more_than_the_balance() {
+    use crate::store::cluster::HostLeases;
+    use crate::store::{Account, AccountStore, Admission, Billing, KeyBound, Refusal, StoreError};
+    let Some(db) = fresh().await else { return };
+    let accounts = super::PgAccounts::new(db.clone());
+    let account = |id: &str, credits: i64| Account {
+        id: id.into(),
+        name: id.into(),
+        key_hashes: vec![],
+        credits,
+        tier: "default".into(),
+        subscription_active: true,
+        disabled: false,
+        created_at: 1,
+    };
+    // 7 credits at 3 a job: two jobs at a time.
+    let pricing = crate::accounts::Pricing { credits_per_second: 100, min_per_job: 3 };
+    accounts.create(&account("thin", 7)).await.unwrap();
+    accounts.create(&account("other", 100)).await.unwrap();
+    let mut metas = Vec::new();
+    for name in ["a", "b", "c"] {
+        let host = db.clone().as_host(name);
+        super::PgHosts::new(host.clone(), name).register(std::time::Duration::from_secs(60)).await.unwrap();
+        metas.push(std::sync::Arc::new(super::PgMeta::new(host)));
+    }
+    let submit = |meta: std::sync::Arc<super::PgMeta>, id: String, account: &'static str| async move {
+        let job = crate::store::JobRecord::queued_for_test(&id, 10, 1);
+        // Each job under its own key: only the balance can refuse it.
+        let key = KeyBound { key: &id, max_queued: 5, waiting_here: &[] };
+        let admission = Admission { billed: Some(Billing { account, pricing }), key: Some(key), server: OPEN };
+        match meta.submit_admitted(&job, &serde_json::json!({}), None, admission).await {
+            Ok(()) => Some(job),
+            Err(StoreError::Refused(Refusal::NoFunds)) => None,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let racing = (0..12).map(|n| submit(metas[n % 3].clone(), format!("t{n}"), "thin"));
+    let admitted: Vec<_> = futures_util::future::join_all(racing).await.into_iter().flatten().collect();
+    assert_eq!(admitted.len(), 2, "7 credits cover two jobs at 3 each: {:?}", admitted.iter().map(|j| &j.id).collect::<Vec<_>>());
+    assert!(submit(metas[1].clone(), "t-more".into(), "thin").await.is_none());
+    // Another account's jobs hold nothing of this one's.
+    assert!(submit(metas[2].clone(), "o1".into(), "other").await.is_some());
+    // One ends (charged before its end is written, as the worker does):
+    // the other still holds its minimum, so one more fits, not two.
+    accounts.add_credits("thin", -3, false).await.unwrap();
+    let mut done = admitted[0].clone();
+    done.transition(crate::store::JobStatus::Canceled, 20).unwrap();
+    let host: usize = done.id[1..].parse().unwrap();
+    metas[host % 3].put_job(&done).await.unwrap();
+    let again = (0..4).map(|n| submit(metas[n % 3].clone(), format!("u{n}"), "thin"));
+    let admitted: Vec<_> = futures_util::future::join_all(again).await.into_iter().flatten().collect();
+    assert_eq!(admitted.len(), 0, "4 credits left, one job unfinished: none fits");
+    accounts.add_credits("thin", 2, false).await.unwrap();
+    let again = (0..4).map(|n| submit(metas[n % 3].clone(), format!("v{n}"), "thin"));
+    let admitted: Vec<_> = futures_util::future::join_all(again).await.into_iter().flatten().collect();
+    assert_eq!(admitted.len(), 1, "6 credits, one job unfinished: one more");
 }
 
 /// Starts racing on three hosts take exactly the key's free running places
