@@ -1,6 +1,7 @@
 """Jobs across hosts: one embedded host, then 1, 2 and 3 hosts on one PostgreSQL.
 
-Usage: KILN_BENCH_PG=postgres://user@host:port/db python3 host/benches/cluster.py KILN [JOBS]
+Usage: KILN_BENCH_PG=postgres://user@host:port/db [KILN_BENCH_S3=http://host:port
+       AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=…] python3 host/benches/cluster.py KILN [JOBS]
 
 KILN is a release binary. Each configuration starts its hosts on fresh data
 directories (result cache off, GPU off) and, for PostgreSQL, a fresh
@@ -14,12 +15,18 @@ the database's transactions, WAL bytes and NOTIFY notices per job (from
 pg_stat_database, pg_current_wal_lsn and a listener on kiln_events and
 kiln_queues) and, where the server preloads pg_stat_statements, the
 statements kiln's hosts ran per job (each at least one round trip; the
-bench's own queries left out).
+bench's own queries left out), and the bytes kiln's hosts sent to and got
+from the database (and, with KILN_BENCH_S3, the bucket) per job: the
+kernel's byte counts of the hosts' own TCP connections (`ss -ti`), read
+before and after the run. With KILN_BENCH_S3 the PostgreSQL rows keep
+their blobs in a fresh bucket of that S3 server, as a cluster does;
+without it, in each host's files.
 Figures: BENCHMARKS.md.
 """
-import json, os, subprocess, sys, tempfile, threading, time, urllib.request, uuid
+import json, os, subprocess, sys, tempfile, threading, time, urllib.parse, urllib.request, uuid
 
 PG = os.environ.get("KILN_BENCH_PG")
+S3 = os.environ.get("KILN_BENCH_S3")
 BIN = sys.argv[1]
 JOBS = int(sys.argv[2]) if len(sys.argv) > 2 else 600
 CLIENTS = 8
@@ -39,6 +46,25 @@ def statements(db):
         return int(psql(db, STATEMENTS))
     except subprocess.CalledProcessError:
         return None
+
+
+def wire(pids, port):
+    """Bytes sent and received on the established TCP connections of
+    processes `pids` to `port`, by connection."""
+    out = subprocess.run(["ss", "-tinpH", "state", "established", "( dport = :%d )" % port], capture_output=True, text=True).stdout
+    counts, key = {}, None
+    for line in out.splitlines():
+        if not line.startswith((" ", "\t")):
+            fields = line.split()
+            key = fields[2] if any("pid=%d," % p in line for p in pids) else None
+        elif key:
+            info = dict(f.split(":", 1) for f in line.split() if f.startswith(("bytes_sent:", "bytes_received:")))
+            counts[key] = int(info.get("bytes_sent", 0)) + int(info.get("bytes_received", 0))
+    return counts
+
+
+def moved(before, after):
+    return sum(n - before.get(k, 0) for k, n in after.items())
 
 
 def start(env, name):
@@ -65,7 +91,14 @@ def run(hosts, pg, one=False):
         except subprocess.CalledProcessError:
             pass
         env.update(KILN_STORE="postgres", KILN_DATABASE_URL=db)
+        if S3:
+            env.update(KILN_BLOB_STORE="s3", KILN_S3_ENDPOINT=S3, KILN_S3_BUCKET="kiln-bench-" + uuid.uuid4().hex[:12])
     procs = [start(env, "bench-%d" % i) for i in range(hosts)]
+    pids = [p.pid for p, _ in procs]
+    ports = {"db": urllib.parse.urlparse(PG).port or 5432} if db else {}
+    if db and S3:
+        ports["s3"] = urllib.parse.urlparse(S3).port or 80
+    wire_before = {what: wire(pids, port) for what, port in ports.items()}
     bases = [b for _, b in procs]
     notices = []
     listener = None
@@ -134,14 +167,17 @@ def run(hosts, pg, one=False):
         after = statements(db)
         if before[2] is not None and after is not None:
             extra += " | %.1f statements/job" % ((after - before[2]) / JOBS)
+        for what, port in ports.items():
+            extra += " | %.0f %s bytes/job" % (moved(wire_before[what], wire(pids, port)) / JOBS, what)
         listener.kill()
     for p, _ in procs:
         p.terminate()
         p.wait()
     latencies.sort()
     p50, p95 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.95)]
-    label = "%d host%s, %s%s" % (hosts, "" if hosts == 1 else "s", "PostgreSQL" if pg else "embedded", ", all to one" if one else "")
-    print("%-36s %7.1f jobs/s | p50 %6.1f ms | p95 %6.1f ms%s" % (label, JOBS / wall, p50 * 1e3, p95 * 1e3, extra), flush=True)
+    backend = ("PostgreSQL + S3" if S3 else "PostgreSQL") if pg else "embedded"
+    label = "%d host%s, %s%s" % (hosts, "" if hosts == 1 else "s", backend, ", all to one" if one else "")
+    print("%-42s %7.1f jobs/s | p50 %6.1f ms | p95 %6.1f ms%s" % (label, JOBS / wall, p50 * 1e3, p95 * 1e3, extra), flush=True)
 
 
 if __name__ == "__main__":
