@@ -359,3 +359,79 @@ impl Relay {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use crate::store::{JobRecord, JobStatus};
+
+    /// Notices of one host alone: nothing is heard but what the test sends,
+    /// and the gaps are the test's to count.
+    #[derive(Default)]
+    struct Silent {
+        gaps: AtomicU64,
+        heard: std::sync::OnceLock<broadcast::Sender<Arc<str>>>,
+        direct: std::sync::OnceLock<broadcast::Sender<Arc<str>>>,
+    }
+
+    impl Notices for Silent {
+        fn send(&self, _topic: Topic, _payload: String) {}
+        fn subscribe(&self, _topic: Topic) -> broadcast::Receiver<Arc<str>> {
+            self.heard.get_or_init(|| broadcast::channel(8).0).subscribe()
+        }
+        fn gaps(&self) -> u64 {
+            self.gaps.load(Ordering::SeqCst)
+        }
+        fn listens(&self) -> u64 {
+            1
+        }
+        fn address(&self) -> &str {
+            "h1/1"
+        }
+        fn send_to(&self, _address: &str, _payload: String) {}
+        fn subscribe_direct(&self) -> broadcast::Receiver<Arc<str>> {
+            // (Kept open: a closed channel ends the relay.)
+            self.direct.get_or_init(|| broadcast::channel(1).0).subscribe()
+        }
+    }
+
+    /// A stream following a job another host runs, whose end's notice this
+    /// host missed (its listening connection was lost meanwhile): once the
+    /// gap is counted, the relay reads the job again and the stream hears
+    /// the end within a gap check, not the ten seconds of the routine
+    /// re-read. A status notice heard is read at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_whose_notice_was_missed_hears_the_end_after_the_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta: Arc<dyn MetaStore> = Arc::new(crate::store::SledMeta::open(&dir.path().join("meta")).unwrap());
+        let notices = Arc::new(Silent::default());
+        let bus = SharedBus::start(notices.clone(), meta.clone());
+        let mut job = JobRecord::queued_for_test("j1", 1, 1);
+        meta.put_job(&job).await.unwrap();
+        let mut stream = bus.follow("j1").unwrap();
+        // Another host runs it to its end; its notices never arrive here.
+        job.transition(JobStatus::Running, 2).unwrap();
+        job.transition(JobStatus::Succeeded, 3).unwrap();
+        meta.put_job(&job).await.unwrap();
+        let wait = 2 * GAP_CHECK + Duration::from_millis(500);
+        let quiet = tokio::time::timeout(wait, stream.recv()).await;
+        assert!(quiet.is_err(), "nothing is re-read before a gap (or the routine re-read): {quiet:?}");
+        notices.gaps.fetch_add(1, Ordering::SeqCst);
+        match tokio::time::timeout(wait, stream.recv()).await {
+            Ok(Ok(JobEvent::Status(record))) => assert_eq!(record.status, JobStatus::Succeeded),
+            other => panic!("the end, re-read after the gap: {other:?}"),
+        }
+        let mut other = JobRecord::queued_for_test("j2", 1, 2);
+        meta.put_job(&other).await.unwrap();
+        let mut second = bus.follow("j2").unwrap();
+        other.transition(JobStatus::Canceled, 4).unwrap();
+        meta.put_job(&other).await.unwrap();
+        let _ = notices.heard.get().unwrap().send(Arc::from(r#"{"t":"s","j":"j2"}"#));
+        match tokio::time::timeout(Duration::from_millis(800), second.recv()).await {
+            Ok(Ok(JobEvent::Status(record))) => assert_eq!(record.status, JobStatus::Canceled),
+            other => panic!("the notice's re-read: {other:?}"),
+        }
+    }
+}
