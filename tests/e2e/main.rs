@@ -19,6 +19,7 @@ mod hostile;
 mod image_bombs;
 mod object_info;
 mod own_postgres;
+mod own_weed;
 pub mod parity;
 mod partner;
 mod plugin_dir;

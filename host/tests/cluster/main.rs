@@ -15,6 +15,10 @@
 //! restarted under three hosts loses nothing: a
 //! submission during the outage is 500 `upstream_error` (its key stays
 //! free), the job running through it ends recorded, and the hosts go on.
+//! The bucket going away under two hosts loses nothing either: uploads and
+//! reads of blobs a host has not cached are 500 `upstream_error`, a job
+//! whose output cannot be stored fails, records and cached blobs still
+//! answer, and everything stored reads back once the bucket is back.
 //! Without the servers these skip, except under CI, where they fail.
 
 use std::io::{BufRead, BufReader};
@@ -26,6 +30,9 @@ use serde_json::{Value, json};
 #[allow(dead_code)]
 #[path = "../../../tests/e2e/own_postgres.rs"]
 mod own_postgres;
+#[allow(dead_code)]
+#[path = "../../../tests/e2e/own_weed.rs"]
+mod own_weed;
 
 mod deployments;
 mod installs;

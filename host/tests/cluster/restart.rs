@@ -1,7 +1,9 @@
 //! PostgreSQL restarted under three hosts: a submission during the outage
 //! is 500 `upstream_error` (its key stays free), the job running through
 //! it ends recorded, an event stream on another host that missed the
-//! notices of the outage still hears its end, and the hosts go on.
+//! notices of the outage still hears its end, and the hosts go on. The
+//! bucket going away under two hosts (a SeaweedFS server of the test's
+//! own, killed and started again) loses nothing.
 
 use std::time::Duration;
 
@@ -110,4 +112,77 @@ async fn a_host_stalled_past_its_lease_stops_and_leaves_the_job_to_the_one_that_
     };
     let after = job(&http, &other, &id).await;
     assert_eq!(seen(&after), seen(&done), "the finished job is the other host's, unchanged: {after}");
+}
+
+/// `POST /api/v2/assets` of `bytes` through `host`: the status and body.
+async fn upload(http: &reqwest::Client, host: &Host, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+    let form =
+        reqwest::multipart::Form::new().text("file_path", name.to_string()).part("file", reqwest::multipart::Part::bytes(bytes).file_name(name.to_string()));
+    let resp = http.post(format!("{}/api/v2/assets", host.base)).multipart(form).send().await.unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
+}
+
+/// `GET /api/v2/assets/{id}/content` through `host`: the status and bytes.
+async fn content(http: &reqwest::Client, host: &Host, id: &str) -> (u16, Vec<u8>) {
+    let resp = http.get(format!("{}/api/v2/assets/{id}/content", host.base)).send().await.unwrap();
+    (resp.status().as_u16(), resp.bytes().await.unwrap().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bucket_going_away_under_two_hosts_loses_nothing() {
+    let Some(mut weed) = own_weed::OwnWeed::start_new() else { return };
+    let Some(mut shared) = shared().await else { return };
+    for (key, value) in shared.iter_mut() {
+        if key == "KILN_S3_ENDPOINT" {
+            *value = weed.endpoint();
+        }
+    }
+    let hosts: Vec<Host> = ["b1", "b2"].iter().map(|name| start(name, &shared)).collect();
+    let (h1, h2) = (&hosts[0], &hosts[1]);
+    let http = reqwest::Client::new();
+    // Stored before the outage: an upload through h1 (cached there only)
+    // and a job's output, downloaded through both (cached on both).
+    let kept = format!("kept before the outage {}", uuid::Uuid::new_v4()).into_bytes();
+    let (status, uploaded) = upload(&http, h1, "kept.txt", kept.clone()).await;
+    assert_eq!(status, 201, "{uploaded}");
+    let uploaded = uploaded["id"].as_str().unwrap().to_string();
+    let done = submit(&http, h1, quick(1)).await;
+    let done = wait_for(&http, h2, &done, &["succeeded"], Duration::from_secs(30)).await;
+    let output = download(&http, h1, &done).await;
+    assert_eq!(download(&http, h2, &done).await, output);
+
+    weed.stop();
+    // Each of these waits out the store's retries (15 s): all at once.
+    let (refused, unread, failed) =
+        tokio::join!(upload(&http, h2, "refused.txt", b"sent while the bucket is away".to_vec()), content(&http, h2, &uploaded), async {
+            let id = submit(&http, h2, quick(2)).await;
+            wait_for(&http, h1, &id, &["succeeded", "failed"], Duration::from_secs(90)).await
+        },);
+    assert_eq!((refused.0, refused.1["error"]["code"].as_str()), (500, Some("upstream_error")), "{}", refused.1);
+    assert_eq!(unread.0, 500, "h2 never cached h1's upload: {}", String::from_utf8_lossy(&unread.1));
+    assert_eq!(failed["status"], "failed", "a job whose output cannot be stored fails: {failed}");
+    assert!(failed["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{failed}");
+    // What the database and the hosts' caches hold still answers.
+    assert_eq!(content(&http, h1, &uploaded).await, (200, kept.clone()), "h1 cached its upload");
+    assert_eq!(download(&http, h2, &done).await, output, "h2 cached the output");
+    assert_eq!(job(&http, h2, done["id"].as_str().unwrap()).await["status"], "succeeded");
+
+    weed.start();
+    // Nothing stored was lost: h2 reads h1's upload from the bucket (a
+    // restarted SeaweedFS answers before its volumes are back: retried),
+    // and takes uploads and runs jobs again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, bytes) = content(&http, h2, &uploaded).await;
+        if status == 200 {
+            assert_eq!(bytes, kept);
+            break;
+        }
+        assert!(Instant::now() < deadline, "h2 never read the upload back: {status}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (status, again) = upload(&http, h2, "again.txt", b"sent once it is back".to_vec()).await;
+    assert_eq!(status, 201, "{again}");
+    let after = submit(&http, h2, quick(3)).await;
+    wait_for(&http, h1, &after, &["succeeded"], Duration::from_secs(30)).await;
 }
