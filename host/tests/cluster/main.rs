@@ -19,6 +19,9 @@
 //! reads of blobs a host has not cached are 500 `upstream_error`, a job
 //! whose output cannot be stored fails, records and cached blobs still
 //! answer, and everything stored reads back once the bucket is back.
+//! The retention sweep runs on one host at a time (the database's advisory
+//! lock), and ComfyUI's `/interrupt` through one self-hosted host stops the
+//! prompts running on another.
 //! Without the servers these skip, except under CI, where they fail.
 
 use std::io::{BufRead, BufReader};

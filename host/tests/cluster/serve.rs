@@ -258,3 +258,64 @@ async fn unreferenced_blobs_leave_the_bucket_while_several_hosts_run() {
         assert_eq!(&png[..4], b"\x89PNG");
     }
 }
+
+/// The retention sweep takes the database's advisory lock named
+/// `kiln::store::SWEEP_LEASE` (one host sweeps at a time): while another
+/// session holds it (as a host in the middle of a sweep does), no host
+/// expires anything; once it is released, a host's next sweep does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retention_sweep_runs_on_one_host_at_a_time() {
+    use sqlx::Connection;
+    let Some(shared) = shared().await else { return };
+    let mut holder = sqlx::PgConnection::connect(&env(&shared, "KILN_DATABASE_URL")).await.unwrap();
+    // The lease's key: the first 8 bytes of the name's blake3, little-endian.
+    let key = i64::from_le_bytes(blake3::hash(kiln::store::SWEEP_LEASE.as_bytes()).as_bytes()[..8].try_into().unwrap());
+    let (taken,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_lock($1)").bind(key).fetch_one(&mut holder).await.unwrap();
+    assert!(taken);
+    let brief = [("KILN_JOB_RETENTION_S", "1"), ("KILN_SWEEP_INTERVAL_S", "1")];
+    let hosts: Vec<Host> = ["s1", "s2"].iter().map(|name| start_with(name, &shared, &brief)).collect();
+    let http = reqwest::Client::new();
+    let id = submit(&http, &hosts[0], quick(1)).await;
+    wait_for(&http, &hosts[1], &id, &["succeeded"], Duration::from_secs(30)).await;
+    // Past its retention and several sweeps of both hosts: still there.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for host in &hosts {
+        assert_eq!(job(&http, host, &id).await["status"], "succeeded", "no host swept while the lease was held");
+    }
+    let (released,): (bool,) = sqlx::query_as("SELECT pg_advisory_unlock($1)").bind(key).fetch_one(&mut holder).await.unwrap();
+    assert!(released);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let resp = http.get(format!("{}/api/v2/jobs/{id}", hosts[1].base)).send().await.unwrap();
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        if status == 404 || body["status"] == "expired" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a host sweeps once the lease is free: {status} {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// ComfyUI's `POST /api/interrupt` on a self-hosted cluster (no accounts):
+/// through either host it stops the prompts running on the others, the
+/// one named by `prompt_id` alone when one is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn comfyui_interrupt_through_another_host_stops_the_running_prompt() {
+    let Some(shared) = shared().await else { return };
+    let hosts: Vec<Host> = ["i1", "i2"].iter().map(|name| start(name, &shared)).collect();
+    let http = reqwest::Client::new();
+    let (first, second) = (submit(&http, &hosts[0], slow(41)).await, submit(&http, &hosts[1], slow(42)).await);
+    wait_for(&http, &hosts[1], &first, &["running"], Duration::from_secs(30)).await;
+    wait_for(&http, &hosts[0], &second, &["running"], Duration::from_secs(30)).await;
+    let interrupt = |host: &Host, body: Value| http.post(format!("{}/api/interrupt", host.base)).json(&body).send();
+    // Named: through the host that does not run it; the other runs on.
+    assert_eq!(interrupt(&hosts[1], json!({ "prompt_id": first })).await.unwrap().status(), 200);
+    let stopped = wait_for(&http, &hosts[1], &first, &["canceled", "succeeded", "failed"], Duration::from_secs(30)).await;
+    assert_eq!(stopped["status"], "canceled", "{stopped}");
+    assert_eq!(job(&http, &hosts[0], &second).await["status"], "running", "a prompt not named runs on");
+    // Unnamed: every running prompt, wherever it runs.
+    assert_eq!(interrupt(&hosts[0], json!({})).await.unwrap().status(), 200);
+    let stopped = wait_for(&http, &hosts[0], &second, &["canceled", "succeeded", "failed"], Duration::from_secs(30)).await;
+    assert_eq!(stopped["status"], "canceled", "{stopped}");
+}
