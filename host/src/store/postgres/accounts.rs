@@ -72,83 +72,81 @@ impl AccountStore for PgAccounts {
     async fn create(&self, a: &Account) -> Result<(), StoreError> {
         let (a, me) = (a.clone(), self.db.holder().to_string());
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            let inserted = sqlx::query(&format!("INSERT INTO accounts ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"))
-                .bind(&a.id)
-                .bind(&a.name)
-                .bind(&a.key_hashes)
-                .bind(a.credits)
-                .bind(&a.tier)
-                .bind(a.subscription_active)
-                .bind(a.disabled)
-                .bind(a.created_at)
-                .execute(&mut *tx)
-                .await;
-            match inserted {
-                Ok(_) => {
-                    announce(&mut *tx, Topic::Accounts, &me, &a.id).await?;
-                    tx.commit().await.map_err(backend)
+            in_transaction!(pool, |tx| {
+                let inserted = sqlx::query(&format!("INSERT INTO accounts ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"))
+                    .bind(&a.id)
+                    .bind(&a.name)
+                    .bind(&a.key_hashes)
+                    .bind(a.credits)
+                    .bind(&a.tier)
+                    .bind(a.subscription_active)
+                    .bind(a.disabled)
+                    .bind(a.created_at)
+                    .execute(&mut *tx)
+                    .await;
+                match inserted {
+                    Ok(_) => announce(&mut *tx, Topic::Accounts, &me, &a.id).await,
+                    Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                        Err(StoreError::Backend(format!("an account named {:?} (or with id {}) already exists", a.name, a.id)))
+                    }
+                    Err(e) => Err(backend(e)),
                 }
-                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                    Err(StoreError::Backend(format!("an account named {:?} (or with id {}) already exists", a.name, a.id)))
-                }
-                Err(e) => Err(backend(e)),
-            }
+            })
         })
     }
 
     async fn change(&self, id: &str, change: AccountChange) -> Result<Option<Account>, StoreError> {
         let (id, me) = (id.to_string(), self.db.holder().to_string());
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            let (set, active) = match change {
-                AccountChange::Subscription(active) => ("subscription_active = $2", Some(active)),
-                AccountChange::Disable => ("disabled = TRUE", None),
-            };
-            let sql = format!("UPDATE accounts SET {set} WHERE id = $1 RETURNING {COLUMNS}");
-            let mut query = sqlx::query(&sql).bind(&id);
-            if let Some(active) = active {
-                query = query.bind(active);
-            }
-            let row = query.fetch_optional(&mut *tx).await.map_err(backend)?;
-            let changed = row.as_ref().map(account).transpose()?;
-            if changed.is_some() {
-                announce(&mut *tx, Topic::Accounts, &me, &id).await?;
-            }
-            tx.commit().await.map_err(backend)?;
-            Ok(changed)
+            in_transaction!(pool, |tx| {
+                let (set, active) = match change {
+                    AccountChange::Subscription(active) => ("subscription_active = $2", Some(active)),
+                    AccountChange::Disable => ("disabled = TRUE", None),
+                };
+                let sql = format!("UPDATE accounts SET {set} WHERE id = $1 RETURNING {COLUMNS}");
+                let mut query = sqlx::query(&sql).bind(&id);
+                if let Some(active) = active {
+                    query = query.bind(active);
+                }
+                let row = query.fetch_optional(&mut *tx).await.map_err(backend)?;
+                let changed = row.as_ref().map(account).transpose()?;
+                if changed.is_some() {
+                    announce(&mut *tx, Topic::Accounts, &me, &id).await?;
+                }
+                Ok(changed)
+            })
         })
     }
 
     async fn add_credits(&self, id: &str, delta: i64, durable: bool) -> Result<CreditChange, StoreError> {
         let (id, me) = (id.to_string(), self.db.holder().to_string());
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            if !durable {
-                sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await.map_err(backend)?;
-            }
-            // The sum is checked in `numeric`: a balance never leaves i64.
-            let row = sqlx::query(&format!(
-                "UPDATE accounts SET credits = credits + $2 WHERE id = $1 \
+            in_transaction!(pool, |tx| {
+                if !durable {
+                    sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await.map_err(backend)?;
+                }
+                // The sum is checked in `numeric`: a balance never leaves i64.
+                let row = sqlx::query(&format!(
+                    "UPDATE accounts SET credits = credits + $2 WHERE id = $1 \
                          AND credits::numeric + $2::numeric BETWEEN -9223372036854775808 AND 9223372036854775807 RETURNING {COLUMNS}"
-            ))
-            .bind(&id)
-            .bind(delta)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(backend)?;
-            let change = match row {
-                Some(row) => {
-                    announce(&mut *tx, Topic::Accounts, &me, &id).await?;
-                    CreditChange::Changed(account(&row)?)
-                }
-                None => {
-                    let exists = sqlx::query("SELECT 1 FROM accounts WHERE id = $1").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
-                    if exists.is_some() { CreditChange::Overflow } else { CreditChange::NoAccount }
-                }
-            };
-            tx.commit().await.map_err(backend)?;
-            Ok(change)
+                ))
+                .bind(&id)
+                .bind(delta)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(backend)?;
+                let change = match row {
+                    Some(row) => {
+                        announce(&mut *tx, Topic::Accounts, &me, &id).await?;
+                        CreditChange::Changed(account(&row)?)
+                    }
+                    None => {
+                        let exists = sqlx::query("SELECT 1 FROM accounts WHERE id = $1").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
+                        if exists.is_some() { CreditChange::Overflow } else { CreditChange::NoAccount }
+                    }
+                };
+                Ok(change)
+            })
         })
     }
 }

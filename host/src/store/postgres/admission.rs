@@ -93,49 +93,49 @@ pub(super) async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) 
 /// jobs on all hosts (see `MetaStore::start_admitted`).
 pub(super) async fn start(pool: PgPool, job: JobRecord, key: String, max_running: usize, writer: Writer) -> Result<(), StoreError> {
     let max = i64::try_from(max_running).unwrap_or(i64::MAX);
-    let mut tx = pool.begin().await.map_err(backend)?;
-    // The key's admission lock: two hosts never both start the last
-    // free place (the key's submissions take it too, briefly).
-    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(&key)).execute(&mut *tx).await.map_err(backend)?;
-    // Still this host's (an idle host may have taken it from the queue):
-    // locked, so no host takes it while this start is decided.
-    let held: Option<(Option<String>,)> =
-        sqlx::query_as("SELECT holder FROM jobs WHERE id = $1 FOR UPDATE").bind(&job.id).fetch_optional(&mut *tx).await.map_err(backend)?;
-    if matches!(&held, Some((holder,)) if holder.as_deref() != Some(writer.holder.as_str())) {
-        // Ended now, not when the connection is next used: until then the
-        // row stays locked and other hosts' takes skip it.
-        tx.rollback().await.map_err(backend)?;
-        return Err(StoreError::Fenced(format!("job {}", job.id)));
-    }
-    // Running on a registered host (a lapsed host's jobs count
-    // again once taken over and started), and the key's older jobs
-    // whose start was refused on other registered hosts: they go first.
-    let (taken,): (i64,) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE sched_key = $1 AND status IN ('running', 'canceling') AND id <> $2 \
+    // Whether it started: a refused start is committed too (it waits first
+    // from now on), a fenced one rolled back (see `in_transaction!`).
+    let started = in_transaction!(pool, |tx| {
+        // The key's admission lock: two hosts never both start the last
+        // free place (the key's submissions take it too, briefly).
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(admission_lock(&key)).execute(&mut *tx).await.map_err(backend)?;
+        // Still this host's (an idle host may have taken it from the queue):
+        // locked, so no host takes it while this start is decided.
+        let held: Option<(Option<String>,)> =
+            sqlx::query_as("SELECT holder FROM jobs WHERE id = $1 FOR UPDATE").bind(&job.id).fetch_optional(&mut *tx).await.map_err(backend)?;
+        if matches!(&held, Some((holder,)) if holder.as_deref() != Some(writer.holder.as_str())) {
+            return Err(StoreError::Fenced(format!("job {}", job.id)));
+        }
+        // Running on a registered host (a lapsed host's jobs count
+        // again once taken over and started), and the key's older jobs
+        // whose start was refused on other registered hosts: they go first.
+        let (taken,): (i64,) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE sched_key = $1 AND status IN ('running', 'canceling') AND id <> $2 \
          AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) LIMIT $3) r) \
          + (SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE sched_key = $1 AND status = 'queued' AND start_wanted_at IS NOT NULL \
          AND (created_at, id) < ($4, $2) AND j.holder <> $5 AND EXISTS (SELECT 1 FROM hosts h WHERE h.holder = j.holder) LIMIT $3) w)",
-    )
-    .bind(&key)
-    .bind(&job.id)
-    .bind(max)
-    .bind(job.created_at)
-    .bind(&writer.holder)
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(backend)?;
-    if taken >= max {
-        // Kept queued; newer starts elsewhere wait for it from now on.
-        sqlx::query(&format!("UPDATE jobs SET start_wanted_at = {DB_NOW} WHERE id = $1 AND holder = $2 AND status = 'queued' AND start_wanted_at IS NULL"))
-            .bind(&job.id)
-            .bind(&writer.holder)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
-        return Err(StoreError::Refused(Refusal::RunningFull));
-    }
-    // Counted under `key` from now on by every host's starts.
-    upsert_job(&mut *tx, &job, None, (Some(&key), None), &writer).await?;
-    tx.commit().await.map_err(backend)
+        )
+        .bind(&key)
+        .bind(&job.id)
+        .bind(max)
+        .bind(job.created_at)
+        .bind(&writer.holder)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(backend)?;
+        if taken >= max {
+            // Kept queued; newer starts elsewhere wait for it from now on.
+            sqlx::query(&format!("UPDATE jobs SET start_wanted_at = {DB_NOW} WHERE id = $1 AND holder = $2 AND status = 'queued' AND start_wanted_at IS NULL"))
+                .bind(&job.id)
+                .bind(&writer.holder)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+            return Ok(false);
+        }
+        // Counted under `key` from now on by every host's starts.
+        upsert_job(&mut *tx, &job, None, (Some(&key), None), &writer).await?;
+        Ok(true)
+    })?;
+    if started { Ok(()) } else { Err(StoreError::Refused(Refusal::RunningFull)) }
 }

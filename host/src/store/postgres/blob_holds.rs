@@ -44,14 +44,7 @@ impl PgDatabase {
     /// Holds `names` for `claimant` by this host (see the module doc).
     pub(super) async fn hold_blobs(&self, names: &[String], claimant: &str) -> Result<(), StoreError> {
         let (names, claimant, me) = (names.to_vec(), claimant.to_string(), self.holder().to_string());
-        self.run(move |pool| {
-            Box::pin(async move {
-                let mut tx = pool.begin().await.map_err(backend)?;
-                hold_in(&mut tx, &names, &claimant, &me).await?;
-                tx.commit().await.map_err(backend)
-            })
-        })
-        .await
+        self.run(move |pool| Box::pin(async move { in_transaction!(pool, |tx| hold_in(tx, &names, &claimant, &me).await) })).await
     }
 
     pub(super) async fn release_blobs(&self, claimant: &str) -> Result<(), StoreError> {

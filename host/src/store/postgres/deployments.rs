@@ -42,25 +42,25 @@ impl DeploymentStore for PgDeployments {
     async fn put(&self, id: &str, record: &serde_json::Value) -> Result<(), StoreError> {
         let (id, record, me) = (id.to_string(), record.clone(), self.db.holder().to_string());
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            sqlx::query("INSERT INTO deployments (id, record) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET record = $2")
-                .bind(&id)
-                .bind(sqlx::types::Json(record))
-                .execute(&mut *tx)
-                .await
-                .map_err(backend)?;
-            announce(&mut *tx, Topic::Deployments, &me, &id).await?;
-            tx.commit().await.map_err(backend)
+            in_transaction!(pool, |tx| {
+                sqlx::query("INSERT INTO deployments (id, record) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET record = $2")
+                    .bind(&id)
+                    .bind(sqlx::types::Json(record))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                announce(&mut *tx, Topic::Deployments, &me, &id).await
+            })
         })
     }
 
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
         let (id, me) = (id.to_string(), self.db.holder().to_string());
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            sqlx::query("DELETE FROM deployments WHERE id = $1").bind(&id).execute(&mut *tx).await.map_err(backend)?;
-            announce(&mut *tx, Topic::Deployments, &me, &id).await?;
-            tx.commit().await.map_err(backend)
+            in_transaction!(pool, |tx| {
+                sqlx::query("DELETE FROM deployments WHERE id = $1").bind(&id).execute(&mut *tx).await.map_err(backend)?;
+                announce(&mut *tx, Topic::Deployments, &me, &id).await
+            })
         })
     }
 

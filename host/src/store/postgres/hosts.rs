@@ -214,13 +214,14 @@ impl HostLeases for PgHosts {
     async fn register(&self, lease: Duration) -> Result<(), StoreError> {
         let (me, host, lease) = (self.me(), self.host_id.clone(), micros(lease));
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            // Earlier starts of this host are over (one process per host
-            // id): their jobs are taken over at once, not after their lease.
-            sqlx::query("DELETE FROM hosts WHERE host_id = $1").bind(&host).execute(&mut *tx).await.map_err(backend)?;
-            let sql = format!("INSERT INTO hosts (holder, host_id, started_at, lease_until) VALUES ($1, $2, {DB_NOW}, {DB_NOW} + $3)");
-            sqlx::query(&sql).bind(&me).bind(&host).bind(lease).execute(&mut *tx).await.map_err(backend)?;
-            tx.commit().await.map_err(backend)
+            in_transaction!(pool, |tx| {
+                // Earlier starts of this host are over (one process per host
+                // id): their jobs are taken over at once, not after their lease.
+                sqlx::query("DELETE FROM hosts WHERE host_id = $1").bind(&host).execute(&mut *tx).await.map_err(backend)?;
+                let sql = format!("INSERT INTO hosts (holder, host_id, started_at, lease_until) VALUES ($1, $2, {DB_NOW}, {DB_NOW} + $3)");
+                sqlx::query(&sql).bind(&me).bind(&host).bind(lease).execute(&mut *tx).await.map_err(backend)?;
+                Ok(())
+            })
         })
     }
 
@@ -237,31 +238,31 @@ impl HostLeases for PgHosts {
         let (me, here, limit) = (self.me(), here.clone(), limit.max(1));
         let (own, wait) = (format!("{}/", self.host_id), micros(here.wait));
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            // One host looks at a time: a row another host took over (and
-            // committed) while this statement ran would otherwise pass the
-            // `hosts` check against this statement's older snapshot.
-            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(super::advisory_key(ADOPT_LOCK)).execute(&mut *tx).await.map_err(backend)?;
-            let ended: Vec<(String,)> =
-                sqlx::query_as(&format!("DELETE FROM hosts WHERE lease_until < {DB_NOW} RETURNING holder")).fetch_all(&mut *tx).await.map_err(backend)?;
-            for (holder,) in &ended {
-                tracing::warn!(holder = %holder, "a host's lease lapsed: its jobs are taken over");
-            }
-            // When each orphan was first seen so (what `here.wait` counts from).
-            sqlx::query(&format!("UPDATE jobs j SET orphaned_at = {DB_NOW} WHERE {ORPHAN} AND j.orphaned_at IS NULL"))
-                .execute(&mut *tx)
-                .await
-                .map_err(backend)?;
-            let mut adopted = Adopted::default();
-            // Pages of the orphans this host may take — those whose
-            // components it has (by hash) and those taken whatever they
-            // need (`forced`) — oldest first, the former each asked whether
-            // it runs here (for its owner): a page of jobs it cannot run
-            // never hides others.
-            let page = i64::try_from(limit).unwrap_or(i64::MAX);
-            let mut after = (i64::MIN, String::new());
-            for _ in 0..ADOPT_PAGES {
-                let rows = sqlx::query(&format!(
+            in_transaction!(pool, |tx| {
+                // One host looks at a time: a row another host took over (and
+                // committed) while this statement ran would otherwise pass the
+                // `hosts` check against this statement's older snapshot.
+                sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(super::advisory_key(ADOPT_LOCK)).execute(&mut *tx).await.map_err(backend)?;
+                let ended: Vec<(String,)> =
+                    sqlx::query_as(&format!("DELETE FROM hosts WHERE lease_until < {DB_NOW} RETURNING holder")).fetch_all(&mut *tx).await.map_err(backend)?;
+                for (holder,) in &ended {
+                    tracing::warn!(holder = %holder, "a host's lease lapsed: its jobs are taken over");
+                }
+                // When each orphan was first seen so (what `here.wait` counts from).
+                sqlx::query(&format!("UPDATE jobs j SET orphaned_at = {DB_NOW} WHERE {ORPHAN} AND j.orphaned_at IS NULL"))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                let mut adopted = Adopted::default();
+                // Pages of the orphans this host may take — those whose
+                // components it has (by hash) and those taken whatever they
+                // need (`forced`) — oldest first, the former each asked whether
+                // it runs here (for its owner): a page of jobs it cannot run
+                // never hides others.
+                let page = i64::try_from(limit).unwrap_or(i64::MAX);
+                let mut after = (i64::MIN, String::new());
+                for _ in 0..ADOPT_PAGES {
+                    let rows = sqlx::query(&format!(
                     "SELECT id, seq, record, cancel_requested, j.expires_at <= {DB_NOW} AS expired, {forced} AS forced FROM jobs j WHERE {ORPHAN} AND ({forced} OR j.takeover_needs <@ $1) \
                      AND (j.seq, j.id) > ($2, $3) ORDER BY j.seq, j.id LIMIT $4 FOR UPDATE SKIP LOCKED",
                     forced = forced(5, 6)
@@ -275,43 +276,43 @@ impl HostLeases for PgHosts {
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(backend)?;
-                let Some(last) = rows.last() else { break };
-                after = (last.try_get("seq").map_err(backend)?, last.try_get("id").map_err(backend)?);
-                let full = rows.len() == limit;
-                for (row, job) in rows.iter().zip(records::<JobRecord>("job", &rows)?) {
-                    if adopted.jobs.len() == limit {
+                    let Some(last) = rows.last() else { break };
+                    after = (last.try_get("seq").map_err(backend)?, last.try_get("id").map_err(backend)?);
+                    let full = rows.len() == limit;
+                    for (row, job) in rows.iter().zip(records::<JobRecord>("job", &rows)?) {
+                        if adopted.jobs.len() == limit {
+                            break;
+                        }
+                        let forced: bool = row.try_get("forced").map_err(backend)?;
+                        if !forced && !(here.job)(&job) {
+                            adopted.left += 1;
+                            continue;
+                        }
+                        if row.try_get::<bool, _>("cancel_requested").map_err(backend)? {
+                            adopted.ends.insert(job.id.clone(), JobStatus::Canceled);
+                        } else if row.try_get::<bool, _>("expired").map_err(backend)? {
+                            adopted.ends.insert(job.id.clone(), JobStatus::Expired);
+                        }
+                        adopted.jobs.push(job);
+                    }
+                    if !full || adopted.jobs.len() == limit {
                         break;
                     }
-                    let forced: bool = row.try_get("forced").map_err(backend)?;
-                    if !forced && !(here.job)(&job) {
-                        adopted.left += 1;
-                        continue;
-                    }
-                    if row.try_get::<bool, _>("cancel_requested").map_err(backend)? {
-                        adopted.ends.insert(job.id.clone(), JobStatus::Canceled);
-                    } else if row.try_get::<bool, _>("expired").map_err(backend)? {
-                        adopted.ends.insert(job.id.clone(), JobStatus::Expired);
-                    }
-                    adopted.jobs.push(job);
                 }
-                if !full || adopted.jobs.len() == limit {
-                    break;
-                }
-            }
-            hold_here(&mut tx, &me, adopted.jobs.iter().map(|j| j.id.as_str()).collect()).await?;
-            let (lacking,): (i64,) = sqlx::query_as(&format!(
-                "SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE {ORPHAN} AND NOT {forced} AND NOT j.takeover_needs <@ $1 LIMIT {LEFT_COUNTED}) l",
-                forced = forced(2, 3)
-            ))
-            .bind(&here.hashes)
-            .bind(&own)
-            .bind(wait)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(backend)?;
-            adopted.left = (adopted.left + usize::try_from(lacking).unwrap_or(0)).min(LEFT_COUNTED);
-            tx.commit().await.map_err(backend)?;
-            Ok(adopted)
+                hold_here(tx, &me, adopted.jobs.iter().map(|j| j.id.as_str()).collect()).await?;
+                let (lacking,): (i64,) = sqlx::query_as(&format!(
+                    "SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE {ORPHAN} AND NOT {forced} AND NOT j.takeover_needs <@ $1 LIMIT {LEFT_COUNTED}) l",
+                    forced = forced(2, 3)
+                ))
+                .bind(&here.hashes)
+                .bind(&own)
+                .bind(wait)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(backend)?;
+                adopted.left = (adopted.left + usize::try_from(lacking).unwrap_or(0)).min(LEFT_COUNTED);
+                Ok(adopted)
+            })
         })
     }
 
@@ -326,38 +327,38 @@ impl HostLeases for PgHosts {
         let (me, here, limit) = (self.me(), here.clone(), limit.max(1));
         let before = micros(waited);
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            let read = Candidates { me: &me, before, here: &here, limit, turns };
-            let runnable = read.pages(&mut tx, queued_here.clone()).await?;
-            let mut taken = round_robin(runnable, limit);
-            if turns {
-                taken = lock_as_read(&mut tx, taken).await?;
-            }
-            if !taken.is_empty() {
-                hold_here(&mut tx, &me, taken.iter().map(|(_, job)| job.id.as_str()).collect()).await?;
-                let mut told: Vec<&str> = taken.iter().map(|(holder, _)| holder.as_str()).collect();
-                told.sort_unstable();
-                told.dedup();
-                for holder in told {
-                    super::notices::announce(&mut *tx, Topic::Control, &me, holder).await?;
+            in_transaction!(pool, |tx| {
+                let read = Candidates { me: &me, before, here: &here, limit, turns };
+                let runnable = read.pages(tx, queued_here.clone()).await?;
+                let mut taken = round_robin(runnable, limit);
+                if turns {
+                    taken = lock_as_read(tx, taken).await?;
                 }
-            }
-            // When the next job that has not waited long enough yet may be
-            // taken (this host looks again then, if it still may take it):
-            // for turns, a job of a key not queued here.
-            let soonest: Option<i64> = sqlx::query_scalar(&format!(
-                "SELECT min(j.held_since) + $2 - {DB_NOW} FROM jobs j WHERE j.status = 'queued' AND j.holder <> $1 AND j.movable \
+                if !taken.is_empty() {
+                    hold_here(tx, &me, taken.iter().map(|(_, job)| job.id.as_str()).collect()).await?;
+                    let mut told: Vec<&str> = taken.iter().map(|(holder, _)| holder.as_str()).collect();
+                    told.sort_unstable();
+                    told.dedup();
+                    for holder in told {
+                        super::notices::announce(&mut *tx, Topic::Control, &me, holder).await?;
+                    }
+                }
+                // When the next job that has not waited long enough yet may be
+                // taken (this host looks again then, if it still may take it):
+                // for turns, a job of a key not queued here.
+                let soonest: Option<i64> = sqlx::query_scalar(&format!(
+                    "SELECT min(j.held_since) + $2 - {DB_NOW} FROM jobs j WHERE j.status = 'queued' AND j.holder <> $1 AND j.movable \
                  AND j.held_since > {DB_NOW} - $2 AND NOT (COALESCE(j.sched_key, j.owner) = ANY($3))"
-            ))
-            .bind(&me)
-            .bind(before)
-            .bind(&queued_here)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(backend)?;
-            tx.commit().await.map_err(backend)?;
-            let next_in = soonest.map(|us| std::time::Duration::from_micros(u64::try_from(us).unwrap_or(0)));
-            Ok(Taken { jobs: taken.into_iter().map(|(_, job)| job).collect(), next_in })
+                ))
+                .bind(&me)
+                .bind(before)
+                .bind(&queued_here)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(backend)?;
+                let next_in = soonest.map(|us| std::time::Duration::from_micros(u64::try_from(us).unwrap_or(0)));
+                Ok(Taken { jobs: taken.into_iter().map(|(_, job)| job).collect(), next_in })
+            })
         })
     }
 
@@ -383,21 +384,21 @@ impl HostLeases for PgHosts {
     async fn request_cancel(&self, id: &str) -> Result<bool, StoreError> {
         let (me, id) = (self.me(), id.to_string());
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            let holder: Option<(Option<String>,)> =
-                sqlx::query_as("UPDATE jobs SET cancel_requested = TRUE WHERE id = $1 AND status IN ('queued', 'running', 'canceling') RETURNING holder")
-                    .bind(&id)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(backend)?;
-            let Some((holder,)) = holder else { return Ok(false) };
-            // Delivered when the transaction commits (a notice names the
-            // sender, then the holder it is for).
-            if let Some(holder) = holder {
-                super::notices::announce(&mut *tx, Topic::Control, &me, &holder).await?;
-            }
-            tx.commit().await.map_err(backend)?;
-            Ok(true)
+            in_transaction!(pool, |tx| {
+                let holder: Option<(Option<String>,)> =
+                    sqlx::query_as("UPDATE jobs SET cancel_requested = TRUE WHERE id = $1 AND status IN ('queued', 'running', 'canceling') RETURNING holder")
+                        .bind(&id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(backend)?;
+                let Some((holder,)) = holder else { return Ok(false) };
+                // Delivered when the transaction commits (a notice names the
+                // sender, then the holder it is for).
+                if let Some(holder) = holder {
+                    super::notices::announce(&mut *tx, Topic::Control, &me, &holder).await?;
+                }
+                Ok(true)
+            })
         })
     }
 

@@ -109,16 +109,16 @@ impl PgMeta {
         self.db
             .run(move |pool| {
                 Box::pin(async move {
-                    let mut tx = pool.begin().await.map_err(backend)?;
-                    let mut new = 0;
-                    for item in &items {
-                        if insert(item)?.execute(&mut *tx).await.map_err(backend)?.rows_affected() == 1 {
-                            after(&mut tx, item).await?;
-                            new += 1;
+                    in_transaction!(pool, |tx| {
+                        let mut new = 0;
+                        for item in &items {
+                            if insert(item)?.execute(&mut *tx).await.map_err(backend)?.rows_affected() == 1 {
+                                after(tx, item).await?;
+                                new += 1;
+                            }
                         }
-                    }
-                    tx.commit().await.map_err(backend)?;
-                    Ok(new)
+                        Ok(new)
+                    })
                 })
             })
             .await

@@ -167,9 +167,7 @@ async fn submit(
     admission: Option<super::admission::Admit>,
     writer: Writer,
 ) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await.map_err(backend)?;
-    let written = async {
-        let tx: &mut sqlx::PgConnection = &mut tx;
+    in_transaction!(pool, |tx| {
         // Where hosts share the store, its inputs are held while it is
         // unfinished (see `blob_holds`), from this very step; first, so the
         // key's admission lock is never held while a collection pass has one
@@ -201,18 +199,10 @@ async fn submit(
         let key = admission.as_ref().and_then(|a| a.key.as_ref()).map(|(key, _, _)| key.as_str());
         let billed = admission.as_ref().and_then(|a| a.billed.as_ref()).map(|(account, _)| account.as_str());
         upsert_job(&mut *tx, &job, Some(&workflow), (key, billed), &writer).await?;
+        // (A refused submission is rolled back at once, releasing the
+        // key's admission lock.)
         finished_changed(&mut *tx, &job).await
-    }
-    .await;
-    match written {
-        Ok(()) => tx.commit().await.map_err(backend),
-        Err(e) => {
-            // A refused submission's locks (the key's admission lock among
-            // them) end now, not when the connection is next used.
-            let _ = tx.rollback().await;
-            Err(e)
-        }
-    }
+    })
 }
 
 /// Up to `chunk` job records (JSON) of `owner` (everyone's: `None`)
@@ -304,10 +294,11 @@ impl MetaStore for PgMeta {
             return on_pool!(self, |pool| upsert_job(&pool, &job, None, (None, None), &writer).await);
         }
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            upsert_job(&mut *tx, &job, None, (None, None), &writer).await?;
-            finished_changed(&mut *tx, &job).await?;
-            tx.commit().await.map_err(backend)
+            in_transaction!(pool, |tx| {
+                upsert_job(&mut *tx, &job, None, (None, None), &writer).await?;
+                finished_changed(&mut *tx, &job).await?;
+                Ok(())
+            })
         })
     }
 
@@ -340,13 +331,14 @@ impl MetaStore for PgMeta {
     async fn delete_job(&self, job: &JobRecord) -> Result<(), StoreError> {
         let job = job.clone();
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            // The numbers stay above the deleted job's: a number drawn
-            // from them always is (so nothing is set); one a writer chose
-            // itself raises them.
-            sqlx::query(DELETE_JOB).bind(&job.id).execute(&mut *tx).await.map_err(backend)?;
-            finished_changed(&mut *tx, &job).await?;
-            tx.commit().await.map_err(backend)
+            in_transaction!(pool, |tx| {
+                // The numbers stay above the deleted job's: a number drawn
+                // from them always is (so nothing is set); one a writer chose
+                // itself raises them.
+                sqlx::query(DELETE_JOB).bind(&job.id).execute(&mut *tx).await.map_err(backend)?;
+                finished_changed(&mut *tx, &job).await?;
+                Ok(())
+            })
         })
     }
 
@@ -502,25 +494,21 @@ impl MetaStore for PgMeta {
         on_pool!(self, |pool| {
             // The row locked from the read to the write: no other write of
             // it comes between.
-            let mut tx = pool.begin().await.map_err(backend)?;
-            let row = sqlx::query("SELECT record FROM assets WHERE id = $1 FOR UPDATE").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
-            let (old, new) = match records::<AssetRecord>("asset", row.as_slice())?.pop() {
-                Some(old) => {
-                    let new = change(&old);
-                    (Some(old), new)
-                }
-                None => (None, None),
-            };
-            let Some(new) = new else {
-                // Nothing to write: the row's lock ends now, not when the
-                // connection is next used.
-                tx.rollback().await.map_err(backend)?;
-                return Ok(old);
-            };
-            let update = sqlx::query_as::<_, (i32,)>(UPDATE_ASSET);
-            bind_asset(update, &new)?.fetch_optional(&mut *tx).await.map_err(backend)?;
-            tx.commit().await.map_err(backend)?;
-            Ok(Some(new))
+            in_transaction!(pool, |tx| {
+                let row = sqlx::query("SELECT record FROM assets WHERE id = $1 FOR UPDATE").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
+                let (old, new) = match records::<AssetRecord>("asset", row.as_slice())?.pop() {
+                    Some(old) => {
+                        let new = change(&old);
+                        (Some(old), new)
+                    }
+                    None => (None, None),
+                };
+                // Nothing to write: the row's lock ends with the transaction.
+                let Some(new) = new else { return Ok(old) };
+                let update = sqlx::query_as::<_, (i32,)>(UPDATE_ASSET);
+                bind_asset(update, &new)?.fetch_optional(&mut *tx).await.map_err(backend)?;
+                Ok(Some(new))
+            })
         })
     }
 

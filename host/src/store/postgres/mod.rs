@@ -20,6 +20,32 @@ macro_rules! on_pool {
     };
 }
 
+/// Runs `body` in a transaction of `pool`, with `tx` the transaction's
+/// connection (`&mut PgConnection`), and ends it as `body` ends: committed
+/// when it returns `Ok`, rolled back at once when it returns `Err` (a `?`
+/// included). A dropped transaction would roll back only when its
+/// connection is next used, its row and advisory locks held until then.
+/// `in_transaction!(pool, |tx| { …; Ok(value) })`, in an async function
+/// returning `Result<_, StoreError>`.
+macro_rules! in_transaction {
+    ($pool:expr, |$tx:ident| $body:expr) => {{
+        let mut transaction = $pool.begin().await.map_err(crate::store::postgres::backend)?;
+        let ended: Result<_, crate::store::StoreError> = async {
+            let $tx: &mut sqlx::PgConnection = &mut transaction;
+            $body
+        }
+        .await;
+        match ended {
+            Ok(value) => transaction.commit().await.map_err(crate::store::postgres::backend).map(|()| value),
+            Err(e) => {
+                // The error is the caller's news, not the rollback's.
+                let _ = transaction.rollback().await;
+                Err(e)
+            }
+        }
+    }};
+}
+
 mod accounts;
 mod admission;
 mod blob_holds;

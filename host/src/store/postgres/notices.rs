@@ -263,16 +263,17 @@ async fn send_inline(pool: &PgPool, notices: Vec<Outgoing>) -> bool {
 /// transaction (heard only once the row is there); bodies older than
 /// [`STORED_KEPT`] go.
 async fn send_stored(pool: &PgPool, me: &str, notice: Outgoing) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await.map_err(backend)?;
-    let kept = i64::try_from(STORED_KEPT.as_micros()).unwrap_or(i64::MAX);
-    sqlx::query(&format!("DELETE FROM notice_bodies WHERE sent_at < {DB_NOW} - $1")).bind(kept).execute(&mut *tx).await.map_err(backend)?;
-    let (id,): (i64,) = sqlx::query_as(&format!("INSERT INTO notice_bodies (body, sent_at) VALUES ($1, {DB_NOW}) RETURNING id"))
-        .bind(&notice.text)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(backend)?;
-    sqlx::query("SELECT pg_notify($1, $2)").bind(notice.channel.as_ref()).bind(format!("{me}\n{STORED}{id}")).execute(&mut *tx).await.map_err(backend)?;
-    tx.commit().await.map_err(backend)
+    in_transaction!(pool, |tx| {
+        let kept = i64::try_from(STORED_KEPT.as_micros()).unwrap_or(i64::MAX);
+        sqlx::query(&format!("DELETE FROM notice_bodies WHERE sent_at < {DB_NOW} - $1")).bind(kept).execute(&mut *tx).await.map_err(backend)?;
+        let (id,): (i64,) = sqlx::query_as(&format!("INSERT INTO notice_bodies (body, sent_at) VALUES ($1, {DB_NOW}) RETURNING id"))
+            .bind(&notice.text)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        sqlx::query("SELECT pg_notify($1, $2)").bind(notice.channel.as_ref()).bind(format!("{me}\n{STORED}{id}")).execute(&mut *tx).await.map_err(backend)?;
+        Ok(())
+    })
 }
 
 /// Receives the other hosts' notices until the pool closes. Each time it

@@ -66,77 +66,72 @@ impl SharedPlugins for PgPlugins {
         }
         let (plugin, bytes, me) = (plugin.clone(), component.to_vec(), self.db.holder().to_string());
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(writes_lock()).execute(&mut *tx).await.map_err(backend)?;
-            let before: Option<(String,)> = sqlx::query_as("SELECT component FROM plugins WHERE scope = $1 AND name = $2")
-                .bind(&plugin.scope)
-                .bind(&plugin.name)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(backend)?;
-            // Nothing to write: the transaction (and the lock every write
-            // waits for) ends now, not when the connection is next used.
-            if before.is_some() && !how.replace {
-                tx.rollback().await.map_err(backend)?;
-                return Ok(Published::Present);
-            }
-            if let Some(limit) = how.limit {
-                let (others,): (i64,) = sqlx::query_as("SELECT count(*) FROM plugins WHERE scope = $1 AND name <> $2")
+            in_transaction!(pool, |tx| {
+                sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(writes_lock()).execute(&mut *tx).await.map_err(backend)?;
+                let before: Option<(String,)> = sqlx::query_as("SELECT component FROM plugins WHERE scope = $1 AND name = $2")
                     .bind(&plugin.scope)
                     .bind(&plugin.name)
-                    .fetch_one(&mut *tx)
+                    .fetch_optional(&mut *tx)
                     .await
                     .map_err(backend)?;
-                if usize::try_from(others).unwrap_or(usize::MAX) >= limit {
-                    tx.rollback().await.map_err(backend)?;
-                    return Ok(Published::Full);
+                // Nothing to write (the transaction, and the lock every write
+                // waits for, ends as the function returns).
+                if before.is_some() && !how.replace {
+                    return Ok(Published::Present);
                 }
-            }
-            sqlx::query("INSERT INTO plugin_components (hash, bytes) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING")
+                if let Some(limit) = how.limit {
+                    let (others,): (i64,) = sqlx::query_as("SELECT count(*) FROM plugins WHERE scope = $1 AND name <> $2")
+                        .bind(&plugin.scope)
+                        .bind(&plugin.name)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(backend)?;
+                    if usize::try_from(others).unwrap_or(usize::MAX) >= limit {
+                        return Ok(Published::Full);
+                    }
+                }
+                sqlx::query("INSERT INTO plugin_components (hash, bytes) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING")
+                    .bind(&plugin.component)
+                    .bind(bytes)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                sqlx::query(
+                    "INSERT INTO plugins (scope, name, manifest, component) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (scope, name) DO UPDATE SET manifest = $3, component = $4",
+                )
+                .bind(&plugin.scope)
+                .bind(&plugin.name)
+                .bind(&plugin.manifest)
                 .bind(&plugin.component)
-                .bind(bytes)
                 .execute(&mut *tx)
                 .await
                 .map_err(backend)?;
-            sqlx::query(
-                "INSERT INTO plugins (scope, name, manifest, component) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (scope, name) DO UPDATE SET manifest = $3, component = $4",
-            )
-            .bind(&plugin.scope)
-            .bind(&plugin.name)
-            .bind(&plugin.manifest)
-            .bind(&plugin.component)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-            if let Some((old,)) = before.filter(|(old,)| *old != plugin.component) {
-                drop_unnamed(&mut tx, &old).await?;
-            }
-            announce(&mut *tx, Topic::Plugins, &me, &plugin.scope).await?;
-            tx.commit().await.map_err(backend)?;
-            Ok(Published::Done)
+                if let Some((old,)) = before.filter(|(old,)| *old != plugin.component) {
+                    drop_unnamed(tx, &old).await?;
+                }
+                announce(&mut *tx, Topic::Plugins, &me, &plugin.scope).await?;
+                Ok(Published::Done)
+            })
         })
     }
 
     async fn withdraw(&self, scope: &str, name: &str) -> Result<bool, StoreError> {
         let (scope, name, me) = (scope.to_string(), name.to_string(), self.db.holder().to_string());
         on_pool!(self, |pool| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(writes_lock()).execute(&mut *tx).await.map_err(backend)?;
-            let gone: Option<(String,)> = sqlx::query_as("DELETE FROM plugins WHERE scope = $1 AND name = $2 RETURNING component")
-                .bind(&scope)
-                .bind(&name)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(backend)?;
-            let Some((component,)) = gone else {
-                tx.rollback().await.map_err(backend)?;
-                return Ok(false);
-            };
-            drop_unnamed(&mut tx, &component).await?;
-            announce(&mut *tx, Topic::Plugins, &me, &scope).await?;
-            tx.commit().await.map_err(backend)?;
-            Ok(true)
+            in_transaction!(pool, |tx| {
+                sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(writes_lock()).execute(&mut *tx).await.map_err(backend)?;
+                let gone: Option<(String,)> = sqlx::query_as("DELETE FROM plugins WHERE scope = $1 AND name = $2 RETURNING component")
+                    .bind(&scope)
+                    .bind(&name)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                let Some((component,)) = gone else { return Ok(false) };
+                drop_unnamed(tx, &component).await?;
+                announce(&mut *tx, Topic::Plugins, &me, &scope).await?;
+                Ok(true)
+            })
         })
     }
 

@@ -158,23 +158,23 @@ impl UserFileStore for PgUserFiles {
         let (user, path, bytes) = (user.to_string(), path_string(path), bytes.to_vec());
         self.call(move |pool| {
             Box::pin(async move {
-                let mut tx = pool.begin().await.map_err(backend)?;
-                lock_user(&mut tx, &user).await?;
-                refuse_through_files(&mut tx, &user, &path).await?;
-                let now = now_ms();
-                let row = sqlx::query(&format!(
-                    "INSERT INTO user_files (user_id, path, bytes, created_ms, modified_ms) VALUES ($1, $2, $3, $4, $4) \
+                in_transaction!(pool, |tx| {
+                    lock_user(tx, &user).await?;
+                    refuse_through_files(tx, &user, &path).await?;
+                    let now = now_ms();
+                    let row = sqlx::query(&format!(
+                        "INSERT INTO user_files (user_id, path, bytes, created_ms, modified_ms) VALUES ($1, $2, $3, $4, $4) \
                      ON CONFLICT (user_id, path) DO UPDATE SET bytes = $3, modified_ms = $4 RETURNING {INFO}"
-                ))
-                .bind(&user)
-                .bind(&path)
-                .bind(bytes)
-                .bind(now)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(backend)?;
-                tx.commit().await.map_err(backend)?;
-                file_info(&row, 0)
+                    ))
+                    .bind(&user)
+                    .bind(&path)
+                    .bind(bytes)
+                    .bind(now)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                    file_info(&row, 0)
+                })
             })
         })
     }
@@ -194,23 +194,28 @@ impl UserFileStore for PgUserFiles {
         let (user, from, to) = (user.to_string(), path_string(from), path_string(to));
         self.call(move |pool| {
             Box::pin(async move {
-                let mut tx = pool.begin().await.map_err(backend)?;
-                lock_user(&mut tx, &user).await?;
-                if from != to {
-                    sqlx::query("DELETE FROM user_files WHERE user_id = $1 AND path = $2").bind(&user).bind(&to).execute(&mut *tx).await.map_err(backend)?;
-                    refuse_through_files(&mut tx, &user, &to).await?;
-                }
-                let row = sqlx::query(&format!("UPDATE user_files SET path = $3, modified_ms = $4 WHERE user_id = $1 AND path = $2 RETURNING {INFO}"))
-                    .bind(&user)
-                    .bind(&from)
-                    .bind(&to)
-                    .bind(now_ms())
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(backend)?
-                    .ok_or_else(|| StoreError::Io(std::io::Error::new(std::io::ErrorKind::NotFound, format!("no file {from}"))))?;
-                tx.commit().await.map_err(backend)?;
-                file_info(&row, 0)
+                in_transaction!(pool, |tx| {
+                    lock_user(tx, &user).await?;
+                    if from != to {
+                        sqlx::query("DELETE FROM user_files WHERE user_id = $1 AND path = $2")
+                            .bind(&user)
+                            .bind(&to)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(backend)?;
+                        refuse_through_files(tx, &user, &to).await?;
+                    }
+                    let row = sqlx::query(&format!("UPDATE user_files SET path = $3, modified_ms = $4 WHERE user_id = $1 AND path = $2 RETURNING {INFO}"))
+                        .bind(&user)
+                        .bind(&from)
+                        .bind(&to)
+                        .bind(now_ms())
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(backend)?
+                        .ok_or_else(|| StoreError::Io(std::io::Error::new(std::io::ErrorKind::NotFound, format!("no file {from}"))))?;
+                    file_info(&row, 0)
+                })
             })
         })
     }
@@ -223,20 +228,20 @@ fn dir_prefix(dir: &str) -> String {
 
 /// Serializes the writes of `user`'s files (across hosts) until the
 /// transaction ends, so the check of a write's path holds when it commits.
-async fn lock_user(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, user: &str) -> Result<(), StoreError> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('kiln user files'), hashtext($1))").bind(user).execute(&mut **tx).await.map_err(backend)?;
+async fn lock_user(tx: &mut sqlx::PgConnection, user: &str) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('kiln user files'), hashtext($1))").bind(user).execute(&mut *tx).await.map_err(backend)?;
     Ok(())
 }
 
 /// Refuses a write at `path` that a file system would: one of its
 /// directories is a file, or it is itself a directory.
-async fn refuse_through_files(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, user: &str, path: &str) -> Result<(), StoreError> {
+async fn refuse_through_files(tx: &mut sqlx::PgConnection, user: &str, path: &str) -> Result<(), StoreError> {
     let parents: Vec<String> = path.match_indices('/').map(|(i, _)| path[..i].to_string()).collect();
     let (blocked,): (bool,) = sqlx::query_as("SELECT EXISTS (SELECT 1 FROM user_files WHERE user_id = $1 AND (path = ANY($2) OR starts_with(path, $3)))")
         .bind(user)
         .bind(&parents)
         .bind(dir_prefix(path))
-        .fetch_one(&mut **tx)
+        .fetch_one(&mut *tx)
         .await
         .map_err(backend)?;
     if blocked {
