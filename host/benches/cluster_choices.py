@@ -19,7 +19,15 @@ applied in order), and pgbench from the same PostgreSQL.
 3. NOTIFY. Notices of 160 bytes on `kiln_events` with one session
    listening: one per transaction, and 32 per statement (kiln's sender
    batches up to 256): notices/s.
-4. (with KILN_BENCH_S3) Writing a blob only if absent. 8 MiB objects in an
+4. A job's database work, replayed. One pgbench script is one job as a
+   host does it (statements per BENCHMARKS.md "Statements per job"): the
+   submission's transaction (the key's advisory lock, the admission read,
+   the row of 1.5 KiB inserted), the start's (the row rewritten), the end's
+   (the row rewritten, its output asset inserted, the owner's finished
+   counter bumped), three NOTIFY batches of five notices, and one read of
+   the record; C clients for 10 s: jobs/s the database carries, with
+   nothing else on its cores but pgbench.
+5. (with KILN_BENCH_S3) Writing a blob only if absent. 8 MiB objects in an
    S3 bucket through curl's SigV4: a PUT of new bytes against the HEAD that
    finds them stored (what "only if absent" answers a duplicate with):
    median ms of each.
@@ -132,6 +140,47 @@ def notices():
         drop_db(name)
 
 
+JOB = """\\set n random(1, 9000000000000)
+BEGIN;
+SELECT pg_advisory_xact_lock(hashtext('kiln: admit jobs of owner' || (:n % 50)));
+SELECT count(*) FROM (SELECT 1 FROM jobs WHERE sched_key = 'owner' || (:n % 50) AND status = 'queued' LIMIT 100) w;
+INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, holder, sched_key)
+  VALUES ('job' || :n, 'owner' || (:n % 50), :n, :n, 'queued', 9000000000000000, convert_to(repeat(md5(:n::text), 48), 'UTF8'), 'h/1', 'owner' || (:n % 50));
+COMMIT;
+BEGIN;
+UPDATE jobs SET status = 'running', record = convert_to(repeat(md5(:n::text || 'r'), 48), 'UTF8') WHERE id = 'job' || :n AND holder = 'h/1';
+COMMIT;
+BEGIN;
+UPDATE jobs SET status = 'succeeded', holder = NULL, record = convert_to(repeat(md5(:n::text || 's'), 50), 'UTF8') WHERE id = 'job' || :n AND holder = 'h/1';
+INSERT INTO assets (id, hash, job_id, expires_at, tags, record) VALUES ('asset' || :n, md5(:n::text), 'job' || :n, 9000000000000000, '{}', convert_to(repeat(md5(:n::text), 10), 'UTF8'));
+INSERT INTO finished_changes (owner, n) VALUES ('owner' || (:n % 50), 1) ON CONFLICT (owner) DO UPDATE SET n = finished_changes.n + 1;
+COMMIT;
+SELECT pg_notify('kiln_events', repeat('x', 160)) FROM generate_series(1, 5);
+SELECT pg_notify('kiln_events', repeat('x', 160)) FROM generate_series(1, 5);
+SELECT pg_notify('kiln_events', repeat('x', 160)) FROM generate_series(1, 5);
+SELECT record FROM jobs WHERE id = 'job' || :n;
+"""
+
+
+def jobs():
+    print("A job's database work, replayed (10 s per row)")
+    print(f"{'clients':>8} {'jobs/s':>7} {'mean ms':>8} {'WAL B/job':>10}")
+    for clients in (4, 16):
+        name, url = fresh_db()
+        listener = subprocess.Popen(["psql", "-qAt", url, "-c", "LISTEN kiln_events", "-c", "SELECT pg_sleep(120)"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(0.5)
+            before = wal(url)
+            tps, latency = pgbench(url, JOB, "-c", str(clients), "-j", "2", "-T", "10")
+            done = int(psql(url, "SELECT count(*) FROM jobs"))
+            print(f"{clients:>8} {tps:>7.0f} {latency:>8.2f} {(wal(url) - before) / max(done, 1):>10.0f}")
+        finally:
+            listener.kill()
+            listener.wait()
+            drop_db(name)
+
+
 def curl_s3(method, key, body=None):
     cmd = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}", "-X", method,
            "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", f"{os.environ['AWS_ACCESS_KEY_ID']}:{os.environ['AWS_SECRET_ACCESS_KEY']}",
@@ -176,5 +225,6 @@ if __name__ == "__main__":
     leases()
     claims()
     notices()
+    jobs()
     if S3:
         uploads()

@@ -229,20 +229,6 @@ impl Accounts {
         }
     }
 
-    /// Gives `amount` back to account `id` (a charge for a run that does
-    /// not count); not made durable at once, as a charge.
-    pub async fn refund(&self, id: &str, amount: i64) -> Result<(), AccountError> {
-        let _writing = self.writing.lock().await;
-        match self.store.add_credits(id, amount, false).await? {
-            CreditChange::Changed(account) => {
-                self.publish(account);
-                Ok(())
-            }
-            CreditChange::NoAccount => Err(AccountError::NotFound(id.to_string())),
-            CreditChange::Overflow => Err(AccountError::Overflow),
-        }
-    }
-
     /// Whether `owner` may start paid work: an account with a positive
     /// balance, or no account at all (self-hosted). The one answer to "has
     /// this account funds" — for job submission and for partner nodes.

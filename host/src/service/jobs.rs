@@ -148,7 +148,16 @@ impl Service {
                 }
                 return Ok(self.meta.get_job(&id).await?.unwrap_or(before));
             }
-            updated => updated?,
+            Err(e) => {
+                if stopped {
+                    // Not written: it stays queued, as the store holds it
+                    // (and runs in its turn; its hold on the balance with it).
+                    *live.record.lock() = before.clone();
+                    self.queue.requeue(&super::fair::sched_key(&before.owner, before.deployment.as_deref()), live.clone());
+                }
+                return Err(e.into());
+            }
+            Ok(rec) => rec,
         };
         if !stopped {
             // A worker started it first: cancel it as a running job.
@@ -158,11 +167,14 @@ impl Service {
         // Again: a worker refused its start (its key busy on other hosts)
         // may have put it back meanwhile.
         self.queue.waiting().withdraw(&id);
-        self.meta.flush().await?;
+        // Written: it leaves the live set whether or not the flush works (a
+        // crash before one may bring it back queued, and it runs then).
+        let flushed = self.meta.flush().await;
         live.publish_status();
         self.queue.leave(&id);
         self.publish_queue_positions();
         self.publish_queue(&rec.owner);
+        flushed?;
         Ok(rec)
     }
 

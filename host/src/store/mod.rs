@@ -111,6 +111,23 @@ pub struct Billing<'a> {
     pub pricing: crate::accounts::Pricing,
 }
 
+/// What a finished job's account pays ([`MetaStore::finish_job_charged`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Charge<'a> {
+    pub account: &'a str,
+    pub amount: i64,
+}
+
+/// How [`MetaStore::finish_job_charged`] dealt with the charge.
+#[derive(Debug)]
+pub enum Charged {
+    /// In the write that ended the job: the balance's change (`None`: the
+    /// job had ended already, nothing charged).
+    With(Option<CreditChange>),
+    /// Not by this store: the caller charges through the account store.
+    Apart,
+}
+
 /// How many jobs of one scheduling key may wait on all hosts.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyBound<'a> {
@@ -336,6 +353,16 @@ pub trait MetaStore: Send + Sync {
         let _ = assets;
         self.put_job(job).await?;
         self.flush().await
+    }
+    /// [`MetaStore::finish_job`], and, in a store that keeps the accounts
+    /// too (PostgreSQL), `charge` applied in the same transaction, only if
+    /// this write ends the job (a retry after an unknown outcome charges
+    /// nothing twice): so no one ever sees the job ended and its account
+    /// not yet charged. This default finishes and charges nothing
+    /// ([`Charged::Apart`]: the caller charges through the account store).
+    async fn finish_job_charged(&self, job: &JobRecord, assets: &[AssetRecord], charge: Charge<'_>) -> Result<Charged, StoreError> {
+        let _ = charge;
+        self.finish_job(job, assets).await.map(|()| Charged::Apart)
     }
     /// Makes everything durable in the store itself, so nothing written so
     /// far is replayed from a log after a crash. Called before deletions

@@ -2,6 +2,7 @@
 //! runs it through its engine's executor with an event sink (`sink`), and
 //! records how it ended (`outcome`), durably, before anyone sees it.
 
+mod billing;
 mod outcome;
 mod sink;
 
@@ -16,7 +17,7 @@ use super::job_files::{JobInputs, JobOutputs};
 use super::{JobEvent, LiveJob, Service};
 use crate::codes::JobErrorCode;
 use crate::executor::{Event, RunContext, RunOutcome};
-use crate::store::{JobErrorRecord, JobRecord, JobStatus, ProgressSnapshot, StoreError, now_micros};
+use crate::store::{Charged, JobErrorRecord, JobRecord, JobStatus, ProgressSnapshot, StoreError, now_micros};
 
 /// The longest wait between tries to record a finished job.
 const FINISH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
@@ -305,10 +306,17 @@ impl Service {
     /// its record and outputs are durable; it gives up only when the
     /// service stops (a restart then recovers the job) or on any other
     /// error.
-    async fn record_finished(&self, terminal: &JobRecord, assets: &[crate::store::AssetRecord]) -> Result<(), StoreError> {
+    /// With `due` (the billed account and the execution it pays for), the
+    /// store charges it in the same write where it keeps the accounts too
+    /// (see `billing`).
+    async fn record_finished(&self, terminal: &JobRecord, assets: &[crate::store::AssetRecord], due: Option<&billing::Due>) -> Result<Charged, StoreError> {
         let mut delay = std::time::Duration::from_millis(50);
         loop {
-            match self.meta.finish_job(terminal, assets).await {
+            let written = match due {
+                Some(due) => self.meta.finish_job_charged(terminal, assets, due.charge(self.accounts.pricing())).await,
+                None => self.meta.finish_job(terminal, assets).await.map(|()| Charged::Apart),
+            };
+            match written {
                 Err(StoreError::Unavailable(e)) if !self.shutdown.is_cancelled() => {
                     tracing::warn!(job_id = %terminal.id, error = %e, retry_in_ms = delay.as_millis() as u64, "the store is unavailable; the finished job waits to be recorded");
                     tokio::select! {
@@ -354,25 +362,28 @@ impl Service {
         // On this thread: the execution runtime's threads are there for
         // blocking job work, and a hand-off to the blocking pool and back
         // cost ~100 µs per job here (BENCHMARKS.md, "fewer hand-offs on a job's critical path").
-        let charged = self.charge(&terminal).await;
-        match self.record_finished(&terminal, &assets).await {
-            Ok(()) => {}
+        let due = self.charge_due(&terminal);
+        match self.record_finished(&terminal, &assets, due.as_ref()).await {
+            Ok(Charged::With(change)) => self.charged_with_end(&terminal, due, change).await,
+            // Before it leaves the live set: its hold on the balance lasts
+            // until it is charged.
+            Ok(Charged::Apart) => self.charge_apart(&terminal, due).await,
             Err(StoreError::Fenced(_)) => {
                 // This host's lease lapsed while the job ran and another
-                // host took it over: that host's run is the job's.
+                // host took it over: that host's run is the job's (nothing
+                // was charged: the end and its charge are one write).
                 tracing::warn!(job_id = %terminal.id, "another host took this job over while it ran here: this run is dropped");
-                if let Some(charged) = charged {
-                    self.refund(&terminal.id, charged).await;
-                }
                 self.queue.leave(&terminal.id);
                 return;
             }
             // Ended either way: a store failure only means a restart may
-            // run it again (charged then).
+            // run it again. Where hosts share the store, the failed write
+            // charged nothing either (the rerun pays); the embedded store
+            // may have kept the end, so the run is charged.
             Err(e) => {
                 tracing::error!(job_id = %terminal.id, error = %e, "cannot record the finished job");
-                if let Some(charged) = charged {
-                    self.refund(&terminal.id, charged).await;
+                if self.cluster.is_none() {
+                    self.charge_apart(&terminal, due).await;
                 }
             }
         }
@@ -396,33 +407,5 @@ impl Service {
         // the job is over.
         self.publish_queue(&terminal.owner);
         self.bus.job(&Arc::from(terminal.id.as_str()), &Arc::from(terminal.owner.as_str()), ExecBody::Executing { node: None });
-    }
-
-    /// Charges the account `terminal` is billed to for the time it
-    /// executed (a job that never started costs nothing); the amount
-    /// charged, if any. Before its terminal record is written: until then
-    /// the job holds its minimum price against new submissions (it is
-    /// unfinished, and live here), so no admission ever sees it ended but
-    /// unpaid.
-    async fn charge(&self, terminal: &JobRecord) -> Option<(String, u64)> {
-        if !self.opts.mode.has_accounts() || terminal.error.as_ref().is_some_and(|e| e.code == NO_CREDITS) {
-            return None;
-        }
-        let ms = u64::try_from(terminal.execution_ms?).unwrap_or(0);
-        let billed = self.billed_account(terminal);
-        let balance = self.accounts.charge(&billed, ms).await;
-        tracing::debug!(job_id = %terminal.id, owner = %terminal.owner, %billed, execution_ms = ms, ?balance, "job charged");
-        balance?;
-        self.metrics.credits_charged(self.accounts.pricing().cost(ms));
-        Some((billed, ms))
-    }
-
-    /// Gives back a charge whose run is not the job's (another host took
-    /// the job over, or its end could not be recorded and it runs again).
-    async fn refund(&self, job_id: &str, (billed, ms): (String, u64)) {
-        let amount = self.accounts.pricing().cost(ms);
-        if let Err(e) = self.accounts.refund(&billed, amount).await {
-            tracing::error!(job_id, account = %billed, amount, error = %e, "cannot give back the charge of a run that does not count");
-        }
     }
 }

@@ -125,28 +125,33 @@ impl AccountStore for PgAccounts {
                 if !durable {
                     sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await.map_err(backend)?;
                 }
-                // The sum is checked in `numeric`: a balance never leaves i64.
-                let row = sqlx::query(&format!(
-                    "UPDATE accounts SET credits = credits + $2 WHERE id = $1 \
-                         AND credits::numeric + $2::numeric BETWEEN -9223372036854775808 AND 9223372036854775807 RETURNING {COLUMNS}"
-                ))
-                .bind(&id)
-                .bind(delta)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(backend)?;
-                let change = match row {
-                    Some(row) => {
-                        announce(&mut *tx, Topic::Accounts, &me, &id).await?;
-                        CreditChange::Changed(account(&row)?)
-                    }
-                    None => {
-                        let exists = sqlx::query("SELECT 1 FROM accounts WHERE id = $1").bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
-                        if exists.is_some() { CreditChange::Overflow } else { CreditChange::NoAccount }
-                    }
-                };
-                Ok(change)
+                credit_in(tx, &id, delta, &me).await
             })
         })
     }
+}
+
+/// Changes account `id`'s balance by `delta` in `tx` (checked in
+/// `numeric`: a balance never leaves i64), announced to the other hosts
+/// (sent as `me`) with the transaction.
+pub(super) async fn credit_in(tx: &mut sqlx::PgConnection, id: &str, delta: i64, me: &str) -> Result<CreditChange, StoreError> {
+    let row = sqlx::query(&format!(
+        "UPDATE accounts SET credits = credits + $2 WHERE id = $1 \
+         AND credits::numeric + $2::numeric BETWEEN -9223372036854775808 AND 9223372036854775807 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(delta)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(backend)?;
+    Ok(match row {
+        Some(row) => {
+            announce(&mut *tx, Topic::Accounts, me, id).await?;
+            CreditChange::Changed(account(&row)?)
+        }
+        None => {
+            let exists = sqlx::query("SELECT 1 FROM accounts WHERE id = $1").bind(id).fetch_optional(&mut *tx).await.map_err(backend)?;
+            if exists.is_some() { CreditChange::Overflow } else { CreditChange::NoAccount }
+        }
+    })
 }

@@ -14,7 +14,7 @@ use sqlx::Row;
 use sqlx::postgres::PgPool;
 
 use super::{PgDatabase, backend};
-use crate::store::{Admission, AssetRecord, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, StoreError};
+use crate::store::{Admission, AssetRecord, Charge, Charged, IdempotencyClaim, JobFilter, JobPage, JobRecord, MetaStore, Micros, StoreError};
 
 /// Rows a listing reads per query (its scan budget bounds the total).
 const LIST_CHUNK: usize = 256;
@@ -298,6 +298,32 @@ impl MetaStore for PgMeta {
                 upsert_job(&mut *tx, &job, None, (None, None), &writer).await?;
                 finished_changed(&mut *tx, &job).await?;
                 Ok(())
+            })
+        })
+    }
+
+    /// The job's end and its account's charge in one transaction; the
+    /// charge only when the row was unfinished until this write (locked from
+    /// that read to the commit).
+    async fn finish_job_charged(&self, job: &JobRecord, _assets: &[AssetRecord], charge: Charge<'_>) -> Result<Charged, StoreError> {
+        if !job.status.is_terminal() {
+            return Err(StoreError::Backend(format!("job {} is not finished", job.id)));
+        }
+        let (job, writer, account, amount) = (job.clone(), self.writer(), charge.account.to_string(), charge.amount);
+        on_pool!(self, |pool| {
+            in_transaction!(pool, |tx| {
+                let ending: Option<(bool,)> = sqlx::query_as("SELECT status IN ('queued', 'running', 'canceling') FROM jobs WHERE id = $1 FOR UPDATE")
+                    .bind(&job.id)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                upsert_job(&mut *tx, &job, None, (None, None), &writer).await?;
+                finished_changed(&mut *tx, &job).await?;
+                if !ending.is_some_and(|(unfinished,)| unfinished) {
+                    return Ok(Charged::With(None));
+                }
+                let change = super::accounts::credit_in(tx, &account, amount.saturating_neg(), &writer.holder).await?;
+                Ok(Charged::With(Some(change)))
             })
         })
     }

@@ -607,6 +607,61 @@ async fn concurrent_submissions_on_three_hosts_never_promise_more_than_the_balan
     assert_eq!(admitted.len(), 1, "6 credits, one job unfinished: one more");
 }
 
+/// A job's end and its account's charge are one write: charged once, even
+/// when the write is tried again after an unknown outcome; a host that no
+/// longer holds the job charges nothing (its run is not the job's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_end_charges_its_account_once_in_the_same_write() {
+    use crate::store::cluster::HostLeases;
+    use crate::store::{Account, AccountStore, Charge, Charged, CreditChange, JobStatus, StoreError};
+    let Some(db) = fresh().await else { return };
+    let accounts = super::PgAccounts::new(db.clone());
+    let account = Account {
+        id: "payer".into(),
+        name: "payer".into(),
+        key_hashes: vec![],
+        credits: 100,
+        tier: "default".into(),
+        subscription_active: true,
+        disabled: false,
+        created_at: 1,
+    };
+    accounts.create(&account).await.unwrap();
+    let mut metas = Vec::new();
+    for name in ["a", "b"] {
+        let host = db.clone().as_host(name);
+        super::PgHosts::new(host.clone(), name).register(std::time::Duration::from_secs(60)).await.unwrap();
+        metas.push(super::PgMeta::new(host));
+    }
+    let charge = Charge { account: "payer", amount: 7 };
+    let mut job = crate::store::JobRecord::queued_for_test("paid", 10, 1);
+    metas[0].put_job(&job).await.unwrap();
+    job.transition(JobStatus::Running, 11).unwrap();
+    metas[0].put_job(&job).await.unwrap();
+    job.transition(JobStatus::Succeeded, 12).unwrap();
+    match metas[0].finish_job_charged(&job, &[], charge).await.unwrap() {
+        Charged::With(Some(CreditChange::Changed(a))) => assert_eq!(a.credits, 93),
+        other => panic!("charged with the end: {other:?}"),
+    }
+    assert!(matches!(metas[0].finish_job_charged(&job, &[], charge).await.unwrap(), Charged::With(None)), "a retry charges nothing");
+    assert_eq!(accounts.get("payer").await.unwrap().unwrap().credits, 93);
+    assert_eq!(metas[1].get_job("paid").await.unwrap().unwrap().status, JobStatus::Succeeded);
+    // Held by another host: refused, and nothing charged.
+    let mut other = crate::store::JobRecord::queued_for_test("elsewhere", 10, 2);
+    metas[1].put_job(&other).await.unwrap();
+    other.transition(JobStatus::Running, 11).unwrap();
+    other.transition(JobStatus::Succeeded, 12).unwrap();
+    assert!(matches!(metas[0].finish_job_charged(&other, &[], charge).await, Err(StoreError::Fenced(_))));
+    assert_eq!(accounts.get("payer").await.unwrap().unwrap().credits, 93);
+    // An account that is gone: the end is written, nothing charged.
+    let mut orphan = crate::store::JobRecord::queued_for_test("orphan", 10, 3);
+    metas[0].put_job(&orphan).await.unwrap();
+    orphan.transition(JobStatus::Canceled, 12).unwrap();
+    let gone = Charge { account: "nobody", amount: 7 };
+    assert!(matches!(metas[0].finish_job_charged(&orphan, &[], gone).await.unwrap(), Charged::With(Some(CreditChange::NoAccount))));
+    assert_eq!(metas[1].get_job("orphan").await.unwrap().unwrap().status, JobStatus::Canceled);
+}
+
 /// Starts racing on three hosts take exactly the key's free running places
 /// (the refused ones stay queued); a finished or canceling job's place is
 /// counted by its row; a freed place goes to the oldest refused job, on
