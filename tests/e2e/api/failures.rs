@@ -1,7 +1,8 @@
 //! Store failures. Unknown outcomes: a store that commits but cannot make a
 //! write durable — the client gets a generic 500 `upstream_error`, the job
 //! still runs, and its Idempotency-Key stays claimed (rule 5). Definite
-//! ones: a submission that was not written never runs and frees its key.
+//! ones: a submission that was not written never runs and frees its key,
+//! and a cancel that was not written leaves its job queued.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,6 +20,8 @@ struct NotDurable {
     fail: AtomicBool,
     reject: AtomicBool,
     hold_finish: AtomicBool,
+    /// A canceled record's write fails.
+    reject_cancel: AtomicBool,
     /// Asset records read (`get_asset`).
     asset_reads: AtomicUsize,
     /// Asset records written (`put_asset`, `update_asset`).
@@ -41,6 +44,9 @@ impl MetaStore for NotDurable {
         if self.fail.load(Ordering::SeqCst) { Err(StoreError::NotDurable("injected: the disk did not answer".into())) } else { Ok(()) }
     }
     async fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        if job.status == kiln::store::JobStatus::Canceled && self.reject_cancel.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend("injected: the write failed".into()));
+        }
         self.inner.put_job(job).await
     }
     async fn get_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
@@ -148,6 +154,7 @@ async fn start_not_durable(fail: bool, hold_finish: bool) -> (TestServer, Arc<No
             fail: AtomicBool::new(fail),
             reject: AtomicBool::new(false),
             hold_finish: AtomicBool::new(hold_finish),
+            reject_cancel: AtomicBool::new(false),
             asset_reads: AtomicUsize::new(0),
             asset_writes: AtomicUsize::new(0),
             jobs_listed: AtomicUsize::new(0),
@@ -218,6 +225,27 @@ async fn a_finished_job_is_shown_done_only_once_that_is_durable() {
     }
     assert_eq!(seen.matches("event: output").count(), 1, "{seen}");
     assert!(seen.trim_end().ends_with("}") && seen.contains("\"status\":\"succeeded\""), "{seen}");
+}
+
+/// A cancel of a queued job whose write fails is a 500, and the job stays
+/// queued as the store holds it: it runs in its turn.
+#[tokio::test]
+async fn a_cancel_that_was_not_written_leaves_the_job_queued() {
+    let (s, meta) = start_not_durable(false, true).await;
+    // Both workers hold a finished run (its end's write held back).
+    let busy = [s.submit(trivial(80)).await, s.submit(trivial(81)).await];
+    let queued = s.submit(trivial(82)).await["id"].as_str().unwrap().to_string();
+    assert_eq!(s.job(&queued).await["status"], "queued");
+    meta.reject_cancel.store(true, Ordering::SeqCst);
+    let resp = s.http.post(s.url(&format!("/jobs/{queued}/cancel"))).send().await.unwrap();
+    assert_eq!(resp.status(), 500);
+    assert_eq!(s.job(&queued).await["status"], "queued", "not canceled: the store did not take it");
+    meta.reject_cancel.store(false, Ordering::SeqCst);
+    meta.hold_finish.store(false, Ordering::SeqCst);
+    for job in &busy {
+        assert_eq!(s.wait(job["id"].as_str().unwrap()).await["status"], "succeeded");
+    }
+    assert_eq!(s.wait(&queued).await["status"], "succeeded", "it ran in its turn");
 }
 
 #[tokio::test]
