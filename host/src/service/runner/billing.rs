@@ -48,7 +48,7 @@ impl Service {
             Some(CreditChange::Changed(account)) => {
                 tracing::debug!(job_id = %terminal.id, account = %due.account, execution_ms = due.execution_ms, balance = account.credits, "job charged");
                 self.metrics.credits_charged(self.accounts.pricing().cost(due.execution_ms));
-                if let Err(e) = self.accounts.refresh(&[due.account.clone()]).await {
+                if let Err(e) = self.accounts.refresh(std::slice::from_ref(&due.account)).await {
                     tracing::warn!(account = %due.account, error = %e, "cannot read a charged account again");
                 }
             }
