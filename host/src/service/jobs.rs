@@ -150,9 +150,11 @@ impl Service {
             }
             Err(e) => {
                 if stopped {
-                    // Not written: it stays queued, as the store holds it
-                    // (and runs in its turn; its hold on the balance with it).
-                    *live.record.lock() = before.clone();
+                    // Not written (and undone on the live record): it stays
+                    // queued, as the store holds it, and runs in its turn.
+                    // Withdrawn first: a worker refused its start may have
+                    // put it back meanwhile.
+                    self.queue.waiting().withdraw(&id);
                     self.queue.requeue(&super::fair::sched_key(&before.owner, before.deployment.as_deref()), live.clone());
                 }
                 return Err(e.into());

@@ -155,16 +155,22 @@ impl LiveJob {
     /// `meta` in its write turn (see [`LiveJob::writes`]), so store writes
     /// of one job can never land out of order. Once the job is finishing nothing changes: its
     /// terminal record is being written (see the worker's `finish`).
+    /// A change the store refuses is undone here too, still in the turn:
+    /// the record shows what the store holds.
     pub async fn update(&self, meta: &dyn MetaStore, f: impl FnOnce(&mut JobRecord) -> bool) -> Result<JobRecord, StoreError> {
         let _turn = self.writes.lock().await;
-        let rec = {
+        let (before, rec) = {
             let mut rec = self.record.lock();
+            let before = rec.clone();
             if self.finishing.load(std::sync::atomic::Ordering::SeqCst) || !f(&mut rec) {
-                return Ok(rec.clone());
+                return Ok(before);
             }
-            rec.clone()
+            (before, rec.clone())
         };
-        meta.put_job(&rec).await?;
+        if let Err(e) = meta.put_job(&rec).await {
+            *self.record.lock() = before;
+            return Err(e);
+        }
         Ok(rec)
     }
 

@@ -40,20 +40,28 @@ impl Service {
 
     /// A charge the store made with the job's end (`change`: `None` when
     /// the end had been recorded before, by an earlier try): this host's
-    /// view of the account is read again (another change made here meanwhile
-    /// may have shown a newer balance than the one this write returned).
+    /// view of the account is read again from the store (rather than shown
+    /// as this write returned it: another change made here meanwhile may
+    /// have shown a newer balance).
     pub(super) async fn charged_with_end(&self, terminal: &JobRecord, due: Option<Due>, change: Option<CreditChange>) {
         let Some(due) = due else { return };
         match change {
             Some(CreditChange::Changed(account)) => {
                 tracing::debug!(job_id = %terminal.id, account = %due.account, execution_ms = due.execution_ms, balance = account.credits, "job charged");
                 self.metrics.credits_charged(self.accounts.pricing().cost(due.execution_ms));
-                if let Err(e) = self.accounts.refresh(std::slice::from_ref(&due.account)).await {
-                    tracing::warn!(account = %due.account, error = %e, "cannot read a charged account again");
-                }
             }
-            Some(CreditChange::Overflow) => tracing::error!(job_id = %terminal.id, account = %due.account, "a charge would overflow the balance; not recorded"),
-            Some(CreditChange::NoAccount) | None => {}
+            Some(CreditChange::Overflow) => {
+                return tracing::error!(job_id = %terminal.id, account = %due.account, "a charge would overflow the balance; not recorded");
+            }
+            Some(CreditChange::NoAccount) => return,
+            // An earlier try, whose answer was lost, charged it.
+            None => {}
+        }
+        // This host does not hear its own notices: read again now (a
+        // failure here leaves the older balance until the account next
+        // changes or the notices are re-read).
+        if let Err(e) = self.accounts.refresh(std::slice::from_ref(&due.account)).await {
+            tracing::warn!(account = %due.account, error = %e, "cannot read a charged account again");
         }
     }
 

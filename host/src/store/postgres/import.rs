@@ -23,10 +23,10 @@ fn job_insert(new: &ImportedJob) -> Result<Insert<'_>, StoreError> {
     let ImportedJob { job, workflow } = new;
     Ok(sqlx::query(
         // An unfinished job is billed to its owner, as migration 0018 bills
-        // those it finds (a public demo's owner is no account: it holds
-        // nothing of the deployment owner's balance until it ends).
+        // those it finds; a public demo's (owner `demo/<id>`, no account)
+        // holds nothing, and pays as its host says when it ends.
         "INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, workflow, holder, sched_key, takeover_needs, movable, billed) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, CASE WHEN $5 IN ('queued', 'running', 'canceling') THEN $2 END) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, CASE WHEN $5 IN ('queued', 'running', 'canceling') AND $2 NOT LIKE 'demo/%' THEN $2 END) \
          ON CONFLICT (id) DO NOTHING",
     )
     .bind(&job.id)

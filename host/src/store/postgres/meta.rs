@@ -312,17 +312,19 @@ impl MetaStore for PgMeta {
         let (job, writer, account, amount) = (job.clone(), self.writer(), charge.account.to_string(), charge.amount);
         on_pool!(self, |pool| {
             in_transaction!(pool, |tx| {
-                let ending: Option<(bool,)> = sqlx::query_as("SELECT status IN ('queued', 'running', 'canceling') FROM jobs WHERE id = $1 FOR UPDATE")
-                    .bind(&job.id)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(backend)?;
+                // The account its admission held is the one it pays (the
+                // caller's for a row from before that was recorded).
+                let ending: Option<(bool, Option<String>)> =
+                    sqlx::query_as("SELECT status IN ('queued', 'running', 'canceling'), billed FROM jobs WHERE id = $1 FOR UPDATE")
+                        .bind(&job.id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(backend)?;
                 upsert_job(&mut *tx, &job, None, (None, None), &writer).await?;
                 finished_changed(&mut *tx, &job).await?;
-                if !ending.is_some_and(|(unfinished,)| unfinished) {
-                    return Ok(Charged::With(None));
-                }
-                let change = super::accounts::credit_in(tx, &account, amount.saturating_neg(), &writer.holder).await?;
+                let Some((true, billed)) = ending else { return Ok(Charged::With(None)) };
+                let payer = billed.unwrap_or(account);
+                let change = super::accounts::credit_in(tx, &payer, amount.saturating_neg(), &writer.holder).await?;
                 Ok(Charged::With(Some(change)))
             })
         })

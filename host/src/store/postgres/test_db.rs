@@ -8,6 +8,20 @@ use crate::store::MetaStore;
 /// Jobs that cost nothing: only a balance above zero is needed.
 const FREE: crate::accounts::Pricing = crate::accounts::Pricing { credits_per_second: 0, min_per_job: 0 };
 
+/// An account `id` (named so) holding `credits`.
+fn account(id: &str, credits: i64) -> crate::store::Account {
+    crate::store::Account {
+        id: id.into(),
+        name: id.into(),
+        key_hashes: vec![],
+        credits,
+        tier: "default".into(),
+        subscription_active: true,
+        disabled: false,
+        created_at: 1,
+    }
+}
+
 /// A server bound no test reaches.
 const OPEN: crate::store::ServerBound = crate::store::ServerBound { max_queued: 1_000_000, queued_here: 1 };
 
@@ -467,20 +481,10 @@ async fn notices_keep_their_order_and_reach_one_host_when_addressed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_holds_across_hosts_and_writes_nothing_refused() {
     use crate::store::cluster::HostLeases;
-    use crate::store::{Account, AccountChange, AccountStore, Admission, Billing, KeyBound, Refusal, StoreError};
+    use crate::store::{AccountChange, AccountStore, Admission, Billing, KeyBound, Refusal, StoreError};
     let Some(db) = fresh().await else { return };
     let accounts = super::PgAccounts::new(db.clone());
     let billed = |account| Some(Billing { account, pricing: FREE });
-    let account = |id: &str, credits: i64| Account {
-        id: id.into(),
-        name: id.into(),
-        key_hashes: vec![],
-        credits,
-        tier: "default".into(),
-        subscription_active: true,
-        disabled: false,
-        created_at: 1,
-    };
     accounts.create(&account("rich", 100)).await.unwrap();
     accounts.create(&account("broke", 0)).await.unwrap();
     let mut metas = Vec::new();
@@ -551,19 +555,9 @@ async fn admission_holds_across_hosts_and_writes_nothing_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_submissions_on_three_hosts_never_promise_more_than_the_balance() {
     use crate::store::cluster::HostLeases;
-    use crate::store::{Account, AccountStore, Admission, Billing, KeyBound, Refusal, StoreError};
+    use crate::store::{AccountStore, Admission, Billing, KeyBound, Refusal, StoreError};
     let Some(db) = fresh().await else { return };
     let accounts = super::PgAccounts::new(db.clone());
-    let account = |id: &str, credits: i64| Account {
-        id: id.into(),
-        name: id.into(),
-        key_hashes: vec![],
-        credits,
-        tier: "default".into(),
-        subscription_active: true,
-        disabled: false,
-        created_at: 1,
-    };
     // 7 credits at 3 a job: two jobs at a time.
     let pricing = crate::accounts::Pricing { credits_per_second: 100, min_per_job: 3 };
     accounts.create(&account("thin", 7)).await.unwrap();
@@ -613,20 +607,10 @@ async fn concurrent_submissions_on_three_hosts_never_promise_more_than_the_balan
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jobs_end_charges_its_account_once_in_the_same_write() {
     use crate::store::cluster::HostLeases;
-    use crate::store::{Account, AccountStore, Charge, Charged, CreditChange, JobStatus, StoreError};
+    use crate::store::{AccountStore, Admission, Billing, Charge, Charged, CreditChange, JobStatus, StoreError};
     let Some(db) = fresh().await else { return };
     let accounts = super::PgAccounts::new(db.clone());
-    let account = Account {
-        id: "payer".into(),
-        name: "payer".into(),
-        key_hashes: vec![],
-        credits: 100,
-        tier: "default".into(),
-        subscription_active: true,
-        disabled: false,
-        created_at: 1,
-    };
-    accounts.create(&account).await.unwrap();
+    accounts.create(&account("payer", 100)).await.unwrap();
     let mut metas = Vec::new();
     for name in ["a", "b"] {
         let host = db.clone().as_host(name);
@@ -660,6 +644,17 @@ async fn a_jobs_end_charges_its_account_once_in_the_same_write() {
     let gone = Charge { account: "nobody", amount: 7 };
     assert!(matches!(metas[0].finish_job_charged(&orphan, &[], gone).await.unwrap(), Charged::With(Some(CreditChange::NoAccount))));
     assert_eq!(metas[1].get_job("orphan").await.unwrap().unwrap().status, JobStatus::Canceled);
+    // The account its admission held pays, whatever the caller names.
+    accounts.create(&account("holder", 100)).await.unwrap();
+    let mut held = crate::store::JobRecord::queued_for_test("held", 10, 4);
+    let admission = Admission { billed: Some(Billing { account: "holder", pricing: FREE }), key: None, server: OPEN };
+    metas[0].submit_admitted(&held, &serde_json::json!({}), None, admission).await.unwrap();
+    held.transition(JobStatus::Running, 11).unwrap();
+    metas[0].put_job(&held).await.unwrap();
+    held.transition(JobStatus::Succeeded, 12).unwrap();
+    metas[0].finish_job_charged(&held, &[], charge).await.unwrap();
+    assert_eq!(accounts.get("holder").await.unwrap().unwrap().credits, 93);
+    assert_eq!(accounts.get("payer").await.unwrap().unwrap().credits, 93, "unchanged since its own job");
 }
 
 /// Starts racing on three hosts take exactly the key's free running places
