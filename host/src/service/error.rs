@@ -24,8 +24,9 @@ pub enum ServiceError {
     QueueFull { retry_after_s: u64 },
     #[error("not found")]
     NotFound,
-    /// The caller's account has no credits left (402 `insufficient_credits`).
-    #[error("the account has no credits left; add credits and submit again")]
+    /// The caller's account's balance does not cover one more job beside
+    /// its unfinished ones (402 `insufficient_credits`).
+    #[error("the account's credits do not cover another job beside its unfinished ones; add credits, or wait for those to end, and submit again")]
     InsufficientCredits,
     /// The caller's subscription is inactive: the cloud's compatibility API
     /// runs no workflow (429).

@@ -45,7 +45,7 @@ pub use user_files::{DiskUserFiles, Entry, FileInfo, MAX_DEPTH as MAX_USER_FILE_
 pub enum StoreError {
     #[error("store i/o: {0}")]
     Io(#[from] std::io::Error),
-    #[error("metadata store: {0}")]
+    #[error("store backend: {0}")]
     Backend(String),
     /// A networked backend cannot be reached now (refused, lost, or
     /// restarting): the same call may succeed later.
@@ -75,7 +75,7 @@ pub enum StoreError {
 /// Why a shared store refused a new job, or a job's start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
-    #[error("the billed account has no credits")]
+    #[error("the billed account's balance does not cover the job beside its unfinished ones")]
     NoFunds,
     #[error("the billed account is disabled")]
     AccountDisabled,
