@@ -54,7 +54,8 @@ pub(super) async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) 
     let server_room = admit.server.max_queued.saturating_sub(admit.server.queued_here);
     let (credits, disabled, unfinished, waiting, elsewhere): (Option<i64>, Option<bool>, i64, i64, i64) = sqlx::query_as(
         "SELECT a.credits, a.disabled, \
-         (SELECT count(*) FROM jobs WHERE billed = $1 AND status IN ('queued', 'running', 'canceling')), \
+         (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE billed = $1 AND status IN ('queued', 'running', 'canceling') \
+          LIMIT (SELECT greatest(credits / $8, 0) + 1 FROM accounts WHERE id = $1)) b), \
          (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE $6 AND sched_key = $2 AND status = 'queued' \
           AND (holder IS DISTINCT FROM $4 OR id = ANY($5)) LIMIT $3) w), \
          (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE status = 'queued' AND holder IS DISTINCT FROM $4 LIMIT $7) s) \
@@ -67,6 +68,8 @@ pub(super) async fn admit(tx: &mut sqlx::PgConnection, admit: &Admit, me: &str) 
     .bind(&waiting_here)
     .bind(admit.key.is_some())
     .bind(limit(server_room).saturating_add(1))
+    // Counted only as far as the balance could cover (more refuses alike).
+    .bind(admit.billed.as_ref().map_or(1, |(_, pricing)| i64::try_from(pricing.min_per_job.max(1)).unwrap_or(i64::MAX)))
     .fetch_one(&mut *tx)
     .await
     .map_err(backend)?;
