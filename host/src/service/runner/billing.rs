@@ -45,10 +45,13 @@ impl Service {
     /// have shown a newer balance).
     pub(super) async fn charged_with_end(&self, terminal: &JobRecord, due: Option<Due>, change: Option<CreditChange>) {
         let Some(due) = due else { return };
+        // The account the store charged (the one the job's admission held).
+        let mut payer = due.account.clone();
         match change {
             Some(CreditChange::Changed(account)) => {
-                tracing::debug!(job_id = %terminal.id, account = %due.account, execution_ms = due.execution_ms, balance = account.credits, "job charged");
+                tracing::debug!(job_id = %terminal.id, account = %account.id, execution_ms = due.execution_ms, balance = account.credits, "job charged");
                 self.metrics.credits_charged(self.accounts.pricing().cost(due.execution_ms));
+                payer = account.id;
             }
             Some(CreditChange::Overflow) => {
                 return tracing::error!(job_id = %terminal.id, account = %due.account, "a charge would overflow the balance; not recorded");
@@ -60,8 +63,8 @@ impl Service {
         // This host does not hear its own notices: read again now (a
         // failure here leaves the older balance until the account next
         // changes or the notices are re-read).
-        if let Err(e) = self.accounts.refresh(std::slice::from_ref(&due.account)).await {
-            tracing::warn!(account = %due.account, error = %e, "cannot read a charged account again");
+        if let Err(e) = self.accounts.refresh(std::slice::from_ref(&payer)).await {
+            tracing::warn!(account = %payer, error = %e, "cannot read a charged account again");
         }
     }
 

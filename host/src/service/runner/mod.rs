@@ -292,23 +292,14 @@ impl Service {
         Arc::new(move |event: Event| sink.handle(event))
     }
 
-    /// Records how the run ended and retires the live job. The terminal
-    /// record is made durable (sled, then a synced commit-log frame with the
-    /// output assets) before anyone can see it: until then the live record
-    /// keeps its running state — a poll, a listing or an event stream never
-    /// shows a job done that a crash could undo — and, marked finishing, it
-    /// takes no other write (a cancel arriving now changes nothing). The
-    /// record's lock is not held across this write, so a poll does not wait
-    /// for it.
     /// Writes a job's terminal record with its output assets. While the
     /// store is unreachable (a database restarting) it tries again, backing
     /// off to [`FINISH_RETRY_MAX`], so the job is shown finished only once
     /// its record and outputs are durable; it gives up only when the
     /// service stops (a restart then recovers the job) or on any other
-    /// error.
-    /// With `due` (the billed account and the execution it pays for), the
-    /// store charges it in the same write where it keeps the accounts too
-    /// (see `billing`).
+    /// error. With `due` (the billed account and the execution it pays
+    /// for), a store that keeps the accounts too charges it in the same
+    /// write (see `billing`).
     async fn record_finished(&self, terminal: &JobRecord, assets: &[crate::store::AssetRecord], due: Option<&billing::Due>) -> Result<Charged, StoreError> {
         let mut delay = std::time::Duration::from_millis(50);
         loop {
@@ -330,6 +321,16 @@ impl Service {
         }
     }
 
+    /// Records how the run ended and retires the live job. The terminal
+    /// record is made durable (sled, then a synced commit-log frame with the
+    /// output assets) before anyone can see it: until then the live record
+    /// keeps its running state — a poll, a listing or an event stream never
+    /// shows a job done that a crash could undo — and, marked finishing, it
+    /// takes no other write (a cancel arriving now changes nothing). The
+    /// record's lock is not held across this write, so a poll does not wait
+    /// for it.
+    /// The job's account is charged with that write, or just after it
+    /// (`billing`), before the job leaves the live set.
     async fn finish(&self, live: &Arc<LiveJob>, outcome: Result<RunOutcome, NotRun>) {
         if let Err(NotRun { error, .. }) = &outcome {
             let (id, owner) = {

@@ -1,15 +1,17 @@
 //! Admission where hosts share the database: the rules a new job is
 //! admitted by (`store::Admission`: the billed account, its key's queue bound,
 //! the server's) and a job's start by its key's running limit, each checked
-//! in the transaction that writes the job, under the key's advisory lock.
+//! in the transaction that writes the job, under the key's advisory lock;
+//! and the end of a job billed to an account, charged in the transaction
+//! that records it (until then the job holds the account's minimum).
 
 use sqlx::postgres::PgPool;
 
 use super::DB_NOW;
 use super::backend;
-use super::meta::{Writer, upsert_job};
+use super::meta::{Writer, upsert_job, write_finished};
 use crate::accounts::Pricing;
-use crate::store::{JobRecord, Refusal, ServerBound, StoreError};
+use crate::store::{Charged, JobRecord, Refusal, ServerBound, StoreError};
 
 /// A new job's `store::Admission`, owned (to move onto the pool's runtime).
 pub(super) struct Admit {
@@ -141,4 +143,25 @@ pub(super) async fn start(pool: PgPool, job: JobRecord, key: String, max_running
         Ok(true)
     })?;
     if started { Ok(()) } else { Err(StoreError::Refused(Refusal::RunningFull)) }
+}
+
+/// Writes finished `job` and charges `amount` to the account its admission
+/// held (`jobs.billed`; `account` for a row from before that was recorded),
+/// in one transaction, only if the row was unfinished until this write
+/// (locked from that read to the commit): a retry after an unknown outcome
+/// charges nothing twice (see `MetaStore::finish_job_charged`).
+pub(super) async fn finish_charged(pool: PgPool, job: JobRecord, writer: Writer, (account, amount): (String, i64)) -> Result<Charged, StoreError> {
+    in_transaction!(pool, |tx| {
+        let ending: Option<(bool, Option<String>)> =
+            sqlx::query_as("SELECT status IN ('queued', 'running', 'canceling'), billed FROM jobs WHERE id = $1 FOR UPDATE")
+                .bind(&job.id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(backend)?;
+        write_finished(tx, &job, &writer).await?;
+        let Some((true, billed)) = ending else { return Ok(Charged::With(None)) };
+        let payer = billed.unwrap_or(account);
+        let change = super::accounts::credit_in(tx, &payer, amount.saturating_neg(), &writer.holder).await?;
+        Ok(Charged::With(Some(change)))
+    })
 }

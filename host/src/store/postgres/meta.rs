@@ -146,6 +146,13 @@ pub(super) struct Writer {
     pub(super) registered: bool,
 }
 
+/// Writes finished `job` as `writer` in `tx` (see [`upsert_job`]), counted
+/// as a change of its owner's history.
+pub(super) async fn write_finished(tx: &mut sqlx::PgConnection, job: &JobRecord, writer: &Writer) -> Result<(), StoreError> {
+    upsert_job(&mut *tx, job, None, (None, None), writer).await?;
+    finished_changed(&mut *tx, job).await
+}
+
 /// Counts a write or deletion of `job` when it is finished (see
 /// `MetaStore::finished_changes`), in the transaction that makes it.
 pub(super) async fn finished_changed<'e>(exec: impl sqlx::PgExecutor<'e>, job: &JobRecord) -> Result<(), StoreError> {
@@ -293,41 +300,15 @@ impl MetaStore for PgMeta {
         if !job.status.is_terminal() {
             return on_pool!(self, |pool| upsert_job(&pool, &job, None, (None, None), &writer).await);
         }
-        on_pool!(self, |pool| {
-            in_transaction!(pool, |tx| {
-                upsert_job(&mut *tx, &job, None, (None, None), &writer).await?;
-                finished_changed(&mut *tx, &job).await?;
-                Ok(())
-            })
-        })
+        on_pool!(self, |pool| in_transaction!(pool, |tx| write_finished(tx, &job, &writer).await))
     }
 
-    /// The job's end and its account's charge in one transaction; the
-    /// charge only when the row was unfinished until this write (locked from
-    /// that read to the commit).
     async fn finish_job_charged(&self, job: &JobRecord, _assets: &[AssetRecord], charge: Charge<'_>) -> Result<Charged, StoreError> {
         if !job.status.is_terminal() {
             return Err(StoreError::Backend(format!("job {} is not finished", job.id)));
         }
         let (job, writer, account, amount) = (job.clone(), self.writer(), charge.account.to_string(), charge.amount);
-        on_pool!(self, |pool| {
-            in_transaction!(pool, |tx| {
-                // The account its admission held is the one it pays (the
-                // caller's for a row from before that was recorded).
-                let ending: Option<(bool, Option<String>)> =
-                    sqlx::query_as("SELECT status IN ('queued', 'running', 'canceling'), billed FROM jobs WHERE id = $1 FOR UPDATE")
-                        .bind(&job.id)
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .map_err(backend)?;
-                upsert_job(&mut *tx, &job, None, (None, None), &writer).await?;
-                finished_changed(&mut *tx, &job).await?;
-                let Some((true, billed)) = ending else { return Ok(Charged::With(None)) };
-                let payer = billed.unwrap_or(account);
-                let change = super::accounts::credit_in(tx, &payer, amount.saturating_neg(), &writer.holder).await?;
-                Ok(Charged::With(Some(change)))
-            })
-        })
+        on_pool!(self, |pool| super::admission::finish_charged(pool, job, writer, (account, amount)).await)
     }
 
     async fn start_admitted(&self, job: &JobRecord, key: &str, max_running: usize) -> Result<(), StoreError> {

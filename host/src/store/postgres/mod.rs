@@ -349,6 +349,8 @@ pub fn redacted(url: &str) -> String {
 }
 
 #[cfg(test)]
+mod test_billing;
+#[cfg(test)]
 mod test_blob_holds;
 #[cfg(test)]
 pub(crate) mod test_db;
