@@ -8,7 +8,7 @@ use super::{LIST_SCAN_BUDGET, LiveJob, Service, ServiceError};
 use crate::store::{JobRecord, JobStatus, now_micros};
 
 /// Filters of a job listing.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct ListQuery {
     pub cursor: Option<Vec<u8>>,
     pub limit: usize,

@@ -53,6 +53,8 @@ async fn malformed_submissions_get_the_documented_errors() {
         (json!({ "workflow": trivial(1), "extra_data": { "foo": 1 } }), 400, "invalid_request"),
         (json!({ "workflow": trivial(1), "extra_data": { "api_key_svc_org": 5 } }), 400, "invalid_request"),
         (json!({ "workflow": trivial(1), "metadata": { "bad key": "v" } }), 422, "metadata_invalid"),
+        (json!({ "workflow": trivial(1), "metadata": { "k": "\u{202e}gpj.exe" } }), 422, "metadata_invalid"),
+        (json!({ "workflow": trivial(1), "metadata": { "k": "é".repeat(129) } }), 422, "metadata_invalid"),
         (json!({ "workflow": { "1": { "class_type": "NoSuchNode", "inputs": {} } } }), 422, "invalid_workflow"),
         (
             json!({ "workflow": { "1": { "class_type": "EmptyImage", "inputs": { "width": 0, "height": 8, "batch_size": 1, "color": 0 } },
@@ -309,6 +311,26 @@ async fn list_is_newest_first_with_cursor_paging_and_filters() {
         let (status, body) = s.get(&format!("/jobs?cursor={bad}")).await;
         assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_cursor")), "{bad}");
     }
+    // Filters AND; a job needs every label with exactly that value.
+    let (_, none) = s.get("/jobs?metadata%5Bbatch%5D=odd&metadata%5Bother%5D=x").await;
+    assert_eq!(none["jobs"].as_array().unwrap().len(), 0);
+    // Filters the platform refuses are refused here, whatever else the query holds.
+    for bad in [
+        "metadata=",
+        "status=queued&metadata=5",
+        "metadata%5Bbatch%5D=odd&metadata%5Bbatch%5D=even",
+        "metadata%5Ba%5D=1&metadata%5Bb%5D=1&metadata%5Bc%5D=1&metadata%5Bd%5D=1",
+        "metadata%5Bbad%20key%5D=1",
+        "metadata%5Bbatch%5D=%E2%80%AEodd",
+        "metadata%5Bbatch%5D=odd;limit=2",
+        "metadata%5Bbatch%5D=%zz",
+        "metadata%5Bbatch%5D=%FF",
+    ] {
+        let (status, body) = s.get(&format!("/jobs?{bad}")).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_metadata_filter")), "{bad}: {body}");
+    }
+    let (status, body) = s.get("/jobs?limit=2;cursor=").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_request")), "{body}");
 }
 
 #[tokio::test]

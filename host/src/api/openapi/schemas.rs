@@ -10,6 +10,7 @@ use utoipa::openapi::{RefOr, SchemaFormat};
 use utoipa::{PartialSchema, ToSchema};
 
 use crate::api::error::ApiCode;
+use crate::api::v2::labels::{MAX_FILTERS, MAX_KEY_CHARS, MAX_LABELS, MAX_VALUE_BYTES, key_pattern, value_pattern};
 use crate::codes::JobErrorCode;
 use crate::store::JobStatus;
 
@@ -142,16 +143,38 @@ fn workflow() -> Schema {
         .into()
 }
 
-/// `metadata` (`api::v2::jobs::check_metadata`).
+/// A submission's `metadata` (`api::v2::labels`).
 fn metadata() -> Schema {
-    let mut schema = ObjectBuilder::new()
-        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
-        .description(Some("Up to 16 string labels: keys 1-40 of `[A-Za-z0-9_.-]`, values of at most 256 characters without control characters."))
-        .max_properties(Some(16))
-        .additional_properties(Some(constrained("A label.", r"^[^\x00-\x1f\x7f-\x9f]*$", 0, 256)))
-        .build();
+    let description = format!(
+        "Up to {MAX_LABELS} string labels: keys 1-{MAX_KEY_CHARS} of `[A-Za-z0-9_.-]`, values of at most {MAX_VALUE_BYTES} UTF-8 bytes without control or bidirectional formatting characters."
+    );
+    labels(ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::Object, Type::Null])).description(Some(description)).max_properties(Some(MAX_LABELS)))
+}
+
+/// The listing's `metadata[key]=value` filters (`api::v2::labels::Filters`).
+pub struct MetadataFilters;
+
+impl PartialSchema for MetadataFilters {
+    fn schema() -> RefOr<Schema> {
+        let description =
+            format!("Up to {MAX_FILTERS} labels a job must carry, each with exactly this value (the labels' rule as in a submission's `metadata`).");
+        labels(ObjectBuilder::new().schema_type(SchemaType::new(Type::Object)).description(Some(description)).max_properties(Some(MAX_FILTERS))).into()
+    }
+}
+
+impl ToSchema for MetadataFilters {
+    fn name() -> Cow<'static, str> {
+        "MetadataFilters".into()
+    }
+}
+
+/// `object` with the labels' rule: each key and each value kept.
+fn labels(object: ObjectBuilder) -> Schema {
+    // Bytes bound the value; a character is at least one.
+    let value = constrained("A label's value.", &value_pattern(), 0, MAX_VALUE_BYTES);
+    let mut schema = object.additional_properties(Some(value)).build();
     // JSON Schema's `propertyNames` (utoipa has no builder for it).
-    schema.extensions.get_or_insert_default().insert("propertyNames".into(), serde_json::json!({ "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,40}$" }));
+    schema.extensions.get_or_insert_default().insert("propertyNames".into(), serde_json::json!({ "type": "string", "pattern": key_pattern() }));
     schema.into()
 }
 

@@ -4,18 +4,19 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Query, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value as Json_, json};
+use serde_json::{Value as Json_, json};
 
-use super::{Segment, check_id, wire};
+use super::listing::list_query;
+use super::{Segment, check_id, labels, wire};
 use crate::api::Caller;
 use crate::api::body::{body_error, json_object};
-use crate::api::error::{ApiCode, ApiError};
+use crate::api::error::ApiError;
 use crate::api::{AppState, Links};
-use crate::service::{ExtraData, ListQuery, ServiceError, Submission};
+use crate::service::{ExtraData, ServiceError, Submission};
 use crate::store::JobStatus;
 
 /// `GET /health`.
@@ -88,27 +89,6 @@ pub(super) fn workflow_too_large(max: usize) -> ApiError {
     ApiError::invalid_workflow(crate::workflow::ParseError::TooLarge { limit: max }.to_string())
 }
 
-/// `metadata`: at most 16 labels; keys 1–40 of `[A-Za-z0-9_.-]`; string
-/// values of at most 256 characters without control characters (the
-/// document's schema: `api::openapi::schemas`).
-fn check_metadata(value: &Json_) -> Result<Map<String, Json_>, ApiError> {
-    let bad = |m: &str| ApiError::new(ApiCode::MetadataInvalid, m.to_string());
-    let map = value.as_object().ok_or_else(|| bad("`metadata` must be an object of string labels."))?;
-    if map.len() > 16 {
-        return Err(bad("`metadata` has more than 16 labels."));
-    }
-    for (k, v) in map {
-        if k.is_empty() || k.len() > 40 || !k.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
-            return Err(bad(&format!("metadata key {k:?} must be 1-40 characters of A-Z a-z 0-9 _ . -")));
-        }
-        let Some(s) = v.as_str() else { return Err(bad(&format!("metadata value of {k:?} must be a string."))) };
-        if s.chars().count() > 256 || s.chars().any(char::is_control) {
-            return Err(bad(&format!("metadata value of {k:?} must be at most 256 characters without control characters.")));
-        }
-    }
-    Ok(map.clone())
-}
-
 fn check_extra_data(value: &Json_) -> Result<ExtraData, ApiError> {
     let map = value.as_object().ok_or_else(|| ApiError::invalid_request("`extra_data` must be an object."))?;
     let mut extra = ExtraData::default();
@@ -178,7 +158,7 @@ pub async fn submit(
         Some(w @ Json_::Object(_)) => w,
         _ => return Err(ApiError::invalid_workflow("Missing 'workflow' (API-format graph).")),
     };
-    let metadata = body.get("metadata").filter(|m| !m.is_null()).map(check_metadata).transpose()?;
+    let metadata = body.get("metadata").filter(|m| !m.is_null()).map(labels::check_metadata).transpose()?;
     let extra = body.get("extra_data").filter(|m| !m.is_null()).map(check_extra_data).transpose()?.unwrap_or_default();
     let service = state.service.clone();
     let owner = caller.owner().to_string();
@@ -245,51 +225,17 @@ pub async fn cancel(State(state): State<Arc<AppState>>, caller: Caller, links: L
 }
 
 #[utoipa::path(get, path = "/jobs", operation_id = "list_jobs", tag = "jobs",
-    description = "The caller's jobs, newest first. Unknown query parameters are ignored.",
+    description = "The caller's jobs, newest first. Unknown query parameters are ignored; a raw `;` or a `%` escape that is not two hex digits or not UTF-8 is 400.",
     params(
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 100, description = "Page size (default 50)."),
         ("cursor" = Option<String>, Query, pattern = "^(?:[0-9a-fA-F]{2}){0,256}$",
             description = "`next_cursor` of the previous page (opaque: one this server did not issue is 400 `invalid_cursor`)."),
         ("status" = Option<Vec<JobStatus>>, Query, style = Form, explode = false, min_items = 1, description = "Statuses to list (comma-separated; an empty one is 400)."),
-        ("metadata" = Option<Object>, Query, style = DeepObject, explode, description = "`metadata[key]=value` filters, at most 3.")),
+        ("metadata" = inline(Option<crate::api::openapi::schemas::MetadataFilters>), Query, style = DeepObject, explode,
+            description = "`metadata[key]=value` filters: at most 3, each key once (else 400 `invalid_metadata_filter`).")),
     responses((status = 200, description = "A page of jobs.", body = JobPage)))]
-pub async fn list(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
-    links: Links,
-    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
-) -> Result<Response, ApiError> {
-    let Query(pairs) = query.map_err(|e| ApiError::invalid_request(e.body_text()))?;
-    let mut q = ListQuery { limit: 50, ..ListQuery::default() };
-    for (k, v) in pairs {
-        match k.as_str() {
-            "limit" => {
-                q.limit =
-                    v.parse().ok().filter(|n| (1..=100).contains(n)).ok_or_else(|| ApiError::invalid_request("`limit` must be an integer from 1 to 100."))?
-            }
-            "cursor" if v.is_empty() => {}
-            "cursor" => {
-                // Issued cursors are a job's creation time (8 bytes) and its
-                // store key: a UUID, or an owner-scoped one (`store::scoped_job_key`).
-                let bytes = hex_decode(&v)
-                    .filter(|b| b.len() > 8 && std::str::from_utf8(&b[8..]).is_ok_and(crate::store::is_job_key))
-                    .ok_or_else(|| ApiError::new(ApiCode::InvalidCursor, "The cursor was not issued by this server."))?;
-                q.cursor = Some(bytes);
-            }
-            "status" => {
-                for s in v.split(',') {
-                    q.statuses.push(JobStatus::parse(s).ok_or_else(|| ApiError::invalid_request(format!("Unknown status {s:?}.")))?);
-                }
-            }
-            key if key.starts_with("metadata[") && key.ends_with(']') => {
-                if q.metadata.len() == 3 {
-                    return Err(ApiError::new(ApiCode::InvalidMetadataFilter, "At most 3 metadata filters."));
-                }
-                q.metadata.push((key["metadata[".len()..key.len() - 1].to_string(), v));
-            }
-            _ => {}
-        }
-    }
+pub async fn list(State(state): State<Arc<AppState>>, caller: Caller, links: Links, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
+    let q = list_query(raw.as_deref())?;
     let (service, owner) = (state.service.clone(), caller.owner().to_string());
     let (jobs, next) = crate::api::pool::on_pool(move || async move { service.list(&owner, &q).await }).await??;
     let items: Vec<wire::JobView> = jobs
@@ -310,11 +256,4 @@ pub struct JobPage<'a> {
     /// Absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     next_cursor: Option<String>,
-}
-
-fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || s.len() > 512 {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }

@@ -3,6 +3,8 @@
 pub(crate) mod assets;
 mod events;
 mod jobs;
+pub(crate) mod labels;
+mod listing;
 pub mod wire;
 
 use std::sync::Arc;
