@@ -2,7 +2,9 @@
 on the database and the bucket themselves (no kiln process runs).
 
 Usage: KILN_BENCH_PG=postgres://user@host:port/db [KILN_BENCH_S3=http://host:port
-       AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=…] python3 host/benches/cluster_choices.py
+       AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=…] python3 host/benches/cluster_choices.py [PART…]
+       (PART: leases claims notices jobs billed uploads; all by default,
+       uploads only with KILN_BENCH_S3)
 
 Each part uses a fresh database of the server KILN_BENCH_PG names, with
 kiln's schema (the migrations under host/src/store/postgres/migrations,
@@ -31,6 +33,16 @@ applied in order), and pgbench from the same PostgreSQL.
    S3 bucket through curl's SigV4: a PUT of new bytes against the HEAD that
    finds them stored (what "only if absent" answers a duplicate with):
    median ms of each.
+6. A billed job's work, replayed on a server whose commits are durable
+   (run it against one with fsync on: with fsync off nothing waits for a
+   flush). As 4, with the billing of migration 0018: the submission also
+   takes the billed account's advisory lock and counts its unfinished
+   jobs; the end locks the job row, charges the account's row and announces
+   the account's change on `kiln_accounts`. The announcement is sent inside
+   the end's transaction, after its commit, or not at all; jobs billed to
+   one account or spread over 50; 16 clients for 10 s: jobs/s. A NOTIFY
+   makes its transaction's commit take PostgreSQL's one lock on the
+   notification queue, held through the commit's flush.
 
 Figures: BENCHMARKS.md ("What the cluster's design choices cost").
 """
@@ -181,6 +193,61 @@ def jobs():
             drop_db(name)
 
 
+BILLED_JOB = """\\set n random(1, 9000000000000)
+\\set a :n % {accounts}
+BEGIN;
+SELECT pg_advisory_xact_lock(hashtext('kiln: admit jobs of acct' || :a));
+SELECT pg_advisory_xact_lock(hashtext('kiln: bill acct' || :a));
+SELECT a.credits, a.disabled,
+  (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE billed = 'acct' || :a AND status IN ('queued', 'running', 'canceling')
+   LIMIT (SELECT greatest(credits / 3, 0) + 1 FROM accounts WHERE id = 'acct' || :a)) b),
+  (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE sched_key = 'acct' || :a AND status = 'queued' LIMIT 100) w)
+  FROM (SELECT 1) one LEFT JOIN accounts a ON a.id = 'acct' || :a;
+INSERT INTO jobs (id, owner, created_at, seq, status, expires_at, record, holder, sched_key, billed)
+  VALUES ('job' || :n, 'acct' || :a, :n, :n, 'queued', 9000000000000000, convert_to(repeat(md5(:n::text), 48), 'UTF8'), 'h/1', 'acct' || :a, 'acct' || :a);
+COMMIT;
+BEGIN;
+UPDATE jobs SET status = 'running', record = convert_to(repeat(md5(:n::text || 'r'), 48), 'UTF8') WHERE id = 'job' || :n AND holder = 'h/1';
+COMMIT;
+BEGIN;
+SELECT status IN ('queued', 'running', 'canceling'), billed FROM jobs WHERE id = 'job' || :n FOR UPDATE;
+UPDATE jobs SET status = 'succeeded', holder = NULL, record = convert_to(repeat(md5(:n::text || 's'), 50), 'UTF8') WHERE id = 'job' || :n;
+INSERT INTO assets (id, hash, job_id, expires_at, tags, record) VALUES ('asset' || :n, md5(:n::text), 'job' || :n, 9000000000000000, '{{}}', convert_to(repeat(md5(:n::text), 10), 'UTF8'));
+INSERT INTO finished_changes (owner, n) VALUES ('acct' || :a, 1) ON CONFLICT (owner) DO UPDATE SET n = finished_changes.n + 1;
+UPDATE accounts SET credits = credits - 3 WHERE id = 'acct' || :a
+  AND credits::numeric - 3 BETWEEN -9223372036854775808 AND 9223372036854775807 RETURNING id, name, key_hashes, credits, tier, subscription_active, disabled, created_at;
+{inside}
+COMMIT;
+{after}
+SELECT pg_notify('kiln_events', repeat('x', 160)) FROM generate_series(1, 5);
+SELECT pg_notify('kiln_events', repeat('x', 160)) FROM generate_series(1, 5);
+SELECT pg_notify('kiln_events', repeat('x', 160)) FROM generate_series(1, 5);
+SELECT record FROM jobs WHERE id = 'job' || :n;
+"""
+
+
+def billed():
+    print(f"A billed job's database work, replayed (16 clients, 10 s per row; fsync {psql(PG, 'SHOW fsync')})")
+    print(f"{'accounts':>9} {'announced':>10} {'jobs/s':>7} {'mean ms':>8}")
+    announce = "SELECT pg_notify('kiln_accounts', 'h/1' || chr(10) || 'acct' || :a);"
+    for accounts in (50, 1):
+        for where in ("inside", "after", "never"):
+            name, url = fresh_db()
+            listener = subprocess.Popen(["psql", "-qAt", url, "-c", "LISTEN kiln_events", "-c", "LISTEN kiln_accounts", "-c", "SELECT pg_sleep(120)"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                psql(url, f"""INSERT INTO accounts (id, name, key_hashes, credits, tier, subscription_active, disabled, created_at)
+                    SELECT 'acct' || g, 'acct' || g, '{{}}', 9000000000000000, 'free', false, false, 0 FROM generate_series(0, {accounts - 1}) g""")
+                time.sleep(0.5)
+                script = BILLED_JOB.format(accounts=accounts, inside=announce if where == "inside" else "", after=announce if where == "after" else "")
+                tps, latency = pgbench(url, script, "-c", "16", "-j", "2", "-T", "10")
+                print(f"{accounts:>9} {where:>10} {tps:>7.0f} {latency:>8.2f}")
+            finally:
+                listener.kill()
+                listener.wait()
+                drop_db(name)
+
+
 def curl_s3(method, key, body=None):
     cmd = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}", "-X", method,
            "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", f"{os.environ['AWS_ACCESS_KEY_ID']}:{os.environ['AWS_SECRET_ACCESS_KEY']}",
@@ -222,9 +289,6 @@ if __name__ == "__main__":
     if not PG:
         sys.exit("KILN_BENCH_PG must name a PostgreSQL server whose user may create databases")
     print(psql(PG, "SELECT version()").split(",")[0], "| fsync", psql(PG, "SHOW fsync"), "| synchronous_commit", psql(PG, "SHOW synchronous_commit"))
-    leases()
-    claims()
-    notices()
-    jobs()
-    if S3:
-        uploads()
+    parts = {"leases": leases, "claims": claims, "notices": notices, "jobs": jobs, "billed": billed, "uploads": uploads}
+    for part in sys.argv[1:] or [p for p in parts if p != "uploads" or S3]:
+        parts[part]()

@@ -143,6 +143,22 @@ impl Accounts {
         all
     }
 
+    /// Every account as the store holds it now, by name: what operators
+    /// are shown (where hosts share the store, a host's copy of a balance
+    /// can lag another host's charge). Shows nothing.
+    pub async fn list_stored(&self) -> Result<Vec<Account>, AccountError> {
+        let mut all = self.store.all().await?;
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    /// The account named `name` as the store holds it now (see
+    /// [`Accounts::list_stored`]).
+    pub async fn by_name_stored(&self, name: &str) -> Result<Account, AccountError> {
+        let id = self.by_name(name).ok_or_else(|| AccountError::NotFound(name.to_string()))?.id.clone();
+        self.store.get(&id).await?.ok_or_else(|| AccountError::NotFound(name.to_string()))
+    }
+
     /// Creates an account; returns it and its API key (shown once, never stored).
     pub async fn create(&self, name: &str, credits: i64, tier: Option<&str>) -> Result<(Arc<Account>, String), AccountError> {
         if !plain_name(name) {

@@ -2,7 +2,8 @@
 //! every host keeps in memory: accounts, deployments and installed
 //! plugins. Each write of one is announced by the store in its own
 //! transaction (`store::cluster`, [`Topic::Accounts`],
-//! [`Topic::Deployments`], [`Topic::Plugins`]); a host re-reads what it
+//! [`Topic::Deployments`], [`Topic::Plugins`]), a job's charge just after
+//! it (`MetaStore::finish_job_charged`); a host re-reads what it
 //! hears, and everything when announcements may have been missed (its
 //! listening connection lost, its inbox overrun) and once at the start (a
 //! change between its first read and its subscription).

@@ -125,16 +125,20 @@ impl AccountStore for PgAccounts {
                 if !durable {
                     sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await.map_err(backend)?;
                 }
-                credit_in(tx, &id, delta, &me).await
+                let change = credit_in(tx, &id, delta).await?;
+                if let CreditChange::Changed(_) = change {
+                    announce(&mut *tx, Topic::Accounts, &me, &id).await?;
+                }
+                Ok(change)
             })
         })
     }
 }
 
 /// Changes account `id`'s balance by `delta` in `tx` (checked in
-/// `numeric`: a balance never leaves i64), announced to the other hosts
-/// (sent as `me`) with the transaction.
-pub(super) async fn credit_in(tx: &mut sqlx::PgConnection, id: &str, delta: i64, me: &str) -> Result<CreditChange, StoreError> {
+/// `numeric`: a balance never leaves i64). Not announced: the caller says
+/// when the other hosts hear of it.
+pub(super) async fn credit_in(tx: &mut sqlx::PgConnection, id: &str, delta: i64) -> Result<CreditChange, StoreError> {
     let row = sqlx::query(&format!(
         "UPDATE accounts SET credits = credits + $2 WHERE id = $1 \
          AND credits::numeric + $2::numeric BETWEEN -9223372036854775808 AND 9223372036854775807 RETURNING {COLUMNS}"
@@ -145,10 +149,7 @@ pub(super) async fn credit_in(tx: &mut sqlx::PgConnection, id: &str, delta: i64,
     .await
     .map_err(backend)?;
     Ok(match row {
-        Some(row) => {
-            announce(&mut *tx, Topic::Accounts, me, id).await?;
-            CreditChange::Changed(account(&row)?)
-        }
+        Some(row) => CreditChange::Changed(account(&row)?),
         None => {
             let exists = sqlx::query("SELECT 1 FROM accounts WHERE id = $1").bind(id).fetch_optional(&mut *tx).await.map_err(backend)?;
             if exists.is_some() { CreditChange::Overflow } else { CreditChange::NoAccount }

@@ -3,7 +3,8 @@
 //! the server's) and a job's start by its key's running limit, each checked
 //! in the transaction that writes the job, under the key's advisory lock;
 //! and the end of a job billed to an account, charged in the transaction
-//! that records it (until then the job holds the account's minimum).
+//! that records it (until then the job holds the account's minimum) and
+//! announced after it.
 
 use sqlx::postgres::PgPool;
 
@@ -11,7 +12,8 @@ use super::DB_NOW;
 use super::backend;
 use super::meta::{Writer, upsert_job, write_finished};
 use crate::accounts::Pricing;
-use crate::store::{Charged, JobRecord, Refusal, ServerBound, StoreError};
+use crate::store::cluster::Topic;
+use crate::store::{Charged, CreditChange, JobRecord, Refusal, ServerBound, StoreError};
 
 /// A new job's `store::Admission`, owned (to move onto the pool's runtime).
 pub(super) struct Admit {
@@ -150,7 +152,26 @@ pub(super) async fn start(pool: PgPool, job: JobRecord, key: String, max_running
 /// in one transaction, only if the row was unfinished until this write
 /// (locked from that read to the commit): a retry after an unknown outcome
 /// charges nothing twice (see `MetaStore::finish_job_charged`).
+///
+/// The other hosts hear of the new balance after the commit, not in the
+/// transaction: a NOTIFY makes its commit take PostgreSQL's one lock on the
+/// notification queue through the commit's flush, which would put every
+/// billed job's end on every host in one line (BENCHMARKS.md, "What the
+/// cluster's design choices cost"). What they keep of a balance decides
+/// nothing (admissions and starts read the row), so a notice lost after
+/// the commit leaves only their view of it behind until its next change.
 pub(super) async fn finish_charged(pool: PgPool, job: JobRecord, writer: Writer, (account, amount): (String, i64)) -> Result<Charged, StoreError> {
+    let charged = ended_and_charged(&pool, &job, &writer, (account, amount)).await?;
+    if let Charged::With(Some(CreditChange::Changed(payer))) = &charged
+        && let Err(e) = super::notices::announce(&pool, Topic::Accounts, &writer.holder, &payer.id).await
+    {
+        tracing::warn!(job_id = %job.id, account = %payer.id, error = %e, "a charge is recorded, but the other hosts were not told; they show the account's balance as of its last announced change");
+    }
+    Ok(charged)
+}
+
+/// [`finish_charged`]'s transaction.
+async fn ended_and_charged(pool: &PgPool, job: &JobRecord, writer: &Writer, (account, amount): (String, i64)) -> Result<Charged, StoreError> {
     in_transaction!(pool, |tx| {
         let ending: Option<(bool, Option<String>)> =
             sqlx::query_as("SELECT status IN ('queued', 'running', 'canceling'), billed FROM jobs WHERE id = $1 FOR UPDATE")
@@ -158,10 +179,10 @@ pub(super) async fn finish_charged(pool: PgPool, job: JobRecord, writer: Writer,
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(backend)?;
-        write_finished(tx, &job, &writer).await?;
+        write_finished(tx, job, writer).await?;
         let Some((true, billed)) = ending else { return Ok(Charged::With(None)) };
         let payer = billed.unwrap_or(account);
-        let change = super::accounts::credit_in(tx, &payer, amount.saturating_neg(), &writer.holder).await?;
+        let change = super::accounts::credit_in(tx, &payer, amount.saturating_neg()).await?;
         Ok(Charged::With(Some(change)))
     })
 }

@@ -64,7 +64,9 @@ async fn concurrent_submissions_on_three_hosts_never_promise_more_than_the_balan
 /// longer holds the job charges nothing (its run is not the job's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jobs_end_charges_its_account_once_in_the_same_write() {
-    use crate::store::cluster::HostLeases;
+    use std::time::Duration;
+
+    use crate::store::cluster::{HostLeases, Notices, Topic};
     use crate::store::{AccountStore, Admission, Billing, Charge, Charged, CreditChange, JobStatus, StoreError};
     let Some(db) = fresh().await else { return };
     let accounts = super::PgAccounts::new(db.clone());
@@ -74,6 +76,14 @@ async fn a_jobs_end_charges_its_account_once_in_the_same_write() {
         let host = db.clone().as_host(name);
         super::PgHosts::new(host.clone(), name).register(std::time::Duration::from_secs(60)).await.unwrap();
         metas.push(super::PgMeta::new(host));
+    }
+    // Another host hears of the new balance.
+    let listener = super::PgNotices::start(&db.clone().as_host("c")).unwrap();
+    let mut heard = listener.subscribe(Topic::Accounts);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while listener.listens() == 0 {
+        assert!(std::time::Instant::now() < deadline, "c never listens");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let charge = Charge { account: "payer", amount: 7 };
     let mut job = crate::store::JobRecord::queued_for_test("paid", 10, 1);
@@ -85,6 +95,8 @@ async fn a_jobs_end_charges_its_account_once_in_the_same_write() {
         Charged::With(Some(CreditChange::Changed(a))) => assert_eq!(a.credits, 93),
         other => panic!("charged with the end: {other:?}"),
     }
+    let notice = tokio::time::timeout(Duration::from_secs(10), heard.recv()).await.expect("announced").unwrap();
+    assert_eq!(&*notice, "payer");
     assert!(matches!(metas[0].finish_job_charged(&job, &[], charge).await.unwrap(), Charged::With(None)), "a retry charges nothing");
     assert_eq!(accounts.get("payer").await.unwrap().unwrap().credits, 93);
     assert_eq!(metas[1].get_job("paid").await.unwrap().unwrap().status, JobStatus::Succeeded);
