@@ -153,10 +153,14 @@ impl Accounts {
     }
 
     /// The account named `name` as the store holds it now (see
-    /// [`Accounts::list_stored`]).
+    /// [`Accounts::list_stored`]; one this host has not heard of yet is
+    /// looked for among all).
     pub async fn by_name_stored(&self, name: &str) -> Result<Account, AccountError> {
-        let id = self.by_name(name).ok_or_else(|| AccountError::NotFound(name.to_string()))?.id.clone();
-        self.store.get(&id).await?.ok_or_else(|| AccountError::NotFound(name.to_string()))
+        let stored = match self.by_name(name) {
+            Some(known) => self.store.get(&known.id).await?,
+            None => self.store.all().await?.into_iter().find(|a| a.name == name),
+        };
+        stored.ok_or_else(|| AccountError::NotFound(name.to_string()))
     }
 
     /// Creates an account; returns it and its API key (shown once, never stored).
@@ -466,5 +470,26 @@ mod tests {
         first.disable("alice").await.unwrap();
         let seen = second.set_subscription("alice", true).await.unwrap();
         assert!(seen.disabled && store.get(&a.id).await.unwrap().unwrap().disabled, "the disable is kept");
+    }
+
+    /// What operators are shown where servers share the store: the stored
+    /// balance, not this server's copy, and an account another server
+    /// created before this one heard of it.
+    #[tokio::test]
+    async fn the_stored_view_shows_other_servers_writes() {
+        let store: Arc<dyn AccountStore> = Arc::new(crate::store::SledAccounts::temporary().unwrap());
+        let hasher = KeyHasher::ephemeral();
+        let first = Accounts::open(store.clone(), hasher.clone(), PRICE).await.unwrap();
+        first.create("alice", 100, None).await.unwrap();
+        let second = Accounts::open(store.clone(), hasher, PRICE).await.unwrap();
+        first.create("bob", 50, None).await.unwrap();
+        assert_eq!(first.charge(&first.by_name("alice").unwrap().id, 2000).await, Some(80));
+        assert_eq!(second.by_name("alice").unwrap().credits, 100, "its copy, not yet told");
+        assert!(second.by_name("bob").is_none());
+        assert_eq!(second.by_name_stored("alice").await.unwrap().credits, 80);
+        assert_eq!(second.by_name_stored("bob").await.unwrap().credits, 50);
+        assert!(matches!(second.by_name_stored("carol").await, Err(AccountError::NotFound(_))));
+        let listed: Vec<(String, i64)> = second.list_stored().await.unwrap().into_iter().map(|a| (a.name, a.credits)).collect();
+        assert_eq!(listed, [("alice".to_string(), 80), ("bob".to_string(), 50)]);
     }
 }

@@ -410,6 +410,26 @@ impl Service {
         self.accounts.tier(owner)
     }
 
+    /// Every account as operators are shown it, by name: where hosts share
+    /// the store, as stored now (this host's copy of a balance can lag a
+    /// charge made on another host); otherwise this host's copy, which is
+    /// the store's.
+    pub async fn accounts_shown(&self) -> Result<Vec<Arc<crate::accounts::Account>>, crate::accounts::AccountError> {
+        match self.cluster {
+            Some(_) => Ok(self.accounts.list_stored().await?.into_iter().map(Arc::new).collect()),
+            None => Ok(self.accounts.list()),
+        }
+    }
+
+    /// The account named `name` as operators are shown it (see
+    /// [`Service::accounts_shown`]).
+    pub async fn account_shown(&self, name: &str) -> Result<Arc<crate::accounts::Account>, crate::accounts::AccountError> {
+        match self.cluster {
+            Some(_) => Ok(Arc::new(self.accounts.by_name_stored(name).await?)),
+            None => self.accounts.by_name(name).ok_or_else(|| crate::accounts::AccountError::NotFound(name.to_string())),
+        }
+    }
+
     /// Whether `owner` may start paid work (a positive balance; always for
     /// an owner that is no account). For the partner node: an account
     /// without funds → `InsufficientFundsError`.

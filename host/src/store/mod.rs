@@ -359,7 +359,8 @@ pub trait MetaStore: Send + Sync {
     /// this write ends the job (a retry after an unknown outcome charges
     /// nothing twice): so no one ever sees the job ended and its account
     /// not yet charged. The other hosts hear of the new balance after the
-    /// commit (best effort: nothing decides on their copies). This default
+    /// commit (best effort: admissions and starts read the stored
+    /// balance, not their copies). This default
     /// finishes and charges nothing
     /// ([`Charged::Apart`]: the caller charges through the account store).
     async fn finish_job_charged(&self, job: &JobRecord, assets: &[AssetRecord], charge: Charge<'_>) -> Result<Charged, StoreError> {

@@ -106,14 +106,16 @@ async fn create(State(state): State<Arc<AppState>>, b: Result<Json<NewAccount>, 
 #[utoipa::path(get, path = "/admin/accounts", operation_id = "list_accounts", tag = "accounts",
     responses((status = 200, description = "Every account.", body = AccountList)))]
 async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Json_>, ApiError> {
-    let accounts = state.service.accounts().list_stored().await?;
-    Ok(Json(json!({ "accounts": accounts.iter().map(view).collect::<Vec<_>>() })))
+    let service = state.service.clone();
+    let accounts = crate::api::pool::on_pool(move || async move { service.accounts_shown().await }).await??;
+    Ok(Json(json!({ "accounts": accounts.iter().map(|a| view(a)).collect::<Vec<_>>() })))
 }
 
 #[utoipa::path(get, path = "/admin/accounts/{name}", operation_id = "show_account", tag = "accounts", params(("name" = String, Path, description = "The account's name.")),
     responses((status = 200, description = "The account.", body = AccountView)))]
 async fn show(State(state): State<Arc<AppState>>, Segment(name): Segment) -> Result<Json<Json_>, ApiError> {
-    let account = state.service.accounts().by_name_stored(&name).await?;
+    let service = state.service.clone();
+    let account = crate::api::pool::on_pool(move || async move { service.account_shown(&name).await }).await??;
     Ok(Json(view(&account)))
 }
 

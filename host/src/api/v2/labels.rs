@@ -67,23 +67,28 @@ pub fn check_metadata(value: &Json_) -> Result<Map<String, Json_>, ApiError> {
     Ok(map.clone())
 }
 
+/// Whether a query parameter named `name` (decoded) is a label filter's:
+/// `metadata` itself or `metadata[…` (well formed or not); any other name
+/// is another parameter.
+pub fn is_filter_name(name: &str) -> bool {
+    name == "metadata" || name.starts_with("metadata[")
+}
+
 /// The listing's filters, gathered one query pair at a time.
 #[derive(Debug, Default)]
 pub struct Filters(Vec<(String, String)>);
 
 impl Filters {
-    /// Takes the pair `name=value` if its name is a filter's: `metadata`
-    /// itself or `metadata[…]`. A filter is a kept key in brackets and a
-    /// kept value, at most [`MAX_FILTERS`] of them, each key once; else
-    /// 400 `invalid_metadata_filter`. Any other name is not taken
-    /// (`Ok(false)`).
+    /// Takes the pair `name=value` if its name is a filter's
+    /// ([`is_filter_name`]). A filter is a kept key in brackets and a kept
+    /// value, at most [`MAX_FILTERS`] of them, each key once; else 400
+    /// `invalid_metadata_filter`. Any other name is not taken (`Ok(false)`).
     pub fn take(&mut self, name: &str, value: &str) -> Result<bool, ApiError> {
         let bad = |m: String| Err(ApiError::new(ApiCode::InvalidMetadataFilter, m));
-        let Some(rest) = name.strip_prefix("metadata") else { return Ok(false) };
-        if !rest.is_empty() && !rest.starts_with('[') {
+        if !is_filter_name(name) {
             return Ok(false);
         }
-        let Some(key) = rest.strip_prefix('[').and_then(|r| r.strip_suffix(']')) else {
+        let Some(key) = name.strip_prefix("metadata[").and_then(|r| r.strip_suffix(']')) else {
             return bad(format!("A metadata filter is `metadata[key]=value`, not {name:?}."));
         };
         if !key_ok(key) {
@@ -163,6 +168,7 @@ mod tests {
     fn filters_are_bracketed_kept_keys_each_once_at_most_three() {
         let mut f = Filters::default();
         assert!(!f.take("metadatax", "1").unwrap(), "another parameter");
+        assert!(!f.take("metadata.x", "1").unwrap() && !f.take("metadata]", "1").unwrap());
         assert!(!f.take("limit", "1").unwrap());
         assert!(f.take("metadata[a]", "1").unwrap());
         assert!(f.take("metadata[b]", "").unwrap());

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use super::labels::Filters;
+use super::labels::{Filters, is_filter_name};
 use crate::api::error::{ApiCode, ApiError};
 use crate::service::ListQuery;
 use crate::store::JobStatus;
@@ -21,21 +21,22 @@ pub fn list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
     let mut filters = Filters::default();
     for pair in raw.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
         let (raw_name, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
+        let name = decode(raw_name);
         // A filter's pair that cannot be read is a filter's error.
         let unreadable = |what: &str| {
-            let code = if raw_name.starts_with("metadata") { ApiCode::InvalidMetadataFilter } else { ApiCode::InvalidRequest };
+            let code = if name.as_deref().is_some_and(is_filter_name) { ApiCode::InvalidMetadataFilter } else { ApiCode::InvalidRequest };
             ApiError::new(code, format!("The query parameter {pair:?} {what}."))
         };
         if pair.contains(';') {
             return Err(unreadable("holds a raw `;` (escape it as %3B)"));
         }
-        let (Some(name), Some(value)) = (decode(raw_name), decode(raw_value)) else {
+        let (Some(name), Some(value)) = (name.as_deref(), decode(raw_value)) else {
             return Err(unreadable("has a `%` escape that is not two hex digits or is not UTF-8"));
         };
-        if filters.take(&name, &value)? {
+        if filters.take(name, &value)? {
             continue;
         }
-        match name.as_str() {
+        match name {
             "limit" => {
                 q.limit = value
                     .parse()
@@ -77,7 +78,7 @@ fn cursor(value: &str) -> Result<Vec<u8>, ApiError> {
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || s.len() > 512 {
+    if !s.len().is_multiple_of(2) || s.len() > 512 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
@@ -98,6 +99,7 @@ mod tests {
         assert_eq!(q.metadata, [("team", "a b+c"), ("k", "é")].map(|(k, v)| (k.to_string(), v.to_string())));
         assert_eq!(list_query(None).unwrap().limit, DEFAULT_LIMIT);
         assert_eq!(list_query(Some("cursor=")).unwrap().cursor, None);
+        assert!(list_query(Some("metadata.x=1&metadata]=2&metadatax")).unwrap().metadata.is_empty(), "other parameters");
         for (raw, code) in [
             ("limit=0", ApiCode::InvalidRequest),
             ("limit=101", ApiCode::InvalidRequest),
@@ -115,6 +117,10 @@ mod tests {
             ("metadata[a]=1&metadata[a]=1", ApiCode::InvalidMetadataFilter),
             ("limit=5;x", ApiCode::InvalidRequest),
             ("other=%g0", ApiCode::InvalidRequest),
+            ("metadatax=%zz", ApiCode::InvalidRequest),
+            ("%6Detadata[a]=%zz", ApiCode::InvalidMetadataFilter),
+            ("%zzmetadata[a]=1", ApiCode::InvalidRequest),
+            ("cursor=%2B0", ApiCode::InvalidCursor),
         ] {
             assert_eq!(refused(raw), code, "{raw}");
         }

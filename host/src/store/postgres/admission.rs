@@ -153,25 +153,30 @@ pub(super) async fn start(pool: PgPool, job: JobRecord, key: String, max_running
 /// (locked from that read to the commit): a retry after an unknown outcome
 /// charges nothing twice (see `MetaStore::finish_job_charged`).
 ///
-/// The other hosts hear of the new balance after the commit, not in the
-/// transaction: a NOTIFY makes its commit take PostgreSQL's one lock on the
-/// notification queue through the commit's flush, which would put every
+/// The other hosts hear of the payer's balance after the commit, in a
+/// statement of its own, not in the transaction: a NOTIFY makes its commit
+/// take PostgreSQL's one lock on the notification queue, and a transaction
+/// that wrote rows keeps it through its commit's flush, which put every
 /// billed job's end on every host in one line (BENCHMARKS.md, "What the
-/// cluster's design choices cost"). What they keep of a balance decides
-/// nothing (admissions and starts read the row), so a notice lost after
-/// the commit leaves only their view of it behind until its next change.
+/// cluster's design choices cost"); a NOTIFY alone writes nothing to wait
+/// for. A retry after a lost answer announces again (the first try may
+/// have committed without announcing). Admissions and starts read the
+/// balance from the row; a notice lost after the commit leaves the other
+/// hosts' copies of it high, which the early 402 check and API nodes' funds
+/// check read, until the account next changes.
 pub(super) async fn finish_charged(pool: PgPool, job: JobRecord, writer: Writer, (account, amount): (String, i64)) -> Result<Charged, StoreError> {
-    let charged = ended_and_charged(&pool, &job, &writer, (account, amount)).await?;
-    if let Charged::With(Some(CreditChange::Changed(payer))) = &charged
-        && let Err(e) = super::notices::announce(&pool, Topic::Accounts, &writer.holder, &payer.id).await
+    let (charged, payer) = ended_and_charged(&pool, &job, &writer, (account, amount)).await?;
+    if let Some(payer) = payer
+        && let Err(e) = super::notices::announce(&pool, Topic::Accounts, &writer.holder, &payer).await
     {
-        tracing::warn!(job_id = %job.id, account = %payer.id, error = %e, "a charge is recorded, but the other hosts were not told; they show the account's balance as of its last announced change");
+        tracing::warn!(job_id = %job.id, account = %payer, error = %e, "a charge is recorded, but the other hosts were not told; their copies of the balance are behind until the account next changes");
     }
     Ok(charged)
 }
 
-/// [`finish_charged`]'s transaction.
-async fn ended_and_charged(pool: &PgPool, job: &JobRecord, writer: &Writer, (account, amount): (String, i64)) -> Result<Charged, StoreError> {
+/// [`finish_charged`]'s transaction; with the account to announce (one
+/// charged now, or by an earlier try of this end).
+async fn ended_and_charged(pool: &PgPool, job: &JobRecord, writer: &Writer, (account, amount): (String, i64)) -> Result<(Charged, Option<String>), StoreError> {
     in_transaction!(pool, |tx| {
         let ending: Option<(bool, Option<String>)> =
             sqlx::query_as("SELECT status IN ('queued', 'running', 'canceling'), billed FROM jobs WHERE id = $1 FOR UPDATE")
@@ -180,9 +185,15 @@ async fn ended_and_charged(pool: &PgPool, job: &JobRecord, writer: &Writer, (acc
                 .await
                 .map_err(backend)?;
         write_finished(tx, job, writer).await?;
-        let Some((true, billed)) = ending else { return Ok(Charged::With(None)) };
-        let payer = billed.unwrap_or(account);
+        let (unfinished, payer) = match ending {
+            Some((unfinished, billed)) => (unfinished, billed.unwrap_or(account)),
+            None => return Ok((Charged::With(None), None)),
+        };
+        if !unfinished {
+            return Ok((Charged::With(None), Some(payer)));
+        }
         let change = super::accounts::credit_in(tx, &payer, amount.saturating_neg()).await?;
-        Ok(Charged::With(Some(change)))
+        let announced = matches!(change, CreditChange::Changed(_)).then_some(payer);
+        Ok((Charged::With(Some(change)), announced))
     })
 }
