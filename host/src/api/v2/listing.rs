@@ -48,7 +48,11 @@ pub fn list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
             "cursor" => q.cursor = Some(cursor(&value)?),
             "status" => {
                 for s in value.split(',') {
-                    q.statuses.push(JobStatus::parse(s).ok_or_else(|| ApiError::invalid_request(format!("Unknown status {s:?}.")))?);
+                    let status = JobStatus::parse(s).ok_or_else(|| ApiError::invalid_request(format!("Unknown status {s:?}.")))?;
+                    // Each once, however often asked for: at most every status.
+                    if !q.statuses.contains(&status) {
+                        q.statuses.push(status);
+                    }
                 }
             }
             _ => {}
@@ -99,6 +103,8 @@ mod tests {
         assert_eq!(q.metadata, [("team", "a b+c"), ("k", "é")].map(|(k, v)| (k.to_string(), v.to_string())));
         assert_eq!(list_query(None).unwrap().limit, DEFAULT_LIMIT);
         assert_eq!(list_query(Some("cursor=")).unwrap().cursor, None);
+        let repeated = format!("status={}&status=failed", vec!["queued"; 10_000].join(","));
+        assert_eq!(list_query(Some(&repeated)).unwrap().statuses, [JobStatus::Queued, JobStatus::Failed]);
         assert!(list_query(Some("metadata.x=1&metadata]=2&metadatax")).unwrap().metadata.is_empty(), "other parameters");
         for (raw, code) in [
             ("limit=0", ApiCode::InvalidRequest),

@@ -2,7 +2,7 @@
 //! balance an admission holds against (every unfinished job billed to the
 //! account holds its minimum price) and the charge made with a job's end.
 
-use super::test_db::{FREE, OPEN, account, fresh};
+use super::test_db::{FREE, OPEN, account, fresh, listening, registered_metas};
 use crate::store::MetaStore;
 
 /// Submissions billed to one account racing on three hosts (each under its
@@ -12,7 +12,6 @@ use crate::store::MetaStore;
 /// another account holds nothing of this one's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_submissions_on_three_hosts_never_promise_more_than_the_balance() {
-    use crate::store::cluster::HostLeases;
     use crate::store::{AccountStore, Admission, Billing, KeyBound, Refusal, StoreError};
     let Some(db) = fresh().await else { return };
     let accounts = super::PgAccounts::new(db.clone());
@@ -20,12 +19,7 @@ async fn concurrent_submissions_on_three_hosts_never_promise_more_than_the_balan
     let pricing = crate::accounts::Pricing { credits_per_second: 100, min_per_job: 3 };
     accounts.create(&account("thin", 7)).await.unwrap();
     accounts.create(&account("other", 100)).await.unwrap();
-    let mut metas = Vec::new();
-    for name in ["a", "b", "c"] {
-        let host = db.clone().as_host(name);
-        super::PgHosts::new(host.clone(), name).register(std::time::Duration::from_secs(60)).await.unwrap();
-        metas.push(std::sync::Arc::new(super::PgMeta::new(host)));
-    }
+    let metas = registered_metas(&db, &["a", "b", "c"]).await;
     let submit = |meta: std::sync::Arc<super::PgMeta>, id: String, account: &'static str| async move {
         let job = crate::store::JobRecord::queued_for_test(&id, 10, 1);
         // Each job under its own key: only the balance can refuse it.
@@ -66,25 +60,16 @@ async fn concurrent_submissions_on_three_hosts_never_promise_more_than_the_balan
 async fn a_jobs_end_charges_its_account_once_in_the_same_write() {
     use std::time::Duration;
 
-    use crate::store::cluster::{HostLeases, Notices, Topic};
+    use crate::store::cluster::{Notices, Topic};
     use crate::store::{AccountStore, Admission, Billing, Charge, Charged, CreditChange, JobStatus, StoreError};
     let Some(db) = fresh().await else { return };
     let accounts = super::PgAccounts::new(db.clone());
     accounts.create(&account("payer", 100)).await.unwrap();
-    let mut metas = Vec::new();
-    for name in ["a", "b"] {
-        let host = db.clone().as_host(name);
-        super::PgHosts::new(host.clone(), name).register(std::time::Duration::from_secs(60)).await.unwrap();
-        metas.push(super::PgMeta::new(host));
-    }
+    let metas = registered_metas(&db, &["a", "b"]).await;
     // Another host hears of the new balance.
     let listener = super::PgNotices::start(&db.clone().as_host("c")).unwrap();
     let mut heard = listener.subscribe(Topic::Accounts);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while listener.listens() == 0 {
-        assert!(std::time::Instant::now() < deadline, "c never listens");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    listening(&listener, "c").await;
     let charge = Charge { account: "payer", amount: 7 };
     let mut job = crate::store::JobRecord::queued_for_test("paid", 10, 1);
     metas[0].put_job(&job).await.unwrap();

@@ -23,6 +23,29 @@ pub(super) fn account(id: &str, credits: i64) -> crate::store::Account {
 }
 
 /// A server bound no test reaches.
+/// Waits (at most 10 s) until `notices` listens, so nothing sent after
+/// this is missed.
+pub(super) async fn listening(notices: &super::PgNotices, name: &str) {
+    use crate::store::cluster::Notices;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while notices.listens() == 0 {
+        assert!(std::time::Instant::now() < deadline, "{name} never listens");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// A job store for each of `names`, each a host registered for a minute.
+pub(super) async fn registered_metas(db: &PgDatabase, names: &[&str]) -> Vec<std::sync::Arc<super::PgMeta>> {
+    use crate::store::cluster::HostLeases;
+    let mut metas = Vec::new();
+    for name in names {
+        let host = db.clone().as_host(name);
+        super::PgHosts::new(host.clone(), name).register(std::time::Duration::from_secs(60)).await.unwrap();
+        metas.push(std::sync::Arc::new(super::PgMeta::new(host)));
+    }
+    metas
+}
+
 pub(super) const OPEN: crate::store::ServerBound = crate::store::ServerBound { max_queued: 1_000_000, queued_here: 1 };
 
 /// A new, empty database with kiln's schema; `None` (skipped) when no
@@ -393,11 +416,7 @@ async fn notices_reach_the_other_hosts_on_their_topic() {
     assert_eq!(&*heard, "hello");
     // Each started listening once; a start counts as a gap (what was sent
     // before it was missed), counted once listening.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while a.listens() == 0 {
-        assert!(std::time::Instant::now() < deadline, "a listens");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    listening(&a, "a").await;
     assert_eq!((a.listens(), b.listens(), a.gaps(), b.gaps()), (1, 1, 1, 1));
     // Over NOTIFY's size, through the store; over the largest, not sent.
     let large = "x".repeat(crate::store::cluster::MAX_NOTICE + 1);
@@ -446,9 +465,7 @@ async fn notices_keep_their_order_and_reach_one_host_when_addressed() {
         }
     });
     ready.await.expect("b listens");
-    while c.listens() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    listening(&c, "c").await;
     let large = "L".repeat(crate::store::cluster::MAX_NOTICE * 2);
     for payload in ["first".to_string(), large.clone(), "last".to_string()] {
         a.send(Topic::Events, payload);
@@ -480,19 +497,13 @@ async fn notices_keep_their_order_and_reach_one_host_when_addressed() {
 /// without credits, or disabled, is refused and nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_holds_across_hosts_and_writes_nothing_refused() {
-    use crate::store::cluster::HostLeases;
     use crate::store::{AccountChange, AccountStore, Admission, Billing, KeyBound, Refusal, StoreError};
     let Some(db) = fresh().await else { return };
     let accounts = super::PgAccounts::new(db.clone());
     let billed = |account| Some(Billing { account, pricing: FREE });
     accounts.create(&account("rich", 100)).await.unwrap();
     accounts.create(&account("broke", 0)).await.unwrap();
-    let mut metas = Vec::new();
-    for name in ["a", "b", "c"] {
-        let host = db.clone().as_host(name);
-        super::PgHosts::new(host.clone(), name).register(std::time::Duration::from_secs(60)).await.unwrap();
-        metas.push(std::sync::Arc::new(super::PgMeta::new(host)));
-    }
+    let metas = registered_metas(&db, &["a", "b", "c"]).await;
     let racing = metas.iter().enumerate().map(|(h, meta)| {
         let meta = meta.clone();
         async move {

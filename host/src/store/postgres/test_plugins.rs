@@ -31,11 +31,7 @@ async fn shared_plugins_keep_their_limit_and_their_bytes() {
     let (a, b) = (Arc::new(super::PgPlugins::new(db.clone().as_host("a"))), Arc::new(super::PgPlugins::new(db.clone().as_host("b"))));
     let listener = super::PgNotices::start(&db.clone().as_host("b")).unwrap();
     let mut heard = listener.subscribe(Topic::Plugins);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while listener.listens() == 0 {
-        assert!(std::time::Instant::now() < deadline, "b never listens");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    super::test_db::listening(&listener, "b").await;
 
     // The operator's, announced with its scope; bytes that do not hash to
     // the record's component are refused.

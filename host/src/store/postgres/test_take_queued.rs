@@ -98,11 +98,7 @@ async fn an_idle_host_takes_queued_jobs_a_busy_one_holds() {
 
     let notices_a = super::PgNotices::start(&a).unwrap();
     let mut told = notices_a.subscribe(Topic::Control);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while notices_a.listens() == 0 {
-        assert!(std::time::Instant::now() < deadline, "a listens");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    super::test_db::listening(&notices_a, "a").await;
     assert_eq!(take(&lease_b, 3, &here, MINUTE).await, ["x1", "y1", "x2"], "each key's oldest in turn");
     // Another idle host takes what is left for it: not the fresh job, nor
     // those b just took.
